@@ -1,0 +1,54 @@
+#include "daemon/admin_service.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_format.h"
+#include "daemon/version.h"
+
+namespace tpd {
+
+AdminService::AdminService(const Config* config, std::string socket_path, absl::Time start_time,
+                           const std::atomic<bool>* serving, store::MemoryStore* store,
+                           const CallStats* store_calls)
+    : config_(config),
+      socket_path_(std::move(socket_path)),
+      start_time_(start_time),
+      serving_(serving),
+      store_(store),
+      store_calls_(store_calls) {}
+
+grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* context,
+                                               const v1::StatusRequest*,
+                                               v1::StatusResponse* response) {
+  response->set_version(kVersion);
+  response->set_pid(getpid());
+  response->set_start_time_unix_ms(absl::ToUnixMillis(start_time_));
+  response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  response->set_socket_path(socket_path_);
+  response->set_serving_status(serving_->load() ? "SERVING" : "NOT_SERVING");
+
+  v1::ConfigSummary* config = response->mutable_config();
+  config->set_config_path(config_->config_path);
+  config->set_socket_mode(absl::StrFormat("%04o", config_->socket_mode));
+  config->set_log_level(config_->log_level);
+  config->set_store_default_timeout_ms(absl::ToInt64Milliseconds(config_->store.default_timeout));
+  config->set_store_max_key_bytes(config_->store.max_key_bytes);
+  config->set_store_max_value_bytes(config_->store.max_value_bytes);
+  config->set_store_max_keys_per_request(config_->store.max_keys_per_request);
+  config->set_store_max_waiters(config_->store.max_waiters);
+  config->set_shutdown_grace_ms(absl::ToInt64Milliseconds(config_->shutdown_grace));
+
+  const store::MemoryStoreStats stats = store_->Stats();
+  v1::StoreStats* store = response->mutable_store();
+  store->set_num_keys(stats.num_keys);
+  store->set_bytes(stats.bytes);
+  store->set_waiters(stats.waiters);
+  for (const auto& [method, count] : store_calls_->Calls()) (*store->mutable_calls())[method] = count;
+  for (const auto& [code, count] : store_calls_->Errors()) (*store->mutable_errors())[code] = count;
+
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace tpd

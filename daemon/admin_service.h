@@ -1,0 +1,42 @@
+// tpd.v1.Admin: what an operator reads with `grpcurl ... tpd.v1.Admin/Status` or
+// `tpctl status`.
+//
+// Thread safety: thread-safe; reads only thread-safe sources.
+
+#ifndef TPD_DAEMON_ADMIN_SERVICE_H_
+#define TPD_DAEMON_ADMIN_SERVICE_H_
+
+#include <atomic>
+#include <string>
+
+#include "absl/time/time.h"
+#include "daemon/call_stats.h"
+#include "daemon/config.h"
+#include "proto/admin.grpc.pb.h"
+#include "store/memory/memory_store.h"
+
+namespace tpd {
+
+class AdminService final : public v1::Admin::CallbackService {
+ public:
+  // Every pointer must outlive the service. `serving` turns false when shutdown begins.
+  AdminService(const Config* config, std::string socket_path, absl::Time start_time,
+               const std::atomic<bool>* serving, store::MemoryStore* store,
+               const CallStats* store_calls);
+
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
+                                   const v1::StatusRequest* request,
+                                   v1::StatusResponse* response) override;
+
+ private:
+  const Config* const config_;
+  const std::string socket_path_;
+  const absl::Time start_time_;
+  const std::atomic<bool>* const serving_;
+  store::MemoryStore* const store_;
+  const CallStats* const store_calls_;
+};
+
+}  // namespace tpd
+
+#endif  // TPD_DAEMON_ADMIN_SERVICE_H_

@@ -1,0 +1,182 @@
+#include "daemon/config.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+// Errors are values here too: toml++ reports parse failures in its result instead of throwing.
+#define TOML_EXCEPTIONS 0
+#include "toml++/toml.h"
+
+namespace tpd {
+namespace {
+
+// Reads the field `key` of `table` into `out` when present, and remembers it as known.
+class TableReader {
+ public:
+  TableReader(const toml::table& table, std::string name, std::string source)
+      : table_(table), name_(std::move(name)), source_(std::move(source)) {}
+
+  absl::Status String(const char* key, std::string* out) {
+    known_.insert(key);
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return absl::OkStatus();
+    std::optional<std::string> value = node->value<std::string>();
+    if (!value) return TypeError(key, "a string");
+    *out = *value;
+    return absl::OkStatus();
+  }
+
+  absl::Status Int(const char* key, int64_t* out) {
+    known_.insert(key);
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return absl::OkStatus();
+    if (!node->is_integer()) return TypeError(key, "an integer");
+    *out = *node->value<int64_t>();
+    return absl::OkStatus();
+  }
+
+  absl::Status Millis(const char* key, absl::Duration* out) {
+    int64_t ms = absl::ToInt64Milliseconds(*out);
+    if (absl::Status status = Int(key, &ms); !status.ok()) return status;
+    *out = absl::Milliseconds(ms);
+    return absl::OkStatus();
+  }
+
+  // Fails on any key the caller did not read: most likely a typo.
+  absl::Status NoUnknownKeys() const {
+    for (const auto& [key, node] : table_) {
+      if (!known_.contains(std::string(key.str()))) {
+        return absl::InvalidArgumentError(absl::StrCat(source_, ": unknown key \"", std::string(key.str()),
+                                                       "\" in [", name_, "]"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status TypeError(const char* key, const char* want) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": [", name_, "] ", key, " must be ", want));
+  }
+
+  const toml::table& table_;
+  const std::string name_;
+  const std::string source_;
+  absl::flat_hash_set<std::string> known_;
+};
+
+const toml::table* SubTable(const toml::table& root, const char* name) {
+  const toml::node* node = root.get(name);
+  return node == nullptr ? nullptr : node->as_table();
+}
+
+}  // namespace
+
+absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_view source) {
+  toml::parse_result parsed = toml::parse(std::string_view(toml_text.data(), toml_text.size()),
+                                          std::string_view(source.data(), source.size()));
+  if (!parsed) {
+    const toml::parse_error& error = parsed.error();
+    return absl::InvalidArgumentError(absl::StrFormat("%s:%d:%d: %s", source,
+                                                      error.source().begin.line,
+                                                      error.source().begin.column,
+                                                      std::string(error.description())));
+  }
+  const toml::table& root = parsed.table();
+  for (const auto& [key, node] : root) {
+    if (std::string(key.str()) != "daemon" && std::string(key.str()) != "store") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": unknown table [", std::string(key.str()), "]; known: [daemon], [store]"));
+    }
+    if (!node.is_table()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", std::string(key.str()), " must be a table"));
+    }
+  }
+
+  Config config;
+  config.config_path = std::string(source);
+  if (const toml::table* daemon = SubTable(root, "daemon")) {
+    TableReader reader(*daemon, "daemon", std::string(source));
+    std::string mode = absl::StrFormat("%04o", config.socket_mode);
+    for (absl::Status status :
+         {reader.String("socket", &config.socket_path), reader.String("socket_mode", &mode),
+          reader.String("socket_group", &config.socket_group),
+          reader.String("log_level", &config.log_level),
+          reader.Millis("shutdown_grace_ms", &config.shutdown_grace), reader.NoUnknownKeys()}) {
+      if (!status.ok()) return status;
+    }
+    if (mode.empty() || mode.size() > 4 ||
+        mode.find_first_not_of("01234567") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": [daemon] socket_mode must be octal permission bits such as \"0660\", got \"",
+          mode, "\""));
+    }
+    config.socket_mode = static_cast<mode_t>(std::strtoul(mode.c_str(), nullptr, 8));
+  }
+  if (const toml::table* store = SubTable(root, "store")) {
+    TableReader reader(*store, "store", std::string(source));
+    StoreConfig& s = config.store;
+    for (absl::Status status :
+         {reader.Millis("default_timeout_ms", &s.default_timeout),
+          reader.Int("max_key_bytes", &s.max_key_bytes),
+          reader.Int("max_value_bytes", &s.max_value_bytes),
+          reader.Int("max_keys_per_request", &s.max_keys_per_request),
+          reader.Int("max_waiters", &s.max_waiters), reader.NoUnknownKeys()}) {
+      if (!status.ok()) return status;
+    }
+  }
+  return config;
+}
+
+absl::StatusOr<Config> LoadConfig(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) {
+    return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  return ParseConfig(text.str(), path);
+}
+
+absl::Status ValidateConfig(const Config& config) {
+  auto positive = [](const char* field, int64_t value) -> absl::Status {
+    if (value > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, " must be > 0, got ", value));
+  };
+  const StoreConfig& s = config.store;
+  for (absl::Status status :
+       {positive("store.default_timeout_ms", absl::ToInt64Milliseconds(s.default_timeout)),
+        positive("store.max_key_bytes", s.max_key_bytes),
+        positive("store.max_value_bytes", s.max_value_bytes),
+        positive("store.max_keys_per_request", s.max_keys_per_request),
+        positive("store.max_waiters", s.max_waiters)}) {
+    if (!status.ok()) return status;
+  }
+  // gRPC's own message limit is derived from these; keep it far below 2 GiB.
+  if (s.max_value_bytes > (1 << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store.max_value_bytes must be <= 1 GiB, got ", s.max_value_bytes));
+  }
+  if (config.shutdown_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("daemon.shutdown_grace_ms must be >= 0");
+  }
+  if (config.socket_mode & ~0777) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("daemon.socket_mode must be within 0777, got %04o", config.socket_mode));
+  }
+  static const absl::flat_hash_set<std::string> kLevels = {
+      "trace", "debug", "info", "warn", "error", "critical", "off"};
+  if (!kLevels.contains(config.log_level)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "log_level must be one of trace, debug, info, warn, error, critical, off; got \"",
+        config.log_level, "\""));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tpd

@@ -1,0 +1,59 @@
+// The daemon's configuration: read once from TOML (deploy/tpd.toml documents every field),
+// overridden by flags, validated, then passed around as a const struct.
+
+#ifndef TPD_DAEMON_CONFIG_H_
+#define TPD_DAEMON_CONFIG_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace tpd {
+
+struct StoreConfig {
+  // Timeout for Get/Wait/MultiGet calls that pass timeout_ms = 0 (c10d's default is 300 s).
+  absl::Duration default_timeout = absl::Seconds(300);
+  // Longest key accepted (INVALID_ARGUMENT past it).
+  int64_t max_key_bytes = 4096;
+  // Largest value accepted, also after Append (RESOURCE_EXHAUSTED past it).
+  int64_t max_value_bytes = 16 << 20;
+  // Most keys one Wait, MultiGet, MultiSet or Check may name (INVALID_ARGUMENT past it).
+  int64_t max_keys_per_request = 1024;
+  // Most calls waiting on keys at once, daemon-wide (RESOURCE_EXHAUSTED past it).
+  int64_t max_waiters = 100000;
+};
+
+struct Config {
+  // The TOML file this came from; empty when running on defaults.
+  std::string config_path;
+  // Unix socket to serve; empty means DefaultDaemonSocketPath().
+  std::string socket_path;
+  // Permission bits of the socket file. 0660: the owner and the group may connect.
+  mode_t socket_mode = 0660;
+  // Group that owns the socket file, so its members may connect; empty keeps the daemon's.
+  std::string socket_group;
+  // spdlog level name: trace, debug, info, warn, error, critical, off.
+  std::string log_level = "info";
+  // How long in-flight calls get to finish after SIGTERM before they are cancelled.
+  absl::Duration shutdown_grace = absl::Seconds(5);
+  StoreConfig store;
+};
+
+// Parses TOML text; `source` names it in error messages. Unknown tables and keys are
+// errors, so a typo never silently leaves a default in force.
+absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_view source);
+
+// Reads and parses the file at `path`.
+absl::StatusOr<Config> LoadConfig(const std::string& path);
+
+// Checks ranges and consistency; INVALID_ARGUMENT naming the field.
+absl::Status ValidateConfig(const Config& config);
+
+}  // namespace tpd
+
+#endif  // TPD_DAEMON_CONFIG_H_

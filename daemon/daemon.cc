@@ -1,0 +1,129 @@
+#include "daemon/daemon.h"
+
+#include <grp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/socket_path.h"
+#include "daemon/logging.h"
+#include "daemon/version.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace tpd {
+namespace {
+
+store::MemoryStoreOptions StoreOptions(const StoreConfig& config) {
+  store::MemoryStoreOptions options;
+  options.max_waiters = config.max_waiters;
+  options.max_value_bytes = config.max_value_bytes;
+  return options;
+}
+
+// gRPC's own cap on a request: room for the largest value plus a full list of keys, so the
+// store's limits, which name the setting to change, are the ones users meet.
+int MaxMessageBytes(const StoreConfig& config) {
+  const int64_t bytes = config.max_value_bytes +
+                        config.max_keys_per_request * (config.max_key_bytes + 16) + (1 << 20);
+  return static_cast<int>(std::min<int64_t>(bytes, INT_MAX));
+}
+
+absl::Status SetSocketOwnership(const std::string& path, const Config& config) {
+  if (chmod(path.c_str(), config.socket_mode) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot chmod socket ", path, ": ", std::strerror(errno)));
+  }
+  if (config.socket_group.empty()) return absl::OkStatus();
+  struct group* group = getgrnam(config.socket_group.c_str());
+  if (group == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("daemon.socket_group \"", config.socket_group,
+                                                   "\" is not a group on this machine"));
+  }
+  if (chown(path.c_str(), -1, group->gr_gid) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot give socket ", path, " to group ",
+                                                      config.socket_group, ": ",
+                                                      std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Daemon::Daemon(const Config& config, std::string socket_path, std::unique_ptr<SocketLock> lock)
+    : config_(config),
+      socket_path_(std::move(socket_path)),
+      lock_(std::move(lock)),
+      start_time_(absl::Now()),
+      store_(StoreOptions(config.store)),
+      store_service_(&store_, config_.store, &store_calls_),
+      admin_service_(&config_, socket_path_, start_time_, &serving_, &store_, &store_calls_) {}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
+  std::string socket_path =
+      config.socket_path.empty() ? DefaultDaemonSocketPath() : config.socket_path;
+  absl::StatusOr<std::unique_ptr<SocketLock>> lock = SocketLock::Acquire(socket_path);
+  if (!lock.ok()) return lock.status();
+  if ((*lock)->reclaimed_stale_socket()) {
+    DaemonLog().warn("[socket {}] removed a stale socket file left by a daemon that died",
+                     socket_path);
+  }
+  std::unique_ptr<Daemon> daemon(new Daemon(config, std::move(socket_path), *std::move(lock)));
+  if (absl::Status status = daemon->Serve(); !status.ok()) return status;
+  return daemon;
+}
+
+absl::Status Daemon::Serve() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", socket_path_), grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(MaxMessageBytes(config_.store));
+  builder.RegisterService(&store_service_);
+  builder.RegisterService(&admin_service_);
+
+  // The socket is created with the umask's bits; keep it private until chmod below widens it
+  // to socket_mode, so no one connects through a window of wrong permissions.
+  const mode_t old_umask = umask(0177);
+  server_ = builder.BuildAndStart();
+  umask(old_umask);
+  if (server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot serve on unix socket ", socket_path_,
+                                               " (see the gRPC error above)"));
+  }
+  if (absl::Status status = SetSocketOwnership(socket_path_, config_); !status.ok()) {
+    server_->Shutdown();
+    return status;
+  }
+  serving_ = true;
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  DaemonLog().info("[socket {}] tpd {} serving (pid {}, mode {:04o})", socket_path_, kVersion,
+                   getpid(), config_.socket_mode);
+  return absl::OkStatus();
+}
+
+void Daemon::Shutdown() {
+  if (server_ == nullptr) return;
+  DaemonLog().info("[socket {}] shutting down: health NOT_SERVING, {} grace for in-flight calls",
+                   socket_path_, absl::FormatDuration(config_.shutdown_grace));
+  serving_ = false;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  store_.Shutdown();
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + config_.shutdown_grace));
+  server_->Wait();
+  server_.reset();
+  lock_.reset();
+  DaemonLog().info("[socket {}] stopped; socket removed", socket_path_);
+}
+
+Daemon::~Daemon() { Shutdown(); }
+
+}  // namespace tpd

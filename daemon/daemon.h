@@ -1,0 +1,67 @@
+// The tpd daemon: its store, its gRPC services and the unix socket they are served on.
+// main() builds one from a validated Config; integration tests and benchmarks build the
+// same object in-process.
+//
+// Thread safety: Start, Shutdown and the destructor are called from one thread (main's);
+// the services run on gRPC's threads.
+
+#ifndef TPD_DAEMON_DAEMON_H_
+#define TPD_DAEMON_DAEMON_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/admin_service.h"
+#include "daemon/call_stats.h"
+#include "daemon/config.h"
+#include "daemon/socket_lock.h"
+#include "daemon/store_service.h"
+#include "grpcpp/server.h"
+#include "store/memory/memory_store.h"
+
+namespace tpd {
+
+class Daemon {
+ public:
+  // Takes the socket (refusing one owned by a live daemon, reclaiming a stale one), starts
+  // serving Store, Admin, grpc.health.v1.Health and reflection on it, and returns once
+  // the socket accepts calls. REQUIRES: ValidateConfig(config).ok().
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const Config& config);
+
+  // Shuts down if Shutdown() was not called.
+  ~Daemon();
+
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Graceful stop: health turns NOT_SERVING, pending store waits end with UNAVAILABLE (no
+  // one can set their keys any more), other in-flight calls get config.shutdown_grace to
+  // finish and are cancelled after it, then the socket file is removed. Idempotent.
+  void Shutdown();
+
+  const std::string& socket_path() const { return socket_path_; }
+  bool serving() const { return serving_.load(); }
+
+ private:
+  Daemon(const Config& config, std::string socket_path, std::unique_ptr<SocketLock> lock);
+  absl::Status Serve();
+
+  const Config config_;
+  const std::string socket_path_;
+  std::unique_ptr<SocketLock> lock_;
+  const absl::Time start_time_;
+  std::atomic<bool> serving_{false};
+
+  store::MemoryStore store_;
+  CallStats store_calls_;
+  StoreService store_service_;
+  AdminService admin_service_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+}  // namespace tpd
+
+#endif  // TPD_DAEMON_DAEMON_H_

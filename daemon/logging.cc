@@ -1,0 +1,40 @@
+#include "daemon/logging.h"
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+
+namespace tpd {
+namespace {
+
+constexpr const char* kComponents[] = {"daemon", "store", "agent", "cuda"};
+
+}  // namespace
+
+absl::Status InitLogging(const std::string& level) {
+  const spdlog::level::level_enum parsed = spdlog::level::from_str(level);
+  if (parsed == spdlog::level::off && level != "off") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown log level \"", level, "\""));
+  }
+  auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  for (const char* name : kComponents) {
+    spdlog::drop(name);
+    auto logger = std::make_shared<spdlog::logger>(name, sink);
+    logger->set_level(parsed);
+    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ [%n] %v");
+    spdlog::register_logger(logger);
+  }
+  return absl::OkStatus();
+}
+
+spdlog::logger& DaemonLog() {
+  std::shared_ptr<spdlog::logger> logger = spdlog::get("daemon");
+  if (logger == nullptr) {
+    // Before InitLogging (unit tests that build a daemon in-process): log to stderr.
+    logger = spdlog::stderr_color_mt("daemon");
+  }
+  return *logger;
+}
+
+}  // namespace tpd

@@ -1,0 +1,78 @@
+// tpd: parse flags, load and validate the config, start the daemon, run until SIGTERM or
+// SIGINT, shut down.
+
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/config.h"
+#include "daemon/daemon.h"
+#include "daemon/logging.h"
+#include "daemon/systemd_notifier.h"
+#include "daemon/version.h"
+
+ABSL_FLAG(std::string, config, "", "TOML config file (see /etc/tpd/tpd.toml); empty: defaults");
+ABSL_FLAG(std::string, socket, "", "unix socket to serve; overrides [daemon] socket");
+ABSL_FLAG(std::string, log_level, "", "trace|debug|info|warn|error; overrides [daemon] log_level");
+ABSL_FLAG(bool, version, false, "print the version and exit");
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "tpd: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("tpd: the per-node RPC daemon. Usage: tpd [--config FILE]");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_version)) {
+    std::cout << "tpd " << tpd::kVersion << "\n";
+    return 0;
+  }
+
+  tpd::Config config;
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    absl::StatusOr<tpd::Config> loaded = tpd::LoadConfig(path);
+    if (!loaded.ok()) return Fail(loaded.status());
+    config = *std::move(loaded);
+  }
+  if (const std::string socket = absl::GetFlag(FLAGS_socket); !socket.empty()) {
+    config.socket_path = socket;
+  }
+  if (const std::string level = absl::GetFlag(FLAGS_log_level); !level.empty()) {
+    config.log_level = level;
+  }
+  if (absl::Status status = tpd::ValidateConfig(config); !status.ok()) return Fail(status);
+  if (absl::Status status = tpd::InitLogging(config.log_level); !status.ok()) return Fail(status);
+
+  // Block the stop signals before any thread starts, so every thread inherits the mask and
+  // only sigwait() below receives them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<tpd::Daemon>> daemon = tpd::Daemon::Start(config);
+  if (!daemon.ok()) {
+    tpd::DaemonLog().critical("cannot start: {}", daemon.status().ToString());
+    return 1;
+  }
+  tpd::SystemdNotifier systemd([&daemon] { return (*daemon)->serving(); });
+  systemd.Ready();
+
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  tpd::DaemonLog().info("[socket {}] received {}", (*daemon)->socket_path(), strsignal(signal));
+  systemd.Stopping();
+  (*daemon)->Shutdown();
+  return 0;
+}

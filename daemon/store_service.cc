@@ -1,0 +1,310 @@
+#include "daemon/store_service.h"
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/grpc_status.h"
+#include "store/prefix_store.h"
+
+namespace tpd {
+namespace {
+
+using Keys = google::protobuf::RepeatedPtrField<std::string>;
+using Values = std::vector<std::string>;
+
+// One waiting call. It finishes exactly once, when the store's callback fires (keys
+// arrived, deadline, cancellation, shutdown); the client going away cancels the store wait
+// so the waiter is reclaimed at once. Start() and the store callback may run on different
+// threads in either order: whichever of them sees the other has happened finishes the call.
+class WaitReactor final : public grpc::ServerUnaryReactor {
+ public:
+  using Fill = absl::AnyInvocable<void(Values)>;
+
+  WaitReactor(store::Store* root, CallStats* stats, const char* method, Fill fill)
+      : root_(root), stats_(stats), method_(method), fill_(std::move(fill)) {}
+
+  // `scoped` is the namespace's view of `root`; it is only used during this call.
+  void Start(store::Store* scoped, Values keys, absl::Time deadline) {
+    absl::StatusOr<store::WaitId> id = scoped->WaitAsync(
+        std::move(keys), deadline,
+        [this](absl::StatusOr<Values> result) { OnWaitDone(std::move(result)); });
+    bool finish_now;
+    bool cancel_now;
+    store::Store* root = root_;
+    {
+      absl::MutexLock lock(&mu_);
+      started_ = true;
+      if (id.ok()) {
+        id_ = *id;
+      } else {
+        result_ = id.status();
+      }
+      finish_now = result_.has_value();
+      cancel_now = !finish_now && cancelled_;
+    }
+    // Past this point `this` may already be deleted unless finish_now: use locals only.
+    if (finish_now) {
+      Complete();
+    } else if (cancel_now) {
+      root->CancelWait(*id);
+    }
+  }
+
+  void OnCancel() override {
+    store::WaitId id;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      if (!started_ || result_.has_value()) return;
+      id = id_;
+    }
+    // gRPC runs OnDone only after this reaction returns, so `this` is still alive.
+    root_->CancelWait(id);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void OnWaitDone(absl::StatusOr<Values> result) {
+    bool finish_now;
+    {
+      absl::MutexLock lock(&mu_);
+      result_ = std::move(result);
+      finish_now = started_;
+    }
+    if (finish_now) Complete();
+  }
+
+  // Runs once; result_ no longer changes.
+  void Complete() {
+    absl::Status status = result_->status();
+    if (status.ok()) fill_(*std::move(*result_));
+    stats_->Record(method_, status);
+    Finish(ToGrpcStatus(status));
+  }
+
+  store::Store* const root_;
+  CallStats* const stats_;
+  const char* const method_;
+  Fill fill_;
+
+  absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  store::WaitId id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<absl::StatusOr<Values>> result_;  // written once, under mu_
+};
+
+Values ToVector(const Keys& keys) { return Values(keys.begin(), keys.end()); }
+
+std::string Quoted(absl::string_view key) {
+  return absl::StrCat("\"", absl::CEscape(key.substr(0, 64)), key.size() > 64 ? "...\"" : "\"");
+}
+
+}  // namespace
+
+StoreService::StoreService(store::Store* root, const StoreConfig& limits, CallStats* stats)
+    : root_(root), limits_(limits), stats_(stats) {}
+
+grpc::ServerUnaryReactor* StoreService::Reply(grpc::CallbackServerContext* context,
+                                              const char* method, const absl::Status& status) {
+  stats_->Record(method, status);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+absl::Status StoreService::CheckKey(absl::string_view key) const {
+  if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
+  if (static_cast<int64_t>(key.size()) > limits_.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("key ", Quoted(key), " is ", key.size(),
+                                                   " bytes; the limit store.max_key_bytes is ",
+                                                   limits_.max_key_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StoreService::CheckKeys(const Keys& keys) const {
+  if (keys.empty()) return absl::InvalidArgumentError("at least one key is required");
+  if (keys.size() > limits_.max_keys_per_request) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request names ", keys.size(),
+                     " keys; the limit store.max_keys_per_request is ",
+                     limits_.max_keys_per_request));
+  }
+  for (const std::string& key : keys) {
+    if (absl::Status status = CheckKey(key); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StoreService::CheckValue(absl::string_view key, size_t size) const {
+  if (static_cast<int64_t>(size) > limits_.max_value_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("value for key ", Quoted(key), " is ", size,
+                                                     " bytes; the limit store.max_value_bytes is ",
+                                                     limits_.max_value_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Time> StoreService::WaitDeadline(const grpc::CallbackServerContext* context,
+                                                      int64_t timeout_ms) const {
+  if (timeout_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timeout_ms must be >= 0 (0 uses the daemon's default), got ", timeout_ms));
+  }
+  const absl::Duration timeout =
+      timeout_ms == 0 ? limits_.default_timeout : absl::Milliseconds(timeout_ms);
+  absl::Time deadline = absl::Now() + timeout;
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+  }
+  return deadline;
+}
+
+template <typename OnValues>
+grpc::ServerUnaryReactor* StoreService::WaitFor(grpc::CallbackServerContext* context,
+                                                const char* method, const std::string& name_space,
+                                                const Keys& keys, int64_t timeout_ms,
+                                                OnValues on_values) {
+  if (absl::Status status = CheckKeys(keys); !status.ok()) return Reply(context, method, status);
+  absl::StatusOr<absl::Time> deadline = WaitDeadline(context, timeout_ms);
+  if (!deadline.ok()) return Reply(context, method, deadline.status());
+  auto* reactor = new WaitReactor(root_, stats_, method, std::move(on_values));
+  store::PrefixStore scoped(name_space, root_);
+  reactor->Start(&scoped, ToVector(keys), *deadline);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
+                                            const v1::SetRequest* request, v1::SetResponse*) {
+  absl::Status status = CheckKey(request->key());
+  if (status.ok()) status = CheckValue(request->key(), request->value().size());
+  if (status.ok()) {
+    status = store::PrefixStore(request->namespace_(), root_).Set(request->key(), request->value());
+  }
+  return Reply(context, "Set", status);
+}
+
+grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context,
+                                            const v1::GetRequest* request,
+                                            v1::GetResponse* response) {
+  Keys keys;
+  keys.Add()->assign(request->key());
+  return WaitFor(context, "Get", request->namespace_(), keys, request->timeout_ms(),
+                 [response](Values values) { response->set_value(std::move(values[0])); });
+}
+
+grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
+                                            const v1::AddRequest* request,
+                                            v1::AddResponse* response) {
+  absl::Status status = CheckKey(request->key());
+  if (status.ok()) {
+    absl::StatusOr<int64_t> sum =
+        store::PrefixStore(request->namespace_(), root_).Add(request->key(), request->delta());
+    if (sum.ok()) response->set_value(*sum);
+    status = sum.status();
+  }
+  return Reply(context, "Add", status);
+}
+
+grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* context,
+                                                   const v1::CompareSetRequest* request,
+                                                   v1::CompareSetResponse* response) {
+  absl::Status status = CheckKey(request->key());
+  if (status.ok()) status = CheckValue(request->key(), request->desired_value().size());
+  if (status.ok()) {
+    absl::StatusOr<std::string> value =
+        store::PrefixStore(request->namespace_(), root_)
+            .CompareSet(request->key(), request->expected_value(), request->desired_value());
+    if (value.ok()) response->set_value(*std::move(value));
+    status = value.status();
+  }
+  return Reply(context, "CompareSet", status);
+}
+
+grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
+                                             const v1::WaitRequest* request, v1::WaitResponse*) {
+  return WaitFor(context, "Wait", request->namespace_(), request->keys(), request->timeout_ms(),
+                 [](Values) {});
+}
+
+grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
+                                              const v1::CheckRequest* request,
+                                              v1::CheckResponse* response) {
+  absl::Status status = CheckKeys(request->keys());
+  if (status.ok()) {
+    absl::StatusOr<bool> ready =
+        store::PrefixStore(request->namespace_(), root_).Check(ToVector(request->keys()));
+    if (ready.ok()) response->set_ready(*ready);
+    status = ready.status();
+  }
+  return Reply(context, "Check", status);
+}
+
+grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
+                                                  const v1::DeleteKeyRequest* request,
+                                                  v1::DeleteKeyResponse* response) {
+  absl::Status status = CheckKey(request->key());
+  if (status.ok()) {
+    absl::StatusOr<bool> deleted =
+        store::PrefixStore(request->namespace_(), root_).DeleteKey(request->key());
+    if (deleted.ok()) response->set_deleted(*deleted);
+    status = deleted.status();
+  }
+  return Reply(context, "DeleteKey", status);
+}
+
+grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* context,
+                                                const v1::NumKeysRequest* request,
+                                                v1::NumKeysResponse* response) {
+  absl::StatusOr<int64_t> count = store::PrefixStore(request->namespace_(), root_).NumKeys("");
+  if (count.ok()) response->set_num_keys(*count);
+  return Reply(context, "NumKeys", count.status());
+}
+
+grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* context,
+                                                 const v1::MultiGetRequest* request,
+                                                 v1::MultiGetResponse* response) {
+  return WaitFor(context, "MultiGet", request->namespace_(), request->keys(),
+                 request->timeout_ms(), [response](Values values) {
+                   for (std::string& value : values) response->add_values(std::move(value));
+                 });
+}
+
+grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* context,
+                                                 const v1::MultiSetRequest* request,
+                                                 v1::MultiSetResponse*) {
+  absl::Status status = CheckKeys(request->keys());
+  if (status.ok() && request->keys_size() != request->values_size()) {
+    status = absl::InvalidArgumentError(absl::StrCat("multi_set needs one value per key: got ",
+                                                     request->keys_size(), " keys and ",
+                                                     request->values_size(), " values"));
+  }
+  for (int i = 0; status.ok() && i < request->values_size(); ++i) {
+    status = CheckValue(request->keys(i), request->values(i).size());
+  }
+  if (status.ok()) {
+    status = store::PrefixStore(request->namespace_(), root_)
+                 .MultiSet(ToVector(request->keys()), ToVector(request->values()));
+  }
+  return Reply(context, "MultiSet", status);
+}
+
+grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* context,
+                                               const v1::AppendRequest* request,
+                                               v1::AppendResponse*) {
+  absl::Status status = CheckKey(request->key());
+  if (status.ok()) status = CheckValue(request->key(), request->value().size());
+  if (status.ok()) {
+    status =
+        store::PrefixStore(request->namespace_(), root_).Append(request->key(), request->value());
+  }
+  return Reply(context, "Append", status);
+}
+
+}  // namespace tpd

@@ -1,0 +1,117 @@
+// The embedded, in-memory store backend: the default store of a daemon.
+//
+// Thread safety: thread-safe. One mutex guards the data and the waiters; callbacks run
+// after it is released. A single timer thread, owned by the store, ends waits at their
+// deadlines, so a waiter costs a map entry and no thread of its own.
+
+#ifndef TPD_STORE_MEMORY_MEMORY_STORE_H_
+#define TPD_STORE_MEMORY_MEMORY_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "store/store.h"
+
+namespace tpd::store {
+
+struct MemoryStoreOptions {
+  // Most waits pending at once; past it WaitAsync answers RESOURCE_EXHAUSTED. Bounds the
+  // memory a flood of waiting clients can pin.
+  int64_t max_waiters = 100000;
+  // Largest value Append may grow a key to; past it Append answers RESOURCE_EXHAUSTED and
+  // changes nothing. (Set-style calls are checked at the service edge, before the copy.)
+  int64_t max_value_bytes = int64_t{1} << 30;
+};
+
+struct MemoryStoreStats {
+  int64_t num_keys = 0;
+  int64_t bytes = 0;  // keys and values together
+  int64_t waiters = 0;
+};
+
+class MemoryStore : public Store {
+ public:
+  explicit MemoryStore(MemoryStoreOptions options = {});
+  // Ends pending waits with UNAVAILABLE and joins the timer thread.
+  ~MemoryStore() override;
+
+  MemoryStore(const MemoryStore&) = delete;
+  MemoryStore& operator=(const MemoryStore&) = delete;
+
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::Status MultiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::string>& values) override;
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
+  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
+                                         absl::string_view desired) override;
+  absl::Status Append(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
+  absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
+  absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) override;
+  absl::StatusOr<WaitId> WaitAsync(std::vector<std::string> keys, absl::Time deadline,
+                                   WaitCallback done) override;
+  void CancelWait(WaitId id) override;
+
+  // Ends every pending wait with UNAVAILABLE and refuses new ones; data stays readable.
+  // Called on daemon shutdown so no client call outlives the daemon's grace period.
+  void Shutdown();
+
+  MemoryStoreStats Stats();
+
+ private:
+  struct Waiter {
+    std::vector<std::string> keys;  // as requested, in order
+    absl::Time start;
+    absl::Time deadline;
+    std::string parked_on;  // the missing key whose Set rechecks this wait
+    WaitCallback done;
+  };
+  // A finished wait, run after the mutex is released.
+  using Completion = std::pair<WaitCallback, absl::StatusOr<std::vector<std::string>>>;
+
+  // Writes `value` at `key` and collects the waits that `key` completes.
+  void SetLocked(const std::string& key, std::string value, std::vector<Completion>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-examines wait `id` after one of its keys was set: completes it when every key is
+  // present, otherwise parks it on a key still missing.
+  void RecheckLocked(WaitId id, std::vector<Completion>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes wait `id` and returns its callback paired with `result`.
+  Completion FinishLocked(WaitId id, absl::StatusOr<std::vector<std::string>> result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> MissingKeysLocked(const std::vector<std::string>& keys) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TimerLoop();
+  static void Run(std::vector<Completion> completions);
+
+  const MemoryStoreOptions options_;
+
+  absl::Mutex mu_;
+  // Ordered, so NumKeys(prefix) walks only the keys under the prefix.
+  std::map<std::string, std::string, std::less<>> data_ ABSL_GUARDED_BY(mu_);
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  // Each pending wait is parked on exactly one of its missing keys; when that key is set
+  // the wait is rechecked. Parking on one key keeps a set O(waiters on that key).
+  absl::flat_hash_map<std::string, absl::flat_hash_set<WaitId>> parked_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, WaitId>> deadlines_ ABSL_GUARDED_BY(mu_);
+  WaitId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_timer_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar timer_cv_;
+
+  std::thread timer_;
+};
+
+}  // namespace tpd::store
+
+#endif  // TPD_STORE_MEMORY_MEMORY_STORE_H_

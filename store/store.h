@@ -1,0 +1,85 @@
+// The key-value store behind rendezvous and the tpd.v1.Store service, with the semantics of
+// PyTorch's c10d Store. Backends live in store/<backend>/; PrefixStore gives each group its
+// own namespace over any backend.
+//
+// Thread safety: every method of every backend may be called from any thread at once.
+
+#ifndef TPD_STORE_STORE_H_
+#define TPD_STORE_STORE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace tpd::store {
+
+// Called exactly once when a wait ends: with the keys' values (in request order) once all
+// are set, DEADLINE_EXCEEDED naming the missing keys at the deadline, CANCELLED after
+// CancelWait, or UNAVAILABLE when the store shuts down. May run on the thread that set the
+// last key, the store's timer thread, or the caller's own thread when the keys are already
+// there; it must not call back into the store while holding locks the store could need.
+using WaitCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<std::string>>)>;
+
+// Identifies a pending wait for CancelWait. Never reused within one store.
+using WaitId = uint64_t;
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Sets `key` to `value` and wakes every waiter whose keys are now all present.
+  virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;
+
+  // Sets every keys[i] to values[i] in one step; readers see all or none.
+  // REQUIRES: keys.size() == values.size().
+  virtual absl::Status MultiSet(const std::vector<std::string>& keys,
+                                const std::vector<std::string>& values) = 0;
+
+  // Adds `delta` to the decimal integer at `key` (missing counts as 0), stores and returns
+  // the sum. FAILED_PRECONDITION when the value is not an integer.
+  virtual absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) = 0;
+
+  // c10d compare_set; returns the value the key holds afterwards, or `expected` when the key
+  // is missing and `expected` is non-empty (nothing is created then).
+  virtual absl::StatusOr<std::string> CompareSet(absl::string_view key,
+                                                 absl::string_view expected,
+                                                 absl::string_view desired) = 0;
+
+  // Appends `value` to the value of `key`, creating it when missing.
+  virtual absl::Status Append(absl::string_view key, absl::string_view value) = 0;
+
+  // True when every key is set.
+  virtual absl::StatusOr<bool> Check(const std::vector<std::string>& keys) = 0;
+
+  // Removes `key`; returns whether it existed.
+  virtual absl::StatusOr<bool> DeleteKey(absl::string_view key) = 0;
+
+  // Number of keys that start with `prefix` ("" counts every key).
+  virtual absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) = 0;
+
+  // Starts waiting for every key in `keys` until `deadline`; `done` runs exactly once (see
+  // WaitCallback). Waiting costs no thread: a waiter is an entry in the store. Returns an
+  // id for CancelWait, or RESOURCE_EXHAUSTED (without calling `done`) when the store's
+  // waiter limit is reached.
+  virtual absl::StatusOr<WaitId> WaitAsync(std::vector<std::string> keys,
+                                           absl::Time deadline, WaitCallback done) = 0;
+
+  // Ends the wait `id` with CANCELLED if it is still pending; a no-op otherwise.
+  virtual void CancelWait(WaitId id) = 0;
+
+  // Blocking forms of WaitAsync for callers that own a thread (rendezvous, tests).
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                    absl::Time deadline);
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Time deadline);
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Time deadline);
+};
+
+}  // namespace tpd::store
+
+#endif  // TPD_STORE_STORE_H_
