@@ -7,7 +7,7 @@
 namespace tpd::store {
 
 PrefixStore::PrefixStore(std::string prefix, Store* base)
-    : prefix_(absl::StrCat(prefix, "/")), base_(base) {}
+    : prefix_(prefix.empty() ? "" : absl::StrCat(prefix, "/")), base_(base) {}
 
 std::string PrefixStore::Key(absl::string_view key) const { return absl::StrCat(prefix_, key); }
 

@@ -1,6 +1,6 @@
 // A namespace over another store: every key is stored as "<prefix>/<key>", so groups (and
 // the Store service's `namespace_`) never see each other's keys. Like c10d's PrefixStore,
-// nesting prefixes nests namespaces.
+// nesting prefixes nests namespaces. The empty prefix is the base store itself.
 //
 // Thread safety: as thread-safe as the store it wraps; it holds no state of its own.
 
@@ -37,7 +37,7 @@ class PrefixStore : public Store {
   std::string Key(absl::string_view key) const;
   std::vector<std::string> Keys(const std::vector<std::string>& keys) const;
 
-  const std::string prefix_;  // with the trailing '/'
+  const std::string prefix_;  // with the trailing '/', or empty
   Store* const base_;
 };
 

@@ -286,7 +286,7 @@ void MemoryStore::TimerLoop() {
       const Waiter& waiter = waiters_[id];
       completions.push_back(FinishLocked(
           id, absl::DeadlineExceededError(absl::StrCat(
-                  "timed out after ", absl::FormatDuration(waiter.deadline - waiter.start),
+                  "timed out after ", absl::FormatDuration(absl::Ceil(waiter.deadline - waiter.start, absl::Milliseconds(1))),
                   " waiting for keys ", QuotedKeys(MissingKeysLocked(waiter.keys))))));
     }
     mu_.Unlock();

@@ -61,7 +61,8 @@ class MemoryStore : public Store {
                                    WaitCallback done) override;
   void CancelWait(WaitId id) override;
 
-  // Ends every pending wait with UNAVAILABLE and refuses new ones; data stays readable.
+  // Ends every pending wait with UNAVAILABLE and refuses new ones (Get included); writes and
+  // Check still work.
   // Called on daemon shutdown so no client call outlives the daemon's grace period.
   void Shutdown();
 

@@ -102,8 +102,7 @@ TEST(PrefixStoreTest, OperationsGoThroughThePrefix) {
   EXPECT_EQ(group.Add("a", 4).value_or(-1), 5);
   EXPECT_EQ(group.CompareSet("b", "2", "3").value_or(""), "3");
   ASSERT_TRUE(group.Append("c", "xy").ok());
-  absl::StatusOr<std::vector<std::string>> values =
-      group.MultiGet({"c", "b", "a"}, LongDeadline());
+  absl::StatusOr<std::vector<std::string>> values = group.MultiGet({"c", "b", "a"}, LongDeadline());
   ASSERT_TRUE(values.ok()) << values.status();
   EXPECT_THAT(*values, ElementsAre("xy", "3", "5"));
   EXPECT_THAT(base.MultiGet({"group/a", "group/b", "group/c"}, LongDeadline())
@@ -149,8 +148,7 @@ TEST(PrefixStoreTest, WaitAsyncIsNotWokenBySetThroughAnotherPrefix) {
   PrefixStore group1("group1", &base);
   PrefixStore group2("group2", &base);
   ASSERT_TRUE(
-      group1.WaitAsync({"key"}, absl::Now() + absl::Milliseconds(50), result.Callback())
-          .ok());
+      group1.WaitAsync({"key"}, absl::Now() + absl::Milliseconds(50), result.Callback()).ok());
   ASSERT_TRUE(group2.Set("key", "value").ok());
   ASSERT_TRUE(base.Set("key", "value").ok());
   EXPECT_FALSE(result.HasRun());

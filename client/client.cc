@@ -1,0 +1,199 @@
+#include "client/client.h"
+
+#include <sys/stat.h>
+
+#include "absl/strings/str_cat.h"
+#include "client/socket_path.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace tpd {
+namespace {
+
+// The daemon's codes arrive unchanged; absl and gRPC number their codes alike.
+absl::Status FromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+// Extra time a waiting call's RPC deadline gets over the wait itself.
+constexpr absl::Duration kWaitSlack = absl::Seconds(2);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
+                                                        ClientOptions options) {
+  const std::string path = socket_path.empty() ? DefaultClientSocketPath() : socket_path;
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::UnavailableError(absl::StrCat("no tpd socket at ", path,
+                                               ": is the daemon running? (systemctl status tpd, "
+                                               "or pass --socket / set TPD_SOCKET)"));
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      absl::StrCat("unix:", path), grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("tpd at ", path, " did not accept a connection within ",
+                                               absl::FormatDuration(options.connect_timeout),
+                                               " (is it running, and may this user use the socket?)"));
+  }
+  return std::unique_ptr<Client>(new Client(path, std::move(options), std::move(channel)));
+}
+
+Client::Client(std::string socket_path, ClientOptions options,
+               std::shared_ptr<grpc::Channel> channel)
+    : socket_path_(std::move(socket_path)),
+      options_(std::move(options)),
+      channel_(std::move(channel)),
+      store_(v1::Store::NewStub(channel_)),
+      admin_(v1::Admin::NewStub(channel_)) {}
+
+Client::~Client() = default;
+
+std::unique_ptr<grpc::ClientContext> Client::Context(absl::Duration wait, bool waits) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  if (!waits) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+  } else if (wait > absl::ZeroDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + wait + kWaitSlack));
+  }
+  // A wait with the daemon's default timeout carries no RPC deadline: the daemon ends it.
+  return context;
+}
+
+absl::Status Client::Set(absl::string_view key, absl::string_view value) {
+  v1::SetRequest request;
+  request.set_namespace_(options_.name_space);
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  v1::SetResponse response;
+  return FromGrpc(store_->Set(Context().get(), request, &response));
+}
+
+absl::StatusOr<std::string> Client::Get(absl::string_view key, absl::Duration timeout) {
+  v1::GetRequest request;
+  request.set_namespace_(options_.name_space);
+  request.set_key(std::string(key));
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  v1::GetResponse response;
+  absl::Status status = FromGrpc(store_->Get(Context(timeout, true).get(), request, &response));
+  if (!status.ok()) return status;
+  return std::move(*response.mutable_value());
+}
+
+absl::StatusOr<int64_t> Client::Add(absl::string_view key, int64_t delta) {
+  v1::AddRequest request;
+  request.set_namespace_(options_.name_space);
+  request.set_key(std::string(key));
+  request.set_delta(delta);
+  v1::AddResponse response;
+  absl::Status status = FromGrpc(store_->Add(Context().get(), request, &response));
+  if (!status.ok()) return status;
+  return response.value();
+}
+
+absl::StatusOr<std::string> Client::CompareSet(absl::string_view key, absl::string_view expected,
+                                               absl::string_view desired) {
+  v1::CompareSetRequest request;
+  request.set_namespace_(options_.name_space);
+  request.set_key(std::string(key));
+  request.set_expected_value(std::string(expected));
+  request.set_desired_value(std::string(desired));
+  v1::CompareSetResponse response;
+  absl::Status status = FromGrpc(store_->CompareSet(Context().get(), request, &response));
+  if (!status.ok()) return status;
+  return std::move(*response.mutable_value());
+}
+
+absl::Status Client::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  v1::WaitRequest request;
+  request.set_namespace_(options_.name_space);
+  request.mutable_keys()->Add(keys.begin(), keys.end());
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  v1::WaitResponse response;
+  return FromGrpc(store_->Wait(Context(timeout, true).get(), request, &response));
+}
+
+absl::StatusOr<bool> Client::Check(const std::vector<std::string>& keys) {
+  v1::CheckRequest request;
+  request.set_namespace_(options_.name_space);
+  request.mutable_keys()->Add(keys.begin(), keys.end());
+  v1::CheckResponse response;
+  absl::Status status = FromGrpc(store_->Check(Context().get(), request, &response));
+  if (!status.ok()) return status;
+  return response.ready();
+}
+
+absl::StatusOr<bool> Client::DeleteKey(absl::string_view key) {
+  v1::DeleteKeyRequest request;
+  request.set_namespace_(options_.name_space);
+  request.set_key(std::string(key));
+  v1::DeleteKeyResponse response;
+  absl::Status status = FromGrpc(store_->DeleteKey(Context().get(), request, &response));
+  if (!status.ok()) return status;
+  return response.deleted();
+}
+
+absl::StatusOr<int64_t> Client::NumKeys() {
+  v1::NumKeysRequest request;
+  request.set_namespace_(options_.name_space);
+  v1::NumKeysResponse response;
+  absl::Status status = FromGrpc(store_->NumKeys(Context().get(), request, &response));
+  if (!status.ok()) return status;
+  return response.num_keys();
+}
+
+absl::StatusOr<std::vector<std::string>> Client::MultiGet(const std::vector<std::string>& keys,
+                                                          absl::Duration timeout) {
+  v1::MultiGetRequest request;
+  request.set_namespace_(options_.name_space);
+  request.mutable_keys()->Add(keys.begin(), keys.end());
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  v1::MultiGetResponse response;
+  absl::Status status = FromGrpc(store_->MultiGet(Context(timeout, true).get(), request, &response));
+  if (!status.ok()) return status;
+  return std::vector<std::string>(std::make_move_iterator(response.mutable_values()->begin()),
+                                  std::make_move_iterator(response.mutable_values()->end()));
+}
+
+absl::Status Client::MultiSet(const std::vector<std::string>& keys,
+                              const std::vector<std::string>& values) {
+  v1::MultiSetRequest request;
+  request.set_namespace_(options_.name_space);
+  request.mutable_keys()->Add(keys.begin(), keys.end());
+  request.mutable_values()->Add(values.begin(), values.end());
+  v1::MultiSetResponse response;
+  return FromGrpc(store_->MultiSet(Context().get(), request, &response));
+}
+
+absl::Status Client::Append(absl::string_view key, absl::string_view value) {
+  v1::AppendRequest request;
+  request.set_namespace_(options_.name_space);
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  v1::AppendResponse response;
+  return FromGrpc(store_->Append(Context().get(), request, &response));
+}
+
+absl::StatusOr<v1::StatusResponse> Client::Status() {
+  v1::StatusResponse response;
+  absl::Status status = FromGrpc(admin_->Status(Context().get(), v1::StatusRequest(), &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<bool> Client::Serving() {
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::health::v1::HealthCheckResponse response;
+  absl::Status status = FromGrpc(
+      health->Check(Context().get(), grpc::health::v1::HealthCheckRequest(), &response));
+  if (!status.ok()) return status;
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+}  // namespace tpd

@@ -1,0 +1,90 @@
+// The tpd client library: a local process's handle on its node's daemon.
+//
+//   absl::StatusOr<std::unique_ptr<tpd::Client>> client = tpd::Client::Connect();
+//   if (!client.ok()) return client.status();
+//   (*client)->Set("ready", "1");
+//   absl::StatusOr<std::string> v = (*client)->Get("peer", absl::Seconds(10));
+//
+// Store calls have c10d semantics (see proto/store.proto). Errors are absl::Status values
+// carrying the daemon's gRPC code and message unchanged, e.g. DEADLINE_EXCEEDED naming the
+// keys a Get waited for.
+//
+// Thread safety: a Client is thread-safe; share one per process.
+
+#ifndef TPD_CLIENT_CLIENT_H_
+#define TPD_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "proto/admin.grpc.pb.h"
+#include "proto/store.grpc.pb.h"
+
+namespace tpd {
+
+struct ClientOptions {
+  // How long Connect waits for the daemon to accept the connection.
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // Deadline of calls that do not wait for keys.
+  absl::Duration call_timeout = absl::Seconds(30);
+  // Store namespace of every store call (the daemon keeps namespaces apart).
+  std::string name_space;
+};
+
+class Client {
+ public:
+  // Connects to the daemon on `socket_path` ("" = DefaultClientSocketPath()). UNAVAILABLE,
+  // naming the socket, when no daemon answers within options.connect_timeout.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket_path = "",
+                                                         ClientOptions options = {});
+
+  const std::string& socket_path() const { return socket_path_; }
+
+  // Store calls. `timeout` of a waiting call: absl::ZeroDuration() = the daemon's default.
+  absl::Status Set(absl::string_view key, absl::string_view value);
+  absl::StatusOr<std::string> Get(absl::string_view key,
+                                  absl::Duration timeout = absl::ZeroDuration());
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta);
+  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
+                                         absl::string_view desired);
+  absl::Status Wait(const std::vector<std::string>& keys,
+                    absl::Duration timeout = absl::ZeroDuration());
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys);
+  absl::StatusOr<bool> DeleteKey(absl::string_view key);
+  absl::StatusOr<int64_t> NumKeys();
+  absl::StatusOr<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout = absl::ZeroDuration());
+  absl::Status MultiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::string>& values);
+  absl::Status Append(absl::string_view key, absl::string_view value);
+
+  // Admin.Status of the daemon.
+  absl::StatusOr<v1::StatusResponse> Status();
+  // grpc.health.v1 check of the whole daemon: true when SERVING.
+  absl::StatusOr<bool> Serving();
+
+  ~Client();
+
+ private:
+  Client(std::string socket_path, ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+
+  // A context with the call deadline, or, for a call waiting `timeout`, one a little past
+  // it so the daemon's own DEADLINE_EXCEEDED (which names the keys) arrives first.
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration wait = absl::ZeroDuration(),
+                                               bool waits = false) const;
+
+  const std::string socket_path_;
+  const ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Store::Stub> store_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+};
+
+}  // namespace tpd
+
+#endif  // TPD_CLIENT_CLIENT_H_

@@ -1,0 +1,75 @@
+// Test helpers that run the real tpd and tpctl binaries as child processes.
+//
+// Thread safety: a DaemonProcess belongs to one test thread.
+
+#ifndef TPD_TESTS_TESTING_DAEMON_PROCESS_H_
+#define TPD_TESTS_TESTING_DAEMON_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tpd::testing {
+
+// Path of a binary of this workspace in the test's runfiles, e.g. "daemon/tpd".
+std::string RunfilePath(const std::string& workspace_relative);
+
+// A fresh directory under /tmp (unix socket paths must stay under 108 bytes, which the
+// test's own TEST_TMPDIR can exceed); removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  // Writes `contents` to `name` inside the directory and returns its path.
+  std::string WriteFile(const std::string& name, const std::string& contents) const;
+
+ private:
+  std::string path_;
+};
+
+// Output and exit status of a finished child process.
+struct ProcessResult {
+  int exit_code = -1;  // -1 when killed by a signal
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `argv` to completion (bounded by `timeout`, then SIGKILL) and captures its output.
+ProcessResult RunProcess(const std::vector<std::string>& argv,
+                         absl::Duration timeout = absl::Seconds(30));
+
+// A tpd daemon child process.
+class DaemonProcess {
+ public:
+  // Starts `tpd --socket <socket_path> <extra_args...>` and waits until it serves (or exits).
+  static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
+      const std::string& socket_path, const std::vector<std::string>& extra_args = {});
+
+  // Sends SIGKILL if still running, and reaps.
+  ~DaemonProcess();
+
+  pid_t pid() const { return pid_; }
+  void Signal(int signal) const;
+  // Waits for exit up to `timeout`; the exit code, or nullopt (still running, or killed by a
+  // signal). Collects the output written so far.
+  std::optional<int> WaitExit(absl::Duration timeout);
+  // Everything the daemon wrote to stdout and stderr until now.
+  std::string Output() const;
+
+ private:
+  DaemonProcess(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
+
+  pid_t pid_;
+  bool reaped_ = false;
+  std::string log_path_;
+};
+
+}  // namespace tpd::testing
+
+#endif  // TPD_TESTS_TESTING_DAEMON_PROCESS_H_
