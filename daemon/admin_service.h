@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "daemon/call_stats.h"
 #include "daemon/config.h"
+#include "daemon/in_flight.h"
 #include "proto/admin.grpc.pb.h"
 #include "store/memory/memory_store.h"
 
@@ -22,7 +23,7 @@ class AdminService final : public v1::Admin::CallbackService {
   // Every pointer must outlive the service. `serving` turns false when shutdown begins.
   AdminService(const Config* config, std::string socket_path, absl::Time start_time,
                const std::atomic<bool>* serving, store::MemoryStore* store,
-               const CallStats* store_calls);
+               const CallStats* store_calls, const InFlightCalls* in_flight);
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
@@ -35,6 +36,7 @@ class AdminService final : public v1::Admin::CallbackService {
   const std::atomic<bool>* const serving_;
   store::MemoryStore* const store_;
   const CallStats* const store_calls_;
+  const InFlightCalls* const in_flight_;
 };
 
 }  // namespace tpd

@@ -64,7 +64,8 @@ Daemon::Daemon(const Config& config, std::string socket_path, std::unique_ptr<So
       start_time_(absl::Now()),
       store_(StoreOptions(config.store)),
       store_service_(&store_, config_.store, &store_calls_),
-      admin_service_(&config_, socket_path_, start_time_, &serving_, &store_, &store_calls_) {}
+      admin_service_(&config_, socket_path_, start_time_, &serving_, &store_, &store_calls_,
+                     &in_flight_) {}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
   std::string socket_path =
@@ -89,6 +90,9 @@ absl::Status Daemon::Serve() {
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(config_.store));
   builder.RegisterService(&store_service_);
   builder.RegisterService(&admin_service_);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(in_flight_.InterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
 
   // The socket is created with the umask's bits; keep it private until chmod below widens it
   // to socket_mode, so no one connects through a window of wrong permissions.
@@ -117,7 +121,11 @@ void Daemon::Shutdown() {
   serving_ = false;
   server_->GetHealthCheckService()->SetServingStatus(false);
   store_.Shutdown();
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + config_.shutdown_grace));
+  if (!in_flight_.WaitIdle(absl::Now() + config_.shutdown_grace)) {
+    DaemonLog().warn("[socket {}] cancelling {} calls still in flight after the grace period",
+                     socket_path_, in_flight_.count());
+  }
+  server_->Shutdown(absl::ToChronoTime(absl::Now()));
   server_->Wait();
   server_.reset();
   lock_.reset();

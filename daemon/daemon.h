@@ -17,6 +17,7 @@
 #include "daemon/admin_service.h"
 #include "daemon/call_stats.h"
 #include "daemon/config.h"
+#include "daemon/in_flight.h"
 #include "daemon/socket_lock.h"
 #include "daemon/store_service.h"
 #include "grpcpp/server.h"
@@ -39,7 +40,8 @@ class Daemon {
 
   // Graceful stop: health turns NOT_SERVING, pending store waits end with UNAVAILABLE (no
   // one can set their keys any more), other in-flight calls get config.shutdown_grace to
-  // finish and are cancelled after it, then the socket file is removed. Idempotent.
+  // finish and are cancelled after it, then connections close and the socket file is
+  // removed. Idempotent.
   void Shutdown();
 
   const std::string& socket_path() const { return socket_path_; }
@@ -57,6 +59,7 @@ class Daemon {
 
   store::MemoryStore store_;
   CallStats store_calls_;
+  InFlightCalls in_flight_;
   StoreService store_service_;
   AdminService admin_service_;
   std::unique_ptr<grpc::Server> server_;

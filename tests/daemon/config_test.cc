@@ -1,0 +1,385 @@
+// Unit tests of the daemon's config: TOML parsing, validation, loading, and the shipped
+// example deploy/tpd.toml.
+
+#include "daemon/config.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tpd {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// The socket the example config names: the system path the systemd unit serves.
+constexpr char kSystemSocketPath[] = "/run/tpd/tpd.sock";
+
+// Every option ParseConfig accepts, as "table.key".
+const std::vector<std::string>& AllOptions() {
+  static const auto* options = new std::vector<std::string>{
+      "daemon.socket",
+      "daemon.socket_mode",
+      "daemon.socket_group",
+      "daemon.log_level",
+      "daemon.shutdown_grace_ms",
+      "store.default_timeout_ms",
+      "store.max_key_bytes",
+      "store.max_value_bytes",
+      "store.max_keys_per_request",
+      "store.max_waiters",
+  };
+  return *options;
+}
+
+std::string ExampleConfigPath() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || workspace == nullptr) return "deploy/tpd.toml";
+  return absl::StrCat(srcdir, "/", workspace, "/deploy/tpd.toml");
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// Expects `config` to hold the defaults in every field but config_path and socket_path.
+void ExpectDefaultsExceptPaths(const Config& config) {
+  const Config defaults;
+  EXPECT_EQ(config.socket_mode, defaults.socket_mode);
+  EXPECT_EQ(config.socket_group, defaults.socket_group);
+  EXPECT_EQ(config.log_level, defaults.log_level);
+  EXPECT_EQ(config.shutdown_grace, defaults.shutdown_grace);
+  EXPECT_EQ(config.store.default_timeout, defaults.store.default_timeout);
+  EXPECT_EQ(config.store.max_key_bytes, defaults.store.max_key_bytes);
+  EXPECT_EQ(config.store.max_value_bytes, defaults.store.max_value_bytes);
+  EXPECT_EQ(config.store.max_keys_per_request, defaults.store.max_keys_per_request);
+  EXPECT_EQ(config.store.max_waiters, defaults.store.max_waiters);
+}
+
+TEST(ConfigTest, EmptyTextGivesDocumentedDefaults) {
+  absl::StatusOr<Config> config = ParseConfig("", "empty.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->config_path, "empty.toml");
+  EXPECT_EQ(config->socket_path, "");
+  ExpectDefaultsExceptPaths(*config);
+  // The values deploy/tpd.toml documents.
+  EXPECT_EQ(config->socket_mode, 0660u);
+  EXPECT_EQ(config->socket_group, "");
+  EXPECT_EQ(config->log_level, "info");
+  EXPECT_EQ(config->shutdown_grace, absl::Seconds(5));
+  EXPECT_EQ(config->store.default_timeout, absl::Seconds(300));
+  EXPECT_EQ(config->store.max_key_bytes, 4096);
+  EXPECT_EQ(config->store.max_value_bytes, 16 << 20);
+  EXPECT_EQ(config->store.max_keys_per_request, 1024);
+  EXPECT_EQ(config->store.max_waiters, 100000);
+  EXPECT_TRUE(ValidateConfig(*config).ok());
+}
+
+TEST(ConfigTest, EmptyTablesGiveDefaults) {
+  absl::StatusOr<Config> config = ParseConfig("[daemon]\n[store]\n", "tables.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->socket_path, "");
+  ExpectDefaultsExceptPaths(*config);
+}
+
+TEST(ConfigTest, ExampleFileParsesToDefaultsAndValidates) {
+  const std::string path = ExampleConfigPath();
+  const std::string text = ReadFile(path);
+  ASSERT_FALSE(text.empty()) << "cannot read the example config at " << path;
+  absl::StatusOr<Config> config = ParseConfig(text, path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->config_path, path);
+  EXPECT_EQ(config->socket_path, kSystemSocketPath);
+  ExpectDefaultsExceptPaths(*config);
+  EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
+}
+
+TEST(ConfigTest, ExampleFileLoadsWithLoadConfig) {
+  const std::string path = ExampleConfigPath();
+  absl::StatusOr<Config> config = LoadConfig(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->config_path, path);
+  EXPECT_EQ(config->socket_path, kSystemSocketPath);
+  ExpectDefaultsExceptPaths(*config);
+}
+
+// Parsing to defaults alone would not notice an option missing from the example; this does.
+TEST(ConfigTest, ExampleFileSetsEveryOptionInItsTable) {
+  const std::string text = ReadFile(ExampleConfigPath());
+  ASSERT_FALSE(text.empty());
+  for (const std::string& option : AllOptions()) {
+    const size_t dot = option.find('.');
+    const std::string table = absl::StrCat("\n[", option.substr(0, dot), "]\n");
+    const std::string line = absl::StrCat("\n", option.substr(dot + 1), " = ");
+    const size_t table_at = text.find(table);
+    ASSERT_NE(table_at, std::string::npos) << table;
+    const size_t line_at = text.find(line, table_at);
+    EXPECT_NE(line_at, std::string::npos) << "deploy/tpd.toml does not set " << option;
+    const size_t next_table = text.find("\n[", table_at + table.size());
+    EXPECT_LT(line_at, next_table) << option << " is set outside its table";
+  }
+}
+
+TEST(ConfigTest, EachFieldOverridesItsDefault) {
+  absl::StatusOr<Config> config = ParseConfig(R"(
+[daemon]
+socket = "/tmp/tpd-test/tpd.sock"
+socket_mode = "0600"
+socket_group = "tpd"
+log_level = "debug"
+shutdown_grace_ms = 1500
+
+[store]
+default_timeout_ms = 2500
+max_key_bytes = 100
+max_value_bytes = 2000
+max_keys_per_request = 30
+max_waiters = 40
+)",
+                                              "override.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->config_path, "override.toml");
+  EXPECT_EQ(config->socket_path, "/tmp/tpd-test/tpd.sock");
+  EXPECT_EQ(config->socket_mode, 0600u);
+  EXPECT_EQ(config->socket_group, "tpd");
+  EXPECT_EQ(config->log_level, "debug");
+  EXPECT_EQ(config->shutdown_grace, absl::Milliseconds(1500));
+  EXPECT_EQ(config->store.default_timeout, absl::Milliseconds(2500));
+  EXPECT_EQ(config->store.max_key_bytes, 100);
+  EXPECT_EQ(config->store.max_value_bytes, 2000);
+  EXPECT_EQ(config->store.max_keys_per_request, 30);
+  EXPECT_EQ(config->store.max_waiters, 40);
+  EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
+}
+
+TEST(ConfigTest, OneFieldOverriddenLeavesTheOthersAtDefaults) {
+  absl::StatusOr<Config> config = ParseConfig("[store]\nmax_waiters = 7\n", "one.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->store.max_waiters, 7);
+  Config expected;
+  expected.store.max_waiters = 7;
+  EXPECT_EQ(config->store.max_key_bytes, expected.store.max_key_bytes);
+  EXPECT_EQ(config->socket_mode, expected.socket_mode);
+  EXPECT_EQ(config->log_level, expected.log_level);
+}
+
+TEST(ConfigTest, UnknownTableIsInvalidArgumentNamingTable) {
+  absl::StatusOr<Config> config = ParseConfig("[agent]\nthreads = 4\n", "t.toml");
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), AllOf(HasSubstr("t.toml"), HasSubstr("[agent]")));
+}
+
+TEST(ConfigTest, TopLevelKeyOutsideAnyTableIsInvalidArgument) {
+  // A key written above [daemon] lands at the root: refused, not silently ignored.
+  absl::StatusOr<Config> config = ParseConfig("socket = \"/x.sock\"\n", "t.toml");
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), HasSubstr("socket"));
+}
+
+TEST(ConfigTest, KnownTableNameThatIsNotATableIsInvalidArgument) {
+  absl::StatusOr<Config> config = ParseConfig("daemon = 5\n", "t.toml");
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), HasSubstr("daemon must be a table"));
+}
+
+TEST(ConfigTest, UnknownKeyIsInvalidArgumentNamingKeyAndTable) {
+  absl::StatusOr<Config> daemon = ParseConfig("[daemon]\nsokcet = \"/x.sock\"\n", "k.toml");
+  EXPECT_EQ(daemon.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(daemon.status().message(),
+              AllOf(HasSubstr("k.toml"), HasSubstr("\"sokcet\""), HasSubstr("[daemon]")));
+
+  absl::StatusOr<Config> store = ParseConfig("[store]\nmax_value_byte = 1\n", "k.toml");
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(store.status().message(),
+              AllOf(HasSubstr("\"max_value_byte\""), HasSubstr("[store]")));
+}
+
+TEST(ConfigTest, NestedTableInsideKnownTableIsAnUnknownKey) {
+  absl::StatusOr<Config> config = ParseConfig("[daemon.tls]\ncert = \"x\"\n", "n.toml");
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), AllOf(HasSubstr("\"tls\""), HasSubstr("[daemon]")));
+}
+
+TEST(ConfigTest, WrongTypeIsInvalidArgumentNamingField) {
+  struct Case {
+    const char* text;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"[daemon]\nsocket = 5\n", "socket"},
+      {"[daemon]\nsocket_mode = 660\n", "socket_mode"},
+      {"[daemon]\nsocket_group = [\"a\"]\n", "socket_group"},
+      {"[daemon]\nlog_level = true\n", "log_level"},
+      {"[daemon]\nshutdown_grace_ms = \"5000\"\n", "shutdown_grace_ms"},
+      {"[store]\ndefault_timeout_ms = 1.5\n", "default_timeout_ms"},
+      {"[store]\nmax_key_bytes = \"4096\"\n", "max_key_bytes"},
+      {"[store]\nmax_value_bytes = 16.0\n", "max_value_bytes"},
+      {"[store]\nmax_keys_per_request = false\n", "max_keys_per_request"},
+      {"[store]\nmax_waiters = { n = 1 }\n", "max_waiters"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Config> config = ParseConfig(c.text, "w.toml");
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_THAT(config.status().message(), AllOf(HasSubstr("w.toml"), HasSubstr(c.field)))
+        << c.text;
+  }
+}
+
+TEST(ConfigTest, SocketModeIsReadAsOctal) {
+  for (const auto& [text, mode] : std::vector<std::pair<std::string, mode_t>>{
+           {"0600", 0600}, {"660", 0660}, {"0777", 0777}, {"0", 0}}) {
+    absl::StatusOr<Config> config =
+        ParseConfig(absl::StrCat("[daemon]\nsocket_mode = \"", text, "\"\n"), "m.toml");
+    ASSERT_TRUE(config.ok()) << text << ": " << config.status();
+    EXPECT_EQ(config->socket_mode, mode) << text;
+  }
+}
+
+TEST(ConfigTest, BadSocketModeIsInvalidArgument) {
+  for (const char* mode : {"0999", "abc", "77777", "", "-660", "0x1b6", " 660"}) {
+    absl::StatusOr<Config> config =
+        ParseConfig(absl::StrCat("[daemon]\nsocket_mode = \"", mode, "\"\n"), "m.toml");
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << mode;
+    EXPECT_THAT(config.status().message(), HasSubstr("socket_mode")) << mode;
+  }
+}
+
+TEST(ConfigTest, SocketModeWithSpecialBitsFailsValidationNamingField) {
+  absl::StatusOr<Config> config = ParseConfig("[daemon]\nsocket_mode = \"4660\"\n", "m.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::Status status = ValidateConfig(*config);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("daemon.socket_mode"));
+}
+
+TEST(ConfigTest, SyntaxErrorNamesSourceAndLine) {
+  absl::StatusOr<Config> config =
+      ParseConfig("[daemon]\nlog_level = \"info\"\nsocket = \n", "/etc/tpd/broken.toml");
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), HasSubstr("/etc/tpd/broken.toml:3:"));
+}
+
+TEST(ConfigTest, DuplicateKeyIsASyntaxError) {
+  absl::StatusOr<Config> config =
+      ParseConfig("[store]\nmax_waiters = 1\nmax_waiters = 2\n", "dup.toml");
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), HasSubstr("dup.toml:3:"));
+}
+
+TEST(ConfigTest, ValidateRejectsNonPositiveLimitsNamingField) {
+  struct Case {
+    const char* field;
+    void (*set)(Config*, int64_t);
+  };
+  const Case cases[] = {
+      {"store.default_timeout_ms",
+       [](Config* c, int64_t v) { c->store.default_timeout = absl::Milliseconds(v); }},
+      {"store.max_key_bytes", [](Config* c, int64_t v) { c->store.max_key_bytes = v; }},
+      {"store.max_value_bytes", [](Config* c, int64_t v) { c->store.max_value_bytes = v; }},
+      {"store.max_keys_per_request",
+       [](Config* c, int64_t v) { c->store.max_keys_per_request = v; }},
+      {"store.max_waiters", [](Config* c, int64_t v) { c->store.max_waiters = v; }},
+  };
+  for (const Case& c : cases) {
+    for (int64_t value : {int64_t{0}, int64_t{-1}}) {
+      Config config;
+      c.set(&config, value);
+      absl::Status status = ValidateConfig(config);
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.field << " = " << value;
+      EXPECT_THAT(status.message(), HasSubstr(c.field)) << c.field << " = " << value;
+    }
+    Config config;
+    c.set(&config, 1);
+    EXPECT_TRUE(ValidateConfig(config).ok()) << c.field << " = 1";
+  }
+}
+
+TEST(ConfigTest, ValidateRejectsUnknownLogLevelNamingField) {
+  for (const char* level : {"verbose", "INFO", "", "warning"}) {
+    Config config;
+    config.log_level = level;
+    absl::Status status = ValidateConfig(config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << level;
+    EXPECT_THAT(status.message(), HasSubstr("log_level")) << level;
+  }
+  for (const char* level : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+    Config config;
+    config.log_level = level;
+    EXPECT_TRUE(ValidateConfig(config).ok()) << level;
+  }
+}
+
+TEST(ConfigTest, ValidateRejectsMaxValueBytesAboveOneGiB) {
+  Config config;
+  config.store.max_value_bytes = (int64_t{1} << 30) + 1;
+  absl::Status status = ValidateConfig(config);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("store.max_value_bytes"));
+
+  config.store.max_value_bytes = int64_t{1} << 30;
+  EXPECT_TRUE(ValidateConfig(config).ok());
+}
+
+TEST(ConfigTest, ValidateRejectsNegativeShutdownGraceAndAcceptsZero) {
+  Config config;
+  config.shutdown_grace = absl::Milliseconds(-1);
+  absl::Status status = ValidateConfig(config);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("daemon.shutdown_grace_ms"));
+
+  config.shutdown_grace = absl::ZeroDuration();
+  EXPECT_TRUE(ValidateConfig(config).ok());
+}
+
+TEST(ConfigTest, NegativeShutdownGraceFromFileParsesThenFailsValidation) {
+  absl::StatusOr<Config> config = ParseConfig("[daemon]\nshutdown_grace_ms = -5\n", "g.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(ValidateConfig(*config).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ConfigTest, LoadConfigOnMissingFileIsNotFoundNamingPath) {
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR")
+                                                                    : "/tmp",
+                                        "/no-such-dir/tpd.toml");
+  absl::StatusOr<Config> config = LoadConfig(path);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(config.status().message(), HasSubstr(path));
+}
+
+// A directory opens as a stream but reads fail; it must not run the daemon on defaults.
+TEST(ConfigTest, LoadConfigOnDirectoryIsAnErrorNamingPath) {
+  const char* tmpdir = std::getenv("TEST_TMPDIR");
+  const std::string path = tmpdir != nullptr ? tmpdir : "/tmp";
+  absl::StatusOr<Config> config = LoadConfig(path);
+  EXPECT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr(path));
+}
+
+TEST(ConfigTest, LoadConfigReportsErrorsWithThePath) {
+  const char* tmpdir = std::getenv("TEST_TMPDIR");
+  const std::string path = absl::StrCat(tmpdir != nullptr ? tmpdir : "/tmp", "/typo.toml");
+  {
+    std::ofstream file(path);
+    file << "[daemon]\nlog_levle = \"debug\"\n";
+  }
+  absl::StatusOr<Config> config = LoadConfig(path);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), AllOf(HasSubstr(path), HasSubstr("log_levle")));
+}
+
+}  // namespace
+}  // namespace tpd

@@ -1,0 +1,380 @@
+// The daemon as users meet it: the real tpd binary on a temporary unix socket, driven by the
+// client library, by tpctl, and by plain gRPC (reflection, health).
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_process.h"
+
+namespace tpd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsSupersetOf;
+using testing::DaemonProcess;
+using testing::RunfilePath;
+using testing::RunProcess;
+using testing::TempDir;
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    socket_ = absl::StrCat(dir_.path(), "/run/tpd.sock");
+    // A grace period far longer than any test waits, so a shutdown that sat out the grace
+    // instead of draining shows up as a test timeout, not a slow pass.
+    config_ = dir_.WriteFile("tpd.toml", "[daemon]\nshutdown_grace_ms = 600000\n");
+    StartDaemon();
+  }
+
+  void StartDaemon() {
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
+        DaemonProcess::Start(socket_, {"--config", config_});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = *std::move(daemon);
+  }
+
+  std::unique_ptr<Client> Connect() {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket_);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  testing::ProcessResult Tpctl(std::vector<std::string> args) {
+    args.insert(args.begin(), {RunfilePath("client/tpctl"), "--socket", socket_});
+    return RunProcess(args);
+  }
+
+  TempDir dir_;
+  std::string socket_;
+  std::string config_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(DaemonTest, ReflectionListsEveryService) {
+  auto channel = grpc::CreateChannel(absl::StrCat("unix:", socket_),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(channel);
+  grpc::ClientContext context;
+  auto stream = stub->ServerReflectionInfo(&context);
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  request.set_list_services("");
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<std::string> names;
+  for (const auto& service : response.list_services_response().service()) {
+    names.push_back(service.name());
+  }
+  EXPECT_THAT(names, IsSupersetOf({"tpd.v1.Store", "tpd.v1.Admin", "grpc.health.v1.Health",
+                                   "grpc.reflection.v1alpha.ServerReflection"}));
+}
+
+TEST_F(DaemonTest, HealthIsServing) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<bool> serving = client->Serving();
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  EXPECT_TRUE(*serving);
+}
+
+TEST_F(DaemonTest, SocketHasTheDefaultMode0660) {
+  struct stat st;
+  ASSERT_EQ(stat(socket_.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660);
+}
+
+TEST_F(DaemonTest, ClientLibraryStoreCallsHaveC10dSemantics) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Set("k", "v1").ok());
+  EXPECT_EQ(*client->Get("k", absl::Seconds(1)), "v1");
+  EXPECT_EQ(*client->Add("n", 5), 5);
+  EXPECT_EQ(*client->Add("n", -2), 3);
+  EXPECT_EQ(*client->CompareSet("k", "v1", "v2"), "v2");
+  EXPECT_EQ(*client->CompareSet("k", "nope", "v3"), "v2");
+  EXPECT_EQ(*client->CompareSet("fresh", "", "made"), "made");
+  EXPECT_EQ(*client->CompareSet("absent", "x", "y"), "x");
+  EXPECT_FALSE(*client->Check({"absent"}));
+  ASSERT_TRUE(client->MultiSet({"a", "b"}, {"1", "2"}).ok());
+  EXPECT_THAT(*client->MultiGet({"b", "a"}, absl::Seconds(1)),
+              ::testing::ElementsAre("2", "1"));
+  ASSERT_TRUE(client->Append("b", "+").ok());
+  EXPECT_EQ(*client->Get("b"), "2+");
+  EXPECT_TRUE(*client->Check({"a", "b", "k"}));
+  EXPECT_EQ(*client->NumKeys(), 5);  // k, n, fresh, a, b
+  EXPECT_TRUE(*client->DeleteKey("a"));
+  EXPECT_FALSE(*client->DeleteKey("a"));
+  EXPECT_EQ(*client->NumKeys(), 4);
+}
+
+TEST_F(DaemonTest, NamespacesKeepKeysApart) {
+  ClientOptions group_a;
+  group_a.name_space = "group-a";
+  ClientOptions group_b;
+  group_b.name_space = "group-b";
+  auto a = Client::Connect(socket_, group_a);
+  auto b = Client::Connect(socket_, group_b);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Set("rank0", "A").ok());
+  ASSERT_TRUE((*b)->Set("rank0", "B").ok());
+  EXPECT_EQ(*(*a)->Get("rank0"), "A");
+  EXPECT_EQ(*(*b)->Get("rank0"), "B");
+  EXPECT_EQ(*(*a)->NumKeys(), 1);
+}
+
+TEST_F(DaemonTest, GetWaitsForAKeySetByAnotherClient) {
+  auto waiter = Connect();
+  auto setter = Connect();
+  ASSERT_TRUE(waiter && setter);
+  std::thread set_later([&] {
+    // Set only once the daemon reports the Get parked as a waiter.
+    while (setter->Status()->store().waiters() == 0) absl::SleepFor(absl::Milliseconds(2));
+    ASSERT_TRUE(setter->Set("late", "here").ok());
+  });
+  absl::StatusOr<std::string> value = waiter->Get("late", absl::Seconds(20));
+  set_later.join();
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "here");
+}
+
+TEST_F(DaemonTest, WaitTimeoutIsDeadlineExceededNamingTheKeyAndClientKeepsWorking) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  absl::Status status = client->Wait({"never"}, absl::Milliseconds(100));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(status.message(), HasSubstr("\"never\""));
+  ASSERT_TRUE(client->Set("after", "ok").ok());
+  EXPECT_EQ(*client->Get("after"), "ok");
+  EXPECT_EQ(client->Status()->store().waiters(), 0);
+}
+
+TEST_F(DaemonTest, BadRequestsAnswerSpecificCodesAndTheDaemonKeepsServing) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+
+  absl::Status empty_key = client->Set("", "v");
+  EXPECT_EQ(empty_key.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(empty_key.message(), HasSubstr("key must not be empty"));
+
+  absl::Status long_key = client->Set(std::string(5000, 'k'), "v");
+  EXPECT_EQ(long_key.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(long_key.message(), HasSubstr("store.max_key_bytes"));
+
+  absl::Status big_value = client->Set("big", std::string((16 << 20) + 1, 'x'));
+  EXPECT_EQ(big_value.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(big_value.message(), HasSubstr("store.max_value_bytes"));
+
+  absl::StatusOr<std::string> negative = client->Get("k", absl::Milliseconds(-5));
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(negative.status().message(), HasSubstr("timeout_ms"));
+
+  std::vector<std::string> many(1025, "k");
+  absl::Status too_many = client->Wait(many, absl::Milliseconds(10));
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_many.message(), HasSubstr("store.max_keys_per_request"));
+
+  absl::Status mismatched = client->MultiSet({"a", "b"}, {"1"});
+  EXPECT_EQ(mismatched.code(), absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(client->Set("text", "abc").ok());
+  EXPECT_EQ(client->Add("text", 1).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // Still serving, and nothing partial was stored.
+  EXPECT_TRUE(*client->Serving());
+  EXPECT_FALSE(*client->Check({"big"}));
+  EXPECT_FALSE(*client->Check({"a"}));
+  EXPECT_EQ(*client->Get("text"), "abc");
+}
+
+TEST_F(DaemonTest, SixtyFourConcurrentClientsLoseNoUpdate) {
+  constexpr int kClients = 64;
+  constexpr int kAddsPerClient = 50;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(Connect());
+    ASSERT_NE(clients.back(), nullptr);
+  }
+  std::atomic<int64_t> acknowledged{0};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      for (int j = 0; j < kAddsPerClient; ++j) {
+        const int64_t delta = i + j + 1;
+        if (clients[i]->Add("counter", delta).ok()) {
+          acknowledged += delta;
+        } else {
+          ++errors;
+        }
+        const std::string key = absl::StrCat("client", i);
+        if (!clients[i]->Set(key, absl::StrCat(j)).ok()) ++errors;
+        absl::StatusOr<std::string> got = clients[i]->Get(key, absl::Seconds(10));
+        if (!got.ok() || *got != absl::StrCat(j)) ++errors;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(*clients[0]->Add("counter", 0), acknowledged.load());
+}
+
+TEST_F(DaemonTest, TpctlDrivesTheStoreAndPrintsStatus) {
+  EXPECT_EQ(Tpctl({"store", "set", "greeting", "hello"}).exit_code, 0);
+  testing::ProcessResult get = Tpctl({"store", "get", "greeting"});
+  EXPECT_EQ(get.exit_code, 0);
+  EXPECT_EQ(get.output, "hello\n");
+  EXPECT_EQ(Tpctl({"store", "add", "n", "41"}).output, "41\n");
+  EXPECT_EQ(Tpctl({"store", "add", "n", "1"}).output, "42\n");
+  EXPECT_EQ(Tpctl({"--json", "store", "get", "greeting"}).output,
+            "{\"key\": \"greeting\", \"value\": \"hello\"}\n");
+  EXPECT_EQ(Tpctl({"store", "check", "greeting", "nope"}).output, "false\n");
+  EXPECT_EQ(Tpctl({"store", "keys"}).output, "2\n");
+  EXPECT_EQ(Tpctl({"store", "delete", "greeting"}).output, "deleted\n");
+  EXPECT_EQ(Tpctl({"health"}).output, "SERVING\n");
+
+  testing::ProcessResult timeout = Tpctl({"--timeout_ms", "50", "store", "wait", "missing"});
+  EXPECT_EQ(timeout.exit_code, 1);
+  EXPECT_THAT(timeout.output, HasSubstr("DEADLINE_EXCEEDED"));
+  EXPECT_THAT(timeout.output, HasSubstr("\"missing\""));
+
+  testing::ProcessResult status = Tpctl({"status"});
+  EXPECT_EQ(status.exit_code, 0);
+  EXPECT_THAT(status.output, HasSubstr("SERVING"));
+  EXPECT_THAT(status.output, HasSubstr(socket_));
+  testing::ProcessResult json = Tpctl({"--json", "status"});
+  EXPECT_THAT(json.output, HasSubstr("\"serving_status\": \"SERVING\""));
+  EXPECT_THAT(json.output, HasSubstr("\"num_keys\": \"1\""));
+
+  EXPECT_EQ(Tpctl({"bogus"}).exit_code, 2);
+}
+
+TEST_F(DaemonTest, TpctlReportsAMissingDaemonClearly) {
+  testing::ProcessResult result = RunProcess(
+      {RunfilePath("client/tpctl"), "--socket", absl::StrCat(dir_.path(), "/none.sock"), "health"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.output, HasSubstr("UNAVAILABLE"));
+  EXPECT_THAT(result.output, HasSubstr("none.sock"));
+}
+
+TEST_F(DaemonTest, SecondDaemonOnTheSameSocketIsRefusedAndTheFirstKeepsServing) {
+  testing::ProcessResult second =
+      RunProcess({RunfilePath("daemon/tpd"), "--socket", socket_}, absl::Seconds(20));
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_THAT(second.output, HasSubstr(absl::StrCat("another tpd (pid ", daemon_->pid(), ")")));
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Set("still", "here").ok());
+  EXPECT_EQ(*client->Get("still"), "here");
+}
+
+TEST_F(DaemonTest, SigtermExitsZeroAndRemovesTheSocket) {
+  auto client = Connect();  // an idle connection must not hold shutdown back
+  ASSERT_NE(client, nullptr);
+  daemon_->Signal(SIGTERM);
+  EXPECT_EQ(daemon_->WaitExit(absl::Seconds(60)), 0);
+  struct stat st;
+  EXPECT_NE(stat(socket_.c_str(), &st), 0);
+  EXPECT_THAT(daemon_->Output(), HasSubstr("shutting down"));
+}
+
+TEST_F(DaemonTest, SigtermEndsPendingWaitsWithUnavailable) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  absl::Status status;
+  std::thread waiter([&] { status = client->Wait({"never"}, absl::Seconds(60)); });
+  while (client->Status()->store().waiters() == 0) absl::SleepFor(absl::Milliseconds(2));
+  daemon_->Signal(SIGTERM);
+  waiter.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("shutting down"));
+  // The client's connection stays open: shutdown must not wait for it to go away.
+  EXPECT_EQ(daemon_->WaitExit(absl::Seconds(60)), 0);
+}
+
+TEST_F(DaemonTest, StaleSocketFileIsReclaimed) {
+  daemon_->Signal(SIGKILL);
+  daemon_->WaitExit(absl::Seconds(10));
+  struct stat st;
+  ASSERT_EQ(stat(socket_.c_str(), &st), 0) << "SIGKILL leaves the socket file behind";
+  StartDaemon();
+  EXPECT_THAT(daemon_->Output(), HasSubstr("removed a stale socket file"));
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  EXPECT_TRUE(client->Set("k", "v").ok());
+}
+
+TEST_F(DaemonTest, KilledWaitingClientIsReclaimed) {
+  // A tpctl blocked in Wait is SIGKILLed; its waiter must not linger in the daemon.
+  const pid_t child = fork();
+  if (child == 0) {
+    const std::string tpctl = RunfilePath("client/tpctl");
+    execl(tpctl.c_str(), tpctl.c_str(), "--socket", socket_.c_str(), "store", "wait", "never",
+          nullptr);
+    _exit(127);
+  }
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (client->Status()->store().waiters() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(client->Status()->store().waiters(), 1);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  while (client->Status()->store().waiters() != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(client->Status()->store().waiters(), 0);
+}
+
+TEST(DaemonConfigTest, SocketModeAndLimitsComeFromTheConfigFile) {
+  TempDir dir;
+  const std::string socket = absl::StrCat(dir.path(), "/tpd.sock");
+  const std::string config = dir.WriteFile("tpd.toml", R"(
+[daemon]
+socket_mode = "0600"
+[store]
+max_value_bytes = 1024
+)");
+  auto daemon = DaemonProcess::Start(socket, {"--config", config});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  struct stat st;
+  ASSERT_EQ(stat(socket.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600);
+  auto client = Client::Connect(socket);
+  ASSERT_TRUE(client.ok());
+  absl::Status status = (*client)->Set("k", std::string(1025, 'x'));
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(status.message(), HasSubstr("the limit store.max_value_bytes is 1024"));
+  EXPECT_EQ((*client)->Status()->config().config_path(), config);
+}
+
+TEST(DaemonConfigTest, InvalidConfigRefusesToStartNamingTheField) {
+  TempDir dir;
+  const std::string config = dir.WriteFile("tpd.toml", "[store]\nmax_waiters = 0\n");
+  testing::ProcessResult result = RunProcess(
+      {RunfilePath("daemon/tpd"), "--socket", absl::StrCat(dir.path(), "/s.sock"), "--config",
+       config});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.output, HasSubstr("store.max_waiters must be > 0"));
+}
+
+}  // namespace
+}  // namespace tpd
