@@ -35,6 +35,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
+  // A Client is one session with the daemon: its own connection, never one shared with
+  // another Client of the same process through gRPC's global subchannel pool.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
       absl::StrCat("unix:", path), grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {

@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
+#include <string>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -138,9 +138,20 @@ absl::StatusOr<Config> LoadConfig(const std::string& path) {
   if (!file) {
     return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
   }
-  std::stringstream text;
-  text << file.rdbuf();
-  return ParseConfig(text.str(), path);
+  // Read with istream::read, which sets badbit on a read error. Copying file.rdbuf() into a
+  // stringstream swallowed the error, so a directory (which opens fine but fails with EISDIR
+  // on read) or a file whose read failed parsed as empty text and silently ran on defaults.
+  std::string text;
+  char chunk[4096];
+  do {
+    file.read(chunk, sizeof(chunk));
+    text.append(chunk, static_cast<size_t>(file.gcount()));
+  } while (file);
+  if (file.bad()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot read config file ", path, ": read failed (is it a directory?)"));
+  }
+  return ParseConfig(text, path);
 }
 
 absl::Status ValidateConfig(const Config& config) {
@@ -157,10 +168,18 @@ absl::Status ValidateConfig(const Config& config) {
         positive("store.max_waiters", s.max_waiters)}) {
     if (!status.ok()) return status;
   }
-  // gRPC's own message limit is derived from these; keep it far below 2 GiB.
-  if (s.max_value_bytes > (1 << 30)) {
+  // gRPC's own message limit is derived from these, so they are capped well below overflow.
+  auto at_most = [](const char* field, int64_t value, int64_t cap, const char* cap_text) {
+    if (value <= cap) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        absl::StrCat("store.max_value_bytes must be <= 1 GiB, got ", s.max_value_bytes));
+        absl::StrCat(field, " must be <= ", cap_text, ", got ", value));
+  };
+  for (absl::Status status :
+       {at_most("store.max_value_bytes", s.max_value_bytes, int64_t{1} << 30, "1 GiB"),
+        at_most("store.max_key_bytes", s.max_key_bytes, int64_t{1} << 20, "1 MiB"),
+        at_most("store.max_keys_per_request", s.max_keys_per_request, int64_t{1} << 20,
+                "1048576")}) {
+    if (!status.ok()) return status;
   }
   if (config.shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("daemon.shutdown_grace_ms must be >= 0");
@@ -173,7 +192,7 @@ absl::Status ValidateConfig(const Config& config) {
       "trace", "debug", "info", "warn", "error", "critical", "off"};
   if (!kLevels.contains(config.log_level)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "log_level must be one of trace, debug, info, warn, error, critical, off; got \"",
+        "daemon.log_level must be one of trace, debug, info, warn, error, critical, off; got \"",
         config.log_level, "\""));
   }
   return absl::OkStatus();

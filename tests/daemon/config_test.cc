@@ -365,7 +365,7 @@ TEST(ConfigTest, LoadConfigOnDirectoryIsAnErrorNamingPath) {
   const char* tmpdir = std::getenv("TEST_TMPDIR");
   const std::string path = tmpdir != nullptr ? tmpdir : "/tmp";
   absl::StatusOr<Config> config = LoadConfig(path);
-  EXPECT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(config.status().message(), HasSubstr(path));
 }
 
