@@ -9,14 +9,16 @@ namespace tpd {
 
 AdminService::AdminService(const Config* config, std::string socket_path, absl::Time start_time,
                            const std::atomic<bool>* serving, store::MemoryStore* store,
-                           const CallStats* store_calls, const InFlightCalls* in_flight)
+                           const CallStats* store_calls, const InFlightCalls* in_flight,
+                           const std::string* peer_address)
     : config_(config),
       socket_path_(std::move(socket_path)),
       start_time_(start_time),
       serving_(serving),
       store_(store),
       store_calls_(store_calls),
-      in_flight_(in_flight) {}
+      in_flight_(in_flight),
+      peer_address_(peer_address) {}
 
 grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* context,
                                                const v1::StatusRequest*,
@@ -28,6 +30,7 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   response->set_socket_path(socket_path_);
   response->set_serving_status(serving_->load() ? "SERVING" : "NOT_SERVING");
   response->set_calls_in_flight(in_flight_->count());
+  response->set_peer_address(*peer_address_);
 
   v1::ConfigSummary* config = response->mutable_config();
   config->set_config_path(config_->config_path);

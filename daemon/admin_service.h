@@ -23,7 +23,8 @@ class AdminService final : public v1::Admin::CallbackService {
   // Every pointer must outlive the service. `serving` turns false when shutdown begins.
   AdminService(const Config* config, std::string socket_path, absl::Time start_time,
                const std::atomic<bool>* serving, store::MemoryStore* store,
-               const CallStats* store_calls, const InFlightCalls* in_flight);
+               const CallStats* store_calls, const InFlightCalls* in_flight,
+               const std::string* peer_address);
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
@@ -37,6 +38,7 @@ class AdminService final : public v1::Admin::CallbackService {
   store::MemoryStore* const store_;
   const CallStats* const store_calls_;
   const InFlightCalls* const in_flight_;
+  const std::string* const peer_address_;  // set before the service starts serving
 };
 
 }  // namespace tpd

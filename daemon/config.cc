@@ -89,9 +89,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
   }
   const toml::table& root = parsed.table();
   for (const auto& [key, node] : root) {
-    if (std::string(key.str()) != "daemon" && std::string(key.str()) != "store") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": unknown table [", std::string(key.str()), "]; known: [daemon], [store]"));
+    const std::string table(key.str());
+    if (table != "daemon" && table != "store" && table != "peer") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": unknown table [", table, "]; known: [daemon], [store], [peer]"));
     }
     if (!node.is_table()) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": ", std::string(key.str()), " must be a table"));
@@ -127,6 +128,14 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Int("max_value_bytes", &s.max_value_bytes),
           reader.Int("max_keys_per_request", &s.max_keys_per_request),
           reader.Int("max_waiters", &s.max_waiters), reader.NoUnknownKeys()}) {
+      if (!status.ok()) return status;
+    }
+  }
+  if (const toml::table* peer = SubTable(root, "peer")) {
+    TableReader reader(*peer, "peer", std::string(source));
+    for (absl::Status status : {reader.String("listen_address", &config.peer.listen_address),
+                                reader.String("token", &config.peer.token),
+                                reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
   }
@@ -180,6 +189,11 @@ absl::Status ValidateConfig(const Config& config) {
         at_most("store.max_keys_per_request", s.max_keys_per_request, int64_t{1} << 20,
                 "1048576")}) {
     if (!status.ok()) return status;
+  }
+  if (!config.peer.listen_address.empty() && config.peer.token.empty()) {
+    return absl::InvalidArgumentError(
+        "peer.token must be set when peer.listen_address is: the peer port never serves "
+        "unauthenticated calls");
   }
   if (config.shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("daemon.shutdown_grace_ms must be >= 0");

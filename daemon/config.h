@@ -28,6 +28,15 @@ struct StoreConfig {
   int64_t max_waiters = 100000;
 };
 
+struct PeerConfig {
+  // host:port of the TCP port other daemons use (remote store access, later membership).
+  // Empty: no peer port, the daemon serves local clients only. Port 0 picks a free port.
+  std::string listen_address;
+  // Shared secret every peer call must carry (metadata "tpd-token"); required when
+  // listen_address is set. Calls without it answer UNAUTHENTICATED.
+  std::string token;
+};
+
 struct Config {
   // The TOML file this came from; empty when running on defaults.
   std::string config_path;
@@ -42,6 +51,7 @@ struct Config {
   // How long in-flight calls get to finish after SIGTERM before they are cancelled.
   absl::Duration shutdown_grace = absl::Seconds(5);
   StoreConfig store;
+  PeerConfig peer;
 };
 
 // Parses TOML text; `source` names it in error messages. Unknown tables and keys are

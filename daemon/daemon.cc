@@ -64,8 +64,9 @@ Daemon::Daemon(const Config& config, std::string socket_path, std::unique_ptr<So
       start_time_(absl::Now()),
       store_(StoreOptions(config.store)),
       store_service_(&store_, config_.store, &store_calls_),
+      peer_store_service_(&store_, config_.store, &store_calls_, config_.peer.token),
       admin_service_(&config_, socket_path_, start_time_, &serving_, &store_, &store_calls_,
-                     &in_flight_) {}
+                     &in_flight_, &peer_address_) {}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
   std::string socket_path =
@@ -77,8 +78,33 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
                      socket_path);
   }
   std::unique_ptr<Daemon> daemon(new Daemon(config, std::move(socket_path), *std::move(lock)));
+  if (absl::Status status = daemon->ServePeers(); !status.ok()) return status;
   if (absl::Status status = daemon->Serve(); !status.ok()) return status;
   return daemon;
+}
+
+absl::Status Daemon::ServePeers() {
+  if (config_.peer.listen_address.empty()) return absl::OkStatus();
+  // Health and reflection stay off the peer port: peers get only token-checked services.
+  grpc::EnableDefaultHealthCheckService(false);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config_.peer.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(MaxMessageBytes(config_.store));
+  builder.RegisterService(&peer_store_service_);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(in_flight_.InterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  peer_server_ = builder.BuildAndStart();
+  if (peer_server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen for peers on ",
+                                               config_.peer.listen_address,
+                                               " (in use, or not an address of this machine?)"));
+  }
+  const size_t colon = config_.peer.listen_address.rfind(':');
+  peer_address_ = absl::StrCat(config_.peer.listen_address.substr(0, colon), ":", port);
+  DaemonLog().info("[peer {}] listening for peer daemons (token required)", peer_address_);
+  return absl::OkStatus();
 }
 
 absl::Status Daemon::Serve() {
@@ -115,7 +141,10 @@ absl::Status Daemon::Serve() {
 }
 
 void Daemon::Shutdown() {
-  if (server_ == nullptr) return;
+  if (server_ == nullptr) {
+    if (peer_server_ != nullptr) peer_server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    return;
+  }
   DaemonLog().info("[socket {}] shutting down: health NOT_SERVING, {} grace for in-flight calls",
                    socket_path_, absl::FormatDuration(config_.shutdown_grace));
   serving_ = false;
@@ -125,9 +154,12 @@ void Daemon::Shutdown() {
     DaemonLog().warn("[socket {}] cancelling {} calls still in flight after the grace period",
                      socket_path_, in_flight_.count());
   }
-  server_->Shutdown(absl::ToChronoTime(absl::Now()));
-  server_->Wait();
-  server_.reset();
+  for (std::unique_ptr<grpc::Server>* server : {&peer_server_, &server_}) {
+    if (*server == nullptr) continue;
+    (*server)->Shutdown(absl::ToChronoTime(absl::Now()));
+    (*server)->Wait();
+    server->reset();
+  }
   lock_.reset();
   DaemonLog().info("[socket {}] stopped; socket removed", socket_path_);
 }

@@ -28,8 +28,9 @@ namespace tpd {
 class Daemon {
  public:
   // Takes the socket (refusing one owned by a live daemon, reclaiming a stale one), starts
-  // serving Store, Admin, grpc.health.v1.Health and reflection on it, and returns once
-  // the socket accepts calls. REQUIRES: ValidateConfig(config).ok().
+  // serving Store, Admin, grpc.health.v1.Health and reflection on it, and, when
+  // config.peer.listen_address is set, the token-authenticated Store on the peer port;
+  // returns once both accept calls. REQUIRES: ValidateConfig(config).ok().
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const Config& config);
 
   // Shuts down if Shutdown() was not called.
@@ -45,11 +46,14 @@ class Daemon {
   void Shutdown();
 
   const std::string& socket_path() const { return socket_path_; }
+  // "host:port" of the peer port actually bound (port 0 resolved); empty without one.
+  const std::string& peer_address() const { return peer_address_; }
   bool serving() const { return serving_.load(); }
 
  private:
   Daemon(const Config& config, std::string socket_path, std::unique_ptr<SocketLock> lock);
   absl::Status Serve();
+  absl::Status ServePeers();
 
   const Config config_;
   const std::string socket_path_;
@@ -61,8 +65,11 @@ class Daemon {
   CallStats store_calls_;
   InFlightCalls in_flight_;
   StoreService store_service_;
+  StoreService peer_store_service_;  // the same store, for token-bearing peers
   AdminService admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> peer_server_;
+  std::string peer_address_;
 };
 
 }  // namespace tpd

@@ -107,8 +107,9 @@ std::string Quoted(absl::string_view key) {
 
 }  // namespace
 
-StoreService::StoreService(store::Store* root, const StoreConfig& limits, CallStats* stats)
-    : root_(root), limits_(limits), stats_(stats) {}
+StoreService::StoreService(store::Store* root, const StoreConfig& limits, CallStats* stats,
+                           std::string peer_token)
+    : root_(root), limits_(limits), stats_(stats), auth_(std::move(peer_token)) {}
 
 grpc::ServerUnaryReactor* StoreService::Reply(grpc::CallbackServerContext* context,
                                               const char* method, const absl::Status& status) {
@@ -182,6 +183,9 @@ grpc::ServerUnaryReactor* StoreService::WaitFor(grpc::CallbackServerContext* con
 
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
                                             const v1::SetRequest* request, v1::SetResponse*) {
+  if (absl::Status admitted = auth_.Admit(*context, "Set"); !admitted.ok()) {
+    return Reply(context, "Set", admitted);
+  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) status = CheckValue(request->key(), request->value().size());
   if (status.ok()) {
@@ -193,6 +197,9 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context,
                                             const v1::GetRequest* request,
                                             v1::GetResponse* response) {
+  if (absl::Status admitted = auth_.Admit(*context, "Get"); !admitted.ok()) {
+    return Reply(context, "Get", admitted);
+  }
   Keys keys;
   keys.Add()->assign(request->key());
   return WaitFor(context, "Get", request->namespace_(), keys, request->timeout_ms(),
@@ -202,6 +209,9 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
                                             const v1::AddRequest* request,
                                             v1::AddResponse* response) {
+  if (absl::Status admitted = auth_.Admit(*context, "Add"); !admitted.ok()) {
+    return Reply(context, "Add", admitted);
+  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) {
     absl::StatusOr<int64_t> sum =
@@ -215,6 +225,9 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* context,
                                                    const v1::CompareSetRequest* request,
                                                    v1::CompareSetResponse* response) {
+  if (absl::Status admitted = auth_.Admit(*context, "CompareSet"); !admitted.ok()) {
+    return Reply(context, "CompareSet", admitted);
+  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) status = CheckValue(request->key(), request->desired_value().size());
   if (status.ok()) {
@@ -229,6 +242,9 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
 
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
                                              const v1::WaitRequest* request, v1::WaitResponse*) {
+  if (absl::Status admitted = auth_.Admit(*context, "Wait"); !admitted.ok()) {
+    return Reply(context, "Wait", admitted);
+  }
   return WaitFor(context, "Wait", request->namespace_(), request->keys(), request->timeout_ms(),
                  [](Values) {});
 }
@@ -236,6 +252,9 @@ grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* contex
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
                                               const v1::CheckRequest* request,
                                               v1::CheckResponse* response) {
+  if (absl::Status admitted = auth_.Admit(*context, "Check"); !admitted.ok()) {
+    return Reply(context, "Check", admitted);
+  }
   absl::Status status = CheckKeys(request->keys());
   if (status.ok()) {
     absl::StatusOr<bool> ready =
@@ -249,6 +268,9 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
                                                   const v1::DeleteKeyRequest* request,
                                                   v1::DeleteKeyResponse* response) {
+  if (absl::Status admitted = auth_.Admit(*context, "DeleteKey"); !admitted.ok()) {
+    return Reply(context, "DeleteKey", admitted);
+  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) {
     absl::StatusOr<bool> deleted =
@@ -262,6 +284,9 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* context,
                                                 const v1::NumKeysRequest* request,
                                                 v1::NumKeysResponse* response) {
+  if (absl::Status admitted = auth_.Admit(*context, "NumKeys"); !admitted.ok()) {
+    return Reply(context, "NumKeys", admitted);
+  }
   absl::StatusOr<int64_t> count = store::PrefixStore(request->namespace_(), root_).NumKeys("");
   if (count.ok()) response->set_num_keys(*count);
   return Reply(context, "NumKeys", count.status());
@@ -270,6 +295,9 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* context,
                                                  const v1::MultiGetRequest* request,
                                                  v1::MultiGetResponse* response) {
+  if (absl::Status admitted = auth_.Admit(*context, "MultiGet"); !admitted.ok()) {
+    return Reply(context, "MultiGet", admitted);
+  }
   return WaitFor(context, "MultiGet", request->namespace_(), request->keys(),
                  request->timeout_ms(), [response](Values values) {
                    for (std::string& value : values) response->add_values(std::move(value));
@@ -279,6 +307,9 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* context,
                                                  const v1::MultiSetRequest* request,
                                                  v1::MultiSetResponse*) {
+  if (absl::Status admitted = auth_.Admit(*context, "MultiSet"); !admitted.ok()) {
+    return Reply(context, "MultiSet", admitted);
+  }
   absl::Status status = CheckKeys(request->keys());
   if (status.ok() && request->keys_size() != request->values_size()) {
     status = absl::InvalidArgumentError(absl::StrCat("multi_set needs one value per key: got ",
@@ -298,6 +329,9 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* context,
                                                const v1::AppendRequest* request,
                                                v1::AppendResponse*) {
+  if (absl::Status admitted = auth_.Admit(*context, "Append"); !admitted.ok()) {
+    return Reply(context, "Append", admitted);
+  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) status = CheckValue(request->key(), request->value().size());
   if (status.ok()) {

@@ -14,6 +14,7 @@
 
 #include "daemon/call_stats.h"
 #include "daemon/config.h"
+#include "daemon/peer_auth.h"
 #include "proto/store.grpc.pb.h"
 #include "store/store.h"
 
@@ -22,7 +23,9 @@ namespace tpd {
 class StoreService final : public v1::Store::CallbackService {
  public:
   // `root` and `stats` must outlive the service. Namespaces are PrefixStores over `root`.
-  StoreService(store::Store* root, const StoreConfig& limits, CallStats* stats);
+  // With a non-empty `peer_token` every call must carry it (the peer-port instance).
+  StoreService(store::Store* root, const StoreConfig& limits, CallStats* stats,
+               std::string peer_token = "");
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
                                 const v1::SetRequest* request,
@@ -79,6 +82,7 @@ class StoreService final : public v1::Store::CallbackService {
   store::Store* const root_;
   const StoreConfig limits_;
   CallStats* const stats_;
+  const PeerAuth auth_;
 };
 
 }  // namespace tpd

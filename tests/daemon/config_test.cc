@@ -38,6 +38,8 @@ const std::vector<std::string>& AllOptions() {
       "store.max_value_bytes",
       "store.max_keys_per_request",
       "store.max_waiters",
+      "peer.listen_address",
+      "peer.token",
   };
   return *options;
 }
@@ -379,6 +381,29 @@ TEST(ConfigTest, LoadConfigReportsErrorsWithThePath) {
   absl::StatusOr<Config> config = LoadConfig(path);
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(config.status().message(), AllOf(HasSubstr(path), HasSubstr("log_levle")));
+}
+
+}  // namespace
+}  // namespace tpd
+
+namespace tpd {
+namespace {
+
+TEST(ConfigTest, PeerTableSetsListenAddressAndToken) {
+  absl::StatusOr<Config> config =
+      ParseConfig("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"s3cret\"\n", "t.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->peer.listen_address, "127.0.0.1:0");
+  EXPECT_EQ(config->peer.token, "s3cret");
+  EXPECT_TRUE(ValidateConfig(*config).ok());
+}
+
+TEST(ConfigTest, PeerPortWithoutTokenIsInvalidArgument) {
+  Config config;
+  config.peer.listen_address = "127.0.0.1:0";
+  absl::Status status = ValidateConfig(config);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), ::testing::HasSubstr("peer.token must be set"));
 }
 
 }  // namespace

@@ -1,0 +1,179 @@
+#include "store/remote/remote_store.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace tpd::store {
+
+// The gRPC call state of one wait; shared by the call's completion callback and CancelWait.
+struct RemoteStore::PendingWait {
+  grpc::ClientContext context;
+  v1::MultiGetRequest request;
+  v1::MultiGetResponse response;
+  WaitCallback done;
+};
+
+RemoteStore::RemoteStore(std::string address, RemoteStoreOptions options)
+    : address_(std::move(address)), options_(std::move(options)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  stub_ = v1::Store::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("dns:///", address_), grpc::InsecureChannelCredentials(), args));
+}
+
+RemoteStore::~RemoteStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, wait] : waits_) wait->context.TryCancel();
+  }
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](absl::flat_hash_map<WaitId, std::shared_ptr<PendingWait>>* waits) {
+        return waits->empty();
+      },
+      &waits_));
+}
+
+std::unique_ptr<grpc::ClientContext> RemoteStore::Context(absl::Time deadline) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(deadline));
+  if (!options_.token.empty()) context->AddMetadata("tpd-token", options_.token);
+  return context;
+}
+
+absl::Status RemoteStore::FromGrpc(const grpc::Status& status) const {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat("store at ", address_, ": ", status.error_message()));
+}
+
+absl::Status RemoteStore::Set(absl::string_view key, absl::string_view value) {
+  v1::SetRequest request;
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  v1::SetResponse response;
+  return FromGrpc(
+      stub_->Set(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+}
+
+absl::Status RemoteStore::MultiSet(const std::vector<std::string>& keys,
+                                   const std::vector<std::string>& values) {
+  v1::MultiSetRequest request;
+  request.mutable_keys()->Add(keys.begin(), keys.end());
+  request.mutable_values()->Add(values.begin(), values.end());
+  v1::MultiSetResponse response;
+  return FromGrpc(
+      stub_->MultiSet(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+}
+
+absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key, int64_t delta) {
+  v1::AddRequest request;
+  request.set_key(std::string(key));
+  request.set_delta(delta);
+  v1::AddResponse response;
+  absl::Status status = FromGrpc(
+      stub_->Add(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  if (!status.ok()) return status;
+  return response.value();
+}
+
+absl::StatusOr<std::string> RemoteStore::CompareSet(absl::string_view key,
+                                                    absl::string_view expected,
+                                                    absl::string_view desired) {
+  v1::CompareSetRequest request;
+  request.set_key(std::string(key));
+  request.set_expected_value(std::string(expected));
+  request.set_desired_value(std::string(desired));
+  v1::CompareSetResponse response;
+  absl::Status status = FromGrpc(
+      stub_->CompareSet(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  if (!status.ok()) return status;
+  return std::move(*response.mutable_value());
+}
+
+absl::Status RemoteStore::Append(absl::string_view key, absl::string_view value) {
+  v1::AppendRequest request;
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  v1::AppendResponse response;
+  return FromGrpc(
+      stub_->Append(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+}
+
+absl::StatusOr<bool> RemoteStore::Check(const std::vector<std::string>& keys) {
+  v1::CheckRequest request;
+  request.mutable_keys()->Add(keys.begin(), keys.end());
+  v1::CheckResponse response;
+  absl::Status status = FromGrpc(
+      stub_->Check(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  if (!status.ok()) return status;
+  return response.ready();
+}
+
+absl::StatusOr<bool> RemoteStore::DeleteKey(absl::string_view key) {
+  v1::DeleteKeyRequest request;
+  request.set_key(std::string(key));
+  v1::DeleteKeyResponse response;
+  absl::Status status = FromGrpc(
+      stub_->DeleteKey(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  if (!status.ok()) return status;
+  return response.deleted();
+}
+
+absl::StatusOr<int64_t> RemoteStore::NumKeys(absl::string_view prefix) {
+  // The service counts a namespace: "<ns>/" prefixes map onto it; the root counts all keys.
+  v1::NumKeysRequest request;
+  absl::string_view name_space = prefix;
+  if (!name_space.empty() && name_space.back() == '/') name_space.remove_suffix(1);
+  request.set_namespace_(std::string(name_space));
+  v1::NumKeysResponse response;
+  absl::Status status = FromGrpc(
+      stub_->NumKeys(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  if (!status.ok()) return status;
+  return response.num_keys();
+}
+
+absl::StatusOr<WaitId> RemoteStore::WaitAsync(std::vector<std::string> keys,
+                                              absl::Time deadline, WaitCallback done) {
+  auto wait = std::make_shared<PendingWait>();
+  wait->request.mutable_keys()->Add(keys.begin(), keys.end());
+  // The serving daemon ends the wait with DEADLINE_EXCEEDED naming the keys; the RPC
+  // deadline, a little later, only covers a daemon that stopped answering.
+  const int64_t timeout_ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
+  wait->request.set_timeout_ms(deadline == absl::InfiniteFuture() ? 0 : timeout_ms);
+  if (deadline != absl::InfiniteFuture()) {
+    wait->context.set_deadline(absl::ToChronoTime(deadline + absl::Seconds(2)));
+  }
+  if (!options_.token.empty()) wait->context.AddMetadata("tpd-token", options_.token);
+  wait->done = std::move(done);
+  WaitId id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_id_++;
+    waits_.emplace(id, wait);
+  }
+  stub_->async()->MultiGet(
+      &wait->context, &wait->request, &wait->response, [this, id, wait](grpc::Status status) {
+        absl::Status result = FromGrpc(status);
+        if (result.ok()) {
+          wait->done(std::vector<std::string>(wait->response.values().begin(),
+                                              wait->response.values().end()));
+        } else {
+          wait->done(result);
+        }
+        absl::MutexLock lock(&mu_);
+        waits_.erase(id);
+      });
+  return id;
+}
+
+void RemoteStore::CancelWait(WaitId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = waits_.find(id);
+  if (it != waits_.end()) it->second->context.TryCancel();
+}
+
+}  // namespace tpd::store

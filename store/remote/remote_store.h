@@ -1,0 +1,71 @@
+// A store served by another tpd daemon, reached over its token-authenticated peer port:
+// the backend behind tcp:// and env:// rendezvous, where one daemon hosts the group's store.
+//
+// Errors come back with the serving daemon's code; messages are prefixed with its address
+// ("store at 10.0.0.1:29400: ...") so a failure names the peer. An unreachable daemon is
+// UNAVAILABLE.
+//
+// Thread safety: thread-safe; waits run as asynchronous gRPC calls and hold no thread.
+
+#ifndef TPD_STORE_REMOTE_REMOTE_STORE_H_
+#define TPD_STORE_REMOTE_REMOTE_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/store.grpc.pb.h"
+#include "store/store.h"
+
+namespace tpd::store {
+
+struct RemoteStoreOptions {
+  // Cluster token sent with every call (the serving daemon's [peer] token).
+  std::string token;
+  // Deadline of calls that do not wait for keys.
+  absl::Duration call_timeout = absl::Seconds(30);
+};
+
+class RemoteStore : public Store {
+ public:
+  // `address` is the serving daemon's peer port, "host:port". Connecting is lazy: the first
+  // call reports an unreachable daemon.
+  RemoteStore(std::string address, RemoteStoreOptions options);
+  // Cancels pending waits (their callbacks run with CANCELLED) and waits for them to end.
+  ~RemoteStore() override;
+
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::Status MultiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::string>& values) override;
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
+  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
+                                         absl::string_view desired) override;
+  absl::Status Append(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
+  absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
+  absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) override;
+  absl::StatusOr<WaitId> WaitAsync(std::vector<std::string> keys, absl::Time deadline,
+                                   WaitCallback done) override;
+  void CancelWait(WaitId id) override;
+
+ private:
+  struct PendingWait;
+
+  std::unique_ptr<grpc::ClientContext> Context(absl::Time deadline) const;
+  absl::Status FromGrpc(const grpc::Status& status) const;
+
+  const std::string address_;
+  const RemoteStoreOptions options_;
+  std::unique_ptr<v1::Store::Stub> stub_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<WaitId, std::shared_ptr<PendingWait>> waits_ ABSL_GUARDED_BY(mu_);
+  WaitId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace tpd::store
+
+#endif  // TPD_STORE_REMOTE_REMOTE_STORE_H_

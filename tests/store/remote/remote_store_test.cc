@@ -1,0 +1,159 @@
+// RemoteStore against a real daemon's peer port: c10d semantics carry over the wire, waits
+// hold no thread and can be cancelled, and the peer port admits only the cluster token.
+
+#include "store/remote/remote_store.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "store/prefix_store.h"
+#include "tests/testing/daemon_process.h"
+
+namespace tpd::store {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kToken[] = "cluster-secret";
+
+class RemoteStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
+    const std::string config = dir_.WriteFile(
+        "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"", kToken,
+                                 "\"\n"));
+    auto daemon = testing::DaemonProcess::Start(socket_, {"--config", config});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = *std::move(daemon);
+    auto client = Client::Connect(socket_);
+    ASSERT_TRUE(client.ok()) << client.status();
+    local_ = *std::move(client);
+    address_ = local_->Status()->peer_address();
+    ASSERT_THAT(address_, HasSubstr("127.0.0.1:"));
+  }
+
+  RemoteStore Remote(std::string token = kToken) {
+    RemoteStoreOptions options;
+    options.token = std::move(token);
+    return RemoteStore(address_, options);
+  }
+
+  testing::TempDir dir_;
+  std::string socket_;
+  std::string address_;
+  std::unique_ptr<testing::DaemonProcess> daemon_;
+  std::unique_ptr<Client> local_;
+};
+
+TEST_F(RemoteStoreTest, WritesThroughThePeerPortAreSeenByLocalClients) {
+  RemoteStore remote = Remote();
+  ASSERT_TRUE(remote.Set("k", "v").ok());
+  EXPECT_EQ(*local_->Get("k"), "v");
+  EXPECT_EQ(*remote.Add("n", 3), 3);
+  EXPECT_EQ(*local_->Add("n", 4), 7);
+  EXPECT_EQ(*remote.CompareSet("k", "v", "w"), "w");
+  EXPECT_EQ(*remote.CompareSet("missing", "x", "y"), "x");
+  ASSERT_TRUE(remote.Append("k", "+").ok());
+  ASSERT_TRUE(remote.MultiSet({"a", "b"}, {"1", "2"}).ok());
+  EXPECT_THAT(*remote.MultiGet({"k", "b"}, absl::Now() + absl::Seconds(5)),
+              ::testing::ElementsAre("w+", "2"));
+  EXPECT_TRUE(*remote.Check({"a", "b"}));
+  EXPECT_TRUE(*remote.DeleteKey("a"));
+  EXPECT_FALSE(*remote.DeleteKey("a"));
+  EXPECT_EQ(*remote.NumKeys(""), 3);
+}
+
+TEST_F(RemoteStoreTest, PrefixStoreOverRemoteMatchesTheDaemonsNamespaces) {
+  RemoteStore remote = Remote();
+  PrefixStore group("group-7", &remote);
+  ASSERT_TRUE(group.Set("rank0", "addr").ok());
+  ClientOptions options;
+  options.name_space = "group-7";
+  auto in_group = Client::Connect(socket_, options);
+  ASSERT_TRUE(in_group.ok());
+  EXPECT_EQ(*(*in_group)->Get("rank0"), "addr");
+  EXPECT_EQ(*group.NumKeys(""), 1);
+}
+
+TEST_F(RemoteStoreTest, WaitCompletesWhenALocalClientSetsTheKey) {
+  RemoteStore remote = Remote();
+  absl::Notification done;
+  absl::StatusOr<std::vector<std::string>> result;
+  ASSERT_TRUE(remote
+                  .WaitAsync({"late"}, absl::Now() + absl::Seconds(30),
+                             [&](absl::StatusOr<std::vector<std::string>> values) {
+                               result = std::move(values);
+                               done.Notify();
+                             })
+                  .ok());
+  while (local_->Status()->store().waiters() == 0) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_TRUE(local_->Set("late", "now").ok());
+  done.WaitForNotification();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_THAT(*result, ::testing::ElementsAre("now"));
+}
+
+TEST_F(RemoteStoreTest, WaitTimeoutIsDeadlineExceededNamingKeyAndPeer) {
+  RemoteStore remote = Remote();
+  absl::Status status = remote.Wait({"never"}, absl::Now() + absl::Milliseconds(100));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(status.message(), HasSubstr("\"never\""));
+  EXPECT_THAT(status.message(), HasSubstr(address_));
+}
+
+TEST_F(RemoteStoreTest, CancelWaitEndsTheWaitAndFreesTheDaemonsWaiter) {
+  RemoteStore remote = Remote();
+  absl::Notification done;
+  absl::Status status;
+  absl::StatusOr<WaitId> id = remote.WaitAsync(
+      {"never"}, absl::Now() + absl::Seconds(60),
+      [&](absl::StatusOr<std::vector<std::string>> values) {
+        status = values.status();
+        done.Notify();
+      });
+  ASSERT_TRUE(id.ok());
+  while (local_->Status()->store().waiters() == 0) absl::SleepFor(absl::Milliseconds(2));
+  remote.CancelWait(*id);
+  done.WaitForNotification();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (local_->Status()->store().waiters() != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_EQ(local_->Status()->store().waiters(), 0);
+}
+
+TEST_F(RemoteStoreTest, WrongTokenIsUnauthenticatedAndChangesNothing) {
+  RemoteStore intruder = Remote("guess");
+  absl::Status status = intruder.Set("k", "v");
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(status.message(), HasSubstr("wrong token"));
+  EXPECT_FALSE(*local_->Check({"k"}));
+  EXPECT_THAT(daemon_->Output(), HasSubstr("rejected Set"));
+}
+
+TEST_F(RemoteStoreTest, MissingTokenIsUnauthenticatedForWaitsToo) {
+  RemoteStore intruder = Remote("");
+  absl::Status status = intruder.Wait({"k"}, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(status.message(), HasSubstr("no token"));
+}
+
+TEST(RemoteStoreUnreachableTest, UnreachableDaemonIsUnavailableNamingTheAddress) {
+  RemoteStoreOptions options;
+  options.token = kToken;
+  options.call_timeout = absl::Seconds(5);
+  RemoteStore remote("127.0.0.1:1", options);  // nothing listens on port 1
+  absl::Status status = remote.Set("k", "v");
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.message(), HasSubstr("127.0.0.1:1"));
+}
+
+}  // namespace
+}  // namespace tpd::store
