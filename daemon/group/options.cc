@@ -59,13 +59,6 @@ std::string NamesToString(const std::vector<std::string>& names) {
       "]");
 }
 
-// A member's list as it takes effect, marked when it is the defaults.
-std::string EffectiveListToString(const std::vector<std::string>& given,
-                                  const std::vector<std::string>& defaults) {
-  if (given.empty()) return absl::StrCat(NamesToString(defaults), " (defaults)");
-  return NamesToString(given);
-}
-
 bool IsValidCuda(const Device& device, int64_t device_count) {
   return device.index >= 0 && device.index < device_count;
 }
@@ -78,13 +71,13 @@ absl::Status ValidateNameList(absl::string_view member, absl::string_view field,
   absl::flat_hash_set<std::string> seen;
   for (const std::string& name : given) {
     if (!absl::c_linear_search(known, name)) {
-      return Invalid(absl::StrCat("Node ", member, ": ", unknown_message, Echo(name), "\n",
-                                  field, " = ", NamesToString(given), "\nknown ", field, " = ",
+      return Invalid(absl::StrCat("Node ", member, ": ", unknown_message, Echo(name), "\n", field,
+                                  " = ", NamesToString(given), "\nknown ", field, " = ",
                                   NamesToString(known)));
     }
     if (!seen.insert(name).second) {
-      return Invalid(absl::StrCat("Node ", member, " lists ", name, " twice in its ", field,
-                                  "\n", field, " = ", NamesToString(given)));
+      return Invalid(absl::StrCat("Node ", member, " lists ", name, " twice in its ", field, "\n",
+                                  field, " = ", NamesToString(given)));
     }
   }
   return absl::OkStatus();
@@ -102,7 +95,8 @@ absl::Status ValidateDevices(const MemberOptions& member) {
     }
   }
   if (std::set<Device>(devices.begin(), devices.end()).size() != devices.size()) {
-    return Invalid(absl::StrCat("Node ", member.name, " has duplicated devices\ndevices = ", shown));
+    return Invalid(
+        absl::StrCat("Node ", member.name, " has duplicated devices\ndevices = ", shown));
   }
   for (const Device& device : devices) {
     if (!IsValidCuda(device, member.device_count)) {
@@ -126,18 +120,18 @@ absl::Status ValidateOwnDeviceMap(const MemberOptions& member, const std::string
     }
     // Only reachable through a hand-built Device; the source side is checked below.
     if (dest.index < 0) {
-      return Invalid(absl::StrCat("Node ", member.name,
-                                  " has target devices with invalid indices", where));
+      return Invalid(
+          absl::StrCat("Node ", member.name, " has target devices with invalid indices", where));
     }
   }
   std::map<Device, Device> first_source_of;
   for (const auto& [source, dest] : map) {
     auto [it, inserted] = first_source_of.emplace(dest, source);
     if (!inserted) {
-      return Invalid(absl::StrCat(
-          "Node ", member.name, " has duplicated target devices", where,
-          "\n`device_map` only supports 1-to-1 mapping, trying to map ", source.ToString(),
-          " and ", it->second.ToString(), " to ", dest.ToString()));
+      return Invalid(absl::StrCat("Node ", member.name, " has duplicated target devices", where,
+                                  "\n`device_map` only supports 1-to-1 mapping, trying to map ",
+                                  source.ToString(), " and ", it->second.ToString(), " to ",
+                                  dest.ToString()));
     }
   }
   const std::vector<Device>& devices = member.options.devices;
@@ -182,7 +176,9 @@ absl::Status ValidateMapAgainstTarget(const std::string& source_name, const Memb
 
 // Intersects the members' lists in rank order, keeping the lowest rank's priority order.
 // `acceptable` says whether what is left still works; the first member after which it does
-// not is named, with `missing` saying what is gone ("transport", "CPU channel").
+// not is named, with `missing` saying what is gone ("transport", "CPU channel"). A member
+// that set no list accepts the defaults, which are every known name, so it never narrows the
+// list and is never the one named.
 absl::StatusOr<std::vector<std::string>> IntersectInRankOrder(
     const std::vector<const MemberOptions*>& members,
     std::vector<std::string> BackendOptions::*field, absl::string_view field_name,
@@ -200,11 +196,10 @@ absl::StatusOr<std::vector<std::string>> IntersectInRankOrder(
       if (absl::c_linear_search(theirs, name)) next.push_back(name);
     }
     if (!acceptable(next)) {
-      return Invalid(absl::StrCat(
-          "Node ", members[i]->name, " has no ", missing,
-          " in common with the members ranked before it\n", field_name, " = ",
-          EffectiveListToString(members[i]->options.*field, defaults),
-          "\ncommon to lower ranks = ", NamesToString(common)));
+      return Invalid(absl::StrCat("Node ", members[i]->name, " has no ", missing,
+                                  " in common with the members ranked before it\n", field_name,
+                                  " = ", NamesToString(theirs),
+                                  "\ncommon to lower ranks = ", NamesToString(common)));
     }
     common = std::move(next);
   }
@@ -227,13 +222,9 @@ DeviceMap Invert(const DeviceMap& map) {
 
 }  // namespace
 
-std::string Device::ToString() const {
-  return is_cpu() ? "cpu" : absl::StrCat("cuda:", index);
-}
+std::string Device::ToString() const { return is_cpu() ? "cpu" : absl::StrCat("cuda:", index); }
 
-std::ostream& operator<<(std::ostream& os, const Device& device) {
-  return os << device.ToString();
-}
+std::ostream& operator<<(std::ostream& os, const Device& device) { return os << device.ToString(); }
 
 absl::StatusOr<Device> ParseDevice(absl::string_view text) {
   // A bare index is what torch.device(int) takes: a CUDA device.
@@ -309,12 +300,11 @@ absl::StatusOr<std::vector<Device>> ParseDevices(const std::vector<std::string>&
 }
 
 std::string DevicesToString(const std::vector<Device>& devices) {
-  return absl::StrCat("[",
-                      absl::StrJoin(devices, ", ",
-                                    [](std::string* out, const Device& d) {
-                                      absl::StrAppend(out, d.ToString());
-                                    }),
-                      "]");
+  return absl::StrCat(
+      "[",
+      absl::StrJoin(devices, ", ",
+                    [](std::string* out, const Device& d) { absl::StrAppend(out, d.ToString()); }),
+      "]");
 }
 
 std::string DeviceMapToString(const DeviceMap& map) {
@@ -361,10 +351,9 @@ absl::Status SetDeviceMap(BackendOptions* options, absl::string_view to, const D
   for (const auto& [local, remote] : map) {
     auto [it, inserted] = merged.emplace(local, remote);
     if (!inserted && it->second != remote) {
-      return Invalid(absl::StrCat(
-          "`set_device_map` only supports 1-to-1 mapping, trying to map ", local.ToString(),
-          " to ", remote.ToString(), " and ", it->second.ToString(), " (device map for ",
-          Echo(to), ")"));
+      return Invalid(absl::StrCat("`set_device_map` only supports 1-to-1 mapping, trying to map ",
+                                  local.ToString(), " to ", remote.ToString(), " and ",
+                                  it->second.ToString(), " (device map for ", Echo(to), ")"));
     }
   }
   DeviceMap reverse;
@@ -404,27 +393,27 @@ absl::Status ValidateMemberOptions(const MemberOptions& member) {
                                 "timeout), got ",
                                 absl::FormatDuration(options.rpc_timeout)));
   }
-  if (absl::Status status = ValidateNameList(name, "transports", "Unknown transport: ",
-                                             options.transports, DefaultTransports());
+  if (absl::Status status = ValidateNameList(
+          name, "transports", "Unknown transport: ", options.transports, DefaultTransports());
       !status.ok()) {
     return status;
   }
-  if (absl::Status status = ValidateNameList(name, "channels", "Unknown channel: ",
-                                             options.channels, DefaultChannels());
+  if (absl::Status status = ValidateNameList(
+          name, "channels", "Unknown channel: ", options.channels, DefaultChannels());
       !status.ok()) {
     return status;
   }
   // Payloads from local clients are CPU tensors; without a CPU channel none could move.
   if (!options.channels.empty() && !HasCpuChannel(options.channels)) {
     return Invalid(absl::StrCat("Node ", name, " has no CPU channel in its channels; add one of ",
-                                NamesToString(CpuChannels()), "\nchannels = ",
-                                NamesToString(options.channels)));
+                                NamesToString(CpuChannels()),
+                                "\nchannels = ", NamesToString(options.channels)));
   }
   if (absl::Status status = ValidateDevices(member); !status.ok()) return status;
   for (const auto& [target, map] : options.device_maps) {
     if (absl::Status status = ValidateWorkerName(target); !status.ok()) {
-      return Invalid(absl::StrCat("Node ", name, " has an invalid target name in its device maps: ",
-                                  status.message()));
+      return Invalid(absl::StrCat(
+          "Node ", name, " has an invalid target name in its device maps: ", status.message()));
     }
     if (absl::Status status = ValidateOwnDeviceMap(member, target, map); !status.ok()) {
       return status;
@@ -439,8 +428,9 @@ absl::StatusOr<Negotiated> Negotiate(const std::vector<MemberOptions>& members, 
   std::vector<const MemberOptions*> ranked;
   ranked.reserve(members.size());
   for (const MemberOptions& member : members) ranked.push_back(&member);
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const MemberOptions* a, const MemberOptions* b) { return a->rank < b->rank; });
+  std::stable_sort(
+      ranked.begin(), ranked.end(),
+      [](const MemberOptions* a, const MemberOptions* b) { return a->rank < b->rank; });
 
   for (const MemberOptions* member : ranked) {
     if (absl::Status status = ValidateMemberOptions(*member); !status.ok()) return status;
@@ -495,9 +485,9 @@ absl::StatusOr<Negotiated> Negotiate(const std::vector<MemberOptions>& members, 
       ranked, &BackendOptions::transports, "transports", DefaultTransports(), "transport", HasAny);
   if (!transports.ok()) return transports.status();
   result.transports = *std::move(transports);
-  absl::StatusOr<std::vector<std::string>> channels = IntersectInRankOrder(
-      ranked, &BackendOptions::channels, "channels", DefaultChannels(), "CPU channel",
-      HasCpuChannel);
+  absl::StatusOr<std::vector<std::string>> channels =
+      IntersectInRankOrder(ranked, &BackendOptions::channels, "channels", DefaultChannels(),
+                           "CPU channel", HasCpuChannel);
   if (!channels.ok()) return channels.status();
   result.channels = *std::move(channels);
 

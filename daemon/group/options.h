@@ -118,9 +118,9 @@ absl::Status SetDeviceMap(BackendOptions* options, absl::string_view to, const D
 
 // What one member brings to the group.
 struct MemberOptions {
-  std::string name;  // worker name, unique in the group
+  std::string name;   // worker name, unique in the group
   int64_t rank = -1;  // unique in the group; 0..size-1 for a static group
-  std::string node;  // the host (daemon) the member runs on
+  std::string node;   // the host (daemon) the member runs on
   // CUDA devices the member's process sees (torch.cuda.device_count() there); may differ
   // between members of one node, e.g. under different CUDA_VISIBLE_DEVICES.
   int64_t device_count = 0;

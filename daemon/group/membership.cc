@@ -1,0 +1,246 @@
+#include "daemon/group/membership.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/group/options.h"
+
+namespace tpd::group {
+namespace {
+
+absl::StatusOr<MemberOptions> ToMemberOptions(const v1::Member& member,
+                                              const v1::MemberOptionsRecord& record) {
+  const v1::BackendOptions& in = record.options();
+  MemberOptions out;
+  out.name = member.name();
+  out.rank = member.rank();
+  out.node = member.node();
+  out.device_count = record.device_count();
+  if (in.num_worker_threads() != 0) out.options.num_worker_threads = in.num_worker_threads();
+  if (in.rpc_timeout_ms() != 0) out.options.rpc_timeout = absl::Milliseconds(in.rpc_timeout_ms());
+  out.options.transports.assign(in.transports().begin(), in.transports().end());
+  out.options.channels.assign(in.channels().begin(), in.channels().end());
+  // Proto maps have no order; sort so error messages and results never depend on it.
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> maps;
+  for (const auto& [to, map] : in.device_maps()) {
+    auto& entries = maps[to];
+    entries.assign(map.devices().begin(), map.devices().end());
+    std::sort(entries.begin(), entries.end());
+  }
+  for (const auto& [to, entries] : maps) {
+    absl::StatusOr<DeviceMap> map = ParseDeviceMap(entries);
+    if (!map.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("worker ", member.name(), " on node ",
+                                                     member.node(), ": device map toward ", to,
+                                                     ": ", map.status().message()));
+    }
+    out.options.device_maps[to] = *std::move(map);
+  }
+  absl::StatusOr<std::vector<Device>> devices =
+      ParseDevices({in.devices().begin(), in.devices().end()});
+  if (!devices.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", member.name(), " on node ",
+                                                   member.node(), ": ",
+                                                   devices.status().message()));
+  }
+  out.options.devices = *std::move(devices);
+  return out;
+}
+
+void ToProtoMaps(const std::map<std::string, DeviceMap>& maps,
+                 google::protobuf::Map<std::string, v1::DeviceMap>* out) {
+  for (const auto& [to, map] : maps) {
+    v1::DeviceMap& proto = (*out)[to];
+    for (const auto& [from, onto] : map) (*proto.mutable_devices())[from.ToString()] = onto.ToString();
+  }
+}
+
+// Reruns negotiation over every member and records the result in the view.
+absl::Status Renegotiate(v1::GroupRecord* record) {
+  v1::GroupView* view = record->mutable_view();
+  view->clear_negotiated();
+  view->clear_transports();
+  view->clear_channels();
+  if (view->members().empty()) return absl::OkStatus();
+  std::vector<MemberOptions> members;
+  for (const v1::Member& member : view->members()) {
+    absl::StatusOr<MemberOptions> options =
+        ToMemberOptions(member, record->options().at(member.name()));
+    if (!options.ok()) return options.status();
+    members.push_back(*std::move(options));
+  }
+  absl::StatusOr<Negotiated> negotiated = Negotiate(members, view->is_static());
+  if (!negotiated.ok()) return negotiated.status();
+  for (const NegotiatedMember& member : negotiated->members) {
+    v1::NegotiatedMember* out = view->add_negotiated();
+    out->set_name(member.name);
+    ToProtoMaps(member.device_maps, out->mutable_device_maps());
+    ToProtoMaps(member.reverse_device_maps, out->mutable_reverse_device_maps());
+    for (const Device& device : member.devices) out->add_devices(device.ToString());
+  }
+  view->mutable_transports()->Add(negotiated->transports.begin(), negotiated->transports.end());
+  view->mutable_channels()->Add(negotiated->channels.begin(), negotiated->channels.end());
+  view->set_num_worker_threads(negotiated->num_worker_threads);
+  view->set_rpc_timeout_ms(absl::ToInt64Milliseconds(negotiated->rpc_timeout));
+  return absl::OkStatus();
+}
+
+void SortByRank(v1::GroupView* view) {
+  std::sort(view->mutable_members()->begin(), view->mutable_members()->end(),
+            [](const v1::Member& a, const v1::Member& b) { return a.rank() < b.rank(); });
+}
+
+}  // namespace
+
+const v1::Member* FindMember(const v1::GroupRecord& record, absl::string_view name) {
+  for (const v1::Member& member : record.view().members()) {
+    if (member.name() == name) return &member;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec) {
+  v1::GroupRecord next = *record;
+  v1::GroupView* view = next.mutable_view();
+  const std::string& group = view->group();
+  const bool empty = view->members().empty();
+  const bool is_static = spec.world_size.has_value();
+
+  if (empty) {
+    view->set_is_static(is_static);
+    view->set_world_size(is_static ? *spec.world_size : 0);
+    view->set_phase(is_static ? kForming : kDynamic);
+    view->clear_reason();
+  } else if (view->is_static() != is_static) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group ", group, " is ", view->is_static() ? "static" : "dynamic", " but worker ",
+        spec.name, " joins it as ", is_static ? "static (world_size given)" : "dynamic (no world_size)"));
+  } else if (is_static && view->world_size() != *spec.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("group ", group, " has world_size ",
+                                                   view->world_size(), " but worker ", spec.name,
+                                                   " joins with world_size ", *spec.world_size));
+  } else if (view->phase() == kFormed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "static group ", group, " is already formed with all ", view->world_size(), " ranks"));
+  } else if (view->phase() == kBroken || view->phase() == kFailed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group ", group, " is ", view->phase(), " (", view->reason(),
+                     "); it can be formed again once its remaining members have left"));
+  }
+  if (is_static && (*spec.world_size <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be positive, got ", *spec.world_size));
+  }
+
+  std::set<int64_t> taken;
+  for (const v1::Member& member : view->members()) {
+    if (member.name() == spec.name) {
+      return absl::InvalidArgumentError(absl::StrCat("worker name ", spec.name,
+                                                     " is already taken in group ", group,
+                                                     " (rank ", member.rank(), " on node ",
+                                                     member.node(), ")"));
+    }
+    taken.insert(member.rank());
+  }
+  int64_t rank;
+  if (spec.rank.has_value()) {
+    rank = *spec.rank;
+    if (rank < 0 || (is_static && rank >= *spec.world_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " of worker ", spec.name, " is out of range",
+          is_static ? absl::StrCat(" [0, ", *spec.world_size, ")") : std::string(" (must be >= 0)")));
+    }
+    if (taken.count(rank) > 0) {
+      const auto it = std::find_if(view->members().begin(), view->members().end(),
+                                   [rank](const v1::Member& m) { return m.rank() == rank; });
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of group ", group,
+                                                     " is already taken by ", it->name(),
+                                                     " on node ", it->node()));
+    }
+  } else if (is_static) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", spec.name, " joins static group ", group, " without a rank"));
+  } else {
+    rank = 0;
+    while (taken.count(rank) > 0) ++rank;  // the lowest free rank
+  }
+
+  v1::Member* member = view->add_members();
+  member->set_name(spec.name);
+  member->set_rank(rank);
+  member->set_node(spec.node);
+  member->set_incarnation(spec.incarnation);
+  member->set_since_unix_ms(spec.since_unix_ms);
+  SortByRank(view);
+  v1::MemberOptionsRecord& options = (*next.mutable_options())[spec.name];
+  *options.mutable_options() = spec.options;
+  options.set_device_count(spec.device_count);
+
+  // A member's own options are checked before anything else, so it alone is blamed.
+  absl::StatusOr<MemberOptions> own = ToMemberOptions(*FindMember(next, spec.name), options);
+  if (!own.ok()) return own.status();
+  if (absl::Status status = ValidateMemberOptions(*own); !status.ok()) return status;
+
+  next.set_change("JOINED");
+  next.set_change_detail(absl::StrCat(spec.name, " (rank ", rank, ") joined from node ", spec.node));
+  if (!is_static) {
+    if (absl::Status status = Renegotiate(&next); !status.ok()) return status;
+  } else if (view->members_size() == view->world_size()) {
+    if (absl::Status status = Renegotiate(&next); status.ok()) {
+      view->set_phase(kFormed);
+      next.set_change("FORMED");
+      next.set_change_detail(absl::StrCat("all ", view->world_size(), " ranks joined; ",
+                                          spec.name, " was the last"));
+    } else {
+      view->set_phase(kFailed);
+      view->set_reason(std::string(status.message()));
+      next.set_change("FAILED");
+      next.set_change_detail(std::string(status.message()));
+    }
+  }
+  view->set_version(view->version() + 1);
+  *record = std::move(next);
+  return rank;
+}
+
+int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Member&)> remove,
+                  absl::string_view change, absl::string_view why) {
+  v1::GroupView* view = record->mutable_view();
+  std::vector<std::string> removed;
+  auto* members = view->mutable_members();
+  for (int i = members->size() - 1; i >= 0; --i) {
+    if (!remove(members->Get(i))) continue;
+    removed.push_back(members->Get(i).name());
+    record->mutable_options()->erase(members->Get(i).name());
+    members->DeleteSubrange(i, 1);
+  }
+  if (removed.empty()) return 0;
+  std::reverse(removed.begin(), removed.end());
+  record->set_change(std::string(change));
+  record->set_change_detail(absl::StrCat(absl::StrJoin(removed, ", "), ": ", why));
+  if (members->empty()) {
+    view->set_phase(kEmpty);
+    view->clear_reason();
+    view->set_is_static(false);
+    view->set_world_size(0);
+    view->clear_negotiated();
+    view->clear_transports();
+    view->clear_channels();
+  } else if (view->phase() == kFormed) {
+    view->set_phase(kBroken);
+    view->set_reason(absl::StrCat(absl::StrJoin(removed, ", "), " ", change == "EVICTED" ? "evicted" : "left", ": ", why));
+    record->set_change("BROKEN");
+  } else if (view->phase() == kDynamic) {
+    // Removing members cannot invalidate the others' maps in a dynamic group: maps toward
+    // absent workers are not checked.
+    (void)Renegotiate(record);
+  }
+  view->set_version(view->version() + 1);
+  return static_cast<int>(removed.size());
+}
+
+}  // namespace tpd::group

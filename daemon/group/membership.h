@@ -1,0 +1,62 @@
+// The rules of group membership as pure transitions of a GroupRecord: who may join, which
+// rank a member gets, when a static group forms, fails or breaks, and the negotiated options
+// after every change. Daemons apply these to the newest record and race to store the result
+// as the next version (GroupLog), so every daemon enforces the same rules.
+//
+// Thread safety: pure functions.
+
+#ifndef TPD_DAEMON_GROUP_MEMBERSHIP_H_
+#define TPD_DAEMON_GROUP_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/group_record.pb.h"
+
+namespace tpd::group {
+
+// Phases of GroupView.phase.
+inline constexpr char kEmpty[] = "EMPTY";
+inline constexpr char kForming[] = "FORMING";
+inline constexpr char kFormed[] = "FORMED";
+inline constexpr char kDynamic[] = "DYNAMIC";
+inline constexpr char kBroken[] = "BROKEN";
+inline constexpr char kFailed[] = "FAILED";
+
+struct JoinSpec {
+  std::string name;
+  std::optional<int64_t> rank;
+  std::optional<int64_t> world_size;  // absent: dynamic group
+  std::string node;
+  uint64_t incarnation = 0;
+  int64_t since_unix_ms = 0;
+  int64_t device_count = 0;
+  v1::BackendOptions options;
+};
+
+// Adds a member to `record` (the newest version; the caller stores the result as the next)
+// and returns its rank. Static groups: the member completing the world triggers negotiation,
+// and the group becomes FORMED, or FAILED with negotiation's error naming the member at fault
+// (the join itself then succeeds in being recorded; the caller reports the failure). Dynamic
+// groups: negotiation runs with the newcomer and a failure refuses the join, leaving `record`
+// unchanged. INVALID_ARGUMENT for a join that can never fit: static/dynamic or world_size
+// mismatch, rank out of range or taken, name taken, options invalid. FAILED_PRECONDITION for
+// a static group already formed, or broken/failed while members remain.
+absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec);
+
+// Removes every member `remove` selects; returns how many. A FORMED static group becomes
+// BROKEN with `why` as its reason; a group left without members becomes EMPTY (and may be
+// formed anew). `change` is the GroupEvent kind ("LEFT", "EVICTED").
+int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Member&)> remove,
+                  absl::string_view change, absl::string_view why);
+
+// The member named `name`, or nullptr.
+const v1::Member* FindMember(const v1::GroupRecord& record, absl::string_view name);
+
+}  // namespace tpd::group
+
+#endif  // TPD_DAEMON_GROUP_MEMBERSHIP_H_
