@@ -31,8 +31,8 @@ constexpr int64_t kMaxPort = 65535;
 // log lines), and cut short.
 std::string Quote(absl::string_view text) {
   if (text.size() <= kMaxEchoBytes) return absl::StrCat("\"", absl::CHexEscape(text), "\"");
-  return absl::StrCat("\"", absl::CHexEscape(text.substr(0, kMaxEchoBytes)), "\"... (",
-                      text.size(), " bytes)");
+  return absl::StrCat("\"", absl::CHexEscape(text.substr(0, kMaxEchoBytes)), "\"... (", text.size(),
+                      " bytes)");
 }
 
 // The URL without quotes, for PyTorch's "The url: {url} has ..." wording.
@@ -45,8 +45,7 @@ std::string Echo(absl::string_view text) {
 // PyTorch's _rendezvous_error() prefix, so users find the messages they know.
 absl::Status Error(InitMethodScheme scheme, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat("Error initializing torch.distributed using ",
-                                                 SchemeName(scheme),
-                                                 ":// rendezvous: ", message));
+                                                 SchemeName(scheme), ":// rendezvous: ", message));
 }
 
 // The pieces of a URL as Python's urllib.parse.urlsplit cuts them. Views into the URL.
@@ -58,9 +57,7 @@ struct UrlParts {
   bool has_fragment = false;
 };
 
-bool IsSchemeChar(char c) {
-  return absl::ascii_isalnum(c) || c == '+' || c == '-' || c == '.';
-}
+bool IsSchemeChar(char c) { return absl::ascii_isalnum(c) || c == '+' || c == '-' || c == '.'; }
 
 // Never fails, like urlsplit: whatever does not look like a scheme or "//netloc" is path.
 UrlParts SplitUrl(absl::string_view url) {
@@ -105,8 +102,8 @@ absl::StatusOr<std::map<std::string, std::string>> ParseQuery(absl::string_view 
                                                      " has no '='; write name=value"));
     }
     if (pair.find('=', equals + 1) != absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "init_method query parameter ", Quote(pair), " has more than one '='"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("init_method query parameter ", Quote(pair), " has more than one '='"));
     }
     absl::string_view name = pair.substr(0, equals);
     if (!result.emplace(std::string(name), std::string(pair.substr(equals + 1))).second) {
@@ -162,9 +159,7 @@ absl::StatusOr<int> ParsePort(InitMethodScheme scheme, absl::string_view what,
   return static_cast<int>(value);
 }
 
-bool IsHostNameChar(char c) {
-  return absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_';
-}
+bool IsHostNameChar(char c) { return absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_'; }
 
 // An IPv6 literal without brackets, with an optional "%zone". Only the alphabet is checked:
 // the resolver gives the precise verdict later, this keeps garbage out of logs and DNS.
@@ -241,11 +236,9 @@ absl::StatusOr<HostPort> SplitNetloc(InitMethodScheme scheme, absl::string_view 
     return Error(scheme, absl::StrCat("invalid IPv6 URL: ", Quote(netloc)));
   }
   const size_t colon = netloc.find(':');
-  if (colon != absl::string_view::npos &&
-      netloc.find(':', colon + 1) != absl::string_view::npos) {
-    return Error(scheme, absl::StrCat("an IPv6 host must be in brackets, e.g. ",
-                                      SchemeName(scheme), "://[::1]:29500; got ",
-                                      Quote(netloc)));
+  if (colon != absl::string_view::npos && netloc.find(':', colon + 1) != absl::string_view::npos) {
+    return Error(scheme, absl::StrCat("an IPv6 host must be in brackets, e.g. ", SchemeName(scheme),
+                                      "://[::1]:29500; got ", Quote(netloc)));
   }
   result.host = netloc.substr(0, colon);
   if (colon != absl::string_view::npos) result.port = netloc.substr(colon + 1);
@@ -259,8 +252,7 @@ absl::Status ParseAddress(InitMethodScheme scheme, absl::string_view netloc, Ini
   absl::StatusOr<int> port = ParsePort(scheme, "port", host_port->port);
   if (!port.ok()) return port.status();
   if (host_port->host.empty()) return Error(scheme, "host missing");
-  absl::StatusOr<std::string> host =
-      NormalizeHost(scheme, host_port->host, host_port->bracketed);
+  absl::StatusOr<std::string> host = NormalizeHost(scheme, host_port->host, host_port->bracketed);
   if (!host.ok()) return host.status();
   out->host = *std::move(host);
   out->port = *port;
@@ -268,8 +260,7 @@ absl::Status ParseAddress(InitMethodScheme scheme, absl::string_view netloc, Ini
 }
 
 // Takes `name` out of the query (the caller keeps the rest) and parses it.
-absl::StatusOr<std::optional<int64_t>> TakeInteger(InitMethodScheme scheme,
-                                                   absl::string_view name,
+absl::StatusOr<std::optional<int64_t>> TakeInteger(InitMethodScheme scheme, absl::string_view name,
                                                    std::map<std::string, std::string>* query) {
   auto it = query->find(std::string(name));
   if (it == query->end()) return std::nullopt;
@@ -289,16 +280,15 @@ absl::Status SetMembership(InitMethodScheme scheme, std::optional<int64_t> rank,
   const std::string of_world_size =
       world_size.has_value() ? absl::StrCat(" (world_size ", *world_size, ")") : "";
   if (world_size.has_value() && *world_size <= 0) {
-    return Error(scheme, absl::StrCat("world_size must be at least 1, got ", *world_size,
-                                      " (rank ", *rank, ")"));
+    return Error(scheme, absl::StrCat("world_size must be at least 1, got ", *world_size, " (rank ",
+                                      *rank, ")"));
   }
   if (rank.has_value() && *rank < 0) {
-    return Error(scheme,
-                 absl::StrCat("rank must be non-negative, got ", *rank, of_world_size));
+    return Error(scheme, absl::StrCat("rank must be non-negative, got ", *rank, of_world_size));
   }
   if (rank.has_value() && world_size.has_value() && *rank >= *world_size) {
-    return Error(scheme, absl::StrCat("rank ", *rank, " must be less than world_size ",
-                                      *world_size));
+    return Error(scheme,
+                 absl::StrCat("rank ", *rank, " must be less than world_size ", *world_size));
   }
   out->rank = rank;
   out->world_size = world_size;
@@ -382,8 +372,8 @@ absl::Status ParseEnv(const UrlParts& parts, std::optional<int64_t> rank,
   absl::StatusOr<std::optional<int64_t>> w =
       ExplicitOrQueryOrEnv(scheme, "world_size", "WORLD_SIZE", world_size, &out->query, env);
   if (!w.ok()) return w.status();
-  absl::Status status = SetMembership(
-      scheme, *r, *w, "environment variable RANK expected, but not set", out);
+  absl::Status status =
+      SetMembership(scheme, *r, *w, "environment variable RANK expected, but not set", out);
   if (!status.ok()) return status;
 
   std::optional<std::string> addr = GetEnv(env, "MASTER_ADDR");
@@ -468,8 +458,8 @@ absl::StatusOr<InitMethod> ParseInitMethod(absl::string_view url, std::optional<
   for (size_t i = 0; i < url.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(url[i]);
     if (c < 0x20 || c == 0x7f) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "init_method URL has control character 0x%02x at offset %d", c, i));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("init_method URL has control character 0x%02x at offset %d", c, i));
     }
   }
   // urlsplit's lstrip of leading spaces, so " tcp://..." still has its scheme.

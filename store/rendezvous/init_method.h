@@ -87,8 +87,7 @@ struct InitMethod {
 // Returns INVALID_ARGUMENT with PyTorch's message where PyTorch has one, e.g.
 // "No rendezvous handler for foo://" or "Error initializing torch.distributed using tcp://
 // rendezvous: port number missing". Never crashes on malformed input.
-absl::StatusOr<InitMethod> ParseInitMethod(absl::string_view url,
-                                           std::optional<int64_t> rank,
+absl::StatusOr<InitMethod> ParseInitMethod(absl::string_view url, std::optional<int64_t> rank,
                                            std::optional<int64_t> world_size,
                                            const std::map<std::string, std::string>& env);
 
