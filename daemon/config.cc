@@ -90,9 +90,9 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
   const toml::table& root = parsed.table();
   for (const auto& [key, node] : root) {
     const std::string table(key.str());
-    if (table != "daemon" && table != "store" && table != "peer") {
+    if (table != "daemon" && table != "store" && table != "peer" && table != "group") {
       return absl::InvalidArgumentError(absl::StrCat(
-          source, ": unknown table [", table, "]; known: [daemon], [store], [peer]"));
+          source, ": unknown table [", table, "]; known: [daemon], [store], [peer], [group]"));
     }
     if (!node.is_table()) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": ", std::string(key.str()), " must be a table"));
@@ -135,7 +135,19 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
     TableReader reader(*peer, "peer", std::string(source));
     for (absl::Status status : {reader.String("listen_address", &config.peer.listen_address),
                                 reader.String("token", &config.peer.token),
+                                reader.String("node_name", &config.peer.node_name),
+                                reader.Millis("heartbeat_interval_ms", &config.peer.heartbeat_interval),
+                                reader.Millis("heartbeat_timeout_ms", &config.peer.heartbeat_timeout),
                                 reader.NoUnknownKeys()}) {
+      if (!status.ok()) return status;
+    }
+  }
+  if (const toml::table* group = SubTable(root, "group")) {
+    TableReader reader(*group, "group", std::string(source));
+    for (absl::Status status :
+         {reader.Millis("default_join_timeout_ms", &config.group.default_join_timeout),
+          reader.Int("cuda_device_count", &config.group.cuda_device_count),
+          reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
   }
@@ -174,7 +186,11 @@ absl::Status ValidateConfig(const Config& config) {
         positive("store.max_key_bytes", s.max_key_bytes),
         positive("store.max_value_bytes", s.max_value_bytes),
         positive("store.max_keys_per_request", s.max_keys_per_request),
-        positive("store.max_waiters", s.max_waiters)}) {
+        positive("store.max_waiters", s.max_waiters),
+        positive("peer.heartbeat_interval_ms",
+                 absl::ToInt64Milliseconds(config.peer.heartbeat_interval)),
+        positive("group.default_join_timeout_ms",
+                 absl::ToInt64Milliseconds(config.group.default_join_timeout))}) {
     if (!status.ok()) return status;
   }
   // gRPC's own message limit is derived from these, so they are capped well below overflow.
@@ -194,6 +210,17 @@ absl::Status ValidateConfig(const Config& config) {
     return absl::InvalidArgumentError(
         "peer.token must be set when peer.listen_address is: the peer port never serves "
         "unauthenticated calls");
+  }
+  if (config.peer.heartbeat_timeout < 2 * config.peer.heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer.heartbeat_timeout_ms must be at least twice peer.heartbeat_interval_ms, got ",
+        absl::ToInt64Milliseconds(config.peer.heartbeat_timeout), " and ",
+        absl::ToInt64Milliseconds(config.peer.heartbeat_interval)));
+  }
+  if (config.group.cuda_device_count < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group.cuda_device_count must be -1 (detect) or >= 0, got ",
+        config.group.cuda_device_count));
   }
   if (config.shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("daemon.shutdown_grace_ms must be >= 0");

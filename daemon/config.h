@@ -35,6 +35,21 @@ struct PeerConfig {
   // Shared secret every peer call must carry (metadata "tpd-token"); required when
   // listen_address is set. Calls without it answer UNAUTHENTICATED.
   std::string token;
+  // This daemon's node name in groups; unique in the cluster. Empty: the host name, with
+  // ":<peer port>" appended when there is a peer port.
+  std::string node_name;
+  // How often the daemon writes its heartbeat into every rendezvous store it uses.
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // A node whose heartbeat has not changed for this long is evicted with all its members.
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+};
+
+struct GroupConfig {
+  // How long a static Join waits for the other ranks when the request says 0.
+  absl::Duration default_join_timeout = absl::Seconds(300);
+  // CUDA devices this node reports to groups; -1 counts /dev/nvidia<N>. Set it on CPU-only
+  // machines to test device-map validation.
+  int64_t cuda_device_count = -1;
 };
 
 struct Config {
@@ -52,6 +67,7 @@ struct Config {
   absl::Duration shutdown_grace = absl::Seconds(5);
   StoreConfig store;
   PeerConfig peer;
+  GroupConfig group;
 };
 
 // Parses TOML text; `source` names it in error messages. Unknown tables and keys are

@@ -1,6 +1,7 @@
 #include "daemon/group/membership.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 #include <vector>
@@ -230,6 +231,8 @@ int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Memb
     view->clear_negotiated();
     view->clear_transports();
     view->clear_channels();
+    view->clear_num_worker_threads();
+    view->clear_rpc_timeout_ms();
   } else if (view->phase() == kFormed) {
     view->set_phase(kBroken);
     view->set_reason(absl::StrCat(absl::StrJoin(removed, ", "), " ", change == "EVICTED" ? "evicted" : "left", ": ", why));

@@ -40,6 +40,11 @@ const std::vector<std::string>& AllOptions() {
       "store.max_waiters",
       "peer.listen_address",
       "peer.token",
+      "peer.node_name",
+      "peer.heartbeat_interval_ms",
+      "peer.heartbeat_timeout_ms",
+      "group.default_join_timeout_ms",
+      "group.cuda_device_count",
   };
   return *options;
 }

@@ -1,0 +1,575 @@
+#include "daemon/group/group_tracker.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "spdlog/spdlog.h"
+
+namespace tpd::group {
+namespace {
+
+// A group's version wait is re-armed this often even without news, which bounds how late a
+// resynchronization after a gap (versions deleted while this daemon was stopped) can come.
+constexpr absl::Duration kVersionWaitSlice = absl::Seconds(2);
+
+std::shared_ptr<spdlog::logger> Log() {
+  std::shared_ptr<spdlog::logger> logger = spdlog::get("daemon");
+  return logger != nullptr ? logger : spdlog::default_logger();
+}
+
+std::string HeartbeatKey(absl::string_view node) { return absl::StrCat("tpd/node/", node); }
+
+// Heartbeat values are "<incarnation>:<counter>".
+uint64_t IncarnationOf(absl::string_view value) {
+  uint64_t incarnation = 0;
+  std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
+  (void)absl::SimpleAtoi(parts.first, &incarnation);
+  return incarnation;
+}
+
+}  // namespace
+
+GroupTracker::GroupTracker(std::string group, std::string store_name, store::Store* root,
+                           Node* node, TrackerOptions options, std::function<void()> on_evicted)
+    : group_(group),
+      store_name_(std::move(store_name)),
+      root_(root),
+      group_store_(absl::StrCat("tpd/group/", group), root),
+      log_(&group_store_, group),
+      node_(node),
+      options_(options),
+      on_evicted_(std::move(on_evicted)) {
+  latest_.mutable_view()->set_group(group_);
+  latest_.mutable_view()->set_phase(kEmpty);
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+GroupTracker::~GroupTracker() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (worker_.joinable()) worker_.join();
+  std::vector<PendingJoin> joins;
+  std::deque<Op> ops;
+  {
+    absl::MutexLock lock(&mu_);
+    if (wait_armed_) log_.CancelWait(wait_id_);
+  }
+  {
+    // The version wait's callback touches this object: wait for it to have run.
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* armed) { return !*armed; }, &wait_armed_));
+    joins = std::move(pending_joins_);
+    ops = std::move(ops_);
+  }
+  const absl::Status stopping = absl::UnavailableError("the tpd daemon is stopping");
+  for (PendingJoin& join : joins) join.done(stopping);
+  for (Op& op : ops) {
+    if (op.join_done) op.join_done(stopping);
+    if (op.remove_done) op.remove_done(stopping);
+  }
+}
+
+void GroupTracker::Enqueue(Op op) {
+  absl::MutexLock lock(&mu_);
+  ops_.push_back(std::move(op));
+}
+
+void GroupTracker::Join(JoinSpec spec, std::string session_id, absl::Time deadline,
+                        JoinDone done) {
+  spec.node = node_->name;
+  spec.incarnation = node_->incarnation.load();
+  spec.device_count = node_->device_count;
+  spec.since_unix_ms = absl::ToUnixMillis(absl::Now());
+  Op op;
+  op.join = std::move(spec);
+  op.session_id = std::move(session_id);
+  op.deadline = deadline;
+  op.join_done = std::move(done);
+  Enqueue(std::move(op));
+}
+
+void GroupTracker::Leave(const std::string& session_id, const std::string& name,
+                         absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) {
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = local_.find(name);
+    if (it == local_.end() || it->second.session_id != session_id) {
+      refused = FindMember(latest_, name) == nullptr
+                    ? absl::NotFoundError(absl::StrCat("no worker ", name, " in group ", group_))
+                    : absl::FailedPreconditionError(absl::StrCat(
+                          "worker ", name, " of group ", group_,
+                          " was not joined through this session; only its own client may make "
+                          "it leave"));
+    }
+  }
+  if (!refused.ok()) {
+    done(refused);
+    return;
+  }
+  Op op;
+  op.remove = [name, node = node_->name](const v1::Member& member) {
+    return member.name() == name && member.node() == node;
+  };
+  op.change = "LEFT";
+  op.why = "left the group";
+  op.remove_done = std::move(done);
+  Enqueue(std::move(op));
+}
+
+void GroupTracker::EndSession(const std::string& session_id) {
+  std::set<std::string> names;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, member] : local_) {
+      if (member.session_id == session_id) names.insert(name);
+    }
+  }
+  if (names.empty()) return;
+  Op op;
+  op.remove = [names, node = node_->name](const v1::Member& member) {
+    return member.node() == node && names.count(member.name()) > 0;
+  };
+  op.change = "LEFT";
+  op.why = "its client's session ended (process exited or disconnected)";
+  op.remove_done = [](absl::StatusOr<int64_t>) {};
+  Enqueue(std::move(op));
+}
+
+void GroupTracker::Shutdown() {
+  std::set<std::string> names;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, member] : local_) names.insert(name);
+  }
+  if (!names.empty()) {
+    absl::Notification left;
+    Op op;
+    op.remove = [names, node = node_->name](const v1::Member& member) {
+      return member.node() == node && names.count(member.name()) > 0;
+    };
+    op.change = "LEFT";
+    op.why = "its daemon is shutting down";
+    op.remove_done = [&left](absl::StatusOr<int64_t>) { left.Notify(); };
+    Enqueue(std::move(op));
+    left.WaitForNotificationWithTimeout(absl::Seconds(5));
+  }
+  absl::MutexLock lock(&mu_);
+  stop_ = true;
+}
+
+void GroupTracker::Barrier(const std::string& session_id, const std::string& name,
+                           absl::Time deadline, Done done) {
+  int64_t round = 0;
+  int64_t expected = 0;
+  bool member = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = local_.find(name);
+    if (it != local_.end() && it->second.session_id == session_id) {
+      member = true;
+      round = ++it->second.barrier_round;
+      const v1::GroupView& view = latest_.view();
+      expected = view.is_static() ? view.world_size() : view.members_size();
+    }
+  }
+  if (!member) {
+    done(absl::FailedPreconditionError(
+        absl::StrCat("worker ", name, " is not a member of group ", group_,
+                     " held by this session (never joined, left, or evicted)")));
+    return;
+  }
+  const std::string key = absl::StrCat("barrier/", round);
+  absl::StatusOr<int64_t> arrived = group_store_.Add(key, 1);
+  if (!arrived.ok()) {
+    done(arrived.status());
+    return;
+  }
+  if (*arrived >= expected) {
+    if (absl::Status status = group_store_.Set(absl::StrCat(key, "/done"), "1"); !status.ok()) {
+      done(status);
+      return;
+    }
+  }
+  absl::StatusOr<store::WaitId> id = group_store_.WaitAsync(
+      {absl::StrCat(key, "/done")}, deadline,
+      [done = std::move(done), this, round, expected](
+          absl::StatusOr<std::vector<std::string>> result) mutable {
+        if (result.status().code() == absl::StatusCode::kDeadlineExceeded) {
+          done(absl::DeadlineExceededError(absl::StrCat(
+              "group ", group_, ": barrier round ", round, " timed out waiting for all ",
+              expected, " members")));
+          return;
+        }
+        done(result.status());
+      });
+  if (!id.ok()) done(id.status());
+}
+
+v1::GroupView GroupTracker::View() {
+  absl::MutexLock lock(&mu_);
+  v1::GroupView view = latest_.view();
+  view.set_store(store_name_);
+  return view;
+}
+
+void GroupTracker::AddWatcher(GroupWatcher* watcher) {
+  v1::GroupEvent event;
+  {
+    absl::MutexLock lock(&mu_);
+    watchers_.insert(watcher);
+    event.set_kind("SNAPSHOT");
+    *event.mutable_group() = latest_.view();
+    event.mutable_group()->set_store(store_name_);
+  }
+  // Delivered outside the lock; a version observed meanwhile is sent after it by the worker,
+  // which only runs Observe after taking the lock we just released.
+  watcher->OnEvent(event);
+}
+
+void GroupTracker::RemoveWatcher(GroupWatcher* watcher) {
+  absl::MutexLock lock(&mu_);
+  watchers_.erase(watcher);
+}
+
+void GroupTracker::ArmVersionWait() {
+  if (wait_armed_ || stop_) return;
+  const int64_t next = latest_.view().version() + 1;
+  wait_armed_ = true;
+  mu_.Unlock();
+  absl::StatusOr<store::WaitId> id = log_.WaitForVersion(
+      next, absl::Now() + kVersionWaitSlice, [this](absl::StatusOr<v1::GroupRecord> record) {
+        absl::MutexLock lock(&mu_);
+        if (record.ok() || record.status().code() != absl::StatusCode::kDeadlineExceeded) {
+          arrived_.push_back(std::move(record));
+        }
+        wait_armed_ = false;
+      });
+  mu_.Lock();
+  if (!id.ok()) {
+    wait_armed_ = false;
+  } else if (wait_armed_) {
+    wait_id_ = *id;
+  }
+}
+
+void GroupTracker::WorkerLoop() {
+  // Learn the group's current state first, so joins apply to the newest version.
+  if (absl::StatusOr<v1::GroupRecord> latest = log_.Latest(); latest.ok()) {
+    Observe(*std::move(latest), /*snapshot=*/true);
+  }
+  absl::Time next_tick = absl::Now();
+  while (true) {
+    std::vector<Op> ops;
+    std::vector<absl::StatusOr<v1::GroupRecord>> arrived;
+    {
+      absl::MutexLock lock(&mu_);
+      ArmVersionWait();
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !ops_.empty() || !arrived_.empty() || !wait_armed_;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&ready), next_tick);
+      if (stop_) return;
+      ops.assign(std::make_move_iterator(ops_.begin()), std::make_move_iterator(ops_.end()));
+      ops_.clear();
+      arrived.assign(std::make_move_iterator(arrived_.begin()),
+                     std::make_move_iterator(arrived_.end()));
+      arrived_.clear();
+    }
+    for (absl::StatusOr<v1::GroupRecord>& record : arrived) {
+      if (record.ok()) {
+        Observe(*std::move(record), /*snapshot=*/false);
+      } else if (record.status().code() != absl::StatusCode::kCancelled) {
+        Log()->warn("[group {}] [store {}] following versions: {}", group_, store_name_,
+                    record.status().ToString());
+      }
+    }
+    if (!ops.empty()) ApplyOps(std::move(ops));
+    if (absl::Now() >= next_tick) {
+      CatchUp();
+      CheckDeadlines();
+      CheckHeartbeats();
+      next_tick = absl::Now() + options_.heartbeat_interval;
+    }
+  }
+}
+
+void GroupTracker::CatchUp() {
+  int64_t have;
+  {
+    absl::MutexLock lock(&mu_);
+    have = latest_.view().version();
+  }
+  absl::StatusOr<v1::GroupRecord> latest = log_.Latest();
+  if (!latest.ok() || latest->view().version() <= have) return;
+  // Read the versions in between one by one, so watchers miss none that still exist.
+  for (int64_t version = have + 1; version < latest->view().version(); ++version) {
+    absl::StatusOr<std::vector<std::string>> bytes =
+        group_store_.MultiGet({absl::StrCat("v/", version)}, absl::Now());
+    v1::GroupRecord record;
+    if (!bytes.ok() || !record.ParseFromString(bytes->front())) {
+      Observe(*std::move(latest), /*snapshot=*/true);  // the gap was deleted: resync
+      return;
+    }
+    Observe(std::move(record), /*snapshot=*/false);
+  }
+  Observe(*std::move(latest), /*snapshot=*/false);
+}
+
+void GroupTracker::ApplyOps(std::vector<Op> ops) {
+  for (int attempt = 0;; ++attempt) {
+    v1::GroupRecord base;
+    {
+      absl::MutexLock lock(&mu_);
+      base = latest_;
+    }
+    v1::GroupRecord next = base;
+    std::vector<absl::Status> results(ops.size());
+    std::vector<int64_t> ranks(ops.size(), -1);
+    std::vector<std::pair<std::string, std::string>> changes;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      Op& op = ops[i];
+      if (op.join) {
+        absl::StatusOr<int64_t> rank = AddMember(&next, *op.join);
+        results[i] = rank.status();
+        if (rank.ok()) {
+          ranks[i] = *rank;
+          changes.emplace_back(next.change(), next.change_detail());
+        }
+      } else if (RemoveMembers(&next, op.remove, op.change, op.why) > 0) {
+        changes.emplace_back(next.change(), next.change_detail());
+      }
+    }
+    if (changes.empty()) {
+      // Nothing to record (every op failed, or removals found nobody): answer now.
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (ops[i].join) ops[i].join_done(results[i]);
+        if (ops[i].remove_done) ops[i].remove_done(base.view().version());
+      }
+      return;
+    }
+    // One version for the whole batch, so the log has no gaps.
+    next.mutable_view()->set_version(base.view().version() + 1);
+    std::vector<std::string> details;
+    std::string change = changes.back().first;
+    for (const auto& [kind, detail] : changes) {
+      details.push_back(detail);
+      if (kind == "FAILED" || kind == "BROKEN" || kind == "FORMED") change = kind;
+    }
+    next.set_change(change);
+    next.set_change_detail(absl::StrJoin(details, "; "));
+    absl::StatusOr<bool> appended = log_.TryAppend(next);
+    if (!appended.ok() || (!*appended && attempt >= 100)) {
+      const absl::Status error =
+          !appended.ok()
+              ? absl::UnavailableError(absl::StrCat("group ", group_,
+                                                    ": cannot update the rendezvous store ",
+                                                    store_name_, ": ",
+                                                    appended.status().message()))
+              : absl::AbortedError(absl::StrCat("group ", group_, ": lost the race for a new ",
+                                                "version 100 times; retry"));
+      for (Op& op : ops) {
+        if (op.join_done) op.join_done(error);
+        if (op.remove_done) op.remove_done(error);
+      }
+      return;
+    }
+    if (!*appended) {
+      CatchUp();  // another daemon took this version: observe it, then retry on top of it
+      continue;
+    }
+    {
+      // Register the new members before observing, so the observation settles their joins.
+      absl::MutexLock lock(&mu_);
+      for (auto it = local_.begin(); it != local_.end();) {
+        it = FindMember(next, it->first) == nullptr ? local_.erase(it) : std::next(it);
+      }
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (!ops[i].join) continue;
+        if (!results[i].ok()) continue;
+        local_[ops[i].join->name] = LocalMember{ops[i].session_id, 0};
+        pending_joins_.push_back({ops[i].join->name, ops[i].deadline,
+                                  std::move(ops[i].join_done)});
+      }
+    }
+    Observe(std::move(next), /*snapshot=*/false);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].join && !results[i].ok()) ops[i].join_done(results[i]);
+      if (ops[i].remove_done) ops[i].remove_done(base.view().version() + 1);
+    }
+    return;
+  }
+}
+
+v1::JoinResponse GroupTracker::ResponseFor(const std::string& name) {
+  v1::JoinResponse response;
+  *response.mutable_group() = latest_.view();
+  response.mutable_group()->set_store(store_name_);
+  if (const v1::Member* member = FindMember(latest_, name)) response.set_rank(member->rank());
+  return response;
+}
+
+void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
+  std::vector<std::pair<JoinDone, absl::StatusOr<v1::JoinResponse>>> settled;
+  std::vector<GroupWatcher*> watchers;
+  v1::GroupEvent event;
+  std::vector<Op> removals;
+  bool evicted = false;
+  {
+    absl::MutexLock lock(&mu_);
+    // An empty record only re-settles pending joins against the current version.
+    const bool fresh = record.view().version() > latest_.view().version() &&
+                       (snapshot || record.view().version() == latest_.view().version() + 1);
+    if (fresh) {
+      latest_ = std::move(record);
+      event.set_kind(snapshot ? "SNAPSHOT" : latest_.change());
+      event.set_detail(latest_.change_detail());
+      *event.mutable_group() = latest_.view();
+      event.mutable_group()->set_store(store_name_);
+      watchers.assign(watchers_.begin(), watchers_.end());
+      // This daemon forgets its own members before recording their removal, so a local
+      // member absent from a new version was removed by another daemon: evicted.
+      for (auto it = local_.begin(); it != local_.end();) {
+        if (FindMember(latest_, it->first) == nullptr) {
+          Log()->warn("[group {}] [worker {}] evicted at version {}: {}", group_, it->first,
+                      latest_.view().version(), latest_.change_detail());
+          evicted = true;
+          it = local_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    const v1::GroupView& view = latest_.view();
+    for (auto it = pending_joins_.begin(); it != pending_joins_.end();) {
+      const v1::Member* member = FindMember(latest_, it->name);
+      if (member == nullptr) {
+        settled.emplace_back(std::move(it->done),
+                             absl::AbortedError(absl::StrCat(
+                                 "worker ", it->name, " was removed from group ", group_,
+                                 " before it formed: ", latest_.change_detail())));
+      } else if (!view.is_static() || view.phase() == kFormed) {
+        settled.emplace_back(std::move(it->done), ResponseFor(it->name));
+      } else if (view.phase() == kFailed || view.phase() == kBroken) {
+        settled.emplace_back(std::move(it->done),
+                             view.phase() == kFailed
+                                 ? absl::InvalidArgumentError(view.reason())
+                                 : absl::AbortedError(view.reason()));
+        // A failed formation frees its ranks: our member leaves so the group can form anew.
+        Op op;
+        op.remove = [name = it->name, node = node_->name](const v1::Member& m) {
+          return m.name() == name && m.node() == node;
+        };
+        op.change = "LEFT";
+        op.why = "the group failed to form";
+        op.remove_done = [](absl::StatusOr<int64_t>) {};
+        removals.push_back(std::move(op));
+      } else {
+        ++it;
+        continue;
+      }
+      it = pending_joins_.erase(it);
+    }
+    for (Op& op : removals) ops_.push_back(std::move(op));
+  }
+  if (!event.kind().empty()) {
+    Log()->info("[group {}] version {} {}: {}", group_, event.group().version(), event.kind(),
+                event.detail());
+    for (GroupWatcher* watcher : watchers) watcher->OnEvent(event);
+  }
+  for (auto& [done, result] : settled) done(std::move(result));
+  if (evicted && on_evicted_) on_evicted_();
+}
+
+void GroupTracker::CheckDeadlines() {
+  std::vector<std::pair<JoinDone, absl::Status>> expired;
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  for (auto it = pending_joins_.begin(); it != pending_joins_.end();) {
+    if (it->deadline > now) {
+      ++it;
+      continue;
+    }
+    const v1::GroupView& view = latest_.view();
+    std::set<int64_t> present;
+    for (const v1::Member& member : view.members()) present.insert(member.rank());
+    std::vector<int64_t> missing;
+    for (int64_t rank = 0; rank < view.world_size(); ++rank) {
+      if (present.count(rank) == 0) missing.push_back(rank);
+    }
+    expired.emplace_back(
+        std::move(it->done),
+        absl::DeadlineExceededError(absl::StrCat(
+            "group ", group_, ": timed out waiting for ranks [", absl::StrJoin(missing, ", "),
+            "] (", view.members_size(), " of ", view.world_size(), " joined)")));
+    Op op;
+    op.remove = [name = it->name, node = node_->name](const v1::Member& m) {
+      return m.name() == name && m.node() == node;
+    };
+    op.change = "LEFT";
+    op.why = "its join timed out";
+    op.remove_done = [](absl::StatusOr<int64_t>) {};
+    ops_.push_back(std::move(op));
+    it = pending_joins_.erase(it);
+  }
+  mu_.Unlock();
+  for (auto& [done, status] : expired) done(status);
+  mu_.Lock();
+}
+
+void GroupTracker::CheckHeartbeats() {
+  std::map<std::string, std::set<uint64_t>> nodes;  // other nodes -> incarnations in the group
+  {
+    absl::MutexLock lock(&mu_);
+    if (local_.empty() && watchers_.empty()) return;
+    for (const v1::Member& member : latest_.view().members()) {
+      if (member.node() != node_->name) nodes[member.node()].insert(member.incarnation());
+    }
+  }
+  const absl::Time now = absl::Now();
+  for (const auto& [node, incarnations] : nodes) {
+    std::string value;
+    absl::StatusOr<bool> present = root_->Check({HeartbeatKey(node)});
+    if (!present.ok()) return;  // the store is unreachable: no judgement possible
+    if (*present) {
+      absl::StatusOr<std::string> got = root_->Get(HeartbeatKey(node), now + absl::Seconds(5));
+      if (!got.ok()) return;
+      value = *std::move(got);
+    }
+    auto [it, inserted] = heartbeats_.try_emplace(node, value, now);
+    if (!inserted && it->second.first != value) it->second = {value, now};
+    const uint64_t alive = IncarnationOf(value);
+    std::string why;
+    std::function<bool(const v1::Member&)> remove;
+    if (alive != 0 && incarnations.count(alive) != incarnations.size()) {
+      why = absl::StrCat("node ", node, " restarted (incarnation ", alive, ")");
+      remove = [node = node, alive](const v1::Member& m) {
+        return m.node() == node && m.incarnation() != alive;
+      };
+    } else if (now - it->second.second > options_.heartbeat_timeout) {
+      why = absl::StrCat("node ", node, " sent no heartbeat for ",
+                         absl::FormatDuration(now - it->second.second));
+      remove = [node = node](const v1::Member& m) { return m.node() == node; };
+      it->second.second = now;  // one eviction attempt per window
+    } else {
+      continue;
+    }
+    Log()->warn("[group {}] evicting members of node {}: {}", group_, node, why);
+    Op op;
+    op.remove = std::move(remove);
+    op.change = "EVICTED";
+    op.why = why;
+    op.remove_done = [](absl::StatusOr<int64_t>) {};
+    Enqueue(std::move(op));
+  }
+}
+
+}  // namespace tpd::group

@@ -1,0 +1,157 @@
+// This daemon's view of one group in one rendezvous store, and its agent in that group:
+// it follows every version of the group's record in order (pushed: a store wait on the next
+// version, not polling), applies this daemon's joins and leaves by racing for the next
+// version (batched, so a thousand local joins cost a few writes), answers static joins when
+// the group forms, fails or times out, keeps the watchers of the group informed, evicts
+// nodes whose heartbeat stopped, and notices when this daemon's own members were evicted.
+//
+// Thread safety: thread-safe. One worker thread per tracker applies changes and reads the
+// store; callers enqueue work and get answers through callbacks, which run on the worker
+// (or on the caller's thread for immediate errors) without the tracker's lock held.
+
+#ifndef TPD_DAEMON_GROUP_GROUP_TRACKER_H_
+#define TPD_DAEMON_GROUP_GROUP_TRACKER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/group/group_log.h"
+#include "daemon/group/membership.h"
+#include "proto/control.pb.h"
+#include "store/prefix_store.h"
+#include "store/store.h"
+
+namespace tpd::group {
+
+// Who this daemon is in groups. The incarnation changes when the daemon restarts or learns it
+// was evicted, so members it held before can never be mistaken for current ones.
+struct Node {
+  std::string name;
+  std::atomic<uint64_t> incarnation{0};
+  int64_t device_count = 0;
+};
+
+// Receives a group's versions in order. Called on the tracker's worker thread, or on the
+// thread calling AddWatcher for the first SNAPSHOT; never with the tracker's lock held.
+class GroupWatcher {
+ public:
+  virtual ~GroupWatcher() = default;
+  virtual void OnEvent(const v1::GroupEvent& event) = 0;
+};
+
+struct TrackerOptions {
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+};
+
+class GroupTracker {
+ public:
+  using JoinDone = absl::AnyInvocable<void(absl::StatusOr<v1::JoinResponse>)>;
+  using Done = absl::AnyInvocable<void(absl::Status)>;
+
+  // `root` is the rendezvous store (heartbeats live there); the group's own keys are under
+  // "tpd/group/<group>/" in it. `store_name` names the store in views ("tcp://h:p").
+  // `root` and `node` must outlive the tracker. `on_evicted` runs (on the worker) when this
+  // daemon finds its own members evicted, so the daemon can take a new incarnation.
+  GroupTracker(std::string group, std::string store_name, store::Store* root, Node* node,
+               TrackerOptions options, std::function<void()> on_evicted);
+  // Stops the worker; pending joins end with UNAVAILABLE.
+  ~GroupTracker();
+
+  // Adds a member held by `session_id`. Dynamic groups answer once the member is recorded;
+  // static groups once the group is FORMED (or FAILED: INVALID_ARGUMENT, or `deadline`:
+  // DEADLINE_EXCEEDED naming the missing ranks; the member is then removed again).
+  void Join(JoinSpec spec, std::string session_id, absl::Time deadline, JoinDone done);
+  // Removes a member this daemon holds for `session_id`; answers the version that recorded it.
+  void Leave(const std::string& session_id, const std::string& name,
+             absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done);
+  // Removes every member of a session that ended.
+  void EndSession(const std::string& session_id);
+  // Waits until every current member entered the same barrier round.
+  void Barrier(const std::string& session_id, const std::string& name, absl::Time deadline,
+               Done done);
+  // Leaves with every local member (daemon shutdown) and stops the worker.
+  void Shutdown();
+
+  v1::GroupView View();
+  // Sends `watcher` a SNAPSHOT, then every later version until RemoveWatcher.
+  void AddWatcher(GroupWatcher* watcher);
+  void RemoveWatcher(GroupWatcher* watcher);
+
+ private:
+  struct LocalMember {
+    std::string session_id;
+    int64_t barrier_round = 0;
+  };
+  struct PendingJoin {
+    std::string name;
+    absl::Time deadline;
+    JoinDone done;
+  };
+  // A change this daemon wants recorded.
+  struct Op {
+    std::optional<JoinSpec> join;  // else a removal
+    std::string session_id;
+    absl::Time deadline;
+    JoinDone join_done;
+    std::function<bool(const v1::Member&)> remove;
+    std::string change;  // "LEFT" or "EVICTED"
+    std::string why;
+    absl::AnyInvocable<void(absl::StatusOr<int64_t>)> remove_done;
+  };
+
+  void Enqueue(Op op);
+  void WorkerLoop();
+  void ArmVersionWait() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies queued ops as the next version, retrying when another daemon wins the race.
+  void ApplyOps(std::vector<Op> ops);
+  // Reads versions after the newest seen, in order, and observes each.
+  void CatchUp();
+  // Takes a new version: updates state, tells watchers, settles joins, detects eviction.
+  void Observe(v1::GroupRecord record, bool snapshot);
+  void CheckDeadlines();
+  void CheckHeartbeats();
+  v1::JoinResponse ResponseFor(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string group_;
+  const std::string store_name_;
+  store::Store* const root_;
+  store::PrefixStore group_store_;
+  GroupLog log_;
+  Node* const node_;
+  const TrackerOptions options_;
+  const std::function<void()> on_evicted_;
+
+  absl::Mutex mu_;
+  v1::GroupRecord latest_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, LocalMember> local_ ABSL_GUARDED_BY(mu_);
+  std::vector<PendingJoin> pending_joins_ ABSL_GUARDED_BY(mu_);
+  std::set<GroupWatcher*> watchers_ ABSL_GUARDED_BY(mu_);
+  std::deque<Op> ops_ ABSL_GUARDED_BY(mu_);
+  std::deque<absl::StatusOr<v1::GroupRecord>> arrived_ ABSL_GUARDED_BY(mu_);
+  bool wait_armed_ ABSL_GUARDED_BY(mu_) = false;
+  store::WaitId wait_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Other nodes' last heartbeat values and when this daemon saw them change.
+  std::map<std::string, std::pair<std::string, absl::Time>> heartbeats_;  // worker only
+
+  std::thread worker_;
+};
+
+}  // namespace tpd::group
+
+#endif  // TPD_DAEMON_GROUP_GROUP_TRACKER_H_
