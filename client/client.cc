@@ -1,6 +1,9 @@
 #include "client/client.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "client/socket_path.h"
@@ -54,9 +57,141 @@ Client::Client(std::string socket_path, ClientOptions options,
       options_(std::move(options)),
       channel_(std::move(channel)),
       store_(v1::Store::NewStub(channel_)),
-      admin_(v1::Admin::NewStub(channel_)) {}
+      admin_(v1::Admin::NewStub(channel_)),
+      control_(v1::Control::NewStub(channel_)) {}
 
-Client::~Client() = default;
+Client::~Client() {
+  {
+    absl::MutexLock lock(&session_mu_);
+    if (session_context_ != nullptr) session_context_->TryCancel();
+  }
+  if (session_reader_.joinable()) session_reader_.join();
+}
+
+absl::StatusOr<std::string> Client::Session() {
+  absl::MutexLock lock(&session_mu_);
+  if (!session_id_.empty()) return session_id_;
+  session_context_ = std::make_unique<grpc::ClientContext>();
+  v1::OpenSessionRequest request;
+  request.set_client(absl::StrCat("pid ", getpid()));
+  std::shared_ptr<grpc::ClientReader<v1::SessionEvent>> reader(
+      control_->OpenSession(session_context_.get(), request).release());
+  v1::SessionEvent event;
+  if (!reader->Read(&event)) {
+    absl::Status status = FromGrpc(reader->Finish());
+    session_context_.reset();
+    return status.ok() ? absl::UnavailableError("the daemon closed the session at once") : status;
+  }
+  session_id_ = event.session_id();
+  // The stream carries nothing more today; reading it keeps it open and notices its end.
+  session_reader_ = std::thread([reader] {
+    v1::SessionEvent ignored;
+    while (reader->Read(&ignored)) {
+    }
+    reader->Finish();
+  });
+  return session_id_;
+}
+
+absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
+  absl::StatusOr<std::string> session = Session();
+  if (!session.ok()) return session.status();
+  v1::JoinRequest request;
+  request.set_session_id(*session);
+  request.set_group(options.group);
+  request.set_name(options.name);
+  if (options.rank) request.set_rank(*options.rank);
+  if (options.world_size) request.set_world_size(*options.world_size);
+  request.set_init_method(options.init_method);
+  if (options.env.empty()) {
+    for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"}) {
+      if (const char* value = std::getenv(name)) (*request.mutable_env())[name] = value;
+    }
+  } else {
+    request.mutable_env()->insert(options.env.begin(), options.env.end());
+  }
+  *request.mutable_options() = options.options;
+  request.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
+  v1::JoinResponse response;
+  absl::Status status = FromGrpc(control_->Join(Context(options.timeout, true).get(), request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status Client::Leave(absl::string_view group, absl::string_view name) {
+  absl::StatusOr<std::string> session = Session();
+  if (!session.ok()) return session.status();
+  v1::LeaveRequest request;
+  request.set_session_id(*session);
+  request.set_group(std::string(group));
+  request.set_name(std::string(name));
+  v1::LeaveResponse response;
+  return FromGrpc(control_->Leave(Context().get(), request, &response));
+}
+
+absl::Status Client::Barrier(absl::string_view group, absl::string_view name,
+                             absl::Duration timeout) {
+  absl::StatusOr<std::string> session = Session();
+  if (!session.ok()) return session.status();
+  v1::BarrierRequest request;
+  request.set_session_id(*session);
+  request.set_group(std::string(group));
+  request.set_name(std::string(name));
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  v1::BarrierResponse response;
+  return FromGrpc(control_->Barrier(Context(timeout, true).get(), request, &response));
+}
+
+absl::StatusOr<v1::GroupView> Client::GetGroup(absl::string_view group,
+                                               absl::string_view init_method) {
+  v1::GetGroupRequest request;
+  request.set_group(std::string(group));
+  request.set_init_method(std::string(init_method));
+  v1::GroupView view;
+  absl::Status status = FromGrpc(control_->GetGroup(Context().get(), request, &view));
+  if (!status.ok()) return status;
+  return view;
+}
+
+absl::StatusOr<std::vector<v1::GroupView>> Client::ListGroups() {
+  v1::ListGroupsResponse response;
+  absl::Status status =
+      FromGrpc(control_->ListGroups(Context().get(), v1::ListGroupsRequest(), &response));
+  if (!status.ok()) return status;
+  return std::vector<v1::GroupView>(response.groups().begin(), response.groups().end());
+}
+
+namespace {
+
+class GrpcGroupWatch : public GroupWatch {
+ public:
+  GrpcGroupWatch(v1::Control::Stub* stub, const v1::WatchGroupRequest& request)
+      : reader_(stub->WatchGroup(&context_, request)) {}
+  ~GrpcGroupWatch() override {
+    context_.TryCancel();
+    if (!finished_) (void)Finish();
+  }
+  bool Next(v1::GroupEvent* event) override { return reader_->Read(event); }
+  absl::Status Finish() override {
+    finished_ = true;
+    return FromGrpc(reader_->Finish());
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReader<v1::GroupEvent>> reader_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<GroupWatch> Client::Watch(absl::string_view group,
+                                          absl::string_view init_method) {
+  v1::WatchGroupRequest request;
+  request.set_group(std::string(group));
+  request.set_init_method(std::string(init_method));
+  return std::make_unique<GrpcGroupWatch>(control_.get(), request);
+}
 
 std::unique_ptr<grpc::ClientContext> Client::Context(absl::Duration wait, bool waits) const {
   auto context = std::make_unique<grpc::ClientContext>();

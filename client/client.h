@@ -15,17 +15,45 @@
 #define TPD_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/admin.grpc.pb.h"
+#include "proto/control.grpc.pb.h"
 #include "proto/store.grpc.pb.h"
 
 namespace tpd {
+
+// What a process brings to Join (torch.distributed.rpc's init_rpc arguments).
+struct JoinOptions {
+  std::string group = "default";
+  std::string name;                    // worker name, unique in the group
+  std::optional<int64_t> rank;         // absent: assigned (dynamic groups)
+  std::optional<int64_t> world_size;   // absent: dynamic group
+  std::string init_method;             // tcp://host:port, env://, file:///path
+  // For env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE. Empty: taken from this process's
+  // environment.
+  std::map<std::string, std::string> env;
+  v1::BackendOptions options;
+  absl::Duration timeout = absl::ZeroDuration();  // 0: the daemon's default
+};
+
+// A WatchGroup stream: every version of a group, in order.
+class GroupWatch {
+ public:
+  virtual ~GroupWatch() = default;
+  // Blocks for the next event; false when the stream ended (Status() tells why).
+  virtual bool Next(v1::GroupEvent* event) = 0;
+  virtual absl::Status Finish() = 0;
+};
 
 struct ClientOptions {
   // How long Connect waits for the daemon to accept the connection.
@@ -63,6 +91,18 @@ class Client {
                         const std::vector<std::string>& values);
   absl::Status Append(absl::string_view key, absl::string_view value);
 
+  // Groups. The first Join opens this client's session with the daemon, a stream that stays
+  // open while the Client lives: when the process exits, its members leave at once.
+  absl::StatusOr<v1::JoinResponse> Join(const JoinOptions& options);
+  absl::Status Leave(absl::string_view group, absl::string_view name);
+  absl::Status Barrier(absl::string_view group, absl::string_view name,
+                       absl::Duration timeout = absl::ZeroDuration());
+  absl::StatusOr<v1::GroupView> GetGroup(absl::string_view group,
+                                         absl::string_view init_method = "");
+  absl::StatusOr<std::vector<v1::GroupView>> ListGroups();
+  // The stream lives until Finish or destruction; no call deadline.
+  std::unique_ptr<GroupWatch> Watch(absl::string_view group, absl::string_view init_method = "");
+
   // Admin.Status of the daemon.
   absl::StatusOr<v1::StatusResponse> Status();
   // grpc.health.v1 check of the whole daemon: true when SERVING.
@@ -78,11 +118,20 @@ class Client {
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration wait = absl::ZeroDuration(),
                                                bool waits = false) const;
 
+  // The session id, opening the session stream on first use.
+  absl::StatusOr<std::string> Session();
+
   const std::string socket_path_;
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Store::Stub> store_;
   std::unique_ptr<v1::Admin::Stub> admin_;
+  std::unique_ptr<v1::Control::Stub> control_;
+
+  absl::Mutex session_mu_;
+  std::string session_id_ ABSL_GUARDED_BY(session_mu_);
+  std::unique_ptr<grpc::ClientContext> session_context_ ABSL_GUARDED_BY(session_mu_);
+  std::thread session_reader_;  // drains the session stream until it ends
 };
 
 }  // namespace tpd

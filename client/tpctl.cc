@@ -3,13 +3,18 @@
 //   tpctl status | health
 //   tpctl store set KEY VALUE | get KEY | add KEY DELTA | wait KEY... | check KEY...
 //               | delete KEY | keys
+//   tpctl group list | show GROUP | watch GROUP | join GROUP NAME [--hold]
 //
 // Output is for people by default and JSON with --json. Exit status: 0 on success, 1 when
 // the daemon answered an error (printed as "tpctl: CODE: message"), 2 on a usage error.
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -18,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "google/protobuf/util/json_util.h"
@@ -26,6 +32,16 @@ ABSL_FLAG(std::string, socket, "", "daemon socket; default $TPD_SOCKET, then /ru
 ABSL_FLAG(bool, json, false, "print JSON instead of text");
 ABSL_FLAG(int64_t, timeout_ms, 0, "wait timeout of get/wait; 0 = the daemon's default");
 ABSL_FLAG(std::string, ns, "", "store namespace of store commands");
+ABSL_FLAG(std::string, init_method, "", "group commands: tcp://host:port, env://, file:///path");
+ABSL_FLAG(int64_t, rank, -1, "group join: rank (-1: assigned, dynamic groups)");
+ABSL_FLAG(int64_t, world_size, -1, "group join: world size (-1: dynamic group)");
+ABSL_FLAG(std::string, device_maps, "",
+          "group join: WORKER:LOCAL=REMOTE,...;WORKER2:... e.g. 'w1:cuda:0=cuda:1'");
+ABSL_FLAG(std::string, devices, "", "group join: comma-separated devices, e.g. cuda:0,cuda:1");
+ABSL_FLAG(std::string, transports, "", "group join: comma-separated transports, by priority");
+ABSL_FLAG(std::string, channels, "", "group join: comma-separated channels, by priority");
+ABSL_FLAG(bool, hold, false,
+          "group join: stay in the group until stdin closes or SIGTERM/SIGINT, then leave");
 
 namespace {
 
@@ -40,6 +56,12 @@ constexpr char kUsage[] = R"(tpctl: talk to a tpd daemon.
   tpctl store check KEY...       print whether every key is set
   tpctl store delete KEY         delete a key
   tpctl store keys               print the number of keys
+
+  tpctl group list               groups this daemon tracks
+  tpctl group show GROUP         members, phase, negotiated options (--init_method if untracked)
+  tpctl group watch GROUP        print every membership version as it happens
+  tpctl group join GROUP NAME    join (--init_method, --rank, --world_size, --device_maps,
+                                 --devices, --transports, --channels, --timeout_ms, --hold)
 
 Flags: --socket PATH, --json, --timeout_ms N, --ns NAMESPACE)";
 
@@ -178,6 +200,170 @@ int RunStore(tpd::Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
+std::string MapsText(const google::protobuf::Map<std::string, tpd::v1::DeviceMap>& maps) {
+  std::map<std::string, std::map<std::string, std::string>> sorted;
+  for (const auto& [to, map] : maps) sorted[to].insert(map.devices().begin(), map.devices().end());
+  std::vector<std::string> parts;
+  for (const auto& [to, map] : sorted) {
+    std::vector<std::string> pairs;
+    for (const auto& [from, onto] : map) pairs.push_back(absl::StrCat(from, ": ", onto));
+    parts.push_back(absl::StrCat(to, ": {", absl::StrJoin(pairs, ", "), "}"));
+  }
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+}
+
+void PrintGroup(const tpd::v1::GroupView& view) {
+  std::cout << "group " << view.group() << " @ " << view.store() << "  version " << view.version()
+            << "  " << view.phase();
+  if (view.is_static()) std::cout << "  world_size " << view.world_size();
+  std::cout << "\n";
+  if (!view.reason().empty()) std::cout << "  reason: " << view.reason() << "\n";
+  for (const tpd::v1::Member& member : view.members()) {
+    std::cout << "  rank " << member.rank() << "  " << member.name() << "  node " << member.node()
+              << "  incarnation " << absl::StrCat(absl::Hex(member.incarnation())) << "  since "
+              << absl::FormatTime("%Y-%m-%dT%H:%M:%S", absl::FromUnixMillis(member.since_unix_ms()),
+                                  absl::UTCTimeZone())
+              << "\n";
+  }
+  for (const tpd::v1::NegotiatedMember& member : view.negotiated()) {
+    std::cout << "  " << member.name() << ": devices [" << absl::StrJoin(member.devices(), ", ")
+              << "] device_maps " << MapsText(member.device_maps()) << " reverse "
+              << MapsText(member.reverse_device_maps()) << "\n";
+  }
+  if (!view.transports().empty()) {
+    std::cout << "  transports [" << absl::StrJoin(view.transports(), ", ") << "] channels ["
+              << absl::StrJoin(view.channels(), ", ") << "] threads " << view.num_worker_threads()
+              << " rpc_timeout " << view.rpc_timeout_ms() << "ms\n";
+  }
+}
+
+// Parses --device_maps "w1:cuda:0=cuda:1,cuda:1=cuda:0;w2:0=1".
+bool ParseDeviceMaps(const std::string& text, tpd::v1::BackendOptions* options) {
+  for (absl::string_view worker : absl::StrSplit(text, ';', absl::SkipEmpty())) {
+    const size_t colon = worker.find(':');
+    if (colon == absl::string_view::npos) return false;
+    tpd::v1::DeviceMap& map = (*options->mutable_device_maps())[std::string(worker.substr(0, colon))];
+    for (absl::string_view pair : absl::StrSplit(worker.substr(colon + 1), ',', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
+      if (kv.second.empty()) return false;
+      (*map.mutable_devices())[kv.first] = kv.second;
+    }
+  }
+  return true;
+}
+
+int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
+  if (args.empty()) return Usage("group needs a command");
+  const std::string& command = args[0];
+  const bool json = absl::GetFlag(FLAGS_json);
+  const std::string init_method = absl::GetFlag(FLAGS_init_method);
+  if (command == "list") {
+    absl::StatusOr<std::vector<tpd::v1::GroupView>> groups = client.ListGroups();
+    if (!groups.ok()) return Error(groups.status());
+    if (json) {
+      tpd::v1::ListGroupsResponse response;
+      response.mutable_groups()->Add(groups->begin(), groups->end());
+      std::cout << ToJson(response);
+    } else {
+      for (const tpd::v1::GroupView& view : *groups) {
+        std::cout << view.group() << "  " << view.phase() << "  version " << view.version()
+                  << "  " << view.members_size() << " members  " << view.store() << "\n";
+      }
+    }
+    return 0;
+  }
+  if (command == "show") {
+    if (args.size() != 2) return Usage("usage: tpctl group show GROUP [--init_method URL]");
+    absl::StatusOr<tpd::v1::GroupView> view = client.GetGroup(args[1], init_method);
+    if (!view.ok()) return Error(view.status());
+    if (json) {
+      std::cout << ToJson(*view);
+    } else {
+      PrintGroup(*view);
+    }
+    return 0;
+  }
+  if (command == "watch") {
+    if (args.size() != 2) return Usage("usage: tpctl group watch GROUP [--init_method URL]");
+    std::unique_ptr<tpd::GroupWatch> watch = client.Watch(args[1], init_method);
+    tpd::v1::GroupEvent event;
+    while (watch->Next(&event)) {
+      if (json) {
+        std::string line;
+        (void)google::protobuf::util::MessageToJsonString(event, &line);
+        std::cout << line << std::endl;
+      } else {
+        std::cout << "version " << event.group().version() << " " << event.kind() << " "
+                  << event.group().phase() << " members " << event.group().members_size()
+                  << (event.detail().empty() ? "" : ": ") << event.detail() << std::endl;
+      }
+    }
+    absl::Status status = watch->Finish();
+    return status.ok() ? 0 : Error(status);
+  }
+  if (command == "join") {
+    if (args.size() != 3) return Usage("usage: tpctl group join GROUP NAME --init_method URL");
+    tpd::JoinOptions options;
+    options.group = args[1];
+    options.name = args[2];
+    options.init_method = init_method;
+    if (absl::GetFlag(FLAGS_rank) >= 0) options.rank = absl::GetFlag(FLAGS_rank);
+    if (absl::GetFlag(FLAGS_world_size) >= 0) options.world_size = absl::GetFlag(FLAGS_world_size);
+    options.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+    if (!ParseDeviceMaps(absl::GetFlag(FLAGS_device_maps), &options.options)) {
+      return Usage("--device_maps: expected WORKER:LOCAL=REMOTE,...;WORKER:...");
+    }
+    for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipEmpty())) {
+      options.options.add_devices(std::string(d));
+    }
+    for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_transports), ',', absl::SkipEmpty())) {
+      options.options.add_transports(std::string(t));
+    }
+    for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_channels), ',', absl::SkipEmpty())) {
+      options.options.add_channels(std::string(c));
+    }
+    absl::StatusOr<tpd::v1::JoinResponse> joined = client.Join(options);
+    if (!joined.ok()) return Error(joined.status());
+    if (json) {
+      std::cout << ToJson(*joined) << std::flush;
+    } else {
+      std::cout << "joined " << options.group << " as " << options.name << " rank "
+                << joined->rank() << "\n";
+      PrintGroup(joined->group());
+      std::cout << std::flush;
+    }
+    if (!absl::GetFlag(FLAGS_hold)) return 0;
+    // Stay a member until told to go; then leave explicitly.
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    std::thread stdin_closed([] {
+      char buf[256];
+      while (read(STDIN_FILENO, buf, sizeof(buf)) > 0) {
+      }
+      kill(getpid(), SIGTERM);
+    });
+    stdin_closed.detach();
+    int signal = 0;
+    sigwait(&stop, &signal);
+    absl::Status left = client.Leave(options.group, options.name);
+    return left.ok() ? 0 : Error(left);
+  }
+  return Usage(absl::StrCat("unknown group command \"", command, "\""));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -186,7 +372,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(positional.begin() + 1, positional.end());
   if (args.empty()) return Usage("missing command");
   const std::string& command = args[0];
-  if (command != "status" && command != "health" && command != "store") {
+  if (command != "status" && command != "health" && command != "store" && command != "group") {
     return Usage(absl::StrCat("unknown command \"", command, "\""));
   }
 
@@ -198,5 +384,6 @@ int main(int argc, char** argv) {
 
   if (command == "status") return args.size() == 1 ? RunStatus(**client) : Usage("status takes no arguments");
   if (command == "health") return args.size() == 1 ? RunHealth(**client) : Usage("health takes no arguments");
+  if (command == "group") return RunGroup(**client, {args.begin() + 1, args.end()});
   return RunStore(**client, {args.begin() + 1, args.end()});
 }

@@ -10,7 +10,7 @@ namespace tpd {
 AdminService::AdminService(const Config* config, std::string socket_path, absl::Time start_time,
                            const std::atomic<bool>* serving, store::MemoryStore* store,
                            const CallStats* store_calls, const InFlightCalls* in_flight,
-                           const std::string* peer_address)
+                           std::string peer_address, group::GroupManager* groups)
     : config_(config),
       socket_path_(std::move(socket_path)),
       start_time_(start_time),
@@ -18,7 +18,8 @@ AdminService::AdminService(const Config* config, std::string socket_path, absl::
       store_(store),
       store_calls_(store_calls),
       in_flight_(in_flight),
-      peer_address_(peer_address) {}
+      peer_address_(std::move(peer_address)),
+      groups_(groups) {}
 
 grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* context,
                                                const v1::StatusRequest*,
@@ -30,7 +31,17 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   response->set_socket_path(socket_path_);
   response->set_serving_status(serving_->load() ? "SERVING" : "NOT_SERVING");
   response->set_calls_in_flight(in_flight_->count());
-  response->set_peer_address(*peer_address_);
+  response->set_peer_address(peer_address_);
+  v1::NodeInfo* node = response->mutable_node();
+  node->set_name(groups_->node().name);
+  node->set_incarnation(groups_->node().incarnation.load());
+  node->set_device_count(groups_->node().device_count);
+  for (v1::GroupView& view : groups_->ListGroups()) *response->add_groups() = std::move(view);
+  for (const auto& [name, seen] : groups_->PeerHeartbeats()) {
+    v1::PeerInfo* peer = response->add_peers();
+    peer->set_node(name);
+    peer->set_last_heartbeat_unix_ms(absl::ToUnixMillis(seen));
+  }
 
   v1::ConfigSummary* config = response->mutable_config();
   config->set_config_path(config_->config_path);

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "daemon/call_stats.h"
 #include "daemon/config.h"
+#include "daemon/group/group_manager.h"
 #include "daemon/in_flight.h"
 #include "proto/admin.grpc.pb.h"
 #include "store/memory/memory_store.h"
@@ -24,7 +25,7 @@ class AdminService final : public v1::Admin::CallbackService {
   AdminService(const Config* config, std::string socket_path, absl::Time start_time,
                const std::atomic<bool>* serving, store::MemoryStore* store,
                const CallStats* store_calls, const InFlightCalls* in_flight,
-               const std::string* peer_address);
+               std::string peer_address, group::GroupManager* groups);
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
@@ -38,7 +39,8 @@ class AdminService final : public v1::Admin::CallbackService {
   store::MemoryStore* const store_;
   const CallStats* const store_calls_;
   const InFlightCalls* const in_flight_;
-  const std::string* const peer_address_;  // set before the service starts serving
+  const std::string peer_address_;
+  group::GroupManager* const groups_;
 };
 
 }  // namespace tpd

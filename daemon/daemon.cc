@@ -55,6 +55,24 @@ absl::Status SetSocketOwnership(const std::string& path, const Config& config) {
   return absl::OkStatus();
 }
 
+// The node name groups know this daemon by (see PeerConfig::node_name).
+std::string NodeName(const Config& config, const std::string& peer_address) {
+  if (!config.peer.node_name.empty()) return config.peer.node_name;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  if (peer_address.empty()) return host;
+  return absl::StrCat(host, ":", peer_address.substr(peer_address.rfind(':') + 1));
+}
+
+// CUDA devices this node reports: the configured count, or one per /dev/nvidia<N> (the
+// driver's device files), which needs no CUDA runtime in the daemon.
+int64_t CudaDeviceCount(const GroupConfig& config) {
+  if (config.cuda_device_count >= 0) return config.cuda_device_count;
+  int64_t count = 0;
+  while (access(absl::StrCat("/dev/nvidia", count).c_str(), F_OK) == 0) ++count;
+  return count;
+}
+
 }  // namespace
 
 Daemon::Daemon(const Config& config, std::string socket_path, std::unique_ptr<SocketLock> lock)
@@ -64,9 +82,7 @@ Daemon::Daemon(const Config& config, std::string socket_path, std::unique_ptr<So
       start_time_(absl::Now()),
       store_(StoreOptions(config.store)),
       store_service_(&store_, config_.store, &store_calls_),
-      peer_store_service_(&store_, config_.store, &store_calls_, config_.peer.token),
-      admin_service_(&config_, socket_path_, start_time_, &serving_, &store_, &store_calls_,
-                     &in_flight_, &peer_address_) {}
+      peer_store_service_(&store_, config_.store, &store_calls_, config_.peer.token) {}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
   std::string socket_path =
@@ -108,6 +124,20 @@ absl::Status Daemon::ServePeers() {
 }
 
 absl::Status Daemon::Serve() {
+  group::GroupManagerOptions groups;
+  groups.node_name = NodeName(config_, peer_address_);
+  groups.device_count = CudaDeviceCount(config_.group);
+  groups.peer_address = peer_address_;
+  groups.peer_token = config_.peer.token;
+  groups.default_join_timeout = config_.group.default_join_timeout;
+  groups.tracker.heartbeat_interval = config_.peer.heartbeat_interval;
+  groups.tracker.heartbeat_timeout = config_.peer.heartbeat_timeout;
+  groups_ = std::make_unique<group::GroupManager>(std::move(groups), &store_);
+  control_service_ = std::make_unique<ControlService>(groups_.get(), &store_calls_);
+  admin_service_ = std::make_unique<AdminService>(&config_, socket_path_, start_time_, &serving_,
+                                                  &store_, &store_calls_, &in_flight_,
+                                                  peer_address_, groups_.get());
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
@@ -115,7 +145,8 @@ absl::Status Daemon::Serve() {
   builder.AddListeningPort(absl::StrCat("unix:", socket_path_), grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(config_.store));
   builder.RegisterService(&store_service_);
-  builder.RegisterService(&admin_service_);
+  builder.RegisterService(admin_service_.get());
+  builder.RegisterService(control_service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(in_flight_.InterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -149,6 +180,10 @@ void Daemon::Shutdown() {
                    socket_path_, absl::FormatDuration(config_.shutdown_grace));
   serving_ = false;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  // Members leave explicitly (other daemons see LEFT, not a late eviction), then the streams
+  // of sessions and watches end, then the store's waiters.
+  groups_->Shutdown();
+  control_service_->CloseStreams();
   store_.Shutdown();
   if (!in_flight_.WaitIdle(absl::Now() + config_.shutdown_grace)) {
     DaemonLog().warn("[socket {}] cancelling {} calls still in flight after the grace period",

@@ -17,6 +17,8 @@
 #include "daemon/admin_service.h"
 #include "daemon/call_stats.h"
 #include "daemon/config.h"
+#include "daemon/control_service.h"
+#include "daemon/group/group_manager.h"
 #include "daemon/in_flight.h"
 #include "daemon/socket_lock.h"
 #include "daemon/store_service.h"
@@ -66,7 +68,10 @@ class Daemon {
   InFlightCalls in_flight_;
   StoreService store_service_;
   StoreService peer_store_service_;  // the same store, for token-bearing peers
-  AdminService admin_service_;
+  // Built once the peer port is bound: groups need its address.
+  std::unique_ptr<group::GroupManager> groups_;
+  std::unique_ptr<ControlService> control_service_;
+  std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> peer_server_;
   std::string peer_address_;

@@ -221,7 +221,14 @@ v1::GroupView GroupTracker::View() {
   return view;
 }
 
-void GroupTracker::AddWatcher(GroupWatcher* watcher) {
+std::map<std::string, absl::Time> GroupTracker::PeerHeartbeats() {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, absl::Time> out;
+  for (const auto& [node, seen] : heartbeats_) out[node] = seen.second;
+  return out;
+}
+
+void GroupTracker::AddWatcher(std::shared_ptr<GroupWatcher> watcher) {
   v1::GroupEvent event;
   {
     absl::MutexLock lock(&mu_);
@@ -229,13 +236,12 @@ void GroupTracker::AddWatcher(GroupWatcher* watcher) {
     event.set_kind("SNAPSHOT");
     *event.mutable_group() = latest_.view();
     event.mutable_group()->set_store(store_name_);
+    // Under the lock, like every event, so the snapshot precedes any later version.
+    watcher->OnEvent(event);
   }
-  // Delivered outside the lock; a version observed meanwhile is sent after it by the worker,
-  // which only runs Observe after taking the lock we just released.
-  watcher->OnEvent(event);
 }
 
-void GroupTracker::RemoveWatcher(GroupWatcher* watcher) {
+void GroupTracker::RemoveWatcher(const std::shared_ptr<GroupWatcher>& watcher) {
   absl::MutexLock lock(&mu_);
   watchers_.erase(watcher);
 }
@@ -419,7 +425,6 @@ v1::JoinResponse GroupTracker::ResponseFor(const std::string& name) {
 
 void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
   std::vector<std::pair<JoinDone, absl::StatusOr<v1::JoinResponse>>> settled;
-  std::vector<GroupWatcher*> watchers;
   v1::GroupEvent event;
   std::vector<Op> removals;
   bool evicted = false;
@@ -434,7 +439,9 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
       event.set_detail(latest_.change_detail());
       *event.mutable_group() = latest_.view();
       event.mutable_group()->set_store(store_name_);
-      watchers.assign(watchers_.begin(), watchers_.end());
+      Log()->info("[group {}] version {} {}: {}", group_, event.group().version(),
+                  event.kind(), event.detail());
+      for (const std::shared_ptr<GroupWatcher>& watcher : watchers_) watcher->OnEvent(event);
       // This daemon forgets its own members before recording their removal, so a local
       // member absent from a new version was removed by another daemon: evicted.
       for (auto it = local_.begin(); it != local_.end();) {
@@ -479,11 +486,6 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
       it = pending_joins_.erase(it);
     }
     for (Op& op : removals) ops_.push_back(std::move(op));
-  }
-  if (!event.kind().empty()) {
-    Log()->info("[group {}] version {} {}: {}", group_, event.group().version(), event.kind(),
-                event.detail());
-    for (GroupWatcher* watcher : watchers) watcher->OnEvent(event);
   }
   for (auto& [done, result] : settled) done(std::move(result));
   if (evicted && on_evicted_) on_evicted_();
@@ -544,8 +546,13 @@ void GroupTracker::CheckHeartbeats() {
       if (!got.ok()) return;
       value = *std::move(got);
     }
-    auto [it, inserted] = heartbeats_.try_emplace(node, value, now);
-    if (!inserted && it->second.first != value) it->second = {value, now};
+    absl::Time changed;
+    {
+      absl::MutexLock lock(&mu_);
+      auto [it, inserted] = heartbeats_.try_emplace(node, value, now);
+      if (!inserted && it->second.first != value) it->second = {value, now};
+      changed = it->second.second;
+    }
     const uint64_t alive = IncarnationOf(value);
     std::string why;
     std::function<bool(const v1::Member&)> remove;
@@ -554,11 +561,12 @@ void GroupTracker::CheckHeartbeats() {
       remove = [node = node, alive](const v1::Member& m) {
         return m.node() == node && m.incarnation() != alive;
       };
-    } else if (now - it->second.second > options_.heartbeat_timeout) {
+    } else if (now - changed > options_.heartbeat_timeout) {
       why = absl::StrCat("node ", node, " sent no heartbeat for ",
-                         absl::FormatDuration(now - it->second.second));
+                         absl::FormatDuration(absl::Trunc(now - changed, absl::Milliseconds(1))));
       remove = [node = node](const v1::Member& m) { return m.node() == node; };
-      it->second.second = now;  // one eviction attempt per window
+      absl::MutexLock lock(&mu_);
+      heartbeats_[node].second = now;  // one eviction attempt per window
     } else {
       continue;
     }

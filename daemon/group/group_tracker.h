@@ -45,8 +45,9 @@ struct Node {
   int64_t device_count = 0;
 };
 
-// Receives a group's versions in order. Called on the tracker's worker thread, or on the
-// thread calling AddWatcher for the first SNAPSHOT; never with the tracker's lock held.
+// Receives a group's versions in order. Called with the tracker's lock held (that is what
+// keeps the order), on the worker thread or, for the first SNAPSHOT, in AddWatcher: it must
+// only queue the event, never block or call back into the tracker.
 class GroupWatcher {
  public:
   virtual ~GroupWatcher() = default;
@@ -88,9 +89,11 @@ class GroupTracker {
   void Shutdown();
 
   v1::GroupView View();
+  // Other nodes of the group and when this daemon last saw their heartbeat change.
+  std::map<std::string, absl::Time> PeerHeartbeats();
   // Sends `watcher` a SNAPSHOT, then every later version until RemoveWatcher.
-  void AddWatcher(GroupWatcher* watcher);
-  void RemoveWatcher(GroupWatcher* watcher);
+  void AddWatcher(std::shared_ptr<GroupWatcher> watcher);
+  void RemoveWatcher(const std::shared_ptr<GroupWatcher>& watcher);
 
  private:
   struct LocalMember {
@@ -140,14 +143,14 @@ class GroupTracker {
   v1::GroupRecord latest_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, LocalMember> local_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingJoin> pending_joins_ ABSL_GUARDED_BY(mu_);
-  std::set<GroupWatcher*> watchers_ ABSL_GUARDED_BY(mu_);
+  std::set<std::shared_ptr<GroupWatcher>> watchers_ ABSL_GUARDED_BY(mu_);
   std::deque<Op> ops_ ABSL_GUARDED_BY(mu_);
   std::deque<absl::StatusOr<v1::GroupRecord>> arrived_ ABSL_GUARDED_BY(mu_);
   bool wait_armed_ ABSL_GUARDED_BY(mu_) = false;
   store::WaitId wait_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Other nodes' last heartbeat values and when this daemon saw them change.
-  std::map<std::string, std::pair<std::string, absl::Time>> heartbeats_;  // worker only
+  std::map<std::string, std::pair<std::string, absl::Time>> heartbeats_ ABSL_GUARDED_BY(mu_);
 
   std::thread worker_;
 };

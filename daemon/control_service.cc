@@ -1,0 +1,170 @@
+#include "daemon/control_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/grpc_status.h"
+#include "daemon/logging.h"
+#include "daemon/stream_reactor.h"
+
+namespace tpd {
+namespace {
+
+// Feeds a tracker's events into a watch stream.
+class WatchSink : public group::GroupWatcher {
+ public:
+  explicit WatchSink(std::shared_ptr<StreamSink<v1::GroupEvent>> sink) : sink_(std::move(sink)) {}
+  void OnEvent(const v1::GroupEvent& event) override { sink_->Send(event); }
+
+ private:
+  std::shared_ptr<StreamSink<v1::GroupEvent>> sink_;
+};
+
+const grpc::Status kShuttingDown(grpc::StatusCode::UNAVAILABLE, "the tpd daemon is shutting down");
+
+}  // namespace
+
+ControlService::ControlService(group::GroupManager* groups, CallStats* stats)
+    : groups_(groups), stats_(stats) {}
+
+void ControlService::CloseStreams() {
+  std::map<int64_t, std::function<void()>> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    streams = std::move(streams_);
+  }
+  for (auto& [id, close] : streams) close();
+}
+
+std::function<void(const absl::Status&)> ControlService::Later(
+    grpc::CallbackServerContext* context, grpc::ServerUnaryReactor** reactor,
+    const char* method) {
+  *reactor = context->DefaultReactor();
+  grpc::ServerUnaryReactor* r = *reactor;
+  return [r, method, stats = stats_](const absl::Status& status) {
+    stats->Record(method, status);
+    r->Finish(ToGrpcStatus(status));
+  };
+}
+
+grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
+    grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request) {
+  auto sink = std::make_shared<StreamSink<v1::SessionEvent>>();
+  const std::string client =
+      request->client().empty() ? context->peer() : request->client();
+  const std::string id = groups_->OpenSession(client);
+  int64_t stream;
+  bool closed;
+  {
+    absl::MutexLock lock(&mu_);
+    closed = closed_;
+    stream = next_stream_++;
+    if (!closed) streams_[stream] = [sink] { sink->Close(kShuttingDown); };
+  }
+  group::GroupManager* groups = groups_;
+  auto* reactor = new StreamReactor<v1::SessionEvent>(
+      sink, [groups, id] { groups->EndSession(id); },
+      [this, groups, id, stream, client] {
+        groups->EndSession(id);
+        DaemonLog().info("[session {}] ended ({})", id, client);
+        absl::MutexLock lock(&mu_);
+        streams_.erase(stream);
+      });
+  DaemonLog().info("[session {}] opened by {}", id, client);
+  v1::SessionEvent event;
+  event.set_session_id(id);
+  sink->Send(std::move(event));
+  if (closed) sink->Close(kShuttingDown);
+  stats_->Record("OpenSession", absl::OkStatus());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControlService::Join(grpc::CallbackServerContext* context,
+                                               const v1::JoinRequest* request,
+                                               v1::JoinResponse* response) {
+  grpc::ServerUnaryReactor* reactor;
+  auto finish = Later(context, &reactor, "Join");
+  groups_->Join(*request, [finish, response](absl::StatusOr<v1::JoinResponse> result) {
+    if (result.ok()) *response = *std::move(result);
+    finish(result.status());
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControlService::Leave(grpc::CallbackServerContext* context,
+                                                const v1::LeaveRequest* request,
+                                                v1::LeaveResponse* response) {
+  grpc::ServerUnaryReactor* reactor;
+  auto finish = Later(context, &reactor, "Leave");
+  groups_->Leave(*request, [finish, response](absl::StatusOr<int64_t> version) {
+    if (version.ok()) response->set_version(*version);
+    finish(version.status());
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControlService::Barrier(grpc::CallbackServerContext* context,
+                                                  const v1::BarrierRequest* request,
+                                                  v1::BarrierResponse*) {
+  grpc::ServerUnaryReactor* reactor;
+  auto finish = Later(context, &reactor, "Barrier");
+  groups_->Barrier(*request, [finish](absl::Status status) { finish(status); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControlService::GetGroup(grpc::CallbackServerContext* context,
+                                                   const v1::GetGroupRequest* request,
+                                                   v1::GroupView* response) {
+  grpc::ServerUnaryReactor* reactor;
+  auto finish = Later(context, &reactor, "GetGroup");
+  absl::StatusOr<v1::GroupView> view = groups_->GetGroup(request->group(), request->init_method());
+  if (view.ok()) *response = *std::move(view);
+  finish(view.status());
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::GroupEvent>* ControlService::WatchGroup(
+    grpc::CallbackServerContext* context, const v1::WatchGroupRequest* request) {
+  auto sink = std::make_shared<StreamSink<v1::GroupEvent>>();
+  absl::StatusOr<group::GroupTracker*> tracker =
+      groups_->Tracker(request->group(), request->init_method());
+  std::shared_ptr<group::GroupWatcher> watcher;
+  int64_t stream = -1;
+  bool closed = false;
+  if (tracker.ok()) {
+    watcher = std::make_shared<WatchSink>(sink);
+    absl::MutexLock lock(&mu_);
+    closed = closed_;
+    stream = next_stream_++;
+    if (!closed) streams_[stream] = [sink] { sink->Close(kShuttingDown); };
+  }
+  auto* reactor = new StreamReactor<v1::GroupEvent>(
+      sink, nullptr, [this, tracker, watcher, stream] {
+        if (watcher != nullptr) (*tracker)->RemoveWatcher(watcher);
+        absl::MutexLock lock(&mu_);
+        streams_.erase(stream);
+      });
+  stats_->Record("WatchGroup", tracker.status());
+  if (!tracker.ok()) {
+    sink->Close(ToGrpcStatus(tracker.status()));
+  } else if (closed) {
+    sink->Close(kShuttingDown);
+  } else {
+    (*tracker)->AddWatcher(watcher);
+  }
+  (void)context;
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControlService::ListGroups(grpc::CallbackServerContext* context,
+                                                     const v1::ListGroupsRequest*,
+                                                     v1::ListGroupsResponse* response) {
+  grpc::ServerUnaryReactor* reactor;
+  auto finish = Later(context, &reactor, "ListGroups");
+  for (v1::GroupView& view : groups_->ListGroups()) *response->add_groups() = std::move(view);
+  finish(absl::OkStatus());
+  return reactor;
+}
+
+}  // namespace tpd

@@ -1,0 +1,68 @@
+// tpd.v1.Control: sessions, Join/Leave/Barrier and group views for local clients, over the
+// GroupManager. Streams (sessions, watches) are tracked so shutdown can end them at once.
+//
+// Thread safety: thread-safe; gRPC calls the handlers from its own threads.
+
+#ifndef TPD_DAEMON_CONTROL_SERVICE_H_
+#define TPD_DAEMON_CONTROL_SERVICE_H_
+
+#include <functional>
+#include <memory>
+#include <set>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/call_stats.h"
+#include "daemon/group/group_manager.h"
+#include "proto/control.grpc.pb.h"
+
+namespace tpd {
+
+class ControlService final : public v1::Control::CallbackService {
+ public:
+  // `groups` and `stats` must outlive the service.
+  ControlService(group::GroupManager* groups, CallStats* stats);
+
+  // Ends every open session and watch stream with UNAVAILABLE (daemon shutdown), so no
+  // stream holds the drain of in-flight calls for the whole grace period.
+  void CloseStreams();
+
+  grpc::ServerWriteReactor<v1::SessionEvent>* OpenSession(
+      grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request) override;
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* response) override;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* context,
+                                    const v1::BarrierRequest* request,
+                                    v1::BarrierResponse* response) override;
+  grpc::ServerUnaryReactor* GetGroup(grpc::CallbackServerContext* context,
+                                     const v1::GetGroupRequest* request,
+                                     v1::GroupView* response) override;
+  grpc::ServerWriteReactor<v1::GroupEvent>* WatchGroup(
+      grpc::CallbackServerContext* context, const v1::WatchGroupRequest* request) override;
+  grpc::ServerUnaryReactor* ListGroups(grpc::CallbackServerContext* context,
+                                       const v1::ListGroupsRequest* request,
+                                       v1::ListGroupsResponse* response) override;
+
+ private:
+  // Starts a unary call answered later; the returned function finishes it once.
+  std::function<void(const absl::Status&)> Later(grpc::CallbackServerContext* context,
+                                                 grpc::ServerUnaryReactor** reactor,
+                                                 const char* method);
+
+  group::GroupManager* const groups_;
+  CallStats* const stats_;
+
+  absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  // Closers of the open streams.
+  std::map<int64_t, std::function<void()>> streams_ ABSL_GUARDED_BY(mu_);
+  int64_t next_stream_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tpd
+
+#endif  // TPD_DAEMON_CONTROL_SERVICE_H_

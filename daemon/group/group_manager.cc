@@ -1,0 +1,315 @@
+#include "daemon/group/group_manager.h"
+
+#include <unistd.h>
+
+#include <random>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "store/file/file_store.h"
+#include "store/remote/remote_store.h"
+
+namespace tpd::group {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  std::shared_ptr<spdlog::logger> logger = spdlog::get("daemon");
+  return logger != nullptr ? logger : spdlog::default_logger();
+}
+
+uint64_t NewIncarnation() {
+  absl::BitGen gen;
+  return absl::Uniform<uint64_t>(gen, 1, UINT64_MAX);
+}
+
+std::string HostPort(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                             : absl::StrCat(host, ":", port);
+}
+
+// True when host:port names this daemon's own peer port.
+bool IsSelf(const std::string& host, int port, const std::string& peer_address) {
+  const size_t colon = peer_address.rfind(':');
+  if (colon == std::string::npos || peer_address.substr(colon + 1) != absl::StrCat(port)) {
+    return false;
+  }
+  std::string own = peer_address.substr(0, colon);
+  if (own.size() >= 2 && own.front() == '[') own = own.substr(1, own.size() - 2);
+  char hostname[256] = {};
+  gethostname(hostname, sizeof(hostname) - 1);
+  return host == own || host == "localhost" || host == "127.0.0.1" || host == "::1" ||
+         host == hostname || own == "0.0.0.0" || own == "::";
+}
+
+}  // namespace
+
+GroupManager::GroupManager(GroupManagerOptions options, store::Store* local_store)
+    : options_(std::move(options)), local_store_(local_store) {
+  node_.name = options_.node_name;
+  node_.device_count = options_.device_count;
+  node_.incarnation = NewIncarnation();
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+GroupManager::~GroupManager() { Shutdown(); }
+
+void GroupManager::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    sessions_.clear();
+  }
+  std::vector<GroupTracker*> live;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, tracker] : trackers_) live.push_back(tracker.get());
+  }
+  // Trackers stay allocated until the destructor: streams still closing may refer to them.
+  for (GroupTracker* tracker : live) tracker->Shutdown();
+  stop_heartbeat_.Notify();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void GroupManager::Reincarnate() {
+  const uint64_t incarnation = NewIncarnation();
+  node_.incarnation = incarnation;
+  Log()->warn("[node {}] evicted from a group: taking new incarnation {}", node_.name,
+              incarnation);
+}
+
+void GroupManager::HeartbeatLoop() {
+  int64_t counter = 0;
+  while (!stop_heartbeat_.WaitForNotificationWithTimeout(options_.tracker.heartbeat_interval)) {
+    std::vector<store::Store*> stores;
+    {
+      absl::MutexLock lock(&mu_);
+      stores.push_back(local_store_);
+      for (const auto& [name, store] : stores_) stores.push_back(store.get());
+    }
+    const std::string value = absl::StrCat(node_.incarnation.load(), ":", ++counter);
+    for (store::Store* store : stores) {
+      (void)store->Set(absl::StrCat("tpd/node/", node_.name), value);
+    }
+  }
+}
+
+std::string GroupManager::OpenSession(const std::string& client) {
+  absl::BitGen gen;
+  const std::string id = absl::StrCat(absl::Hex(absl::Uniform<uint64_t>(gen)),
+                                      absl::Hex(absl::Uniform<uint64_t>(gen)));
+  absl::MutexLock lock(&mu_);
+  sessions_[id] = client;
+  return id;
+}
+
+void GroupManager::EndSession(const std::string& session_id) {
+  std::vector<GroupTracker*> trackers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (sessions_.erase(session_id) == 0) return;
+    for (auto& [key, tracker] : trackers_) trackers.push_back(tracker.get());
+  }
+  for (GroupTracker* tracker : trackers) tracker->EndSession(session_id);
+}
+
+absl::Status GroupManager::CheckSession(const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("the tpd daemon is shutting down");
+  if (sessions_.count(session_id) == 0) {
+    return absl::FailedPreconditionError(
+        "unknown or ended session: open one with Control.OpenSession and keep its stream open");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GroupManager::Rendezvous> GroupManager::StoreFor(
+    const store::InitMethod& init_method) {
+  const store::InitMethod* method = &init_method;
+  std::string name;
+  switch (method->scheme) {
+    case store::InitMethodScheme::kTcp:
+    case store::InitMethodScheme::kEnv:
+      name = absl::StrCat("tcp://", HostPort(method->host, method->port));
+      if (IsSelf(method->host, method->port, options_.peer_address)) {
+        return Rendezvous{name, local_store_};
+      }
+      break;
+    case store::InitMethodScheme::kFile:
+      name = absl::StrCat("file://", method->path);
+      break;
+    case store::InitMethodScheme::kEtcd:
+      return absl::UnimplementedError(
+          "etcd:// rendezvous is not available in this tpd release; use tcp://, env:// or "
+          "file://");
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = stores_.find(name);
+  if (it != stores_.end()) return Rendezvous{name, it->second.get()};
+  std::unique_ptr<store::Store> store;
+  if (method->scheme == store::InitMethodScheme::kFile) {
+    absl::StatusOr<std::unique_ptr<store::FileStore>> file = store::FileStore::Open(method->path);
+    if (!file.ok()) return file.status();
+    store = *std::move(file);
+  } else {
+    store::RemoteStoreOptions remote;
+    remote.token = options_.peer_token;
+    store = std::make_unique<store::RemoteStore>(HostPort(method->host, method->port), remote);
+  }
+  store::Store* raw = store.get();
+  stores_[name] = std::move(store);
+  return Rendezvous{name, raw};
+}
+
+absl::StatusOr<GroupTracker*> GroupManager::TrackerFor(const std::string& group,
+                                                       const Rendezvous& rdzv) {
+  if (shut_down_) return absl::UnavailableError("the tpd daemon is shutting down");
+  auto known = tracker_store_.find(group);
+  if (known != tracker_store_.end() && known->second != rdzv.store_name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group ", group, " is already in use on this daemon through ", known->second,
+        "; name groups in ", rdzv.store_name, " differently"));
+  }
+  std::unique_ptr<GroupTracker>& tracker = trackers_[group];
+  if (tracker == nullptr) {
+    tracker = std::make_unique<GroupTracker>(group, rdzv.store_name, rdzv.store, &node_,
+                                             options_.tracker, [this] { Reincarnate(); });
+    tracker_store_[group] = rdzv.store_name;
+  }
+  return tracker.get();
+}
+
+absl::StatusOr<GroupTracker*> GroupManager::Tracker(const std::string& group,
+                                                    const std::string& init_method) {
+  const std::string name = group.empty() ? "default" : group;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = trackers_.find(name);
+    if (it != trackers_.end()) return it->second.get();
+  }
+  if (init_method.empty()) {
+    return absl::NotFoundError(absl::StrCat("this daemon does not know group ", name,
+                                            "; give its init_method to look it up"));
+  }
+  absl::StatusOr<store::InitMethod> method =
+      store::ParseInitMethod(init_method, std::nullopt, std::nullopt, {});
+  if (!method.ok()) return method.status();
+  absl::StatusOr<Rendezvous> rdzv = StoreFor(*method);
+  if (!rdzv.ok()) return rdzv.status();
+  absl::MutexLock lock(&mu_);
+  return TrackerFor(name, *rdzv);
+}
+
+void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone done) {
+  if (absl::Status status = CheckSession(request.session_id()); !status.ok()) {
+    done(status);
+    return;
+  }
+  absl::StatusOr<store::InitMethod> method = store::ParseInitMethod(
+      request.init_method(),
+      request.has_rank() ? std::optional<int64_t>(request.rank()) : std::nullopt,
+      request.has_world_size() ? std::optional<int64_t>(request.world_size()) : std::nullopt,
+      {request.env().begin(), request.env().end()});
+  if (!method.ok()) {
+    done(method.status());
+    return;
+  }
+  if (request.name().empty()) {
+    done(absl::InvalidArgumentError("Join needs a worker name"));
+    return;
+  }
+  absl::StatusOr<Rendezvous> rdzv = StoreFor(*method);
+  if (!rdzv.ok()) {
+    done(rdzv.status());
+    return;
+  }
+  absl::StatusOr<GroupTracker*> tracker;
+  {
+    absl::MutexLock lock(&mu_);
+    tracker = TrackerFor(request.group().empty() ? "default" : request.group(), *rdzv);
+  }
+  if (!tracker.ok()) {
+    done(tracker.status());
+    return;
+  }
+  JoinSpec spec;
+  spec.name = request.name();
+  spec.rank = method->rank;
+  spec.world_size = method->world_size;
+  spec.options = request.options();
+  const absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
+                                                          : options_.default_join_timeout;
+  (*tracker)->Join(std::move(spec), request.session_id(), absl::Now() + timeout,
+                   std::move(done));
+}
+
+void GroupManager::Leave(const v1::LeaveRequest& request,
+                         absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) {
+  if (absl::Status status = CheckSession(request.session_id()); !status.ok()) {
+    done(status);
+    return;
+  }
+  absl::StatusOr<GroupTracker*> tracker = Tracker(request.group(), "");
+  if (!tracker.ok()) {
+    done(tracker.status());
+    return;
+  }
+  (*tracker)->Leave(request.session_id(), request.name(), std::move(done));
+}
+
+void GroupManager::Barrier(const v1::BarrierRequest& request, GroupTracker::Done done) {
+  if (absl::Status status = CheckSession(request.session_id()); !status.ok()) {
+    done(status);
+    return;
+  }
+  absl::StatusOr<GroupTracker*> tracker = Tracker(request.group(), "");
+  if (!tracker.ok()) {
+    done(tracker.status());
+    return;
+  }
+  const absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
+                                                          : options_.default_join_timeout;
+  (*tracker)->Barrier(request.session_id(), request.name(), absl::Now() + timeout,
+                      std::move(done));
+}
+
+absl::StatusOr<v1::GroupView> GroupManager::GetGroup(const std::string& group,
+                                                     const std::string& init_method) {
+  absl::StatusOr<GroupTracker*> tracker = Tracker(group, init_method);
+  if (!tracker.ok()) return tracker.status();
+  return (*tracker)->View();
+}
+
+std::vector<v1::GroupView> GroupManager::ListGroups() {
+  std::vector<GroupTracker*> trackers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, tracker] : trackers_) trackers.push_back(tracker.get());
+  }
+  std::vector<v1::GroupView> views;
+  for (GroupTracker* tracker : trackers) views.push_back(tracker->View());
+  return views;
+}
+
+}  // namespace tpd::group
+
+namespace tpd::group {
+
+std::map<std::string, absl::Time> GroupManager::PeerHeartbeats() {
+  std::vector<GroupTracker*> trackers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, tracker] : trackers_) trackers.push_back(tracker.get());
+  }
+  std::map<std::string, absl::Time> peers;
+  for (GroupTracker* tracker : trackers) {
+    for (const auto& [node, seen] : tracker->PeerHeartbeats()) {
+      peers[node] = std::max(peers[node], seen);
+    }
+  }
+  return peers;
+}
+
+}  // namespace tpd::group
