@@ -86,7 +86,8 @@ void GroupManager::HeartbeatLoop() {
     std::vector<store::Store*> stores;
     {
       absl::MutexLock lock(&mu_);
-      stores.push_back(local_store_);
+      // The own store carries heartbeats only when peers can read it (there is a peer port).
+      if (!options_.peer_address.empty()) stores.push_back(local_store_);
       for (const auto& [name, store] : stores_) stores.push_back(store.get());
     }
     const std::string value = absl::StrCat(node_.incarnation.load(), ":", ++counter);

@@ -129,6 +129,7 @@ void GroupTracker::EndSession(const std::string& session_id) {
   std::set<std::string> names;
   {
     absl::MutexLock lock(&mu_);
+    ended_sessions_.insert(session_id);
     for (const auto& [name, member] : local_) {
       if (member.session_id == session_id) names.insert(name);
     }
@@ -216,6 +217,7 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
 
 v1::GroupView GroupTracker::View() {
   absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&loaded_), absl::Seconds(30));
   v1::GroupView view = latest_.view();
   view.set_store(store_name_);
   return view;
@@ -232,6 +234,8 @@ void GroupTracker::AddWatcher(std::shared_ptr<GroupWatcher> watcher) {
   v1::GroupEvent event;
   {
     absl::MutexLock lock(&mu_);
+    // A snapshot taken before the first read would show an empty group and then jump.
+    mu_.AwaitWithTimeout(absl::Condition(&loaded_), absl::Seconds(30));
     watchers_.insert(watcher);
     event.set_kind("SNAPSHOT");
     *event.mutable_group() = latest_.view();
@@ -271,6 +275,13 @@ void GroupTracker::WorkerLoop() {
   // Learn the group's current state first, so joins apply to the newest version.
   if (absl::StatusOr<v1::GroupRecord> latest = log_.Latest(); latest.ok()) {
     Observe(*std::move(latest), /*snapshot=*/true);
+  } else {
+    Log()->warn("[group {}] [store {}] cannot read the group: {}", group_, store_name_,
+                latest.status().ToString());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    loaded_ = true;
   }
   absl::Time next_tick = absl::Now();
   while (true) {
@@ -376,10 +387,9 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     if (!appended.ok() || (!*appended && attempt >= 100)) {
       const absl::Status error =
           !appended.ok()
-              ? absl::UnavailableError(absl::StrCat("group ", group_,
-                                                    ": cannot update the rendezvous store ",
-                                                    store_name_, ": ",
-                                                    appended.status().message()))
+              ? absl::Status(appended.status().code(),
+                             absl::StrCat("group ", group_, ": cannot update the rendezvous store ",
+                                          store_name_, ": ", appended.status().message()))
               : absl::AbortedError(absl::StrCat("group ", group_, ": lost the race for a new ",
                                                 "version 100 times; retry"));
       for (Op& op : ops) {
@@ -401,9 +411,22 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
       for (size_t i = 0; i < ops.size(); ++i) {
         if (!ops[i].join) continue;
         if (!results[i].ok()) continue;
-        local_[ops[i].join->name] = LocalMember{ops[i].session_id, 0};
-        pending_joins_.push_back({ops[i].join->name, ops[i].deadline,
-                                  std::move(ops[i].join_done)});
+        const std::string& name = ops[i].join->name;
+        if (ended_sessions_.count(ops[i].session_id) > 0) {
+          // Its client went away while the join was being recorded: undo it.
+          results[i] = absl::CancelledError("the client's session ended during the join");
+          Op undo;
+          undo.remove = [name, node = node_->name](const v1::Member& m) {
+            return m.name() == name && m.node() == node;
+          };
+          undo.change = "LEFT";
+          undo.why = "its client's session ended (process exited or disconnected)";
+          undo.remove_done = [](absl::StatusOr<int64_t>) {};
+          ops_.push_back(std::move(undo));
+          continue;
+        }
+        local_[name] = LocalMember{ops[i].session_id, 0};
+        pending_joins_.push_back({name, ops[i].deadline, std::move(ops[i].join_done)});
       }
     }
     Observe(std::move(next), /*snapshot=*/false);

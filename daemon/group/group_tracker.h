@@ -142,6 +142,9 @@ class GroupTracker {
   absl::Mutex mu_;
   v1::GroupRecord latest_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, LocalMember> local_ ABSL_GUARDED_BY(mu_);
+  // Sessions that ended: a join of theirs still in flight is undone once it lands. Grows by
+  // one id per ended session that used this group.
+  std::set<std::string> ended_sessions_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingJoin> pending_joins_ ABSL_GUARDED_BY(mu_);
   std::set<std::shared_ptr<GroupWatcher>> watchers_ ABSL_GUARDED_BY(mu_);
   std::deque<Op> ops_ ABSL_GUARDED_BY(mu_);
@@ -149,6 +152,8 @@ class GroupTracker {
   bool wait_armed_ ABSL_GUARDED_BY(mu_) = false;
   store::WaitId wait_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The worker has read the group's newest version once; views and snapshots wait for it.
+  bool loaded_ ABSL_GUARDED_BY(mu_) = false;
   // Other nodes' last heartbeat values and when this daemon saw them change.
   std::map<std::string, std::pair<std::string, absl::Time>> heartbeats_ ABSL_GUARDED_BY(mu_);
 

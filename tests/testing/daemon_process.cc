@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 
 namespace tpd::testing {
 namespace {
@@ -112,7 +114,11 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
 
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
-    if (Accepts(socket_path)) return daemon;
+    // "serving" is logged once the socket has its final mode and health says SERVING;
+    // accepting connections alone comes a moment earlier.
+    if (Accepts(socket_path) && daemon->Output().find(" serving (pid") != std::string::npos) {
+      return daemon;
+    }
     if (std::optional<int> code = daemon->WaitExit(absl::ZeroDuration())) {
       return absl::FailedPreconditionError(
           absl::StrCat("tpd exited with code ", *code, ": ", daemon->Output()));
@@ -124,6 +130,11 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
 }
 
 DaemonProcess::~DaemonProcess() {
+  // A failed test shows what its daemons said: the first thing anyone debugging it needs.
+  if (::testing::Test::HasFailure()) {
+    std::fprintf(stderr, "---- tpd pid %d output ----\n%s---- end of pid %d ----\n", pid_,
+                 Output().c_str(), pid_);
+  }
   if (!reaped_) {
     kill(pid_, SIGKILL);
     Reap(pid_, absl::Seconds(5));

@@ -1,0 +1,437 @@
+// Groups across real daemons: three tpd processes on loopback ("nodes" a, b, c), each with its
+// own socket and peer port; daemon a serves the groups' store (tcp:// and env:// name its
+// peer port). Clients are tpd::Client sessions in this process, or tpctl processes where a
+// client must die.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_process.h"
+
+namespace tpd {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::DaemonProcess;
+using testing::RunfilePath;
+using testing::TempDir;
+
+constexpr int kNodes = 3;
+
+class GroupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int i = 0; i < kNodes; ++i) StartNode(i);
+    init_method_ = absl::StrCat("tcp://", peer_[0]);
+  }
+
+  // Starts node i ("node-a", ...) on a fresh socket; a restart keeps its name.
+  void StartNode(int i) {
+    const std::string name = absl::StrCat("node-", std::string(1, static_cast<char>('a' + i)));
+    socket_[i] = absl::StrCat(dir_.path(), "/", name, ".sock");
+    // Node a's peer port must stay the same across its restarts: it hosts the store.
+    const std::string listen = peer_[i].empty() ? "127.0.0.1:0" : peer_[i];
+    const std::string config = dir_.WriteFile(
+        absl::StrCat(name, ".toml"),
+        absl::StrCat("[peer]\nlisten_address = \"", listen, "\"\ntoken = \"secret\"\n",
+                     "node_name = \"", name, "\"\nheartbeat_interval_ms = 100\n",
+                     "heartbeat_timeout_ms = 1000\n[group]\ncuda_device_count = 2\n",
+                     "[daemon]\nshutdown_grace_ms = 600000\n"));
+    auto daemon = DaemonProcess::Start(socket_[i], {"--config", config});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_[i] = *std::move(daemon);
+    auto client = Client::Connect(socket_[i]);
+    ASSERT_TRUE(client.ok()) << client.status();
+    peer_[i] = (*client)->Status()->peer_address();
+  }
+
+  std::unique_ptr<Client> Connect(int node) {
+    auto client = Client::Connect(socket_[node]);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  JoinOptions Options(const std::string& group, int rank, std::optional<int64_t> world_size) {
+    JoinOptions options;
+    options.group = group;
+    options.name = absl::StrCat("w", rank);
+    options.rank = rank;
+    options.world_size = world_size;
+    options.init_method = init_method_;
+    options.timeout = absl::Seconds(60);
+    return options;
+  }
+
+  // Joins ranks 0..world_size-1 of a static group, rank r through node r % kNodes, each from
+  // its own client (session) and thread. Returns each rank's result.
+  std::vector<absl::StatusOr<v1::JoinResponse>> JoinStatic(
+      const std::string& group, int world_size,
+      std::function<void(int, JoinOptions*)> customize = nullptr) {
+    std::vector<absl::StatusOr<v1::JoinResponse>> results(world_size,
+                                                          absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world_size; ++r) {
+      clients_.push_back(Connect(r % kNodes));
+      Client* client = clients_.back().get();
+      JoinOptions options = Options(group, r, world_size);
+      if (customize) customize(r, &options);
+      threads.emplace_back([&results, r, client, options] { results[r] = client->Join(options); });
+    }
+    for (std::thread& thread : threads) thread.join();
+    return results;
+  }
+
+  TempDir dir_;
+  std::string socket_[kNodes];
+  std::string peer_[kNodes];
+  std::unique_ptr<DaemonProcess> daemon_[kNodes];
+  std::string init_method_;
+  std::vector<std::unique_ptr<Client>> clients_;
+};
+
+void ExpectFormed(const std::vector<absl::StatusOr<v1::JoinResponse>>& results, int world_size) {
+  ASSERT_EQ(results.size(), world_size);
+  std::set<std::string> nodes;
+  for (int r = 0; r < world_size; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    const v1::GroupView& view = results[r]->group();
+    EXPECT_EQ(results[r]->rank(), r);
+    EXPECT_EQ(view.phase(), "FORMED");
+    EXPECT_EQ(view.members_size(), world_size);
+    // Every rank sees the very same formed version.
+    EXPECT_EQ(view.version(), results[0]->group().version());
+    for (const v1::Member& member : view.members()) nodes.insert(member.node());
+  }
+  EXPECT_EQ(nodes.size(), kNodes) << "members should span every daemon";
+}
+
+TEST_F(GroupTest, StaticGroupOfEightFormsOverThreeDaemonsViaTcp) {
+  ExpectFormed(JoinStatic("tcp8", 8), 8);
+}
+
+TEST_F(GroupTest, StaticGroupOfEightFormsOverThreeDaemonsViaEnv) {
+  auto results = JoinStatic("env8", 8, [this](int r, JoinOptions* options) {
+    const size_t colon = peer_[0].rfind(':');
+    options->init_method = "env://";
+    options->rank.reset();
+    options->world_size.reset();
+    options->env = {{"MASTER_ADDR", peer_[0].substr(0, colon)},
+                    {"MASTER_PORT", peer_[0].substr(colon + 1)},
+                    {"RANK", absl::StrCat(r)},
+                    {"WORLD_SIZE", "8"}};
+  });
+  ExpectFormed(results, 8);
+}
+
+TEST_F(GroupTest, StaticGroupOfEightFormsOverThreeDaemonsViaFile) {
+  const std::string path = absl::StrCat(dir_.path(), "/rendezvous");
+  auto results = JoinStatic("file8", 8, [&path](int, JoinOptions* options) {
+    options->init_method = absl::StrCat("file://", path);
+  });
+  ExpectFormed(results, 8);
+  EXPECT_EQ(results[0]->group().store(), absl::StrCat("file://", path));
+}
+
+TEST_F(GroupTest, NegotiatedDeviceMapsAndReverseMapsReachEveryMember) {
+  auto results = JoinStatic("maps", 3, [](int r, JoinOptions* options) {
+    (*(*options->options.mutable_device_maps())[absl::StrCat("w", (r + 1) % 3)]
+          .mutable_devices())["cuda:0"] = "cuda:1";
+  });
+  ExpectFormed(results, 3);
+  for (const v1::NegotiatedMember& member : results[0]->group().negotiated()) {
+    if (member.name() != "w1") continue;
+    ASSERT_EQ(member.reverse_device_maps().count("w0"), 1);
+    EXPECT_EQ(member.reverse_device_maps().at("w0").devices().at("cuda:1"), "cuda:0");
+  }
+}
+
+TEST_F(GroupTest, InvalidDeviceMapFailsEveryJoinNamingTheNode) {
+  auto results = JoinStatic("badmap", 3, [](int r, JoinOptions* options) {
+    if (r == 2) (*(*options->options.mutable_device_maps())["w9"].mutable_devices())["0"] = "1";
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(results[r].status().code(), absl::StatusCode::kInvalidArgument) << r;
+    EXPECT_THAT(results[r].status().message(), HasSubstr("Node w2 has invalid target node names"));
+  }
+}
+
+TEST_F(GroupTest, TargetIndexBeyondDeviceCountIsRefusedAtJoin) {
+  auto client = Connect(1);
+  JoinOptions first = Options("dyn-maps", 0, std::nullopt);
+  ASSERT_TRUE(client->Join(first).ok());
+  JoinOptions bad = Options("dyn-maps", 1, std::nullopt);
+  (*(*bad.options.mutable_device_maps())["w0"].mutable_devices())["cuda:0"] = "cuda:7";
+  auto other = Connect(2);
+  absl::StatusOr<v1::JoinResponse> refused = other->Join(bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("w1"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("invalid indices"));
+  EXPECT_EQ(client->GetGroup("dyn-maps")->members_size(), 1);
+}
+
+TEST_F(GroupTest, BadInitMethodsAnswerPyTorchsMessages) {
+  auto client = Connect(0);
+  struct Case {
+    std::string url;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"foo://x:1", "No rendezvous handler for foo://"},
+           {"tcp://127.0.0.1", "port number missing"},
+           {"env://", "environment variable MASTER_ADDR expected, but not set"},
+           {"file://", "path missing"},
+       }) {
+    JoinOptions options = Options("bad-url", 0, std::nullopt);
+    options.init_method = c.url;
+    options.env = {{"UNRELATED", "1"}};
+    absl::StatusOr<v1::JoinResponse> result = client->Join(options);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << c.url;
+    EXPECT_THAT(result.status().message(), HasSubstr(c.message)) << c.url;
+  }
+  JoinOptions no_rank = Options("bad-url", 0, 4);
+  no_rank.rank.reset();
+  no_rank.init_method = absl::StrCat(init_method_, "?world_size=4");
+  no_rank.world_size.reset();
+  EXPECT_THAT(client->Join(no_rank).status().message(), HasSubstr("rank parameter missing"));
+}
+
+TEST_F(GroupTest, StaticJoinTimesOutNamingMissingRanksAndFreesItsRank) {
+  auto client = Connect(1);
+  JoinOptions options = Options("partial", 1, 3);
+  options.timeout = absl::Milliseconds(300);
+  absl::StatusOr<v1::JoinResponse> result = client->Join(options);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(result.status().message(), HasSubstr("ranks [0, 2]"));
+  // The rank was released: the group is empty again.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (client->GetGroup("partial")->members_size() != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(client->GetGroup("partial")->members_size(), 0);
+}
+
+// Collects a watch stream's events on a thread.
+class Recorder {
+ public:
+  Recorder(Client* client, const std::string& group, const std::string& init_method)
+      : watch_(client->Watch(group, init_method)), thread_([this] {
+          v1::GroupEvent event;
+          while (watch_->Next(&event)) {
+            absl::MutexLock lock(&mu_);
+            events_.push_back(event);
+          }
+        }) {}
+  ~Recorder() {
+    watch_.reset();  // cancels the stream
+    thread_.join();
+  }
+  std::vector<v1::GroupEvent> events() {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+  // Waits until an event satisfies `pred`; false after `timeout`.
+  bool WaitFor(std::function<bool(const v1::GroupEvent&)> pred, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      for (const v1::GroupEvent& event : events()) {
+        if (pred(event)) return true;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::GroupEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<GroupWatch> watch_;
+  std::thread thread_;
+};
+
+TEST_F(GroupTest, DynamicChurnGivesEveryWatcherTheSameVersionSequence) {
+  auto watcher_a = Connect(0);
+  auto watcher_c = Connect(2);
+  Recorder on_a(watcher_a.get(), "churn", init_method_);
+  Recorder on_c(watcher_c.get(), "churn", init_method_);
+  // Six workers over three daemons join and leave repeatedly; w0 stays throughout.
+  auto anchor = Connect(0);
+  ASSERT_TRUE(anchor->Join(Options("churn", 0, std::nullopt)).ok());
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int w = 1; w <= 6; ++w) {
+    threads.emplace_back([&, w] {
+      auto client = Connect(w % kNodes);
+      JoinOptions options = Options("churn", w, std::nullopt);
+      options.rank.reset();  // ranks assigned by the group
+      for (int round = 0; round < 5; ++round) {
+        if (!client->Join(options).ok()) ++errors;
+        if (!client->Leave("churn", options.name).ok()) ++errors;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(errors.load(), 0);
+  // Node a learns the last departures by push: wait for its view to settle.
+  const absl::Time settle = absl::Now() + absl::Seconds(20);
+  v1::GroupView final_view = *anchor->GetGroup("churn");
+  while (final_view.members_size() != 1 && absl::Now() < settle) {
+    absl::SleepFor(absl::Milliseconds(5));
+    final_view = *anchor->GetGroup("churn");
+  }
+  ASSERT_EQ(final_view.members_size(), 1);
+  EXPECT_EQ(final_view.members(0).name(), "w0");
+  const int64_t last = final_view.version();
+  auto reached = [last](const v1::GroupEvent& e) { return e.group().version() >= last; };
+  ASSERT_TRUE(on_a.WaitFor(reached, absl::Seconds(20)));
+  ASSERT_TRUE(on_c.WaitFor(reached, absl::Seconds(20)));
+  // Both watchers: a snapshot, then every version once, in order, identical on both daemons.
+  std::map<int64_t, std::string> seen_a;
+  std::vector<v1::GroupEvent> a = on_a.events();
+  std::vector<v1::GroupEvent> c = on_c.events();
+  auto trace = [](const std::vector<v1::GroupEvent>& events) {
+    std::string out;
+    for (const v1::GroupEvent& e : events) absl::StrAppend(&out, e.group().version(), e.kind(), " ");
+    return out;
+  };
+  SCOPED_TRACE(absl::StrCat("a: ", trace(a), "\nc: ", trace(c)));
+  for (size_t i = 1; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].group().version(), a[i - 1].group().version() + 1) << "gap or reorder on a";
+    seen_a[a[i].group().version()] = a[i].group().SerializeAsString();
+  }
+  for (size_t i = 1; i < c.size(); ++i) {
+    EXPECT_EQ(c[i].group().version(), c[i - 1].group().version() + 1) << "gap or reorder on c";
+    auto it = seen_a.find(c[i].group().version());
+    if (it == seen_a.end()) continue;
+    // The same version carries the same members everywhere (store names differ by node
+    // only when a daemon serves the store itself; here both reach it over tcp or locally).
+    v1::GroupView on_c_view = c[i].group();
+    v1::GroupView on_a_view;
+    on_a_view.ParseFromString(it->second);
+    on_c_view.clear_store();
+    on_a_view.clear_store();
+    EXPECT_EQ(on_c_view.SerializeAsString(), on_a_view.SerializeAsString());
+  }
+}
+
+TEST_F(GroupTest, KilledClientLeavesAtOnceAndWatchersAreTold) {
+  auto watcher = Connect(0);
+  Recorder events(watcher.get(), "kill-client", init_method_);
+  const std::string tpctl = RunfilePath("client/tpctl");
+  int in[2];
+  ASSERT_EQ(pipe(in), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(in[0], STDIN_FILENO);
+    execl(tpctl.c_str(), tpctl.c_str(), "--socket", socket_[1].c_str(), "--init_method",
+          init_method_.c_str(), "--hold", "group", "join", "kill-client", "victim", nullptr);
+    _exit(127);
+  }
+  close(in[0]);
+  ASSERT_TRUE(events.WaitFor(
+      [](const v1::GroupEvent& e) { return e.kind() == "JOINED" && e.group().members_size() == 1; },
+      absl::Seconds(20)));
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(events.WaitFor(
+      [](const v1::GroupEvent& e) {
+        return e.kind() == "LEFT" && e.group().members_size() == 0 &&
+               e.detail().find("victim") != std::string::npos;
+      },
+      absl::Seconds(20)));
+  // Session end, not heartbeat eviction: the departure is recorded well within a second.
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(5));
+  close(in[1]);
+}
+
+TEST_F(GroupTest, KilledDaemonIsEvictedBreaksStaticGroupAndRejoinsAsNewIncarnation) {
+  ExpectFormed(JoinStatic("evict", 3), 3);
+  auto watcher = Connect(0);
+  Recorder events(watcher.get(), "evict", init_method_);
+  const uint64_t old_incarnation = Connect(2)->Status()->node().incarnation();
+  daemon_[2]->Signal(SIGKILL);
+  daemon_[2]->WaitExit(absl::Seconds(10));
+  ASSERT_TRUE(events.WaitFor([](const v1::GroupEvent& e) { return e.group().phase() == "BROKEN"; },
+                             absl::Seconds(20)));
+  v1::GroupView broken = *watcher->GetGroup("evict");
+  EXPECT_THAT(broken.reason(), HasSubstr("node-c"));
+  for (const v1::Member& member : broken.members()) EXPECT_NE(member.node(), "node-c");
+
+  // Restarted, node c is a new incarnation and joins a fresh dynamic group.
+  peer_[2].clear();
+  StartNode(2);
+  auto restarted = Connect(2);
+  EXPECT_NE(restarted->Status()->node().incarnation(), old_incarnation);
+  absl::StatusOr<v1::JoinResponse> rejoined =
+      restarted->Join(Options("after-restart", 0, std::nullopt));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ(rejoined->group().members(0).incarnation(), restarted->Status()->node().incarnation());
+}
+
+TEST_F(GroupTest, DynamicGroupSurvivesRankZeroLeaving) {
+  auto zero = Connect(0);
+  auto one = Connect(1);
+  ASSERT_TRUE(zero->Join(Options("no-special", 0, std::nullopt)).ok());
+  ASSERT_TRUE(one->Join(Options("no-special", 1, std::nullopt)).ok());
+  ASSERT_TRUE(zero->Leave("no-special", "w0").ok());
+  // Node b learns of the departure by push; wait for it rather than for a fixed time.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  v1::GroupView view = *one->GetGroup("no-special");
+  while (view.members_size() != 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+    view = *one->GetGroup("no-special");
+  }
+  ASSERT_EQ(view.members_size(), 1);
+  EXPECT_EQ(view.members(0).name(), "w1");
+  EXPECT_EQ(view.phase(), "DYNAMIC");
+}
+
+TEST_F(GroupTest, BarrierReleasesOnlyWhenEveryMemberArrived) {
+  ExpectFormed(JoinStatic("barrier", 3), 3);
+  std::atomic<int> released{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      if (clients_[r]->Barrier("barrier", absl::StrCat("w", r), absl::Seconds(30)).ok()) ++released;
+    });
+  }
+  // Two of three arrived: nobody may pass.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(released.load(), 0);
+  ASSERT_TRUE(clients_[2]->Barrier("barrier", "w2", absl::Seconds(30)).ok());
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(released.load(), 2);
+}
+
+TEST_F(GroupTest, StatusShowsGroupsMembersAndPeers) {
+  ExpectFormed(JoinStatic("status", 3), 3);
+  auto client = Connect(1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<v1::StatusResponse> status = client->Status();
+  while (status->peers_size() < 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+    status = client->Status();
+  }
+  EXPECT_EQ(status->node().name(), "node-b");
+  EXPECT_EQ(status->node().device_count(), 2);
+  ASSERT_EQ(status->groups_size(), 1);
+  EXPECT_EQ(status->groups(0).phase(), "FORMED");
+  EXPECT_EQ(status->groups(0).negotiated_size(), 3);
+  EXPECT_EQ(status->peers_size(), 2);
+}
+
+}  // namespace
+}  // namespace tpd
