@@ -230,8 +230,15 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
   StartBarrier barrier(world_size);
   std::vector<absl::Time> set_end(world_size), join_end(world_size);
   std::vector<absl::Status> set_status(world_size);
-  std::vector<absl::StatusOr<tpd::v1::JoinResponse>> joined(world_size,
-                                                            absl::UnknownError("not run"));
+  // What each rank's Join returned, summarized in its thread: a JoinResponse holds the whole
+  // group (N members), so keeping all N of them would hold O(N^2) memory, which no real rank
+  // process does.
+  struct Joined {
+    std::string error;  // empty: FORMED with rank r and N members
+    int64_t version = -1;
+    size_t bytes = 0;
+  };
+  std::vector<Joined> joined(world_size);
   result->set_ms.assign(world_size, 0);
   result->join_ms.assign(world_size, 0);
   std::vector<std::thread> threads;
@@ -258,9 +265,23 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
         options.timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
         barrier.Arrive(3);
         t0 = absl::Now();
-        joined[r] = client->Join(options);
+        absl::StatusOr<tpd::v1::JoinResponse> response = client->Join(options);
         join_end[r] = absl::Now();
         result->join_ms[r] = absl::ToDoubleMilliseconds(join_end[r] - t0);
+        Joined& out = joined[r];
+        if (!response.ok()) {
+          out.error = response.status().ToString();
+        } else if (response->group().phase() != "FORMED") {
+          out.error = absl::StrCat("phase ", response->group().phase(), " (",
+                                   response->group().reason(), ")");
+        } else if (response->rank() != r) {
+          out.error = absl::StrCat("got rank ", response->rank());
+        } else if (response->group().members_size() != world_size) {
+          out.error = absl::StrCat(response->group().members_size(), " members");
+        } else {
+          out.version = response->group().version();
+          out.bytes = response->ByteSizeLong();
+        }
       });
     } catch (const std::system_error& error) {
       // Every Join of a static group blocks until all N ranks joined, so N blocking Joins
@@ -290,19 +311,9 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
   }
   int failures = 0;
   for (int r = 0; r < world_size; ++r) {
-    std::string error;
-    if (!joined[r].ok()) {
-      error = joined[r].status().ToString();
-    } else if (joined[r]->group().phase() != "FORMED") {
-      error = absl::StrCat("phase ", joined[r]->group().phase(), " (", joined[r]->group().reason(),
-                           ")");
-    } else if (joined[r]->rank() != r) {
-      error = absl::StrCat("got rank ", joined[r]->rank());
-    } else if (joined[r]->group().members_size() != world_size) {
-      error = absl::StrCat(joined[r]->group().members_size(), " members");
-    } else if (joined[0].ok() && joined[r]->group().version() != joined[0]->group().version()) {
-      error = absl::StrCat("version ", joined[r]->group().version(), " but rank 0 saw ",
-                           joined[0]->group().version());
+    std::string error = joined[r].error;
+    if (error.empty() && joined[0].error.empty() && joined[r].version != joined[0].version) {
+      error = absl::StrCat("version ", joined[r].version, " but rank 0 saw ", joined[0].version);
     }
     if (!error.empty()) {
       if (++failures <= 10) std::fprintf(stderr, "rank %d: Join: %s\n", r, error.c_str());
@@ -324,8 +335,8 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
 
   result->baseline_s = Seconds(*std::max_element(set_end.begin(), set_end.end()) - baseline_start);
   result->formation_s = Seconds(*std::max_element(join_end.begin(), join_end.end()) - join_start);
-  result->version = joined[0]->group().version();
-  result->response_bytes = joined[0]->ByteSizeLong();
+  result->version = joined[0].version;
+  result->response_bytes = joined[0].bytes;
 
   const absl::Time teardown = absl::Now();
   clients.clear();  // sessions end: every member leaves

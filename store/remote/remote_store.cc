@@ -1,5 +1,6 @@
 #include "store/remote/remote_store.h"
 
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,9 +11,12 @@ namespace tpd::store {
 
 // The gRPC call state of one wait; shared by the call's completion callback and CancelWait.
 struct RemoteStore::PendingWait {
+  WaitId id = 0;
   grpc::ClientContext context;
   v1::MultiGetRequest request;
   v1::MultiGetResponse response;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::MultiGetResponse>> call;
   WaitCallback done;
 };
 
@@ -22,6 +26,28 @@ RemoteStore::RemoteStore(std::string address, RemoteStoreOptions options)
   args.SetMaxReceiveMessageSize(-1);
   stub_ = v1::Store::NewStub(grpc::CreateCustomChannel(
       absl::StrCat("dns:///", address_), grpc::InsecureChannelCredentials(), args));
+  cq_thread_ = std::thread([this] { DrainCompletions(); });
+}
+
+void RemoteStore::DrainCompletions() {
+  void* tag;
+  bool ok;
+  while (cq_.Next(&tag, &ok)) {
+    std::shared_ptr<PendingWait> wait;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = waits_.find(reinterpret_cast<uintptr_t>(tag));
+      wait = std::move(it->second);
+      waits_.erase(it);
+    }
+    absl::Status result = FromGrpc(wait->status);
+    if (result.ok()) {
+      wait->done(std::vector<std::string>(wait->response.values().begin(),
+                                          wait->response.values().end()));
+    } else {
+      wait->done(result);
+    }
+  }
 }
 
 RemoteStore::~RemoteStore() {
@@ -29,12 +55,17 @@ RemoteStore::~RemoteStore() {
     absl::MutexLock lock(&mu_);
     for (auto& [id, wait] : waits_) wait->context.TryCancel();
   }
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](absl::flat_hash_map<WaitId, std::shared_ptr<PendingWait>>* waits) {
-        return waits->empty();
-      },
-      &waits_));
+  // Every call started has one completion still to come; the queue drains them, then ends.
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](absl::flat_hash_map<WaitId, std::shared_ptr<PendingWait>>* waits) {
+          return waits->empty();
+        },
+        &waits_));
+  }
+  cq_.Shutdown();
+  cq_thread_.join();
 }
 
 std::unique_ptr<grpc::ClientContext> RemoteStore::Context(absl::Time deadline) const {
@@ -153,20 +184,13 @@ absl::StatusOr<WaitId> RemoteStore::WaitAsync(std::vector<std::string> keys,
   {
     absl::MutexLock lock(&mu_);
     id = next_id_++;
+    wait->id = id;
     waits_.emplace(id, wait);
   }
-  stub_->async()->MultiGet(
-      &wait->context, &wait->request, &wait->response, [this, id, wait](grpc::Status status) {
-        absl::Status result = FromGrpc(status);
-        if (result.ok()) {
-          wait->done(std::vector<std::string>(wait->response.values().begin(),
-                                              wait->response.values().end()));
-        } else {
-          wait->done(result);
-        }
-        absl::MutexLock lock(&mu_);
-        waits_.erase(id);
-      });
+  // The wait id is the completion tag; the map keeps the call state alive until it completes.
+  wait->call = stub_->PrepareAsyncMultiGet(&wait->context, wait->request, &cq_);
+  wait->call->StartCall();
+  wait->call->Finish(&wait->response, &wait->status, reinterpret_cast<void*>(id));
   return id;
 }
 

@@ -5,13 +5,16 @@
 // ("store at 10.0.0.1:29400: ...") so a failure names the peer. An unreachable daemon is
 // UNAVAILABLE.
 //
-// Thread safety: thread-safe; waits run as asynchronous gRPC calls and hold no thread.
+// Thread safety: thread-safe. Waits are asynchronous gRPC calls on a completion queue that
+// one thread per RemoteStore drains: no thread per wait. (The callback client API is avoided:
+// gRPC 1.51 tears its shared callback queue down racily when channels go away.)
 
 #ifndef TPD_STORE_REMOTE_REMOTE_STORE_H_
 #define TPD_STORE_REMOTE_REMOTE_STORE_H_
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -55,11 +58,14 @@ class RemoteStore : public Store {
   struct PendingWait;
 
   std::unique_ptr<grpc::ClientContext> Context(absl::Time deadline) const;
+  void DrainCompletions();
   absl::Status FromGrpc(const grpc::Status& status) const;
 
   const std::string address_;
   const RemoteStoreOptions options_;
   std::unique_ptr<v1::Store::Stub> stub_;
+  grpc::CompletionQueue cq_;
+  std::thread cq_thread_;  // completes waits
 
   absl::Mutex mu_;
   absl::flat_hash_map<WaitId, std::shared_ptr<PendingWait>> waits_ ABSL_GUARDED_BY(mu_);
