@@ -382,6 +382,35 @@ TEST_F(GroupTest, KilledDaemonIsEvictedBreaksStaticGroupAndRejoinsAsNewIncarnati
   EXPECT_EQ(rejoined->group().members(0).incarnation(), restarted->Status()->node().incarnation());
 }
 
+TEST_F(GroupTest, StoppedDaemonIsEvictedAndOnResumeLearnsItAndCannotActOnOldMembership) {
+  auto stopped = Connect(2);
+  auto other = Connect(0);
+  ASSERT_TRUE(other->Join(Options("stop", 0, std::nullopt)).ok());
+  ASSERT_TRUE(stopped->Join(Options("stop", 2, std::nullopt)).ok());
+  const uint64_t incarnation = stopped->Status()->node().incarnation();
+  daemon_[2]->Signal(SIGSTOP);
+  absl::Time deadline = absl::Now() + absl::Seconds(20);
+  v1::GroupView view = *other->GetGroup("stop");
+  while (view.members_size() != 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    view = *other->GetGroup("stop");
+  }
+  ASSERT_EQ(view.members_size(), 1);
+  daemon_[2]->Signal(SIGCONT);
+  // On resume node c finds its member gone, takes a new incarnation, and refuses to act for it.
+  deadline = absl::Now() + absl::Seconds(20);
+  while (stopped->Status()->node().incarnation() == incarnation && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_NE(stopped->Status()->node().incarnation(), incarnation);
+  EXPECT_EQ(stopped->Leave("stop", "w2").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(stopped->Barrier("stop", "w2", absl::Seconds(5)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // And it can join again, as its new self.
+  absl::StatusOr<v1::JoinResponse> again = stopped->Join(Options("stop", 2, std::nullopt));
+  ASSERT_TRUE(again.ok()) << again.status();
+}
+
 TEST_F(GroupTest, DynamicGroupSurvivesRankZeroLeaving) {
   auto zero = Connect(0);
   auto one = Connect(1);

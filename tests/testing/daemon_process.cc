@@ -104,8 +104,10 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration ti
 }
 
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
-    const std::string& socket_path, const std::vector<std::string>& extra_args) {
-  std::vector<std::string> argv = {RunfilePath("daemon/tpd"), "--socket", socket_path};
+    const std::string& socket_path, const std::vector<std::string>& extra_args,
+    const std::vector<std::string>& prefix) {
+  std::vector<std::string> argv = prefix;
+  argv.insert(argv.end(), {RunfilePath("daemon/tpd"), "--socket", socket_path});
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   char log_pattern[] = "/tmp/tpd-test-log-XXXXXX";
   const int log_fd = mkstemp(log_pattern);

@@ -47,9 +47,12 @@ ProcessResult RunProcess(const std::vector<std::string>& argv,
 // A tpd daemon child process.
 class DaemonProcess {
  public:
-  // Starts `tpd --socket <socket_path> <extra_args...>` and waits until it serves (or exits).
+  // Starts `<prefix...> tpd --socket <socket_path> <extra_args...>` and waits until it
+  // serves (or exits). `prefix` runs the daemon under another command, e.g.
+  // {"/usr/sbin/ip", "netns", "exec", "ns1"} to put it in a network namespace.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
-      const std::string& socket_path, const std::vector<std::string>& extra_args = {});
+      const std::string& socket_path, const std::vector<std::string>& extra_args = {},
+      const std::vector<std::string>& prefix = {});
 
   // Sends SIGKILL if still running, and reaps.
   ~DaemonProcess();
