@@ -15,7 +15,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 
 namespace tpd::store {
@@ -70,15 +69,6 @@ uint64_t GetU64(const char* in) {
   uint64_t value = 0;
   for (int i = 0; i < 8; ++i) value |= uint64_t{static_cast<unsigned char>(in[i])} << (8 * i);
   return value;
-}
-
-std::string QuotedKeys(const std::vector<std::string>& keys) {
-  return absl::StrCat("[",
-                      absl::StrJoin(keys, ", ",
-                                    [](std::string* out, const std::string& key) {
-                                      absl::StrAppend(out, "\"", absl::CEscape(key), "\"");
-                                    }),
-                      "]");
 }
 
 std::string ErrnoText(int error_number) {
@@ -376,7 +366,11 @@ absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(const std::string& pa
 }
 
 FileStore::FileStore(std::string path, int fd, LockMode lock_mode, FileStoreOptions options)
-    : path_(std::move(path)), lock_mode_(lock_mode), options_(options), fd_(fd) {}
+    : path_(std::move(path)),
+      lock_mode_(lock_mode),
+      options_(options),
+      fd_(fd),
+      waiters_(options.max_waiters) {}
 
 FileStore::~FileStore() {
   Shutdown();
@@ -402,18 +396,12 @@ void FileStore::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
-    while (!waiters_.empty()) {
-      completions.push_back(FinishLocked(
-          waiters_.begin()->first,
-          absl::UnavailableError(absl::StrCat("file store \"", absl::CEscape(path_),
-                                              "\" is shutting down: the tpd daemon is stopping"))));
-    }
+    waiters_.EndAll(
+        absl::UnavailableError(absl::StrCat("file store \"", absl::CEscape(path_),
+                                            "\" is shutting down: the tpd daemon is stopping")),
+        &completions);
   }
-  Run(std::move(completions));
-}
-
-void FileStore::Run(std::vector<Completion> completions) {
-  for (auto& [done, result] : completions) done(std::move(result));
+  WaiterTable::Run(std::move(completions));
 }
 
 absl::Status FileStore::FileError(int error_number, absl::string_view what) const {
@@ -433,7 +421,7 @@ absl::Status FileStore::Transact(int lock_type,
       UnlockFile();
     }
   }
-  Run(std::move(completions));
+  WaiterTable::Run(std::move(completions));
   return status;
 }
 
@@ -646,7 +634,8 @@ absl::StatusOr<bool> FileStore::Check(const std::vector<std::string>& keys) {
   bool present = false;
   absl::Status status = Transact(F_RDLCK, [&](std::vector<Completion>*) {
     absl::MutexLock lock(&mu_);
-    present = MissingKeysLocked(keys).empty();
+    present = std::all_of(keys.begin(), keys.end(),
+                          [this](const std::string& key) { return FindLocked(key) != nullptr; });
     return absl::OkStatus();
   });
   if (!status.ok()) return status;
@@ -710,22 +699,18 @@ absl::StatusOr<WaitId> FileStore::WaitAsync(std::vector<std::string> keys, absl:
           absl::StrCat("file store \"", absl::CEscape(path_),
                        "\" is shutting down: the tpd daemon is stopping"));
     }
-    if (static_cast<int64_t>(waiters_.size()) >= options_.max_waiters) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "too many waiting store calls: the limit store.max_waiters = ", options_.max_waiters,
-          " is reached; retry later or raise it in the config"));
-    }
-    id = next_id_++;
-    waiters_.emplace(id, Waiter{std::move(keys), absl::Now(), deadline, "", std::move(done)});
-    deadlines_.emplace(deadline, id);
-    RecheckLocked(id, &completions);
-    if (waiters_.contains(id)) {
+    absl::StatusOr<WaitId> added = waiters_.Add(
+        std::move(keys), deadline, std::move(done),
+        [this](const std::string& key) { return FindLocked(key); }, &completions);
+    if (!added.ok()) return added.status();
+    id = *added;
+    if (waiters_.Contains(id)) {
       // Parked: the poller watches the file for it and ends it at its deadline.
       if (!poller_.joinable()) poller_ = std::thread([this] { PollLoop(); });
       poller_cv_.Signal();
     }
   }
-  Run(std::move(completions));
+  WaiterTable::Run(std::move(completions));
   return id;
 }
 
@@ -733,16 +718,14 @@ void FileStore::CancelWait(WaitId id) {
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
-    if (!waiters_.contains(id)) return;
-    completions.push_back(FinishLocked(id, absl::CancelledError("wait cancelled by the caller")));
+    waiters_.Cancel(id, &completions);
   }
-  Run(std::move(completions));
+  WaiterTable::Run(std::move(completions));
 }
 
 FileStoreStats FileStore::Stats() {
   absl::MutexLock lock(&mu_);
-  return {static_cast<int64_t>(data_.size()), bytes_, static_cast<int64_t>(waiters_.size()),
-          replayed_};
+  return {static_cast<int64_t>(data_.size()), bytes_, waiters_.size(), replayed_};
 }
 
 void FileStore::ApplyLocked(Record record, std::vector<Completion>* out) {
@@ -766,15 +749,8 @@ void FileStore::StoreLocked(std::string key, std::string value, bool append,
     bytes_ -= it->second.size();
     it->second = std::move(value);
   }
-
-  auto parked = parked_.find(it->first);
-  if (parked == parked_.end()) return;
-  absl::flat_hash_set<WaitId> ids = std::move(parked->second);
-  parked_.erase(parked);
-  for (WaitId id : ids) {
-    waiters_[id].parked_on.clear();
-    RecheckLocked(id, out);
-  }
+  waiters_.OnKeySet(
+      it->first, [this](const std::string& k) { return FindLocked(k); }, out);
 }
 
 void FileStore::EraseLocked(const std::string& key) {
@@ -784,48 +760,16 @@ void FileStore::EraseLocked(const std::string& key) {
   data_.erase(it);
 }
 
-void FileStore::RecheckLocked(WaitId id, std::vector<Completion>* out) {
-  Waiter& waiter = waiters_[id];
-  std::vector<std::string> values;
-  values.reserve(waiter.keys.size());
-  for (const std::string& key : waiter.keys) {
-    auto it = data_.find(key);
-    if (it == data_.end()) {
-      waiter.parked_on = key;
-      parked_[key].insert(id);
-      return;
-    }
-    values.push_back(it->second);
-  }
-  out->push_back(FinishLocked(id, std::move(values)));
-}
-
-FileStore::Completion FileStore::FinishLocked(WaitId id,
-                                              absl::StatusOr<std::vector<std::string>> result) {
-  auto it = waiters_.find(id);
-  Waiter waiter = std::move(it->second);
-  waiters_.erase(it);
-  deadlines_.erase({waiter.deadline, id});
-  auto parked = parked_.find(waiter.parked_on);
-  if (parked != parked_.end() && parked->second.erase(id) > 0 && parked->second.empty()) {
-    parked_.erase(parked);
-  }
-  return {std::move(waiter.done), std::move(result)};
-}
-
-std::vector<std::string> FileStore::MissingKeysLocked(const std::vector<std::string>& keys) const {
-  std::vector<std::string> missing;
-  for (const std::string& key : keys) {
-    if (data_.find(key) == data_.end()) missing.push_back(key);
-  }
-  return missing;
+const std::string* FileStore::FindLocked(const std::string& key) const {
+  auto it = data_.find(key);
+  return it == data_.end() ? nullptr : &it->second;
 }
 
 void FileStore::PollLoop() {
   absl::Time next_poll = absl::InfinitePast();
   absl::MutexLock lock(&mu_);
   while (!stop_poller_) {
-    if (waiters_.empty()) {
+    if (waiters_.size() == 0) {
       // Idle stores cost no reads: the next parked wait signals us.
       poller_cv_.Wait(&mu_);
       continue;
@@ -840,26 +784,15 @@ void FileStore::PollLoop() {
       continue;
     }
     std::vector<Completion> completions;
-    const absl::Time now = absl::Now();
-    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
-      const WaitId id = deadlines_.begin()->second;
-      const Waiter& waiter = waiters_[id];
-      completions.push_back(
-          FinishLocked(id, absl::DeadlineExceededError(absl::StrCat(
-                               "timed out after ",
-                               absl::FormatDuration(absl::Ceil(waiter.deadline - waiter.start,
-                                                               absl::Milliseconds(1))),
-                               " waiting for keys ", QuotedKeys(MissingKeysLocked(waiter.keys))))));
-    }
+    waiters_.ExpireUntil(
+        absl::Now(), [this](const std::string& key) { return FindLocked(key); }, &completions);
     if (!completions.empty()) {
       mu_.Unlock();
-      Run(std::move(completions));
+      WaiterTable::Run(std::move(completions));
       mu_.Lock();
       continue;
     }
-    absl::Time wake = next_poll;
-    if (!deadlines_.empty()) wake = std::min(wake, deadlines_.begin()->first);
-    poller_cv_.WaitWithDeadline(&mu_, wake);
+    poller_cv_.WaitWithDeadline(&mu_, std::min(next_poll, waiters_.NextDeadline()));
   }
 }
 

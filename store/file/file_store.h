@@ -64,21 +64,18 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "store/store.h"
+#include "store/waiter_table.h"
 
 namespace tpd::store {
 namespace file_store_internal {
@@ -153,15 +150,8 @@ class FileStore : public Store {
  private:
   enum class LockMode { kOpenFileDescription, kProcess };
 
-  struct Waiter {
-    std::vector<std::string> keys;  // as requested, in order
-    absl::Time start;
-    absl::Time deadline;
-    std::string parked_on;  // the missing key whose arrival rechecks this wait
-    WaitCallback done;
-  };
   // A finished wait, run after every lock is released.
-  using Completion = std::pair<WaitCallback, absl::StatusOr<std::vector<std::string>>>;
+  using Completion = WaiterTable::Completion;
   using Record = file_store_internal::Record;
 
   FileStore(std::string path, int fd, LockMode lock_mode, FileStoreOptions options);
@@ -188,13 +178,9 @@ class FileStore : public Store {
   void StoreLocked(std::string key, std::string value, bool append, std::vector<Completion>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecheckLocked(WaitId id, std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Completion FinishLocked(WaitId id, absl::StatusOr<std::vector<std::string>> result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<std::string> MissingKeysLocked(const std::vector<std::string>& keys) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The value of `key`, or nullptr when it is not set; the table's lookup.
+  const std::string* FindLocked(const std::string& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PollLoop();
-  static void Run(std::vector<Completion> completions);
 
   const std::string path_;
   const LockMode lock_mode_;
@@ -215,12 +201,8 @@ class FileStore : public Store {
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Mirror of `offset_` for Stats(), which must not wait for the file lock.
   int64_t replayed_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
-  // Each pending wait is parked on one of its missing keys and rechecked when that key is
-  // set, so applying a record costs O(waiters on its keys).
-  absl::flat_hash_map<std::string, absl::flat_hash_set<WaitId>> parked_ ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<absl::Time, WaitId>> deadlines_ ABSL_GUARDED_BY(mu_);
-  WaitId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Applying a record costs O(waits parked on its keys): see WaiterTable.
+  WaiterTable waiters_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_poller_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar poller_cv_;

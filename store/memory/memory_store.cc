@@ -1,27 +1,18 @@
 #include "store/memory/memory_store.h"
 
+#include <algorithm>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 
 namespace tpd::store {
-namespace {
-
-std::string QuotedKeys(const std::vector<std::string>& keys) {
-  return absl::StrCat(
-      "[", absl::StrJoin(keys, ", ", [](std::string* out, const std::string& key) {
-        absl::StrAppend(out, "\"", absl::CEscape(key), "\"");
-      }),
-      "]");
-}
-
-}  // namespace
 
 MemoryStore::MemoryStore(MemoryStoreOptions options)
-    : options_(options), timer_([this] { TimerLoop(); }) {}
+    : options_(options), waiters_(options.max_waiters), timer_([this] { TimerLoop(); }) {}
 
 MemoryStore::~MemoryStore() {
   Shutdown();
@@ -38,17 +29,10 @@ void MemoryStore::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
-    while (!waiters_.empty()) {
-      completions.push_back(FinishLocked(
-          waiters_.begin()->first,
-          absl::UnavailableError("store is shutting down: the tpd daemon is stopping")));
-    }
+    waiters_.EndAll(absl::UnavailableError("store is shutting down: the tpd daemon is stopping"),
+                    &completions);
   }
-  Run(std::move(completions));
-}
-
-void MemoryStore::Run(std::vector<Completion> completions) {
-  for (auto& [done, result] : completions) done(std::move(result));
+  WaiterTable::Run(std::move(completions));
 }
 
 absl::Status MemoryStore::Set(absl::string_view key, absl::string_view value) {
@@ -57,7 +41,7 @@ absl::Status MemoryStore::Set(absl::string_view key, absl::string_view value) {
     absl::MutexLock lock(&mu_);
     SetLocked(std::string(key), std::string(value), &completions);
   }
-  Run(std::move(completions));
+  WaiterTable::Run(std::move(completions));
   return absl::OkStatus();
 }
 
@@ -73,7 +57,7 @@ absl::Status MemoryStore::MultiSet(const std::vector<std::string>& keys,
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < keys.size(); ++i) SetLocked(keys[i], values[i], &completions);
   }
-  Run(std::move(completions));
+  WaiterTable::Run(std::move(completions));
   return absl::OkStatus();
 }
 
@@ -97,7 +81,7 @@ absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) {
     }
     SetLocked(std::string(key), absl::StrCat(sum), &completions);
   }
-  Run(std::move(completions));
+  WaiterTable::Run(std::move(completions));
   return sum;
 }
 
@@ -120,7 +104,7 @@ absl::StatusOr<std::string> MemoryStore::CompareSet(absl::string_view key,
       return it->second;
     }
   }
-  Run(std::move(completions));
+  WaiterTable::Run(std::move(completions));
   return result;
 }
 
@@ -139,13 +123,14 @@ absl::Status MemoryStore::Append(absl::string_view key, absl::string_view value)
     updated.append(value.data(), value.size());
     SetLocked(std::string(key), std::move(updated), &completions);
   }
-  Run(std::move(completions));
+  WaiterTable::Run(std::move(completions));
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> MemoryStore::Check(const std::vector<std::string>& keys) {
   absl::MutexLock lock(&mu_);
-  return MissingKeysLocked(keys).empty();
+  return std::all_of(keys.begin(), keys.end(),
+                     [this](const std::string& key) { return FindLocked(key) != nullptr; });
 }
 
 absl::StatusOr<bool> MemoryStore::DeleteKey(absl::string_view key) {
@@ -177,19 +162,15 @@ absl::StatusOr<WaitId> MemoryStore::WaitAsync(std::vector<std::string> keys,
     if (shutting_down_) {
       return absl::UnavailableError("store is shutting down: the tpd daemon is stopping");
     }
-    if (static_cast<int64_t>(waiters_.size()) >= options_.max_waiters) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "too many waiting store calls: the limit store.max_waiters = ",
-          options_.max_waiters, " is reached; retry later or raise it in the config"));
-    }
-    id = next_id_++;
-    const absl::Time now = absl::Now();
-    waiters_.emplace(id, Waiter{std::move(keys), now, deadline, "", std::move(done)});
-    deadlines_.emplace(deadline, id);
-    if (deadlines_.begin()->second == id) timer_cv_.Signal();
-    RecheckLocked(id, &completions);
+    absl::StatusOr<WaitId> added = waiters_.Add(
+        std::move(keys), deadline, std::move(done),
+        [this](const std::string& key) { return FindLocked(key); }, &completions);
+    if (!added.ok()) return added.status();
+    id = *added;
+    // The timer sleeps until the earliest deadline; wake it when this wait is now the first.
+    if (waiters_.Contains(id) && waiters_.NextDeadline() == deadline) timer_cv_.Signal();
   }
-  Run(std::move(completions));
+  WaiterTable::Run(std::move(completions));
   return id;
 }
 
@@ -197,15 +178,14 @@ void MemoryStore::CancelWait(WaitId id) {
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
-    if (!waiters_.contains(id)) return;
-    completions.push_back(FinishLocked(id, absl::CancelledError("wait cancelled by the caller")));
+    waiters_.Cancel(id, &completions);
   }
-  Run(std::move(completions));
+  WaiterTable::Run(std::move(completions));
 }
 
 MemoryStoreStats MemoryStore::Stats() {
   absl::MutexLock lock(&mu_);
-  return {static_cast<int64_t>(data_.size()), bytes_, static_cast<int64_t>(waiters_.size())};
+  return {static_cast<int64_t>(data_.size()), bytes_, waiters_.size()};
 }
 
 void MemoryStore::SetLocked(const std::string& key, std::string value,
@@ -218,79 +198,29 @@ void MemoryStore::SetLocked(const std::string& key, std::string value,
   }
   bytes_ += value.size();
   it->second = std::move(value);
-
-  auto parked = parked_.find(key);
-  if (parked == parked_.end()) return;
-  absl::flat_hash_set<WaitId> ids = std::move(parked->second);
-  parked_.erase(parked);
-  for (WaitId id : ids) {
-    waiters_[id].parked_on.clear();
-    RecheckLocked(id, out);
-  }
+  waiters_.OnKeySet(
+      key, [this](const std::string& k) { return FindLocked(k); }, out);
 }
 
-void MemoryStore::RecheckLocked(WaitId id, std::vector<Completion>* out) {
-  Waiter& waiter = waiters_[id];
-  std::vector<std::string> values;
-  values.reserve(waiter.keys.size());
-  for (const std::string& key : waiter.keys) {
-    auto it = data_.find(key);
-    if (it == data_.end()) {
-      waiter.parked_on = key;
-      parked_[key].insert(id);
-      return;
-    }
-    values.push_back(it->second);
-  }
-  out->push_back(FinishLocked(id, std::move(values)));
-}
-
-MemoryStore::Completion MemoryStore::FinishLocked(
-    WaitId id, absl::StatusOr<std::vector<std::string>> result) {
-  auto it = waiters_.find(id);
-  Waiter waiter = std::move(it->second);
-  waiters_.erase(it);
-  deadlines_.erase({waiter.deadline, id});
-  auto parked = parked_.find(waiter.parked_on);
-  if (parked != parked_.end() && parked->second.erase(id) > 0 && parked->second.empty()) {
-    parked_.erase(parked);
-  }
-  return {std::move(waiter.done), std::move(result)};
-}
-
-std::vector<std::string> MemoryStore::MissingKeysLocked(
-    const std::vector<std::string>& keys) const {
-  std::vector<std::string> missing;
-  for (const std::string& key : keys) {
-    if (data_.find(key) == data_.end()) missing.push_back(key);
-  }
-  return missing;
+const std::string* MemoryStore::FindLocked(const std::string& key) const {
+  auto it = data_.find(key);
+  return it == data_.end() ? nullptr : &it->second;
 }
 
 void MemoryStore::TimerLoop() {
   absl::MutexLock lock(&mu_);
   while (!stop_timer_) {
-    if (deadlines_.empty()) {
-      timer_cv_.Wait(&mu_);
-      continue;
-    }
-    const absl::Time next = deadlines_.begin()->first;
+    // With no wait pending the next deadline is InfiniteFuture: sleep until signalled.
+    const absl::Time next = waiters_.NextDeadline();
     if (absl::Now() < next) {
       timer_cv_.WaitWithDeadline(&mu_, next);
       continue;
     }
     std::vector<Completion> completions;
-    const absl::Time now = absl::Now();
-    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
-      const WaitId id = deadlines_.begin()->second;
-      const Waiter& waiter = waiters_[id];
-      completions.push_back(FinishLocked(
-          id, absl::DeadlineExceededError(absl::StrCat(
-                  "timed out after ", absl::FormatDuration(absl::Ceil(waiter.deadline - waiter.start, absl::Milliseconds(1))),
-                  " waiting for keys ", QuotedKeys(MissingKeysLocked(waiter.keys))))));
-    }
+    waiters_.ExpireUntil(
+        absl::Now(), [this](const std::string& key) { return FindLocked(key); }, &completions);
     mu_.Unlock();
-    Run(std::move(completions));
+    WaiterTable::Run(std::move(completions));
     mu_.Lock();
   }
 }

@@ -9,17 +9,14 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "store/store.h"
+#include "store/waiter_table.h"
 
 namespace tpd::store {
 
@@ -69,30 +66,15 @@ class MemoryStore : public Store {
   MemoryStoreStats Stats();
 
  private:
-  struct Waiter {
-    std::vector<std::string> keys;  // as requested, in order
-    absl::Time start;
-    absl::Time deadline;
-    std::string parked_on;  // the missing key whose Set rechecks this wait
-    WaitCallback done;
-  };
   // A finished wait, run after the mutex is released.
-  using Completion = std::pair<WaitCallback, absl::StatusOr<std::vector<std::string>>>;
+  using Completion = WaiterTable::Completion;
 
   // Writes `value` at `key` and collects the waits that `key` completes.
   void SetLocked(const std::string& key, std::string value, std::vector<Completion>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Re-examines wait `id` after one of its keys was set: completes it when every key is
-  // present, otherwise parks it on a key still missing.
-  void RecheckLocked(WaitId id, std::vector<Completion>* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes wait `id` and returns its callback paired with `result`.
-  Completion FinishLocked(WaitId id, absl::StatusOr<std::vector<std::string>> result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<std::string> MissingKeysLocked(const std::vector<std::string>& keys) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The value of `key`, or nullptr when it is not set; the table's lookup.
+  const std::string* FindLocked(const std::string& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
-  static void Run(std::vector<Completion> completions);
 
   const MemoryStoreOptions options_;
 
@@ -100,12 +82,8 @@ class MemoryStore : public Store {
   // Ordered, so NumKeys(prefix) walks only the keys under the prefix.
   std::map<std::string, std::string, std::less<>> data_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
-  // Each pending wait is parked on exactly one of its missing keys; when that key is set
-  // the wait is rechecked. Parking on one key keeps a set O(waiters on that key).
-  absl::flat_hash_map<std::string, absl::flat_hash_set<WaitId>> parked_ ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<absl::Time, WaitId>> deadlines_ ABSL_GUARDED_BY(mu_);
-  WaitId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // A Set costs O(waits parked on its key): see WaiterTable.
+  WaiterTable waiters_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_timer_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar timer_cv_;

@@ -1,65 +1,53 @@
-// Unit tests of PrefixStore: namespaces over a MemoryStore base.
+// Unit tests of PrefixStore: namespaces over a MemoryStore base. The c10d semantics every store
+// shares run through the conformance suite (tests/store/store_conformance.cc) on a namespace.
 
 #include "store/prefix_store.h"
 
-#include <atomic>
-#include <optional>
+#include <cstdint>
+#include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/memory/memory_store.h"
 #include "store/store.h"
+#include "tests/store/store_conformance.h"
 
 namespace tpd::store {
 namespace {
 
 using ::testing::ElementsAre;
 
-constexpr absl::Duration kLongWait = absl::Seconds(30);
-constexpr absl::Duration kSanityBound = absl::Seconds(5);
-
-absl::Time LongDeadline() { return absl::Now() + kLongWait; }
-
-// Collects what a WaitAsync callback receives, and how often it runs. Must outlive the
-// store it is passed to: the store's destructor ends pending waits.
-class WaitResult {
+// A namespace over a MemoryStore that also holds keys outside it, so a wait or a count that
+// escaped the namespace would show.
+class PrefixStoreUnderTest : public StoreUnderTest {
  public:
-  WaitCallback Callback() {
-    return [this](absl::StatusOr<std::vector<std::string>> result) {
-      if (calls_.fetch_add(1) > 0) return;  // counted; a second call is a test failure
-      {
-        absl::MutexLock lock(&mu_);
-        result_ = std::move(result);
-      }
-      done_.Notify();
-    };
+  explicit PrefixStoreUnderTest(MemoryStoreOptions options)
+      : base_(options), group_("group", &base_) {
+    EXPECT_TRUE(base_.Set("outside", "v").ok());
   }
-
-  bool HasRun() const { return done_.HasBeenNotified(); }
-  bool Await() const { return done_.WaitForNotificationWithTimeout(kSanityBound); }
-  int calls() const { return calls_.load(); }
-
-  // REQUIRES: HasRun().
-  absl::StatusOr<std::vector<std::string>> result() const {
-    absl::MutexLock lock(&mu_);
-    return *result_;
-  }
+  Store& store() override { return group_; }
+  int64_t waiters() override { return base_.Stats().waiters; }
+  std::string NameInMessages(const std::string& key) override { return "group/" + key; }
 
  private:
-  std::atomic<int> calls_{0};
-  absl::Notification done_;
-  mutable absl::Mutex mu_;
-  std::optional<absl::StatusOr<std::vector<std::string>>> result_ ABSL_GUARDED_BY(mu_);
+  MemoryStore base_;
+  PrefixStore group_;
 };
+
+std::unique_ptr<StoreUnderTest> MakePrefixStore(int64_t max_waiters) {
+  MemoryStoreOptions options;
+  options.max_waiters = max_waiters;
+  return std::make_unique<PrefixStoreUnderTest>(options);
+}
+
+INSTANTIATE_TEST_SUITE_P(PrefixStoreOverMemoryStore, StoreConformanceTest,
+                         ::testing::Values(StoreFactory(MakePrefixStore)));
 
 TEST(PrefixStoreTest, SameKeyInTwoPrefixesIsIndependent) {
   MemoryStore base;
@@ -157,18 +145,6 @@ TEST(PrefixStoreTest, WaitAsyncIsNotWokenBySetThroughAnotherPrefix) {
   EXPECT_EQ(result.result().status().code(), absl::StatusCode::kDeadlineExceeded)
       << result.result().status();
   EXPECT_EQ(result.calls(), 1);
-}
-
-TEST(PrefixStoreTest, CancelWaitThroughThePrefixEndsTheWait) {
-  WaitResult result;
-  MemoryStore base;
-  PrefixStore group("group", &base);
-  absl::StatusOr<WaitId> id = group.WaitAsync({"key"}, LongDeadline(), result.Callback());
-  ASSERT_TRUE(id.ok()) << id.status();
-  group.CancelWait(*id);
-  ASSERT_TRUE(result.HasRun());
-  EXPECT_EQ(result.result().status().code(), absl::StatusCode::kCancelled);
-  EXPECT_EQ(base.Stats().waiters, 0);
 }
 
 }  // namespace

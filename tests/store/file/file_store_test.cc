@@ -1,6 +1,7 @@
-// Unit tests of FileStore: the c10d Store semantics that store/store.h promises, plus what
-// sharing one file brings: several stores and processes on one path, bad bytes in the file,
-// and a file truncated under an open store.
+// Unit tests of FileStore. The c10d semantics every backend shares run here through the
+// conformance suite (tests/store/store_conformance.cc); the tests below add what sharing one
+// file brings: several stores and processes on one path, bad bytes in the file, and a file
+// truncated under an open store.
 
 #include "store/file/file_store.h"
 
@@ -11,14 +12,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <limits>
 #include <memory>
-#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -28,39 +26,18 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/store.h"
+#include "tests/store/store_conformance.h"
 
 namespace tpd::store {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::Not;
-
-// Long enough that no test waits out a deadline it does not mean to, short enough that a
-// broken wake-up fails the test instead of hanging the suite.
-constexpr absl::Duration kLongWait = absl::Seconds(30);
-// The sanity bound for anything that should finish "promptly"; never a tight timing check.
-constexpr absl::Duration kSanityBound = absl::Seconds(10);
-
-absl::Time LongDeadline() { return absl::Now() + kLongWait; }
-
-// Awaits `store` reporting `n` pending waits, i.e. a waiter being parked; false after
-// kSanityBound.
-bool AwaitWaiters(FileStore& store, int64_t n) {
-  const absl::Time give_up = absl::Now() + kSanityBound;
-  while (store.Stats().waiters != n) {
-    if (absl::Now() > give_up) return false;
-    absl::SleepFor(absl::Microseconds(100));
-  }
-  return true;
-}
 
 // Awaits `store`'s poller having replayed the file up to `offset`; false after kSanityBound.
 bool AwaitReplayed(FileStore& store, int64_t offset) {
@@ -86,53 +63,57 @@ void AppendRaw(const std::string& path, const std::string& bytes) {
   close(fd);
 }
 
-// Collects what a WaitAsync callback receives, and how often it runs. Must outlive the
-// store it is passed to: the store's destructor ends pending waits.
-class WaitResult {
+// A fresh directory under /tmp, removed with everything in it when this goes.
+class TempDir {
  public:
-  WaitCallback Callback() {
-    return [this](absl::StatusOr<std::vector<std::string>> result) {
-      if (calls_.fetch_add(1) > 0) return;  // counted; a second call is a test failure
-      {
-        absl::MutexLock lock(&mu_);
-        result_ = std::move(result);
-      }
-      done_.Notify();
-    };
+  TempDir() {
+    char pattern[] = "/tmp/file_store_test.XXXXXX";
+    EXPECT_NE(mkdtemp(pattern), nullptr) << strerror(errno);
+    path_ = pattern;
   }
-
-  bool HasRun() const { return done_.HasBeenNotified(); }
-  bool Await() const { return done_.WaitForNotificationWithTimeout(kSanityBound); }
-  int calls() const { return calls_.load(); }
-
-  // REQUIRES: HasRun().
-  absl::StatusOr<std::vector<std::string>> result() const {
-    absl::MutexLock lock(&mu_);
-    return *result_;
+  ~TempDir() {
+    std::error_code error;
+    std::filesystem::remove_all(path_, error);
   }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
 
  private:
-  std::atomic<int> calls_{0};
-  absl::Notification done_;
-  mutable absl::Mutex mu_;
-  std::optional<absl::StatusOr<std::vector<std::string>>> result_ ABSL_GUARDED_BY(mu_);
+  std::string path_;
 };
 
-// Each test gets a fresh directory under /tmp, removed afterwards.
+// A FileStore alone on a file in a directory of its own, for the conformance suite.
+class FileStoreUnderTest : public StoreUnderTest {
+ public:
+  FileStoreUnderTest(std::unique_ptr<TempDir> dir, std::unique_ptr<FileStore> store)
+      : dir_(std::move(dir)), store_(std::move(store)) {}
+  Store& store() override { return *store_; }
+  int64_t waiters() override { return store_->Stats().waiters; }
+
+ private:
+  std::unique_ptr<TempDir> dir_;  // declared first: outlives the store
+  std::unique_ptr<FileStore> store_;
+};
+
+std::unique_ptr<StoreUnderTest> MakeFileStore(int64_t max_waiters) {
+  auto dir = std::make_unique<TempDir>();
+  FileStoreOptions options;
+  options.max_waiters = max_waiters;
+  absl::StatusOr<std::unique_ptr<FileStore>> store =
+      FileStore::Open(dir->path() + "/store", options);
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (!store.ok()) return nullptr;
+  return std::make_unique<FileStoreUnderTest>(std::move(dir), *std::move(store));
+}
+
+INSTANTIATE_TEST_SUITE_P(FileStore, StoreConformanceTest,
+                         ::testing::Values(StoreFactory(MakeFileStore)));
+
+// Each test gets a fresh directory, removed afterwards.
 class FileStoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/file_store_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr) << strerror(errno);
-    dir_ = pattern;
-    path_ = dir_ + "/store";
-  }
-
-  void TearDown() override {
-    std::error_code error;
-    std::filesystem::remove_all(dir_, error);
-  }
-
   // Opens a store on the test's file; fails the test on error.
   std::unique_ptr<FileStore> OpenStore(FileStoreOptions options = {}) {
     absl::StatusOr<std::unique_ptr<FileStore>> store = FileStore::Open(path_, options);
@@ -140,26 +121,12 @@ class FileStoreTest : public ::testing::Test {
     return store.ok() ? *std::move(store) : nullptr;
   }
 
-  std::string dir_;
-  std::string path_;
+  TempDir temp_dir_;
+  const std::string dir_ = temp_dir_.path();
+  const std::string path_ = dir_ + "/store";
 };
 
-// --- c10d semantics --------------------------------------------------------------------
-
-TEST_F(FileStoreTest, SetThenGetReturnsTheValue) {
-  auto store = OpenStore();
-  ASSERT_TRUE(store->Set("key", "value").ok());
-  absl::StatusOr<std::string> value = store->Get("key", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "value");
-}
-
-TEST_F(FileStoreTest, SetOverwritesTheValue) {
-  auto store = OpenStore();
-  ASSERT_TRUE(store->Set("key", "first").ok());
-  ASSERT_TRUE(store->Set("key", "second").ok());
-  EXPECT_EQ(store->Get("key", LongDeadline()).value_or(""), "second");
-}
+// --- c10d semantics beyond the conformance suite: other stores on the path, the file ------
 
 TEST_F(FileStoreTest, BinaryKeysAndValuesRoundTrip) {
   const std::string key("k\0ey", 4);
@@ -188,17 +155,6 @@ TEST_F(FileStoreTest, GetWaitsForASetFromAnotherFileStoreOnTheSamePath) {
   EXPECT_EQ(getter->Stats().waiters, 0);
 }
 
-TEST_F(FileStoreTest, WaitAsyncOnPresentKeysCompletesBeforeReturning) {
-  WaitResult result;
-  auto store = OpenStore();
-  ASSERT_TRUE(store->Set("a", "1").ok());
-  ASSERT_TRUE(store->Set("b", "2").ok());
-  ASSERT_TRUE(store->WaitAsync({"b", "a"}, LongDeadline(), result.Callback()).ok());
-  ASSERT_TRUE(result.HasRun());
-  EXPECT_THAT(result.result().value_or(std::vector<std::string>{}), ElementsAre("2", "1"));
-  EXPECT_EQ(store->Stats().waiters, 0);
-}
-
 TEST_F(FileStoreTest, WaitAsyncOnKeysAnotherStoreAlreadySetCompletesBeforeReturning) {
   WaitResult result;
   auto writer = OpenStore();
@@ -207,24 +163,6 @@ TEST_F(FileStoreTest, WaitAsyncOnKeysAnotherStoreAlreadySetCompletesBeforeReturn
   ASSERT_TRUE(reader->WaitAsync({"a"}, LongDeadline(), result.Callback()).ok());
   ASSERT_TRUE(result.HasRun());
   EXPECT_THAT(result.result().value_or(std::vector<std::string>{}), ElementsAre("1"));
-}
-
-TEST_F(FileStoreTest, AddOnMissingKeyCreatesIt) {
-  auto store = OpenStore();
-  absl::StatusOr<int64_t> sum = store->Add("counter", 5);
-  ASSERT_TRUE(sum.ok()) << sum.status();
-  EXPECT_EQ(*sum, 5);
-  EXPECT_EQ(store->Get("counter", LongDeadline()).value_or(""), "5");
-}
-
-TEST_F(FileStoreTest, AddAccumulates) {
-  auto store = OpenStore();
-  ASSERT_TRUE(store->Add("counter", 3).ok());
-  ASSERT_TRUE(store->Add("counter", 4).ok());
-  absl::StatusOr<int64_t> sum = store->Add("counter", -10);
-  ASSERT_TRUE(sum.ok()) << sum.status();
-  EXPECT_EQ(*sum, -3);
-  EXPECT_EQ(store->Get("counter", LongDeadline()).value_or(""), "-3");
 }
 
 TEST_F(FileStoreTest, AddOnNonIntegerValueIsFailedPreconditionAndKeepsTheValue) {
@@ -238,40 +176,6 @@ TEST_F(FileStoreTest, AddOnNonIntegerValueIsFailedPreconditionAndKeepsTheValue) 
   EXPECT_EQ(FileSize(path_), size);  // nothing written
 }
 
-TEST_F(FileStoreTest, AddOverflowIsInvalidArgumentAndKeepsTheValue) {
-  auto store = OpenStore();
-  const int64_t max = std::numeric_limits<int64_t>::max();
-  ASSERT_TRUE(store->Add("counter", max).ok());
-  EXPECT_EQ(store->Add("counter", 1).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store->Get("counter", LongDeadline()).value_or(""), absl::StrCat(max));
-}
-
-TEST_F(FileStoreTest, CompareSetWithMatchingExpectedStoresDesired) {
-  auto store = OpenStore();
-  ASSERT_TRUE(store->Set("key", "old").ok());
-  absl::StatusOr<std::string> result = store->CompareSet("key", "old", "new");
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(*result, "new");
-  EXPECT_EQ(store->Get("key", LongDeadline()).value_or(""), "new");
-}
-
-TEST_F(FileStoreTest, CompareSetWithMismatchReturnsCurrentValueAndLeavesItUnchanged) {
-  auto store = OpenStore();
-  ASSERT_TRUE(store->Set("key", "current").ok());
-  absl::StatusOr<std::string> result = store->CompareSet("key", "other", "new");
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(*result, "current");
-  EXPECT_EQ(store->Get("key", LongDeadline()).value_or(""), "current");
-}
-
-TEST_F(FileStoreTest, CompareSetOnMissingKeyWithEmptyExpectedCreatesItWithDesired) {
-  auto store = OpenStore();
-  absl::StatusOr<std::string> result = store->CompareSet("key", "", "desired");
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(*result, "desired");
-  EXPECT_EQ(store->Get("key", LongDeadline()).value_or(""), "desired");
-}
-
 TEST_F(FileStoreTest, CompareSetOnMissingKeyWithNonEmptyExpectedReturnsExpectedAndCreatesNothing) {
   auto store = OpenStore();
   absl::StatusOr<std::string> result = store->CompareSet("key", "expected", "desired");
@@ -280,44 +184,6 @@ TEST_F(FileStoreTest, CompareSetOnMissingKeyWithNonEmptyExpectedReturnsExpectedA
   EXPECT_FALSE(store->Check({"key"}).value_or(true));
   EXPECT_EQ(store->NumKeys("").value_or(-1), 0);
   EXPECT_EQ(FileSize(path_), 0);
-}
-
-TEST_F(FileStoreTest, WaitTimesOutWithDeadlineExceededNamingMissingKeys) {
-  auto store = OpenStore();
-  ASSERT_TRUE(store->Set("present_key", "v").ok());
-  absl::Status status = store->Wait({"present_key", "missing_one", "missing_two"},
-                                    absl::Now() + absl::Milliseconds(50));
-  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-  EXPECT_THAT(status.message(), HasSubstr("timed out after"));
-  EXPECT_THAT(status.message(), HasSubstr("waiting for keys [\"missing_one\", \"missing_two\"]"));
-  EXPECT_THAT(status.message(), Not(HasSubstr("present_key")));
-  EXPECT_EQ(store->Stats().waiters, 0);
-}
-
-TEST_F(FileStoreTest, WaitHonoursTheDeadline) {
-  auto store = OpenStore();
-  const absl::Duration timeout = absl::Milliseconds(100);
-  const absl::Time start = absl::Now();
-  absl::Status status = store->Wait({"never_set"}, start + timeout);
-  const absl::Duration elapsed = absl::Now() - start;
-  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-  EXPECT_GE(elapsed, timeout);
-  EXPECT_LT(elapsed, kSanityBound);
-}
-
-TEST_F(FileStoreTest, WaitWithPastDeadlineOnMissingKeyTimesOut) {
-  auto store = OpenStore();
-  absl::Status status = store->Wait({"never_set"}, absl::Now() - absl::Seconds(1));
-  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-}
-
-TEST_F(FileStoreTest, CheckIsTrueOnlyWhenEveryKeyIsSet) {
-  auto store = OpenStore();
-  ASSERT_TRUE(store->Set("a", "1").ok());
-  EXPECT_TRUE(store->Check({"a"}).value_or(false));
-  EXPECT_FALSE(store->Check({"a", "b"}).value_or(true));
-  ASSERT_TRUE(store->Set("b", "2").ok());
-  EXPECT_TRUE(store->Check({"a", "b"}).value_or(false));
 }
 
 TEST_F(FileStoreTest, DeleteKeyOfPresentKeyRemovesItAndReturnsTrue) {
@@ -354,29 +220,6 @@ TEST_F(FileStoreTest, DeleteKeyByAnotherStoreIsSeen) {
   EXPECT_FALSE(first->DeleteKey("key").value_or(true));
 }
 
-TEST_F(FileStoreTest, NumKeysCountsEveryKeyWithoutPrefixAndOnlyMatchingKeysWithOne) {
-  auto store = OpenStore();
-  for (const char* key : {"a/1", "a/2", "ab", "b/1"}) ASSERT_TRUE(store->Set(key, "v").ok());
-  EXPECT_EQ(store->NumKeys("").value_or(-1), 4);
-  EXPECT_EQ(store->NumKeys("a/").value_or(-1), 2);
-  EXPECT_EQ(store->NumKeys("a").value_or(-1), 3);
-  EXPECT_EQ(store->NumKeys("b/").value_or(-1), 1);
-  EXPECT_EQ(store->NumKeys("c").value_or(-1), 0);
-  ASSERT_TRUE(store->DeleteKey("a/1").ok());
-  EXPECT_EQ(store->NumKeys("a/").value_or(-1), 1);
-}
-
-TEST_F(FileStoreTest, MultiGetReturnsValuesInRequestOrder) {
-  auto store = OpenStore();
-  ASSERT_TRUE(store->Set("a", "1").ok());
-  ASSERT_TRUE(store->Set("b", "2").ok());
-  ASSERT_TRUE(store->Set("c", "3").ok());
-  absl::StatusOr<std::vector<std::string>> values =
-      store->MultiGet({"c", "a", "b", "a"}, LongDeadline());
-  ASSERT_TRUE(values.ok()) << values.status();
-  EXPECT_THAT(*values, ElementsAre("3", "1", "2", "1"));
-}
-
 TEST_F(FileStoreTest, MultiSetSetsEveryKeyInOneRecord) {
   auto store = OpenStore();
   ASSERT_TRUE(store->MultiSet({"a", "b", "c"}, {"1", "2", "3"}).ok());
@@ -386,28 +229,6 @@ TEST_F(FileStoreTest, MultiSetSetsEveryKeyInOneRecord) {
   EXPECT_THAT(*values, ElementsAre("1", "2", "3"));
   // Header, trailer, count, and three entries of (4 + 1 + 8 + 1) bytes: one record.
   EXPECT_EQ(FileSize(path_), 20 + 4 + 4 + 3 * 14);
-}
-
-TEST_F(FileStoreTest, MultiSetWakesAWaiterOnAllItsKeysAtOnce) {
-  WaitResult result;
-  auto store = OpenStore();
-  ASSERT_TRUE(store->WaitAsync({"b", "a"}, LongDeadline(), result.Callback()).ok());
-  ASSERT_TRUE(store->MultiSet({"a", "b"}, {"1", "2"}).ok());
-  ASSERT_TRUE(result.HasRun());
-  EXPECT_THAT(result.result().value_or(std::vector<std::string>{}), ElementsAre("2", "1"));
-}
-
-TEST_F(FileStoreTest, MultiSetWithMismatchedSizesIsInvalidArgumentAndSetsNothing) {
-  auto store = OpenStore();
-  absl::Status status = store->MultiSet({"a", "b"}, {"1"});
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_EQ(store->NumKeys("").value_or(-1), 0);
-}
-
-TEST_F(FileStoreTest, AppendToMissingKeyCreatesIt) {
-  auto store = OpenStore();
-  ASSERT_TRUE(store->Append("key", "abc").ok());
-  EXPECT_EQ(store->Get("key", LongDeadline()).value_or(""), "abc");
 }
 
 TEST_F(FileStoreTest, AppendToExistingKeyConcatenatesAcrossStores) {
@@ -722,16 +543,6 @@ TEST_F(FileStoreTest, CancelWaitEndsTheWaitWithCancelledExactlyOnce) {
   EXPECT_EQ(result.calls(), 1);
 }
 
-TEST_F(FileStoreTest, CancelWaitOfUnknownIdIsANoOp) {
-  WaitResult result;
-  auto store = OpenStore();
-  absl::StatusOr<WaitId> id = store->WaitAsync({"key"}, LongDeadline(), result.Callback());
-  ASSERT_TRUE(id.ok()) << id.status();
-  store->CancelWait(*id + 1000);
-  EXPECT_FALSE(result.HasRun());
-  EXPECT_EQ(store->Stats().waiters, 1);
-}
-
 TEST_F(FileStoreTest, CallbackRunsExactlyOnceWhenSetCancelAndDeadlineRace) {
   constexpr int kRounds = 100;
   std::deque<WaitResult> results(kRounds);  // outlive the stores
@@ -758,26 +569,6 @@ TEST_F(FileStoreTest, CallbackRunsExactlyOnceWhenSetCancelAndDeadlineRace) {
     EXPECT_TRUE(AwaitWaiters(*store, 0));
   }
   for (int i = 0; i < kRounds; ++i) EXPECT_EQ(results[i].calls(), 1) << "round " << i;
-}
-
-TEST_F(FileStoreTest, WaitAsyncPastMaxWaitersIsResourceExhaustedNamingTheLimit) {
-  WaitResult first, second, refused, later;
-  FileStoreOptions options;
-  options.max_waiters = 2;
-  auto store = OpenStore(options);
-  absl::StatusOr<WaitId> first_id = store->WaitAsync({"a"}, LongDeadline(), first.Callback());
-  ASSERT_TRUE(first_id.ok()) << first_id.status();
-  ASSERT_TRUE(store->WaitAsync({"b"}, LongDeadline(), second.Callback()).ok());
-
-  absl::StatusOr<WaitId> over = store->WaitAsync({"c"}, LongDeadline(), refused.Callback());
-  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
-  EXPECT_THAT(over.status().message(), HasSubstr("store.max_waiters"));
-  EXPECT_EQ(refused.calls(), 0);
-  EXPECT_EQ(store->Stats().waiters, 2);
-
-  store->CancelWait(*first_id);
-  EXPECT_TRUE(store->WaitAsync({"c"}, LongDeadline(), later.Callback()).ok());
-  EXPECT_EQ(refused.calls(), 0);
 }
 
 TEST_F(FileStoreTest, DestructionEndsPendingWaitsWithUnavailable) {

@@ -1,104 +1,49 @@
-// Unit tests of MemoryStore against the c10d Store semantics that store/store.h promises.
+// Unit tests of MemoryStore. The c10d semantics every backend shares run here through the
+// conformance suite (tests/store/store_conformance.cc); the tests below are MemoryStore's own:
+// its stats, its timer thread, shutdown, and waits woken from other threads.
 
 #include "store/memory/memory_store.h"
 
-#include <atomic>
 #include <cstdint>
 #include <deque>
-#include <limits>
-#include <optional>
+#include <memory>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/store.h"
+#include "tests/store/store_conformance.h"
 
 namespace tpd::store {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using ::testing::Not;
 
-// Long enough that no test waits out a deadline it does not mean to, short enough that a
-// broken wake-up fails the test instead of hanging the suite.
-constexpr absl::Duration kLongWait = absl::Seconds(30);
-// The sanity bound for anything that should finish "promptly"; never a tight timing check.
-constexpr absl::Duration kSanityBound = absl::Seconds(5);
-
-absl::Time LongDeadline() { return absl::Now() + kLongWait; }
-
-// Awaits the store reporting `n` pending waits, i.e. a waiter being parked. Polls Stats(),
-// the one observable sign of a parked waiter; false after kSanityBound.
-bool AwaitWaiters(MemoryStore& store, int64_t n) {
-  const absl::Time give_up = absl::Now() + kSanityBound;
-  while (store.Stats().waiters != n) {
-    if (absl::Now() > give_up) return false;
-    absl::SleepFor(absl::Microseconds(100));
-  }
-  return true;
-}
-
-// Collects what a WaitAsync callback receives, and how often it runs. Must outlive the
-// store it is passed to: the store's destructor ends pending waits.
-class WaitResult {
+class MemoryStoreUnderTest : public StoreUnderTest {
  public:
-  WaitCallback Callback() {
-    return [this](absl::StatusOr<std::vector<std::string>> result) {
-      if (calls_.fetch_add(1) > 0) return;  // counted; a second call is a test failure
-      {
-        absl::MutexLock lock(&mu_);
-        result_ = std::move(result);
-      }
-      done_.Notify();
-    };
-  }
-
-  // True once the callback ran; HasRun() right after a store call that completes the wait
-  // is deterministic, since completions run before that call returns.
-  bool HasRun() const { return done_.HasBeenNotified(); }
-  bool Await() const { return done_.WaitForNotificationWithTimeout(kSanityBound); }
-  int calls() const { return calls_.load(); }
-
-  // REQUIRES: HasRun().
-  absl::StatusOr<std::vector<std::string>> result() const {
-    absl::MutexLock lock(&mu_);
-    return *result_;
-  }
+  explicit MemoryStoreUnderTest(MemoryStoreOptions options) : store_(options) {}
+  Store& store() override { return store_; }
+  int64_t waiters() override { return store_.Stats().waiters; }
 
  private:
-  std::atomic<int> calls_{0};
-  absl::Notification done_;
-  mutable absl::Mutex mu_;
-  std::optional<absl::StatusOr<std::vector<std::string>>> result_ ABSL_GUARDED_BY(mu_);
+  MemoryStore store_;
 };
 
-TEST(MemoryStoreTest, SetThenGetReturnsTheValue) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("key", "value").ok());
-  absl::StatusOr<std::string> value = store.Get("key", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "value");
+std::unique_ptr<StoreUnderTest> MakeMemoryStore(int64_t max_waiters) {
+  MemoryStoreOptions options;
+  options.max_waiters = max_waiters;
+  return std::make_unique<MemoryStoreUnderTest>(options);
 }
 
-TEST(MemoryStoreTest, SetOverwritesTheValue) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("key", "first").ok());
-  ASSERT_TRUE(store.Set("key", "second").ok());
-  absl::StatusOr<std::string> value = store.Get("key", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "second");
-}
+INSTANTIATE_TEST_SUITE_P(MemoryStore, StoreConformanceTest,
+                         ::testing::Values(StoreFactory(MakeMemoryStore)));
 
 TEST(MemoryStoreTest, GetWaitsUntilAnotherThreadSetsTheKey) {
   MemoryStore store;
@@ -114,153 +59,6 @@ TEST(MemoryStoreTest, GetWaitsUntilAnotherThreadSetsTheKey) {
   EXPECT_EQ(store.Stats().waiters, 0);
 }
 
-TEST(MemoryStoreTest, WaitAsyncOnPresentKeysCompletesBeforeReturning) {
-  WaitResult result;
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("a", "1").ok());
-  ASSERT_TRUE(store.Set("b", "2").ok());
-  ASSERT_TRUE(store.WaitAsync({"b", "a"}, LongDeadline(), result.Callback()).ok());
-  ASSERT_TRUE(result.HasRun());
-  ASSERT_TRUE(result.result().ok()) << result.result().status();
-  EXPECT_THAT(*result.result(), ElementsAre("2", "1"));
-  EXPECT_EQ(store.Stats().waiters, 0);
-}
-
-TEST(MemoryStoreTest, AddOnMissingKeyCreatesIt) {
-  MemoryStore store;
-  absl::StatusOr<int64_t> sum = store.Add("counter", 5);
-  ASSERT_TRUE(sum.ok()) << sum.status();
-  EXPECT_EQ(*sum, 5);
-  absl::StatusOr<std::string> value = store.Get("counter", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "5");
-}
-
-TEST(MemoryStoreTest, AddAccumulates) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Add("counter", 3).ok());
-  ASSERT_TRUE(store.Add("counter", 4).ok());
-  absl::StatusOr<int64_t> sum = store.Add("counter", -10);
-  ASSERT_TRUE(sum.ok()) << sum.status();
-  EXPECT_EQ(*sum, -3);
-  absl::StatusOr<std::string> value = store.Get("counter", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "-3");
-}
-
-TEST(MemoryStoreTest, AddOnNonIntegerValueIsFailedPreconditionAndKeepsTheValue) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("key", "not a number").ok());
-  absl::StatusOr<int64_t> sum = store.Add("key", 1);
-  EXPECT_EQ(sum.status().code(), absl::StatusCode::kFailedPrecondition) << sum.status();
-  EXPECT_THAT(sum.status().message(), HasSubstr("key"));
-  absl::StatusOr<std::string> value = store.Get("key", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "not a number");
-}
-
-TEST(MemoryStoreTest, AddOverflowIsInvalidArgumentAndKeepsTheValue) {
-  MemoryStore store;
-  const int64_t max = std::numeric_limits<int64_t>::max();
-  ASSERT_TRUE(store.Add("counter", max).ok());
-  absl::StatusOr<int64_t> sum = store.Add("counter", 1);
-  EXPECT_EQ(sum.status().code(), absl::StatusCode::kInvalidArgument) << sum.status();
-  absl::StatusOr<std::string> value = store.Get("counter", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, absl::StrCat(max));
-
-  const int64_t min = std::numeric_limits<int64_t>::min();
-  ASSERT_TRUE(store.Set("negative", absl::StrCat(min)).ok());
-  EXPECT_EQ(store.Add("negative", -1).status().code(), absl::StatusCode::kInvalidArgument);
-}
-
-TEST(MemoryStoreTest, CompareSetWithMatchingExpectedStoresDesired) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("key", "old").ok());
-  absl::StatusOr<std::string> result = store.CompareSet("key", "old", "new");
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(*result, "new");
-  absl::StatusOr<std::string> value = store.Get("key", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "new");
-}
-
-TEST(MemoryStoreTest, CompareSetWithMismatchReturnsCurrentValueAndLeavesItUnchanged) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("key", "current").ok());
-  absl::StatusOr<std::string> result = store.CompareSet("key", "other", "new");
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(*result, "current");
-  absl::StatusOr<std::string> value = store.Get("key", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "current");
-}
-
-TEST(MemoryStoreTest, CompareSetOnMissingKeyWithEmptyExpectedCreatesItWithDesired) {
-  MemoryStore store;
-  absl::StatusOr<std::string> result = store.CompareSet("key", "", "desired");
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(*result, "desired");
-  absl::StatusOr<std::string> value = store.Get("key", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "desired");
-}
-
-TEST(MemoryStoreTest, CompareSetOnMissingKeyWithNonEmptyExpectedReturnsExpectedAndCreatesNothing) {
-  MemoryStore store;
-  absl::StatusOr<std::string> result = store.CompareSet("key", "expected", "desired");
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(*result, "expected");
-  absl::StatusOr<bool> present = store.Check({"key"});
-  ASSERT_TRUE(present.ok()) << present.status();
-  EXPECT_FALSE(*present);
-  EXPECT_EQ(store.Stats().num_keys, 0);
-}
-
-TEST(MemoryStoreTest, WaitTimesOutWithDeadlineExceededNamingMissingKeys) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("present_key", "v").ok());
-  absl::Status status = store.Wait({"present_key", "missing_one", "missing_two"},
-                                   absl::Now() + absl::Milliseconds(50));
-  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-  EXPECT_THAT(status.message(), HasSubstr("\"missing_one\""));
-  EXPECT_THAT(status.message(), HasSubstr("\"missing_two\""));
-  EXPECT_THAT(status.message(), Not(HasSubstr("present_key")));
-  EXPECT_EQ(store.Stats().waiters, 0);
-}
-
-TEST(MemoryStoreTest, WaitHonoursTheDeadline) {
-  MemoryStore store;
-  const absl::Duration timeout = absl::Milliseconds(100);
-  const absl::Time start = absl::Now();
-  absl::Status status = store.Wait({"never_set"}, start + timeout);
-  const absl::Duration elapsed = absl::Now() - start;
-  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-  EXPECT_GE(elapsed, timeout);
-  EXPECT_LT(elapsed, kSanityBound);
-}
-
-TEST(MemoryStoreTest, WaitWithPastDeadlineOnMissingKeyTimesOut) {
-  MemoryStore store;
-  absl::Status status = store.Wait({"never_set"}, absl::Now() - absl::Seconds(1));
-  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-}
-
-TEST(MemoryStoreTest, CheckIsTrueOnlyWhenEveryKeyIsSet) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("a", "1").ok());
-  absl::StatusOr<bool> all_present = store.Check({"a"});
-  ASSERT_TRUE(all_present.ok()) << all_present.status();
-  EXPECT_TRUE(*all_present);
-  absl::StatusOr<bool> one_missing = store.Check({"a", "b"});
-  ASSERT_TRUE(one_missing.ok()) << one_missing.status();
-  EXPECT_FALSE(*one_missing);
-  ASSERT_TRUE(store.Set("b", "2").ok());
-  absl::StatusOr<bool> both_present = store.Check({"a", "b"});
-  ASSERT_TRUE(both_present.ok()) << both_present.status();
-  EXPECT_TRUE(*both_present);
-}
-
 TEST(MemoryStoreTest, DeleteKeyOfPresentKeyRemovesItAndReturnsTrue) {
   MemoryStore store;
   ASSERT_TRUE(store.Set("key", "value").ok());
@@ -274,25 +72,6 @@ TEST(MemoryStoreTest, DeleteKeyOfPresentKeyRemovesItAndReturnsTrue) {
   EXPECT_EQ(store.Stats().bytes, 0);
 }
 
-TEST(MemoryStoreTest, DeleteKeyOfAbsentKeyReturnsFalse) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("other", "value").ok());
-  absl::StatusOr<bool> deleted = store.DeleteKey("key");
-  ASSERT_TRUE(deleted.ok()) << deleted.status();
-  EXPECT_FALSE(*deleted);
-  EXPECT_EQ(store.Stats().num_keys, 1);
-}
-
-TEST(MemoryStoreTest, NumKeysCountsEveryKeyWithoutPrefixAndOnlyMatchingKeysWithOne) {
-  MemoryStore store;
-  for (const char* key : {"a/1", "a/2", "ab", "b/1"}) ASSERT_TRUE(store.Set(key, "v").ok());
-  EXPECT_EQ(store.NumKeys("").value_or(-1), 4);
-  EXPECT_EQ(store.NumKeys("a/").value_or(-1), 2);
-  EXPECT_EQ(store.NumKeys("a").value_or(-1), 3);
-  EXPECT_EQ(store.NumKeys("b/").value_or(-1), 1);
-  EXPECT_EQ(store.NumKeys("c").value_or(-1), 0);
-}
-
 TEST(MemoryStoreTest, StatsTrackKeysAndBytes) {
   MemoryStore store;
   ASSERT_TRUE(store.Set("ab", "cde").ok());
@@ -302,59 +81,6 @@ TEST(MemoryStoreTest, StatsTrackKeysAndBytes) {
   EXPECT_EQ(store.Stats().bytes, 3);
   ASSERT_TRUE(store.Append("ab", "yz").ok());
   EXPECT_EQ(store.Stats().bytes, 5);
-}
-
-TEST(MemoryStoreTest, MultiGetReturnsValuesInRequestOrder) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("a", "1").ok());
-  ASSERT_TRUE(store.Set("b", "2").ok());
-  ASSERT_TRUE(store.Set("c", "3").ok());
-  absl::StatusOr<std::vector<std::string>> values =
-      store.MultiGet({"c", "a", "b", "a"}, LongDeadline());
-  ASSERT_TRUE(values.ok()) << values.status();
-  EXPECT_THAT(*values, ElementsAre("3", "1", "2", "1"));
-}
-
-TEST(MemoryStoreTest, MultiSetSetsEveryKey) {
-  MemoryStore store;
-  ASSERT_TRUE(store.MultiSet({"a", "b", "c"}, {"1", "2", "3"}).ok());
-  absl::StatusOr<std::vector<std::string>> values = store.MultiGet({"a", "b", "c"}, LongDeadline());
-  ASSERT_TRUE(values.ok()) << values.status();
-  EXPECT_THAT(*values, ElementsAre("1", "2", "3"));
-}
-
-TEST(MemoryStoreTest, MultiSetWakesAWaiterOnAllItsKeysAtOnce) {
-  WaitResult result;
-  MemoryStore store;
-  ASSERT_TRUE(store.WaitAsync({"b", "a"}, LongDeadline(), result.Callback()).ok());
-  ASSERT_TRUE(store.MultiSet({"a", "b"}, {"1", "2"}).ok());
-  ASSERT_TRUE(result.HasRun());
-  ASSERT_TRUE(result.result().ok()) << result.result().status();
-  EXPECT_THAT(*result.result(), ElementsAre("2", "1"));
-}
-
-TEST(MemoryStoreTest, MultiSetWithMismatchedSizesIsInvalidArgumentAndSetsNothing) {
-  MemoryStore store;
-  absl::Status status = store.MultiSet({"a", "b"}, {"1"});
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_EQ(store.Stats().num_keys, 0);
-}
-
-TEST(MemoryStoreTest, AppendToMissingKeyCreatesIt) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Append("key", "abc").ok());
-  absl::StatusOr<std::string> value = store.Get("key", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "abc");
-}
-
-TEST(MemoryStoreTest, AppendToExistingKeyConcatenates) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("key", "abc").ok());
-  ASSERT_TRUE(store.Append("key", "def").ok());
-  absl::StatusOr<std::string> value = store.Get("key", LongDeadline());
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "abcdef");
 }
 
 TEST(MemoryStoreTest, AppendWakesAWaiterOnTheKey) {
@@ -384,37 +110,6 @@ TEST(MemoryStoreTest, TimedOutWaitLeavesTheStoreUsableForTheSameCaller) {
   EXPECT_EQ(*value, "value");
   EXPECT_EQ(store.Add("counter", 2).value_or(-1), 2);
   EXPECT_EQ(store.Stats().waiters, 0);
-}
-
-TEST(MemoryStoreTest, CancelWaitEndsTheWaitWithCancelledExactlyOnce) {
-  WaitResult result;
-  MemoryStore store;
-  absl::StatusOr<WaitId> id = store.WaitAsync({"key"}, LongDeadline(), result.Callback());
-  ASSERT_TRUE(id.ok()) << id.status();
-  EXPECT_EQ(store.Stats().waiters, 1);
-  EXPECT_FALSE(result.HasRun());
-
-  store.CancelWait(*id);
-  ASSERT_TRUE(result.HasRun());
-  EXPECT_EQ(result.result().status().code(), absl::StatusCode::kCancelled)
-      << result.result().status();
-  EXPECT_EQ(store.Stats().waiters, 0);
-
-  // Neither a second cancel nor the key arriving runs the callback again.
-  store.CancelWait(*id);
-  ASSERT_TRUE(store.Set("key", "value").ok());
-  EXPECT_EQ(result.calls(), 1);
-  EXPECT_EQ(store.Stats().waiters, 0);
-}
-
-TEST(MemoryStoreTest, CancelWaitOfUnknownIdIsANoOp) {
-  WaitResult result;
-  MemoryStore store;
-  absl::StatusOr<WaitId> id = store.WaitAsync({"key"}, LongDeadline(), result.Callback());
-  ASSERT_TRUE(id.ok()) << id.status();
-  store.CancelWait(*id + 1000);
-  EXPECT_FALSE(result.HasRun());
-  EXPECT_EQ(store.Stats().waiters, 1);
 }
 
 TEST(MemoryStoreTest, CallbackRunsExactlyOnceWhenSetCancelAndDeadlineRace) {
@@ -457,27 +152,6 @@ TEST(MemoryStoreTest, CallbackRunsExactlyOnceWhenSetCancelAndDeadlineRace) {
   ::testing::Test::RecordProperty("won_by_set", ok);
   ::testing::Test::RecordProperty("won_by_cancel", cancelled);
   ::testing::Test::RecordProperty("won_by_deadline", deadline_exceeded);
-}
-
-TEST(MemoryStoreTest, WaitAsyncPastMaxWaitersIsResourceExhaustedNamingTheLimit) {
-  WaitResult first, second, refused, later;
-  MemoryStoreOptions options;
-  options.max_waiters = 2;
-  MemoryStore store(options);
-  absl::StatusOr<WaitId> first_id = store.WaitAsync({"a"}, LongDeadline(), first.Callback());
-  ASSERT_TRUE(first_id.ok()) << first_id.status();
-  ASSERT_TRUE(store.WaitAsync({"b"}, LongDeadline(), second.Callback()).ok());
-
-  absl::StatusOr<WaitId> over = store.WaitAsync({"c"}, LongDeadline(), refused.Callback());
-  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
-  EXPECT_THAT(over.status().message(), HasSubstr("store.max_waiters"));
-  EXPECT_EQ(refused.calls(), 0);
-  EXPECT_EQ(store.Stats().waiters, 2);
-
-  // A finished wait frees its slot.
-  store.CancelWait(*first_id);
-  EXPECT_TRUE(store.WaitAsync({"c"}, LongDeadline(), later.Callback()).ok());
-  EXPECT_EQ(refused.calls(), 0);
 }
 
 TEST(MemoryStoreTest, ShutdownEndsPendingWaitsWithUnavailableAndRefusesNewOnes) {
