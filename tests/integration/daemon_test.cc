@@ -344,6 +344,43 @@ TEST_F(DaemonTest, KilledWaitingClientIsReclaimed) {
   EXPECT_EQ(client->Status()->store().waiters(), 0);
 }
 
+// systemd's notify protocol, with this test standing in for systemd: a datagram socket
+// named by NOTIFY_SOCKET receives READY=1 once the daemon serves, STOPPING=1 on SIGTERM, and
+// WATCHDOG=1 pings when WATCHDOG_USEC asks for them.
+TEST(DaemonSystemdTest, NotifiesReadyWatchdogAndStopping) {
+  TempDir dir;
+  const std::string notify_path = absl::StrCat(dir.path(), "/notify");
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, notify_path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  timeval timeout{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setenv("NOTIFY_SOCKET", notify_path.c_str(), 1);
+  setenv("WATCHDOG_USEC", "200000", 1);  // ping every 100 ms
+  auto daemon = DaemonProcess::Start(absl::StrCat(dir.path(), "/tpd.sock"));
+  unsetenv("NOTIFY_SOCKET");
+  unsetenv("WATCHDOG_USEC");
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+
+  auto receive = [fd]() {
+    char buf[512] = {};
+    const ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
+    return n > 0 ? std::string(buf, n) : std::string();
+  };
+  EXPECT_THAT(receive(), HasSubstr("READY=1"));
+  EXPECT_EQ(receive(), "WATCHDOG=1");
+  (*daemon)->Signal(SIGTERM);
+  std::string message;
+  do {
+    message = receive();
+  } while (message == "WATCHDOG=1");
+  EXPECT_THAT(message, HasSubstr("STOPPING=1"));
+  EXPECT_EQ((*daemon)->WaitExit(absl::Seconds(60)), 0);
+  close(fd);
+}
+
 TEST(DaemonConfigTest, SocketModeAndLimitsComeFromTheConfigFile) {
   TempDir dir;
   const std::string socket = absl::StrCat(dir.path(), "/tpd.sock");
