@@ -17,11 +17,17 @@
 // Formation time runs from the barrier's release to the return of the last Join, each of
 // which must come back FORMED with the same version. Rows print both times, their ratio and
 // the per-rank latency percentiles. Clients and daemons are torn down between rows.
+//
+// Diagnostics (stderr): --watch reports when the FORMED version reached a watcher on daemon 0
+// (agreement) as opposed to when the last rank had its answer; --heartbeat_trace polls the
+// other daemons' heartbeats in daemon 0's store. Both add a little load; the table in
+// docs/BENCHMARKS.md is measured without them.
 
 #include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +55,10 @@ ABSL_FLAG(int, daemons, 4, "daemons the ranks are spread over (rank r joins thro
 ABSL_FLAG(std::string, log_level, "warn",
           "the daemons' log level (info logs every group version, with its whole change list)");
 ABSL_FLAG(int, join_timeout_s, 300, "timeout of each Join");
+ABSL_FLAG(bool, heartbeat_trace, false,
+          "poll daemon 0's store every 100 ms during the Joins and report, per other daemon, the "
+          "longest time its heartbeat key stayed unchanged (daemon 0 evicts a node after "
+          "peer.heartbeat_timeout, 5 s by default)");
 ABSL_FLAG(bool, watch, false,
           "also watch the group from daemon 0 and report when the FORMED version appeared "
           "(splits formation into agreement and answering the Joins; adds a watcher's load)");
@@ -226,6 +236,45 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
     });
   }
 
+  // --heartbeat_trace: the other daemons' heartbeats as daemon 0's store sees them.
+  struct Heartbeat {
+    std::string value;
+    absl::Time changed = absl::InfinitePast();
+    absl::Time first_seen = absl::InfinitePast();
+    absl::Duration longest = absl::ZeroDuration();
+  };
+  std::vector<Heartbeat> heartbeats(daemon_count);
+  absl::Duration longest_poll = absl::ZeroDuration();  // a stalled poller hides stalled beats
+  std::atomic<bool> joins_done{false};
+  std::thread heartbeat_thread;
+  std::unique_ptr<tpd::Client> heartbeat_reader;
+  if (absl::GetFlag(FLAGS_heartbeat_trace)) {
+    heartbeat_reader = *tpd::Client::Connect(daemons.sockets[0]);
+    heartbeat_thread = std::thread([&] {
+      absl::Time last_poll = absl::Now();
+      while (!joins_done.load()) {
+        longest_poll = std::max(longest_poll, absl::Now() - last_poll);
+        last_poll = absl::Now();
+        for (int d = 1; d < daemon_count; ++d) {
+          const std::string key = absl::StrCat("tpd/node/bench-", world_size, "-node-", d);
+          absl::StatusOr<bool> present = heartbeat_reader->Check({key});
+          if (!present.ok() || !*present) continue;
+          absl::StatusOr<std::string> value = heartbeat_reader->Get(key);
+          if (!value.ok()) continue;
+          const absl::Time now = absl::Now();
+          Heartbeat& beat = heartbeats[d];
+          if (beat.first_seen == absl::InfinitePast()) beat.first_seen = now;
+          if (*value != beat.value) {
+            beat.value = *value;
+            beat.changed = now;
+          }
+          beat.longest = std::max(beat.longest, now - beat.changed);
+        }
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+    });
+  }
+
   // Phases: 1 warm-up Set (untimed), 2 baseline Set, 3 Join.
   StartBarrier barrier(world_size);
   std::vector<absl::Time> set_end(world_size), join_end(world_size);
@@ -300,6 +349,8 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
   for (std::thread& thread : threads) thread.join();
   const absl::Time joined_all = absl::Now();
   const double joined_all_mono = MonotonicSeconds();
+  joins_done = true;
+  if (heartbeat_thread.joinable()) heartbeat_thread.join();
 
   bool ok = true;
   for (int r = 0; r < world_size && ok; ++r) {
@@ -346,7 +397,10 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
                "%.2f s after the release; ",
                world_size, Seconds(connected - row_start), Seconds(joined_all - join_start));
   std::fprintf(stderr, "clients closed in %.2f s\n", Seconds(absl::Now() - teardown));
-  std::fprintf(stderr, "[%d ranks] timed window on CLOCK_MONOTONIC: %.6f,%.6f\n", world_size,
+  std::fprintf(stderr, "[%d ranks] timed window: %s to %s local time, %.6f,%.6f on CLOCK_MONOTONIC\n",
+               world_size,
+               absl::FormatTime("%H:%M:%E3S", join_start, absl::LocalTimeZone()).c_str(),
+               absl::FormatTime("%H:%M:%E3S", joined_all, absl::LocalTimeZone()).c_str(),
                join_start_mono, joined_all_mono);
   std::fprintf(stderr, "[%d ranks] JoinResponse %zu bytes (%.1f MB for all ranks)",
                world_size, result->response_bytes,
@@ -356,6 +410,22 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
                  result->formed_at_s);
   }
   std::fprintf(stderr, "\n");
+  for (int d = 1; d < daemon_count && absl::GetFlag(FLAGS_heartbeat_trace); ++d) {
+    const Heartbeat& beat = heartbeats[d];
+    if (beat.first_seen == absl::InfinitePast()) {
+      std::fprintf(stderr, "[%d ranks] heartbeat of node %d: never seen in daemon 0's store\n",
+                   world_size, d);
+      continue;
+    }
+    std::fprintf(stderr,
+                 "[%d ranks] heartbeat of node %d in daemon 0's store: first seen %.2f s after "
+                 "the release, longest unchanged %.2f s\n",
+                 world_size, d, Seconds(beat.first_seen - join_start), Seconds(beat.longest));
+  }
+  if (absl::GetFlag(FLAGS_heartbeat_trace)) {
+    std::fprintf(stderr, "[%d ranks] heartbeat poller: longest interval between its polls %.2f s\n",
+                 world_size, Seconds(longest_poll));
+  }
   return true;
 }
 

@@ -128,7 +128,6 @@ class GroupTracker {
   void Observe(v1::GroupRecord record, bool snapshot);
   void CheckDeadlines();
   void CheckHeartbeats();
-  v1::JoinResponse ResponseFor(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string group_;
   const std::string store_name_;

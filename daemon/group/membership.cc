@@ -90,11 +90,6 @@ absl::Status Renegotiate(v1::GroupRecord* record) {
   return absl::OkStatus();
 }
 
-void SortByRank(v1::GroupView* view) {
-  std::sort(view->mutable_members()->begin(), view->mutable_members()->end(),
-            [](const v1::Member& a, const v1::Member& b) { return a.rank() < b.rank(); });
-}
-
 }  // namespace
 
 const v1::Member* FindMember(const v1::GroupRecord& record, absl::string_view name) {
@@ -105,31 +100,30 @@ const v1::Member* FindMember(const v1::GroupRecord& record, absl::string_view na
 }
 
 absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec) {
-  v1::GroupRecord next = *record;
-  v1::GroupView* view = next.mutable_view();
-  const std::string& group = view->group();
-  const bool empty = view->members().empty();
+  // Every check runs against `current` before anything changes, so a refused join leaves
+  // the record as it was without copying it: a static group of N ranks would otherwise copy
+  // its whole record (O(N)) for every join, O(N^2) over its formation.
+  const v1::GroupView& current = record->view();
+  const std::string& group = current.group();
+  const bool empty = current.members().empty();
   const bool is_static = spec.world_size.has_value();
 
   if (empty) {
-    view->set_is_static(is_static);
-    view->set_world_size(is_static ? *spec.world_size : 0);
-    view->set_phase(is_static ? kForming : kDynamic);
-    view->clear_reason();
-  } else if (view->is_static() != is_static) {
+    // The first joiner decides whether the group is static (below, once the join is valid).
+  } else if (current.is_static() != is_static) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "group ", group, " is ", view->is_static() ? "static" : "dynamic", " but worker ",
+        "group ", group, " is ", current.is_static() ? "static" : "dynamic", " but worker ",
         spec.name, " joins it as ", is_static ? "static (world_size given)" : "dynamic (no world_size)"));
-  } else if (is_static && view->world_size() != *spec.world_size) {
+  } else if (is_static && current.world_size() != *spec.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("group ", group, " has world_size ",
-                                                   view->world_size(), " but worker ", spec.name,
+                                                   current.world_size(), " but worker ", spec.name,
                                                    " joins with world_size ", *spec.world_size));
-  } else if (view->phase() == kFormed) {
+  } else if (current.phase() == kFormed) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "static group ", group, " is already formed with all ", view->world_size(), " ranks"));
-  } else if (view->phase() == kBroken || view->phase() == kFailed) {
+        "static group ", group, " is already formed with all ", current.world_size(), " ranks"));
+  } else if (current.phase() == kBroken || current.phase() == kFailed) {
     return absl::FailedPreconditionError(
-        absl::StrCat("group ", group, " is ", view->phase(), " (", view->reason(),
+        absl::StrCat("group ", group, " is ", current.phase(), " (", current.reason(),
                      "); it can be formed again once its remaining members have left"));
   }
   if (is_static && (*spec.world_size <= 0)) {
@@ -137,15 +131,13 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
         absl::StrCat("world_size must be positive, got ", *spec.world_size));
   }
 
-  std::set<int64_t> taken;
-  for (const v1::Member& member : view->members()) {
+  for (const v1::Member& member : current.members()) {
     if (member.name() == spec.name) {
       return absl::InvalidArgumentError(absl::StrCat("worker name ", spec.name,
                                                      " is already taken in group ", group,
                                                      " (rank ", member.rank(), " on node ",
                                                      member.node(), ")"));
     }
-    taken.insert(member.rank());
   }
   int64_t rank;
   if (spec.rank.has_value()) {
@@ -155,9 +147,9 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
           "rank ", rank, " of worker ", spec.name, " is out of range",
           is_static ? absl::StrCat(" [0, ", *spec.world_size, ")") : std::string(" (must be >= 0)")));
     }
-    if (taken.count(rank) > 0) {
-      const auto it = std::find_if(view->members().begin(), view->members().end(),
-                                   [rank](const v1::Member& m) { return m.rank() == rank; });
+    const auto it = std::find_if(current.members().begin(), current.members().end(),
+                                 [rank](const v1::Member& m) { return m.rank() == rank; });
+    if (it != current.members().end()) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of group ", group,
                                                      " is already taken by ", it->name(),
                                                      " on node ", it->node()));
@@ -166,25 +158,47 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
     return absl::InvalidArgumentError(absl::StrCat(
         "worker ", spec.name, " joins static group ", group, " without a rank"));
   } else {
+    std::set<int64_t> taken;
+    for (const v1::Member& member : current.members()) taken.insert(member.rank());
     rank = 0;
     while (taken.count(rank) > 0) ++rank;  // the lowest free rank
   }
 
-  v1::Member* member = view->add_members();
-  member->set_name(spec.name);
-  member->set_rank(rank);
-  member->set_node(spec.node);
-  member->set_incarnation(spec.incarnation);
-  member->set_since_unix_ms(spec.since_unix_ms);
-  SortByRank(view);
-  v1::MemberOptionsRecord& options = (*next.mutable_options())[spec.name];
+  v1::Member member;
+  member.set_name(spec.name);
+  member.set_rank(rank);
+  member.set_node(spec.node);
+  member.set_incarnation(spec.incarnation);
+  member.set_since_unix_ms(spec.since_unix_ms);
+  v1::MemberOptionsRecord options;
   *options.mutable_options() = spec.options;
   options.set_device_count(spec.device_count);
 
   // A member's own options are checked before anything else, so it alone is blamed.
-  absl::StatusOr<MemberOptions> own = ToMemberOptions(*FindMember(next, spec.name), options);
+  absl::StatusOr<MemberOptions> own = ToMemberOptions(member, options);
   if (!own.ok()) return own.status();
   if (absl::Status status = ValidateMemberOptions(*own); !status.ok()) return status;
+
+  // Only a dynamic join can still be refused (by negotiation with the present members): it
+  // works on a copy. A static join cannot fail from here on and changes the record in place.
+  v1::GroupRecord copy;
+  if (!is_static) copy = *record;
+  v1::GroupRecord& next = is_static ? *record : copy;
+  v1::GroupView* view = next.mutable_view();
+  if (empty) {
+    view->set_is_static(is_static);
+    view->set_world_size(is_static ? *spec.world_size : 0);
+    view->set_phase(is_static ? kForming : kDynamic);
+    view->clear_reason();
+  }
+  // Members stay sorted by rank: move the newcomer down to its place.
+  auto* members = view->mutable_members();
+  *members->Add() = std::move(member);
+  for (int i = members->size() - 1; i > 0 && members->Get(i - 1).rank() > members->Get(i).rank();
+       --i) {
+    members->SwapElements(i - 1, i);
+  }
+  (*next.mutable_options())[spec.name] = std::move(options);
 
   next.set_change("JOINED");
   next.set_change_detail(absl::StrCat(spec.name, " (rank ", rank, ") joined from node ", spec.node));
@@ -204,7 +218,7 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
     }
   }
   view->set_version(view->version() + 1);
-  *record = std::move(next);
+  if (!is_static) *record = std::move(copy);
   return rank;
 }
 
