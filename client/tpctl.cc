@@ -340,6 +340,11 @@ int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
       std::cout << "joined " << options.group << " as " << options.name << " rank "
                 << joined->rank() << "\n";
       PrintGroup(joined->group());
+      const tpd::v1::NegotiatedMember& own = joined->negotiated();
+      std::cout << "  negotiated for " << own.name() << ": devices ["
+                << absl::StrJoin(own.devices(), ", ") << "] device_maps "
+                << MapsText(own.device_maps()) << " reverse "
+                << MapsText(own.reverse_device_maps()) << "\n";
       std::cout << std::flush;
     }
     if (!absl::GetFlag(FLAGS_hold)) return 0;

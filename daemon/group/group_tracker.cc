@@ -444,6 +444,7 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
     JoinDone done;
     absl::Status error;
     int64_t rank = -1;
+    std::string name;
   };
   std::vector<Settled> settled;
   // One copy of the view for every join this version answers; each answer is built from it
@@ -489,7 +490,7 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
                                "worker ", it->name, " was removed from group ", group_,
                                " before it formed: ", latest_.change_detail()))});
       } else if (!view.is_static() || view.phase() == kFormed) {
-        settled.push_back({std::move(it->done), absl::OkStatus(), member->rank()});
+        settled.push_back({std::move(it->done), absl::OkStatus(), member->rank(), it->name});
         answers = true;
       } else if (view.phase() == kFailed || view.phase() == kBroken) {
         settled.push_back({std::move(it->done), view.phase() == kFailed
@@ -516,7 +517,15 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
       answer_view.set_store(store_name_);
     }
   }
-  // Each answer carries the whole view (N members), and every call owns its response. They
+  // Each member is answered with its own negotiated entry only (see JoinResponse).
+  std::map<std::string, v1::NegotiatedMember> own;
+  if (answers) {
+    for (v1::NegotiatedMember& member : *answer_view.mutable_negotiated()) {
+      own[member.name()] = std::move(member);
+    }
+    answer_view.clear_negotiated();
+  }
+  // Each answer carries the member list (N members), and every call owns its response. They
   // are built one at a time and handed to gRPC at once, outside the lock: building all of a
   // formed group's local answers under mu_ first held O(N^2 / daemons) memory and blocked the
   // tracker for seconds at N = 4000 (bench/group_bench.cc).
@@ -528,6 +537,7 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
     v1::JoinResponse response;
     *response.mutable_group() = answer_view;
     response.set_rank(join.rank);
+    if (auto it = own.find(join.name); it != own.end()) *response.mutable_negotiated() = it->second;
     join.done(std::move(response));
   }
   if (evicted && on_evicted_) on_evicted_();
@@ -579,6 +589,19 @@ void GroupTracker::CheckHeartbeats() {
     }
   }
   const absl::Time now = absl::Now();
+  // A daemon that was itself stalled (overloaded, paused, starved of CPU) cannot tell a
+  // silent peer from its own deafness: heartbeats may have gone unrecorded or unread. After
+  // a stall it restarts every peer's window instead of judging it.
+  const bool stalled = last_heartbeat_check_ != absl::InfinitePast() &&
+                       now - last_heartbeat_check_ > options_.heartbeat_timeout / 2;
+  last_heartbeat_check_ = now;
+  if (stalled) {
+    Log()->warn("[group {}] heartbeat checks were stalled; restarting every peer's window",
+                group_);
+    absl::MutexLock lock(&mu_);
+    for (auto& [node, seen] : heartbeats_) seen.second = now;
+    return;
+  }
   for (const auto& [node, incarnations] : nodes) {
     std::string value;
     absl::StatusOr<bool> present = root_->Check({HeartbeatKey(node)});

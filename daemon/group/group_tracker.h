@@ -155,6 +155,7 @@ class GroupTracker {
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;
   // Other nodes' last heartbeat values and when this daemon saw them change.
   std::map<std::string, std::pair<std::string, absl::Time>> heartbeats_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_heartbeat_check_ = absl::InfinitePast();  // worker only
 
   std::thread worker_;
 };

@@ -151,11 +151,15 @@ TEST_F(GroupTest, NegotiatedDeviceMapsAndReverseMapsReachEveryMember) {
           .mutable_devices())["cuda:0"] = "cuda:1";
   });
   ExpectFormed(results, 3);
-  for (const v1::NegotiatedMember& member : results[0]->group().negotiated()) {
-    if (member.name() != "w1") continue;
-    ASSERT_EQ(member.reverse_device_maps().count("w0"), 1);
-    EXPECT_EQ(member.reverse_device_maps().at("w0").devices().at("cuda:1"), "cuda:0");
-  }
+  // Each Join answers its own negotiation; GetGroup has everyone's.
+  const v1::NegotiatedMember& w1 = results[1]->negotiated();
+  EXPECT_EQ(w1.name(), "w1");
+  ASSERT_EQ(w1.reverse_device_maps().count("w0"), 1);
+  EXPECT_EQ(w1.reverse_device_maps().at("w0").devices().at("cuda:1"), "cuda:0");
+  EXPECT_EQ(w1.device_maps().at("w2").devices().at("cuda:0"), "cuda:1");
+  EXPECT_TRUE(results[1]->group().negotiated().empty());
+  v1::GroupView full = *clients_[0]->GetGroup("maps");
+  EXPECT_EQ(full.negotiated_size(), 3);
 }
 
 TEST_F(GroupTest, InvalidDeviceMapFailsEveryJoinNamingTheNode) {
