@@ -15,6 +15,7 @@ PACKAGES=(
   libsystemd-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3                  # tools/count_tests.py
+  iproute2                 # ip netns, for tests/integration/netns_test
 )
 
 missing=()
