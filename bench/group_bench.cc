@@ -397,14 +397,13 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
                "%.2f s after the release; ",
                world_size, Seconds(connected - row_start), Seconds(joined_all - join_start));
   std::fprintf(stderr, "clients closed in %.2f s\n", Seconds(absl::Now() - teardown));
-  std::fprintf(stderr, "[%d ranks] timed window: %s to %s local time, %.6f,%.6f on CLOCK_MONOTONIC\n",
-               world_size,
-               absl::FormatTime("%H:%M:%E3S", join_start, absl::LocalTimeZone()).c_str(),
-               absl::FormatTime("%H:%M:%E3S", joined_all, absl::LocalTimeZone()).c_str(),
-               join_start_mono, joined_all_mono);
-  std::fprintf(stderr, "[%d ranks] JoinResponse %zu bytes (%.1f MB for all ranks)",
-               world_size, result->response_bytes,
-               1e-6 * result->response_bytes * world_size);
+  std::fprintf(
+      stderr, "[%d ranks] timed window: %s to %s local time, %.6f,%.6f on CLOCK_MONOTONIC\n",
+      world_size, absl::FormatTime("%H:%M:%E3S", join_start, absl::LocalTimeZone()).c_str(),
+      absl::FormatTime("%H:%M:%E3S", joined_all, absl::LocalTimeZone()).c_str(), join_start_mono,
+      joined_all_mono);
+  std::fprintf(stderr, "[%d ranks] JoinResponse %zu bytes (%.1f MB for all ranks)", world_size,
+               result->response_bytes, 1e-6 * result->response_bytes * world_size);
   if (result->formed_at_s >= 0) {
     std::fprintf(stderr, "; FORMED reached the watcher %.3f s after the release",
                  result->formed_at_s);

@@ -52,7 +52,8 @@ Row Measure(int clients, const std::function<bool(int)>& op) {
         const absl::Time t0 = absl::Now();
         if (t0 >= stop) break;
         if (!op(i)) failed = true;
-        if (t0 >= measure_from) latencies[i].push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+        if (t0 >= measure_from)
+          latencies[i].push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
       }
     });
   }
@@ -61,7 +62,9 @@ Row Measure(int clients, const std::function<bool(int)>& op) {
   std::vector<double> all;
   for (auto& per_client : latencies) all.insert(all.end(), per_client.begin(), per_client.end());
   std::sort(all.begin(), all.end());
-  auto pct = [&](double p) { return all.empty() ? 0.0 : all[static_cast<size_t>(p * (all.size() - 1))]; };
+  auto pct = [&](double p) {
+    return all.empty() ? 0.0 : all[static_cast<size_t>(p * (all.size() - 1))];
+  };
   return {all.size() / absl::ToDoubleSeconds(window), pct(0.50), pct(0.99)};
 }
 

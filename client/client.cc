@@ -17,8 +17,7 @@ namespace {
 // The daemon's codes arrive unchanged; absl and gRPC number their codes alike.
 absl::Status FromGrpc(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 // Extra time a waiting call's RPC deadline gets over the wait itself.
@@ -44,9 +43,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
       absl::StrCat("unix:", path), grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
-    return absl::UnavailableError(absl::StrCat("tpd at ", path, " did not accept a connection within ",
-                                               absl::FormatDuration(options.connect_timeout),
-                                               " (is it running, and may this user use the socket?)"));
+    return absl::UnavailableError(
+        absl::StrCat("tpd at ", path, " did not accept a connection within ",
+                     absl::FormatDuration(options.connect_timeout),
+                     " (is it running, and may this user use the socket?)"));
   }
   return std::unique_ptr<Client>(new Client(path, std::move(options), std::move(channel)));
 }
@@ -113,7 +113,8 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
   *request.mutable_options() = options.options;
   request.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
   v1::JoinResponse response;
-  absl::Status status = FromGrpc(control_->Join(Context(options.timeout, true).get(), request, &response));
+  absl::Status status =
+      FromGrpc(control_->Join(Context(options.timeout, true).get(), request, &response));
   if (!status.ok()) return status;
   return response;
 }
@@ -185,8 +186,7 @@ class GrpcGroupWatch : public GroupWatch {
 
 }  // namespace
 
-std::unique_ptr<GroupWatch> Client::Watch(absl::string_view group,
-                                          absl::string_view init_method) {
+std::unique_ptr<GroupWatch> Client::Watch(absl::string_view group, absl::string_view init_method) {
   v1::WatchGroupRequest request;
   request.set_group(std::string(group));
   request.set_init_method(std::string(init_method));
@@ -293,7 +293,8 @@ absl::StatusOr<std::vector<std::string>> Client::MultiGet(const std::vector<std:
   request.mutable_keys()->Add(keys.begin(), keys.end());
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::MultiGetResponse response;
-  absl::Status status = FromGrpc(store_->MultiGet(Context(timeout, true).get(), request, &response));
+  absl::Status status =
+      FromGrpc(store_->MultiGet(Context(timeout, true).get(), request, &response));
   if (!status.ok()) return status;
   return std::vector<std::string>(std::make_move_iterator(response.mutable_values()->begin()),
                                   std::make_move_iterator(response.mutable_values()->end()));
@@ -328,8 +329,8 @@ absl::StatusOr<v1::StatusResponse> Client::Status() {
 absl::StatusOr<bool> Client::Serving() {
   auto health = grpc::health::v1::Health::NewStub(channel_);
   grpc::health::v1::HealthCheckResponse response;
-  absl::Status status = FromGrpc(
-      health->Check(Context().get(), grpc::health::v1::HealthCheckRequest(), &response));
+  absl::Status status =
+      FromGrpc(health->Check(Context().get(), grpc::health::v1::HealthCheckRequest(), &response));
   if (!status.ok()) return status;
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
 }

@@ -18,8 +18,8 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,10 +35,10 @@ namespace tpd {
 // What a process brings to Join (torch.distributed.rpc's init_rpc arguments).
 struct JoinOptions {
   std::string group = "default";
-  std::string name;                    // worker name, unique in the group
-  std::optional<int64_t> rank;         // absent: assigned (dynamic groups)
-  std::optional<int64_t> world_size;   // absent: dynamic group
-  std::string init_method;             // tcp://host:port, env://, file:///path
+  std::string name;                   // worker name, unique in the group
+  std::optional<int64_t> rank;        // absent: assigned (dynamic groups)
+  std::optional<int64_t> world_size;  // absent: dynamic group
+  std::string init_method;            // tcp://host:port, env://, file:///path
   // For env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE. Empty: taken from this process's
   // environment.
   std::map<std::string, std::string> env;
@@ -85,8 +85,8 @@ class Client {
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys);
   absl::StatusOr<bool> DeleteKey(absl::string_view key);
   absl::StatusOr<int64_t> NumKeys();
-  absl::StatusOr<std::vector<std::string>> MultiGet(
-      const std::vector<std::string>& keys, absl::Duration timeout = absl::ZeroDuration());
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                    absl::Duration timeout = absl::ZeroDuration());
   absl::Status MultiSet(const std::vector<std::string>& keys,
                         const std::vector<std::string>& values);
   absl::Status Append(absl::string_view key, absl::string_view value);

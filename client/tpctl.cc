@@ -81,11 +81,21 @@ std::string Json(absl::string_view text) {
   std::string out = "\"";
   for (unsigned char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (c < 0x20) {
           absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
@@ -119,25 +129,38 @@ int RunStatus(tpd::Client& client) {
             << status->serving_status() << "\n"
             << "  socket:  " << status->socket_path() << " (mode " << status->config().socket_mode()
             << ")\n"
-            << "  uptime:  " << absl::FormatDuration(absl::Seconds(static_cast<int64_t>(status->uptime_seconds())))
+            << "  uptime:  " << static_cast<int64_t>(status->uptime_seconds()) << "s"
             << "\n"
-            << "  config:  " << (status->config().config_path().empty() ? "(defaults)" : status->config().config_path())
+            << "  config:  "
+            << (status->config().config_path().empty() ? "(defaults)"
+                                                       : status->config().config_path())
             << ", log level " << status->config().log_level() << "\n"
             << "  store:   " << store.num_keys() << " keys, " << store.bytes() << " bytes, "
             << store.waiters() << " waiting calls\n";
   if (!store.calls().empty()) {
     std::vector<std::string> calls;
-    for (const auto& [method, count] : std::map<std::string, int64_t>(store.calls().begin(), store.calls().end())) {
+    for (const auto& [method, count] :
+         std::map<std::string, int64_t>(store.calls().begin(), store.calls().end())) {
       calls.push_back(absl::StrCat(method, "=", count));
     }
     std::cout << "  calls:   " << absl::StrJoin(calls, " ") << "\n";
   }
   if (!store.errors().empty()) {
     std::vector<std::string> errors;
-    for (const auto& [code, count] : std::map<std::string, int64_t>(store.errors().begin(), store.errors().end())) {
+    for (const auto& [code, count] :
+         std::map<std::string, int64_t>(store.errors().begin(), store.errors().end())) {
       errors.push_back(absl::StrCat(code, "=", count));
     }
     std::cout << "  errors:  " << absl::StrJoin(errors, " ") << "\n";
+  }
+  if (!status->control_calls().empty()) {
+    std::vector<std::string> calls;
+    for (const auto& [method, count] : std::map<std::string, int64_t>(
+             status->control_calls().begin(), status->control_calls().end())) {
+      calls.push_back(absl::StrCat(method, "=", count));
+    }
+    std::cout << "  groups:  " << status->groups_size() << " tracked; calls "
+              << absl::StrJoin(calls, " ") << "\n";
   }
   return 0;
 }
@@ -173,7 +196,8 @@ int RunStore(tpd::Client& client, const std::vector<std::string>& args) {
     }
     absl::StatusOr<int64_t> sum = client.Add(rest[0], delta);
     if (!sum.ok()) return Error(sum.status());
-    Print(absl::StrCat(*sum), absl::StrCat("{\"key\": ", Json(rest[0]), ", \"value\": ", *sum, "}"));
+    Print(absl::StrCat(*sum),
+          absl::StrCat("{\"key\": ", Json(rest[0]), ", \"value\": ", *sum, "}"));
   } else if (command == "wait") {
     if (rest.empty()) return Usage("usage: tpctl store wait KEY...");
     if (absl::Status s = client.Wait(rest, timeout); !s.ok()) return Error(s);
@@ -199,7 +223,6 @@ int RunStore(tpd::Client& client, const std::vector<std::string>& args) {
   }
   return 0;
 }
-
 
 std::string ToJson(const google::protobuf::Message& message) {
   std::string json;
@@ -252,8 +275,10 @@ bool ParseDeviceMaps(const std::string& text, tpd::v1::BackendOptions* options) 
   for (absl::string_view worker : absl::StrSplit(text, ';', absl::SkipEmpty())) {
     const size_t colon = worker.find(':');
     if (colon == absl::string_view::npos) return false;
-    tpd::v1::DeviceMap& map = (*options->mutable_device_maps())[std::string(worker.substr(0, colon))];
-    for (absl::string_view pair : absl::StrSplit(worker.substr(colon + 1), ',', absl::SkipEmpty())) {
+    tpd::v1::DeviceMap& map =
+        (*options->mutable_device_maps())[std::string(worker.substr(0, colon))];
+    for (absl::string_view pair :
+         absl::StrSplit(worker.substr(colon + 1), ',', absl::SkipEmpty())) {
       std::pair<std::string, std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
       if (kv.second.empty()) return false;
       (*map.mutable_devices())[kv.first] = kv.second;
@@ -276,8 +301,8 @@ int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
       std::cout << ToJson(response);
     } else {
       for (const tpd::v1::GroupView& view : *groups) {
-        std::cout << view.group() << "  " << view.phase() << "  version " << view.version()
-                  << "  " << view.members_size() << " members  " << view.store() << "\n";
+        std::cout << view.group() << "  " << view.phase() << "  version " << view.version() << "  "
+                  << view.members_size() << " members  " << view.store() << "\n";
       }
     }
     return 0;
@@ -323,13 +348,16 @@ int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
     if (!ParseDeviceMaps(absl::GetFlag(FLAGS_device_maps), &options.options)) {
       return Usage("--device_maps: expected WORKER:LOCAL=REMOTE,...;WORKER:...");
     }
-    for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipEmpty())) {
+    for (absl::string_view d :
+         absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipEmpty())) {
       options.options.add_devices(std::string(d));
     }
-    for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_transports), ',', absl::SkipEmpty())) {
+    for (absl::string_view t :
+         absl::StrSplit(absl::GetFlag(FLAGS_transports), ',', absl::SkipEmpty())) {
       options.options.add_transports(std::string(t));
     }
-    for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_channels), ',', absl::SkipEmpty())) {
+    for (absl::string_view c :
+         absl::StrSplit(absl::GetFlag(FLAGS_channels), ',', absl::SkipEmpty())) {
       options.options.add_channels(std::string(c));
     }
     absl::StatusOr<tpd::v1::JoinResponse> joined = client.Join(options);
@@ -343,8 +371,8 @@ int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
       const tpd::v1::NegotiatedMember& own = joined->negotiated();
       std::cout << "  negotiated for " << own.name() << ": devices ["
                 << absl::StrJoin(own.devices(), ", ") << "] device_maps "
-                << MapsText(own.device_maps()) << " reverse "
-                << MapsText(own.reverse_device_maps()) << "\n";
+                << MapsText(own.device_maps()) << " reverse " << MapsText(own.reverse_device_maps())
+                << "\n";
       std::cout << std::flush;
     }
     if (!absl::GetFlag(FLAGS_hold)) return 0;
@@ -387,8 +415,10 @@ int main(int argc, char** argv) {
       tpd::Client::Connect(absl::GetFlag(FLAGS_socket), options);
   if (!client.ok()) return Error(client.status());
 
-  if (command == "status") return args.size() == 1 ? RunStatus(**client) : Usage("status takes no arguments");
-  if (command == "health") return args.size() == 1 ? RunHealth(**client) : Usage("health takes no arguments");
+  if (command == "status")
+    return args.size() == 1 ? RunStatus(**client) : Usage("status takes no arguments");
+  if (command == "health")
+    return args.size() == 1 ? RunHealth(**client) : Usage("health takes no arguments");
   if (command == "group") return RunGroup(**client, {args.begin() + 1, args.end()});
   return RunStore(**client, {args.begin() + 1, args.end()});
 }

@@ -9,14 +9,16 @@ namespace tpd {
 
 AdminService::AdminService(const Config* config, std::string socket_path, absl::Time start_time,
                            const std::atomic<bool>* serving, store::MemoryStore* store,
-                           const CallStats* store_calls, const InFlightCalls* in_flight,
-                           std::string peer_address, group::GroupManager* groups)
+                           const CallStats* store_calls, const CallStats* control_calls,
+                           const InFlightCalls* in_flight, std::string peer_address,
+                           group::GroupManager* groups)
     : config_(config),
       socket_path_(std::move(socket_path)),
       start_time_(start_time),
       serving_(serving),
       store_(store),
       store_calls_(store_calls),
+      control_calls_(control_calls),
       in_flight_(in_flight),
       peer_address_(std::move(peer_address)),
       groups_(groups) {}
@@ -59,8 +61,15 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   store->set_num_keys(stats.num_keys);
   store->set_bytes(stats.bytes);
   store->set_waiters(stats.waiters);
-  for (const auto& [method, count] : store_calls_->Calls()) (*store->mutable_calls())[method] = count;
+  for (const auto& [method, count] : store_calls_->Calls())
+    (*store->mutable_calls())[method] = count;
   for (const auto& [code, count] : store_calls_->Errors()) (*store->mutable_errors())[code] = count;
+  for (const auto& [method, count] : control_calls_->Calls()) {
+    (*response->mutable_control_calls())[method] = count;
+  }
+  for (const auto& [code, count] : control_calls_->Errors()) {
+    (*response->mutable_control_errors())[code] = count;
+  }
 
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

@@ -24,8 +24,9 @@ class AdminService final : public v1::Admin::CallbackService {
   // Every pointer must outlive the service. `serving` turns false when shutdown begins.
   AdminService(const Config* config, std::string socket_path, absl::Time start_time,
                const std::atomic<bool>* serving, store::MemoryStore* store,
-               const CallStats* store_calls, const InFlightCalls* in_flight,
-               std::string peer_address, group::GroupManager* groups);
+               const CallStats* store_calls, const CallStats* control_calls,
+               const InFlightCalls* in_flight, std::string peer_address,
+               group::GroupManager* groups);
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
@@ -38,6 +39,7 @@ class AdminService final : public v1::Admin::CallbackService {
   const std::atomic<bool>* const serving_;
   store::MemoryStore* const store_;
   const CallStats* const store_calls_;
+  const CallStats* const control_calls_;
   const InFlightCalls* const in_flight_;
   const std::string peer_address_;
   group::GroupManager* const groups_;

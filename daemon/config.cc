@@ -51,8 +51,8 @@ class TableReader {
   absl::Status NoUnknownKeys() const {
     for (const auto& [key, node] : table_) {
       if (!known_.contains(std::string(key.str()))) {
-        return absl::InvalidArgumentError(absl::StrCat(source_, ": unknown key \"", std::string(key.str()),
-                                                       "\" in [", name_, "]"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            source_, ": unknown key \"", std::string(key.str()), "\" in [", name_, "]"));
       }
     }
     return absl::OkStatus();
@@ -82,10 +82,9 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
                                           std::string_view(source.data(), source.size()));
   if (!parsed) {
     const toml::parse_error& error = parsed.error();
-    return absl::InvalidArgumentError(absl::StrFormat("%s:%d:%d: %s", source,
-                                                      error.source().begin.line,
-                                                      error.source().begin.column,
-                                                      std::string(error.description())));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s:%d:%d: %s", source, error.source().begin.line,
+                        error.source().begin.column, std::string(error.description())));
   }
   const toml::table& root = parsed.table();
   for (const auto& [key, node] : root) {
@@ -95,7 +94,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           source, ": unknown table [", table, "]; known: [daemon], [store], [peer], [group]"));
     }
     if (!node.is_table()) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": ", std::string(key.str()), " must be a table"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": ", std::string(key.str()), " must be a table"));
     }
   }
 
@@ -133,12 +133,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
   }
   if (const toml::table* peer = SubTable(root, "peer")) {
     TableReader reader(*peer, "peer", std::string(source));
-    for (absl::Status status : {reader.String("listen_address", &config.peer.listen_address),
-                                reader.String("token", &config.peer.token),
-                                reader.String("node_name", &config.peer.node_name),
-                                reader.Millis("heartbeat_interval_ms", &config.peer.heartbeat_interval),
-                                reader.Millis("heartbeat_timeout_ms", &config.peer.heartbeat_timeout),
-                                reader.NoUnknownKeys()}) {
+    for (absl::Status status :
+         {reader.String("listen_address", &config.peer.listen_address),
+          reader.String("token", &config.peer.token),
+          reader.String("node_name", &config.peer.node_name),
+          reader.Millis("heartbeat_interval_ms", &config.peer.heartbeat_interval),
+          reader.Millis("heartbeat_timeout_ms", &config.peer.heartbeat_timeout),
+          reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
   }
@@ -218,9 +219,9 @@ absl::Status ValidateConfig(const Config& config) {
         absl::ToInt64Milliseconds(config.peer.heartbeat_interval)));
   }
   if (config.group.cuda_device_count < -1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "group.cuda_device_count must be -1 (detect) or >= 0, got ",
-        config.group.cuda_device_count));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group.cuda_device_count must be -1 (detect) or >= 0, got ",
+                     config.group.cuda_device_count));
   }
   if (config.shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("daemon.shutdown_grace_ms must be >= 0");
@@ -229,8 +230,8 @@ absl::Status ValidateConfig(const Config& config) {
     return absl::InvalidArgumentError(
         absl::StrFormat("daemon.socket_mode must be within 0777, got %04o", config.socket_mode));
   }
-  static const absl::flat_hash_set<std::string> kLevels = {
-      "trace", "debug", "info", "warn", "error", "critical", "off"};
+  static const absl::flat_hash_set<std::string> kLevels = {"trace", "debug",    "info", "warn",
+                                                           "error", "critical", "off"};
   if (!kLevels.contains(config.log_level)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "daemon.log_level must be one of trace, debug, info, warn, error, critical, off; got \"",

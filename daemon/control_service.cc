@@ -37,9 +37,9 @@ void ControlService::CloseStreams() {
   for (auto& [id, close] : streams) close();
 }
 
-std::function<void(const absl::Status&)> ControlService::Later(
-    grpc::CallbackServerContext* context, grpc::ServerUnaryReactor** reactor,
-    const char* method) {
+std::function<void(const absl::Status&)> ControlService::Later(grpc::CallbackServerContext* context,
+                                                               grpc::ServerUnaryReactor** reactor,
+                                                               const char* method) {
   *reactor = context->DefaultReactor();
   grpc::ServerUnaryReactor* r = *reactor;
   return [r, method, stats = stats_](const absl::Status& status) {
@@ -51,8 +51,7 @@ std::function<void(const absl::Status&)> ControlService::Later(
 grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
     grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request) {
   auto sink = std::make_shared<StreamSink<v1::SessionEvent>>();
-  const std::string client =
-      request->client().empty() ? context->peer() : request->client();
+  const std::string client = request->client().empty() ? context->peer() : request->client();
   const std::string id = groups_->OpenSession(client);
   int64_t stream;
   bool closed;
@@ -139,8 +138,8 @@ grpc::ServerWriteReactor<v1::GroupEvent>* ControlService::WatchGroup(
     stream = next_stream_++;
     if (!closed) streams_[stream] = [sink] { sink->Close(kShuttingDown); };
   }
-  auto* reactor = new StreamReactor<v1::GroupEvent>(
-      sink, nullptr, [this, tracker, watcher, stream] {
+  auto* reactor =
+      new StreamReactor<v1::GroupEvent>(sink, nullptr, [this, tracker, watcher, stream] {
         if (watcher != nullptr) (*tracker)->RemoveWatcher(watcher);
         absl::MutexLock lock(&mu_);
         streams_.erase(stream);

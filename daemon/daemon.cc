@@ -133,10 +133,10 @@ absl::Status Daemon::Serve() {
   groups.tracker.heartbeat_interval = config_.peer.heartbeat_interval;
   groups.tracker.heartbeat_timeout = config_.peer.heartbeat_timeout;
   groups_ = std::make_unique<group::GroupManager>(std::move(groups), &store_);
-  control_service_ = std::make_unique<ControlService>(groups_.get(), &store_calls_);
+  control_service_ = std::make_unique<ControlService>(groups_.get(), &control_calls_);
   admin_service_ = std::make_unique<AdminService>(&config_, socket_path_, start_time_, &serving_,
-                                                  &store_, &store_calls_, &in_flight_,
-                                                  peer_address_, groups_.get());
+                                                  &store_, &store_calls_, &control_calls_,
+                                                  &in_flight_, peer_address_, groups_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -157,8 +157,8 @@ absl::Status Daemon::Serve() {
   server_ = builder.BuildAndStart();
   umask(old_umask);
   if (server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot serve on unix socket ", socket_path_,
-                                               " (see the gRPC error above)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve on unix socket ", socket_path_, " (see the gRPC error above)"));
   }
   if (absl::Status status = SetSocketOwnership(socket_path_, config_); !status.ok()) {
     server_->Shutdown();

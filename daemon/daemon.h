@@ -65,6 +65,7 @@ class Daemon {
 
   store::MemoryStore store_;
   CallStats store_calls_;
+  CallStats control_calls_;
   InFlightCalls in_flight_;
   StoreService store_service_;
   StoreService peer_store_service_;  // the same store, for token-bearing peers

@@ -27,9 +27,9 @@ absl::Status PeerAuth::Admit(const grpc::CallbackServerContext& context, const c
   }
   const char* problem = it == metadata.end() ? "no token" : "a wrong token";
   DaemonLog().warn("[peer {}] rejected {}: {}", context.peer(), method, problem);
-  return absl::UnauthenticatedError(absl::StrCat(
-      "peer call ", method, " carried ", problem,
-      ": set the same [peer] token on every daemon of the cluster"));
+  return absl::UnauthenticatedError(
+      absl::StrCat("peer call ", method, " carried ", problem,
+                   ": set the same [peer] token on every daemon of the cluster"));
 }
 
 }  // namespace tpd

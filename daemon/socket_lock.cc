@@ -18,8 +18,7 @@ namespace tpd {
 namespace {
 
 absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  return absl::FailedPreconditionError(
-      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+  return absl::FailedPreconditionError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
 }
 
 // mkdir -p with mode 0755 for each directory created.
@@ -75,9 +74,9 @@ absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Acquire(const std::strin
     const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
     close(fd);
     std::string owner = n > 0 ? std::string(absl::StripAsciiWhitespace(buf)) : "unknown";
-    return absl::FailedPreconditionError(absl::StrCat(
-        "another tpd (pid ", owner, ") is serving ", socket_path,
-        "; stop it first or start this one with a different --socket"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("another tpd (pid ", owner, ") is serving ", socket_path,
+                     "; stop it first or start this one with a different --socket"));
   }
 
   // We hold the lock, so no tpd serves this path; a live listener is some other program.
@@ -86,9 +85,9 @@ absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Acquire(const std::strin
   if (lstat(socket_path.c_str(), &st) == 0) {
     if (SomeoneListens(socket_path)) {
       close(fd);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "a process that is not a tpd daemon accepts connections on ", socket_path,
-          "; refusing to replace it"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("a process that is not a tpd daemon accepts connections on ", socket_path,
+                       "; refusing to replace it"));
     }
     if (unlink(socket_path.c_str()) != 0) {
       const absl::Status status = ErrnoError("cannot remove stale socket", socket_path);

@@ -37,7 +37,9 @@ class SocketLock {
 
  private:
   SocketLock(std::string socket_path, int lock_fd, bool reclaimed)
-      : socket_path_(std::move(socket_path)), lock_fd_(lock_fd), reclaimed_stale_socket_(reclaimed) {}
+      : socket_path_(std::move(socket_path)),
+        lock_fd_(lock_fd),
+        reclaimed_stale_socket_(reclaimed) {}
 
   const std::string socket_path_;
   const int lock_fd_;

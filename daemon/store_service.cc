@@ -29,9 +29,9 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
 
   // `scoped` is the namespace's view of `root`; it is only used during this call.
   void Start(store::Store* scoped, Values keys, absl::Time deadline) {
-    absl::StatusOr<store::WaitId> id = scoped->WaitAsync(
-        std::move(keys), deadline,
-        [this](absl::StatusOr<Values> result) { OnWaitDone(std::move(result)); });
+    absl::StatusOr<store::WaitId> id =
+        scoped->WaitAsync(std::move(keys), deadline,
+                          [this](absl::StatusOr<Values> result) { OnWaitDone(std::move(result)); });
     bool finish_now;
     bool cancel_now;
     store::Store* root = root_;
@@ -132,10 +132,9 @@ absl::Status StoreService::CheckKey(absl::string_view key) const {
 absl::Status StoreService::CheckKeys(const Keys& keys) const {
   if (keys.empty()) return absl::InvalidArgumentError("at least one key is required");
   if (keys.size() > limits_.max_keys_per_request) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request names ", keys.size(),
-                     " keys; the limit store.max_keys_per_request is ",
-                     limits_.max_keys_per_request));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request names ", keys.size(), " keys; the limit store.max_keys_per_request is ",
+        limits_.max_keys_per_request));
   }
   for (const std::string& key : keys) {
     if (absl::Status status = CheckKey(key); !status.ok()) return status;
@@ -155,8 +154,8 @@ absl::Status StoreService::CheckValue(absl::string_view key, size_t size) const 
 absl::StatusOr<absl::Time> StoreService::WaitDeadline(const grpc::CallbackServerContext* context,
                                                       int64_t timeout_ms) const {
   if (timeout_ms < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeout_ms must be >= 0 (0 uses the daemon's default), got ", timeout_ms));
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout_ms must be >= 0 (0 uses the daemon's default), got ", timeout_ms));
   }
   const absl::Duration timeout =
       timeout_ms == 0 ? limits_.default_timeout : absl::Milliseconds(timeout_ms);
@@ -298,8 +297,8 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* co
   if (absl::Status admitted = auth_.Admit(*context, "MultiGet"); !admitted.ok()) {
     return Reply(context, "MultiGet", admitted);
   }
-  return WaitFor(context, "MultiGet", request->namespace_(), request->keys(),
-                 request->timeout_ms(), [response](Values values) {
+  return WaitFor(context, "MultiGet", request->namespace_(), request->keys(), request->timeout_ms(),
+                 [response](Values values) {
                    for (std::string& value : values) response->add_values(std::move(value));
                  });
 }

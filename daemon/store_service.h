@@ -27,14 +27,11 @@ class StoreService final : public v1::Store::CallbackService {
   StoreService(store::Store* root, const StoreConfig& limits, CallStats* stats,
                std::string peer_token = "");
 
-  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
-                                const v1::SetRequest* request,
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const v1::SetRequest* request,
                                 v1::SetResponse* response) override;
-  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
-                                const v1::GetRequest* request,
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context, const v1::GetRequest* request,
                                 v1::GetResponse* response) override;
-  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context,
-                                const v1::AddRequest* request,
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context, const v1::AddRequest* request,
                                 v1::AddResponse* response) override;
   grpc::ServerUnaryReactor* CompareSet(grpc::CallbackServerContext* context,
                                        const v1::CompareSetRequest* request,

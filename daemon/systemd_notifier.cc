@@ -1,7 +1,6 @@
 #include "daemon/systemd_notifier.h"
 
 #include <systemd/sd-daemon.h>
-
 #include <unistd.h>
 
 #include <cstdint>

@@ -53,8 +53,8 @@ absl::StatusOr<int64_t> PrefixStore::NumKeys(absl::string_view prefix) {
   return base_->NumKeys(Key(prefix));
 }
 
-absl::StatusOr<WaitId> PrefixStore::WaitAsync(std::vector<std::string> keys,
-                                              absl::Time deadline, WaitCallback done) {
+absl::StatusOr<WaitId> PrefixStore::WaitAsync(std::vector<std::string> keys, absl::Time deadline,
+                                              WaitCallback done) {
   return base_->WaitAsync(Keys(keys), deadline, std::move(done));
 }
 

@@ -47,8 +47,7 @@ class Store {
 
   // c10d compare_set; returns the value the key holds afterwards, or `expected` when the key
   // is missing and `expected` is non-empty (nothing is created then).
-  virtual absl::StatusOr<std::string> CompareSet(absl::string_view key,
-                                                 absl::string_view expected,
+  virtual absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
                                                  absl::string_view desired) = 0;
 
   // Appends `value` to the value of `key`, creating it when missing.
@@ -67,8 +66,8 @@ class Store {
   // WaitCallback). Waiting costs no thread: a waiter is an entry in the store. Returns an
   // id for CancelWait, or RESOURCE_EXHAUSTED (without calling `done`) when the store's
   // waiter limit is reached.
-  virtual absl::StatusOr<WaitId> WaitAsync(std::vector<std::string> keys,
-                                           absl::Time deadline, WaitCallback done) = 0;
+  virtual absl::StatusOr<WaitId> WaitAsync(std::vector<std::string> keys, absl::Time deadline,
+                                           WaitCallback done) = 0;
 
   // Ends the wait `id` with CANCELLED if it is still pending; a no-op otherwise.
   virtual void CancelWait(WaitId id) = 0;

@@ -48,7 +48,8 @@ absl::StatusOr<v1::GroupRecord> GroupLog::Latest() {
     empty.mutable_view()->set_phase(kEmpty);
     return empty;
   }
-  absl::StatusOr<std::string> bytes = store_->Get(VersionKey(head), absl::Now() + absl::Seconds(10));
+  absl::StatusOr<std::string> bytes =
+      store_->Get(VersionKey(head), absl::Now() + absl::Seconds(10));
   if (!bytes.ok()) return bytes.status();
   return Parse(*bytes, head);
 }
@@ -68,16 +69,15 @@ absl::StatusOr<bool> GroupLog::TryAppend(const v1::GroupRecord& next) {
 absl::StatusOr<store::WaitId> GroupLog::WaitForVersion(
     int64_t version, absl::Time deadline,
     absl::AnyInvocable<void(absl::StatusOr<v1::GroupRecord>)> done) {
-  return store_->WaitAsync(
-      {VersionKey(version)}, deadline,
-      [this, version, done = std::move(done)](
-          absl::StatusOr<std::vector<std::string>> values) mutable {
-        if (!values.ok()) {
-          done(values.status());
-          return;
-        }
-        done(Parse(values->front(), version));
-      });
+  return store_->WaitAsync({VersionKey(version)}, deadline,
+                           [this, version, done = std::move(done)](
+                               absl::StatusOr<std::vector<std::string>> values) mutable {
+                             if (!values.ok()) {
+                               done(values.status());
+                               return;
+                             }
+                             done(Parse(values->front(), version));
+                           });
 }
 
 }  // namespace tpd::group

@@ -76,8 +76,7 @@ void GroupManager::Shutdown() {
 void GroupManager::Reincarnate() {
   const uint64_t incarnation = NewIncarnation();
   node_.incarnation = incarnation;
-  Log()->warn("[node {}] evicted from a group: taking new incarnation {}", node_.name,
-              incarnation);
+  Log()->warn("[node {}] evicted from a group: taking new incarnation {}", node_.name, incarnation);
 }
 
 void GroupManager::HeartbeatLoop() {
@@ -169,9 +168,9 @@ absl::StatusOr<GroupTracker*> GroupManager::TrackerFor(const std::string& group,
   if (shut_down_) return absl::UnavailableError("the tpd daemon is shutting down");
   auto known = tracker_store_.find(group);
   if (known != tracker_store_.end() && known->second != rdzv.store_name) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "group ", group, " is already in use on this daemon through ", known->second,
-        "; name groups in ", rdzv.store_name, " differently"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group ", group, " is already in use on this daemon through ", known->second,
+                     "; name groups in ", rdzv.store_name, " differently"));
   }
   std::unique_ptr<GroupTracker>& tracker = trackers_[group];
   if (tracker == nullptr) {
@@ -242,8 +241,7 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
   spec.options = request.options();
   const absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
                                                           : options_.default_join_timeout;
-  (*tracker)->Join(std::move(spec), request.session_id(), absl::Now() + timeout,
-                   std::move(done));
+  (*tracker)->Join(std::move(spec), request.session_id(), absl::Now() + timeout, std::move(done));
 }
 
 void GroupManager::Leave(const v1::LeaveRequest& request,
@@ -272,8 +270,7 @@ void GroupManager::Barrier(const v1::BarrierRequest& request, GroupTracker::Done
   }
   const absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
                                                           : options_.default_join_timeout;
-  (*tracker)->Barrier(request.session_id(), request.name(), absl::Now() + timeout,
-                      std::move(done));
+  (*tracker)->Barrier(request.session_id(), request.name(), absl::Now() + timeout, std::move(done));
 }
 
 absl::StatusOr<v1::GroupView> GroupManager::GetGroup(const std::string& group,

@@ -82,8 +82,7 @@ void GroupTracker::Enqueue(Op op) {
   ops_.push_back(std::move(op));
 }
 
-void GroupTracker::Join(JoinSpec spec, std::string session_id, absl::Time deadline,
-                        JoinDone done) {
+void GroupTracker::Join(JoinSpec spec, std::string session_id, absl::Time deadline, JoinDone done) {
   spec.node = node_->name;
   spec.incarnation = node_->incarnation.load();
   spec.device_count = node_->device_count;
@@ -200,18 +199,18 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
       return;
     }
   }
-  absl::StatusOr<store::WaitId> id = group_store_.WaitAsync(
-      {absl::StrCat(key, "/done")}, deadline,
-      [done = std::move(done), this, round, expected](
-          absl::StatusOr<std::vector<std::string>> result) mutable {
-        if (result.status().code() == absl::StatusCode::kDeadlineExceeded) {
-          done(absl::DeadlineExceededError(absl::StrCat(
-              "group ", group_, ": barrier round ", round, " timed out waiting for all ",
-              expected, " members")));
-          return;
-        }
-        done(result.status());
-      });
+  absl::StatusOr<store::WaitId> id =
+      group_store_.WaitAsync({absl::StrCat(key, "/done")}, deadline,
+                             [done = std::move(done), this, round,
+                              expected](absl::StatusOr<std::vector<std::string>> result) mutable {
+                               if (result.status().code() == absl::StatusCode::kDeadlineExceeded) {
+                                 done(absl::DeadlineExceededError(absl::StrCat(
+                                     "group ", group_, ": barrier round ", round,
+                                     " timed out waiting for all ", expected, " members")));
+                                 return;
+                               }
+                               done(result.status());
+                             });
   if (!id.ok()) done(id.status());
 }
 
@@ -465,8 +464,8 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
       event.set_detail(latest_.change_detail());
       *event.mutable_group() = latest_.view();
       event.mutable_group()->set_store(store_name_);
-      Log()->info("[group {}] version {} {}: {}", group_, event.group().version(),
-                  event.kind(), event.detail());
+      Log()->info("[group {}] version {} {}: {}", group_, event.group().version(), event.kind(),
+                  event.detail());
       for (const std::shared_ptr<GroupWatcher>& watcher : watchers_) watcher->OnEvent(event);
       // This daemon forgets its own members before recording their removal, so a local
       // member absent from a new version was removed by another daemon: evicted.
@@ -485,10 +484,10 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
     for (auto it = pending_joins_.begin(); it != pending_joins_.end();) {
       const v1::Member* member = FindMember(latest_, it->name);
       if (member == nullptr) {
-        settled.push_back({std::move(it->done),
-                           absl::AbortedError(absl::StrCat(
-                               "worker ", it->name, " was removed from group ", group_,
-                               " before it formed: ", latest_.change_detail()))});
+        settled.push_back(
+            {std::move(it->done), absl::AbortedError(absl::StrCat(
+                                      "worker ", it->name, " was removed from group ", group_,
+                                      " before it formed: ", latest_.change_detail()))});
       } else if (!view.is_static() || view.phase() == kFormed) {
         settled.push_back({std::move(it->done), absl::OkStatus(), member->rank(), it->name});
         answers = true;
@@ -596,8 +595,7 @@ void GroupTracker::CheckHeartbeats() {
                        now - last_heartbeat_check_ > options_.heartbeat_timeout / 2;
   last_heartbeat_check_ = now;
   if (stalled) {
-    Log()->warn("[group {}] heartbeat checks were stalled; restarting every peer's window",
-                group_);
+    Log()->warn("[group {}] heartbeat checks were stalled; restarting every peer's window", group_);
     absl::MutexLock lock(&mu_);
     for (auto& [node, seen] : heartbeats_) seen.second = now;
     return;

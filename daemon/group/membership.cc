@@ -44,9 +44,8 @@ absl::StatusOr<MemberOptions> ToMemberOptions(const v1::Member& member,
   absl::StatusOr<std::vector<Device>> devices =
       ParseDevices({in.devices().begin(), in.devices().end()});
   if (!devices.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("worker ", member.name(), " on node ",
-                                                   member.node(), ": ",
-                                                   devices.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", member.name(), " on node ", member.node(), ": ", devices.status().message()));
   }
   out.options.devices = *std::move(devices);
   return out;
@@ -56,7 +55,8 @@ void ToProtoMaps(const std::map<std::string, DeviceMap>& maps,
                  google::protobuf::Map<std::string, v1::DeviceMap>* out) {
   for (const auto& [to, map] : maps) {
     v1::DeviceMap& proto = (*out)[to];
-    for (const auto& [from, onto] : map) (*proto.mutable_devices())[from.ToString()] = onto.ToString();
+    for (const auto& [from, onto] : map)
+      (*proto.mutable_devices())[from.ToString()] = onto.ToString();
   }
 }
 
@@ -111,9 +111,10 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
   if (empty) {
     // The first joiner decides whether the group is static (below, once the join is valid).
   } else if (current.is_static() != is_static) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "group ", group, " is ", current.is_static() ? "static" : "dynamic", " but worker ",
-        spec.name, " joins it as ", is_static ? "static (world_size given)" : "dynamic (no world_size)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group ", group, " is ", current.is_static() ? "static" : "dynamic",
+                     " but worker ", spec.name, " joins it as ",
+                     is_static ? "static (world_size given)" : "dynamic (no world_size)"));
   } else if (is_static && current.world_size() != *spec.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("group ", group, " has world_size ",
                                                    current.world_size(), " but worker ", spec.name,
@@ -133,19 +134,19 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
 
   for (const v1::Member& member : current.members()) {
     if (member.name() == spec.name) {
-      return absl::InvalidArgumentError(absl::StrCat("worker name ", spec.name,
-                                                     " is already taken in group ", group,
-                                                     " (rank ", member.rank(), " on node ",
-                                                     member.node(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker name ", spec.name, " is already taken in group ", group, " (rank ",
+                       member.rank(), " on node ", member.node(), ")"));
     }
   }
   int64_t rank;
   if (spec.rank.has_value()) {
     rank = *spec.rank;
     if (rank < 0 || (is_static && rank >= *spec.world_size)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, " of worker ", spec.name, " is out of range",
-          is_static ? absl::StrCat(" [0, ", *spec.world_size, ")") : std::string(" (must be >= 0)")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " of worker ", spec.name, " is out of range",
+                       is_static ? absl::StrCat(" [0, ", *spec.world_size, ")")
+                                 : std::string(" (must be >= 0)")));
     }
     const auto it = std::find_if(current.members().begin(), current.members().end(),
                                  [rank](const v1::Member& m) { return m.rank() == rank; });
@@ -155,8 +156,8 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
                                                      " on node ", it->node()));
     }
   } else if (is_static) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker ", spec.name, " joins static group ", group, " without a rank"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", spec.name, " joins static group ", group, " without a rank"));
   } else {
     std::set<int64_t> taken;
     for (const v1::Member& member : current.members()) taken.insert(member.rank());
@@ -201,15 +202,16 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
   (*next.mutable_options())[spec.name] = std::move(options);
 
   next.set_change("JOINED");
-  next.set_change_detail(absl::StrCat(spec.name, " (rank ", rank, ") joined from node ", spec.node));
+  next.set_change_detail(
+      absl::StrCat(spec.name, " (rank ", rank, ") joined from node ", spec.node));
   if (!is_static) {
     if (absl::Status status = Renegotiate(&next); !status.ok()) return status;
   } else if (view->members_size() == view->world_size()) {
     if (absl::Status status = Renegotiate(&next); status.ok()) {
       view->set_phase(kFormed);
       next.set_change("FORMED");
-      next.set_change_detail(absl::StrCat("all ", view->world_size(), " ranks joined; ",
-                                          spec.name, " was the last"));
+      next.set_change_detail(
+          absl::StrCat("all ", view->world_size(), " ranks joined; ", spec.name, " was the last"));
     } else {
       view->set_phase(kFailed);
       view->set_reason(std::string(status.message()));
@@ -249,7 +251,8 @@ int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Memb
     view->clear_rpc_timeout_ms();
   } else if (view->phase() == kFormed) {
     view->set_phase(kBroken);
-    view->set_reason(absl::StrCat(absl::StrJoin(removed, ", "), " ", change == "EVICTED" ? "evicted" : "left", ": ", why));
+    view->set_reason(absl::StrCat(absl::StrJoin(removed, ", "), " ",
+                                  change == "EVICTED" ? "evicted" : "left", ": ", why));
     record->set_change("BROKEN");
   } else if (view->phase() == kDynamic) {
     // Removing members cannot invalidate the others' maps in a dynamic group: maps toward

@@ -48,9 +48,9 @@ absl::Status MemoryStore::Set(absl::string_view key, absl::string_view value) {
 absl::Status MemoryStore::MultiSet(const std::vector<std::string>& keys,
                                    const std::vector<std::string>& values) {
   if (keys.size() != values.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "multi_set needs one value per key: got %d keys and %d values", keys.size(),
-        values.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("multi_set needs one value per key: got %d keys and %d values", keys.size(),
+                        values.size()));
   }
   std::vector<Completion> completions;
   {
@@ -69,15 +69,14 @@ absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) {
     int64_t current = 0;
     auto it = data_.find(key);
     if (it != data_.end() && !absl::SimpleAtoi(it->second, &current)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("add: key \"", absl::CEscape(key),
-                       "\" holds a value that is not an integer: \"",
-                       absl::CEscape(it->second.substr(0, 64)), "\""));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "add: key \"", absl::CEscape(key), "\" holds a value that is not an integer: \"",
+          absl::CEscape(it->second.substr(0, 64)), "\""));
     }
     if (__builtin_add_overflow(current, delta, &sum)) {
       return absl::InvalidArgumentError(absl::StrCat("add: key \"", absl::CEscape(key),
-                                                     "\" would overflow int64 (", current,
-                                                     " + ", delta, ")"));
+                                                     "\" would overflow int64 (", current, " + ",
+                                                     delta, ")"));
     }
     SetLocked(std::string(key), absl::StrCat(sum), &completions);
   }
@@ -153,8 +152,8 @@ absl::StatusOr<int64_t> MemoryStore::NumKeys(absl::string_view prefix) {
   return count;
 }
 
-absl::StatusOr<WaitId> MemoryStore::WaitAsync(std::vector<std::string> keys,
-                                              absl::Time deadline, WaitCallback done) {
+absl::StatusOr<WaitId> MemoryStore::WaitAsync(std::vector<std::string> keys, absl::Time deadline,
+                                              WaitCallback done) {
   std::vector<Completion> completions;
   WaitId id;
   {

@@ -24,8 +24,8 @@ RemoteStore::RemoteStore(std::string address, RemoteStoreOptions options)
     : address_(std::move(address)), options_(std::move(options)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  stub_ = v1::Store::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("dns:///", address_), grpc::InsecureChannelCredentials(), args));
+  stub_ = v1::Store::NewStub(grpc::CreateCustomChannel(absl::StrCat("dns:///", address_),
+                                                       grpc::InsecureChannelCredentials(), args));
   cq_thread_ = std::thread([this] { DrainCompletions(); });
 }
 
@@ -42,8 +42,8 @@ void RemoteStore::DrainCompletions() {
     }
     absl::Status result = FromGrpc(wait->status);
     if (result.ok()) {
-      wait->done(std::vector<std::string>(wait->response.values().begin(),
-                                          wait->response.values().end()));
+      wait->done(
+          std::vector<std::string>(wait->response.values().begin(), wait->response.values().end()));
     } else {
       wait->done(result);
     }
@@ -105,8 +105,8 @@ absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key, int64_t delta) {
   request.set_key(std::string(key));
   request.set_delta(delta);
   v1::AddResponse response;
-  absl::Status status = FromGrpc(
-      stub_->Add(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  absl::Status status =
+      FromGrpc(stub_->Add(Context(absl::Now() + options_.call_timeout).get(), request, &response));
   if (!status.ok()) return status;
   return response.value();
 }
@@ -167,13 +167,14 @@ absl::StatusOr<int64_t> RemoteStore::NumKeys(absl::string_view prefix) {
   return response.num_keys();
 }
 
-absl::StatusOr<WaitId> RemoteStore::WaitAsync(std::vector<std::string> keys,
-                                              absl::Time deadline, WaitCallback done) {
+absl::StatusOr<WaitId> RemoteStore::WaitAsync(std::vector<std::string> keys, absl::Time deadline,
+                                              WaitCallback done) {
   auto wait = std::make_shared<PendingWait>();
   wait->request.mutable_keys()->Add(keys.begin(), keys.end());
   // The serving daemon ends the wait with DEADLINE_EXCEEDED naming the keys; the RPC
   // deadline, a little later, only covers a daemon that stopped answering.
-  const int64_t timeout_ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
+  const int64_t timeout_ms =
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
   wait->request.set_timeout_ms(deadline == absl::InfiniteFuture() ? 0 : timeout_ms);
   if (deadline != absl::InfiniteFuture()) {
     wait->context.set_deadline(absl::ToChronoTime(deadline + absl::Seconds(2)));

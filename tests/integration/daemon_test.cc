@@ -15,18 +15,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "gmock/gmock.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/create_channel.h"
-#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
 
 namespace tpd {
 namespace {
 
+using testing::DaemonProcess;
 using ::testing::HasSubstr;
 using ::testing::IsSupersetOf;
-using testing::DaemonProcess;
 using testing::RunfilePath;
 using testing::RunProcess;
 using testing::TempDir;
@@ -66,8 +66,8 @@ class DaemonTest : public ::testing::Test {
 };
 
 TEST_F(DaemonTest, ReflectionListsEveryService) {
-  auto channel = grpc::CreateChannel(absl::StrCat("unix:", socket_),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("unix:", socket_), grpc::InsecureChannelCredentials());
   auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(channel);
   grpc::ClientContext context;
   auto stream = stub->ServerReflectionInfo(&context);
@@ -113,8 +113,7 @@ TEST_F(DaemonTest, ClientLibraryStoreCallsHaveC10dSemantics) {
   EXPECT_EQ(*client->CompareSet("absent", "x", "y"), "x");
   EXPECT_FALSE(*client->Check({"absent"}));
   ASSERT_TRUE(client->MultiSet({"a", "b"}, {"1", "2"}).ok());
-  EXPECT_THAT(*client->MultiGet({"b", "a"}, absl::Seconds(1)),
-              ::testing::ElementsAre("2", "1"));
+  EXPECT_THAT(*client->MultiGet({"b", "a"}, absl::Seconds(1)), ::testing::ElementsAre("2", "1"));
   ASSERT_TRUE(client->Append("b", "+").ok());
   EXPECT_EQ(*client->Get("b"), "2+");
   EXPECT_TRUE(*client->Check({"a", "b", "k"}));
@@ -406,9 +405,9 @@ max_value_bytes = 1024
 TEST(DaemonConfigTest, InvalidConfigRefusesToStartNamingTheField) {
   TempDir dir;
   const std::string config = dir.WriteFile("tpd.toml", "[store]\nmax_waiters = 0\n");
-  testing::ProcessResult result = RunProcess(
-      {RunfilePath("daemon/tpd"), "--socket", absl::StrCat(dir.path(), "/s.sock"), "--config",
-       config});
+  testing::ProcessResult result =
+      RunProcess({RunfilePath("daemon/tpd"), "--socket", absl::StrCat(dir.path(), "/s.sock"),
+                  "--config", config});
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.output, HasSubstr("store.max_waiters must be > 0"));
 }

@@ -24,8 +24,8 @@
 namespace tpd {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::DaemonProcess;
+using ::testing::HasSubstr;
 using testing::RunfilePath;
 using testing::TempDir;
 
@@ -307,7 +307,8 @@ TEST_F(GroupTest, DynamicChurnGivesEveryWatcherTheSameVersionSequence) {
   std::vector<v1::GroupEvent> c = on_c.events();
   auto trace = [](const std::vector<v1::GroupEvent>& events) {
     std::string out;
-    for (const v1::GroupEvent& e : events) absl::StrAppend(&out, e.group().version(), e.kind(), " ");
+    for (const v1::GroupEvent& e : events)
+      absl::StrAppend(&out, e.group().version(), e.kind(), " ");
     return out;
   };
   SCOPED_TRACE(absl::StrCat("a: ", trace(a), "\nc: ", trace(c)));
@@ -346,8 +347,7 @@ TEST_F(GroupTest, KilledClientLeavesAtOnceAndWatchersAreTold) {
   close(in[0]);
   ASSERT_TRUE(events.WaitFor(
       // JOINED, or a SNAPSHOT already holding the victim when the watch started late.
-      [](const v1::GroupEvent& e) { return e.group().members_size() == 1; },
-      absl::Seconds(20)));
+      [](const v1::GroupEvent& e) { return e.group().members_size() == 1; }, absl::Seconds(20)));
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   const absl::Time killed = absl::Now();
@@ -465,6 +465,9 @@ TEST_F(GroupTest, StatusShowsGroupsMembersAndPeers) {
   EXPECT_EQ(status->groups(0).phase(), "FORMED");
   EXPECT_EQ(status->groups(0).negotiated_size(), 3);
   EXPECT_EQ(status->peers_size(), 2);
+  // Control calls are counted apart from store calls.
+  EXPECT_GE(status->control_calls().at("Join"), 1);
+  EXPECT_EQ(status->store().calls().count("Join"), 0);
 }
 
 }  // namespace

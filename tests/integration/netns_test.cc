@@ -19,8 +19,8 @@
 namespace tpd {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::DaemonProcess;
+using ::testing::HasSubstr;
 using testing::RunProcess;
 using testing::TempDir;
 
@@ -72,8 +72,8 @@ class NetnsTest : public ::testing::Test {
     }
   }
 
-  std::string StartDaemon(const std::string& node, const std::string& ns,
-                          const std::string& addr, std::unique_ptr<DaemonProcess>* out) {
+  std::string StartDaemon(const std::string& node, const std::string& ns, const std::string& addr,
+                          std::unique_ptr<DaemonProcess>* out) {
     const std::string socket = absl::StrCat(dir_.path(), "/", node, ".sock");
     const std::string config = dir_.WriteFile(
         absl::StrCat(node, ".toml"),
