@@ -151,16 +151,18 @@ void GroupTracker::Shutdown() {
     for (const auto& [name, member] : local_) names.insert(name);
   }
   if (!names.empty()) {
-    absl::Notification left;
+    // Shared: if the store does not answer in time, the op may still finish after we stop
+    // waiting, or be failed by the destructor.
+    auto left = std::make_shared<absl::Notification>();
     Op op;
     op.remove = [names, node = node_->name](const v1::Member& member) {
       return member.node() == node && names.count(member.name()) > 0;
     };
     op.change = "LEFT";
     op.why = "its daemon is shutting down";
-    op.remove_done = [&left](absl::StatusOr<int64_t>) { left.Notify(); };
+    op.remove_done = [left](absl::StatusOr<int64_t>) { left->Notify(); };
     Enqueue(std::move(op));
-    left.WaitForNotificationWithTimeout(absl::Seconds(5));
+    left->WaitForNotificationWithTimeout(absl::Seconds(5));
   }
   absl::MutexLock lock(&mu_);
   stop_ = true;
