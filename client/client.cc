@@ -71,6 +71,8 @@ Client::~Client() {
 absl::StatusOr<std::string> Client::Session() {
   absl::MutexLock lock(&session_mu_);
   if (!session_id_.empty()) return session_id_;
+  // A session that ended (the daemon restarted) is replaced by a new one.
+  if (session_reader_.joinable()) session_reader_.join();
   session_context_ = std::make_unique<grpc::ClientContext>();
   v1::OpenSessionRequest request;
   request.set_client(absl::StrCat("pid ", getpid()));
@@ -84,11 +86,14 @@ absl::StatusOr<std::string> Client::Session() {
   }
   session_id_ = event.session_id();
   // The stream carries nothing more today; reading it keeps it open and notices its end.
-  session_reader_ = std::thread([reader] {
+  session_reader_ = std::thread([this, reader] {
     v1::SessionEvent ignored;
     while (reader->Read(&ignored)) {
     }
     reader->Finish();
+    // Members of this session are gone with it; the next group call opens a new session.
+    absl::MutexLock lock(&session_mu_);
+    session_id_.clear();
   });
   return session_id_;
 }
@@ -168,12 +173,18 @@ class GrpcGroupWatch : public GroupWatch {
  public:
   GrpcGroupWatch(v1::Control::Stub* stub, const v1::WatchGroupRequest& request)
       : reader_(stub->WatchGroup(&context_, request)) {}
+  // REQUIRES: no Next in progress on another thread (Cancel and join it first).
   ~GrpcGroupWatch() override {
-    context_.TryCancel();
     if (!finished_) (void)Finish();
   }
-  bool Next(v1::GroupEvent* event) override { return reader_->Read(event); }
+  bool Next(v1::GroupEvent* event) override {
+    ended_ = !reader_->Read(event);
+    return !ended_;
+  }
+  void Cancel() override { context_.TryCancel(); }
   absl::Status Finish() override {
+    // Finish on a live stream would wait for the daemon to end it: end it ourselves.
+    if (!ended_) context_.TryCancel();
     finished_ = true;
     return FromGrpc(reader_->Finish());
   }
@@ -181,6 +192,7 @@ class GrpcGroupWatch : public GroupWatch {
  private:
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReader<v1::GroupEvent>> reader_;
+  bool ended_ = false;
   bool finished_ = false;
 };
 

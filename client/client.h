@@ -50,8 +50,12 @@ struct JoinOptions {
 class GroupWatch {
  public:
   virtual ~GroupWatch() = default;
-  // Blocks for the next event; false when the stream ended (Status() tells why).
+  // Blocks for the next event; false when the stream ended (Finish() tells why).
   virtual bool Next(v1::GroupEvent* event) = 0;
+  // Ends the stream; a Next blocked on another thread returns false. Thread-safe.
+  virtual void Cancel() = 0;
+  // The stream's final status. Call once, after Next returned false, from the thread that
+  // called Next (gRPC forbids Finish while a Read is in progress).
   virtual absl::Status Finish() = 0;
 };
 

@@ -68,7 +68,10 @@ void GroupManager::Shutdown() {
     for (auto& [name, tracker] : trackers_) live.push_back(tracker.get());
   }
   // Trackers stay allocated until the destructor: streams still closing may refer to them.
-  for (GroupTracker* tracker : live) tracker->Shutdown();
+  // They leave in parallel: each may wait on its own store.
+  std::vector<std::thread> leaving;
+  for (GroupTracker* tracker : live) leaving.emplace_back([tracker] { tracker->Shutdown(); });
+  for (std::thread& thread : leaving) thread.join();
   stop_heartbeat_.Notify();
   if (heartbeat_.joinable()) heartbeat_.join();
 }
@@ -145,9 +148,13 @@ absl::StatusOr<GroupManager::Rendezvous> GroupManager::StoreFor(
           "etcd:// rendezvous is not available in this tpd release; use tcp://, env:// or "
           "file://");
   }
-  absl::MutexLock lock(&mu_);
-  auto it = stores_.find(name);
-  if (it != stores_.end()) return Rendezvous{name, it->second.get()};
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = stores_.find(name);
+    if (it != stores_.end()) return Rendezvous{name, it->second.get()};
+  }
+  // Opened outside the lock: a file store replays its whole log (maybe over NFS), and the
+  // heartbeat thread must not wait for that.
   std::unique_ptr<store::Store> store;
   if (method->scheme == store::InitMethodScheme::kFile) {
     absl::StatusOr<std::unique_ptr<store::FileStore>> file = store::FileStore::Open(method->path);
@@ -158,9 +165,10 @@ absl::StatusOr<GroupManager::Rendezvous> GroupManager::StoreFor(
     remote.token = options_.peer_token;
     store = std::make_unique<store::RemoteStore>(HostPort(method->host, method->port), remote);
   }
-  store::Store* raw = store.get();
-  stores_[name] = std::move(store);
-  return Rendezvous{name, raw};
+  absl::MutexLock lock(&mu_);
+  // Another join may have opened the same store meanwhile: keep the first.
+  auto [it, inserted] = stores_.try_emplace(name, std::move(store));
+  return Rendezvous{name, it->second.get()};
 }
 
 absl::StatusOr<GroupTracker*> GroupManager::TrackerFor(const std::string& group,
@@ -227,8 +235,15 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
   }
   absl::StatusOr<GroupTracker*> tracker;
   {
+    // The session is checked again under the same lock that creates the tracker: EndSession
+    // erases the session and lists the trackers under it, so either this join sees the
+    // session gone, or the tracker is on EndSession's list and undoes the join.
     absl::MutexLock lock(&mu_);
-    tracker = TrackerFor(request.group().empty() ? "default" : request.group(), *rdzv);
+    if (sessions_.count(request.session_id()) == 0) {
+      tracker = absl::CancelledError("the client's session ended during the join");
+    } else {
+      tracker = TrackerFor(request.group().empty() ? "default" : request.group(), *rdzv);
+    }
   }
   if (!tracker.ok()) {
     done(tracker.status());

@@ -49,18 +49,37 @@ GroupTracker::GroupTracker(std::string group, std::string store_name, store::Sto
   worker_ = std::thread([this] { WorkerLoop(); });
 }
 
-GroupTracker::~GroupTracker() {
+GroupTracker::~GroupTracker() { Stop(); }
+
+void GroupTracker::Stop() {
   {
     absl::MutexLock lock(&mu_);
+    if (stopped_) return;
     stop_ = true;
   }
   if (worker_.joinable()) worker_.join();
-  std::vector<PendingJoin> joins;
-  std::deque<Op> ops;
+  bool armed;
+  store::WaitId version_wait;
+  std::vector<store::WaitId> barrier_waits;
   {
     absl::MutexLock lock(&mu_);
-    if (wait_armed_) log_.CancelWait(wait_id_);
+    armed = wait_armed_;
+    version_wait = wait_id_;
+    barrier_waits.assign(barrier_waits_.begin(), barrier_waits_.end());
   }
+  // Cancelling may run the callbacks on this thread, and they take mu_: not under it.
+  if (armed) log_.CancelWait(version_wait);
+  for (store::WaitId id : barrier_waits) group_store_.CancelWait(id);
+  {
+    // A remote store answers a cancel asynchronously; its callbacks still touch this object.
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::set<store::WaitId>* waits) { return waits->empty(); }, &barrier_waits_),
+        absl::Seconds(10));
+  }
+  std::vector<PendingJoin> joins;
+  std::deque<Op> ops;
   {
     // The version wait's callback touches this object: wait for it to have run.
     absl::MutexLock lock(&mu_);
@@ -68,6 +87,7 @@ GroupTracker::~GroupTracker() {
         +[](bool* armed) { return !*armed; }, &wait_armed_));
     joins = std::move(pending_joins_);
     ops = std::move(ops_);
+    stopped_ = true;
   }
   const absl::Status stopping = absl::UnavailableError("the tpd daemon is stopping");
   for (PendingJoin& join : joins) join.done(stopping);
@@ -78,8 +98,18 @@ GroupTracker::~GroupTracker() {
 }
 
 void GroupTracker::Enqueue(Op op) {
-  absl::MutexLock lock(&mu_);
-  ops_.push_back(std::move(op));
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_) {
+      if (op.join) ++joins_in_flight_[op.session_id];
+      ops_.push_back(std::move(op));
+      return;
+    }
+  }
+  // No worker will take it any more: answer at once.
+  const absl::Status stopping = absl::UnavailableError("the tpd daemon is stopping");
+  if (op.join_done) op.join_done(stopping);
+  if (op.remove_done) op.remove_done(stopping);
 }
 
 void GroupTracker::Join(JoinSpec spec, std::string session_id, absl::Time deadline, JoinDone done) {
@@ -128,7 +158,8 @@ void GroupTracker::EndSession(const std::string& session_id) {
   std::set<std::string> names;
   {
     absl::MutexLock lock(&mu_);
-    ended_sessions_.insert(session_id);
+    // Only a join still on its way can land after this; remember the session for it alone.
+    if (joins_in_flight_.count(session_id) > 0) ended_sessions_.insert(session_id);
     for (const auto& [name, member] : local_) {
       if (member.session_id == session_id) names.insert(name);
     }
@@ -146,10 +177,15 @@ void GroupTracker::EndSession(const std::string& session_id) {
 
 void GroupTracker::Shutdown() {
   std::set<std::string> names;
+  std::vector<PendingJoin> joins;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, member] : local_) names.insert(name);
+    // Joins still waiting for their group are answered now, before their members leave.
+    joins = std::move(pending_joins_);
+    pending_joins_.clear();
   }
+  for (PendingJoin& join : joins) join.done(absl::UnavailableError("the tpd daemon is stopping"));
   if (!names.empty()) {
     // Shared: if the store does not answer in time, the op may still finish after we stop
     // waiting, or be failed by the destructor.
@@ -164,12 +200,12 @@ void GroupTracker::Shutdown() {
     Enqueue(std::move(op));
     left->WaitForNotificationWithTimeout(absl::Seconds(5));
   }
-  absl::MutexLock lock(&mu_);
-  stop_ = true;
+  Stop();
 }
 
 void GroupTracker::Barrier(const std::string& session_id, const std::string& name,
                            absl::Time deadline, Done done) {
+  int64_t generation = 0;
   int64_t round = 0;
   int64_t expected = 0;
   bool member = false;
@@ -178,8 +214,17 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
     auto it = local_.find(name);
     if (it != local_.end() && it->second.session_id == session_id) {
       member = true;
-      round = ++it->second.barrier_round;
       const v1::GroupView& view = latest_.view();
+      // Keys of a barrier carry a generation so that a group formed anew (or a dynamic
+      // group after a change) never meets the rounds of an earlier one: a static group's
+      // is the version that formed it; a dynamic group's is the current version, so
+      // members meet when they see the same membership.
+      generation = view.is_static() ? view.formed_version() : view.version();
+      if (it->second.barrier_generation != generation) {
+        it->second.barrier_generation = generation;
+        it->second.barrier_round = 0;
+      }
+      round = ++it->second.barrier_round;
       expected = view.is_static() ? view.world_size() : view.members_size();
     }
   }
@@ -189,7 +234,7 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
                      " held by this session (never joined, left, or evicted)")));
     return;
   }
-  const std::string key = absl::StrCat("barrier/", round);
+  const std::string key = absl::StrCat("barrier/", generation, "/", round);
   absl::StatusOr<int64_t> arrived = group_store_.Add(key, 1);
   if (!arrived.ok()) {
     done(arrived.status());
@@ -200,20 +245,51 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
       done(status);
       return;
     }
+    // The previous round is over for everyone: its keys can go.
+    if (round > 1) {
+      (void)group_store_.DeleteKey(absl::StrCat("barrier/", generation, "/", round - 1));
+      (void)group_store_.DeleteKey(absl::StrCat("barrier/", generation, "/", round - 1, "/done"));
+    }
   }
-  absl::StatusOr<store::WaitId> id =
-      group_store_.WaitAsync({absl::StrCat(key, "/done")}, deadline,
-                             [done = std::move(done), this, round,
-                              expected](absl::StatusOr<std::vector<std::string>> result) mutable {
-                               if (result.status().code() == absl::StatusCode::kDeadlineExceeded) {
-                                 done(absl::DeadlineExceededError(absl::StrCat(
-                                     "group ", group_, ": barrier round ", round,
-                                     " timed out waiting for all ", expected, " members")));
-                                 return;
-                               }
-                               done(result.status());
-                             });
-  if (!id.ok()) done(id.status());
+  // The wait may end before WaitAsync returns; both sides meet under mu_ through `cell`.
+  struct Cell {
+    std::optional<store::WaitId> id;
+    bool finished = false;
+    Done done;
+  };
+  auto cell = std::make_shared<Cell>();
+  cell->done = std::move(done);
+  absl::StatusOr<store::WaitId> id = group_store_.WaitAsync(
+      {absl::StrCat(key, "/done")}, deadline,
+      [this, round, expected, cell](absl::StatusOr<std::vector<std::string>> result) {
+        bool stopping;
+        {
+          absl::MutexLock lock(&mu_);
+          cell->finished = true;
+          if (cell->id.has_value()) barrier_waits_.erase(*cell->id);
+          stopping = stop_;
+        }
+        if (stopping && !result.ok()) {
+          cell->done(absl::UnavailableError("the tpd daemon is stopping"));
+          return;
+        }
+        if (result.status().code() == absl::StatusCode::kDeadlineExceeded) {
+          cell->done(absl::DeadlineExceededError(absl::StrCat("group ", group_, ": barrier round ",
+                                                              round, " timed out waiting for all ",
+                                                              expected, " members")));
+          return;
+        }
+        cell->done(result.status());
+      });
+  if (!id.ok()) {
+    cell->done(id.status());  // the store refused the wait and will not call back
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  if (!cell->finished) {
+    cell->id = *id;
+    barrier_waits_.insert(*id);
+  }
 }
 
 v1::GroupView GroupTracker::View() {
@@ -252,13 +328,17 @@ void GroupTracker::RemoveWatcher(const std::shared_ptr<GroupWatcher>& watcher) {
 }
 
 void GroupTracker::ArmVersionWait() {
-  if (wait_armed_ || stop_) return;
+  if (wait_armed_ || stop_ || absl::Now() < rearm_after_) return;
   const int64_t next = latest_.view().version() + 1;
   wait_armed_ = true;
   mu_.Unlock();
   absl::StatusOr<store::WaitId> id = log_.WaitForVersion(
       next, absl::Now() + kVersionWaitSlice, [this](absl::StatusOr<v1::GroupRecord> record) {
         absl::MutexLock lock(&mu_);
+        if (!record.ok() && record.status().code() != absl::StatusCode::kDeadlineExceeded) {
+          // The store refused (down, shutting down, full): retry at the next tick, not at once.
+          rearm_after_ = absl::Now() + options_.heartbeat_interval;
+        }
         if (record.ok() || record.status().code() != absl::StatusCode::kDeadlineExceeded) {
           arrived_.push_back(std::move(record));
         }
@@ -267,6 +347,7 @@ void GroupTracker::ArmVersionWait() {
   mu_.Lock();
   if (!id.ok()) {
     wait_armed_ = false;
+    rearm_after_ = absl::Now() + options_.heartbeat_interval;
   } else if (wait_armed_) {
     wait_id_ = *id;
   }
@@ -292,7 +373,8 @@ void GroupTracker::WorkerLoop() {
       absl::MutexLock lock(&mu_);
       ArmVersionWait();
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !ops_.empty() || !arrived_.empty() || !wait_armed_;
+        return stop_ || !ops_.empty() || !arrived_.empty() ||
+               (!wait_armed_ && absl::Now() >= rearm_after_);
       };
       mu_.AwaitWithDeadline(absl::Condition(&ready), next_tick);
       if (stop_) return;
@@ -356,6 +438,8 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     for (size_t i = 0; i < ops.size(); ++i) {
       Op& op = ops[i];
       if (op.join) {
+        // The incarnation in force when the member is recorded, not when it was asked for.
+        op.join->incarnation = node_->incarnation.load();
         absl::StatusOr<int64_t> rank = AddMember(&next, *op.join);
         results[i] = rank.status();
         if (rank.ok()) {
@@ -368,6 +452,7 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     }
     if (changes.empty()) {
       // Nothing to record (every op failed, or removals found nobody): answer now.
+      SettledJoins(ops);
       for (size_t i = 0; i < ops.size(); ++i) {
         if (ops[i].join) ops[i].join_done(results[i]);
         if (ops[i].remove_done) ops[i].remove_done(base.view().version());
@@ -376,6 +461,9 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     }
     // One version for the whole batch, so the log has no gaps.
     next.mutable_view()->set_version(base.view().version() + 1);
+    if (next.view().phase() == kFormed && base.view().phase() != kFormed) {
+      next.mutable_view()->set_formed_version(next.view().version());
+    }
     std::vector<std::string> details;
     std::string change = changes.back().first;
     for (const auto& [kind, detail] : changes) {
@@ -393,6 +481,7 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
                                           store_name_, ": ", appended.status().message()))
               : absl::AbortedError(absl::StrCat("group ", group_, ": lost the race for a new ",
                                                 "version 100 times; retry"));
+      SettledJoins(ops);
       for (Op& op : ops) {
         if (op.join_done) op.join_done(error);
         if (op.remove_done) op.remove_done(error);
@@ -426,16 +515,28 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
           ops_.push_back(std::move(undo));
           continue;
         }
-        local_[name] = LocalMember{ops[i].session_id, 0};
+        local_[name] = LocalMember{ops[i].session_id, ops[i].join->incarnation};
         pending_joins_.push_back({name, ops[i].deadline, std::move(ops[i].join_done)});
       }
     }
+    SettledJoins(ops);
     Observe(std::move(next), /*snapshot=*/false);
     for (size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].join && !results[i].ok()) ops[i].join_done(results[i]);
       if (ops[i].remove_done) ops[i].remove_done(base.view().version() + 1);
     }
     return;
+  }
+}
+
+void GroupTracker::SettledJoins(const std::vector<Op>& ops) {
+  absl::MutexLock lock(&mu_);
+  for (const Op& op : ops) {
+    if (!op.join) continue;
+    auto it = joins_in_flight_.find(op.session_id);
+    if (it == joins_in_flight_.end() || --it->second > 0) continue;
+    joins_in_flight_.erase(it);
+    ended_sessions_.erase(op.session_id);
   }
 }
 
@@ -475,7 +576,9 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
         if (FindMember(latest_, it->first) == nullptr) {
           Log()->warn("[group {}] [worker {}] evicted at version {}: {}", group_, it->first,
                       latest_.view().version(), latest_.change_detail());
-          evicted = true;
+          // Only losing members of the current incarnation calls for a new one; members of an
+          // older incarnation are gone because this node already took a new one.
+          evicted |= it->second.incarnation == node_->incarnation.load();
           it = local_.erase(it);
         } else {
           ++it;

@@ -85,8 +85,12 @@ class GroupTracker {
   // Waits until every current member entered the same barrier round.
   void Barrier(const std::string& session_id, const std::string& name, absl::Time deadline,
                Done done);
-  // Leaves with every local member (daemon shutdown) and stops the worker.
+  // Leaves with every local member (daemon shutdown), then Stop().
   void Shutdown();
+  // Stops the worker and ends everything pending here with UNAVAILABLE: queued ops, joins
+  // waiting for formation, barrier waits. Later calls are answered UNAVAILABLE at once.
+  // Idempotent; the destructor calls it.
+  void Stop();
 
   v1::GroupView View();
   // Other nodes of the group and when this daemon last saw their heartbeat change.
@@ -98,6 +102,9 @@ class GroupTracker {
  private:
   struct LocalMember {
     std::string session_id;
+    uint64_t incarnation = 0;  // this node's, when the member joined
+    // Barrier rounds count within a generation (see Barrier()).
+    int64_t barrier_generation = -1;
     int64_t barrier_round = 0;
   };
   struct PendingJoin {
@@ -118,6 +125,8 @@ class GroupTracker {
   };
 
   void Enqueue(Op op);
+  // Forgets the in-flight count of the joins among `ops`, now answered or recorded.
+  void SettledJoins(const std::vector<Op>& ops);
   void WorkerLoop();
   void ArmVersionWait() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies queued ops as the next version, retrying when another daemon wins the race.
@@ -141,8 +150,8 @@ class GroupTracker {
   absl::Mutex mu_;
   v1::GroupRecord latest_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, LocalMember> local_ ABSL_GUARDED_BY(mu_);
-  // Sessions that ended: a join of theirs still in flight is undone once it lands. Grows by
-  // one id per ended session that used this group.
+  // Sessions that ended while a join of theirs was in flight: that join is undone once it
+  // lands. An entry goes when the session's last in-flight join is settled.
   std::set<std::string> ended_sessions_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingJoin> pending_joins_ ABSL_GUARDED_BY(mu_);
   std::set<std::shared_ptr<GroupWatcher>> watchers_ ABSL_GUARDED_BY(mu_);
@@ -151,6 +160,13 @@ class GroupTracker {
   bool wait_armed_ ABSL_GUARDED_BY(mu_) = false;
   store::WaitId wait_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  // After the store refused a version wait, no new one before this time (no busy loop).
+  absl::Time rearm_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Joins queued or being recorded, by session: a session ending meanwhile must undo them.
+  std::map<std::string, int> joins_in_flight_ ABSL_GUARDED_BY(mu_);
+  // Barrier waits in the store, cancelled by Stop().
+  std::set<store::WaitId> barrier_waits_ ABSL_GUARDED_BY(mu_);
   // The worker has read the group's newest version once; views and snapshots wait for it.
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;
   // Other nodes' last heartbeat values and when this daemon saw them change.

@@ -209,6 +209,7 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
   } else if (view->members_size() == view->world_size()) {
     if (absl::Status status = Renegotiate(&next); status.ok()) {
       view->set_phase(kFormed);
+      view->set_formed_version(view->version() + 1);
       next.set_change("FORMED");
       next.set_change_detail(
           absl::StrCat("all ", view->world_size(), " ranks joined; ", spec.name, " was the last"));
@@ -241,6 +242,7 @@ int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Memb
   record->set_change_detail(absl::StrCat(absl::StrJoin(removed, ", "), ": ", why));
   if (members->empty()) {
     view->set_phase(kEmpty);
+    view->clear_formed_version();
     view->clear_reason();
     view->set_is_static(false);
     view->set_world_size(0);

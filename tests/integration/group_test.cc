@@ -239,7 +239,7 @@ class Recorder {
           }
         }) {}
   ~Recorder() {
-    watch_.reset();  // cancels the stream
+    watch_->Cancel();  // the reading thread's Next returns false
     thread_.join();
   }
   std::vector<v1::GroupEvent> events() {
@@ -413,6 +413,39 @@ TEST_F(GroupTest, StoppedDaemonIsEvictedAndOnResumeLearnsItAndCannotActOnOldMemb
   // And it can join again, as its new self.
   absl::StatusOr<v1::JoinResponse> again = stopped->Join(Options("stop", 2, std::nullopt));
   ASSERT_TRUE(again.ok()) << again.status();
+}
+
+TEST_F(GroupTest, SigtermWithGroupsInUseLeavesExplicitlyAndExitsZero) {
+  ExpectFormed(JoinStatic("graceful", 3), 3);
+  // On node b also: a static join still waiting for its group, a barrier waiting for the
+  // others, and a watch.
+  auto waiting = Connect(1);
+  absl::StatusOr<v1::JoinResponse> pending;
+  std::thread pending_join([&] { pending = waiting->Join(Options("never-full", 0, 5)); });
+  absl::Status barrier;
+  std::thread barrier_wait(
+      [&] { barrier = clients_[1]->Barrier("graceful", "w1", absl::Seconds(60)); });
+  auto watcher = Connect(0);
+  Recorder on_a(watcher.get(), "graceful", init_method_);
+  auto b_watch = Connect(1);
+  Recorder on_b(b_watch.get(), "graceful", "");
+  while (Connect(1)->GetGroup("never-full")->members_size() == 0) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  daemon_[1]->Signal(SIGTERM);
+  // The fixture's grace period is 600 s: exiting here means nothing waited it out.
+  EXPECT_EQ(daemon_[1]->WaitExit(absl::Seconds(60)), 0);
+  pending_join.join();
+  barrier_wait.join();
+  EXPECT_EQ(pending.status().code(), absl::StatusCode::kUnavailable) << pending.status();
+  EXPECT_EQ(barrier.code(), absl::StatusCode::kUnavailable) << barrier;
+  // The other daemons saw node b's member leave (not a late eviction).
+  EXPECT_TRUE(on_a.WaitFor(
+      [](const v1::GroupEvent& e) {
+        return e.group().phase() == "BROKEN" && e.detail().find("w1") != std::string::npos &&
+               e.group().reason().find("left") != std::string::npos;
+      },
+      absl::Seconds(20)));
 }
 
 TEST_F(GroupTest, DynamicGroupSurvivesRankZeroLeaving) {
