@@ -28,13 +28,26 @@ class StreamReactor;
 template <typename T>
 class StreamSink {
  public:
-  // Queues `message` for the client; dropped when the stream has ended.
+  // Queues `message` for the client; dropped when the stream has ended. A client that
+  // falls kMaxQueued messages behind is cut off with RESOURCE_EXHAUSTED rather than let the
+  // daemon's memory grow (a new watch starts again from a snapshot).
   void Send(T message) {
     absl::MutexLock lock(&mu_);
     if (reactor_ == nullptr || closing_) return;
+    if (queue_.size() >= kMaxQueued) {
+      queue_.clear();
+      closing_ = true;
+      close_status_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                   "the client fell 1024 messages behind this stream; open it "
+                                   "again");
+      PumpLocked();
+      return;
+    }
     queue_.push_back(std::move(message));
     PumpLocked();
   }
+
+  static constexpr size_t kMaxQueued = 1024;
 
   // Ends the stream with `status` after the queued messages.
   void Close(grpc::Status status) {

@@ -58,7 +58,14 @@ absl::StatusOr<bool> GroupLog::TryAppend(const v1::GroupRecord& next) {
   const int64_t version = next.view().version();
   const std::string bytes = next.SerializeAsString();
   absl::StatusOr<std::string> stored = store_->CompareSet(VersionKey(version), "", bytes);
-  if (!stored.ok()) return stored.status();
+  if (!stored.ok()) {
+    // The write may have landed although its answer was lost (a remote store's timeout):
+    // read the version back, so a won version is never mistaken for a failure.
+    absl::StatusOr<std::vector<std::string>> back =
+        store_->MultiGet({VersionKey(version)}, absl::Now() + absl::Seconds(2));
+    if (!back.ok()) return stored.status();
+    stored = std::move(back->front());
+  }
   if (*stored != bytes) return false;
   // Best effort: a lost hint or an undeleted old version only costs readers a few probes.
   (void)store_->Set("head", absl::StrCat(version));
