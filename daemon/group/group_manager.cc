@@ -50,7 +50,11 @@ GroupManager::GroupManager(GroupManagerOptions options, store::Store* local_stor
   node_.name = options_.node_name;
   node_.device_count = options_.device_count;
   node_.incarnation = NewIncarnation();
-  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  // The own store carries heartbeats only when peers can read it (there is a peer port).
+  if (!options_.peer_address.empty()) {
+    absl::MutexLock lock(&mu_);
+    heartbeats_.emplace_back([this] { HeartbeatTo(local_store_); });
+  }
 }
 
 GroupManager::~GroupManager() { Shutdown(); }
@@ -73,7 +77,12 @@ void GroupManager::Shutdown() {
   for (GroupTracker* tracker : live) leaving.emplace_back([tracker] { tracker->Shutdown(); });
   for (std::thread& thread : leaving) thread.join();
   stop_heartbeat_.Notify();
-  if (heartbeat_.joinable()) heartbeat_.join();
+  std::vector<std::thread> heartbeats;
+  {
+    absl::MutexLock lock(&mu_);
+    heartbeats = std::move(heartbeats_);
+  }
+  for (std::thread& thread : heartbeats) thread.join();
 }
 
 void GroupManager::Reincarnate() {
@@ -82,20 +91,11 @@ void GroupManager::Reincarnate() {
   Log()->warn("[node {}] evicted from a group: taking new incarnation {}", node_.name, incarnation);
 }
 
-void GroupManager::HeartbeatLoop() {
+void GroupManager::HeartbeatTo(store::Store* store) {
+  const std::string key = absl::StrCat("tpd/node/", node_.name);
   int64_t counter = 0;
   while (!stop_heartbeat_.WaitForNotificationWithTimeout(options_.tracker.heartbeat_interval)) {
-    std::vector<store::Store*> stores;
-    {
-      absl::MutexLock lock(&mu_);
-      // The own store carries heartbeats only when peers can read it (there is a peer port).
-      if (!options_.peer_address.empty()) stores.push_back(local_store_);
-      for (const auto& [name, store] : stores_) stores.push_back(store.get());
-    }
-    const std::string value = absl::StrCat(node_.incarnation.load(), ":", ++counter);
-    for (store::Store* store : stores) {
-      (void)store->Set(absl::StrCat("tpd/node/", node_.name), value);
-    }
+    (void)store->Set(key, absl::StrCat(node_.incarnation.load(), ":", ++counter));
   }
 }
 
@@ -163,11 +163,18 @@ absl::StatusOr<GroupManager::Rendezvous> GroupManager::StoreFor(
   } else {
     store::RemoteStoreOptions remote;
     remote.token = options_.peer_token;
+    // A store call slower than the heartbeat window is a store this node cannot count on;
+    // bounding calls by it also bounds how long shutdown waits on a vanished store.
+    remote.call_timeout = options_.tracker.heartbeat_timeout;
     store = std::make_unique<store::RemoteStore>(HostPort(method->host, method->port), remote);
   }
   absl::MutexLock lock(&mu_);
   // Another join may have opened the same store meanwhile: keep the first.
   auto [it, inserted] = stores_.try_emplace(name, std::move(store));
+  if (inserted && !shut_down_) {
+    store::Store* raw = it->second.get();
+    heartbeats_.emplace_back([this, raw] { HeartbeatTo(raw); });
+  }
   return Rendezvous{name, it->second.get()};
 }
 

@@ -2,8 +2,9 @@
 // name (the daemon's own store, a remote daemon's, or a shared file), one GroupTracker per
 // (store, group), and the heartbeat this daemon writes into every store it uses.
 //
-// Thread safety: thread-safe. A heartbeat thread writes heartbeats; trackers own their
-// workers; the rest runs on the callers' (gRPC) threads.
+// Thread safety: thread-safe. One heartbeat thread per store (a slow or unreachable store
+// must not delay the heartbeats written to the others); trackers own their workers; the
+// rest runs on the callers' (gRPC) threads.
 
 #ifndef TPD_DAEMON_GROUP_GROUP_MANAGER_H_
 #define TPD_DAEMON_GROUP_GROUP_MANAGER_H_
@@ -73,7 +74,8 @@ class GroupManager {
   absl::StatusOr<GroupTracker*> TrackerFor(const std::string& group, const Rendezvous& rdzv)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckSession(const std::string& session_id);
-  void HeartbeatLoop();
+  // Writes this node's heartbeat into `store` until Shutdown.
+  void HeartbeatTo(store::Store* store);
   void Reincarnate();
 
   const GroupManagerOptions options_;
@@ -89,7 +91,7 @@ class GroupManager {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 
   absl::Notification stop_heartbeat_;
-  std::thread heartbeat_;
+  std::vector<std::thread> heartbeats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tpd::group
