@@ -429,7 +429,12 @@ TEST_F(GroupTest, SigtermWithGroupsInUseLeavesExplicitlyAndExitsZero) {
   Recorder on_a(watcher.get(), "graceful", init_method_);
   auto b_watch = Connect(1);
   Recorder on_b(b_watch.get(), "graceful", "");
-  while (Connect(1)->GetGroup("never-full")->members_size() == 0) {
+  // The pending join is recorded once node b knows the group and shows its member.
+  auto observer = Connect(1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  for (absl::StatusOr<v1::GroupView> view = observer->GetGroup("never-full");
+       (!view.ok() || view->members_size() == 0) && absl::Now() < deadline;
+       view = observer->GetGroup("never-full")) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   daemon_[1]->Signal(SIGTERM);
