@@ -79,15 +79,35 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
   return reactor;
 }
 
-grpc::ServerUnaryReactor* ControlService::Join(grpc::CallbackServerContext* context,
+namespace {
+
+// A Join that may wait for a long time: when its client goes away (or its deadline passes)
+// the join is withdrawn instead of leaving a member nobody waits for. The group answers the
+// join exactly once (CANCELLED when withdrawn), which is what finishes the call.
+class JoinReactor final : public grpc::ServerUnaryReactor {
+ public:
+  JoinReactor(group::GroupManager* groups, v1::JoinRequest request)
+      : groups_(groups), request_(std::move(request)) {}
+  void OnCancel() override { groups_->CancelJoin(request_); }
+  void OnDone() override { delete this; }
+
+ private:
+  group::GroupManager* const groups_;
+  const v1::JoinRequest request_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* ControlService::Join(grpc::CallbackServerContext*,
                                                const v1::JoinRequest* request,
                                                v1::JoinResponse* response) {
-  grpc::ServerUnaryReactor* reactor;
-  auto finish = Later(context, &reactor, "Join");
-  groups_->Join(*request, [finish, response](absl::StatusOr<v1::JoinResponse> result) {
-    if (result.ok()) *response = *std::move(result);
-    finish(result.status());
-  });
+  auto* reactor = new JoinReactor(groups_, *request);
+  groups_->Join(*request,
+                [reactor, response, stats = stats_](absl::StatusOr<v1::JoinResponse> result) {
+                  if (result.ok()) *response = *std::move(result);
+                  stats->Record("Join", result.status());
+                  reactor->Finish(ToGrpcStatus(result.status()));
+                });
   return reactor;
 }
 

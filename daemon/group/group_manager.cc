@@ -266,6 +266,16 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
   (*tracker)->Join(std::move(spec), request.session_id(), absl::Now() + timeout, std::move(done));
 }
 
+void GroupManager::CancelJoin(const v1::JoinRequest& request) {
+  GroupTracker* tracker = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = trackers_.find(request.group().empty() ? "default" : request.group());
+    if (it != trackers_.end()) tracker = it->second.get();
+  }
+  if (tracker != nullptr) tracker->CancelJoin(request.session_id(), request.name());
+}
+
 void GroupManager::Leave(const v1::LeaveRequest& request,
                          absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) {
   if (absl::Status status = CheckSession(request.session_id()); !status.ok()) {

@@ -50,6 +50,8 @@ class GroupManager {
   void EndSession(const std::string& session_id);
 
   void Join(const v1::JoinRequest& request, GroupTracker::JoinDone done);
+  // The Join `request` was cancelled by its client (gone, or past its deadline).
+  void CancelJoin(const v1::JoinRequest& request);
   void Leave(const v1::LeaveRequest& request,
              absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done);
   void Barrier(const v1::BarrierRequest& request, GroupTracker::Done done);

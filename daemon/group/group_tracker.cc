@@ -125,6 +125,51 @@ void GroupTracker::Join(JoinSpec spec, std::string session_id, absl::Time deadli
   Enqueue(std::move(op));
 }
 
+void GroupTracker::CancelJoin(const std::string& session_id, const std::string& name) {
+  JoinDone done;
+  bool withdraw = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto queued = std::find_if(ops_.begin(), ops_.end(), [&](const Op& op) {
+      return op.join && op.join->name == name && op.session_id == session_id;
+    });
+    auto pending =
+        std::find_if(pending_joins_.begin(), pending_joins_.end(), [&](const PendingJoin& join) {
+          return join.name == name && join.session_id == session_id;
+        });
+    if (queued != ops_.end()) {
+      // Not recorded yet: it simply never happens.
+      done = std::move(queued->join_done);
+      ops_.erase(queued);
+      if (auto it = joins_in_flight_.find(session_id);
+          it != joins_in_flight_.end() && --it->second == 0) {
+        joins_in_flight_.erase(it);
+        ended_sessions_.erase(session_id);
+      }
+    } else if (pending != pending_joins_.end()) {
+      // Recorded, waiting for its group: the member leaves again.
+      done = std::move(pending->done);
+      pending_joins_.erase(pending);
+      local_.erase(name);
+      withdraw = true;
+    } else if (joins_in_flight_.count(session_id) > 0 && local_.count(name) == 0) {
+      // Being recorded right now: undone when it lands (see ApplyOps).
+      cancelled_joins_.insert({session_id, name});
+    }
+  }
+  if (withdraw) {
+    Op op;
+    op.remove = [name, node = node_->name](const v1::Member& m) {
+      return m.name() == name && m.node() == node;
+    };
+    op.change = "LEFT";
+    op.why = "its client cancelled the join";
+    op.remove_done = [](absl::StatusOr<int64_t>) {};
+    Enqueue(std::move(op));
+  }
+  if (done) done(absl::CancelledError("the join was cancelled by its client"));
+}
+
 void GroupTracker::Leave(const std::string& session_id, const std::string& name,
                          absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) {
   absl::Status refused;
@@ -502,9 +547,10 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
         if (!ops[i].join) continue;
         if (!results[i].ok()) continue;
         const std::string& name = ops[i].join->name;
-        if (ended_sessions_.count(ops[i].session_id) > 0) {
+        if (ended_sessions_.count(ops[i].session_id) > 0 ||
+            cancelled_joins_.erase({ops[i].session_id, name}) > 0) {
           // Its client went away while the join was being recorded: undo it.
-          results[i] = absl::CancelledError("the client's session ended during the join");
+          results[i] = absl::CancelledError("the client left during the join");
           Op undo;
           undo.remove = [name, node = node_->name](const v1::Member& m) {
             return m.name() == name && m.node() == node;
@@ -516,7 +562,8 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
           continue;
         }
         local_[name] = LocalMember{ops[i].session_id, ops[i].join->incarnation};
-        pending_joins_.push_back({name, ops[i].deadline, std::move(ops[i].join_done)});
+        pending_joins_.push_back(
+            {name, ops[i].session_id, ops[i].deadline, std::move(ops[i].join_done)});
       }
     }
     SettledJoins(ops);
@@ -533,6 +580,7 @@ void GroupTracker::SettledJoins(const std::vector<Op>& ops) {
   absl::MutexLock lock(&mu_);
   for (const Op& op : ops) {
     if (!op.join) continue;
+    cancelled_joins_.erase({op.session_id, op.join->name});
     auto it = joins_in_flight_.find(op.session_id);
     if (it == joins_in_flight_.end() || --it->second > 0) continue;
     joins_in_flight_.erase(it);

@@ -77,6 +77,9 @@ class GroupTracker {
   // static groups once the group is FORMED (or FAILED: INVALID_ARGUMENT, or `deadline`:
   // DEADLINE_EXCEEDED naming the missing ranks; the member is then removed again).
   void Join(JoinSpec spec, std::string session_id, absl::Time deadline, JoinDone done);
+  // The client of a Join went away or cancelled it: answers it CANCELLED if still unanswered
+  // and withdraws the member, now or as soon as its recording lands. No-op once answered.
+  void CancelJoin(const std::string& session_id, const std::string& name);
   // Removes a member this daemon holds for `session_id`; answers the version that recorded it.
   void Leave(const std::string& session_id, const std::string& name,
              absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done);
@@ -109,6 +112,7 @@ class GroupTracker {
   };
   struct PendingJoin {
     std::string name;
+    std::string session_id;
     absl::Time deadline;
     JoinDone done;
   };
@@ -165,6 +169,8 @@ class GroupTracker {
   absl::Time rearm_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Joins queued or being recorded, by session: a session ending meanwhile must undo them.
   std::map<std::string, int> joins_in_flight_ ABSL_GUARDED_BY(mu_);
+  // Joins cancelled while being recorded, as (session, name): undone when they land.
+  std::set<std::pair<std::string, std::string>> cancelled_joins_ ABSL_GUARDED_BY(mu_);
   // Barrier waits in the store, cancelled by Stop().
   std::set<store::WaitId> barrier_waits_ ABSL_GUARDED_BY(mu_);
   // The worker has read the group's newest version once; views and snapshots wait for it.

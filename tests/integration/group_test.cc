@@ -18,7 +18,9 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "proto/control.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
 
 namespace tpd {
@@ -451,6 +453,46 @@ TEST_F(GroupTest, SigtermWithGroupsInUseLeavesExplicitlyAndExitsZero) {
                e.group().reason().find("left") != std::string::npos;
       },
       absl::Seconds(20)));
+}
+
+TEST_F(GroupTest, JoinAbandonedByItsClientIsWithdrawn) {
+  // A raw client whose RPC deadline (300 ms) is far shorter than the join's own timeout
+  // (the daemon default): when it gives up, its member must not linger in the group.
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("unix:", socket_[1]), grpc::InsecureChannelCredentials());
+  auto stub = v1::Control::NewStub(channel);
+  grpc::ClientContext session_context;
+  auto session = stub->OpenSession(&session_context, v1::OpenSessionRequest());
+  v1::SessionEvent opened;
+  ASSERT_TRUE(session->Read(&opened));
+  v1::JoinRequest request;
+  request.set_session_id(opened.session_id());
+  request.set_group("abandoned");
+  request.set_name("w0");
+  request.set_rank(0);
+  request.set_world_size(2);
+  request.set_init_method(init_method_);
+  grpc::ClientContext join_context;
+  join_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(300)));
+  v1::JoinResponse response;
+  grpc::Status status = stub->Join(&join_context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  auto observer = Connect(1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  absl::StatusOr<v1::GroupView> view = observer->GetGroup("abandoned");
+  while ((!view.ok() || view->members_size() != 0) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+    view = observer->GetGroup("abandoned");
+  }
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->members_size(), 0);
+  // The same session may join again under the same name.
+  grpc::ClientContext again_context;
+  again_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(300)));
+  request.set_world_size(1);
+  EXPECT_TRUE(stub->Join(&again_context, request, &response).ok());
+  session_context.TryCancel();
 }
 
 TEST_F(GroupTest, DynamicGroupSurvivesRankZeroLeaving) {
