@@ -108,9 +108,7 @@ absl::Status Daemon::ServePeers() {
   builder.AddListeningPort(config_.peer.listen_address, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(config_.store));
   builder.RegisterService(&peer_store_service_);
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(in_flight_.InterceptorFactory());
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  in_flight_.Install(&builder);
   peer_server_ = builder.BuildAndStart();
   if (peer_server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen for peers on ",
@@ -147,9 +145,7 @@ absl::Status Daemon::Serve() {
   builder.RegisterService(&store_service_);
   builder.RegisterService(admin_service_.get());
   builder.RegisterService(control_service_.get());
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(in_flight_.InterceptorFactory());
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  in_flight_.Install(&builder);
 
   // The socket is created with the umask's bits; keep it private until chmod below widens it
   // to socket_mode, so no one connects through a window of wrong permissions.

@@ -1,5 +1,7 @@
 #include "daemon/in_flight.h"
 
+#include <vector>
+
 namespace tpd {
 
 // Lives exactly as long as its call: gRPC creates one per call and destroys it at the end.
@@ -31,9 +33,10 @@ class Factory : public grpc::experimental::ServerInterceptorFactoryInterface {
 
 }  // namespace
 
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
-InFlightCalls::InterceptorFactory() {
-  return std::make_unique<Factory>(this);
+void InFlightCalls::Install(grpc::ServerBuilder* builder) {
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> factories;
+  factories.push_back(std::make_unique<Factory>(this));
+  builder->experimental().SetInterceptorCreators(std::move(factories));
 }
 
 void InFlightCalls::Begin() {

@@ -13,15 +13,16 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpcpp/server_builder.h"
 #include "grpcpp/support/server_interceptor.h"
 
 namespace tpd {
 
 class InFlightCalls {
  public:
-  // A factory to register with ServerBuilder; every call it sees is counted from its start
-  // until gRPC destroys the call. The factory must not outlive this object.
-  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory();
+  // Counts every call of the server `builder` builds, from its start until gRPC destroys
+  // it. The server must not outlive this object.
+  void Install(grpc::ServerBuilder* builder);
 
   int64_t count() const;
 

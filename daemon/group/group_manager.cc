@@ -7,17 +7,16 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "spdlog/spdlog.h"
+#include "daemon/group/heartbeat.h"
+#include "daemon/logging.h"
 #include "store/file/file_store.h"
 #include "store/remote/remote_store.h"
 
 namespace tpd::group {
 namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  std::shared_ptr<spdlog::logger> logger = spdlog::get("daemon");
-  return logger != nullptr ? logger : spdlog::default_logger();
-}
+// The group a request names; "" is the default group.
+std::string GroupName(const std::string& group) { return group.empty() ? "default" : group; }
 
 uint64_t NewIncarnation() {
   absl::BitGen gen;
@@ -88,14 +87,15 @@ void GroupManager::Shutdown() {
 void GroupManager::Reincarnate() {
   const uint64_t incarnation = NewIncarnation();
   node_.incarnation = incarnation;
-  Log()->warn("[node {}] evicted from a group: taking new incarnation {}", node_.name, incarnation);
+  DaemonLog().warn("[node {}] evicted from a group: taking new incarnation {}", node_.name,
+                   incarnation);
 }
 
 void GroupManager::HeartbeatTo(store::Store* store) {
-  const std::string key = absl::StrCat("tpd/node/", node_.name);
+  const std::string key = HeartbeatKey(node_.name);
   int64_t counter = 0;
   while (!stop_heartbeat_.WaitForNotificationWithTimeout(options_.tracker.heartbeat_interval)) {
-    (void)store->Set(key, absl::StrCat(node_.incarnation.load(), ":", ++counter));
+    (void)store->Set(key, HeartbeatValue(node_.incarnation.load(), ++counter));
   }
 }
 
@@ -198,7 +198,7 @@ absl::StatusOr<GroupTracker*> GroupManager::TrackerFor(const std::string& group,
 
 absl::StatusOr<GroupTracker*> GroupManager::Tracker(const std::string& group,
                                                     const std::string& init_method) {
-  const std::string name = group.empty() ? "default" : group;
+  const std::string name = GroupName(group);
   {
     absl::MutexLock lock(&mu_);
     auto it = trackers_.find(name);
@@ -249,7 +249,7 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
     if (sessions_.count(request.session_id()) == 0) {
       tracker = absl::CancelledError("the client's session ended during the join");
     } else {
-      tracker = TrackerFor(request.group().empty() ? "default" : request.group(), *rdzv);
+      tracker = TrackerFor(GroupName(request.group()), *rdzv);
     }
   }
   if (!tracker.ok()) {
@@ -270,7 +270,7 @@ void GroupManager::CancelJoin(const v1::JoinRequest& request) {
   GroupTracker* tracker = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    auto it = trackers_.find(request.group().empty() ? "default" : request.group());
+    auto it = trackers_.find(GroupName(request.group()));
     if (it != trackers_.end()) tracker = it->second.get();
   }
   if (tracker != nullptr) tracker->CancelJoin(request.session_id(), request.name());

@@ -8,7 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
-#include "spdlog/spdlog.h"
+#include "daemon/group/heartbeat.h"
+#include "daemon/logging.h"
 
 namespace tpd::group {
 namespace {
@@ -16,21 +17,6 @@ namespace {
 // A group's version wait is re-armed this often even without news, which bounds how late a
 // resynchronization after a gap (versions deleted while this daemon was stopped) can come.
 constexpr absl::Duration kVersionWaitSlice = absl::Seconds(2);
-
-std::shared_ptr<spdlog::logger> Log() {
-  std::shared_ptr<spdlog::logger> logger = spdlog::get("daemon");
-  return logger != nullptr ? logger : spdlog::default_logger();
-}
-
-std::string HeartbeatKey(absl::string_view node) { return absl::StrCat("tpd/node/", node); }
-
-// Heartbeat values are "<incarnation>:<counter>".
-uint64_t IncarnationOf(absl::string_view value) {
-  uint64_t incarnation = 0;
-  std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
-  (void)absl::SimpleAtoi(parts.first, &incarnation);
-  return incarnation;
-}
 
 }  // namespace
 
@@ -403,8 +389,8 @@ void GroupTracker::WorkerLoop() {
   if (absl::StatusOr<v1::GroupRecord> latest = log_.Latest(); latest.ok()) {
     Observe(*std::move(latest), /*snapshot=*/true);
   } else {
-    Log()->warn("[group {}] [store {}] cannot read the group: {}", group_, store_name_,
-                latest.status().ToString());
+    DaemonLog().warn("[group {}] [store {}] cannot read the group: {}", group_, store_name_,
+                     latest.status().ToString());
   }
   {
     absl::MutexLock lock(&mu_);
@@ -433,8 +419,8 @@ void GroupTracker::WorkerLoop() {
       if (record.ok()) {
         Observe(*std::move(record), /*snapshot=*/false);
       } else if (record.status().code() != absl::StatusCode::kCancelled) {
-        Log()->warn("[group {}] [store {}] following versions: {}", group_, store_name_,
-                    record.status().ToString());
+        DaemonLog().warn("[group {}] [store {}] following versions: {}", group_, store_name_,
+                         record.status().ToString());
       }
     }
     if (!ops.empty()) ApplyOps(std::move(ops));
@@ -615,15 +601,15 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
       event.set_detail(latest_.change_detail());
       *event.mutable_group() = latest_.view();
       event.mutable_group()->set_store(store_name_);
-      Log()->info("[group {}] version {} {}: {}", group_, event.group().version(), event.kind(),
-                  event.detail());
+      DaemonLog().info("[group {}] version {} {}: {}", group_, event.group().version(),
+                       event.kind(), event.detail());
       for (const std::shared_ptr<GroupWatcher>& watcher : watchers_) watcher->OnEvent(event);
       // This daemon forgets its own members before recording their removal, so a local
       // member absent from a new version was removed by another daemon: evicted.
       for (auto it = local_.begin(); it != local_.end();) {
         if (FindMember(latest_, it->first) == nullptr) {
-          Log()->warn("[group {}] [worker {}] evicted at version {}: {}", group_, it->first,
-                      latest_.view().version(), latest_.change_detail());
+          DaemonLog().warn("[group {}] [worker {}] evicted at version {}: {}", group_, it->first,
+                           latest_.view().version(), latest_.change_detail());
           // Only losing members of the current incarnation calls for a new one; members of an
           // older incarnation are gone because this node already took a new one.
           evicted |= it->second.incarnation == node_->incarnation.load();
@@ -748,7 +734,8 @@ void GroupTracker::CheckHeartbeats() {
                        now - last_heartbeat_check_ > options_.heartbeat_timeout / 2;
   last_heartbeat_check_ = now;
   if (stalled) {
-    Log()->warn("[group {}] heartbeat checks were stalled; restarting every peer's window", group_);
+    DaemonLog().warn("[group {}] heartbeat checks were stalled; restarting every peer's window",
+                     group_);
     absl::MutexLock lock(&mu_);
     for (auto& [node, seen] : heartbeats_) seen.second = now;
     return;
@@ -786,7 +773,7 @@ void GroupTracker::CheckHeartbeats() {
     } else {
       continue;
     }
-    Log()->warn("[group {}] evicting members of node {}: {}", group_, node, why);
+    DaemonLog().warn("[group {}] evicting members of node {}: {}", group_, node, why);
     Op op;
     op.remove = std::move(remove);
     op.change = "EVICTED";
