@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # The README's second command: set up this machine, build everything, run every test, and
-# print "N passed, N failed" counted from the test cases' own XML reports.
+# print "N passed, N failed, N skipped" counted from the test cases' own XML reports.
+#
+#   tools/test.sh [BAZEL TEST ARGS...]      e.g. tools/test.sh --config=asan
+#
+# Exits non-zero whenever Bazel does (a build error, a failed target, a crash after the report
+# was written, an interrupted run) or the count shows a failure; the count is printed anyway.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 tools/setup.sh || exit 1
 
-bazel test //... "$@"
+# Bazel's build events name exactly the test reports of this invocation (cached results
+# included), so reports left under bazel-testlogs by earlier runs or deleted targets never count.
+events="$(mktemp /tmp/tpd-test-events.XXXXXX.json)"
+trap 'rm -f "$events"' EXIT
+
+bazel test //... --build_event_json_file="$events" "$@"
 bazel_rc=$?
-# Bazel exits 3 when tests failed but everything built; other non-zero codes mean the build
-# or the invocation broke, and the count below cannot be trusted to be complete.
-python3 tools/count_tests.py "$(bazel info bazel-testlogs)"
+python3 tools/count_tests.py "$events"
 count_rc=$?
 bazel shutdown
-if [[ $bazel_rc -ne 0 && $bazel_rc -ne 3 ]]; then
-  echo "bazel test failed to build or run (exit $bazel_rc)"
+if [[ $bazel_rc -ne 0 ]]; then
+  # 3: some target failed although everything built; anything else: the build or the
+  # invocation broke, and the count above may be incomplete.
+  echo "bazel test failed (exit $bazel_rc); the run fails whatever the count says"
   exit "$bazel_rc"
 fi
 exit $count_rc
