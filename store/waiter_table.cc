@@ -1,19 +1,19 @@
 #include "store/waiter_table.h"
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "store/summarize.h"
 
 namespace tpd::store {
 namespace {
 
+// At most kMaxListedItems keys, each cut to kMaxEchoedBytes: a wait may name a thousand long keys.
 std::string QuotedKeys(const std::vector<std::string>& keys) {
   return absl::StrCat("[",
-                      absl::StrJoin(keys, ", ",
-                                    [](std::string* out, const std::string& key) {
-                                      absl::StrAppend(out, "\"", absl::CEscape(key), "\"");
-                                    }),
+                      JoinSummarized(keys, ", ",
+                                     [](std::string* out, const std::string& key) {
+                                       absl::StrAppend(out, "\"", Echo(key), "\"");
+                                     }),
                       "]");
 }
 

@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "daemon/group/heartbeat.h"
 #include "daemon/logging.h"
+#include "store/summarize.h"
 
 namespace tpd::group {
 namespace {
@@ -502,7 +503,7 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
       if (kind == "FAILED" || kind == "BROKEN" || kind == "FORMED") change = kind;
     }
     next.set_change(change);
-    next.set_change_detail(absl::StrJoin(details, "; "));
+    next.set_change_detail(store::JoinSummarized(details, "; "));
     absl::StatusOr<bool> appended = log_.TryAppend(next);
     if (!appended.ok() || (!*appended && attempt >= 100)) {
       const absl::Status error =
@@ -693,15 +694,23 @@ void GroupTracker::CheckDeadlines() {
     const v1::GroupView& view = latest_.view();
     std::set<int64_t> present;
     for (const v1::Member& member : view.members()) present.insert(member.rank());
+    // Lists the first few missing ranks only: world_size may be large, and the message must
+    // stay far below gRPC's metadata limit.
     std::vector<int64_t> missing;
-    for (int64_t rank = 0; rank < view.world_size(); ++rank) {
+    int64_t present_in_range = 0;
+    for (int64_t rank : present) present_in_range += rank >= 0 && rank < view.world_size();
+    for (int64_t rank = 0; rank < view.world_size() && missing.size() < store::kMaxListedItems;
+         ++rank) {
       if (present.count(rank) == 0) missing.push_back(rank);
     }
+    const int64_t unlisted =
+        view.world_size() - present_in_range - static_cast<int64_t>(missing.size());
     expired.emplace_back(
         std::move(it->done),
         absl::DeadlineExceededError(absl::StrCat(
             "group ", group_, ": timed out waiting for ranks [", absl::StrJoin(missing, ", "),
-            "] (", view.members_size(), " of ", view.world_size(), " joined)")));
+            unlisted > 0 ? absl::StrCat(", ... and ", unlisted, " more") : "", "] (",
+            view.members_size(), " of ", view.world_size(), " joined)")));
     Op op;
     op.remove = [name = it->name, node = node_->name](const v1::Member& m) {
       return m.name() == name && m.node() == node;

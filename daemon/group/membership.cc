@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/group/options.h"
+#include "store/summarize.h"
 
 namespace tpd::group {
 namespace {
@@ -239,7 +240,7 @@ int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Memb
   if (removed.empty()) return 0;
   std::reverse(removed.begin(), removed.end());
   record->set_change(std::string(change));
-  record->set_change_detail(absl::StrCat(absl::StrJoin(removed, ", "), ": ", why));
+  record->set_change_detail(absl::StrCat(store::JoinSummarized(removed, ", "), ": ", why));
   if (members->empty()) {
     view->set_phase(kEmpty);
     view->clear_formed_version();
@@ -253,7 +254,7 @@ int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Memb
     view->clear_rpc_timeout_ms();
   } else if (view->phase() == kFormed) {
     view->set_phase(kBroken);
-    view->set_reason(absl::StrCat(absl::StrJoin(removed, ", "), " ",
+    view->set_reason(absl::StrCat(store::JoinSummarized(removed, ", "), " ",
                                   change == "EVICTED" ? "evicted" : "left", ": ", why));
     record->set_change("BROKEN");
   } else if (view->phase() == kDynamic) {

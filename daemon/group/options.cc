@@ -10,7 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "store/summarize.h"
 
 namespace tpd::group {
 namespace {
@@ -54,8 +54,8 @@ absl::Status ValidateWorkerName(absl::string_view name) {
 std::string NamesToString(const std::vector<std::string>& names) {
   return absl::StrCat(
       "[",
-      absl::StrJoin(names, ", ",
-                    [](std::string* out, const std::string& name) { out->append(Echo(name)); }),
+      store::JoinSummarized(
+          names, ", ", [](std::string* out, const std::string& name) { out->append(Echo(name)); }),
       "]");
 }
 
@@ -302,28 +302,28 @@ absl::StatusOr<std::vector<Device>> ParseDevices(const std::vector<std::string>&
 std::string DevicesToString(const std::vector<Device>& devices) {
   return absl::StrCat(
       "[",
-      absl::StrJoin(devices, ", ",
-                    [](std::string* out, const Device& d) { absl::StrAppend(out, d.ToString()); }),
+      store::JoinSummarized(
+          devices, ", ", [](std::string* out, const Device& d) { absl::StrAppend(out, d.ToString()); }),
       "]");
 }
 
 std::string DeviceMapToString(const DeviceMap& map) {
   return absl::StrCat("{",
-                      absl::StrJoin(map, ", ",
-                                    [](std::string* out, const auto& entry) {
-                                      absl::StrAppend(out, entry.first.ToString(), ": ",
-                                                      entry.second.ToString());
-                                    }),
+                      store::JoinSummarized(map, ", ",
+                                            [](std::string* out, const auto& entry) {
+                                              absl::StrAppend(out, entry.first.ToString(), ": ",
+                                                              entry.second.ToString());
+                                            }),
                       "}");
 }
 
 std::string DeviceMapsToString(const std::map<std::string, DeviceMap>& maps) {
   return absl::StrCat("{",
-                      absl::StrJoin(maps, ", ",
-                                    [](std::string* out, const auto& entry) {
-                                      absl::StrAppend(out, entry.first, ": ",
-                                                      DeviceMapToString(entry.second));
-                                    }),
+                      store::JoinSummarized(maps, ", ",
+                                            [](std::string* out, const auto& entry) {
+                                              absl::StrAppend(out, Echo(entry.first), ": ",
+                                                              DeviceMapToString(entry.second));
+                                            }),
                       "}");
 }
 

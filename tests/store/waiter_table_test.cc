@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -153,6 +154,21 @@ TEST_F(WaiterTableTest, ExpireUntilEndsOnlyDueWaitsNamingTheirMissingKeys) {
               AllOf(StartsWith("timed out after "),
                     EndsWith("ms waiting for keys [\"missing_one\", \"missing_two\"]")));
   EXPECT_EQ(not_due.calls, 0);
+}
+
+// A wait on many long keys must not produce a message past gRPC's metadata limit.
+TEST_F(WaiterTableTest, TimeoutMessageListsAtMostTenKeysEachCut) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 1000; ++i) keys.push_back(absl::StrCat(i, std::string(4000, 'k')));
+  const absl::Time soon = absl::Now() + absl::Milliseconds(1);
+  Outcome outcome;
+  AddWait(keys, outcome, soon);
+  ExpireUntil(soon);
+  RunEnded();
+  ASSERT_EQ(outcome.result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  const std::string message(outcome.result.status().message());
+  EXPECT_LT(message.size(), 2000u);
+  EXPECT_THAT(message, AllOf(HasSubstr("[\"0kkk"), EndsWith("... and 990 more]")));
 }
 
 TEST_F(WaiterTableTest, NextDeadlineIsInfiniteFutureWithNoWaitPending) {
