@@ -1,6 +1,8 @@
 #include "daemon/group/group_log.h"
 
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -17,12 +19,25 @@ GroupLog::GroupLog(store::Store* store, std::string group)
     : store_(store), group_(std::move(group)) {}
 
 absl::StatusOr<v1::GroupRecord> GroupLog::Parse(const std::string& bytes, int64_t version) const {
+  const std::string key = absl::StrCat("tpd/group/", group_, "/", VersionKey(version));
   v1::GroupRecord record;
-  if (!record.ParseFromString(bytes) || record.view().version() != version) {
-    return absl::DataLossError(absl::StrCat("group ", group_, ": version ", version,
+  if (!record.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("group ", group_, ": record ", key,
                                             " in the rendezvous store is not a tpd group record"));
   }
+  if (absl::Status status = ValidateGroupRecord(record, group_, version, key); !status.ok()) {
+    return status;
+  }
   return record;
+}
+
+absl::StatusOr<std::optional<v1::GroupRecord>> GroupLog::Read(int64_t version) {
+  // A deadline of now: present or not, never a wait.
+  absl::StatusOr<std::vector<std::string>> bytes =
+      store_->MultiGet({VersionKey(version)}, absl::Now());
+  if (bytes.status().code() == absl::StatusCode::kDeadlineExceeded) return std::nullopt;
+  if (!bytes.ok()) return bytes.status();
+  return Parse(bytes->front(), version);
 }
 
 absl::StatusOr<v1::GroupRecord> GroupLog::Latest() {
@@ -30,9 +45,8 @@ absl::StatusOr<v1::GroupRecord> GroupLog::Latest() {
   absl::StatusOr<bool> has_head = store_->Check({"head"});
   if (!has_head.ok()) return has_head.status();
   if (*has_head) {
-    absl::StatusOr<std::string> text = store_->Get("head", absl::Now() + absl::Seconds(10));
-    if (!text.ok()) return text.status();
-    if (!absl::SimpleAtoi(*text, &head)) head = 0;
+    absl::StatusOr<std::vector<std::string>> text = store_->MultiGet({"head"}, absl::Now());
+    if (text.ok() && (!absl::SimpleAtoi(text->front(), &head) || head < 0)) head = 0;
   }
   // The hint may lag (its writer died between the version and the hint) or point past a
   // version deleted long ago; walk forward from it to the last version present.
@@ -48,10 +62,16 @@ absl::StatusOr<v1::GroupRecord> GroupLog::Latest() {
     empty.mutable_view()->set_phase(kEmpty);
     return empty;
   }
-  absl::StatusOr<std::string> bytes =
-      store_->Get(VersionKey(head), absl::Now() + absl::Seconds(10));
-  if (!bytes.ok()) return bytes.status();
-  return Parse(*bytes, head);
+  absl::StatusOr<std::optional<v1::GroupRecord>> record = Read(head);
+  if (!record.ok()) return record.status();
+  if (!record->has_value()) {
+    // The hint named a version that is not there (and none after it): a hint no writer of
+    // this log left. Untrusted like every record; never wait on it.
+    return absl::DataLossError(absl::StrCat("group ", group_, ": tpd/group/", group_,
+                                            "/head names version ", head,
+                                            ", which the rendezvous store does not hold"));
+  }
+  return **std::move(record);
 }
 
 absl::StatusOr<bool> GroupLog::TryAppend(const v1::GroupRecord& next) {

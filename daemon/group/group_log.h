@@ -11,6 +11,8 @@
 #define TPD_DAEMON_GROUP_GROUP_LOG_H_
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
@@ -25,8 +27,13 @@ class GroupLog {
   // `store` is the group's namespace of its rendezvous store; it must outlive the log.
   GroupLog(store::Store* store, std::string group);
 
-  // The newest record; version 0 with phase EMPTY when the group was never written.
+  // The newest record; version 0 with phase EMPTY when the group was never written. Every
+  // record read is validated (ValidateGroupRecord): DATA_LOSS naming the key otherwise.
   absl::StatusOr<v1::GroupRecord> Latest();
+
+  // Version `version` if the store holds it (nullopt if not); never waits. DATA_LOSS for a
+  // record that is not a valid one of this group.
+  absl::StatusOr<std::optional<v1::GroupRecord>> Read(int64_t version);
 
   // Stores `next` as version next.view().version(), which must be one past the newest.
   // True when this writer won the version; false when another did first (re-read, retry).

@@ -19,6 +19,12 @@ namespace {
 // resynchronization after a gap (versions deleted while this daemon was stopped) can come.
 constexpr absl::Duration kVersionWaitSlice = absl::Seconds(2);
 
+// Longest heartbeat value kept ("<incarnation>:<counter>" is at most 41 bytes).
+constexpr size_t kMaxHeartbeatBytes = 64;
+
+// The same store error is logged at most once per this interval per group.
+constexpr absl::Duration kErrorLogInterval = absl::Seconds(30);
+
 }  // namespace
 
 GroupTracker::GroupTracker(std::string group, std::string store_name, store::Store* root,
@@ -329,6 +335,10 @@ v1::GroupView GroupTracker::View() {
   mu_.AwaitWithTimeout(absl::Condition(&loaded_), absl::Seconds(30));
   v1::GroupView view = latest_.view();
   view.set_store(store_name_);
+  if (!damaged_.ok()) {
+    view.set_phase(kFailed);
+    view.set_reason(std::string(damaged_.message()));
+  }
   return view;
 }
 
@@ -390,8 +400,7 @@ void GroupTracker::WorkerLoop() {
   if (absl::StatusOr<v1::GroupRecord> latest = log_.Latest(); latest.ok()) {
     Observe(*std::move(latest), /*snapshot=*/true);
   } else {
-    DaemonLog().warn("[group {}] [store {}] cannot read the group: {}", group_, store_name_,
-                     latest.status().ToString());
+    NoteStoreError(latest.status());
   }
   {
     absl::MutexLock lock(&mu_);
@@ -420,8 +429,7 @@ void GroupTracker::WorkerLoop() {
       if (record.ok()) {
         Observe(*std::move(record), /*snapshot=*/false);
       } else if (record.status().code() != absl::StatusCode::kCancelled) {
-        DaemonLog().warn("[group {}] [store {}] following versions: {}", group_, store_name_,
-                         record.status().ToString());
+        NoteStoreError(record.status());
       }
     }
     if (!ops.empty()) ApplyOps(std::move(ops));
@@ -441,22 +449,63 @@ void GroupTracker::CatchUp() {
     have = latest_.view().version();
   }
   absl::StatusOr<v1::GroupRecord> latest = log_.Latest();
-  if (!latest.ok() || latest->view().version() <= have) return;
+  if (!latest.ok()) {
+    NoteStoreError(latest.status());
+    return;
+  }
+  {
+    // The newest record is valid again (a bad one was removed or superseded).
+    absl::MutexLock lock(&mu_);
+    damaged_ = absl::OkStatus();
+  }
+  if (latest->view().version() <= have) return;
   // Read the versions in between one by one, so watchers miss none that still exist.
   for (int64_t version = have + 1; version < latest->view().version(); ++version) {
-    absl::StatusOr<std::vector<std::string>> bytes =
-        group_store_.MultiGet({absl::StrCat("v/", version)}, absl::Now());
-    v1::GroupRecord record;
-    if (!bytes.ok() || !record.ParseFromString(bytes->front())) {
-      Observe(*std::move(latest), /*snapshot=*/true);  // the gap was deleted: resync
+    absl::StatusOr<std::optional<v1::GroupRecord>> record = log_.Read(version);
+    if (!record.ok() || !record->has_value()) {
+      // Deleted, or not a valid record: skip the gap and resynchronize from the newest.
+      Observe(*std::move(latest), /*snapshot=*/true);
       return;
     }
-    Observe(std::move(record), /*snapshot=*/false);
+    Observe(**std::move(record), /*snapshot=*/false);
   }
   Observe(*std::move(latest), /*snapshot=*/false);
 }
 
+void GroupTracker::NoteStoreError(const absl::Status& status) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (status.code() == absl::StatusCode::kDataLoss) damaged_ = status;
+  // A store that stays down would otherwise log twice a second for as long as it is down.
+  if (status.message() == last_error_ && now - last_error_logged_ < kErrorLogInterval) {
+    ++errors_suppressed_;
+    return;
+  }
+  DaemonLog().warn("[group {}] [store {}] following versions: {}{}", group_, store_name_,
+                   status.ToString(),
+                   errors_suppressed_ > 0
+                       ? absl::StrCat(" (", errors_suppressed_, " repeats not logged)")
+                       : std::string());
+  last_error_ = std::string(status.message());
+  last_error_logged_ = now;
+  errors_suppressed_ = 0;
+}
+
 void GroupTracker::ApplyOps(std::vector<Op> ops) {
+  absl::Status damaged;
+  {
+    absl::MutexLock lock(&mu_);
+    damaged = damaged_;
+  }
+  if (!damaged.ok()) {
+    // No version can be written on top of a record no daemon can read.
+    SettledJoins(ops);
+    for (Op& op : ops) {
+      if (op.join_done) op.join_done(damaged);
+      if (op.remove_done) op.remove_done(damaged);
+    }
+    return;
+  }
   for (int attempt = 0;; ++attempt) {
     v1::GroupRecord base;
     {
@@ -467,6 +516,19 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     std::vector<absl::Status> results(ops.size());
     std::vector<int64_t> ranks(ops.size(), -1);
     std::vector<std::pair<std::string, std::string>> changes;
+    // Members an earlier life of this node left behind go first, so their names and ranks
+    // are free for the joins of this batch (a job whose members all ran on one node).
+    if (std::set<std::string> stale = StaleOwnMembers(base); !stale.empty()) {
+      const uint64_t incarnation = node_->incarnation.load();
+      RemoveMembers(
+          &next,
+          [&](const v1::Member& m) {
+            return m.node() == node_->name && m.incarnation() != incarnation &&
+                   stale.count(m.name()) > 0;
+          },
+          "EVICTED", absl::StrCat("node ", node_->name, " restarted"));
+      changes.emplace_back(next.change(), next.change_detail());
+    }
     for (size_t i = 0; i < ops.size(); ++i) {
       Op& op = ops[i];
       if (op.join) {
@@ -561,6 +623,21 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     }
     return;
   }
+}
+
+std::set<std::string> GroupTracker::StaleOwnMembers(const v1::GroupRecord& record) {
+  const uint64_t incarnation = node_->incarnation.load();
+  std::set<std::string> stale;
+  absl::MutexLock lock(&mu_);
+  for (const v1::Member& member : record.view().members()) {
+    // Held by an earlier life of this daemon (killed and restarted under the same node name):
+    // no session here holds it, and no heartbeat of ours will ever vouch for it again.
+    if (member.node() == node_->name && member.incarnation() != incarnation &&
+        local_.count(member.name()) == 0) {
+      stale.insert(member.name());
+    }
+  }
+  return stale;
 }
 
 void GroupTracker::SettledJoins(const std::vector<Op>& ops) {
@@ -728,12 +805,28 @@ void GroupTracker::CheckDeadlines() {
 
 void GroupTracker::CheckHeartbeats() {
   std::map<std::string, std::set<uint64_t>> nodes;  // other nodes -> incarnations in the group
+  bool own_stale;
   {
     absl::MutexLock lock(&mu_);
     if (local_.empty() && watchers_.empty()) return;
     for (const v1::Member& member : latest_.view().members()) {
       if (member.node() != node_->name) nodes[member.node()].insert(member.incarnation());
     }
+  }
+  {
+    v1::GroupRecord latest;
+    {
+      absl::MutexLock lock(&mu_);
+      latest = latest_;
+    }
+    own_stale = !StaleOwnMembers(latest).empty();
+  }
+  if (own_stale) {
+    // ApplyOps removes them before anything else; an op that removes nobody gets it there.
+    Op op;
+    op.remove = [](const v1::Member&) { return false; };
+    op.remove_done = [](absl::StatusOr<int64_t>) {};
+    Enqueue(std::move(op));
   }
   const absl::Time now = absl::Now();
   // A daemon that was itself stalled (overloaded, paused, starved of CPU) cannot tell a
@@ -757,6 +850,8 @@ void GroupTracker::CheckHeartbeats() {
       absl::StatusOr<std::string> got = root_->Get(HeartbeatKey(node), now + absl::Seconds(5));
       if (!got.ok()) return;
       value = *std::move(got);
+      // Untrusted like every store value: a heartbeat is two numbers, never kilobytes kept.
+      if (value.size() > kMaxHeartbeatBytes) value.clear();
     }
     absl::Time changed;
     {

@@ -140,6 +140,10 @@ class GroupTracker {
   // Takes a new version: updates state, tells watchers, settles joins, detects eviction.
   void Observe(v1::GroupRecord record, bool snapshot);
   void CheckDeadlines();
+  // Members of `record` on this node from an earlier incarnation that no local session holds.
+  std::set<std::string> StaleOwnMembers(const v1::GroupRecord& record);
+  // Logs a failure to read the group (rate-limited); DATA_LOSS marks the group damaged.
+  void NoteStoreError(const absl::Status& status);
   void CheckHeartbeats();
 
   const std::string group_;
@@ -175,6 +179,12 @@ class GroupTracker {
   std::set<store::WaitId> barrier_waits_ ABSL_GUARDED_BY(mu_);
   // The worker has read the group's newest version once; views and snapshots wait for it.
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;
+  // Set while the group's newest record in the store is not a valid one (DATA_LOSS naming
+  // the key): changes are refused with it and views show the group FAILED with it.
+  absl::Status damaged_ ABSL_GUARDED_BY(mu_);
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_error_logged_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t errors_suppressed_ ABSL_GUARDED_BY(mu_) = 0;
   // Other nodes' last heartbeat values and when this daemon saw them change.
   std::map<std::string, std::pair<std::string, absl::Time>> heartbeats_ ABSL_GUARDED_BY(mu_);
   absl::Time last_heartbeat_check_ = absl::InfinitePast();  // worker only

@@ -70,8 +70,12 @@ absl::Status Renegotiate(v1::GroupRecord* record) {
   if (view->members().empty()) return absl::OkStatus();
   std::vector<MemberOptions> members;
   for (const v1::Member& member : view->members()) {
-    absl::StatusOr<MemberOptions> options =
-        ToMemberOptions(member, record->options().at(member.name()));
+    auto found = record->options().find(member.name());
+    if (found == record->options().end()) {
+      return absl::DataLossError(absl::StrCat("group ", view->group(), ": member ", member.name(),
+                                              " has no options in the record"));
+    }
+    absl::StatusOr<MemberOptions> options = ToMemberOptions(member, found->second);
     if (!options.ok()) return options.status();
     members.push_back(*std::move(options));
   }
@@ -91,7 +95,72 @@ absl::Status Renegotiate(v1::GroupRecord* record) {
   return absl::OkStatus();
 }
 
+bool KnownPhase(absl::string_view phase) {
+  for (absl::string_view known : {kEmpty, kForming, kFormed, kDynamic, kBroken, kFailed}) {
+    if (phase == known) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+absl::Status ValidateGroupRecord(const v1::GroupRecord& record, absl::string_view group,
+                                 int64_t version, absl::string_view key) {
+  auto bad = [&](absl::string_view problem) {
+    return absl::DataLossError(absl::StrCat("group ", group, ": record ", key,
+                                            " in the rendezvous store is not a valid tpd group "
+                                            "record (",
+                                            problem, "); the group cannot be followed until it "
+                                                     "is removed from that store"));
+  };
+  const v1::GroupView& view = record.view();
+  if (view.group() != group) return bad("it names another group");
+  if (view.version() != version) {
+    return bad(absl::StrCat("it says version ", view.version()));
+  }
+  if (!KnownPhase(view.phase())) return bad("unknown phase");
+  if (view.members_size() > kMaxRecordMembers || record.options_size() > kMaxRecordMembers) {
+    return bad(absl::StrCat("more than ", kMaxRecordMembers, " members"));
+  }
+  if (view.is_static()) {
+    if (view.world_size() <= 0 || view.world_size() > kMaxRecordMembers) {
+      return bad(absl::StrCat("world_size ", view.world_size()));
+    }
+    if (view.members_size() > view.world_size()) return bad("more members than world_size");
+  } else if (view.world_size() != 0) {
+    return bad("a dynamic group with a world_size");
+  }
+  if ((view.phase() == kEmpty) != view.members().empty()) {
+    return bad(view.members().empty() ? "no members outside phase EMPTY" : "members in an EMPTY group");
+  }
+  if (view.phase() == kFormed && view.members_size() != view.world_size()) {
+    return bad("FORMED without all ranks");
+  }
+  if (view.reason().size() > kMaxRecordStringBytes ||
+      record.change_detail().size() > 16 * kMaxRecordStringBytes) {
+    return bad("oversized text");
+  }
+  std::set<absl::string_view> names;
+  std::set<int64_t> ranks;
+  for (const v1::Member& member : view.members()) {
+    if (member.name().empty() || member.name().size() > kMaxRecordStringBytes ||
+        member.node().empty() || member.node().size() > kMaxRecordStringBytes) {
+      return bad("a member with an empty or oversized name or node");
+    }
+    if (member.rank() < 0 || (view.is_static() && member.rank() >= view.world_size())) {
+      return bad(absl::StrCat("rank ", member.rank(), " out of range"));
+    }
+    if (!names.insert(member.name()).second) return bad("a worker name held twice");
+    if (!ranks.insert(member.rank()).second) return bad("a rank held twice");
+    if (record.options().count(member.name()) == 0) {
+      return bad(absl::StrCat("no options for member ", member.name().substr(0, 128)));
+    }
+  }
+  if (static_cast<size_t>(record.options_size()) != names.size()) {
+    return bad("options for workers that are not members");
+  }
+  return absl::OkStatus();
+}
 
 const v1::Member* FindMember(const v1::GroupRecord& record, absl::string_view name) {
   for (const v1::Member& member : record.view().members()) {
@@ -176,10 +245,17 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
   *options.mutable_options() = spec.options;
   options.set_device_count(spec.device_count);
 
-  // A member's own options are checked before anything else, so it alone is blamed.
-  absl::StatusOr<MemberOptions> own = ToMemberOptions(member, options);
-  if (!own.ok()) return own.status();
-  if (absl::Status status = ValidateMemberOptions(*own); !status.ok()) return status;
+  // A member's own options are checked before anything else, so it alone is blamed. A
+  // dynamic group refuses the newcomer. A static group cannot form without this rank, so,
+  // as PyTorch raises the same error on every rank, the group FAILS with it: the ranks
+  // already waiting learn why at once instead of timing out.
+  absl::Status own_error;
+  if (absl::StatusOr<MemberOptions> own = ToMemberOptions(member, options); !own.ok()) {
+    own_error = own.status();
+  } else {
+    own_error = ValidateMemberOptions(*own);
+  }
+  if (!own_error.ok() && !is_static) return own_error;
 
   // Only a dynamic join can still be refused (by negotiation with the present members): it
   // works on a copy. A static join cannot fail from here on and changes the record in place.
@@ -207,6 +283,11 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
       absl::StrCat(spec.name, " (rank ", rank, ") joined from node ", spec.node));
   if (!is_static) {
     if (absl::Status status = Renegotiate(&next); !status.ok()) return status;
+  } else if (!own_error.ok()) {
+    view->set_phase(kFailed);
+    view->set_reason(std::string(own_error.message()));
+    next.set_change("FAILED");
+    next.set_change_detail(std::string(own_error.message()));
   } else if (view->members_size() == view->world_size()) {
     if (absl::Status status = Renegotiate(&next); status.ok()) {
       view->set_phase(kFormed);

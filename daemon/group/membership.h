@@ -39,13 +39,14 @@ struct JoinSpec {
 };
 
 // Adds a member to `record` (the newest version; the caller stores the result as the next)
-// and returns its rank. Static groups: the member completing the world triggers negotiation,
-// and the group becomes FORMED, or FAILED with negotiation's error naming the member at fault
-// (the join itself then succeeds in being recorded; the caller reports the failure). Dynamic
-// groups: negotiation runs with the newcomer and a failure refuses the join, leaving `record`
+// and returns its rank. Static groups: a member whose own options are invalid, or the member
+// completing the world when negotiation fails, makes the group FAILED with the error naming
+// the member at fault (the join itself is recorded, so every waiting rank learns the reason;
+// the caller reports the failure); otherwise the last rank makes it FORMED. Dynamic groups:
+// negotiation runs with the newcomer and a failure refuses the join, leaving `record`
 // unchanged. INVALID_ARGUMENT for a join that can never fit: static/dynamic or world_size
-// mismatch, rank out of range or taken, name taken, options invalid. FAILED_PRECONDITION for
-// a static group already formed, or broken/failed while members remain.
+// mismatch, rank out of range or taken, name taken, (dynamic) options invalid.
+// FAILED_PRECONDITION for a static group already formed, or broken/failed while members remain.
 absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec);
 
 // Removes every member `remove` selects; returns how many. A FORMED static group becomes
@@ -53,6 +54,19 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
 // formed anew). `change` is the GroupEvent kind ("LEFT", "EVICTED").
 int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Member&)> remove,
                   absl::string_view change, absl::string_view why);
+
+// Records come from a rendezvous store that others can write (a peer daemon with the token,
+// an older tpd, a hand edit): nothing in one is trusted until this accepts it. Checks the
+// structure the transitions above rely on (group name, version, phase, unique names and
+// ranks within bounds, every member's options present, bounded sizes), not the options'
+// meaning, which negotiation judges. DATA_LOSS naming `key` and the first problem found.
+absl::Status ValidateGroupRecord(const v1::GroupRecord& record, absl::string_view group,
+                                 int64_t version, absl::string_view key);
+
+// Bounds of a record that ValidateGroupRecord enforces: far above any group tpd forms, low
+// enough that a forged record cannot make every daemon following it allocate without end.
+inline constexpr int64_t kMaxRecordMembers = 1 << 20;
+inline constexpr int64_t kMaxRecordStringBytes = 4096;
 
 // The member named `name`, or nullptr.
 const v1::Member* FindMember(const v1::GroupRecord& record, absl::string_view name);

@@ -316,26 +316,110 @@ TEST(MembershipStaticTest, RefusesNonPositiveWorldSize) {
                 {"world_size must be positive, got -2"});
 }
 
-TEST(MembershipStaticTest, RefusesInvalidOwnOptionsWithTheOptionsMessage) {
+TEST(MembershipStaticTest, InvalidOwnOptionsFailTheGroupSoEveryRankLearnsWhy) {
   v1::GroupRecord record = NewRecord();
+  Join(&record, Spec("w1", 1, 2));
   JoinSpec bad = Spec("w0", 0, 2);
   bad.options.add_transports("tcp");
-  ExpectRefused(&record, bad, absl::StatusCode::kInvalidArgument,
-                {"Node w0", "Unknown transport: tcp"});
-  Join(&record, Spec("w1", 1, 2));
-  // The join that would complete the world is refused for its own options, not recorded as a
-  // failed group.
-  ExpectRefused(&record, bad, absl::StatusCode::kInvalidArgument,
-                {"Node w0", "Unknown transport: tcp"});
-  EXPECT_EQ(record.view().phase(), kForming);
+  // Recorded, so w1 (waiting for the group) is answered with the same reason at once.
+  absl::StatusOr<int64_t> rank = AddMember(&record, bad);
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  EXPECT_EQ(record.view().phase(), kFailed);
+  EXPECT_THAT(record.view().reason(), HasSubstr("Node w0"));
+  EXPECT_THAT(record.view().reason(), HasSubstr("Unknown transport: tcp"));
+  EXPECT_EQ(record.change(), "FAILED");
+  // Later ranks are told the group failed, and why.
+  ExpectRefused(&record, Spec("w2", 2, 2), absl::StatusCode::kFailedPrecondition,
+                {"FAILED", "Unknown transport: tcp"});
 }
 
-TEST(MembershipStaticTest, RefusesUnparsableDeviceMapNamingWorkerAndNode) {
+TEST(MembershipStaticTest, UnparsableDeviceMapFailsTheGroupNamingWorkerAndNode) {
   v1::GroupRecord record = NewRecord();
   Join(&record, Spec("w1", 1, 2));
-  ExpectRefused(&record, WithMap(Spec("w0", 0, 2, "node-a"), "w1", {{"gpu0", "cuda:0"}}),
-                absl::StatusCode::kInvalidArgument,
-                {"worker w0 on node node-a: device map toward w1", "Invalid device string"});
+  Join(&record, WithMap(Spec("w0", 0, 2, "node-a"), "w1", {{"gpu0", "cuda:0"}}));
+  EXPECT_EQ(record.view().phase(), kFailed);
+  EXPECT_THAT(record.view().reason(), HasSubstr("worker w0 on node node-a: device map toward w1"));
+  EXPECT_THAT(record.view().reason(), HasSubstr("Invalid device string"));
+}
+
+// --- Records read from a store: validated before use ----------------------------------------
+
+void ExpectInvalidRecord(const v1::GroupRecord& record, const std::string& problem) {
+  absl::Status status =
+      ValidateGroupRecord(record, "g", record.view().version(), "tpd/group/g/v/1");
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr("tpd/group/g/v/1"));
+  EXPECT_THAT(status.message(), HasSubstr(problem));
+}
+
+TEST(MembershipRecordTest, AcceptsRecordsTheTransitionsWrite) {
+  v1::GroupRecord record = FormedGroup(3);
+  EXPECT_TRUE(ValidateGroupRecord(record, "g", record.view().version(), "k").ok());
+  v1::GroupRecord dynamic = NewRecord();
+  Join(&dynamic, Spec("d0", std::nullopt));
+  EXPECT_TRUE(ValidateGroupRecord(dynamic, "g", dynamic.view().version(), "k").ok());
+}
+
+TEST(MembershipRecordTest, RefusesAMemberWithoutOptions) {
+  // This record aborted every daemon following the group (options().at() on a missing key).
+  v1::GroupRecord record = FormedGroup(2);
+  record.mutable_options()->erase("w1");
+  ExpectInvalidRecord(record, "no options for member w1");
+  // And renegotiating such a record (a dynamic group's, after a removal) does not crash.
+  v1::GroupRecord dynamic = NewRecord();
+  Join(&dynamic, Spec("d0", std::nullopt));
+  Join(&dynamic, Spec("d1", std::nullopt));
+  dynamic.mutable_options()->erase("d1");
+  EXPECT_EQ(RemoveMembers(
+                &dynamic, [](const v1::Member& m) { return m.name() == "d0"; }, "LEFT", "test"),
+            1);
+  EXPECT_THAT(dynamic.view().negotiated(), IsEmpty());
+}
+
+TEST(MembershipRecordTest, RefusesStructuralLies) {
+  v1::GroupRecord base = FormedGroup(2);
+  {
+    v1::GroupRecord record = base;
+    record.mutable_view()->set_group("other");
+    ExpectInvalidRecord(record, "names another group");
+  }
+  {
+    v1::GroupRecord record = base;
+    record.mutable_view()->mutable_members(1)->set_rank(0);
+    ExpectInvalidRecord(record, "rank held twice");
+  }
+  {
+    v1::GroupRecord record = base;
+    record.mutable_view()->mutable_members(1)->set_name("w0");
+    ExpectInvalidRecord(record, "worker name held twice");
+  }
+  {
+    v1::GroupRecord record = base;
+    record.mutable_view()->mutable_members(1)->set_rank(7);
+    ExpectInvalidRecord(record, "rank 7 out of range");
+  }
+  {
+    v1::GroupRecord record = base;
+    record.mutable_view()->set_world_size(int64_t{1} << 40);
+    ExpectInvalidRecord(record, "world_size");
+  }
+  {
+    v1::GroupRecord record = base;
+    record.mutable_view()->set_phase("BOGUS");
+    ExpectInvalidRecord(record, "unknown phase");
+  }
+  {
+    v1::GroupRecord record = base;
+    (*record.mutable_options())["ghost"];
+    ExpectInvalidRecord(record, "not members");
+  }
+  {
+    v1::GroupRecord record = base;
+    record.mutable_view()->mutable_members(0)->set_node("");
+    ExpectInvalidRecord(record, "empty or oversized");
+  }
+  absl::Status version = ValidateGroupRecord(base, "g", base.view().version() + 1, "k");
+  EXPECT_EQ(version.code(), absl::StatusCode::kDataLoss);
 }
 
 // --- Static groups: negotiation failing on completion ---------------------------------------

@@ -1,0 +1,160 @@
+// Trackers of several "daemons" (nodes) over one in-memory rendezvous store, in one process:
+// the group rules end to end without sockets or sleeps. Each test waits on the callbacks'
+// answers, bounded by a deadline.
+
+#include "daemon/group/group_tracker.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/group_record.pb.h"
+#include "store/memory/memory_store.h"
+
+namespace tpd::group {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(20);
+
+// One daemon's identity and its tracker of group "g".
+struct FakeDaemon {
+  FakeDaemon(const std::string& name, uint64_t incarnation, store::Store* store) {
+    node.name = name;
+    node.incarnation = incarnation;
+    node.device_count = 2;
+    TrackerOptions options;
+    options.heartbeat_interval = absl::Milliseconds(20);
+    tracker = std::make_unique<GroupTracker>("g", "memory", store, &node, options, nullptr);
+  }
+  Node node;
+  std::unique_ptr<GroupTracker> tracker;
+};
+
+// The answer of one Join, awaited.
+class JoinResult {
+ public:
+  GroupTracker::JoinDone Callback() {
+    return [this](absl::StatusOr<v1::JoinResponse> response) {
+      absl::MutexLock lock(&mu_);
+      result_ = std::move(response);
+    };
+  }
+  absl::StatusOr<v1::JoinResponse> Await() {
+    absl::MutexLock lock(&mu_);
+    auto has = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return result_.has_value(); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&has), kWait)) {
+      return absl::DeadlineExceededError("the test gave up waiting for the join's answer");
+    }
+    return *result_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::optional<absl::StatusOr<v1::JoinResponse>> result_ ABSL_GUARDED_BY(mu_);
+};
+
+JoinSpec Spec(const std::string& name, std::optional<int64_t> rank,
+              std::optional<int64_t> world_size) {
+  JoinSpec spec;
+  spec.name = name;
+  spec.rank = rank;
+  spec.world_size = world_size;
+  return spec;
+}
+
+void Join(FakeDaemon& daemon, JoinSpec spec, JoinResult* result) {
+  daemon.tracker->Join(std::move(spec), "session-" + daemon.node.name, absl::Now() + kWait,
+                       result->Callback());
+}
+
+TEST(GroupTrackerTest, StaticGroupFormsAcrossTwoDaemons) {
+  store::MemoryStore store;
+  FakeDaemon a("node-a", 1, &store);
+  FakeDaemon b("node-b", 2, &store);
+  JoinResult r0, r1;
+  Join(a, Spec("w0", 0, 2), &r0);
+  Join(b, Spec("w1", 1, 2), &r1);
+  absl::StatusOr<v1::JoinResponse> j0 = r0.Await();
+  absl::StatusOr<v1::JoinResponse> j1 = r1.Await();
+  ASSERT_TRUE(j0.ok()) << j0.status();
+  ASSERT_TRUE(j1.ok()) << j1.status();
+  EXPECT_EQ(j0->group().phase(), kFormed);
+  EXPECT_EQ(j1->rank(), 1);
+  EXPECT_EQ(j0->group().version(), j1->group().version());
+}
+
+TEST(GroupTrackerTest, InvalidOptionsOfOneRankEndEveryRanksWaitWithTheReason) {
+  store::MemoryStore store;
+  FakeDaemon a("node-a", 1, &store);
+  FakeDaemon b("node-b", 2, &store);
+  JoinResult healthy, offending;
+  Join(a, Spec("w0", 0, 3), &healthy);
+  JoinSpec bad = Spec("w1", 1, 3);
+  bad.options.add_transports("tcp");
+  Join(b, bad, &offending);
+  // Both answered long before the 20 s join deadline, with the offender's error.
+  for (JoinResult* result : {&healthy, &offending}) {
+    absl::StatusOr<v1::JoinResponse> answer = result->Await();
+    EXPECT_EQ(answer.status().code(), absl::StatusCode::kInvalidArgument) << answer.status();
+    EXPECT_THAT(answer.status().message(), HasSubstr("Unknown transport: tcp"));
+  }
+}
+
+TEST(GroupTrackerTest, ACorruptRecordFailsTheGroupWithDataLossInsteadOfCrashing) {
+  store::MemoryStore store;
+  FakeDaemon a("node-a", 1, &store);
+  JoinResult r0;
+  Join(a, Spec("d0", std::nullopt, std::nullopt), &r0);
+  ASSERT_TRUE(r0.Await().ok());
+  // Version 2, as any writer of the store could leave it: a member without options (this
+  // aborted every daemon following the group).
+  v1::GroupRecord forged;
+  forged.mutable_view()->set_group("g");
+  forged.mutable_view()->set_version(2);
+  forged.mutable_view()->set_phase(kDynamic);
+  v1::Member* ghost = forged.mutable_view()->add_members();
+  ghost->set_name("ghost");
+  ghost->set_node("node-x");
+  ASSERT_TRUE(store.Set("tpd/group/g/v/2", forged.SerializeAsString()).ok());
+
+  JoinResult r1;
+  Join(a, Spec("d1", std::nullopt, std::nullopt), &r1);
+  absl::StatusOr<v1::JoinResponse> refused = r1.Await();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("tpd/group/g/v/2"));
+  v1::GroupView view = a.tracker->View();
+  EXPECT_EQ(view.phase(), kFailed);
+  EXPECT_THAT(view.reason(), HasSubstr("tpd/group/g/v/2"));
+  // A daemon that starts following the group now survives it too.
+  FakeDaemon b("node-b", 2, &store);
+  EXPECT_EQ(b.tracker->View().phase(), kFailed);
+}
+
+TEST(GroupTrackerTest, ARestartedDaemonsEarlierMembersMakeRoomForItsNewOnes) {
+  store::MemoryStore store;
+  {
+    // Killed: its tracker stops without its members leaving.
+    FakeDaemon first("node-a", 1, &store);
+    JoinResult r0;
+    Join(first, Spec("w0", std::nullopt, std::nullopt), &r0);
+    ASSERT_TRUE(r0.Await().ok());
+  }
+  FakeDaemon again("node-a", 2, &store);
+  JoinResult r0;
+  Join(again, Spec("w0", std::nullopt, std::nullopt), &r0);
+  absl::StatusOr<v1::JoinResponse> rejoined = r0.Await();
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  ASSERT_EQ(rejoined->group().members_size(), 1);
+  EXPECT_EQ(rejoined->group().members(0).incarnation(), 2u);
+}
+
+}  // namespace
+}  // namespace tpd::group
