@@ -34,6 +34,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
                                                ": is the daemon running? (systemctl status tpd, "
                                                "or pass --socket / set TPD_SOCKET)"));
   }
+  // Who owns the socket: a daemon another user runs must not get this client's keys.
+  if (absl::Status trusted = CheckSocketOwner(path); !trusted.ok()) return trusted;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);

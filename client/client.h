@@ -71,7 +71,9 @@ struct ClientOptions {
 class Client {
  public:
   // Connects to the daemon on `socket_path` ("" = DefaultClientSocketPath()). UNAVAILABLE,
-  // naming the socket, when no daemon answers within options.connect_timeout.
+  // naming the socket, when no daemon answers within options.connect_timeout;
+  // PERMISSION_DENIED, naming the socket and its owner, when the socket belongs to neither
+  // root nor this user (CheckSocketOwner in client/socket_path.h).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket_path = "",
                                                          ClientOptions options = {});
 

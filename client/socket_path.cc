@@ -1,29 +1,35 @@
 #include "client/socket_path.h"
 
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace tpd {
 namespace {
 
-std::string PerUserSocketPath() {
-  const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
-  if (runtime_dir != nullptr && runtime_dir[0] != '\0') {
-    return absl::StrCat(runtime_dir, "/tpd/tpd.sock");
+std::string UserName(uid_t uid) {
+  struct passwd entry;
+  struct passwd* found = nullptr;
+  char buffer[1024];
+  if (getpwuid_r(uid, &entry, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
+    return absl::StrCat("uid ", uid, " (", found->pw_name, ")");
   }
-  return absl::StrCat("/tmp/tpd-", geteuid(), "/tpd.sock");
+  return absl::StrCat("uid ", uid);
+}
+
+// `dir` is a directory owned by root or `owner` that group and others may not write.
+bool DirHeldBy(const char* dir, uid_t owner) {
+  struct stat st;
+  return lstat(dir, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_uid == 0 || st.st_uid == owner) &&
+         (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
 }
 
 }  // namespace
-
-std::string DefaultDaemonSocketPath() {
-  if (geteuid() == 0 || access("/run/tpd", W_OK) == 0) return kSystemSocketPath;
-  return PerUserSocketPath();
-}
 
 std::string DefaultClientSocketPath() {
   const char* env = std::getenv("TPD_SOCKET");
@@ -31,6 +37,24 @@ std::string DefaultClientSocketPath() {
   struct stat st;
   if (stat(kSystemSocketPath, &st) == 0) return kSystemSocketPath;
   return PerUserSocketPath();
+}
+
+absl::Status CheckSocketOwner(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("no tpd socket at ", path));
+  }
+  const uid_t self = geteuid();
+  if (st.st_uid == 0 || st.st_uid == self) return absl::OkStatus();
+  if (path == kSystemSocketPath && DirHeldBy(kSystemSocketDir, st.st_uid) &&
+      DirHeldBy("/run", 0)) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "refusing the tpd socket %s: it belongs to %s, neither root nor this user (%s), so "
+      "another user's program may be listening there. Connect to a socket root or you own "
+      "(--socket, $TPD_SOCKET), or remove this one if you own its directory",
+      path, UserName(st.st_uid), UserName(self)));
 }
 
 }  // namespace tpd

@@ -1,4 +1,4 @@
-// Where a tpd daemon's unix socket lives by default, shared by the daemon and its clients.
+// Which socket a client connects to by default.
 //
 // Thread safety: stateless; reads the environment and the file system.
 
@@ -7,19 +7,24 @@
 
 #include <string>
 
+#include "absl/status/status.h"
+#include "proto/socket_path.h"
+
 namespace tpd {
-
-// The system-wide socket that the systemd unit serves.
-inline constexpr char kSystemSocketPath[] = "/run/tpd/tpd.sock";
-
-// The socket a daemon serves when neither --socket nor the config names one: the system
-// path when this process may create it (root, or /run/tpd writable), otherwise a per-user
-// one: $XDG_RUNTIME_DIR/tpd/tpd.sock, or /tmp/tpd-<uid>/tpd.sock without XDG_RUNTIME_DIR.
-std::string DefaultDaemonSocketPath();
 
 // The socket a client connects to when none is given: $TPD_SOCKET if set, else the system
 // socket if it exists, else the per-user path a non-root daemon would serve.
 std::string DefaultClientSocketPath();
+
+// Whether the socket at `path` may be trusted as a tpd daemon's: it must belong to root or
+// to this process's user. (Under the per-user default /tmp/tpd-<uid>, another user could
+// have created the directory and a socket in it first, and would then read every key and
+// join every group this client sends.) The system socket /run/tpd/tpd.sock may belong to
+// any user, e.g. the unit's dedicated one, as long as /run/tpd and /run belong to root or
+// that user and no one else may write them: only root creates directories in /run.
+// PERMISSION_DENIED naming the socket and its owner otherwise; NOT_FOUND when nothing is
+// there.
+absl::Status CheckSocketOwner(const std::string& path);
 
 }  // namespace tpd
 

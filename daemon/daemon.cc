@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/socket_path.h"
 #include "daemon/logging.h"
 #include "daemon/version.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -12,7 +13,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "proto/socket_path.h"
 
 namespace tpd {
 namespace {
@@ -21,22 +24,65 @@ absl::Status ErrnoError(absl::string_view what, const std::string& path) {
   return absl::FailedPreconditionError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
 }
 
-// mkdir -p with mode 0755 for each directory created.
-absl::Status MakeDirs(const std::string& dir) {
+// "uid 1000 (alice)".
+std::string UserName(uid_t uid) {
+  struct passwd entry;
+  struct passwd* found = nullptr;
+  char buffer[1024];
+  if (getpwuid_r(uid, &entry, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
+    return absl::StrCat("uid ", uid, " (", found->pw_name, ")");
+  }
+  return absl::StrCat("uid ", uid);
+}
+
+// mkdir -p: `dir` itself with `mode`, missing parents 0755. The umask is bypassed for
+// `dir` by a chmod right after a successful mkdir.
+absl::Status MakeDirs(const std::string& dir, mode_t mode) {
   if (dir.empty()) return absl::OkStatus();
   struct stat st;
-  if (stat(dir.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(dir, " exists and is not a directory"));
-  }
+  if (lstat(dir.c_str(), &st) == 0) return absl::OkStatus();  // checked by the caller
   const size_t slash = dir.rfind('/');
   if (slash != std::string::npos && slash > 0) {
-    if (absl::Status status = MakeDirs(dir.substr(0, slash)); !status.ok()) return status;
+    if (absl::Status status = MakeDirs(dir.substr(0, slash), 0755); !status.ok()) return status;
   }
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+  if (mkdir(dir.c_str(), mode) != 0) {
+    if (errno == EEXIST) return absl::OkStatus();
     return ErrnoError("cannot create socket directory", dir);
   }
+  if (chmod(dir.c_str(), mode) != 0) return ErrnoError("cannot chmod socket directory", dir);
   return absl::OkStatus();
+}
+
+// Opens the socket's directory and checks that it can be trusted; returns its descriptor.
+absl::StatusOr<int> OpenTrustedDir(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ELOOP || errno == ENOTDIR) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("socket directory ", dir,
+                       " is a symbolic link or not a directory; refusing to serve through it"));
+    }
+    return ErrnoError("cannot open socket directory", dir);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const absl::Status status = ErrnoError("cannot stat socket directory", dir);
+    close(fd);
+    return status;
+  }
+  const uid_t self = geteuid();
+  const bool owner_ok = st.st_uid == self || st.st_uid == 0;
+  const bool mode_ok = (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
+  if (!owner_ok || !mode_ok) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "socket directory %s is owned by %s with mode %04o: %s; the daemon (%s) refuses it, "
+        "since whoever may write it can replace the socket or its lock file. Remove it, or "
+        "choose another --socket",
+        dir, UserName(st.st_uid), st.st_mode & 07777,
+        owner_ok ? "group or others may write it" : "it belongs to another user", UserName(self)));
+  }
+  return fd;
 }
 
 // True when something accepts connections on the unix socket at `path`.
@@ -53,6 +99,11 @@ bool SomeoneListens(const std::string& path) {
 
 }  // namespace
 
+std::string DefaultDaemonSocketPath() {
+  if (geteuid() == 0 || access(kSystemSocketDir, W_OK) == 0) return kSystemSocketPath;
+  return PerUserSocketPath();
+}
+
 absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Acquire(const std::string& socket_path) {
   if (socket_path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     return absl::InvalidArgumentError(
@@ -60,15 +111,43 @@ absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Acquire(const std::strin
                      sizeof(sockaddr_un{}.sun_path) - 1, ": ", socket_path));
   }
   const size_t slash = socket_path.rfind('/');
-  if (slash != std::string::npos) {
-    if (absl::Status status = MakeDirs(socket_path.substr(0, slash)); !status.ok()) {
-      return status;
-    }
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : socket_path.substr(0, slash);
+  const std::string base = socket_path.substr(slash == std::string::npos ? 0 : slash + 1);
+  if (base.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path ", socket_path, " names a directory, not a socket file"));
   }
+  // The per-user directory is this user's alone; a system directory must let the socket's
+  // group reach the socket.
+  if (absl::Status status = MakeDirs(dir, dir == PerUserSocketDir() ? 0700 : 0755); !status.ok()) {
+    return status;
+  }
+  absl::StatusOr<int> dir_fd = OpenTrustedDir(dir);
+  if (!dir_fd.ok()) return dir_fd.status();
 
+  // O_NOFOLLOW: a symbolic link planted as the lock file is refused, never written through.
+  // O_NONBLOCK: a FIFO planted there cannot hang the open; only a regular file is kept.
   const std::string lock_path = absl::StrCat(socket_path, ".lock");
-  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoError("cannot open lock file", lock_path);
+  const int fd = openat(*dir_fd, absl::StrCat(base, ".lock").c_str(),
+                        O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+  const int open_error = errno;
+  close(*dir_fd);
+  if (fd < 0) {
+    errno = open_error;
+    if (errno == ELOOP) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "lock file ", lock_path, " is a symbolic link; refusing to follow it (remove it)"));
+    }
+    return ErrnoError("cannot open lock file", lock_path);
+  }
+  struct stat lock_st;
+  if (fstat(fd, &lock_st) != 0 || !S_ISREG(lock_st.st_mode)) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("lock file ", lock_path, " is not a regular file; remove it"));
+  }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     char buf[32] = {};
     const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);

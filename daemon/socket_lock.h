@@ -6,6 +6,11 @@
 // whoever holds it owns the socket; a socket file found without a live holder is stale
 // (its daemon died) and is removed.
 //
+// The socket's directory is trusted only if it is a real directory (not a symbolic link)
+// owned by the daemon's user or root that neither group nor others may write: whoever may
+// write it can swap the socket or plant the lock file. The lock file is opened with
+// O_NOFOLLOW, so a symbolic link planted in its place is refused instead of followed.
+//
 // Thread safety: not thread-safe; owned by the daemon's main thread.
 
 #ifndef TPD_DAEMON_SOCKET_LOCK_H_
@@ -18,11 +23,18 @@
 
 namespace tpd {
 
+// The socket a daemon serves when neither --socket nor the config names one: the system
+// path when this process may create it (root, or /run/tpd writable, as for the unit's user),
+// otherwise the per-user one (proto/socket_path.h).
+std::string DefaultDaemonSocketPath();
+
 class SocketLock {
  public:
-  // Creates the socket's directory (0755) if missing, takes the lock and clears a stale
-  // socket file. FAILED_PRECONDITION naming the owner's pid when another live daemon owns
-  // `socket_path`, or when something else still accepts connections there.
+  // Creates the socket's directory if missing (0700 for the per-user directory, 0755
+  // otherwise, with missing parents 0755), checks it (see above), takes the lock and clears
+  // a stale socket file. FAILED_PRECONDITION naming the directory, its owner and mode when
+  // it is not trusted; naming the owner's pid when another live daemon owns `socket_path`;
+  // or when something else still accepts connections there.
   static absl::StatusOr<std::unique_ptr<SocketLock>> Acquire(const std::string& socket_path);
 
   // Removes the socket file, then releases the lock. The lock file stays: removing it would
