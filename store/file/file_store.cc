@@ -326,6 +326,24 @@ absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(const std::string& pa
   }
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return PathError(path, errno, "cannot open or create the file");
+  return OpenFd(path, fd, options);
+}
+
+absl::StatusOr<std::unique_ptr<FileStore>> FileStore::OpenUnder(
+    const std::vector<std::string>& allowed_dirs, const std::string& path, FileCreation creation,
+    FileStoreOptions options) {
+  if (options.poll_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("file store \"", absl::CEscape(path),
+                                                   "\": poll_interval must be positive, got ",
+                                                   absl::FormatDuration(options.poll_interval)));
+  }
+  absl::StatusOr<int> fd = OpenRendezvousFile(allowed_dirs, path, creation);
+  if (!fd.ok()) return fd.status();
+  return OpenFd(path, *fd, options);
+}
+
+absl::StatusOr<std::unique_ptr<FileStore>> FileStore::OpenFd(const std::string& path, int fd,
+                                                             FileStoreOptions options) {
   // Closing any descriptor of the file drops classic locks this process holds on it.
   auto close_fd = [fd] {
     absl::MutexLock lock(&ProcessLockMutex());

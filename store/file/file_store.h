@@ -74,6 +74,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "store/file/path_policy.h"
 #include "store/store.h"
 #include "store/waiter_table.h"
 
@@ -112,6 +113,13 @@ class FileStore : public Store {
   // file or a file system without POSIX record locks, INVALID_ARGUMENT for bad options.
   static absl::StatusOr<std::unique_ptr<FileStore>> Open(const std::string& path,
                                                          FileStoreOptions options = {});
+
+  // Opens the store at `path` for a file:// rendezvous a client named: only under
+  // `allowed_dirs`, following no symbolic link, only a regular file, and creating it only
+  // with FileCreation::kCreate (see path_policy.h, whose errors it returns).
+  static absl::StatusOr<std::unique_ptr<FileStore>> OpenUnder(
+      const std::vector<std::string>& allowed_dirs, const std::string& path,
+      FileCreation creation, FileStoreOptions options = {});
 
   // Ends pending waits with UNAVAILABLE, joins the poller and closes the file. The file
   // stays; other FileStores on it are unaffected.
@@ -155,6 +163,9 @@ class FileStore : public Store {
   using Record = file_store_internal::Record;
 
   FileStore(std::string path, int fd, LockMode lock_mode, FileStoreOptions options);
+  // The part of Open after open(): checks, lock probe, replay. Owns `fd` from here on.
+  static absl::StatusOr<std::unique_ptr<FileStore>> OpenFd(const std::string& path, int fd,
+                                                           FileStoreOptions options);
 
   // Takes `file_mu_` and the file lock (F_RDLCK or F_WRLCK), replays the tail, then runs
   // `body`; after releasing both, runs the waits that the replay or `body` completed.
