@@ -270,21 +270,33 @@ void PrintGroup(const tpd::v1::GroupView& view) {
   }
 }
 
-// Parses --device_maps "w1:cuda:0=cuda:1,cuda:1=cuda:0;w2:0=1".
-bool ParseDeviceMaps(const std::string& text, tpd::v1::BackendOptions* options) {
+// Parses --device_maps "w1:cuda:0=cuda:1,cuda:1=cuda:0;w2:0=1". A device mapped twice toward
+// one worker is refused, naming both targets, rather than keeping the last silently.
+absl::Status ParseDeviceMaps(const std::string& text, tpd::v1::BackendOptions* options) {
   for (absl::string_view worker : absl::StrSplit(text, ';', absl::SkipEmpty())) {
     const size_t colon = worker.find(':');
-    if (colon == absl::string_view::npos) return false;
-    tpd::v1::DeviceMap& map =
-        (*options->mutable_device_maps())[std::string(worker.substr(0, colon))];
+    if (colon == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", worker, "\" names no worker: expected WORKER:LOCAL=REMOTE,..."));
+    }
+    const std::string to(worker.substr(0, colon));
+    tpd::v1::DeviceMap& map = (*options->mutable_device_maps())[to];
     for (absl::string_view pair :
          absl::StrSplit(worker.substr(colon + 1), ',', absl::SkipEmpty())) {
       std::pair<std::string, std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
-      if (kv.second.empty()) return false;
-      (*map.mutable_devices())[kv.first] = kv.second;
+      if (kv.second.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("\"", pair, "\" toward ", to, ": expected LOCAL=REMOTE"));
+      }
+      auto [it, inserted] = map.mutable_devices()->insert({kv.first, kv.second});
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat("device ", kv.first, " is mapped twice toward ",
+                                                       to, " (to ", it->second, " and to ",
+                                                       kv.second, ")"));
+      }
     }
   }
-  return true;
+  return absl::OkStatus();
 }
 
 int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
@@ -345,8 +357,9 @@ int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
     if (absl::GetFlag(FLAGS_rank) >= 0) options.rank = absl::GetFlag(FLAGS_rank);
     if (absl::GetFlag(FLAGS_world_size) >= 0) options.world_size = absl::GetFlag(FLAGS_world_size);
     options.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
-    if (!ParseDeviceMaps(absl::GetFlag(FLAGS_device_maps), &options.options)) {
-      return Usage("--device_maps: expected WORKER:LOCAL=REMOTE,...;WORKER:...");
+    if (absl::Status maps = ParseDeviceMaps(absl::GetFlag(FLAGS_device_maps), &options.options);
+        !maps.ok()) {
+      return Usage(absl::StrCat("--device_maps: ", maps.message()));
     }
     for (absl::string_view d :
          absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipEmpty())) {

@@ -73,6 +73,7 @@ void GroupTracker::Stop() {
   }
   std::vector<PendingJoin> joins;
   std::deque<Op> ops;
+  std::deque<BarrierOp> barriers;
   {
     // The version wait's callback touches this object: wait for it to have run.
     absl::MutexLock lock(&mu_);
@@ -80,10 +81,12 @@ void GroupTracker::Stop() {
         +[](bool* armed) { return !*armed; }, &wait_armed_));
     joins = std::move(pending_joins_);
     ops = std::move(ops_);
+    barriers = std::move(barriers_);
     stopped_ = true;
   }
   const absl::Status stopping = absl::UnavailableError("the tpd daemon is stopping");
   for (PendingJoin& join : joins) join.done(stopping);
+  for (BarrierOp& barrier : barriers) barrier.done(stopping);
   for (Op& op : ops) {
     if (op.join_done) op.join_done(stopping);
     if (op.remove_done) op.remove_done(stopping);
@@ -272,7 +275,24 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
                      " held by this session (never joined, left, or evicted)")));
     return;
   }
-  const std::string key = absl::StrCat("barrier/", generation, "/", round);
+  // The store calls run on the worker: a slow store must not hold a gRPC thread.
+  BarrierOp op{absl::StrCat("barrier/", generation, "/", round), generation, round, expected,
+               deadline, std::move(done)};
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_) {
+      barriers_.push_back(std::move(op));
+      return;
+    }
+  }
+  op.done(absl::UnavailableError("the tpd daemon is stopping"));
+}
+
+void GroupTracker::EnterBarrier(BarrierOp op) {
+  const std::string& key = op.key;
+  const int64_t round = op.round;
+  const int64_t expected = op.expected;
+  Done done = std::move(op.done);
   absl::StatusOr<int64_t> arrived = group_store_.Add(key, 1);
   if (!arrived.ok()) {
     done(arrived.status());
@@ -283,10 +303,12 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
       done(status);
       return;
     }
-    // The previous round is over for everyone: its keys can go.
+    // The previous round is over for everyone: its keys can go (best effort: leftovers
+    // only cost store space until the group's keys are next reused).
     if (round > 1) {
-      (void)group_store_.DeleteKey(absl::StrCat("barrier/", generation, "/", round - 1));
-      (void)group_store_.DeleteKey(absl::StrCat("barrier/", generation, "/", round - 1, "/done"));
+      (void)group_store_.DeleteKey(absl::StrCat("barrier/", op.generation, "/", round - 1));
+      (void)group_store_.DeleteKey(
+          absl::StrCat("barrier/", op.generation, "/", round - 1, "/done"));
     }
   }
   // The wait may end before WaitAsync returns; both sides meet under mu_ through `cell`.
@@ -298,7 +320,7 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
   auto cell = std::make_shared<Cell>();
   cell->done = std::move(done);
   absl::StatusOr<store::WaitId> id = group_store_.WaitAsync(
-      {absl::StrCat(key, "/done")}, deadline,
+      {absl::StrCat(key, "/done")}, op.deadline,
       [this, round, expected, cell](absl::StatusOr<std::vector<std::string>> result) {
         bool stopping;
         {
@@ -332,7 +354,10 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
 
 v1::GroupView GroupTracker::View() {
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(&loaded_), absl::Seconds(30));
+  return ViewLocked();
+}
+
+v1::GroupView GroupTracker::ViewLocked() {
   v1::GroupView view = latest_.view();
   view.set_store(store_name_);
   if (!damaged_.ok()) {
@@ -340,6 +365,32 @@ v1::GroupView GroupTracker::View() {
     view.set_reason(std::string(damaged_.message()));
   }
   return view;
+}
+
+void GroupTracker::GetView(ViewDone done) {
+  absl::StatusOr<v1::GroupView> view;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!loaded_) {
+      // Answered by the worker once its first read of the store ends (bounded by the
+      // store's call deadline): no gRPC thread waits on a slow store.
+      view_waiters_.push_back(std::move(done));
+      return;
+    }
+    if (load_error_.ok()) {
+      view = ViewLocked();
+    } else {
+      view = load_error_;
+    }
+  }
+  done(std::move(view));
+}
+
+bool GroupTracker::Idle() {
+  absl::MutexLock lock(&mu_);
+  return local_.empty() && watchers_.empty() && pending_joins_.empty() && ops_.empty() &&
+         barriers_.empty() && barrier_waits_.empty() && joins_in_flight_.empty() &&
+         view_waiters_.empty();
 }
 
 std::map<std::string, absl::Time> GroupTracker::PeerHeartbeats() {
@@ -350,18 +401,16 @@ std::map<std::string, absl::Time> GroupTracker::PeerHeartbeats() {
 }
 
 void GroupTracker::AddWatcher(std::shared_ptr<GroupWatcher> watcher) {
+  absl::MutexLock lock(&mu_);
+  watchers_.insert(watcher);
+  // A snapshot taken before the first read would show an empty group and then jump: until
+  // then the worker's first read sends it (see WorkerLoop), not this caller.
+  if (!loaded_) return;
   v1::GroupEvent event;
-  {
-    absl::MutexLock lock(&mu_);
-    // A snapshot taken before the first read would show an empty group and then jump.
-    mu_.AwaitWithTimeout(absl::Condition(&loaded_), absl::Seconds(30));
-    watchers_.insert(watcher);
-    event.set_kind("SNAPSHOT");
-    *event.mutable_group() = latest_.view();
-    event.mutable_group()->set_store(store_name_);
-    // Under the lock, like every event, so the snapshot precedes any later version.
-    watcher->OnEvent(event);
-  }
+  event.set_kind("SNAPSHOT");
+  *event.mutable_group() = ViewLocked();
+  // Under the lock, like every event, so the snapshot precedes any later version.
+  watcher->OnEvent(event);
 }
 
 void GroupTracker::RemoveWatcher(const std::shared_ptr<GroupWatcher>& watcher) {
@@ -397,24 +446,46 @@ void GroupTracker::ArmVersionWait() {
 
 void GroupTracker::WorkerLoop() {
   // Learn the group's current state first, so joins apply to the newest version.
+  absl::Status load = absl::OkStatus();
   if (absl::StatusOr<v1::GroupRecord> latest = log_.Latest(); latest.ok()) {
     Observe(*std::move(latest), /*snapshot=*/true);
   } else {
     NoteStoreError(latest.status());
+    load = latest.status();
   }
+  std::vector<ViewDone> view_waiters;
+  absl::StatusOr<v1::GroupView> view;
   {
     absl::MutexLock lock(&mu_);
     loaded_ = true;
+    if (!load.ok() && load.code() != absl::StatusCode::kDataLoss) {
+      load_error_ = absl::UnavailableError(absl::StrCat(
+          "group ", group_, ": cannot read its rendezvous store ", store_name_, ": ",
+          load.message()));
+    }
+    view = load_error_.ok() ? absl::StatusOr<v1::GroupView>(ViewLocked()) : load_error_;
+    view_waiters = std::move(view_waiters_);
+    view_waiters_.clear();
+    if (!snapshot_sent_) {
+      // Watchers added before the first read get their snapshot now (the first read sent
+      // none: it failed).
+      v1::GroupEvent event;
+      event.set_kind("SNAPSHOT");
+      *event.mutable_group() = ViewLocked();
+      for (const std::shared_ptr<GroupWatcher>& watcher : watchers_) watcher->OnEvent(event);
+    }
   }
+  for (ViewDone& done : view_waiters) done(view);
   absl::Time next_tick = absl::Now();
   while (true) {
     std::vector<Op> ops;
     std::vector<absl::StatusOr<v1::GroupRecord>> arrived;
+    std::vector<BarrierOp> barriers;
     {
       absl::MutexLock lock(&mu_);
       ArmVersionWait();
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !ops_.empty() || !arrived_.empty() ||
+        return stop_ || !ops_.empty() || !arrived_.empty() || !barriers_.empty() ||
                (!wait_armed_ && absl::Now() >= rearm_after_);
       };
       mu_.AwaitWithDeadline(absl::Condition(&ready), next_tick);
@@ -424,7 +495,11 @@ void GroupTracker::WorkerLoop() {
       arrived.assign(std::make_move_iterator(arrived_.begin()),
                      std::make_move_iterator(arrived_.end()));
       arrived_.clear();
+      barriers.assign(std::make_move_iterator(barriers_.begin()),
+                      std::make_move_iterator(barriers_.end()));
+      barriers_.clear();
     }
+    for (BarrierOp& barrier : barriers) EnterBarrier(std::move(barrier));
     for (absl::StatusOr<v1::GroupRecord>& record : arrived) {
       if (record.ok()) {
         Observe(*std::move(record), /*snapshot=*/false);
@@ -454,9 +529,10 @@ void GroupTracker::CatchUp() {
     return;
   }
   {
-    // The newest record is valid again (a bad one was removed or superseded).
+    // The store answers, and its newest record is valid (again: a bad one was removed).
     absl::MutexLock lock(&mu_);
     damaged_ = absl::OkStatus();
+    load_error_ = absl::OkStatus();
   }
   if (latest->view().version() <= have) return;
   // Read the versions in between one by one, so watchers miss none that still exist.
@@ -682,6 +758,7 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
       DaemonLog().info("[group {}] version {} {}: {}", group_, event.group().version(),
                        event.kind(), event.detail());
       for (const std::shared_ptr<GroupWatcher>& watcher : watchers_) watcher->OnEvent(event);
+      snapshot_sent_ = true;
       // This daemon forgets its own members before recording their removal, so a local
       // member absent from a new version was removed by another daemon: evicted.
       for (auto it = local_.begin(); it != local_.end();) {

@@ -95,10 +95,19 @@ class GroupTracker {
   // Idempotent; the destructor calls it.
   void Stop();
 
+  // The group as this daemon knows it now, without waiting (before the first read of the
+  // store it is EMPTY at version 0). Views of a damaged group show it FAILED with the reason.
   v1::GroupView View();
+  // The group once this daemon has read it from its store: `done` runs at once, or on the
+  // worker after the first read; UNAVAILABLE naming the store when that read failed.
+  using ViewDone = absl::AnyInvocable<void(absl::StatusOr<v1::GroupView>)>;
+  void GetView(ViewDone done);
+  // Nothing here needs the tracker: no local member, watcher, queued or pending operation.
+  bool Idle();
   // Other nodes of the group and when this daemon last saw their heartbeat change.
   std::map<std::string, absl::Time> PeerHeartbeats();
-  // Sends `watcher` a SNAPSHOT, then every later version until RemoveWatcher.
+  // Sends `watcher` a SNAPSHOT (now, or after the first read of the store), then every
+  // later version until RemoveWatcher. Never waits.
   void AddWatcher(std::shared_ptr<GroupWatcher> watcher);
   void RemoveWatcher(const std::shared_ptr<GroupWatcher>& watcher);
 
@@ -115,6 +124,15 @@ class GroupTracker {
     std::string session_id;
     absl::Time deadline;
     JoinDone done;
+  };
+  // A barrier entry waiting for the worker to do its store calls.
+  struct BarrierOp {
+    std::string key;  // "barrier/<generation>/<round>"
+    int64_t generation = 0;
+    int64_t round = 0;
+    int64_t expected = 0;
+    absl::Time deadline;
+    Done done;
   };
   // A change this daemon wants recorded.
   struct Op {
@@ -140,6 +158,9 @@ class GroupTracker {
   // Takes a new version: updates state, tells watchers, settles joins, detects eviction.
   void Observe(v1::GroupRecord record, bool snapshot);
   void CheckDeadlines();
+  // Counts this member into its barrier round and waits (without a thread) for the round.
+  void EnterBarrier(BarrierOp op);
+  v1::GroupView ViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Members of `record` on this node from an earlier incarnation that no local session holds.
   std::set<std::string> StaleOwnMembers(const v1::GroupRecord& record);
   // Logs a failure to read the group (rate-limited); DATA_LOSS marks the group damaged.
@@ -164,6 +185,7 @@ class GroupTracker {
   std::vector<PendingJoin> pending_joins_ ABSL_GUARDED_BY(mu_);
   std::set<std::shared_ptr<GroupWatcher>> watchers_ ABSL_GUARDED_BY(mu_);
   std::deque<Op> ops_ ABSL_GUARDED_BY(mu_);
+  std::deque<BarrierOp> barriers_ ABSL_GUARDED_BY(mu_);
   std::deque<absl::StatusOr<v1::GroupRecord>> arrived_ ABSL_GUARDED_BY(mu_);
   bool wait_armed_ ABSL_GUARDED_BY(mu_) = false;
   store::WaitId wait_id_ ABSL_GUARDED_BY(mu_) = 0;
@@ -179,6 +201,11 @@ class GroupTracker {
   std::set<store::WaitId> barrier_waits_ ABSL_GUARDED_BY(mu_);
   // The worker has read the group's newest version once; views and snapshots wait for it.
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;
+  // The first read's failure (not DATA_LOSS, which damaged_ holds): GetView answers it.
+  absl::Status load_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<ViewDone> view_waiters_ ABSL_GUARDED_BY(mu_);
+  // Watchers have been sent a SNAPSHOT (the first successful read sends it to those waiting).
+  bool snapshot_sent_ ABSL_GUARDED_BY(mu_) = false;
   // Set while the group's newest record in the store is not a valid one (DATA_LOSS naming
   // the key): changes are refused with it and views show the group FAILED with it.
   absl::Status damaged_ ABSL_GUARDED_BY(mu_);

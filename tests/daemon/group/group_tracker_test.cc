@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/group_record.pb.h"
@@ -61,6 +62,31 @@ class JoinResult {
   std::optional<absl::StatusOr<v1::JoinResponse>> result_ ABSL_GUARDED_BY(mu_);
 };
 
+// The view once the tracker has read the store.
+v1::GroupView AwaitView(GroupTracker& tracker) {
+  absl::Mutex mu;
+  std::optional<absl::StatusOr<v1::GroupView>> view;
+  tracker.GetView([&](absl::StatusOr<v1::GroupView> answer) {
+    absl::MutexLock lock(&mu);
+    view = std::move(answer);
+  });
+  absl::MutexLock lock(&mu);
+  auto has = [&view]() { return view.has_value(); };
+  EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&has), kWait)) << "GetView never answered";
+  EXPECT_TRUE(view.has_value() && view->ok());
+  return view.has_value() && view->ok() ? **view : v1::GroupView();
+}
+
+// Waits (bounded) until `tracker` has recorded `members` members.
+bool AwaitMembers(GroupTracker& tracker, int members) {
+  const absl::Time deadline = absl::Now() + kWait;
+  while (tracker.View().members_size() != members) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
 JoinSpec Spec(const std::string& name, std::optional<int64_t> rank,
               std::optional<int64_t> world_size) {
   JoinSpec spec;
@@ -97,6 +123,8 @@ TEST(GroupTrackerTest, InvalidOptionsOfOneRankEndEveryRanksWaitWithTheReason) {
   FakeDaemon b("node-b", 2, &store);
   JoinResult healthy, offending;
   Join(a, Spec("w0", 0, 3), &healthy);
+  // w0 is recorded and waiting for the group before the offender comes.
+  ASSERT_TRUE(AwaitMembers(*a.tracker, 1));
   JoinSpec bad = Spec("w1", 1, 3);
   bad.options.add_transports("tcp");
   Join(b, bad, &offending);
@@ -135,7 +163,7 @@ TEST(GroupTrackerTest, ACorruptRecordFailsTheGroupWithDataLossInsteadOfCrashing)
   EXPECT_THAT(view.reason(), HasSubstr("tpd/group/g/v/2"));
   // A daemon that starts following the group now survives it too.
   FakeDaemon b("node-b", 2, &store);
-  EXPECT_EQ(b.tracker->View().phase(), kFailed);
+  EXPECT_EQ(AwaitView(*b.tracker).phase(), kFailed);
 }
 
 TEST(GroupTrackerTest, ARestartedDaemonsEarlierMembersMakeRoomForItsNewOnes) {
