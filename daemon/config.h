@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -26,6 +27,10 @@ struct StoreConfig {
   int64_t max_keys_per_request = 1024;
   // Most calls waiting on keys at once, daemon-wide (RESOURCE_EXHAUSTED past it).
   int64_t max_waiters = 100000;
+  // Longest namespace a store call may name (INVALID_ARGUMENT past it). The namespace is
+  // copied into every key of the call, so namespace + key stays within this plus
+  // max_key_bytes. Namespaces are printable text: no control characters (NUL, newline).
+  int64_t max_namespace_bytes = 1024;
 };
 
 struct PeerConfig {
@@ -50,6 +55,28 @@ struct GroupConfig {
   // CUDA devices this node reports to groups; -1 counts /dev/nvidia<N>. Set it on CPU-only
   // machines to test device-map validation.
   int64_t cuda_device_count = -1;
+
+  // What a local client may ask of groups (issue 6). Every limit answers INVALID_ARGUMENT
+  // naming the setting; see deploy/tpd.toml and docs/security.md.
+  //
+  // Absolute directories under which file:// rendezvous may open (and Join create) files;
+  // nothing outside them, no symbolic links, only regular files (store/file/path_policy.h).
+  // Empty: no file:// rendezvous at all. The default one is created (0700) at start when
+  // missing; other listed directories must exist.
+  std::vector<std::string> file_rendezvous_dirs = {"/var/lib/tpd/rendezvous"};
+  // Largest world_size a Join may ask for.
+  int64_t max_world_size = 65536;
+  // Most entries in a Join's options.transports, options.channels and options.devices, and
+  // in all its device maps together (source devices counted over every target worker).
+  int64_t max_transports = 64;
+  int64_t max_channels = 64;
+  int64_t max_devices = 1024;
+  int64_t max_device_map_entries = 1024;
+  // Most entries in a Join's env map (env:// reads four of them).
+  int64_t max_env_entries = 64;
+  // Longest string in a Join's options (transport, channel and device names, device-map
+  // keys) and env (names and values).
+  int64_t max_option_bytes = 256;
 };
 
 struct Config {

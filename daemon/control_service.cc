@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/control_limits.h"
 #include "daemon/grpc_status.h"
 #include "daemon/logging.h"
 #include "daemon/stream_reactor.h"
@@ -24,8 +25,9 @@ const grpc::Status kShuttingDown(grpc::StatusCode::UNAVAILABLE, "the tpd daemon 
 
 }  // namespace
 
-ControlService::ControlService(group::GroupManager* groups, CallStats* stats)
-    : groups_(groups), stats_(stats) {}
+ControlService::ControlService(group::GroupManager* groups, CallStats* stats,
+                               const GroupConfig& limits)
+    : groups_(groups), stats_(stats), limits_(limits) {}
 
 void ControlService::CloseStreams() {
   std::map<int64_t, std::function<void()>> streams;
@@ -51,7 +53,9 @@ std::function<void(const absl::Status&)> ControlService::Later(grpc::CallbackSer
 grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
     grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request) {
   auto sink = std::make_shared<StreamSink<v1::SessionEvent>>();
-  const std::string client = request->client().empty() ? context->peer() : request->client();
+  // Free text from the client: cut and escaped before it reaches logs and status.
+  const std::string client =
+      ClientDescription(request->client().empty() ? context->peer() : request->client());
   const std::string id = groups_->OpenSession(client);
   int64_t stream;
   bool closed;
@@ -98,9 +102,15 @@ class JoinReactor final : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* ControlService::Join(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* ControlService::Join(grpc::CallbackServerContext* context,
                                                const v1::JoinRequest* request,
                                                v1::JoinResponse* response) {
+  // Refused before the request is copied or any store is looked up.
+  if (absl::Status checked = CheckJoinRequest(*request, limits_); !checked.ok()) {
+    grpc::ServerUnaryReactor* reactor;
+    Later(context, &reactor, "Join")(checked);
+    return reactor;
+  }
   auto* reactor = new JoinReactor(groups_, *request);
   groups_->Join(*request,
                 [reactor, response, stats = stats_](absl::StatusOr<v1::JoinResponse> result) {
@@ -116,6 +126,10 @@ grpc::ServerUnaryReactor* ControlService::Leave(grpc::CallbackServerContext* con
                                                 v1::LeaveResponse* response) {
   grpc::ServerUnaryReactor* reactor;
   auto finish = Later(context, &reactor, "Leave");
+  if (absl::Status checked = CheckLeaveRequest(*request); !checked.ok()) {
+    finish(checked);
+    return reactor;
+  }
   groups_->Leave(*request, [finish, response](absl::StatusOr<int64_t> version) {
     if (version.ok()) response->set_version(*version);
     finish(version.status());
@@ -128,6 +142,10 @@ grpc::ServerUnaryReactor* ControlService::Barrier(grpc::CallbackServerContext* c
                                                   v1::BarrierResponse*) {
   grpc::ServerUnaryReactor* reactor;
   auto finish = Later(context, &reactor, "Barrier");
+  if (absl::Status checked = CheckBarrierRequest(*request); !checked.ok()) {
+    finish(checked);
+    return reactor;
+  }
   groups_->Barrier(*request, [finish](absl::Status status) { finish(status); });
   return reactor;
 }
@@ -137,6 +155,12 @@ grpc::ServerUnaryReactor* ControlService::GetGroup(grpc::CallbackServerContext* 
                                                    v1::GroupView* response) {
   grpc::ServerUnaryReactor* reactor;
   auto finish = Later(context, &reactor, "GetGroup");
+  if (absl::Status checked =
+          CheckGroupLookup("GetGroupRequest", request->group(), request->init_method());
+      !checked.ok()) {
+    finish(checked);
+    return reactor;
+  }
   absl::StatusOr<v1::GroupView> view = groups_->GetGroup(request->group(), request->init_method());
   if (view.ok()) *response = *std::move(view);
   finish(view.status());
@@ -145,6 +169,15 @@ grpc::ServerUnaryReactor* ControlService::GetGroup(grpc::CallbackServerContext* 
 
 grpc::ServerWriteReactor<v1::GroupEvent>* ControlService::WatchGroup(
     grpc::CallbackServerContext* context, const v1::WatchGroupRequest* request) {
+  if (absl::Status checked =
+          CheckGroupLookup("WatchGroupRequest", request->group(), request->init_method());
+      !checked.ok()) {
+    auto sink = std::make_shared<StreamSink<v1::GroupEvent>>();
+    auto* reactor = new StreamReactor<v1::GroupEvent>(sink, nullptr, nullptr);
+    stats_->Record("WatchGroup", checked);
+    sink->Close(ToGrpcStatus(checked));
+    return reactor;
+  }
   auto sink = std::make_shared<StreamSink<v1::GroupEvent>>();
   absl::StatusOr<group::GroupTracker*> tracker =
       groups_->Tracker(request->group(), request->init_method());

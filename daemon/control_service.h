@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/call_stats.h"
+#include "daemon/config.h"
 #include "daemon/group/group_manager.h"
 #include "proto/control.grpc.pb.h"
 
@@ -20,8 +21,9 @@ namespace tpd {
 
 class ControlService final : public v1::Control::CallbackService {
  public:
-  // `groups` and `stats` must outlive the service.
-  ControlService(group::GroupManager* groups, CallStats* stats);
+  // `groups` and `stats` must outlive the service. Requests past `limits` (names, world
+  // size, option lists: daemon/control_limits.h) are refused before `groups` sees them.
+  ControlService(group::GroupManager* groups, CallStats* stats, const GroupConfig& limits);
 
   // Ends every open session and watch stream with UNAVAILABLE (daemon shutdown), so no
   // stream holds the drain of in-flight calls for the whole grace period.
@@ -55,6 +57,7 @@ class ControlService final : public v1::Control::CallbackService {
 
   group::GroupManager* const groups_;
   CallStats* const stats_;
+  const GroupConfig limits_;
 
   absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

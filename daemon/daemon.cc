@@ -130,7 +130,8 @@ absl::Status Daemon::Serve() {
   groups.tracker.heartbeat_interval = config_.peer.heartbeat_interval;
   groups.tracker.heartbeat_timeout = config_.peer.heartbeat_timeout;
   groups_ = std::make_unique<group::GroupManager>(std::move(groups), &store_);
-  control_service_ = std::make_unique<ControlService>(groups_.get(), &control_calls_);
+  control_service_ =
+      std::make_unique<ControlService>(groups_.get(), &control_calls_, config_.group);
   admin_service_ = std::make_unique<AdminService>(&config_, socket_path_, start_time_, &serving_,
                                                   &store_, &store_calls_, &control_calls_,
                                                   &in_flight_, peer_address_, groups_.get());
