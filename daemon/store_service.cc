@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/grpc_status.h"
+#include "daemon/names.h"
 #include "store/prefix_store.h"
 
 namespace tpd {
@@ -129,6 +130,13 @@ absl::Status StoreService::CheckKey(absl::string_view key) const {
   return absl::OkStatus();
 }
 
+// Before the namespace is copied into any key (PrefixStore): it is bounded and printable.
+absl::Status StoreService::CheckNamespace(absl::string_view method,
+                                          absl::string_view name_space) const {
+  return ValidateNamespace(absl::StrCat(method, "Request.namespace"), name_space,
+                           limits_.max_namespace_bytes);
+}
+
 absl::Status StoreService::CheckKeys(const Keys& keys) const {
   if (keys.empty()) return absl::InvalidArgumentError("at least one key is required");
   if (keys.size() > limits_.max_keys_per_request) {
@@ -171,6 +179,9 @@ grpc::ServerUnaryReactor* StoreService::WaitFor(grpc::CallbackServerContext* con
                                                 const char* method, const std::string& name_space,
                                                 const Keys& keys, int64_t timeout_ms,
                                                 OnValues on_values) {
+  if (absl::Status status = CheckNamespace(method, name_space); !status.ok()) {
+    return Reply(context, method, status);
+  }
   if (absl::Status status = CheckKeys(keys); !status.ok()) return Reply(context, method, status);
   absl::StatusOr<absl::Time> deadline = WaitDeadline(context, timeout_ms);
   if (!deadline.ok()) return Reply(context, method, deadline.status());
@@ -184,6 +195,9 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context
                                             const v1::SetRequest* request, v1::SetResponse*) {
   if (absl::Status admitted = auth_.Admit(*context, "Set"); !admitted.ok()) {
     return Reply(context, "Set", admitted);
+  }
+  if (absl::Status status = CheckNamespace("Set", request->namespace_()); !status.ok()) {
+    return Reply(context, "Set", status);
   }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) status = CheckValue(request->key(), request->value().size());
@@ -211,6 +225,9 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context
   if (absl::Status admitted = auth_.Admit(*context, "Add"); !admitted.ok()) {
     return Reply(context, "Add", admitted);
   }
+  if (absl::Status status = CheckNamespace("Add", request->namespace_()); !status.ok()) {
+    return Reply(context, "Add", status);
+  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) {
     absl::StatusOr<int64_t> sum =
@@ -226,6 +243,9 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
                                                    v1::CompareSetResponse* response) {
   if (absl::Status admitted = auth_.Admit(*context, "CompareSet"); !admitted.ok()) {
     return Reply(context, "CompareSet", admitted);
+  }
+  if (absl::Status status = CheckNamespace("CompareSet", request->namespace_()); !status.ok()) {
+    return Reply(context, "CompareSet", status);
   }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) status = CheckValue(request->key(), request->desired_value().size());
@@ -254,6 +274,9 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* conte
   if (absl::Status admitted = auth_.Admit(*context, "Check"); !admitted.ok()) {
     return Reply(context, "Check", admitted);
   }
+  if (absl::Status status = CheckNamespace("Check", request->namespace_()); !status.ok()) {
+    return Reply(context, "Check", status);
+  }
   absl::Status status = CheckKeys(request->keys());
   if (status.ok()) {
     absl::StatusOr<bool> ready =
@@ -270,6 +293,9 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
   if (absl::Status admitted = auth_.Admit(*context, "DeleteKey"); !admitted.ok()) {
     return Reply(context, "DeleteKey", admitted);
   }
+  if (absl::Status status = CheckNamespace("DeleteKey", request->namespace_()); !status.ok()) {
+    return Reply(context, "DeleteKey", status);
+  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) {
     absl::StatusOr<bool> deleted =
@@ -285,6 +311,9 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* con
                                                 v1::NumKeysResponse* response) {
   if (absl::Status admitted = auth_.Admit(*context, "NumKeys"); !admitted.ok()) {
     return Reply(context, "NumKeys", admitted);
+  }
+  if (absl::Status status = CheckNamespace("NumKeys", request->namespace_()); !status.ok()) {
+    return Reply(context, "NumKeys", status);
   }
   absl::StatusOr<int64_t> count = store::PrefixStore(request->namespace_(), root_).NumKeys("");
   if (count.ok()) response->set_num_keys(*count);
@@ -309,6 +338,9 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
   if (absl::Status admitted = auth_.Admit(*context, "MultiSet"); !admitted.ok()) {
     return Reply(context, "MultiSet", admitted);
   }
+  if (absl::Status status = CheckNamespace("MultiSet", request->namespace_()); !status.ok()) {
+    return Reply(context, "MultiSet", status);
+  }
   absl::Status status = CheckKeys(request->keys());
   if (status.ok() && request->keys_size() != request->values_size()) {
     status = absl::InvalidArgumentError(absl::StrCat("multi_set needs one value per key: got ",
@@ -330,6 +362,9 @@ grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* cont
                                                v1::AppendResponse*) {
   if (absl::Status admitted = auth_.Admit(*context, "Append"); !admitted.ok()) {
     return Reply(context, "Append", admitted);
+  }
+  if (absl::Status status = CheckNamespace("Append", request->namespace_()); !status.ok()) {
+    return Reply(context, "Append", status);
   }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) status = CheckValue(request->key(), request->value().size());
