@@ -6,7 +6,7 @@ x.pb.{h,cc} (and x.grpc.pb.{h,cc} when `grpc` is true) next to the source, so co
 "proto/x.pb.h", and wraps them in a cc_library of the same name.
 """
 
-def tpd_proto_library(name, src, deps = [], grpc = True, proto_root = "", visibility = None):
+def tpd_proto_library(name, src, deps = [], grpc = True, proto_root = "", alwayslink = False, visibility = None):
     """Generates and compiles C++ code for one .proto file.
 
     Args:
@@ -16,6 +16,9 @@ def tpd_proto_library(name, src, deps = [], grpc = True, proto_root = "", visibi
       grpc: also generate gRPC service stubs.
       proto_root: an absolute directory outside the workspace holding `src` (for the
         well-known gRPC protos Debian installs under /usr/share/grpc-proto).
+      alwayslink: link the generated code into every binary that depends on it, even where
+        no symbol of it is referenced, so its descriptor is in the binary's descriptor pool
+        (what server reflection answers from).
       visibility: visibility of the cc_library.
     """
     base = src[:-len(".proto")]
@@ -53,6 +56,7 @@ def tpd_proto_library(name, src, deps = [], grpc = True, proto_root = "", visibi
         srcs = [o for o in outs if o.endswith(".cc")],
         hdrs = [o for o in outs if o.endswith(".h")],
         includes = ["."] if proto_root else [],
+        alwayslink = alwayslink,
         deps = deps + ["@system//:grpc", "@system//:protobuf"],
         visibility = visibility,
     )

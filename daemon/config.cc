@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "store/remote/dial_networks.h"
 
 // Errors are values here too: toml++ reports parse failures in its result instead of throwing.
 #define TOML_EXCEPTIONS 0
@@ -28,6 +29,22 @@ class TableReader {
     std::optional<std::string> value = node->value<std::string>();
     if (!value) return TypeError(key, "a string");
     *out = *value;
+    return absl::OkStatus();
+  }
+
+  absl::Status StringList(const char* key, std::vector<std::string>* out) {
+    known_.insert(key);
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return absl::OkStatus();
+    const toml::array* array = node->as_array();
+    if (array == nullptr) return TypeError(key, "an array of strings");
+    std::vector<std::string> values;
+    for (const toml::node& element : *array) {
+      std::optional<std::string> value = element.value<std::string>();
+      if (!value) return TypeError(key, "an array of strings");
+      values.push_back(*std::move(value));
+    }
+    *out = std::move(values);
     return absl::OkStatus();
   }
 
@@ -69,6 +86,40 @@ class TableReader {
   const std::string source_;
   absl::flat_hash_set<std::string> known_;
 };
+
+// Checks "host:port" / "[v6]:port" with port 0..65535; INVALID_ARGUMENT naming `field`.
+absl::Status ValidateHostPort(const char* field, const std::string& value) {
+  auto invalid = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be host:port (IPv6 in brackets, e.g. \"[::]:29400\"), got \"",
+                     value, "\": ", why));
+  };
+  std::string host;
+  std::string port;
+  if (!value.empty() && value[0] == '[') {
+    const size_t close = value.find(']');
+    if (close == std::string::npos) return invalid("no ']' after the IPv6 address");
+    host = value.substr(1, close - 1);
+    if (host.empty() || host.find(':') == std::string::npos) {
+      return invalid("brackets are for IPv6 addresses");
+    }
+    if (value.size() == close + 1 || value[close + 1] != ':') return invalid("no :port");
+    port = value.substr(close + 2);
+  } else {
+    const size_t colon = value.rfind(':');
+    if (colon == std::string::npos) return invalid("no :port");
+    host = value.substr(0, colon);
+    if (host.find(':') != std::string::npos) return invalid("an IPv6 address needs brackets");
+    port = value.substr(colon + 1);
+  }
+  if (host.empty()) return invalid("no host (\"0.0.0.0\" listens on every IPv4 address)");
+  if (host.find_first_of(" \t/@") != std::string::npos) return invalid("not a host");
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535) {
+    return invalid("the port must be a number 0..65535");
+  }
+  return absl::OkStatus();
+}
 
 const toml::table* SubTable(const toml::table& root, const char* name) {
   const toml::node* node = root.get(name);
@@ -139,7 +190,11 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.String("node_name", &config.peer.node_name),
           reader.Millis("heartbeat_interval_ms", &config.peer.heartbeat_interval),
           reader.Millis("heartbeat_timeout_ms", &config.peer.heartbeat_timeout),
-          reader.NoUnknownKeys()}) {
+          reader.Millis("auth_max_skew_ms", &config.peer.auth_max_skew),
+          reader.StringList("dial_networks", &config.peer.dial_networks),
+          reader.String("tls_cert_file", &config.peer.tls_cert_file),
+          reader.String("tls_key_file", &config.peer.tls_key_file),
+          reader.String("tls_ca_file", &config.peer.tls_ca_file), reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
   }
@@ -206,6 +261,37 @@ absl::Status ValidateConfig(const Config& config) {
         at_most("store.max_keys_per_request", s.max_keys_per_request, int64_t{1} << 20,
                 "1048576")}) {
     if (!status.ok()) return status;
+  }
+  if (!config.peer.listen_address.empty()) {
+    if (absl::Status status = ValidateHostPort("peer.listen_address", config.peer.listen_address);
+        !status.ok()) {
+      return status;
+    }
+  }
+  const int64_t skew_ms = absl::ToInt64Milliseconds(config.peer.auth_max_skew);
+  if (skew_ms < 1 || skew_ms > 3600000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer.auth_max_skew_ms must be 1..3600000 (1 hour), got ", skew_ms));
+  }
+  if (absl::StatusOr<store::NetworkList> networks =
+          store::NetworkList::Parse(config.peer.dial_networks);
+      !networks.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer.dial_networks: ", networks.status().message()));
+  }
+  const std::pair<const char*, const std::string*> tls_files[] = {
+      {"peer.tls_cert_file", &config.peer.tls_cert_file},
+      {"peer.tls_key_file", &config.peer.tls_key_file},
+      {"peer.tls_ca_file", &config.peer.tls_ca_file}};
+  const bool any_tls = !config.peer.tls_cert_file.empty() || !config.peer.tls_key_file.empty() ||
+                       !config.peer.tls_ca_file.empty();
+  for (const auto& [field, value] : tls_files) {
+    if (any_tls && value->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field,
+                       " must be set: mutual TLS needs peer.tls_cert_file, peer.tls_key_file and "
+                       "peer.tls_ca_file together (or none of them)"));
+    }
   }
   if (!config.peer.listen_address.empty() && config.peer.token.empty()) {
     return absl::InvalidArgumentError(

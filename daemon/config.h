@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -34,12 +35,29 @@ struct StoreConfig {
 };
 
 struct PeerConfig {
-  // host:port of the TCP port other daemons use (remote store access, later membership).
-  // Empty: no peer port, the daemon serves local clients only. Port 0 picks a free port.
+  // host:port of the TCP port other daemons use (remote store access, later membership);
+  // IPv6 hosts in brackets ("[::]:29400"), port 0..65535. Empty: no peer port, the daemon
+  // serves local clients only. Port 0 picks a free port.
   std::string listen_address;
-  // Shared secret every peer call must carry (metadata "tpd-token"); required when
-  // listen_address is set. Calls without it answer UNAUTHENTICATED.
+  // Shared cluster secret; required when listen_address is set. It never travels: every peer
+  // call carries an HMAC-SHA256 keyed by it (store/remote/peer_mac.h). Calls without a valid
+  // one answer UNAUTHENTICATED.
   std::string token;
+  // Largest difference, either way, between a peer call's timestamp and this daemon's clock;
+  // a call outside it is refused ("stale timestamp"). 1 ms .. 1 hour.
+  absl::Duration auth_max_skew = absl::Seconds(30);
+  // Networks (CIDR) this daemon dials for tcp:// and env:// rendezvous: every address the
+  // URL's host resolves to must lie inside one (PERMISSION_DENIED otherwise).
+  std::vector<std::string> dial_networks = {"127.0.0.0/8",   "::1/128",        "10.0.0.0/8",
+                                            "172.16.0.0/12", "192.168.0.0/16", "fc00::/7",
+                                            "fe80::/10"};
+  // Mutual TLS on the peer port, all three or none (PEM files): this daemon's certificate
+  // and key, and the CA that signs every daemon's certificate. With them the peer port
+  // accepts only clients with a certificate the CA signed, and this daemon dials peers with
+  // its own certificate. The per-call MAC stays on.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
   // This daemon's node name in groups; unique in the cluster. Empty: the host name, with
   // ":<peer port>" appended when there is a peer port.
   std::string node_name;

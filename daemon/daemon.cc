@@ -7,7 +7,11 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <tuple>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/logging.h"
@@ -63,6 +67,54 @@ std::string NodeName(const Config& config, const std::string& peer_address) {
   return absl::StrCat(host, ":", peer_address.substr(peer_address.rfind(':') + 1));
 }
 
+// The port of a validated "host:port" / "[v6]:port".
+int PortOf(const std::string& address) {
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) return 0;
+  return port;
+}
+
+PeerAuthOptions PeerAuthFor(const PeerConfig& config) {
+  PeerAuthOptions options;
+  options.token = config.token;
+  options.port = config.listen_address.empty() ? 0 : PortOf(config.listen_address);
+  options.max_skew = config.auth_max_skew;
+  return options;
+}
+
+// Reads the PEM file `path` that the option `field` names.
+absl::StatusOr<std::string> ReadPem(const char* field, const std::string& path) {
+  errno = 0;
+  std::ifstream file(path);
+  std::stringstream text;
+  if (file) text << file.rdbuf();
+  if (!file || text.str().empty()) {
+    const int error = errno;
+    return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read \"", path, "\"",
+                                                   error != 0 ? ": " : " (empty?)",
+                                                   error != 0 ? std::strerror(error) : ""));
+  }
+  if (text.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": \"", path, "\" holds no PEM block (-----BEGIN ...)"));
+  }
+  return text.str();
+}
+
+// Takes the reflection plugin (which registers itself with every ServerBuilder once its
+// library is linked) out of a builder: the peer port serves the Store only.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+                                    return plugin->name() == "proto_server_reflection";
+                                  }),
+                   plugins->end());
+  }
+};
+
 // CUDA devices this node reports: the configured count, or one per /dev/nvidia<N> (the
 // driver's device files), which needs no CUDA runtime in the daemon.
 int64_t CudaDeviceCount(const GroupConfig& config) {
@@ -81,7 +133,22 @@ Daemon::Daemon(const Config& config, std::string socket_path, std::unique_ptr<So
       start_time_(absl::Now()),
       store_(StoreOptions(config.store)),
       store_service_(&store_, config_.store, &store_calls_),
-      peer_store_service_(&store_, config_.store, &store_calls_, config_.peer.token) {}
+      peer_auth_(PeerAuthFor(config_.peer), start_time_),
+      peer_store_service_(&store_, config_.store, &store_calls_, &peer_auth_) {}
+
+absl::Status Daemon::LoadPeerTls() {
+  const PeerConfig& peer = config_.peer;
+  if (peer.tls_cert_file.empty()) return absl::OkStatus();
+  for (auto [field, path, out] :
+       {std::make_tuple("peer.tls_cert_file", &peer.tls_cert_file, &tls_cert_),
+        std::make_tuple("peer.tls_key_file", &peer.tls_key_file, &tls_key_),
+        std::make_tuple("peer.tls_ca_file", &peer.tls_ca_file, &tls_ca_)}) {
+    absl::StatusOr<std::string> pem = ReadPem(field, *path);
+    if (!pem.ok()) return pem.status();
+    *out = *std::move(pem);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
   std::string socket_path =
@@ -93,6 +160,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
                      socket_path);
   }
   std::unique_ptr<Daemon> daemon(new Daemon(config, std::move(socket_path), *std::move(lock)));
+  if (absl::Status status = daemon->LoadPeerTls(); !status.ok()) return status;
   if (absl::Status status = daemon->ServePeers(); !status.ok()) return status;
   if (absl::Status status = daemon->Serve(); !status.ok()) return status;
   return daemon;
@@ -100,23 +168,38 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
 
 absl::Status Daemon::ServePeers() {
   if (config_.peer.listen_address.empty()) return absl::OkStatus();
-  // Health and reflection stay off the peer port: peers get only token-checked services.
+  // Health and reflection stay off the peer port: peers get only MAC-checked services.
   grpc::EnableDefaultHealthCheckService(false);
   grpc::ServerBuilder builder;
+  builder.SetOption(std::make_unique<WithoutReflection>());
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!tls_cert_.empty()) {
+    grpc::SslServerCredentialsOptions tls(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    tls.pem_root_certs = tls_ca_;
+    tls.pem_key_cert_pairs.push_back({tls_key_, tls_cert_});
+    credentials = grpc::SslServerCredentials(tls);
+  }
   int port = 0;
-  builder.AddListeningPort(config_.peer.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config_.peer.listen_address, credentials, &port);
+  // gRPC sets SO_REUSEPORT by default: a second daemon on this port would start and take half
+  // of the peer calls into its own store. Without it, the second one fails to bind.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(config_.store));
   builder.RegisterService(&peer_store_service_);
   in_flight_.Install(&builder);
   peer_server_ = builder.BuildAndStart();
   if (peer_server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen for peers on ",
-                                               config_.peer.listen_address,
-                                               " (in use, or not an address of this machine?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for peers on ", config_.peer.listen_address,
+                     " (peer.listen_address): port ", PortOf(config_.peer.listen_address),
+                     " is in use (another tpd?) or the host is not an address of this machine"));
   }
+  peer_auth_.set_port(port);
   const size_t colon = config_.peer.listen_address.rfind(':');
   peer_address_ = absl::StrCat(config_.peer.listen_address.substr(0, colon), ":", port);
-  DaemonLog().info("[peer {}] listening for peer daemons (token required)", peer_address_);
+  DaemonLog().info("[peer {}] listening for peer daemons (per-call MAC{})", peer_address_,
+                   tls_cert_.empty() ? "" : ", mutual TLS");
   return absl::OkStatus();
 }
 
@@ -124,12 +207,22 @@ absl::Status Daemon::Serve() {
   group::GroupManagerOptions groups;
   groups.node_name = NodeName(config_, peer_address_);
   groups.device_count = CudaDeviceCount(config_.group);
-  groups.peer_address = peer_address_;
-  groups.peer_token = config_.peer.token;
+  store::RemoteStoreOptions& remote = groups.rendezvous.remote.store;
+  remote.token = config_.peer.token;
+  // A store call slower than the heartbeat window is a store this node cannot count on;
+  // bounding calls by it also bounds how long shutdown waits on a vanished store.
+  remote.call_timeout = config_.peer.heartbeat_timeout;
+  remote.tls_root_certs = tls_ca_;
+  remote.tls_cert_chain = tls_cert_;
+  remote.tls_private_key = tls_key_;
+  absl::StatusOr<store::NetworkList> networks =
+      store::NetworkList::Parse(config_.peer.dial_networks);
+  if (!networks.ok()) return networks.status();  // ValidateConfig checked it
+  groups.rendezvous.remote.dial_networks = *std::move(networks);
   groups.default_join_timeout = config_.group.default_join_timeout;
   groups.tracker.heartbeat_interval = config_.peer.heartbeat_interval;
   groups.tracker.heartbeat_timeout = config_.peer.heartbeat_timeout;
-  groups_ = std::make_unique<group::GroupManager>(std::move(groups), &store_);
+  groups_ = std::make_unique<group::GroupManager>(std::move(groups));
   control_service_ =
       std::make_unique<ControlService>(groups_.get(), &control_calls_, config_.group);
   admin_service_ = std::make_unique<AdminService>(&config_, socket_path_, start_time_, &serving_,

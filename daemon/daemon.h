@@ -20,6 +20,7 @@
 #include "daemon/control_service.h"
 #include "daemon/group/group_manager.h"
 #include "daemon/in_flight.h"
+#include "daemon/peer_auth.h"
 #include "daemon/socket_lock.h"
 #include "daemon/store_service.h"
 #include "grpcpp/server.h"
@@ -31,8 +32,10 @@ class Daemon {
  public:
   // Takes the socket (refusing one owned by a live daemon, reclaiming a stale one), starts
   // serving Store, Admin, grpc.health.v1.Health and reflection on it, and, when
-  // config.peer.listen_address is set, the token-authenticated Store on the peer port;
-  // returns once both accept calls. REQUIRES: ValidateConfig(config).ok().
+  // config.peer.listen_address is set, the MAC-authenticated Store (only) on the peer port,
+  // with mutual TLS when configured; returns once both accept calls. A peer port another
+  // process holds is an error naming it (no SO_REUSEPORT sharing). REQUIRES:
+  // ValidateConfig(config).ok().
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const Config& config);
 
   // Shuts down if Shutdown() was not called.
@@ -54,6 +57,8 @@ class Daemon {
 
  private:
   Daemon(const Config& config, std::string socket_path, std::unique_ptr<SocketLock> lock);
+  // Reads the peer TLS files the config names (none: plaintext); errors name the field.
+  absl::Status LoadPeerTls();
   absl::Status Serve();
   absl::Status ServePeers();
 
@@ -68,7 +73,8 @@ class Daemon {
   CallStats control_calls_;
   InFlightCalls in_flight_;
   StoreService store_service_;
-  StoreService peer_store_service_;  // the same store, for token-bearing peers
+  PeerAuth peer_auth_;
+  StoreService peer_store_service_;  // the same store, for peers whose calls pass peer_auth_
   // Built once the peer port is bound: groups need its address.
   std::unique_ptr<group::GroupManager> groups_;
   std::unique_ptr<ControlService> control_service_;
@@ -76,6 +82,10 @@ class Daemon {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> peer_server_;
   std::string peer_address_;
+  // PEM text of [peer] tls_cert_file, tls_key_file and tls_ca_file; empty without TLS.
+  std::string tls_cert_;
+  std::string tls_key_;
+  std::string tls_ca_;
 };
 
 }  // namespace tpd

@@ -1,35 +1,124 @@
 #include "daemon/peer_auth.h"
 
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/logging.h"
+#include "store/remote/peer_mac.h"
 
 namespace tpd {
 namespace {
 
-// Does not stop at the first differing byte, so timing does not reveal a prefix of the
-// token (only its length, which is no secret).
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+// "ipv4:10.0.0.2:53412" -> "ipv4:10.0.0.2": a caller's connections share one log limit.
+std::string PeerHost(const std::string& peer) {
+  const size_t colon = peer.rfind(':');
+  const size_t scheme = peer.find(':');
+  if (colon == std::string::npos || colon == scheme) return peer;
+  return peer.substr(0, colon);
 }
+
+// The port of "host:port" or "[v6]:port"; -1 when there is none.
+int AudiencePort(absl::string_view audience) {
+  const size_t colon = audience.rfind(':');
+  int port = -1;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(audience.substr(colon + 1), &port)) {
+    return -1;
+  }
+  return port;
+}
+
+absl::Status Refuse(absl::string_view method, absl::string_view problem, absl::string_view hint) {
+  return absl::UnauthenticatedError(
+      absl::StrCat("peer call ", method, " refused: ", problem, hint.empty() ? "" : "; ", hint));
+}
+
+constexpr absl::string_view kTokenHint = "every daemon of the cluster needs the same [peer] token";
 
 }  // namespace
 
-absl::Status PeerAuth::Admit(const grpc::CallbackServerContext& context, const char* method) const {
-  if (token_.empty()) return absl::OkStatus();
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find(kPeerTokenHeader);
-  if (it != metadata.end() &&
-      ConstantTimeEquals(absl::string_view(it->second.data(), it->second.size()), token_)) {
-    return absl::OkStatus();
+PeerAuth::PeerAuth(PeerAuthOptions options, absl::Time start)
+    : options_(std::move(options)), port_(options_.port), replays_(options_.max_senders, start) {}
+
+absl::Status PeerAuth::Check(std::optional<absl::string_view> header, absl::string_view method,
+                             const google::protobuf::Message& request, absl::Time now) {
+  if (!header.has_value()) {
+    return Refuse(method, absl::StrCat("no MAC (no ", store::kPeerAuthHeader, " header)"),
+                  "only tpd daemons of this release may call the peer port");
   }
-  const char* problem = it == metadata.end() ? "no token" : "a wrong token";
-  DaemonLog().warn("[peer {}] rejected {}: {}", context.peer(), method, problem);
-  return absl::UnauthenticatedError(
-      absl::StrCat("peer call ", method, " carried ", problem,
-                   ": set the same [peer] token on every daemon of the cluster"));
+  absl::StatusOr<store::ParsedPeerAuth> parsed = store::ParsePeerAuthHeader(*header);
+  if (!parsed.ok()) return Refuse(method, absl::StrCat("no MAC: ", parsed.status().message()), "");
+  store::PeerMacFields& fields = parsed->fields;
+  fields.method = std::string(method);
+  fields.body_digest = store::RequestDigest(request);
+  if (!store::ConstantTimeEquals(store::ComputePeerMac(options_.token, fields), parsed->mac)) {
+    return Refuse(method, "bad MAC (another token, or the call was changed on the way)",
+                  kTokenHint);
+  }
+  const int64_t skew_ms = fields.timestamp_ms - absl::ToUnixMillis(now);
+  if (std::llabs(skew_ms) > absl::ToInt64Milliseconds(options_.max_skew)) {
+    return Refuse(method,
+                  absl::StrCat("stale timestamp (", skew_ms, " ms from this daemon's clock)"),
+                  absl::StrCat("keep clocks in sync (NTP) within [peer] auth_max_skew_ms = ",
+                               absl::ToInt64Milliseconds(options_.max_skew)));
+  }
+  const int port = port_.load();
+  if (AudiencePort(fields.audience) != port) {
+    return Refuse(method,
+                  absl::StrCat("wrong audience (signed for ", fields.audience,
+                               ", this daemon's peer port is ", port, ")"),
+                  "a call signed for one daemon is not accepted by another");
+  }
+  if (absl::Status fresh = replays_.Accept(fields.sender_id, fields.sequence, fields.timestamp_ms);
+      !fresh.ok()) {
+    return Refuse(method, fresh.message(), "a recorded call is accepted only once");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerAuth::Admit(const grpc::CallbackServerContext& context, absl::string_view method,
+                             const google::protobuf::Message& request) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(store::kPeerAuthHeader);
+  std::optional<absl::string_view> header;
+  if (it != metadata.end()) header = absl::string_view(it->second.data(), it->second.size());
+  const absl::Time now = absl::Now();
+  absl::Status status = Check(header, method, request, now);
+  if (!status.ok()) LogRejection(context.peer(), status, now);
+  return status;
+}
+
+void PeerAuth::LogRejection(const std::string& peer, const absl::Status& status, absl::Time now) {
+  const std::string host = PeerHost(peer);
+  int64_t suppressed = 0;
+  {
+    absl::MutexLock lock(&log_mu_);
+    auto it = log_.find(host);
+    if (it != log_.end() && now - it->second.last_logged < options_.log_interval) {
+      ++it->second.suppressed;
+      return;
+    }
+    if (it == log_.end()) {
+      if (log_.size() >= options_.max_log_hosts) {
+        // Forget hosts whose interval has passed; if none has, start over (bounded memory
+        // beats a perfect limit under a flood from many addresses).
+        absl::erase_if(log_, [&](const auto& entry) {
+          return now - entry.second.last_logged >= options_.log_interval;
+        });
+        if (log_.size() >= options_.max_log_hosts) log_.clear();
+      }
+      it = log_.emplace(host, LogState{}).first;
+    }
+    suppressed = it->second.suppressed;
+    it->second = LogState{now, 0};
+  }
+  if (suppressed > 0) {
+    DaemonLog().warn("[peer {}] {} ({} more refused calls from this host in the last {})", peer,
+                     std::string(status.message()), suppressed,
+                     absl::FormatDuration(options_.log_interval));
+  } else {
+    DaemonLog().warn("[peer {}] {}", peer, std::string(status.message()));
+  }
 }
 
 }  // namespace tpd

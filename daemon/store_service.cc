@@ -109,8 +109,15 @@ std::string Quoted(absl::string_view key) {
 }  // namespace
 
 StoreService::StoreService(store::Store* root, const StoreConfig& limits, CallStats* stats,
-                           std::string peer_token)
-    : root_(root), limits_(limits), stats_(stats), auth_(std::move(peer_token)) {}
+                           PeerAuth* peer_auth)
+    : root_(root), limits_(limits), stats_(stats), auth_(peer_auth) {}
+
+absl::Status StoreService::Admit(const grpc::CallbackServerContext& context, const char* method,
+                                 const google::protobuf::Message& request) {
+  if (auth_ == nullptr) return absl::OkStatus();
+  return auth_->Admit(context, absl::StrCat("/", v1::Store::service_full_name(), "/", method),
+                      request);
+}
 
 grpc::ServerUnaryReactor* StoreService::Reply(grpc::CallbackServerContext* context,
                                               const char* method, const absl::Status& status) {
@@ -193,7 +200,7 @@ grpc::ServerUnaryReactor* StoreService::WaitFor(grpc::CallbackServerContext* con
 
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
                                             const v1::SetRequest* request, v1::SetResponse*) {
-  if (absl::Status admitted = auth_.Admit(*context, "Set"); !admitted.ok()) {
+  if (absl::Status admitted = Admit(*context, "Set", *request); !admitted.ok()) {
     return Reply(context, "Set", admitted);
   }
   if (absl::Status status = CheckNamespace("Set", request->namespace_()); !status.ok()) {
@@ -210,7 +217,7 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context,
                                             const v1::GetRequest* request,
                                             v1::GetResponse* response) {
-  if (absl::Status admitted = auth_.Admit(*context, "Get"); !admitted.ok()) {
+  if (absl::Status admitted = Admit(*context, "Get", *request); !admitted.ok()) {
     return Reply(context, "Get", admitted);
   }
   Keys keys;
@@ -222,7 +229,7 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
                                             const v1::AddRequest* request,
                                             v1::AddResponse* response) {
-  if (absl::Status admitted = auth_.Admit(*context, "Add"); !admitted.ok()) {
+  if (absl::Status admitted = Admit(*context, "Add", *request); !admitted.ok()) {
     return Reply(context, "Add", admitted);
   }
   if (absl::Status status = CheckNamespace("Add", request->namespace_()); !status.ok()) {
@@ -241,7 +248,7 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* context,
                                                    const v1::CompareSetRequest* request,
                                                    v1::CompareSetResponse* response) {
-  if (absl::Status admitted = auth_.Admit(*context, "CompareSet"); !admitted.ok()) {
+  if (absl::Status admitted = Admit(*context, "CompareSet", *request); !admitted.ok()) {
     return Reply(context, "CompareSet", admitted);
   }
   if (absl::Status status = CheckNamespace("CompareSet", request->namespace_()); !status.ok()) {
@@ -261,7 +268,7 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
 
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
                                              const v1::WaitRequest* request, v1::WaitResponse*) {
-  if (absl::Status admitted = auth_.Admit(*context, "Wait"); !admitted.ok()) {
+  if (absl::Status admitted = Admit(*context, "Wait", *request); !admitted.ok()) {
     return Reply(context, "Wait", admitted);
   }
   return WaitFor(context, "Wait", request->namespace_(), request->keys(), request->timeout_ms(),
@@ -271,7 +278,7 @@ grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* contex
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
                                               const v1::CheckRequest* request,
                                               v1::CheckResponse* response) {
-  if (absl::Status admitted = auth_.Admit(*context, "Check"); !admitted.ok()) {
+  if (absl::Status admitted = Admit(*context, "Check", *request); !admitted.ok()) {
     return Reply(context, "Check", admitted);
   }
   if (absl::Status status = CheckNamespace("Check", request->namespace_()); !status.ok()) {
@@ -290,7 +297,7 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
                                                   const v1::DeleteKeyRequest* request,
                                                   v1::DeleteKeyResponse* response) {
-  if (absl::Status admitted = auth_.Admit(*context, "DeleteKey"); !admitted.ok()) {
+  if (absl::Status admitted = Admit(*context, "DeleteKey", *request); !admitted.ok()) {
     return Reply(context, "DeleteKey", admitted);
   }
   if (absl::Status status = CheckNamespace("DeleteKey", request->namespace_()); !status.ok()) {
@@ -309,7 +316,7 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* context,
                                                 const v1::NumKeysRequest* request,
                                                 v1::NumKeysResponse* response) {
-  if (absl::Status admitted = auth_.Admit(*context, "NumKeys"); !admitted.ok()) {
+  if (absl::Status admitted = Admit(*context, "NumKeys", *request); !admitted.ok()) {
     return Reply(context, "NumKeys", admitted);
   }
   if (absl::Status status = CheckNamespace("NumKeys", request->namespace_()); !status.ok()) {
@@ -323,7 +330,7 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* context,
                                                  const v1::MultiGetRequest* request,
                                                  v1::MultiGetResponse* response) {
-  if (absl::Status admitted = auth_.Admit(*context, "MultiGet"); !admitted.ok()) {
+  if (absl::Status admitted = Admit(*context, "MultiGet", *request); !admitted.ok()) {
     return Reply(context, "MultiGet", admitted);
   }
   return WaitFor(context, "MultiGet", request->namespace_(), request->keys(), request->timeout_ms(),
@@ -335,7 +342,7 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* context,
                                                  const v1::MultiSetRequest* request,
                                                  v1::MultiSetResponse*) {
-  if (absl::Status admitted = auth_.Admit(*context, "MultiSet"); !admitted.ok()) {
+  if (absl::Status admitted = Admit(*context, "MultiSet", *request); !admitted.ok()) {
     return Reply(context, "MultiSet", admitted);
   }
   if (absl::Status status = CheckNamespace("MultiSet", request->namespace_()); !status.ok()) {
@@ -360,7 +367,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* context,
                                                const v1::AppendRequest* request,
                                                v1::AppendResponse*) {
-  if (absl::Status admitted = auth_.Admit(*context, "Append"); !admitted.ok()) {
+  if (absl::Status admitted = Admit(*context, "Append", *request); !admitted.ok()) {
     return Reply(context, "Append", admitted);
   }
   if (absl::Status status = CheckNamespace("Append", request->namespace_()); !status.ok()) {

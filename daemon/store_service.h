@@ -23,9 +23,10 @@ namespace tpd {
 class StoreService final : public v1::Store::CallbackService {
  public:
   // `root` and `stats` must outlive the service. Namespaces are PrefixStores over `root`.
-  // With a non-empty `peer_token` every call must carry it (the peer-port instance).
+  // With `peer_auth` (the peer-port instance) every call must pass it; it must outlive the
+  // service.
   StoreService(store::Store* root, const StoreConfig& limits, CallStats* stats,
-               std::string peer_token = "");
+               PeerAuth* peer_auth = nullptr);
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const v1::SetRequest* request,
                                 v1::SetResponse* response) override;
@@ -71,6 +72,9 @@ class StoreService final : public v1::Store::CallbackService {
 
   // `method` names the request in the message ("SetRequest.namespace").
   absl::Status CheckNamespace(absl::string_view method, absl::string_view name_space) const;
+  // OK on the unix socket; on the peer port, PeerAuth's verdict on the call's MAC.
+  absl::Status Admit(const grpc::CallbackServerContext& context, const char* method,
+                     const google::protobuf::Message& request);
   absl::Status CheckKey(absl::string_view key) const;
   absl::Status CheckKeys(const google::protobuf::RepeatedPtrField<std::string>& keys) const;
   absl::Status CheckValue(absl::string_view key, size_t size) const;
@@ -81,7 +85,7 @@ class StoreService final : public v1::Store::CallbackService {
   store::Store* const root_;
   const StoreConfig limits_;
   CallStats* const stats_;
-  const PeerAuth auth_;
+  PeerAuth* const auth_;
 };
 
 }  // namespace tpd

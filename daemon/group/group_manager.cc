@@ -1,7 +1,5 @@
 #include "daemon/group/group_manager.h"
 
-#include <unistd.h>
-
 #include <random>
 #include <utility>
 
@@ -9,8 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/group/heartbeat.h"
 #include "daemon/logging.h"
-#include "store/file/file_store.h"
-#include "store/remote/remote_store.h"
 
 namespace tpd::group {
 namespace {
@@ -23,37 +19,12 @@ uint64_t NewIncarnation() {
   return absl::Uniform<uint64_t>(gen, 1, UINT64_MAX);
 }
 
-std::string HostPort(const std::string& host, int port) {
-  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
-                                             : absl::StrCat(host, ":", port);
-}
-
-// True when host:port names this daemon's own peer port.
-bool IsSelf(const std::string& host, int port, const std::string& peer_address) {
-  const size_t colon = peer_address.rfind(':');
-  if (colon == std::string::npos || peer_address.substr(colon + 1) != absl::StrCat(port)) {
-    return false;
-  }
-  std::string own = peer_address.substr(0, colon);
-  if (own.size() >= 2 && own.front() == '[') own = own.substr(1, own.size() - 2);
-  char hostname[256] = {};
-  gethostname(hostname, sizeof(hostname) - 1);
-  return host == own || host == "localhost" || host == "127.0.0.1" || host == "::1" ||
-         host == hostname || own == "0.0.0.0" || own == "::";
-}
-
 }  // namespace
 
-GroupManager::GroupManager(GroupManagerOptions options, store::Store* local_store)
-    : options_(std::move(options)), local_store_(local_store) {
+GroupManager::GroupManager(GroupManagerOptions options) : options_(std::move(options)) {
   node_.name = options_.node_name;
   node_.device_count = options_.device_count;
   node_.incarnation = NewIncarnation();
-  // The own store carries heartbeats only when peers can read it (there is a peer port).
-  if (!options_.peer_address.empty()) {
-    absl::MutexLock lock(&mu_);
-    heartbeats_.emplace_back([this] { HeartbeatTo(local_store_); });
-  }
 }
 
 GroupManager::~GroupManager() { Shutdown(); }
@@ -128,49 +99,21 @@ absl::Status GroupManager::CheckSession(const std::string& session_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GroupManager::Rendezvous> GroupManager::StoreFor(
-    const store::InitMethod& init_method) {
-  const store::InitMethod* method = &init_method;
-  std::string name;
-  switch (method->scheme) {
-    case store::InitMethodScheme::kTcp:
-    case store::InitMethodScheme::kEnv:
-      name = absl::StrCat("tcp://", HostPort(method->host, method->port));
-      if (IsSelf(method->host, method->port, options_.peer_address)) {
-        return Rendezvous{name, local_store_};
-      }
-      break;
-    case store::InitMethodScheme::kFile:
-      name = absl::StrCat("file://", method->path);
-      break;
-    case store::InitMethodScheme::kEtcd:
-      return absl::UnimplementedError(
-          "etcd:// rendezvous is not available in this tpd release; use tcp://, env:// or "
-          "file://");
-  }
+absl::StatusOr<GroupManager::Rendezvous> GroupManager::StoreFor(const store::InitMethod& method) {
+  const std::string name = store::RendezvousStoreName(method);
   {
     absl::MutexLock lock(&mu_);
     auto it = stores_.find(name);
     if (it != stores_.end()) return Rendezvous{name, it->second.get()};
   }
-  // Opened outside the lock: a file store replays its whole log (maybe over NFS), and the
-  // heartbeat thread must not wait for that.
-  std::unique_ptr<store::Store> store;
-  if (method->scheme == store::InitMethodScheme::kFile) {
-    absl::StatusOr<std::unique_ptr<store::FileStore>> file = store::FileStore::Open(method->path);
-    if (!file.ok()) return file.status();
-    store = *std::move(file);
-  } else {
-    store::RemoteStoreOptions remote;
-    remote.token = options_.peer_token;
-    // A store call slower than the heartbeat window is a store this node cannot count on;
-    // bounding calls by it also bounds how long shutdown waits on a vanished store.
-    remote.call_timeout = options_.tracker.heartbeat_timeout;
-    store = std::make_unique<store::RemoteStore>(HostPort(method->host, method->port), remote);
-  }
+  // Opened outside the lock: a file store replays its whole log (maybe over NFS), a host name
+  // is resolved, and the heartbeat threads must not wait for that.
+  absl::StatusOr<std::unique_ptr<store::Store>> store =
+      store::OpenRendezvousStore(method, options_.rendezvous);
+  if (!store.ok()) return store.status();
   absl::MutexLock lock(&mu_);
   // Another join may have opened the same store meanwhile: keep the first.
-  auto [it, inserted] = stores_.try_emplace(name, std::move(store));
+  auto [it, inserted] = stores_.try_emplace(name, *std::move(store));
   if (inserted && !shut_down_) {
     store::Store* raw = it->second.get();
     heartbeats_.emplace_back([this, raw] { HeartbeatTo(raw); });

@@ -1,6 +1,10 @@
 // All groups of this daemon: client sessions, the rendezvous stores that init_method URLs
-// name (the daemon's own store, a remote daemon's, or a shared file), one GroupTracker per
-// (store, group), and the heartbeat this daemon writes into every store it uses.
+// name (a daemon's store reached through its peer port, or a shared file), one GroupTracker
+// per (store, group), and the heartbeat this daemon writes into every store it uses.
+//
+// A tcp:// URL naming this very daemon is reached through its own peer port like any other:
+// whether an address is "self" is never guessed from host names (0.0.0.0, 127.0.0.2, ...),
+// so every daemon of a group sees one store.
 //
 // Thread safety: thread-safe. One heartbeat thread per store (a slow or unreachable store
 // must not delay the heartbeats written to the others); trackers own their workers; the
@@ -23,6 +27,7 @@
 #include "daemon/group/group_tracker.h"
 #include "proto/control.pb.h"
 #include "store/rendezvous/init_method.h"
+#include "store/rendezvous/store_factory.h"
 #include "store/store.h"
 
 namespace tpd::group {
@@ -30,18 +35,15 @@ namespace tpd::group {
 struct GroupManagerOptions {
   std::string node_name;
   int64_t device_count = 0;
-  // This daemon's peer port ("host:port", "" without one) and its token: tcp:// URLs naming
-  // this daemon use its own store directly; others are reached with the token.
-  std::string peer_address;
-  std::string peer_token;
+  // How rendezvous stores are opened (token, TLS, dial networks, ...).
+  store::RendezvousOptions rendezvous;
   absl::Duration default_join_timeout = absl::Seconds(300);
   TrackerOptions tracker;
 };
 
 class GroupManager {
  public:
-  // `local_store` is this daemon's own store (served on its peer port); it must outlive this.
-  GroupManager(GroupManagerOptions options, store::Store* local_store);
+  explicit GroupManager(GroupManagerOptions options);
   ~GroupManager();
 
   // Sessions: one per connected client process.
@@ -81,7 +83,6 @@ class GroupManager {
   void Reincarnate();
 
   const GroupManagerOptions options_;
-  store::Store* const local_store_;
   Node node_;
 
   absl::Mutex mu_;

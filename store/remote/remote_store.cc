@@ -21,11 +21,24 @@ struct RemoteStore::PendingWait {
 };
 
 RemoteStore::RemoteStore(std::string address, RemoteStoreOptions options)
-    : address_(std::move(address)), options_(std::move(options)) {
+    : address_(std::move(address)),
+      options_(std::move(options)),
+      signer_(options_.token, address_) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  stub_ = v1::Store::NewStub(grpc::CreateCustomChannel(absl::StrCat("dns:///", address_),
-                                                       grpc::InsecureChannelCredentials(), args));
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options_.tls_root_certs.empty()) {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = options_.tls_root_certs;
+    tls.pem_cert_chain = options_.tls_cert_chain;
+    tls.pem_private_key = options_.tls_private_key;
+    credentials = grpc::SslCredentials(tls);
+    if (!options_.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options_.tls_server_name);
+    }
+  }
+  stub_ = v1::Store::NewStub(
+      grpc::CreateCustomChannel(absl::StrCat("dns:///", address_), credentials, args));
   cq_thread_ = std::thread([this] { DrainCompletions(); });
 }
 
@@ -68,10 +81,19 @@ RemoteStore::~RemoteStore() {
   cq_thread_.join();
 }
 
-std::unique_ptr<grpc::ClientContext> RemoteStore::Context(absl::Time deadline) const {
+void RemoteStore::Sign(grpc::ClientContext* context, const char* method,
+                       const google::protobuf::Message& request) {
+  if (options_.token.empty()) return;
+  context->AddMetadata(
+      kPeerAuthHeader,
+      signer_.Sign(absl::StrCat("/", v1::Store::service_full_name(), "/", method), request));
+}
+
+std::unique_ptr<grpc::ClientContext> RemoteStore::Context(
+    const char* method, const google::protobuf::Message& request) {
   auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(absl::ToChronoTime(deadline));
-  if (!options_.token.empty()) context->AddMetadata("tpd-token", options_.token);
+  context->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+  Sign(context.get(), method, request);
   return context;
 }
 
@@ -86,8 +108,7 @@ absl::Status RemoteStore::Set(absl::string_view key, absl::string_view value) {
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::SetResponse response;
-  return FromGrpc(
-      stub_->Set(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  return FromGrpc(stub_->Set(Context("Set", request).get(), request, &response));
 }
 
 absl::Status RemoteStore::MultiSet(const std::vector<std::string>& keys,
@@ -96,8 +117,7 @@ absl::Status RemoteStore::MultiSet(const std::vector<std::string>& keys,
   request.mutable_keys()->Add(keys.begin(), keys.end());
   request.mutable_values()->Add(values.begin(), values.end());
   v1::MultiSetResponse response;
-  return FromGrpc(
-      stub_->MultiSet(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  return FromGrpc(stub_->MultiSet(Context("MultiSet", request).get(), request, &response));
 }
 
 absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key, int64_t delta) {
@@ -105,8 +125,7 @@ absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key, int64_t delta) {
   request.set_key(std::string(key));
   request.set_delta(delta);
   v1::AddResponse response;
-  absl::Status status =
-      FromGrpc(stub_->Add(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  absl::Status status = FromGrpc(stub_->Add(Context("Add", request).get(), request, &response));
   if (!status.ok()) return status;
   return response.value();
 }
@@ -119,8 +138,8 @@ absl::StatusOr<std::string> RemoteStore::CompareSet(absl::string_view key,
   request.set_expected_value(std::string(expected));
   request.set_desired_value(std::string(desired));
   v1::CompareSetResponse response;
-  absl::Status status = FromGrpc(
-      stub_->CompareSet(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  absl::Status status =
+      FromGrpc(stub_->CompareSet(Context("CompareSet", request).get(), request, &response));
   if (!status.ok()) return status;
   return std::move(*response.mutable_value());
 }
@@ -130,16 +149,14 @@ absl::Status RemoteStore::Append(absl::string_view key, absl::string_view value)
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::AppendResponse response;
-  return FromGrpc(
-      stub_->Append(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  return FromGrpc(stub_->Append(Context("Append", request).get(), request, &response));
 }
 
 absl::StatusOr<bool> RemoteStore::Check(const std::vector<std::string>& keys) {
   v1::CheckRequest request;
   request.mutable_keys()->Add(keys.begin(), keys.end());
   v1::CheckResponse response;
-  absl::Status status = FromGrpc(
-      stub_->Check(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  absl::Status status = FromGrpc(stub_->Check(Context("Check", request).get(), request, &response));
   if (!status.ok()) return status;
   return response.ready();
 }
@@ -148,8 +165,8 @@ absl::StatusOr<bool> RemoteStore::DeleteKey(absl::string_view key) {
   v1::DeleteKeyRequest request;
   request.set_key(std::string(key));
   v1::DeleteKeyResponse response;
-  absl::Status status = FromGrpc(
-      stub_->DeleteKey(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  absl::Status status =
+      FromGrpc(stub_->DeleteKey(Context("DeleteKey", request).get(), request, &response));
   if (!status.ok()) return status;
   return response.deleted();
 }
@@ -161,8 +178,8 @@ absl::StatusOr<int64_t> RemoteStore::NumKeys(absl::string_view prefix) {
   if (!name_space.empty() && name_space.back() == '/') name_space.remove_suffix(1);
   request.set_namespace_(std::string(name_space));
   v1::NumKeysResponse response;
-  absl::Status status = FromGrpc(
-      stub_->NumKeys(Context(absl::Now() + options_.call_timeout).get(), request, &response));
+  absl::Status status =
+      FromGrpc(stub_->NumKeys(Context("NumKeys", request).get(), request, &response));
   if (!status.ok()) return status;
   return response.num_keys();
 }
@@ -179,7 +196,7 @@ absl::StatusOr<WaitId> RemoteStore::WaitAsync(std::vector<std::string> keys, abs
   if (deadline != absl::InfiniteFuture()) {
     wait->context.set_deadline(absl::ToChronoTime(deadline + absl::Seconds(2)));
   }
-  if (!options_.token.empty()) wait->context.AddMetadata("tpd-token", options_.token);
+  Sign(&wait->context, "MultiGet", wait->request);
   wait->done = std::move(done);
   WaitId id;
   {

@@ -1,5 +1,7 @@
-// A store served by another tpd daemon, reached over its token-authenticated peer port:
-// the backend behind tcp:// and env:// rendezvous, where one daemon hosts the group's store.
+// A store served by another tpd daemon, reached over its peer port: the backend behind
+// tcp:// and env:// rendezvous, where one daemon hosts the group's store. Every call is
+// signed with a per-call MAC keyed by the cluster token (peer_mac.h); the token is never
+// sent. With TLS options the channel is mutual TLS as well.
 //
 // Errors come back with the serving daemon's code; messages are prefixed with its address
 // ("store at 10.0.0.1:29400: ...") so a failure names the peer. An unreachable daemon is
@@ -21,21 +23,31 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/store.grpc.pb.h"
+#include "store/remote/peer_mac.h"
 #include "store/store.h"
 
 namespace tpd::store {
 
 struct RemoteStoreOptions {
-  // Cluster token sent with every call (the serving daemon's [peer] token).
+  // Cluster token, the key of every call's MAC (the serving daemon's [peer] token).
   std::string token;
   // Deadline of calls that do not wait for keys.
   absl::Duration call_timeout = absl::Seconds(30);
+  // Mutual TLS, as PEM text: the CA that signed the serving daemon's certificate, and this
+  // daemon's own certificate chain and key. All empty: plaintext.
+  std::string tls_root_certs;
+  std::string tls_cert_chain;
+  std::string tls_private_key;
+  // With TLS: the name the serving daemon's certificate must carry, when it is not the
+  // address dialed (the host name a URL named, when the address is its resolved IP).
+  std::string tls_server_name;
 };
 
 class RemoteStore : public Store {
  public:
-  // `address` is the serving daemon's peer port, "host:port". Connecting is lazy: the first
-  // call reports an unreachable daemon.
+  // `address` is the serving daemon's peer port, "host:port" (an IP literal when the caller
+  // resolved it first, so DNS cannot move it afterwards); it is also the audience every
+  // call's MAC names. Connecting is lazy: the first call reports an unreachable daemon.
   RemoteStore(std::string address, RemoteStoreOptions options);
   // Cancels pending waits (their callbacks run with CANCELLED) and waits for them to end.
   ~RemoteStore() override;
@@ -57,12 +69,18 @@ class RemoteStore : public Store {
  private:
   struct PendingWait;
 
-  std::unique_ptr<grpc::ClientContext> Context(absl::Time deadline) const;
+  // A context for one call of `method` (e.g. "Set") with `request`: the call timeout as
+  // deadline, and the MAC.
+  std::unique_ptr<grpc::ClientContext> Context(const char* method,
+                                               const google::protobuf::Message& request);
+  void Sign(grpc::ClientContext* context, const char* method,
+            const google::protobuf::Message& request);
   void DrainCompletions();
   absl::Status FromGrpc(const grpc::Status& status) const;
 
   const std::string address_;
   const RemoteStoreOptions options_;
+  PeerCallSigner signer_;
   std::unique_ptr<v1::Store::Stub> stub_;
   grpc::CompletionQueue cq_;
   std::thread cq_thread_;  // completes waits

@@ -43,6 +43,11 @@ const std::vector<std::string>& AllOptions() {
       "peer.node_name",
       "peer.heartbeat_interval_ms",
       "peer.heartbeat_timeout_ms",
+      "peer.auth_max_skew_ms",
+      "peer.dial_networks",
+      "peer.tls_cert_file",
+      "peer.tls_key_file",
+      "peer.tls_ca_file",
       "group.default_join_timeout_ms",
       "group.cuda_device_count",
   };
@@ -75,6 +80,11 @@ void ExpectDefaultsExceptPaths(const Config& config) {
   EXPECT_EQ(config.store.max_value_bytes, defaults.store.max_value_bytes);
   EXPECT_EQ(config.store.max_keys_per_request, defaults.store.max_keys_per_request);
   EXPECT_EQ(config.store.max_waiters, defaults.store.max_waiters);
+  EXPECT_EQ(config.peer.auth_max_skew, defaults.peer.auth_max_skew);
+  EXPECT_EQ(config.peer.dial_networks, defaults.peer.dial_networks);
+  EXPECT_EQ(config.peer.tls_cert_file, defaults.peer.tls_cert_file);
+  EXPECT_EQ(config.peer.tls_key_file, defaults.peer.tls_key_file);
+  EXPECT_EQ(config.peer.tls_ca_file, defaults.peer.tls_ca_file);
 }
 
 TEST(ConfigTest, EmptyTextGivesDocumentedDefaults) {
@@ -401,6 +411,78 @@ TEST(ConfigTest, PeerTableSetsListenAddressAndToken) {
   EXPECT_EQ(config->peer.listen_address, "127.0.0.1:0");
   EXPECT_EQ(config->peer.token, "s3cret");
   EXPECT_TRUE(ValidateConfig(*config).ok());
+}
+
+TEST(ConfigTest, ListenAddressMustBeHostAndAPortUpTo65535) {
+  for (const char* good : {"127.0.0.1:0", "0.0.0.0:29400", "[::]:29400", "[::1]:65535",
+                           "node-a.example:1", "localhost:80"}) {
+    Config config;
+    config.peer.listen_address = good;
+    config.peer.token = "t";
+    EXPECT_TRUE(ValidateConfig(config).ok()) << good << ": " << ValidateConfig(config);
+  }
+  for (const char* bad : {"127.0.0.1:65536", "127.0.0.1:4294967297", "127.0.0.1:-1",
+                          "127.0.0.1", "127.0.0.1:", ":29400", "::1:29400", "[::1]29400",
+                          "[::1", "[]:1", "[10.0.0.1]:1", "127.0.0.1:29400x", "127.0.0.1: 1",
+                          "a b:1"}) {
+    Config config;
+    config.peer.listen_address = bad;
+    config.peer.token = "t";
+    absl::Status status = ValidateConfig(config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(status.message(), HasSubstr("peer.listen_address")) << bad;
+  }
+}
+
+TEST(ConfigTest, PeerTrustOptionsParseAndDefault) {
+  Config defaults;
+  EXPECT_EQ(defaults.peer.auth_max_skew, absl::Seconds(30));
+  EXPECT_THAT(defaults.peer.dial_networks,
+              ::testing::ElementsAre("127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12",
+                                     "192.168.0.0/16", "fc00::/7", "fe80::/10"));
+  EXPECT_TRUE(defaults.peer.tls_cert_file.empty());
+  absl::StatusOr<Config> config = ParseConfig(R"([peer]
+auth_max_skew_ms = 5000
+dial_networks = ["10.1.0.0/16", "fd12::/16"]
+tls_cert_file = "/etc/tpd/node.crt"
+tls_key_file = "/etc/tpd/node.key"
+tls_ca_file = "/etc/tpd/ca.crt"
+)",
+                                              "p.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->peer.auth_max_skew, absl::Seconds(5));
+  EXPECT_THAT(config->peer.dial_networks, ::testing::ElementsAre("10.1.0.0/16", "fd12::/16"));
+  EXPECT_EQ(config->peer.tls_cert_file, "/etc/tpd/node.crt");
+  EXPECT_EQ(config->peer.tls_key_file, "/etc/tpd/node.key");
+  EXPECT_EQ(config->peer.tls_ca_file, "/etc/tpd/ca.crt");
+  EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
+  absl::StatusOr<Config> none = ParseConfig("[peer]\ndial_networks = []\n", "p.toml");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->peer.dial_networks.empty());
+}
+
+TEST(ConfigTest, BadPeerTrustOptionsNameTheField) {
+  struct Case {
+    const char* text;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"[peer]\ndial_networks = \"10.0.0.0/8\"\n", "dial_networks"},
+      {"[peer]\ndial_networks = [1]\n", "dial_networks"},
+      {"[peer]\ndial_networks = [\"10.0.0.0/33\"]\n", "peer.dial_networks"},
+      {"[peer]\ndial_networks = [\"10.0.0.1/8\"]\n", "peer.dial_networks"},
+      {"[peer]\nauth_max_skew_ms = 0\n", "peer.auth_max_skew_ms"},
+      {"[peer]\nauth_max_skew_ms = 3600001\n", "peer.auth_max_skew_ms"},
+      {"[peer]\ntls_cert_file = \"a\"\n", "peer.tls_key_file"},
+      {"[peer]\ntls_cert_file = \"a\"\ntls_key_file = \"b\"\n", "peer.tls_ca_file"},
+      {"[peer]\ntls_ca_file = \"c\"\n", "peer.tls_cert_file"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Config> config = ParseConfig(c.text, "p.toml");
+    absl::Status status = config.ok() ? ValidateConfig(*config) : config.status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_THAT(status.message(), HasSubstr(c.field)) << c.text;
+  }
 }
 
 TEST(ConfigTest, PeerPortWithoutTokenIsInvalidArgument) {

@@ -1,5 +1,6 @@
 // RemoteStore against a real daemon's peer port: c10d semantics carry over the wire, waits
-// hold no thread and can be cancelled, and the peer port admits only the cluster token.
+// hold no thread and can be cancelled, and the peer port admits only calls whose MAC the
+// cluster token signed.
 
 #include "store/remote/remote_store.h"
 
@@ -133,16 +134,16 @@ TEST_F(RemoteStoreTest, WrongTokenIsUnauthenticatedAndChangesNothing) {
   RemoteStore intruder = Remote("guess");
   absl::Status status = intruder.Set("k", "v");
   EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_THAT(status.message(), HasSubstr("wrong token"));
+  EXPECT_THAT(status.message(), HasSubstr("bad MAC"));
   EXPECT_FALSE(*local_->Check({"k"}));
-  EXPECT_THAT(daemon_->Output(), HasSubstr("rejected Set"));
+  EXPECT_THAT(daemon_->Output(), HasSubstr("/tpd.v1.Store/Set refused: bad MAC"));
 }
 
 TEST_F(RemoteStoreTest, MissingTokenIsUnauthenticatedForWaitsToo) {
   RemoteStore intruder = Remote("");
   absl::Status status = intruder.Wait({"k"}, absl::Now() + absl::Seconds(5));
   EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_THAT(status.message(), HasSubstr("no token"));
+  EXPECT_THAT(status.message(), HasSubstr("no MAC"));
 }
 
 TEST(RemoteStoreUnreachableTest, UnreachableDaemonIsUnavailableNamingTheAddress) {

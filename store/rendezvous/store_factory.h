@@ -1,0 +1,38 @@
+// Backends construct themselves: the init_method scheme -> store backend switch, so the
+// daemon never names a backend. Each backend's own part lives in its folder (remote:
+// store/remote/remote_rendezvous.h; file: store/file/); etcd:// has no backend yet.
+//
+// Thread safety: pure functions of their arguments (plus the I/O of opening a store); call
+// them from any thread.
+
+#ifndef TPD_STORE_RENDEZVOUS_STORE_FACTORY_H_
+#define TPD_STORE_RENDEZVOUS_STORE_FACTORY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "store/remote/remote_rendezvous.h"
+#include "store/rendezvous/init_method.h"
+#include "store/store.h"
+
+namespace tpd::store {
+
+struct RendezvousOptions {
+  // tcp:// and env://.
+  RemoteRendezvousOptions remote;
+};
+
+// The name of the store `method` names: one store per name is enough for every group in it
+// ("tcp://host:port", "file:///path", "etcd://host:port/prefix"). No I/O.
+std::string RendezvousStoreName(const InitMethod& method);
+
+// Opens the store `method` names. UNIMPLEMENTED for etcd://; the backend's error otherwise
+// (PERMISSION_DENIED for a tcp:// host outside the dial networks, a file store's open error).
+absl::StatusOr<std::unique_ptr<Store>> OpenRendezvousStore(const InitMethod& method,
+                                                           const RendezvousOptions& options);
+
+}  // namespace tpd::store
+
+#endif  // TPD_STORE_RENDEZVOUS_STORE_FACTORY_H_

@@ -1,0 +1,61 @@
+// The rendezvous store factory: each scheme opens its own backend, etcd:// is not there yet,
+// and tcp:// dials only inside the allowed networks.
+
+#include "store/rendezvous/store_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tpd::store {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+InitMethod Parse(const std::string& url) {
+  absl::StatusOr<InitMethod> method = ParseInitMethod(url, std::nullopt, std::nullopt, {});
+  EXPECT_TRUE(method.ok()) << url << ": " << method.status();
+  return *method;
+}
+
+RendezvousOptions Options(const std::vector<std::string>& networks) {
+  RendezvousOptions options;
+  options.remote.dial_networks = *NetworkList::Parse(networks);
+  options.remote.store.token = "t";
+  return options;
+}
+
+TEST(StoreFactoryTest, NamesOneStorePerAddressOrPath) {
+  EXPECT_EQ(RendezvousStoreName(Parse("tcp://10.0.0.1:29400")), "tcp://10.0.0.1:29400");
+  EXPECT_EQ(RendezvousStoreName(Parse("tcp://[::1]:29400")), "tcp://[::1]:29400");
+  EXPECT_EQ(RendezvousStoreName(Parse("file:///tmp/x")), "file:///tmp/x");
+}
+
+TEST(StoreFactoryTest, EtcdIsUnimplemented) {
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      OpenRendezvousStore(Parse("etcd://127.0.0.1:2379/p"), Options({"127.0.0.0/8"}));
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(store.status().message(), HasSubstr("etcd://"));
+}
+
+TEST(StoreFactoryTest, TcpOutsideTheDialNetworksIsPermissionDenied) {
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      OpenRendezvousStore(Parse("tcp://127.0.0.1:29400"), Options({"10.0.0.0/8"}));
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(store.status().message(),
+              AllOf(HasSubstr("127.0.0.1"), HasSubstr("[peer] dial_networks")));
+}
+
+TEST(StoreFactoryTest, TcpInsideOpensARemoteStoreLazily) {
+  // Nothing listens there: opening succeeds, the first call is UNAVAILABLE.
+  RendezvousOptions options = Options({"127.0.0.0/8"});
+  options.remote.store.call_timeout = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      OpenRendezvousStore(Parse("tcp://127.0.0.1:1"), options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Set("k", "v").code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace tpd::store
