@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <string>
 #include <vector>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"

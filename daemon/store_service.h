@@ -70,11 +70,11 @@ class StoreService final : public v1::Store::CallbackService {
                                     const google::protobuf::RepeatedPtrField<std::string>& keys,
                                     int64_t timeout_ms, OnValues on_values);
 
-  // `method` names the request in the message ("SetRequest.namespace").
-  absl::Status CheckNamespace(absl::string_view method, absl::string_view name_space) const;
   // OK on the unix socket; on the peer port, PeerAuth's verdict on the call's MAC.
   absl::Status Admit(const grpc::CallbackServerContext& context, const char* method,
                      const google::protobuf::Message& request);
+  // `method` names the request in the message ("SetRequest.namespace").
+  absl::Status CheckNamespace(absl::string_view method, absl::string_view name_space) const;
   absl::Status CheckKey(absl::string_view key) const;
   absl::Status CheckKeys(const google::protobuf::RepeatedPtrField<std::string>& keys) const;
   absl::Status CheckValue(absl::string_view key, size_t size) const;
