@@ -9,6 +9,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -81,6 +83,34 @@ absl::StatusOr<int> OpenTrustedDir(const std::string& dir) {
         "choose another --socket",
         dir, UserName(st.st_uid), st.st_mode & 07777,
         owner_ok ? "group or others may write it" : "it belongs to another user", UserName(self)));
+  }
+  // Whoever may write a directory above could rename the socket directory away and put
+  // their own in its place; a sticky directory (/tmp) forbids renaming others' entries.
+  char real[PATH_MAX];
+  if (realpath(dir.c_str(), real) == nullptr) {
+    const absl::Status status = ErrnoError("cannot resolve socket directory", dir);
+    close(fd);
+    return status;
+  }
+  std::string ancestor = real;
+  while (ancestor != "/") {
+    const size_t slash = ancestor.rfind('/');
+    ancestor = slash == 0 ? "/" : ancestor.substr(0, slash);
+    struct stat up;
+    if (lstat(ancestor.c_str(), &up) != 0) {
+      const absl::Status status = ErrnoError("cannot stat", ancestor);
+      close(fd);
+      return status;
+    }
+    const bool others_write = (up.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+    if ((up.st_uid != 0 && up.st_uid != self) || (others_write && !(up.st_mode & S_ISVTX))) {
+      close(fd);
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "directory %s above the socket directory %s is owned by %s with mode %04o; whoever "
+          "may write it can replace the socket directory, so the daemon (%s) refuses it. "
+          "Choose a --socket whose directories belong to root or this user",
+          ancestor, dir, UserName(up.st_uid), up.st_mode & 07777, UserName(self)));
+    }
   }
   return fd;
 }

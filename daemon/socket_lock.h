@@ -8,7 +8,9 @@
 //
 // The socket's directory is trusted only if it is a real directory (not a symbolic link)
 // owned by the daemon's user or root that neither group nor others may write: whoever may
-// write it can swap the socket or plant the lock file. The lock file is opened with
+// write it can swap the socket or plant the lock file. Every directory above it must belong
+// to root or the daemon's user too, and be writable by no one else unless sticky (/tmp):
+// whoever may write one could move the socket directory away. The lock file is opened with
 // O_NOFOLLOW, so a symbolic link planted in its place is refused instead of followed.
 //
 // Thread safety: not thread-safe; owned by the daemon's main thread.

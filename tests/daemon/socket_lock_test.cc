@@ -120,6 +120,37 @@ TEST_F(SocketLockTest, DirectoryOwnedByAnotherUserIsRefused) {
                     HasSubstr("mode 0700"), HasSubstr("belongs to another user")));
 }
 
+TEST_F(SocketLockTest, DirectoryUnderAnotherUsersDirectoryIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a directory away";
+  // As with /tmp/tpd-<uid> pre-created by someone else, with our directory made inside it:
+  // its owner could rename ours away.
+  const std::string theirs = absl::StrCat(root_, "/theirs");
+  ASSERT_EQ(mkdir(theirs.c_str(), 0755), 0);
+  ASSERT_EQ(chown(theirs.c_str(), kOtherUid, kOtherUid), 0);
+  const std::string ours = absl::StrCat(theirs, "/tpd");
+  ASSERT_EQ(mkdir(ours.c_str(), 0700), 0);
+  absl::StatusOr<std::unique_ptr<SocketLock>> lock =
+      SocketLock::Acquire(absl::StrCat(ours, "/tpd.sock"));
+  EXPECT_EQ(lock.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(lock.status().message(),
+              AllOf(HasSubstr(theirs), HasSubstr(absl::StrCat("uid ", kOtherUid))));
+}
+
+TEST_F(SocketLockTest, WorldWritableParentWithoutStickyBitIsRefusedWithItAccepted) {
+  const std::string open_dir = absl::StrCat(root_, "/open");
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  const std::string ours = absl::StrCat(open_dir, "/tpd");
+  ASSERT_EQ(mkdir(ours.c_str(), 0700), 0);
+  EXPECT_EQ(SocketLock::Acquire(absl::StrCat(ours, "/tpd.sock")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Sticky, like /tmp: others cannot rename our directory.
+  ASSERT_EQ(chmod(open_dir.c_str(), 01777), 0);
+  absl::StatusOr<std::unique_ptr<SocketLock>> lock =
+      SocketLock::Acquire(absl::StrCat(ours, "/tpd.sock"));
+  EXPECT_TRUE(lock.ok()) << lock.status();
+}
+
 TEST_F(SocketLockTest, SymlinkedDirectoryIsRefused) {
   const std::string real = absl::StrCat(root_, "/real");
   const std::string link = absl::StrCat(root_, "/link");
