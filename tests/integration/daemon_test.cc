@@ -1,6 +1,7 @@
 // The daemon as users meet it: the real tpd binary on a temporary unix socket, driven by the
 // client library, by tpctl, and by plain gRPC (reflection, health).
 
+#include <grp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -19,7 +21,9 @@
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "proto/store.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/wait_until.h"
 
 namespace tpd {
 namespace {
@@ -30,6 +34,13 @@ using ::testing::IsSupersetOf;
 using testing::RunfilePath;
 using testing::RunProcess;
 using testing::TempDir;
+using testing::WaitUntil;
+
+// Calls waiting in the daemon right now; -1 when Status fails.
+int64_t Waiters(Client* client) {
+  absl::StatusOr<v1::StatusResponse> status = client->Status();
+  return status.ok() ? status->store().waiters() : -1;
+}
 
 class DaemonTest : public ::testing::Test {
  protected:
@@ -144,8 +155,9 @@ TEST_F(DaemonTest, GetWaitsForAKeySetByAnotherClient) {
   ASSERT_TRUE(waiter && setter);
   std::thread set_later([&] {
     // Set only once the daemon reports the Get parked as a waiter.
-    while (setter->Status()->store().waiters() == 0) absl::SleepFor(absl::Milliseconds(2));
-    ASSERT_TRUE(setter->Set("late", "here").ok());
+    EXPECT_TRUE(WaitUntil([&] { return Waiters(setter.get()) == 1; }))
+        << "the Get never parked as a waiter";
+    EXPECT_TRUE(setter->Set("late", "here").ok());
   });
   absl::StatusOr<std::string> value = waiter->Get("late", absl::Seconds(20));
   set_later.join();
@@ -298,7 +310,8 @@ TEST_F(DaemonTest, SigtermEndsPendingWaitsWithUnavailable) {
   ASSERT_NE(client, nullptr);
   absl::Status status;
   std::thread waiter([&] { status = client->Wait({"never"}, absl::Seconds(60)); });
-  while (client->Status()->store().waiters() == 0) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_TRUE(WaitUntil([&] { return Waiters(client.get()) == 1; }))
+      << "the Wait never parked as a waiter";
   daemon_->Signal(SIGTERM);
   waiter.join();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
@@ -330,17 +343,13 @@ TEST_F(DaemonTest, KilledWaitingClientIsReclaimed) {
   }
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (client->Status()->store().waiters() == 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ(client->Status()->store().waiters(), 1);
+  const bool parked = WaitUntil([&] { return Waiters(client.get()) == 1; });
+  if (!parked) kill(child, SIGKILL);
+  ASSERT_TRUE(parked) << "tpctl's Wait never parked as a waiter";
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
-  while (client->Status()->store().waiters() != 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  EXPECT_EQ(client->Status()->store().waiters(), 0);
+  EXPECT_TRUE(WaitUntil([&] { return Waiters(client.get()) == 0; }))
+      << "the killed client's waiter was not reclaimed";
 }
 
 // systemd's notify protocol, with this test standing in for systemd: a datagram socket
@@ -371,11 +380,13 @@ TEST(DaemonSystemdTest, NotifiesReadyWatchdogAndStopping) {
   EXPECT_THAT(receive(), HasSubstr("READY=1"));
   EXPECT_EQ(receive(), "WATCHDOG=1");
   (*daemon)->Signal(SIGTERM);
+  // Watchdog pings may still come first; STOPPING=1 must follow within the bound.
   std::string message;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
   do {
     message = receive();
-  } while (message == "WATCHDOG=1");
-  EXPECT_THAT(message, HasSubstr("STOPPING=1"));
+  } while (message == "WATCHDOG=1" && absl::Now() < deadline);
+  EXPECT_THAT(message, HasSubstr("STOPPING=1")) << "awaited STOPPING=1 after SIGTERM";
   EXPECT_EQ((*daemon)->WaitExit(absl::Seconds(60)), 0);
   close(fd);
 }
@@ -410,6 +421,236 @@ TEST(DaemonConfigTest, InvalidConfigRefusesToStartNamingTheField) {
                   "--config", config});
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.output, HasSubstr("store.max_waiters must be > 0"));
+}
+
+// A daemon on a config of its own, for the promises of one option.
+class DaemonOptionTest : public ::testing::Test {
+ protected:
+  void Start(const std::string& toml) {
+    socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
+    const std::string config = dir_.WriteFile("tpd.toml", toml);
+    auto daemon = DaemonProcess::Start(socket_, {"--config", config});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = *std::move(daemon);
+    auto client = Client::Connect(socket_);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+  }
+
+  TempDir dir_;
+  std::string socket_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(DaemonOptionTest, MaxKeysPerRequestBoundsEveryMultiKeyCall) {
+  ASSERT_NO_FATAL_FAILURE(Start("[store]\nmax_keys_per_request = 3\n"));
+  const std::vector<std::string> four = {"a", "b", "c", "d"};
+  const std::vector<std::string> three = {"a", "b", "c"};
+  auto expect_refused = [](const absl::Status& status, const char* call) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << call << ": " << status;
+    EXPECT_THAT(status.message(), HasSubstr("the limit store.max_keys_per_request is 3")) << call;
+  };
+  expect_refused(client_->MultiSet(four, {"1", "2", "3", "4"}), "MultiSet");
+  expect_refused(client_->Wait(four, absl::Seconds(5)), "Wait");
+  expect_refused(client_->MultiGet(four, absl::Seconds(5)).status(), "MultiGet");
+  expect_refused(client_->Check(four).status(), "Check");
+  // Nothing of the refused MultiSet was stored; at the limit every call works.
+  EXPECT_EQ(*client_->NumKeys(), 0);
+  ASSERT_TRUE(client_->MultiSet(three, {"1", "2", "3"}).ok());
+  EXPECT_TRUE(client_->Wait(three, absl::Seconds(5)).ok());
+  EXPECT_THAT(*client_->MultiGet(three, absl::Seconds(5)), ::testing::ElementsAre("1", "2", "3"));
+  EXPECT_TRUE(*client_->Check(three));
+}
+
+TEST_F(DaemonOptionTest, MaxWaitersRefusesTheWaitPastTheLimitNamingIt) {
+  ASSERT_NO_FATAL_FAILURE(Start("[store]\nmax_waiters = 2\n"));
+  absl::StatusOr<std::string> got;
+  absl::Status waited;
+  std::thread get([&] { got = client_->Get("x", absl::Seconds(30)); });
+  std::thread wait([&] { waited = client_->Wait({"y"}, absl::Seconds(30)); });
+  ASSERT_TRUE(WaitUntil([&] { return Waiters(client_.get()) == 2; }))
+      << "the Get and the Wait never both parked";
+  // The limit is reached: every further waiting call is refused at once, naming it...
+  for (const absl::Status& refused :
+       {client_->Wait({"z"}, absl::Seconds(30)), client_->Get("z", absl::Seconds(30)).status(),
+        client_->MultiGet({"z"}, absl::Seconds(30)).status()}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr("store.max_waiters = 2"));
+  }
+  // ...while calls that need not wait go on, and release the two waiters.
+  EXPECT_TRUE(*client_->Serving());
+  ASSERT_TRUE(client_->MultiSet({"x", "y"}, {"1", "2"}).ok());
+  get.join();
+  wait.join();
+  EXPECT_EQ(got.value_or("failed"), "1") << got.status();
+  EXPECT_TRUE(waited.ok()) << waited;
+  EXPECT_EQ(Waiters(client_.get()), 0);
+  // Below the limit again, a call may wait.
+  std::thread again([&] { got = client_->Get("later", absl::Seconds(30)); });
+  ASSERT_TRUE(WaitUntil([&] { return Waiters(client_.get()) == 1; }))
+      << "a Get after the waiters left never parked";
+  ASSERT_TRUE(client_->Set("later", "3").ok());
+  again.join();
+  EXPECT_EQ(got.value_or("failed"), "3") << got.status();
+}
+
+TEST_F(DaemonOptionTest, DefaultTimeoutAppliesToWaitsThatPassZero) {
+  ASSERT_NO_FATAL_FAILURE(Start("[store]\ndefault_timeout_ms = 300\n"));
+  // Raw calls with timeout_ms = 0 and an RPC deadline of 20 s: only the daemon's default,
+  // 300 ms, can end them early, with its own message naming the key.
+  auto stub = v1::Store::NewStub(
+      grpc::CreateChannel(absl::StrCat("unix:", socket_), grpc::InsecureChannelCredentials()));
+  auto call = [&](auto method, auto request, auto response) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    const absl::Time start = absl::Now();
+    grpc::Status status = ((*stub).*method)(&context, request, &response);
+    return std::make_pair(status, absl::Now() - start);
+  };
+  v1::GetRequest get;
+  get.set_key("never-get");
+  v1::WaitRequest wait;
+  wait.add_keys("never-wait");
+  v1::MultiGetRequest multi_get;
+  multi_get.add_keys("never-multi");
+  for (const auto& [result, key] :
+       {std::make_pair(call(&v1::Store::Stub::Get, get, v1::GetResponse()), "never-get"),
+        std::make_pair(call(&v1::Store::Stub::Wait, wait, v1::WaitResponse()), "never-wait"),
+        std::make_pair(call(&v1::Store::Stub::MultiGet, multi_get, v1::MultiGetResponse()),
+                       "never-multi")}) {
+    const auto& [status, took] = result;
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << key;
+    EXPECT_THAT(status.error_message(), HasSubstr(absl::StrCat("\"", key, "\""))) << key;
+    EXPECT_GE(took, absl::Milliseconds(290)) << key;
+    EXPECT_LT(took, absl::Seconds(10)) << key;
+  }
+  EXPECT_EQ(client_->Status()->config().store_default_timeout_ms(), 300);
+}
+
+TEST_F(DaemonOptionTest, AppendPastMaxValueBytesIsRefusedAndKeepsTheValue) {
+  ASSERT_NO_FATAL_FAILURE(Start("[store]\nmax_value_bytes = 1024\n"));
+  ASSERT_TRUE(client_->Set("k", std::string(1000, 'a')).ok());
+  ASSERT_TRUE(client_->Append("k", std::string(24, 'b')).ok()) << "exactly the limit is allowed";
+  absl::Status grown = client_->Append("k", "c");
+  EXPECT_EQ(grown.code(), absl::StatusCode::kResourceExhausted) << grown;
+  EXPECT_THAT(grown.message(), HasSubstr("the limit store.max_value_bytes is 1024"));
+  EXPECT_EQ(*client_->Get("k"), std::string(1000, 'a') + std::string(24, 'b'));
+  // A fresh key appended past the limit is not created.
+  absl::Status fresh = client_->Append("fresh", std::string(1025, 'x'));
+  EXPECT_EQ(fresh.code(), absl::StatusCode::kResourceExhausted) << fresh;
+  EXPECT_FALSE(*client_->Check({"fresh"}));
+}
+
+// A group the test may give the socket to: one of this process's supplementary groups other
+// than its own, else "daemon" (Debian's); root may give a file to any group.
+std::optional<std::pair<std::string, gid_t>> SomeOtherGroup() {
+  gid_t groups[64];
+  const int count = getgroups(64, groups);
+  for (int i = 0; i < count; ++i) {
+    if (groups[i] == getegid()) continue;
+    if (struct group* entry = getgrgid(groups[i])) return std::make_pair(entry->gr_name, groups[i]);
+  }
+  if (geteuid() == 0) {
+    if (struct group* entry = getgrnam("daemon")) {
+      return std::make_pair(std::string(entry->gr_name), entry->gr_gid);
+    }
+  }
+  return std::nullopt;
+}
+
+TEST_F(DaemonOptionTest, SocketGroupOwnsTheSocket) {
+  std::optional<std::pair<std::string, gid_t>> group = SomeOtherGroup();
+  if (!group) GTEST_SKIP() << "no group other than the test's own to give the socket to";
+  ASSERT_NO_FATAL_FAILURE(Start(absl::StrCat("[daemon]\nsocket_group = \"", group->first, "\"\n")));
+  struct stat st;
+  ASSERT_EQ(stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_gid, group->second) << "socket_group " << group->first;
+  EXPECT_EQ(st.st_mode & 0777, 0660);
+}
+
+TEST(DaemonConfigTest, UnknownSocketGroupRefusesToStartNamingIt) {
+  TempDir dir;
+  const std::string config =
+      dir.WriteFile("tpd.toml", "[daemon]\nsocket_group = \"no-such-group-tpd\"\n");
+  testing::ProcessResult result =
+      RunProcess({RunfilePath("daemon/tpd"), "--socket", absl::StrCat(dir.path(), "/s.sock"),
+                  "--config", config});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.output, HasSubstr("daemon.socket_group \"no-such-group-tpd\""));
+}
+
+// Sets (or, with nullptr, unsets) an environment variable for the life of the object.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    value ? setenv(name, value, 1) : unsetenv(name);
+  }
+  ~ScopedEnv() { old_ ? setenv(name_, old_->c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// tpctl (through the client library) finds its daemon by --socket, then $TPD_SOCKET, then
+// the system socket /run/tpd/tpd.sock, then the per-user path ($XDG_RUNTIME_DIR/tpd/tpd.sock).
+TEST(ClientSocketLookupTest, FlagThenEnvironmentThenSystemThenPerUser) {
+  TempDir dir;
+  const std::string flag_socket = absl::StrCat(dir.path(), "/flag.sock");
+  const std::string env_socket = absl::StrCat(dir.path(), "/env.sock");
+  const std::string xdg = absl::StrCat(dir.path(), "/xdg");
+  ASSERT_EQ(mkdir(xdg.c_str(), 0700), 0);
+  const std::string user_socket = absl::StrCat(xdg, "/tpd/tpd.sock");
+  std::vector<std::unique_ptr<DaemonProcess>> daemons;
+  for (const std::string& socket : {flag_socket, env_socket, user_socket}) {
+    auto daemon = DaemonProcess::Start(socket);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemons.push_back(*std::move(daemon));
+  }
+  // Which daemon a tpctl with `args` reaches: `tpctl status` prints the socket it serves.
+  auto reached = [](std::vector<std::string> args) {
+    args.insert(args.begin(), RunfilePath("client/tpctl"));
+    args.push_back("status");
+    return RunProcess(args).output;
+  };
+  ScopedEnv runtime_dir("XDG_RUNTIME_DIR", xdg.c_str());
+  {
+    ScopedEnv env("TPD_SOCKET", env_socket.c_str());
+    EXPECT_THAT(reached({"--socket", flag_socket}), HasSubstr(flag_socket)) << "--socket first";
+    EXPECT_THAT(reached({}), HasSubstr(env_socket)) << "then $TPD_SOCKET";
+  }
+  ScopedEnv no_env("TPD_SOCKET", nullptr);
+  struct stat st;
+  const bool system_socket_exists = stat("/run/tpd/tpd.sock", &st) == 0;
+  if (!system_socket_exists) {
+    EXPECT_THAT(reached({}), HasSubstr(user_socket)) << "the per-user path last";
+  }
+  // The system socket wins over the per-user path. Made here only where this test may and
+  // nobody else serves it; a daemon already there (a real one) is enough to check the order.
+  std::unique_ptr<DaemonProcess> system_daemon;
+  bool made_run_tpd = false;
+  if (!system_socket_exists) {
+    if (geteuid() != 0) {
+      GTEST_SKIP() << "the system socket /run/tpd/tpd.sock needs root to create";
+    }
+    made_run_tpd = mkdir("/run/tpd", 0755) == 0;
+    auto daemon = DaemonProcess::Start("/run/tpd/tpd.sock");
+    // Refused only if another tpd took the system socket meanwhile, which serves as well.
+    ASSERT_TRUE(daemon.ok() || stat("/run/tpd/tpd.sock", &st) == 0) << daemon.status();
+    if (daemon.ok()) system_daemon = *std::move(daemon);
+  }
+  EXPECT_THAT(reached({}), HasSubstr("/run/tpd/tpd.sock"))
+      << "the system socket before the per-user path";
+  if (system_daemon != nullptr) {
+    system_daemon->Signal(SIGTERM);  // removes its socket
+    EXPECT_EQ(system_daemon->WaitExit(absl::Seconds(60)), 0);
+    if (made_run_tpd) {
+      unlink("/run/tpd/tpd.sock.lock");  // the daemon's lock file stays behind by design
+      rmdir("/run/tpd");
+    }
+  }
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/wait_until.h"
 
 namespace tpd {
 namespace {
@@ -30,6 +31,7 @@ using testing::DaemonProcess;
 using ::testing::HasSubstr;
 using testing::RunfilePath;
 using testing::TempDir;
+using testing::WaitUntil;
 
 constexpr int kNodes = 3;
 
@@ -174,6 +176,40 @@ TEST_F(GroupTest, InvalidDeviceMapFailsEveryJoinNamingTheNode) {
   }
 }
 
+TEST_F(GroupTest, FailedStaticGroupFormsAgainOnceItsMembersLeft) {
+  // w0 and w2 wait in the group; then w1 joins with an option no member may use.
+  std::vector<absl::StatusOr<v1::JoinResponse>> failed(3, absl::UnknownError("not run"));
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < 3; ++r) clients.push_back(Connect(r));
+  std::vector<std::thread> waiting;
+  for (int r : {0, 2}) {
+    waiting.emplace_back([&, r] { failed[r] = clients[r]->Join(Options("again", r, 3)); });
+  }
+  ASSERT_TRUE(WaitUntil([&] {
+    absl::StatusOr<v1::GroupView> view = clients[1]->GetGroup("again", init_method_);
+    return view.ok() && view->members_size() == 2;
+  })) << "w0 and w2 never showed as members";
+  JoinOptions bad = Options("again", 1, 3);
+  bad.options.add_transports("carrier-pigeon");
+  failed[1] = clients[1]->Join(bad);
+  for (std::thread& thread : waiting) thread.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(failed[r].status().code(), absl::StatusCode::kInvalidArgument)
+        << r << ": " << failed[r].status();
+    EXPECT_THAT(failed[r].status().message(), HasSubstr("Unknown transport: carrier-pigeon"));
+  }
+  // The FAILED group's members leave by themselves (their sessions stay open)...
+  for (int node = 0; node < kNodes; ++node) {
+    auto client = Connect(node);
+    ASSERT_TRUE(WaitUntil([&] {
+      absl::StatusOr<v1::GroupView> view = client->GetGroup("again");
+      return view.ok() && view->members_size() == 0;
+    })) << "the FAILED group's members never left, seen from node " << node;
+  }
+  // ...and the same ranks and names form it now.
+  ExpectFormed(JoinStatic("again", 3), 3);
+}
+
 TEST_F(GroupTest, TargetIndexBeyondDeviceCountIsRefusedAtJoin) {
   auto client = Connect(1);
   JoinOptions first = Options("dyn-maps", 0, std::nullopt);
@@ -222,11 +258,10 @@ TEST_F(GroupTest, StaticJoinTimesOutNamingMissingRanksAndFreesItsRank) {
   EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(result.status().message(), HasSubstr("ranks [0, 2]"));
   // The rank was released: the group is empty again.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (client->GetGroup("partial")->members_size() != 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_EQ(client->GetGroup("partial")->members_size(), 0);
+  EXPECT_TRUE(WaitUntil([&] {
+    absl::StatusOr<v1::GroupView> view = client->GetGroup("partial");
+    return view.ok() && view->members_size() == 0;
+  })) << "the timed-out join's rank was never given back";
 }
 
 // Collects a watch stream's events on a thread.
@@ -433,12 +468,10 @@ TEST_F(GroupTest, SigtermWithGroupsInUseLeavesExplicitlyAndExitsZero) {
   Recorder on_b(b_watch.get(), "graceful", "");
   // The pending join is recorded once node b knows the group and shows its member.
   auto observer = Connect(1);
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  for (absl::StatusOr<v1::GroupView> view = observer->GetGroup("never-full");
-       (!view.ok() || view->members_size() == 0) && absl::Now() < deadline;
-       view = observer->GetGroup("never-full")) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  ASSERT_TRUE(WaitUntil([&] {
+    absl::StatusOr<v1::GroupView> view = observer->GetGroup("never-full");
+    return view.ok() && view->members_size() > 0;
+  })) << "node b never showed the pending join's member";
   daemon_[1]->Signal(SIGTERM);
   // The fixture's grace period is 600 s: exiting here means nothing waited it out.
   EXPECT_EQ(daemon_[1]->WaitExit(absl::Seconds(60)), 0);
@@ -513,21 +546,52 @@ TEST_F(GroupTest, DynamicGroupSurvivesRankZeroLeaving) {
   EXPECT_EQ(view.phase(), "DYNAMIC");
 }
 
+// Store calls that node a (which serves the groups' store) answered for peers, by method.
+int64_t StoreCalls(Client* node_a, const std::string& method) {
+  absl::StatusOr<v1::StatusResponse> status = node_a->Status();
+  if (!status.ok()) return -1;
+  auto it = status->store().calls().find(method);
+  return it == status->store().calls().end() ? 0 : it->second;
+}
+
 TEST_F(GroupTest, BarrierReleasesOnlyWhenEveryMemberArrived) {
   ExpectFormed(JoinStatic("barrier", 3), 3);
+  // w1 (node b) and w2 (node c) arrive first. A barrier arrival is an Add on the group's
+  // store, which node a serves: its count of Add calls tells when both have arrived.
+  auto node_a = Connect(0);
+  const int64_t adds_before = StoreCalls(node_a.get(), "Add");
   std::atomic<int> released{0};
   std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 1; r <= 2; ++r) {
     threads.emplace_back([&, r] {
       if (clients_[r]->Barrier("barrier", absl::StrCat("w", r), absl::Seconds(30)).ok()) ++released;
     });
   }
+  EXPECT_TRUE(WaitUntil([&] { return StoreCalls(node_a.get(), "Add") >= adds_before + 2; }))
+      << "w1 and w2 never arrived at the barrier";
   // Two of three arrived: nobody may pass.
-  absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(released.load(), 0);
-  ASSERT_TRUE(clients_[2]->Barrier("barrier", "w2", absl::Seconds(30)).ok());
+  ASSERT_TRUE(clients_[0]->Barrier("barrier", "w0", absl::Seconds(30)).ok());
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(released.load(), 2);
+}
+
+TEST_F(GroupTest, BarrierTimesOutNamingTheRoundWhenAMemberNeverArrives) {
+  ExpectFormed(JoinStatic("late", 3), 3);
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = clients_[r]->Barrier("late", absl::StrCat("w", r), absl::Milliseconds(500));
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(500));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kDeadlineExceeded) << results[r];
+    EXPECT_THAT(results[r].message(), HasSubstr("barrier round 1 timed out waiting for all 3"));
+  }
 }
 
 TEST_F(GroupTest, StatusShowsGroupsMembersAndPeers) {

@@ -121,9 +121,11 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     if (Accepts(socket_path) && daemon->Output().find(" serving (pid") != std::string::npos) {
       return daemon;
     }
-    if (std::optional<int> code = daemon->WaitExit(absl::ZeroDuration())) {
+    std::optional<int> code = daemon->WaitExit(absl::ZeroDuration());
+    if (daemon->reaped_) {
       return absl::FailedPreconditionError(
-          absl::StrCat("tpd exited with code ", *code, ": ", daemon->Output()));
+          absl::StrCat("tpd ", code ? absl::StrCat("exited with code ", *code) : "was killed",
+                       " before it served: ", daemon->Output()));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -132,6 +134,23 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
 }
 
 DaemonProcess::~DaemonProcess() {
+  if (!reaped_) {
+    // Gone already? Then it crashed or exited while the test looked elsewhere.
+    if (std::optional<int> status = Reap(pid_, absl::ZeroDuration())) {
+      reaped_ = true;
+      if (!ExpectedEnd(*status)) {
+        const std::string output = Output();
+        constexpr size_t kTail = 4000;
+        ADD_FAILURE() << "tpd pid " << pid_ << " died unexpectedly ("
+                      << (WIFSIGNALED(*status) ? absl::StrCat("killed by signal ", WTERMSIG(*status),
+                                                              " (", strsignal(WTERMSIG(*status)),
+                                                              ")")
+                                               : absl::StrCat("exit code ", WEXITSTATUS(*status)))
+                      << ") before the test ended; the tail of its output:\n"
+                      << (output.size() > kTail ? output.substr(output.size() - kTail) : output);
+      }
+    }
+  }
   // A failed test shows what its daemons said: the first thing anyone debugging it needs.
   if (::testing::Test::HasFailure()) {
     std::fprintf(stderr, "---- tpd pid %d output ----\n%s---- end of pid %d ----\n", pid_,
@@ -144,7 +163,16 @@ DaemonProcess::~DaemonProcess() {
   unlink(log_path_.c_str());
 }
 
-void DaemonProcess::Signal(int signal) const { kill(pid_, signal); }
+void DaemonProcess::Signal(int signal) {
+  signals_sent_.insert(signal);
+  kill(pid_, signal);
+}
+
+bool DaemonProcess::ExpectedEnd(int status) const {
+  if (WIFSIGNALED(status)) return signals_sent_.count(WTERMSIG(status)) > 0;
+  const bool asked_to_stop = signals_sent_.count(SIGTERM) > 0 || signals_sent_.count(SIGINT) > 0;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 && asked_to_stop;
+}
 
 std::optional<int> DaemonProcess::WaitExit(absl::Duration timeout) {
   if (reaped_) return std::nullopt;

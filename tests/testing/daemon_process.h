@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,13 +55,20 @@ class DaemonProcess {
       const std::string& socket_path, const std::vector<std::string>& extra_args = {},
       const std::vector<std::string>& prefix = {});
 
-  // Sends SIGKILL if still running, and reaps.
+  // Sends SIGKILL if still running, and reaps. A daemon that is already gone although the
+  // test neither collected its exit (WaitExit) nor caused it (Signal) fails the running test
+  // (ADD_FAILURE, with the tail of its output): it crashed or exited after the test's last
+  // assertion, and that must not pass unseen. Exits the test caused: death by a signal it
+  // sent, or exit code 0 after it sent SIGTERM or SIGINT.
   ~DaemonProcess();
 
   pid_t pid() const { return pid_; }
-  void Signal(int signal) const;
+  // Sends `signal` to the daemon, and remembers it: the daemon's death by it, or its clean
+  // exit after SIGTERM/SIGINT, is then expected (see the destructor).
+  void Signal(int signal);
   // Waits for exit up to `timeout`; the exit code, or nullopt (still running, or killed by a
-  // signal). Collects the output written so far.
+  // signal). Once it has seen the exit, the exit is the test's to judge, never the
+  // destructor's. Collects the output written so far.
   std::optional<int> WaitExit(absl::Duration timeout);
   // Everything the daemon wrote to stdout and stderr until now.
   std::string Output() const;
@@ -68,9 +76,13 @@ class DaemonProcess {
  private:
   DaemonProcess(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
 
+  // Whether the raw wait status `status` is an end the test caused by its signals.
+  bool ExpectedEnd(int status) const;
+
   pid_t pid_;
   bool reaped_ = false;
   std::string log_path_;
+  std::set<int> signals_sent_;
 };
 
 }  // namespace tpd::testing
