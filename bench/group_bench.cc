@@ -19,8 +19,10 @@
 // the per-rank latency percentiles. Clients and daemons are torn down between rows.
 //
 // Diagnostics (stderr): --watch reports when the FORMED version reached a watcher on daemon 0
-// (agreement) as opposed to when the last rank had its answer; --heartbeat_trace polls the
-// other daemons' heartbeats in daemon 0's store. Both add a little load; the table in
+// (agreement) as opposed to when the last rank had its answer; --heartbeat_trace polls when
+// daemon 0 last saw each other daemon's heartbeat change (Admin.Status peers; the heartbeat
+// keys themselves are the daemons' own, out of clients' reach). Both add a little load; the
+// table in
 // docs/BENCHMARKS.md is measured without them.
 
 #include <sys/resource.h>
@@ -236,10 +238,8 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
     });
   }
 
-  // --heartbeat_trace: the other daemons' heartbeats as daemon 0's store sees them.
+  // --heartbeat_trace: the other daemons' heartbeats as daemon 0 sees them.
   struct Heartbeat {
-    std::string value;
-    absl::Time changed = absl::InfinitePast();
     absl::Time first_seen = absl::InfinitePast();
     absl::Duration longest = absl::ZeroDuration();
   };
@@ -255,20 +255,17 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
       while (!joins_done.load()) {
         longest_poll = std::max(longest_poll, absl::Now() - last_poll);
         last_poll = absl::Now();
-        for (int d = 1; d < daemon_count; ++d) {
-          const std::string key = absl::StrCat("tpd/node/bench-", world_size, "-node-", d);
-          absl::StatusOr<bool> present = heartbeat_reader->Check({key});
-          if (!present.ok() || !*present) continue;
-          absl::StatusOr<std::string> value = heartbeat_reader->Get(key);
-          if (!value.ok()) continue;
-          const absl::Time now = absl::Now();
-          Heartbeat& beat = heartbeats[d];
-          if (beat.first_seen == absl::InfinitePast()) beat.first_seen = now;
-          if (*value != beat.value) {
-            beat.value = *value;
-            beat.changed = now;
+        absl::StatusOr<tpd::v1::StatusResponse> status = heartbeat_reader->Status();
+        const absl::Time now = absl::Now();
+        for (int d = 1; d < daemon_count && status.ok(); ++d) {
+          const std::string node = absl::StrCat("bench-", world_size, "-node-", d);
+          for (const tpd::v1::PeerInfo& peer : status->peers()) {
+            if (peer.node() != node) continue;
+            Heartbeat& beat = heartbeats[d];
+            if (beat.first_seen == absl::InfinitePast()) beat.first_seen = now;
+            beat.longest =
+                std::max(beat.longest, now - absl::FromUnixMillis(peer.last_heartbeat_unix_ms()));
           }
-          beat.longest = std::max(beat.longest, now - beat.changed);
         }
         absl::SleepFor(absl::Milliseconds(100));
       }
@@ -412,12 +409,12 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
   for (int d = 1; d < daemon_count && absl::GetFlag(FLAGS_heartbeat_trace); ++d) {
     const Heartbeat& beat = heartbeats[d];
     if (beat.first_seen == absl::InfinitePast()) {
-      std::fprintf(stderr, "[%d ranks] heartbeat of node %d: never seen in daemon 0's store\n",
+      std::fprintf(stderr, "[%d ranks] heartbeat of node %d: never seen by daemon 0\n",
                    world_size, d);
       continue;
     }
     std::fprintf(stderr,
-                 "[%d ranks] heartbeat of node %d in daemon 0's store: first seen %.2f s after "
+                 "[%d ranks] heartbeat of node %d seen by daemon 0: first seen %.2f s after "
                  "the release, longest unchanged %.2f s\n",
                  world_size, d, Seconds(beat.first_seen - join_start), Seconds(beat.longest));
   }
