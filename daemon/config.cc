@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "store/file/path_policy.h"
 #include "store/remote/dial_networks.h"
 
 // Errors are values here too: toml++ reports parse failures in its result instead of throwing.
@@ -178,7 +179,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Int("max_key_bytes", &s.max_key_bytes),
           reader.Int("max_value_bytes", &s.max_value_bytes),
           reader.Int("max_keys_per_request", &s.max_keys_per_request),
-          reader.Int("max_waiters", &s.max_waiters), reader.NoUnknownKeys()}) {
+          reader.Int("max_waiters", &s.max_waiters),
+          reader.Int("max_namespace_bytes", &s.max_namespace_bytes), reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
   }
@@ -203,6 +205,14 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
     for (absl::Status status :
          {reader.Millis("default_join_timeout_ms", &config.group.default_join_timeout),
           reader.Int("cuda_device_count", &config.group.cuda_device_count),
+          reader.StringList("file_rendezvous_dirs", &config.group.file_rendezvous_dirs),
+          reader.Int("max_world_size", &config.group.max_world_size),
+          reader.Int("max_transports", &config.group.max_transports),
+          reader.Int("max_channels", &config.group.max_channels),
+          reader.Int("max_devices", &config.group.max_devices),
+          reader.Int("max_device_map_entries", &config.group.max_device_map_entries),
+          reader.Int("max_env_entries", &config.group.max_env_entries),
+          reader.Int("max_option_bytes", &config.group.max_option_bytes),
           reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
@@ -231,7 +241,43 @@ absl::StatusOr<Config> LoadConfig(const std::string& path) {
   return ParseConfig(text, path);
 }
 
+namespace {
+
+// [store] max_namespace_bytes and the [group] limits on what a local client may send
+// (issue 6; docs/security.md).
+absl::Status ValidateClientLimits(const Config& config) {
+  struct Limit {
+    const char* field;
+    int64_t value;
+    int64_t cap;
+  };
+  const GroupConfig& g = config.group;
+  const Limit limits[] = {
+      {"store.max_namespace_bytes", config.store.max_namespace_bytes, int64_t{1} << 20},
+      {"group.max_world_size", g.max_world_size, int64_t{1} << 24},
+      {"group.max_transports", g.max_transports, 1024},
+      {"group.max_channels", g.max_channels, 1024},
+      {"group.max_devices", g.max_devices, int64_t{1} << 16},
+      {"group.max_device_map_entries", g.max_device_map_entries, int64_t{1} << 16},
+      {"group.max_env_entries", g.max_env_entries, 4096},
+      {"group.max_option_bytes", g.max_option_bytes, 65536},
+  };
+  for (const Limit& limit : limits) {
+    if (limit.value < 1 || limit.value > limit.cap) {
+      return absl::InvalidArgumentError(absl::StrCat(limit.field, " must be 1..", limit.cap,
+                                                     ", got ", limit.value));
+    }
+  }
+  for (const std::string& dir : g.file_rendezvous_dirs) {
+    if (absl::Status status = store::ValidateRendezvousDir(dir); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateConfig(const Config& config) {
+  if (absl::Status status = ValidateClientLimits(config); !status.ok()) return status;
   auto positive = [](const char* field, int64_t value) -> absl::Status {
     if (value > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(field, " must be > 0, got ", value));

@@ -38,6 +38,7 @@ const std::vector<std::string>& AllOptions() {
       "store.max_value_bytes",
       "store.max_keys_per_request",
       "store.max_waiters",
+      "store.max_namespace_bytes",
       "peer.listen_address",
       "peer.token",
       "peer.node_name",
@@ -50,6 +51,14 @@ const std::vector<std::string>& AllOptions() {
       "peer.tls_ca_file",
       "group.default_join_timeout_ms",
       "group.cuda_device_count",
+      "group.file_rendezvous_dirs",
+      "group.max_world_size",
+      "group.max_transports",
+      "group.max_channels",
+      "group.max_devices",
+      "group.max_device_map_entries",
+      "group.max_env_entries",
+      "group.max_option_bytes",
   };
   return *options;
 }
@@ -80,6 +89,15 @@ void ExpectDefaultsExceptPaths(const Config& config) {
   EXPECT_EQ(config.store.max_value_bytes, defaults.store.max_value_bytes);
   EXPECT_EQ(config.store.max_keys_per_request, defaults.store.max_keys_per_request);
   EXPECT_EQ(config.store.max_waiters, defaults.store.max_waiters);
+  EXPECT_EQ(config.store.max_namespace_bytes, defaults.store.max_namespace_bytes);
+  EXPECT_EQ(config.group.file_rendezvous_dirs, defaults.group.file_rendezvous_dirs);
+  EXPECT_EQ(config.group.max_world_size, defaults.group.max_world_size);
+  EXPECT_EQ(config.group.max_transports, defaults.group.max_transports);
+  EXPECT_EQ(config.group.max_channels, defaults.group.max_channels);
+  EXPECT_EQ(config.group.max_devices, defaults.group.max_devices);
+  EXPECT_EQ(config.group.max_device_map_entries, defaults.group.max_device_map_entries);
+  EXPECT_EQ(config.group.max_env_entries, defaults.group.max_env_entries);
+  EXPECT_EQ(config.group.max_option_bytes, defaults.group.max_option_bytes);
   EXPECT_EQ(config.peer.auth_max_skew, defaults.peer.auth_max_skew);
   EXPECT_EQ(config.peer.dial_networks, defaults.peer.dial_networks);
   EXPECT_EQ(config.peer.tls_cert_file, defaults.peer.tls_cert_file);
@@ -491,6 +509,94 @@ TEST(ConfigTest, PeerPortWithoutTokenIsInvalidArgument) {
   absl::Status status = ValidateConfig(config);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), ::testing::HasSubstr("peer.token must be set"));
+}
+
+}  // namespace
+}  // namespace tpd
+
+// What a local client may send: the namespace limit, the file:// directories and the Join
+// limits (issue 6).
+namespace tpd {
+namespace {
+
+TEST(ConfigTest, ClientLimitsHaveTheDocumentedDefaults) {
+  const Config defaults;
+  EXPECT_EQ(defaults.store.max_namespace_bytes, 1024);
+  EXPECT_THAT(defaults.group.file_rendezvous_dirs,
+              ::testing::ElementsAre("/var/lib/tpd/rendezvous"));
+  EXPECT_EQ(defaults.group.max_world_size, 65536);
+  EXPECT_EQ(defaults.group.max_transports, 64);
+  EXPECT_EQ(defaults.group.max_channels, 64);
+  EXPECT_EQ(defaults.group.max_devices, 1024);
+  EXPECT_EQ(defaults.group.max_device_map_entries, 1024);
+  EXPECT_EQ(defaults.group.max_env_entries, 64);
+  EXPECT_EQ(defaults.group.max_option_bytes, 256);
+  EXPECT_TRUE(ValidateConfig(defaults).ok());
+}
+
+TEST(ConfigTest, ClientLimitsAreReadFromTheFile) {
+  absl::StatusOr<Config> config = ParseConfig(R"([store]
+max_namespace_bytes = 64
+
+[group]
+file_rendezvous_dirs = ["/shared/rdzv", "/var/lib/tpd/rendezvous"]
+max_world_size = 8
+max_transports = 3
+max_channels = 4
+max_devices = 5
+max_device_map_entries = 6
+max_env_entries = 7
+max_option_bytes = 9
+)",
+                                              "limits.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->store.max_namespace_bytes, 64);
+  EXPECT_THAT(config->group.file_rendezvous_dirs,
+              ::testing::ElementsAre("/shared/rdzv", "/var/lib/tpd/rendezvous"));
+  EXPECT_EQ(config->group.max_world_size, 8);
+  EXPECT_EQ(config->group.max_transports, 3);
+  EXPECT_EQ(config->group.max_channels, 4);
+  EXPECT_EQ(config->group.max_devices, 5);
+  EXPECT_EQ(config->group.max_device_map_entries, 6);
+  EXPECT_EQ(config->group.max_env_entries, 7);
+  EXPECT_EQ(config->group.max_option_bytes, 9);
+  EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
+
+  absl::StatusOr<Config> off = ParseConfig("[group]\nfile_rendezvous_dirs = []\n", "off.toml");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_TRUE(off->group.file_rendezvous_dirs.empty());
+  EXPECT_TRUE(ValidateConfig(*off).ok());
+}
+
+TEST(ConfigTest, ClientLimitsOutOfRangeNameTheField) {
+  struct Case {
+    const char* text;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"[store]\nmax_namespace_bytes = 0\n", "store.max_namespace_bytes"},
+      {"[store]\nmax_namespace_bytes = 1048577\n", "store.max_namespace_bytes"},
+      {"[group]\nmax_world_size = 0\n", "group.max_world_size"},
+      {"[group]\nmax_world_size = 1099511627776\n", "group.max_world_size"},
+      {"[group]\nmax_transports = -1\n", "group.max_transports"},
+      {"[group]\nmax_channels = 0\n", "group.max_channels"},
+      {"[group]\nmax_devices = 0\n", "group.max_devices"},
+      {"[group]\nmax_device_map_entries = 0\n", "group.max_device_map_entries"},
+      {"[group]\nmax_env_entries = 0\n", "group.max_env_entries"},
+      {"[group]\nmax_option_bytes = 0\n", "group.max_option_bytes"},
+      {"[group]\nfile_rendezvous_dirs = \"/var/lib/tpd\"\n", "file_rendezvous_dirs"},
+      {"[group]\nfile_rendezvous_dirs = [\"relative\"]\n", "group.file_rendezvous_dirs"},
+      {"[group]\nfile_rendezvous_dirs = [\"/\"]\n", "group.file_rendezvous_dirs"},
+      {"[group]\nfile_rendezvous_dirs = [\"/proc/self\"]\n", "group.file_rendezvous_dirs"},
+      {"[group]\nfile_rendezvous_dirs = [\"/a/../etc\"]\n", "group.file_rendezvous_dirs"},
+      {"[group]\nfile_rendezvous_dirs = [\"/a/\"]\n", "group.file_rendezvous_dirs"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Config> config = ParseConfig(c.text, "l.toml");
+    absl::Status status = config.ok() ? ValidateConfig(*config) : config.status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_THAT(status.message(), HasSubstr(c.field)) << c.text;
+  }
 }
 
 }  // namespace
