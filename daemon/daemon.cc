@@ -20,6 +20,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "store/file/path_policy.h"
 
 namespace tpd {
 namespace {
@@ -220,6 +221,16 @@ absl::Status Daemon::Serve() {
   if (!networks.ok()) return networks.status();  // ValidateConfig checked it
   groups.rendezvous.remote.dial_networks = *std::move(networks);
   groups.default_join_timeout = config_.group.default_join_timeout;
+  groups.rendezvous.file_dirs = config_.group.file_rendezvous_dirs;
+  // The default file:// directory is created when missing (as the unit's StateDirectory=
+  // does); other listed directories are the operator's. Failing only disables file:// there.
+  for (const std::string& dir : config_.group.file_rendezvous_dirs) {
+    if (dir != store::kDefaultFileRendezvousDir) continue;
+    if (absl::Status status = store::CreateRendezvousDir(dir); !status.ok()) {
+      DaemonLog().warn("[rendezvous {}] {}; file:// rendezvous under it fails until it exists",
+                       dir, std::string(status.message()));
+    }
+  }
   groups.tracker.heartbeat_interval = config_.peer.heartbeat_interval;
   groups.tracker.heartbeat_timeout = config_.peer.heartbeat_timeout;
   groups_ = std::make_unique<group::GroupManager>(std::move(groups));

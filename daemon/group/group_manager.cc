@@ -99,7 +99,8 @@ absl::Status GroupManager::CheckSession(const std::string& session_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GroupManager::Rendezvous> GroupManager::StoreFor(const store::InitMethod& method) {
+absl::StatusOr<GroupManager::Rendezvous> GroupManager::StoreFor(
+    const store::InitMethod& method, store::FileCreation creation) {
   const std::string name = store::RendezvousStoreName(method);
   {
     absl::MutexLock lock(&mu_);
@@ -109,7 +110,7 @@ absl::StatusOr<GroupManager::Rendezvous> GroupManager::StoreFor(const store::Ini
   // Opened outside the lock: a file store replays its whole log (maybe over NFS), a host name
   // is resolved, and the heartbeat threads must not wait for that.
   absl::StatusOr<std::unique_ptr<store::Store>> store =
-      store::OpenRendezvousStore(method, options_.rendezvous);
+      store::OpenRendezvousStore(method, options_.rendezvous, creation);
   if (!store.ok()) return store.status();
   absl::MutexLock lock(&mu_);
   // Another join may have opened the same store meanwhile: keep the first.
@@ -154,7 +155,7 @@ absl::StatusOr<GroupTracker*> GroupManager::Tracker(const std::string& group,
   absl::StatusOr<store::InitMethod> method =
       store::ParseInitMethod(init_method, std::nullopt, std::nullopt, {});
   if (!method.ok()) return method.status();
-  absl::StatusOr<Rendezvous> rdzv = StoreFor(*method);
+  absl::StatusOr<Rendezvous> rdzv = StoreFor(*method, store::FileCreation::kMustExist);
   if (!rdzv.ok()) return rdzv.status();
   absl::MutexLock lock(&mu_);
   return TrackerFor(name, *rdzv);
@@ -178,7 +179,7 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
     done(absl::InvalidArgumentError("Join needs a worker name"));
     return;
   }
-  absl::StatusOr<Rendezvous> rdzv = StoreFor(*method);
+  absl::StatusOr<Rendezvous> rdzv = StoreFor(*method, store::FileCreation::kCreate);
   if (!rdzv.ok()) {
     done(rdzv.status());
     return;

@@ -74,7 +74,9 @@ class GroupManager {
     std::string store_name;
     store::Store* store;
   };
-  absl::StatusOr<Rendezvous> StoreFor(const store::InitMethod& method);
+  // `creation`: only a Join may create a file:// store's file.
+  absl::StatusOr<Rendezvous> StoreFor(const store::InitMethod& method,
+                                      store::FileCreation creation);
   absl::StatusOr<GroupTracker*> TrackerFor(const std::string& group, const Rendezvous& rdzv)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckSession(const std::string& session_id);

@@ -27,13 +27,15 @@ std::string RendezvousStoreName(const InitMethod& method) {
 }
 
 absl::StatusOr<std::unique_ptr<Store>> OpenRendezvousStore(const InitMethod& method,
-                                                           const RendezvousOptions& options) {
+                                                           const RendezvousOptions& options,
+                                                           FileCreation creation) {
   switch (method.scheme) {
     case InitMethodScheme::kTcp:
     case InitMethodScheme::kEnv:
       return OpenRemoteRendezvousStore(method.host, method.port, options.remote);
     case InitMethodScheme::kFile: {
-      absl::StatusOr<std::unique_ptr<FileStore>> file = FileStore::Open(method.path);
+      absl::StatusOr<std::unique_ptr<FileStore>> file =
+          FileStore::OpenUnder(options.file_dirs, method.path, creation);
       if (!file.ok()) return file.status();
       return std::unique_ptr<Store>(*std::move(file));
     }

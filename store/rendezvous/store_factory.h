@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "store/file/path_policy.h"
 #include "store/remote/remote_rendezvous.h"
 #include "store/rendezvous/init_method.h"
 #include "store/store.h"
@@ -22,6 +23,9 @@ namespace tpd::store {
 struct RendezvousOptions {
   // tcp:// and env://.
   RemoteRendezvousOptions remote;
+  // file://: the directories a client's path must lie under (group.file_rendezvous_dirs;
+  // store/file/path_policy.h). Empty: no file:// rendezvous.
+  std::vector<std::string> file_dirs;
 };
 
 // The name of the store `method` names: one store per name is enough for every group in it
@@ -30,8 +34,11 @@ std::string RendezvousStoreName(const InitMethod& method);
 
 // Opens the store `method` names. UNIMPLEMENTED for etcd://; the backend's error otherwise
 // (PERMISSION_DENIED for a tcp:// host outside the dial networks, a file store's open error).
-absl::StatusOr<std::unique_ptr<Store>> OpenRendezvousStore(const InitMethod& method,
-                                                           const RendezvousOptions& options);
+// `creation` says whether a file:// store's file may be created (Join) or must already exist
+// (GetGroup, WatchGroup: NOT_FOUND, nothing created).
+absl::StatusOr<std::unique_ptr<Store>> OpenRendezvousStore(
+    const InitMethod& method, const RendezvousOptions& options,
+    FileCreation creation = FileCreation::kMustExist);
 
 }  // namespace tpd::store
 

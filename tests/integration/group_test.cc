@@ -53,6 +53,7 @@ class GroupTest : public ::testing::Test {
         absl::StrCat("[peer]\nlisten_address = \"", listen, "\"\ntoken = \"secret\"\n",
                      "node_name = \"", name, "\"\nheartbeat_interval_ms = 100\n",
                      "heartbeat_timeout_ms = 1000\n[group]\ncuda_device_count = 2\n",
+                     "file_rendezvous_dirs = [\"", dir_.path(), "\"]\n",
                      "[daemon]\nshutdown_grace_ms = 600000\n"));
     auto daemon = DaemonProcess::Start(socket_[i], {"--config", config});
     ASSERT_TRUE(daemon.ok()) << daemon.status();

@@ -3,6 +3,8 @@
 
 #include "store/rendezvous/store_factory.h"
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -55,6 +57,28 @@ TEST(StoreFactoryTest, TcpInsideOpensARemoteStoreLazily) {
       OpenRendezvousStore(Parse("tcp://127.0.0.1:1"), options);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->Set("k", "v").code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(StoreFactoryTest, FileOpensAFileStoreUnderTheAllowedDirectories) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  const std::string path = absl::StrCat(dir, "/factory-", getpid());
+  RendezvousOptions options = Options({});
+  options.file_dirs = {dir};
+  // Only a Join creates the file.
+  EXPECT_EQ(OpenRendezvousStore(Parse(absl::StrCat("file://", path)), options).status().code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenRendezvousStore(
+      Parse(absl::StrCat("file://", path)), options, FileCreation::kCreate);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("k", "v").ok());
+  unlink(path.c_str());
+  // Outside them: refused, naming the setting.
+  options.file_dirs = {absl::StrCat(dir, "/elsewhere")};
+  absl::StatusOr<std::unique_ptr<Store>> outside = OpenRendezvousStore(
+      Parse(absl::StrCat("file://", path)), options, FileCreation::kCreate);
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(outside.status().message(), HasSubstr("group.file_rendezvous_dirs"));
 }
 
 }  // namespace
