@@ -9,6 +9,7 @@ PACKAGES=(
   protobuf-compiler libprotobuf-dev
   protobuf-compiler-grpc libgrpc++-dev grpc-proto
   libabsl-dev
+  libssl-dev               # libcrypto: the HMAC of peer calls (store/remote/peer_mac)
   libspdlog-dev libfmt-dev
   libtomlplusplus-dev
   libtensorpipe-dev
@@ -16,6 +17,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3                  # tools/count_tests.py
   iproute2                 # ip netns, for tests/integration/netns_test
+  openssl                  # certificates for tests/integration/peer_test's mutual TLS
 )
 
 missing=()
