@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "store/summarize.h"
 
 namespace tpd::store {
 namespace {
@@ -113,8 +114,9 @@ bool NetworkList::Contains(const sockaddr* address) const {
 }
 
 std::string NetworkList::ToString() const {
-  return absl::StrJoin(networks_, ", ",
-                       [](std::string* out, const Network& n) { out->append(n.text); });
+  // In messages: the first networks, then "... and N more".
+  return JoinSummarized(networks_, ", ",
+                        [](std::string* out, const Network& n) { out->append(n.text); });
 }
 
 absl::StatusOr<std::string> ResolveDialAddress(const std::string& host, int port,

@@ -35,7 +35,8 @@ class NetworkList {
   // lies inside one of the networks.
   bool Contains(const sockaddr* address) const;
 
-  // The networks as configured, comma-separated.
+  // The networks as configured, comma-separated, for messages: at most 10, then "... and N
+  // more" (store/summarize.h).
   std::string ToString() const;
 
  private:
