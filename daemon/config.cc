@@ -205,6 +205,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
     for (absl::Status status :
          {reader.Millis("default_join_timeout_ms", &config.group.default_join_timeout),
           reader.Int("cuda_device_count", &config.group.cuda_device_count),
+          reader.Int("max_groups", &config.group.max_groups),
+          reader.Millis("idle_group_release_ms", &config.group.idle_group_release),
           reader.StringList("file_rendezvous_dirs", &config.group.file_rendezvous_dirs),
           reader.Int("max_world_size", &config.group.max_world_size),
           reader.Int("max_transports", &config.group.max_transports),
@@ -292,7 +294,10 @@ absl::Status ValidateConfig(const Config& config) {
         positive("peer.heartbeat_interval_ms",
                  absl::ToInt64Milliseconds(config.peer.heartbeat_interval)),
         positive("group.default_join_timeout_ms",
-                 absl::ToInt64Milliseconds(config.group.default_join_timeout))}) {
+                 absl::ToInt64Milliseconds(config.group.default_join_timeout)),
+        positive("group.max_groups", config.group.max_groups),
+        positive("group.idle_group_release_ms",
+                 absl::ToInt64Milliseconds(config.group.idle_group_release))}) {
     if (!status.ok()) return status;
   }
   // gRPC's own message limit is derived from these, so they are capped well below overflow.

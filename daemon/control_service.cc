@@ -161,9 +161,11 @@ grpc::ServerUnaryReactor* ControlService::GetGroup(grpc::CallbackServerContext* 
     finish(checked);
     return reactor;
   }
-  absl::StatusOr<v1::GroupView> view = groups_->GetGroup(request->group(), request->init_method());
-  if (view.ok()) *response = *std::move(view);
-  finish(view.status());
+  groups_->GetGroup(request->group(), request->init_method(),
+                    [finish, response](absl::StatusOr<v1::GroupView> view) {
+                      if (view.ok()) *response = *std::move(view);
+                      finish(view.status());
+                    });
   return reactor;
 }
 
@@ -179,7 +181,7 @@ grpc::ServerWriteReactor<v1::GroupEvent>* ControlService::WatchGroup(
     return reactor;
   }
   auto sink = std::make_shared<StreamSink<v1::GroupEvent>>();
-  absl::StatusOr<group::GroupTracker*> tracker =
+  absl::StatusOr<std::shared_ptr<group::GroupTracker>> tracker =
       groups_->Tracker(request->group(), request->init_method());
   std::shared_ptr<group::GroupWatcher> watcher;
   int64_t stream = -1;

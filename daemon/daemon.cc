@@ -133,7 +133,8 @@ Daemon::Daemon(const Config& config, std::string socket_path, std::unique_ptr<So
       lock_(std::move(lock)),
       start_time_(absl::Now()),
       store_(StoreOptions(config.store)),
-      store_service_(&store_, config_.store, &store_calls_),
+      client_store_(&store_),
+      store_service_(&client_store_, config_.store, &store_calls_),
       peer_auth_(PeerAuthFor(config_.peer), start_time_),
       peer_store_service_(&store_, config_.store, &store_calls_, &peer_auth_) {}
 
@@ -221,6 +222,8 @@ absl::Status Daemon::Serve() {
   if (!networks.ok()) return networks.status();  // ValidateConfig checked it
   groups.rendezvous.remote.dial_networks = *std::move(networks);
   groups.default_join_timeout = config_.group.default_join_timeout;
+  groups.max_groups = config_.group.max_groups;
+  groups.idle_release = config_.group.idle_group_release;
   groups.rendezvous.file_dirs = config_.group.file_rendezvous_dirs;
   // The default file:// directory is created when missing (as the unit's StateDirectory=
   // does); other listed directories are the operator's. Failing only disables file:// there.

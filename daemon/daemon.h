@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "daemon/admin_service.h"
 #include "daemon/call_stats.h"
+#include "daemon/client_store.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
 #include "daemon/group/group_manager.h"
@@ -69,6 +70,8 @@ class Daemon {
   std::atomic<bool> serving_{false};
 
   store::MemoryStore store_;
+  // store_ as local clients reach it through the Store service: without the daemon's keys.
+  ClientStore client_store_;
   CallStats store_calls_;
   CallStats control_calls_;
   InFlightCalls in_flight_;

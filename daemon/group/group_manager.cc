@@ -1,6 +1,9 @@
 #include "daemon/group/group_manager.h"
 
+#include <algorithm>
+#include <atomic>
 #include <random>
+#include <system_error>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -25,34 +28,82 @@ GroupManager::GroupManager(GroupManagerOptions options) : options_(std::move(opt
   node_.name = options_.node_name;
   node_.device_count = options_.device_count;
   node_.incarnation = NewIncarnation();
+  reaper_ = std::thread([this] { ReapLoop(); });
+}
+
+GroupManager::StoreEntry::~StoreEntry() {
+  // Shutdown may have stopped the heartbeat already (it holds a reference while it does).
+  if (!stop.HasBeenNotified()) stop.Notify();
+  if (heartbeat.joinable()) heartbeat.join();
 }
 
 GroupManager::~GroupManager() { Shutdown(); }
 
 void GroupManager::Shutdown() {
+  std::vector<std::shared_ptr<GroupTracker>> live;
+  std::vector<std::shared_ptr<StoreEntry>> stores;
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return;
     shut_down_ = true;
     sessions_.clear();
+    for (auto& [name, entry] : trackers_) live.push_back(entry.tracker);
+    for (auto& [name, weak] : stores_) {
+      if (std::shared_ptr<StoreEntry> entry = weak.lock()) stores.push_back(std::move(entry));
+    }
   }
-  std::vector<GroupTracker*> live;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [name, tracker] : trackers_) live.push_back(tracker.get());
-  }
-  // Trackers stay allocated until the destructor: streams still closing may refer to them.
-  // They leave in parallel: each may wait on its own store.
+  stop_reaper_.Notify();
+  if (reaper_.joinable()) reaper_.join();
+  // Trackers leave in parallel (each may wait on its own store), on a bounded number of
+  // threads: a daemon following a thousand groups must not need a thousand more to stop.
+  std::atomic<size_t> next{0};
+  auto leave = [&live, &next] {
+    for (size_t i = next++; i < live.size(); i = next++) live[i]->Shutdown();
+  };
   std::vector<std::thread> leaving;
-  for (GroupTracker* tracker : live) leaving.emplace_back([tracker] { tracker->Shutdown(); });
-  for (std::thread& thread : leaving) thread.join();
-  stop_heartbeat_.Notify();
-  std::vector<std::thread> heartbeats;
-  {
-    absl::MutexLock lock(&mu_);
-    heartbeats = std::move(heartbeats_);
+  for (size_t i = 0; i < std::min<size_t>(live.size(), 8); ++i) {
+    try {
+      leaving.emplace_back(leave);
+    } catch (const std::system_error&) {
+      break;  // out of threads: the ones started, and this one, do the rest
+    }
   }
-  for (std::thread& thread : heartbeats) thread.join();
+  leave();
+  for (std::thread& thread : leaving) thread.join();
+  // Trackers stay allocated while streams still closing refer to them; heartbeats stop now.
+  for (const std::shared_ptr<StoreEntry>& entry : stores) entry->stop.Notify();
+}
+
+void GroupManager::ReapLoop() {
+  const absl::Duration period =
+      std::clamp(options_.idle_release / 4, absl::Milliseconds(10), absl::Seconds(5));
+  while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
+    std::vector<std::shared_ptr<GroupTracker>> released;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      for (auto it = trackers_.begin(); it != trackers_.end();) {
+        if (now - it->second.last_used >= options_.idle_release && it->second.tracker->Idle()) {
+          DaemonLog().info("[group {}] [store {}] released: no local member, watcher or call "
+                           "for {}",
+                           it->first, it->second.store_name,
+                           absl::FormatDuration(options_.idle_release));
+          released.push_back(std::move(it->second.tracker));
+          it = trackers_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    // Stopped outside the lock (a worker may be finishing a store call); freed, with the
+    // store once its last group goes, when the last reference is dropped.
+    for (const std::shared_ptr<GroupTracker>& tracker : released) tracker->Stop();
+  }
+}
+
+size_t GroupManager::group_count() {
+  absl::MutexLock lock(&mu_);
+  return trackers_.size();
 }
 
 void GroupManager::Reincarnate() {
@@ -62,11 +113,12 @@ void GroupManager::Reincarnate() {
                    incarnation);
 }
 
-void GroupManager::HeartbeatTo(store::Store* store) {
+void GroupManager::HeartbeatTo(StoreEntry* entry) {
   const std::string key = HeartbeatKey(node_.name);
   int64_t counter = 0;
-  while (!stop_heartbeat_.WaitForNotificationWithTimeout(options_.tracker.heartbeat_interval)) {
-    (void)store->Set(key, HeartbeatValue(node_.incarnation.load(), ++counter));
+  while (!entry->stop.WaitForNotificationWithTimeout(options_.tracker.heartbeat_interval)) {
+    // A lost beat is retried at the next tick; peers only judge silence past the window.
+    (void)entry->store->Set(key, HeartbeatValue(node_.incarnation.load(), ++counter));
   }
 }
 
@@ -80,13 +132,28 @@ std::string GroupManager::OpenSession(const std::string& client) {
 }
 
 void GroupManager::EndSession(const std::string& session_id) {
-  std::vector<GroupTracker*> trackers;
+  std::vector<std::shared_ptr<GroupTracker>> trackers;
   {
     absl::MutexLock lock(&mu_);
     if (sessions_.erase(session_id) == 0) return;
-    for (auto& [key, tracker] : trackers_) trackers.push_back(tracker.get());
+    for (auto& [name, entry] : trackers_) trackers.push_back(entry.tracker);
   }
-  for (GroupTracker* tracker : trackers) tracker->EndSession(session_id);
+  for (const std::shared_ptr<GroupTracker>& tracker : trackers) tracker->EndSession(session_id);
+}
+
+std::vector<std::shared_ptr<GroupTracker>> GroupManager::AllTrackers() {
+  std::vector<std::shared_ptr<GroupTracker>> trackers;
+  absl::MutexLock lock(&mu_);
+  for (auto& [name, entry] : trackers_) trackers.push_back(entry.tracker);
+  return trackers;
+}
+
+std::shared_ptr<GroupTracker> GroupManager::Known(const std::string& group) {
+  absl::MutexLock lock(&mu_);
+  auto it = trackers_.find(GroupName(group));
+  if (it == trackers_.end()) return nullptr;
+  it->second.last_used = absl::Now();
+  return it->second.tracker;
 }
 
 absl::Status GroupManager::CheckSession(const std::string& session_id) {
@@ -99,66 +166,101 @@ absl::Status GroupManager::CheckSession(const std::string& session_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GroupManager::Rendezvous> GroupManager::StoreFor(
+absl::StatusOr<std::shared_ptr<GroupManager::StoreEntry>> GroupManager::StoreFor(
     const store::InitMethod& method, store::FileCreation creation) {
   const std::string name = store::RendezvousStoreName(method);
   {
     absl::MutexLock lock(&mu_);
     auto it = stores_.find(name);
-    if (it != stores_.end()) return Rendezvous{name, it->second.get()};
+    if (it != stores_.end()) {
+      if (std::shared_ptr<StoreEntry> entry = it->second.lock()) return entry;
+    }
   }
   // Opened outside the lock: a file store replays its whole log (maybe over NFS), a host name
   // is resolved, and the heartbeat threads must not wait for that.
   absl::StatusOr<std::unique_ptr<store::Store>> store =
       store::OpenRendezvousStore(method, options_.rendezvous, creation);
   if (!store.ok()) return store.status();
+  auto entry = std::make_shared<StoreEntry>();
+  entry->name = name;
+  entry->store = *std::move(store);
+  absl::StatusOr<std::unique_ptr<GroupWorker>> worker = GroupWorker::Start(name);
+  if (!worker.ok()) return worker.status();
+  entry->worker = *std::move(worker);
   absl::MutexLock lock(&mu_);
-  // Another join may have opened the same store meanwhile: keep the first.
-  auto [it, inserted] = stores_.try_emplace(name, *std::move(store));
-  if (inserted && !shut_down_) {
-    store::Store* raw = it->second.get();
-    heartbeats_.emplace_back([this, raw] { HeartbeatTo(raw); });
-  }
-  return Rendezvous{name, it->second.get()};
-}
-
-absl::StatusOr<GroupTracker*> GroupManager::TrackerFor(const std::string& group,
-                                                       const Rendezvous& rdzv) {
   if (shut_down_) return absl::UnavailableError("the tpd daemon is shutting down");
-  auto known = tracker_store_.find(group);
-  if (known != tracker_store_.end() && known->second != rdzv.store_name) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group ", group, " is already in use on this daemon through ", known->second,
-                     "; name groups in ", rdzv.store_name, " differently"));
+  // Another join may have opened the same store meanwhile: keep the first.
+  std::weak_ptr<StoreEntry>& slot = stores_[name];
+  if (std::shared_ptr<StoreEntry> first = slot.lock()) return first;
+  try {
+    entry->heartbeat = std::thread([this, raw = entry.get()] { HeartbeatTo(raw); });
+  } catch (const std::system_error& error) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot start a heartbeat thread for rendezvous store ", name, ": ", error.what()));
   }
-  std::unique_ptr<GroupTracker>& tracker = trackers_[group];
-  if (tracker == nullptr) {
-    tracker = std::make_unique<GroupTracker>(group, rdzv.store_name, rdzv.store, &node_,
-                                             options_.tracker, [this] { Reincarnate(); });
-    tracker_store_[group] = rdzv.store_name;
+  slot = entry;
+  // Forget stores that closed since (the map holds only weak references).
+  for (auto it = stores_.begin(); it != stores_.end();) {
+    it = it->second.expired() ? stores_.erase(it) : std::next(it);
   }
-  return tracker.get();
+  return entry;
 }
 
-absl::StatusOr<GroupTracker*> GroupManager::Tracker(const std::string& group,
-                                                    const std::string& init_method) {
-  const std::string name = GroupName(group);
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = trackers_.find(name);
-    if (it != trackers_.end()) return it->second.get();
+absl::StatusOr<std::shared_ptr<GroupTracker>> GroupManager::TrackerFor(
+    const std::string& group, std::shared_ptr<StoreEntry> entry) {
+  if (shut_down_) return absl::UnavailableError("the tpd daemon is shutting down");
+  auto it = trackers_.find(group);
+  if (it != trackers_.end()) {
+    if (it->second.store_name != entry->name) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group ", group, " is already in use on this daemon through ", it->second.store_name,
+          "; name groups in ", entry->name, " differently (an unused group is released after ",
+          absl::FormatDuration(options_.idle_release), ")"));
+    }
+    it->second.last_used = absl::Now();
+    return it->second.tracker;
   }
+  if (static_cast<int64_t>(trackers_.size()) >= options_.max_groups) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this daemon already follows ", trackers_.size(), " groups; the limit group.max_groups is ",
+        options_.max_groups, " (groups without local members or watchers are released after ",
+        absl::FormatDuration(options_.idle_release), ")"));
+  }
+  // The tracker keeps its store open: the deleter holds the entry until the tracker is gone.
+  std::shared_ptr<GroupTracker> tracker(
+      new GroupTracker(group, entry->name, entry->store.get(), entry->worker.get(), &node_,
+                       options_.tracker, [this] { Reincarnate(); }),
+      [entry](GroupTracker* doomed) { delete doomed; });
+  trackers_[group] = TrackerEntry{tracker, entry->name, absl::Now()};
+  return tracker;
+}
+
+absl::StatusOr<std::shared_ptr<GroupTracker>> GroupManager::Tracker(
+    const std::string& group, const std::string& init_method) {
+  const std::string name = GroupName(group);
   if (init_method.empty()) {
+    if (std::shared_ptr<GroupTracker> known = Known(name)) return known;
     return absl::NotFoundError(absl::StrCat("this daemon does not know group ", name,
                                             "; give its init_method to look it up"));
   }
   absl::StatusOr<store::InitMethod> method =
       store::ParseInitMethod(init_method, std::nullopt, std::nullopt, {});
   if (!method.ok()) return method.status();
-  absl::StatusOr<Rendezvous> rdzv = StoreFor(*method, store::FileCreation::kMustExist);
-  if (!rdzv.ok()) return rdzv.status();
+  {
+    // A group already followed is answered without opening its store again; a lookup through
+    // another store is refused by TrackerFor, and does not count as using the group.
+    absl::MutexLock lock(&mu_);
+    auto it = trackers_.find(name);
+    if (it != trackers_.end() && it->second.store_name == store::RendezvousStoreName(*method)) {
+      it->second.last_used = absl::Now();
+      return it->second.tracker;
+    }
+  }
+  absl::StatusOr<std::shared_ptr<StoreEntry>> entry =
+      StoreFor(*method, store::FileCreation::kMustExist);
+  if (!entry.ok()) return entry.status();
   absl::MutexLock lock(&mu_);
-  return TrackerFor(name, *rdzv);
+  return TrackerFor(name, *std::move(entry));
 }
 
 void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone done) {
@@ -179,12 +281,13 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
     done(absl::InvalidArgumentError("Join needs a worker name"));
     return;
   }
-  absl::StatusOr<Rendezvous> rdzv = StoreFor(*method, store::FileCreation::kCreate);
-  if (!rdzv.ok()) {
-    done(rdzv.status());
+  absl::StatusOr<std::shared_ptr<StoreEntry>> entry =
+      StoreFor(*method, store::FileCreation::kCreate);
+  if (!entry.ok()) {
+    done(entry.status());
     return;
   }
-  absl::StatusOr<GroupTracker*> tracker;
+  absl::StatusOr<std::shared_ptr<GroupTracker>> tracker;
   {
     // The session is checked again under the same lock that creates the tracker: EndSession
     // erases the session and lists the trackers under it, so either this join sees the
@@ -193,7 +296,7 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
     if (sessions_.count(request.session_id()) == 0) {
       tracker = absl::CancelledError("the client's session ended during the join");
     } else {
-      tracker = TrackerFor(GroupName(request.group()), *rdzv);
+      tracker = TrackerFor(GroupName(request.group()), *std::move(entry));
     }
   }
   if (!tracker.ok()) {
@@ -211,13 +314,9 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
 }
 
 void GroupManager::CancelJoin(const v1::JoinRequest& request) {
-  GroupTracker* tracker = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = trackers_.find(GroupName(request.group()));
-    if (it != trackers_.end()) tracker = it->second.get();
+  if (std::shared_ptr<GroupTracker> tracker = Known(request.group())) {
+    tracker->CancelJoin(request.session_id(), request.name());
   }
-  if (tracker != nullptr) tracker->CancelJoin(request.session_id(), request.name());
 }
 
 void GroupManager::Leave(const v1::LeaveRequest& request,
@@ -226,7 +325,7 @@ void GroupManager::Leave(const v1::LeaveRequest& request,
     done(status);
     return;
   }
-  absl::StatusOr<GroupTracker*> tracker = Tracker(request.group(), "");
+  absl::StatusOr<std::shared_ptr<GroupTracker>> tracker = Tracker(request.group(), "");
   if (!tracker.ok()) {
     done(tracker.status());
     return;
@@ -239,7 +338,7 @@ void GroupManager::Barrier(const v1::BarrierRequest& request, GroupTracker::Done
     done(status);
     return;
   }
-  absl::StatusOr<GroupTracker*> tracker = Tracker(request.group(), "");
+  absl::StatusOr<std::shared_ptr<GroupTracker>> tracker = Tracker(request.group(), "");
   if (!tracker.ok()) {
     done(tracker.status());
     return;
@@ -249,36 +348,27 @@ void GroupManager::Barrier(const v1::BarrierRequest& request, GroupTracker::Done
   (*tracker)->Barrier(request.session_id(), request.name(), absl::Now() + timeout, std::move(done));
 }
 
-absl::StatusOr<v1::GroupView> GroupManager::GetGroup(const std::string& group,
-                                                     const std::string& init_method) {
-  absl::StatusOr<GroupTracker*> tracker = Tracker(group, init_method);
-  if (!tracker.ok()) return tracker.status();
-  return (*tracker)->View();
+void GroupManager::GetGroup(const std::string& group, const std::string& init_method,
+                            GroupTracker::ViewDone done) {
+  absl::StatusOr<std::shared_ptr<GroupTracker>> tracker = Tracker(group, init_method);
+  if (!tracker.ok()) {
+    done(tracker.status());
+    return;
+  }
+  (*tracker)->GetView(std::move(done));
 }
 
 std::vector<v1::GroupView> GroupManager::ListGroups() {
-  std::vector<GroupTracker*> trackers;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [name, tracker] : trackers_) trackers.push_back(tracker.get());
-  }
   std::vector<v1::GroupView> views;
-  for (GroupTracker* tracker : trackers) views.push_back(tracker->View());
+  for (const std::shared_ptr<GroupTracker>& tracker : AllTrackers()) {
+    views.push_back(tracker->View());
+  }
   return views;
 }
 
-}  // namespace tpd::group
-
-namespace tpd::group {
-
 std::map<std::string, absl::Time> GroupManager::PeerHeartbeats() {
-  std::vector<GroupTracker*> trackers;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [name, tracker] : trackers_) trackers.push_back(tracker.get());
-  }
   std::map<std::string, absl::Time> peers;
-  for (GroupTracker* tracker : trackers) {
+  for (const std::shared_ptr<GroupTracker>& tracker : AllTrackers()) {
     for (const auto& [node, seen] : tracker->PeerHeartbeats()) {
       peers[node] = std::max(peers[node], seen);
     }

@@ -6,9 +6,15 @@
 // whether an address is "self" is never guessed from host names (0.0.0.0, 127.0.0.2, ...),
 // so every daemon of a group sees one store.
 //
-// Thread safety: thread-safe. One heartbeat thread per store (a slow or unreachable store
-// must not delay the heartbeats written to the others); trackers own their workers; the
-// rest runs on the callers' (gRPC) threads.
+// Nothing lives forever: a group with no local member, watcher or call in progress for
+// `idle_release` is released (its tracker and worker stop), and a store no group uses any
+// more is closed with its heartbeat thread. At most `max_groups` groups are followed at once
+// (RESOURCE_EXHAUSTED past that, and when a thread cannot be started).
+//
+// Thread safety: thread-safe. Per rendezvous store in use: one GroupWorker thread running
+// all its groups, and one heartbeat thread (a slow or unreachable store must not delay the
+// heartbeats written to the others, nor its groups those of other stores); one reaper
+// thread; the rest runs on the callers' (gRPC) threads.
 
 #ifndef TPD_DAEMON_GROUP_GROUP_MANAGER_H_
 #define TPD_DAEMON_GROUP_GROUP_MANAGER_H_
@@ -39,6 +45,10 @@ struct GroupManagerOptions {
   store::RendezvousOptions rendezvous;
   absl::Duration default_join_timeout = absl::Seconds(300);
   TrackerOptions tracker;
+  // Groups followed at once (each costs a worker thread and its store's connection).
+  int64_t max_groups = 1024;
+  // How long a group stays after its last local member, watcher or call.
+  absl::Duration idle_release = absl::Seconds(60);
 };
 
 class GroupManager {
@@ -57,9 +67,15 @@ class GroupManager {
   void Leave(const v1::LeaveRequest& request,
              absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done);
   void Barrier(const v1::BarrierRequest& request, GroupTracker::Done done);
-  absl::StatusOr<v1::GroupView> GetGroup(const std::string& group, const std::string& init_method);
-  // The tracker of `group`, created from `init_method` when this daemon has none yet.
-  absl::StatusOr<GroupTracker*> Tracker(const std::string& group, const std::string& init_method);
+  // Answers once this daemon has read the group from its store (never blocks the caller).
+  void GetGroup(const std::string& group, const std::string& init_method,
+                GroupTracker::ViewDone done);
+  // The tracker of `group`, created from `init_method` when this daemon has none yet. The
+  // caller's reference keeps it alive (a released group's tracker is stopped, not freed).
+  absl::StatusOr<std::shared_ptr<GroupTracker>> Tracker(const std::string& group,
+                                                        const std::string& init_method);
+  // Groups this daemon follows now.
+  size_t group_count();
   std::vector<v1::GroupView> ListGroups();
   // Other nodes seen in this daemon's groups, with when their heartbeat last changed.
   std::map<std::string, absl::Time> PeerHeartbeats();
@@ -70,18 +86,37 @@ class GroupManager {
   const Node& node() const { return node_; }
 
  private:
-  struct Rendezvous {
-    std::string store_name;
-    store::Store* store;
+  // A rendezvous store in use and the heartbeat this node writes into it. The trackers of its
+  // groups share it; the last one to go closes it (the destructor stops the heartbeat).
+  struct StoreEntry {
+    ~StoreEntry();
+    std::string name;  // "tcp://h:p", "file:///p"
+    std::unique_ptr<store::Store> store;
+    // Runs the steps of every group of this store (declared after `store`: it goes first).
+    std::unique_ptr<GroupWorker> worker;
+    absl::Notification stop;
+    std::thread heartbeat;
   };
+  struct TrackerEntry {
+    std::shared_ptr<GroupTracker> tracker;
+    std::string store_name;
+    absl::Time last_used;
+  };
+
   // `creation`: only a Join may create a file:// store's file.
-  absl::StatusOr<Rendezvous> StoreFor(const store::InitMethod& method,
-                                      store::FileCreation creation);
-  absl::StatusOr<GroupTracker*> TrackerFor(const std::string& group, const Rendezvous& rdzv)
+  absl::StatusOr<std::shared_ptr<StoreEntry>> StoreFor(const store::InitMethod& method,
+                                                       store::FileCreation creation);
+  absl::StatusOr<std::shared_ptr<GroupTracker>> TrackerFor(const std::string& group,
+                                                           std::shared_ptr<StoreEntry> entry)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tracker of a group this daemon already follows, or nullptr.
+  std::shared_ptr<GroupTracker> Known(const std::string& group);
+  std::vector<std::shared_ptr<GroupTracker>> AllTrackers();
   absl::Status CheckSession(const std::string& session_id);
-  // Writes this node's heartbeat into `store` until Shutdown.
-  void HeartbeatTo(store::Store* store);
+  // Writes this node's heartbeat into `entry`'s store until it closes or Shutdown.
+  void HeartbeatTo(StoreEntry* entry);
+  // Releases idle groups, every idle_release / 4, until Shutdown.
+  void ReapLoop();
   void Reincarnate();
 
   const GroupManagerOptions options_;
@@ -89,14 +124,12 @@ class GroupManager {
 
   absl::Mutex mu_;
   std::map<std::string, std::string> sessions_ ABSL_GUARDED_BY(mu_);  // id -> client
-  std::map<std::string, std::unique_ptr<store::Store>> stores_ ABSL_GUARDED_BY(mu_);
-  // By store name, then group name.
-  std::map<std::string, std::unique_ptr<GroupTracker>> trackers_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> tracker_store_ ABSL_GUARDED_BY(mu_);  // group -> store
+  std::map<std::string, std::weak_ptr<StoreEntry>> stores_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, TrackerEntry> trackers_ ABSL_GUARDED_BY(mu_);  // by group name
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 
-  absl::Notification stop_heartbeat_;
-  std::vector<std::thread> heartbeats_ ABSL_GUARDED_BY(mu_);
+  absl::Notification stop_reaper_;
+  std::thread reaper_;
 };
 
 }  // namespace tpd::group

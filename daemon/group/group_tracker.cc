@@ -28,7 +28,8 @@ constexpr absl::Duration kErrorLogInterval = absl::Seconds(30);
 }  // namespace
 
 GroupTracker::GroupTracker(std::string group, std::string store_name, store::Store* root,
-                           Node* node, TrackerOptions options, std::function<void()> on_evicted)
+                           GroupWorker* worker, Node* node, TrackerOptions options,
+                           std::function<void()> on_evicted)
     : group_(group),
       store_name_(std::move(store_name)),
       root_(root),
@@ -36,10 +37,11 @@ GroupTracker::GroupTracker(std::string group, std::string store_name, store::Sto
       log_(&group_store_, group),
       node_(node),
       options_(options),
-      on_evicted_(std::move(on_evicted)) {
+      on_evicted_(std::move(on_evicted)),
+      worker_(worker) {
   latest_.mutable_view()->set_group(group_);
   latest_.mutable_view()->set_phase(kEmpty);
-  worker_ = std::thread([this] { WorkerLoop(); });
+  worker_->Add(this);
 }
 
 GroupTracker::~GroupTracker() { Stop(); }
@@ -50,7 +52,7 @@ void GroupTracker::Stop() {
     if (stopped_) return;
     stop_ = true;
   }
-  if (worker_.joinable()) worker_.join();
+  worker_->Remove(this);
   bool armed;
   store::WaitId version_wait;
   std::vector<store::WaitId> barrier_waits;
@@ -74,6 +76,7 @@ void GroupTracker::Stop() {
   std::vector<PendingJoin> joins;
   std::deque<Op> ops;
   std::deque<BarrierOp> barriers;
+  std::vector<ViewDone> view_waiters;
   {
     // The version wait's callback touches this object: wait for it to have run.
     absl::MutexLock lock(&mu_);
@@ -82,11 +85,14 @@ void GroupTracker::Stop() {
     joins = std::move(pending_joins_);
     ops = std::move(ops_);
     barriers = std::move(barriers_);
+    view_waiters = std::move(view_waiters_);
+    view_waiters_.clear();
     stopped_ = true;
   }
   const absl::Status stopping = absl::UnavailableError("the tpd daemon is stopping");
   for (PendingJoin& join : joins) join.done(stopping);
   for (BarrierOp& barrier : barriers) barrier.done(stopping);
+  for (ViewDone& done : view_waiters) done(stopping);
   for (Op& op : ops) {
     if (op.join_done) op.join_done(stopping);
     if (op.remove_done) op.remove_done(stopping);
@@ -99,6 +105,7 @@ void GroupTracker::Enqueue(Op op) {
     if (!stop_) {
       if (op.join) ++joins_in_flight_[op.session_id];
       ops_.push_back(std::move(op));
+      worker_->Wake(this);
       return;
     }
   }
@@ -282,6 +289,7 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
     absl::MutexLock lock(&mu_);
     if (!stop_) {
       barriers_.push_back(std::move(op));
+      worker_->Wake(this);
       return;
     }
   }
@@ -434,6 +442,8 @@ void GroupTracker::ArmVersionWait() {
           arrived_.push_back(std::move(record));
         }
         wait_armed_ = false;
+        // Under mu_: Stop() waits for wait_armed_ to clear before the tracker may go.
+        worker_->Wake(this);
       });
   mu_.Lock();
   if (!id.ok()) {
@@ -444,7 +454,7 @@ void GroupTracker::ArmVersionWait() {
   }
 }
 
-void GroupTracker::WorkerLoop() {
+void GroupTracker::Load() {
   // Learn the group's current state first, so joins apply to the newest version.
   absl::Status load = absl::OkStatus();
   if (absl::StatusOr<v1::GroupRecord> latest = log_.Latest(); latest.ok()) {
@@ -476,45 +486,53 @@ void GroupTracker::WorkerLoop() {
     }
   }
   for (ViewDone& done : view_waiters) done(view);
-  absl::Time next_tick = absl::Now();
-  while (true) {
-    std::vector<Op> ops;
-    std::vector<absl::StatusOr<v1::GroupRecord>> arrived;
-    std::vector<BarrierOp> barriers;
-    {
-      absl::MutexLock lock(&mu_);
-      ArmVersionWait();
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !ops_.empty() || !arrived_.empty() || !barriers_.empty() ||
-               (!wait_armed_ && absl::Now() >= rearm_after_);
-      };
-      mu_.AwaitWithDeadline(absl::Condition(&ready), next_tick);
-      if (stop_) return;
-      ops.assign(std::make_move_iterator(ops_.begin()), std::make_move_iterator(ops_.end()));
-      ops_.clear();
-      arrived.assign(std::make_move_iterator(arrived_.begin()),
-                     std::make_move_iterator(arrived_.end()));
-      arrived_.clear();
-      barriers.assign(std::make_move_iterator(barriers_.begin()),
-                      std::make_move_iterator(barriers_.end()));
-      barriers_.clear();
-    }
-    for (BarrierOp& barrier : barriers) EnterBarrier(std::move(barrier));
-    for (absl::StatusOr<v1::GroupRecord>& record : arrived) {
-      if (record.ok()) {
-        Observe(*std::move(record), /*snapshot=*/false);
-      } else if (record.status().code() != absl::StatusCode::kCancelled) {
-        NoteStoreError(record.status());
-      }
-    }
-    if (!ops.empty()) ApplyOps(std::move(ops));
-    if (absl::Now() >= next_tick) {
-      CatchUp();
-      CheckDeadlines();
-      CheckHeartbeats();
-      next_tick = absl::Now() + options_.heartbeat_interval;
+}
+
+absl::Time GroupTracker::Step() {
+  bool loaded;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return absl::InfiniteFuture();
+    loaded = loaded_;
+  }
+  if (!loaded) Load();
+  std::vector<Op> ops;
+  std::vector<absl::StatusOr<v1::GroupRecord>> arrived;
+  std::vector<BarrierOp> barriers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return absl::InfiniteFuture();
+    ArmVersionWait();
+    ops.assign(std::make_move_iterator(ops_.begin()), std::make_move_iterator(ops_.end()));
+    ops_.clear();
+    arrived.assign(std::make_move_iterator(arrived_.begin()),
+                   std::make_move_iterator(arrived_.end()));
+    arrived_.clear();
+    barriers.assign(std::make_move_iterator(barriers_.begin()),
+                    std::make_move_iterator(barriers_.end()));
+    barriers_.clear();
+  }
+  for (BarrierOp& barrier : barriers) EnterBarrier(std::move(barrier));
+  for (absl::StatusOr<v1::GroupRecord>& record : arrived) {
+    if (record.ok()) {
+      Observe(*std::move(record), /*snapshot=*/false);
+    } else if (record.status().code() != absl::StatusCode::kCancelled) {
+      NoteStoreError(record.status());
     }
   }
+  if (!ops.empty()) ApplyOps(std::move(ops));
+  if (absl::Now() >= next_tick_) {
+    CatchUp();
+    CheckDeadlines();
+    CheckHeartbeats();
+    next_tick_ = absl::Now() + options_.heartbeat_interval;
+  }
+  absl::MutexLock lock(&mu_);
+  if (stop_) return absl::InfiniteFuture();
+  // Work queued by this step itself (removals after a failed formation, undone joins) or
+  // arrived meanwhile: at once. Else the next tick, or the time to re-arm a refused wait.
+  if (!ops_.empty() || !arrived_.empty() || !barriers_.empty()) return absl::InfinitePast();
+  return wait_armed_ ? next_tick_ : std::min(next_tick_, rearm_after_);
 }
 
 void GroupTracker::CatchUp() {

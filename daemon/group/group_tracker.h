@@ -5,9 +5,10 @@
 // the group forms, fails or times out, keeps the watchers of the group informed, evicts
 // nodes whose heartbeat stopped, and notices when this daemon's own members were evicted.
 //
-// Thread safety: thread-safe. One worker thread per tracker applies changes and reads the
-// store; callers enqueue work and get answers through callbacks, which run on the worker
-// (or on the caller's thread for immediate errors) without the tracker's lock held.
+// Thread safety: thread-safe. The tracker's steps run on its store's GroupWorker (shared by
+// every group of that store): they apply changes and read the store; callers enqueue work and
+// get answers through callbacks, which run on the worker (or on the caller's thread for
+// immediate errors) without the tracker's lock held.
 
 #ifndef TPD_DAEMON_GROUP_GROUP_TRACKER_H_
 #define TPD_DAEMON_GROUP_GROUP_TRACKER_H_
@@ -30,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/group/group_log.h"
+#include "daemon/group/group_worker.h"
 #include "daemon/group/membership.h"
 #include "proto/control.pb.h"
 #include "store/prefix_store.h"
@@ -59,7 +61,7 @@ struct TrackerOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(5);
 };
 
-class GroupTracker {
+class GroupTracker : public WorkerTask {
  public:
   using JoinDone = absl::AnyInvocable<void(absl::StatusOr<v1::JoinResponse>)>;
   using Done = absl::AnyInvocable<void(absl::Status)>;
@@ -68,10 +70,15 @@ class GroupTracker {
   // "tpd/group/<group>/" in it. `store_name` names the store in views ("tcp://h:p").
   // `root` and `node` must outlive the tracker. `on_evicted` runs (on the worker) when this
   // daemon finds its own members evicted, so the daemon can take a new incarnation.
-  GroupTracker(std::string group, std::string store_name, store::Store* root, Node* node,
-               TrackerOptions options, std::function<void()> on_evicted);
-  // Stops the worker; pending joins end with UNAVAILABLE.
-  ~GroupTracker();
+  // `worker` runs the tracker's steps (see GroupWorker); it must outlive the tracker.
+  GroupTracker(std::string group, std::string store_name, store::Store* root,
+               GroupWorker* worker, Node* node, TrackerOptions options,
+               std::function<void()> on_evicted);
+  // Stops; pending joins end with UNAVAILABLE.
+  ~GroupTracker() override;
+
+  // One round of work, on the worker: see WorkerTask.
+  absl::Time Step() override;
 
   // Adds a member held by `session_id`. Dynamic groups answer once the member is recorded;
   // static groups once the group is FORMED (or FAILED: INVALID_ARGUMENT, or `deadline`:
@@ -90,7 +97,7 @@ class GroupTracker {
                Done done);
   // Leaves with every local member (daemon shutdown), then Stop().
   void Shutdown();
-  // Stops the worker and ends everything pending here with UNAVAILABLE: queued ops, joins
+  // Stops this group's steps and ends everything pending here with UNAVAILABLE: queued ops, joins
   // waiting for formation, barrier waits. Later calls are answered UNAVAILABLE at once.
   // Idempotent; the destructor calls it.
   void Stop();
@@ -149,7 +156,8 @@ class GroupTracker {
   void Enqueue(Op op);
   // Forgets the in-flight count of the joins among `ops`, now answered or recorded.
   void SettledJoins(const std::vector<Op>& ops);
-  void WorkerLoop();
+  // The first read of the group: observes it and answers views and watchers waiting for it.
+  void Load();
   void ArmVersionWait() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies queued ops as the next version, retrying when another daemon wins the race.
   void ApplyOps(std::vector<Op> ops);
@@ -216,7 +224,8 @@ class GroupTracker {
   std::map<std::string, std::pair<std::string, absl::Time>> heartbeats_ ABSL_GUARDED_BY(mu_);
   absl::Time last_heartbeat_check_ = absl::InfinitePast();  // worker only
 
-  std::thread worker_;
+  GroupWorker* const worker_;
+  absl::Time next_tick_ = absl::InfinitePast();  // worker only
 };
 
 }  // namespace tpd::group

@@ -51,6 +51,8 @@ const std::vector<std::string>& AllOptions() {
       "peer.tls_ca_file",
       "group.default_join_timeout_ms",
       "group.cuda_device_count",
+      "group.max_groups",
+      "group.idle_group_release_ms",
       "group.file_rendezvous_dirs",
       "group.max_world_size",
       "group.max_transports",

@@ -3,7 +3,10 @@
 // peer port). Clients are tpd::Client sessions in this process, or tpctl processes where a
 // client must die.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -125,6 +128,80 @@ void ExpectFormed(const std::vector<absl::StatusOr<v1::JoinResponse>>& results, 
 
 TEST_F(GroupTest, StaticGroupOfEightFormsOverThreeDaemonsViaTcp) {
   ExpectFormed(JoinStatic("tcp8", 8), 8);
+}
+
+TEST_F(GroupTest, ClientsCannotReachTheDaemonsOwnKeys) {
+  ExpectFormed(JoinStatic("own", 3), 3);
+  std::unique_ptr<Client> client = Connect(0);
+  ASSERT_NE(client, nullptr);
+  // Node a's store holds the group's versions and every node's heartbeat, yet a client of
+  // node a counts none of them...
+  EXPECT_EQ(*client->NumKeys(), 0);
+  // ...and cannot write a forged next version through the Store API, nor touch a heartbeat:
+  // the daemon and the group go on.
+  absl::StatusOr<v1::GroupView> before = client->GetGroup("own", init_method_);
+  ASSERT_TRUE(before.ok()) << before.status();
+  const std::string next = absl::StrCat("tpd/group/own/v/", before->version() + 1);
+  absl::StatusOr<std::string> forged = client->CompareSet(next, "", "garbage");
+  EXPECT_EQ(forged.status().code(), absl::StatusCode::kPermissionDenied) << forged.status();
+  EXPECT_THAT(forged.status().message(), HasSubstr("reserved"));
+  EXPECT_EQ(client->Set("tpd/node/node-b", "1:1").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(client->Check({next}).status().code(), absl::StatusCode::kPermissionDenied);
+  // Keys of the client's own are unaffected.
+  ASSERT_TRUE(client->Set("tpdish", "v").ok());
+  EXPECT_EQ(*client->NumKeys(), 1);
+  absl::StatusOr<v1::GroupView> after = client->GetGroup("own", init_method_);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->phase(), "FORMED");
+  EXPECT_EQ(after->version(), before->version());
+}
+
+TEST_F(GroupTest, TpctlRefusesADeviceMappedTwiceTowardOneWorker) {
+  testing::ProcessResult result = testing::RunProcess(
+      {RunfilePath("client/tpctl"), "--socket", socket_[0], "--init_method", init_method_,
+       "--device_maps", "w1:0=1;w1:0=0", "group", "join", "maps", "w0"});
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("device 0 is mapped twice toward w1 (to 1 and to 0)"));
+}
+
+TEST_F(GroupTest, AStoreThatNeverAnswersStallsNoOtherCall) {
+  // A TCP port that accepts connections and never says a word (the kernel completes the
+  // handshake for the backlog; nobody reads).
+  const int silent = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(silent, 128), 0);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string silent_url = absl::StrCat("tcp://127.0.0.1:", ntohs(address.sin_port));
+
+  std::vector<std::thread> lookups;
+  std::atomic<int> answered{0};
+  for (int i = 0; i < 40; ++i) {
+    lookups.emplace_back([&, i] {
+      std::unique_ptr<Client> client = Connect(0);
+      if (client == nullptr) return;
+      absl::StatusOr<v1::GroupView> view = client->GetGroup(absl::StrCat("silent", i), silent_url);
+      // It ends, with an error naming the store, instead of hanging.
+      EXPECT_FALSE(view.ok());
+      ++answered;
+    });
+  }
+  // Meanwhile the daemon answers health and local store calls well within a short deadline.
+  ClientOptions quick;
+  quick.call_timeout = absl::Seconds(2);
+  auto client = Client::Connect(socket_[0], quick);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_TRUE((*client)->Serving().value_or(false));
+    EXPECT_TRUE((*client)->Set(absl::StrCat("k", i), "v").ok());
+  }
+  for (std::thread& thread : lookups) thread.join();
+  EXPECT_EQ(answered.load(), 40);
+  close(silent);
 }
 
 TEST_F(GroupTest, StaticGroupOfEightFormsOverThreeDaemonsViaEnv) {

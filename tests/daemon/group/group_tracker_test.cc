@@ -33,10 +33,13 @@ struct FakeDaemon {
     node.device_count = 2;
     TrackerOptions options;
     options.heartbeat_interval = absl::Milliseconds(20);
-    tracker = std::make_unique<GroupTracker>("g", "memory", store, &node, options, nullptr);
+    worker = *GroupWorker::Start(name);
+    tracker = std::make_unique<GroupTracker>("g", "memory", store, worker.get(), &node, options,
+                                             nullptr);
   }
   Node node;
-  std::unique_ptr<GroupTracker> tracker;
+  std::unique_ptr<GroupWorker> worker;
+  std::unique_ptr<GroupTracker> tracker;  // declared after the worker: destroyed first
 };
 
 // The answer of one Join, awaited.
