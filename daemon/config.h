@@ -72,8 +72,9 @@ struct GroupConfig {
   // CUDA devices this node reports to groups; -1 counts /dev/nvidia<N>. Set it on CPU-only
   // machines to test device-map validation.
   int64_t cuda_device_count = -1;
-  // Groups this daemon follows at once (each costs a worker thread and a store connection);
-  // past it GetGroup/WatchGroup/Join of a new group answer RESOURCE_EXHAUSTED.
+  // Groups this daemon follows at once (each costs memory and its store's attention; each
+  // distinct store a thread for its groups, one for heartbeats and a connection); past it
+  // GetGroup/WatchGroup/Join of a new group answer RESOURCE_EXHAUSTED.
   int64_t max_groups = 1024;
   // A group with no local member, watcher or call in progress for this long is released.
   absl::Duration idle_group_release = absl::Seconds(60);

@@ -45,7 +45,7 @@ struct GroupManagerOptions {
   store::RendezvousOptions rendezvous;
   absl::Duration default_join_timeout = absl::Seconds(300);
   TrackerOptions tracker;
-  // Groups followed at once (each costs a worker thread and its store's connection).
+  // Groups followed at once.
   int64_t max_groups = 1024;
   // How long a group stays after its last local member, watcher or call.
   absl::Duration idle_release = absl::Seconds(60);
