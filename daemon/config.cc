@@ -206,6 +206,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
          {reader.Millis("default_join_timeout_ms", &config.group.default_join_timeout),
           reader.Int("cuda_device_count", &config.group.cuda_device_count),
           reader.Int("max_groups", &config.group.max_groups),
+          reader.Int("max_groups_per_session", &config.group.max_groups_per_session),
           reader.Millis("idle_group_release_ms", &config.group.idle_group_release),
           reader.StringList("file_rendezvous_dirs", &config.group.file_rendezvous_dirs),
           reader.Int("max_world_size", &config.group.max_world_size),
@@ -296,6 +297,7 @@ absl::Status ValidateConfig(const Config& config) {
         positive("group.default_join_timeout_ms",
                  absl::ToInt64Milliseconds(config.group.default_join_timeout)),
         positive("group.max_groups", config.group.max_groups),
+        positive("group.max_groups_per_session", config.group.max_groups_per_session),
         positive("group.idle_group_release_ms",
                  absl::ToInt64Milliseconds(config.group.idle_group_release))}) {
     if (!status.ok()) return status;

@@ -76,6 +76,8 @@ struct GroupConfig {
   // distinct store a thread for its groups, one for heartbeats and a connection); past it
   // GetGroup/WatchGroup/Join of a new group answer RESOURCE_EXHAUSTED.
   int64_t max_groups = 1024;
+  // Groups one client session may hold members in at once (RESOURCE_EXHAUSTED past it).
+  int64_t max_groups_per_session = 64;
   // A group with no local member, watcher or call in progress for this long is released.
   absl::Duration idle_group_release = absl::Seconds(60);
 

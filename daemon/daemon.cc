@@ -223,6 +223,7 @@ absl::Status Daemon::Serve() {
   groups.rendezvous.remote.dial_networks = *std::move(networks);
   groups.default_join_timeout = config_.group.default_join_timeout;
   groups.max_groups = config_.group.max_groups;
+  groups.max_groups_per_session = config_.group.max_groups_per_session;
   groups.idle_release = config_.group.idle_group_release;
   groups.rendezvous.file_dirs = config_.group.file_rendezvous_dirs;
   // The default file:// directory is created when missing (as the unit's StateDirectory=

@@ -156,6 +156,25 @@ std::shared_ptr<GroupTracker> GroupManager::Known(const std::string& group) {
   return it->second.tracker;
 }
 
+absl::Status GroupManager::CheckSessionGroups(const std::string& session_id,
+                                              const std::string& group) {
+  std::vector<std::pair<std::string, std::shared_ptr<GroupTracker>>> trackers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, entry] : trackers_) trackers.emplace_back(name, entry.tracker);
+  }
+  int64_t held = 0;
+  for (const auto& [name, tracker] : trackers) {
+    if (name == group) return absl::OkStatus();  // already in it (or joining): no new group
+    if (tracker->Holds(session_id)) ++held;
+  }
+  if (held < options_.max_groups_per_session) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "this client's session already holds members in ", held,
+      " groups; the limit group.max_groups_per_session is ", options_.max_groups_per_session,
+      " (leave a group first)"));
+}
+
 absl::Status GroupManager::CheckSession(const std::string& session_id) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("the tpd daemon is shutting down");
@@ -279,6 +298,11 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
   }
   if (request.name().empty()) {
     done(absl::InvalidArgumentError("Join needs a worker name"));
+    return;
+  }
+  if (absl::Status status = CheckSessionGroups(request.session_id(), GroupName(request.group()));
+      !status.ok()) {
+    done(status);
     return;
   }
   absl::StatusOr<std::shared_ptr<StoreEntry>> entry =

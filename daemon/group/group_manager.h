@@ -47,6 +47,8 @@ struct GroupManagerOptions {
   TrackerOptions tracker;
   // Groups followed at once.
   int64_t max_groups = 1024;
+  // Groups one client session may hold members in at once.
+  int64_t max_groups_per_session = 64;
   // How long a group stays after its last local member, watcher or call.
   absl::Duration idle_release = absl::Seconds(60);
 };
@@ -113,6 +115,9 @@ class GroupManager {
   std::shared_ptr<GroupTracker> Known(const std::string& group);
   std::vector<std::shared_ptr<GroupTracker>> AllTrackers();
   absl::Status CheckSession(const std::string& session_id);
+  // RESOURCE_EXHAUSTED when joining `group` would take the session past
+  // max_groups_per_session groups.
+  absl::Status CheckSessionGroups(const std::string& session_id, const std::string& group);
   // Writes this node's heartbeat into `entry`'s store until it closes or Shutdown.
   void HeartbeatTo(StoreEntry* entry);
   // Releases idle groups, every idle_release / 4, until Shutdown.

@@ -401,6 +401,15 @@ bool GroupTracker::Idle() {
          view_waiters_.empty();
 }
 
+bool GroupTracker::Holds(const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  if (joins_in_flight_.count(session_id) > 0) return true;
+  for (const auto& [name, member] : local_) {
+    if (member.session_id == session_id) return true;
+  }
+  return false;
+}
+
 std::map<std::string, absl::Time> GroupTracker::PeerHeartbeats() {
   absl::MutexLock lock(&mu_);
   std::map<std::string, absl::Time> out;

@@ -111,6 +111,8 @@ class GroupTracker : public WorkerTask {
   void GetView(ViewDone done);
   // Nothing here needs the tracker: no local member, watcher, queued or pending operation.
   bool Idle();
+  // `session_id` holds a member here, or has a join on its way.
+  bool Holds(const std::string& session_id);
   // Other nodes of the group and when this daemon last saw their heartbeat change.
   std::map<std::string, absl::Time> PeerHeartbeats();
   // Sends `watcher` a SNAPSHOT (now, or after the first read of the store), then every

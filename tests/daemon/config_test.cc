@@ -52,6 +52,7 @@ const std::vector<std::string>& AllOptions() {
       "group.default_join_timeout_ms",
       "group.cuda_device_count",
       "group.max_groups",
+      "group.max_groups_per_session",
       "group.idle_group_release_ms",
       "group.file_rendezvous_dirs",
       "group.max_world_size",

@@ -41,7 +41,8 @@ class LifecycleTest : public ::testing::Test {
     const std::string config = dir_.WriteFile(
         "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
                                  "heartbeat_interval_ms = 50\n",
-                                 "[group]\nmax_groups = 4\nidle_group_release_ms = 300\n"));
+                                 "[group]\nmax_groups = 4\nmax_groups_per_session = 2\n",
+                                 "idle_group_release_ms = 300\n"));
     auto daemon = DaemonProcess::Start(socket_, {"--config", config});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = *std::move(daemon);
@@ -103,6 +104,24 @@ TEST_F(LifecycleTest, AMistypedLookupDoesNotSquatTheGroupName) {
     ASSERT_TRUE(WaitUntil([&] { return client_->GetGroup("train", init_method_).ok(); }))
         << "the mistyped group kept the name";
   }
+}
+
+TEST_F(LifecycleTest, ASessionHoldsMembersInAtMostMaxGroupsPerSession) {
+  auto join = [&](const std::string& group) {
+    JoinOptions options;
+    options.group = group;
+    options.name = "w0";
+    options.init_method = init_method_;
+    return client_->Join(options);
+  };
+  ASSERT_TRUE(join("a").ok());
+  ASSERT_TRUE(join("b").ok());
+  absl::StatusOr<v1::JoinResponse> third = join("c");
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_THAT(third.status().message(), HasSubstr("group.max_groups_per_session is 2"));
+  // Leaving one makes room.
+  ASSERT_TRUE(client_->Leave("a", "w0").ok());
+  EXPECT_TRUE(join("c").ok());
 }
 
 }  // namespace
