@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "store/check.h"
 #include "store/summarize.h"
 
 namespace tpd::store {
@@ -42,6 +43,7 @@ void WaiterTable::OnKeySet(const std::string& key, Lookup lookup, std::vector<Co
   absl::flat_hash_set<WaitId> ids = std::move(parked->second);
   parked_.erase(parked);
   for (WaitId id : ids) {
+    TPD_DCHECK(waiters_.contains(id));  // a finished wait leaves its key's parked set
     waiters_[id].parked_on.clear();
     Recheck(id, lookup, out);
   }
@@ -55,6 +57,7 @@ void WaiterTable::Cancel(WaitId id, std::vector<Completion>* out) {
 void WaiterTable::ExpireUntil(absl::Time now, Lookup lookup, std::vector<Completion>* out) {
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
     const WaitId id = deadlines_.begin()->second;
+    TPD_DCHECK(waiters_.contains(id));  // deadlines_ holds exactly the pending waits
     const Waiter& waiter = waiters_[id];
     std::vector<std::string> missing;
     for (const std::string& key : waiter.keys) {
@@ -83,6 +86,7 @@ void WaiterTable::Run(std::vector<Completion> completions) {
 }
 
 void WaiterTable::Recheck(WaitId id, Lookup lookup, std::vector<Completion>* out) {
+  TPD_DCHECK(waiters_.contains(id));
   Waiter& waiter = waiters_[id];
   std::vector<std::string> values;
   values.reserve(waiter.keys.size());
@@ -101,6 +105,7 @@ void WaiterTable::Recheck(WaitId id, Lookup lookup, std::vector<Completion>* out
 void WaiterTable::Finish(WaitId id, absl::StatusOr<std::vector<std::string>> result,
                          std::vector<Completion>* out) {
   auto it = waiters_.find(id);
+  TPD_DCHECK(it != waiters_.end());  // callers finish only pending waits, each once
   Waiter waiter = std::move(it->second);
   waiters_.erase(it);
   deadlines_.erase({waiter.deadline, id});

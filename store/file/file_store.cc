@@ -443,7 +443,9 @@ absl::Status FileStore::Transact(int lock_type,
   return status;
 }
 
-absl::Status FileStore::LockFile(int lock_type) {
+// Takes ProcessLockMutex() only in the process-lock fallback and leaves it held for
+// UnlockFile: a lock held across functions on a condition, which the analysis cannot follow.
+absl::Status FileStore::LockFile(int lock_type) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   struct flock lock = {};
   lock.l_type = static_cast<short>(lock_type);
   lock.l_whence = SEEK_SET;  // l_start = 0, l_len = 0: the whole file, however long it grows
@@ -461,7 +463,7 @@ absl::Status FileStore::LockFile(int lock_type) {
   return absl::OkStatus();
 }
 
-void FileStore::UnlockFile() {
+void FileStore::UnlockFile() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   struct flock lock = {};
   lock.l_type = F_UNLCK;
   lock.l_whence = SEEK_SET;
@@ -565,8 +567,10 @@ absl::Status FileStore::WriteLocked(Record record, std::vector<Completion>* out)
 
 absl::Status FileStore::Set(absl::string_view key, absl::string_view value) {
   Record record{kOpSet, {{std::string(key), std::string(value)}}};
-  return Transact(
-      F_WRLCK, [&](std::vector<Completion>* out) { return WriteLocked(std::move(record), out); });
+  return Transact(F_WRLCK, [&](std::vector<Completion>* out) {
+    file_mu_.AssertHeld();  // Transact runs the body under file_mu_
+    return WriteLocked(std::move(record), out);
+  });
 }
 
 absl::Status FileStore::MultiSet(const std::vector<std::string>& keys,
@@ -579,13 +583,16 @@ absl::Status FileStore::MultiSet(const std::vector<std::string>& keys,
   Record record{kOpSet, {}};
   record.entries.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) record.entries.emplace_back(keys[i], values[i]);
-  return Transact(
-      F_WRLCK, [&](std::vector<Completion>* out) { return WriteLocked(std::move(record), out); });
+  return Transact(F_WRLCK, [&](std::vector<Completion>* out) {
+    file_mu_.AssertHeld();  // Transact runs the body under file_mu_
+    return WriteLocked(std::move(record), out);
+  });
 }
 
 absl::StatusOr<int64_t> FileStore::Add(absl::string_view key, int64_t delta) {
   int64_t sum = 0;
   absl::Status status = Transact(F_WRLCK, [&](std::vector<Completion>* out) -> absl::Status {
+    file_mu_.AssertHeld();  // Transact runs the body under file_mu_
     // Under the exclusive lock, just after replaying: `current` is the latest value of
     // every process, so no add is lost.
     int64_t current = 0;
@@ -613,6 +620,7 @@ absl::StatusOr<std::string> FileStore::CompareSet(absl::string_view key, absl::s
                                                   absl::string_view desired) {
   std::string result;
   absl::Status status = Transact(F_WRLCK, [&](std::vector<Completion>* out) -> absl::Status {
+    file_mu_.AssertHeld();  // Transact runs the body under file_mu_
     {
       absl::MutexLock lock(&mu_);
       auto it = data_.find(key);
@@ -634,6 +642,7 @@ absl::StatusOr<std::string> FileStore::CompareSet(absl::string_view key, absl::s
 
 absl::Status FileStore::Append(absl::string_view key, absl::string_view value) {
   return Transact(F_WRLCK, [&](std::vector<Completion>* out) -> absl::Status {
+    file_mu_.AssertHeld();  // Transact runs the body under file_mu_
     {
       absl::MutexLock lock(&mu_);
       auto it = data_.find(key);
@@ -652,8 +661,8 @@ absl::StatusOr<bool> FileStore::Check(const std::vector<std::string>& keys) {
   bool present = false;
   absl::Status status = Transact(F_RDLCK, [&](std::vector<Completion>*) {
     absl::MutexLock lock(&mu_);
-    present = std::all_of(keys.begin(), keys.end(),
-                          [this](const std::string& key) { return FindLocked(key) != nullptr; });
+    present = true;
+    for (const std::string& key : keys) present = present && FindLocked(key) != nullptr;
     return absl::OkStatus();
   });
   if (!status.ok()) return status;
@@ -663,6 +672,7 @@ absl::StatusOr<bool> FileStore::Check(const std::vector<std::string>& keys) {
 absl::StatusOr<bool> FileStore::DeleteKey(absl::string_view key) {
   bool existed = false;
   absl::Status status = Transact(F_WRLCK, [&](std::vector<Completion>* out) -> absl::Status {
+    file_mu_.AssertHeld();  // Transact runs the body under file_mu_
     {
       absl::MutexLock lock(&mu_);
       existed = data_.find(key) != data_.end();
@@ -719,7 +729,11 @@ absl::StatusOr<WaitId> FileStore::WaitAsync(std::vector<std::string> keys, absl:
     }
     absl::StatusOr<WaitId> added = waiters_.Add(
         std::move(keys), deadline, std::move(done),
-        [this](const std::string& key) { return FindLocked(key); }, &completions);
+        [this](const std::string& key) {
+          mu_.AssertHeld();  // the table calls its lookup only under mu_
+          return FindLocked(key);
+        },
+        &completions);
     if (!added.ok()) return added.status();
     id = *added;
     if (waiters_.Contains(id)) {
@@ -768,7 +782,12 @@ void FileStore::StoreLocked(std::string key, std::string value, bool append,
     it->second = std::move(value);
   }
   waiters_.OnKeySet(
-      it->first, [this](const std::string& k) { return FindLocked(k); }, out);
+      it->first,
+      [this](const std::string& k) {
+        mu_.AssertHeld();  // the table calls its lookup only under mu_
+        return FindLocked(k);
+      },
+      out);
 }
 
 void FileStore::EraseLocked(const std::string& key) {
@@ -803,7 +822,12 @@ void FileStore::PollLoop() {
     }
     std::vector<Completion> completions;
     waiters_.ExpireUntil(
-        absl::Now(), [this](const std::string& key) { return FindLocked(key); }, &completions);
+        absl::Now(),
+        [this](const std::string& key) {
+          mu_.AssertHeld();  // the table calls its lookup only under mu_
+          return FindLocked(key);
+        },
+        &completions);
     if (!completions.empty()) {
       mu_.Unlock();
       WaiterTable::Run(std::move(completions));

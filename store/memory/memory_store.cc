@@ -1,7 +1,5 @@
 #include "store/memory/memory_store.h"
 
-#include <algorithm>
-
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -128,8 +126,10 @@ absl::Status MemoryStore::Append(absl::string_view key, absl::string_view value)
 
 absl::StatusOr<bool> MemoryStore::Check(const std::vector<std::string>& keys) {
   absl::MutexLock lock(&mu_);
-  return std::all_of(keys.begin(), keys.end(),
-                     [this](const std::string& key) { return FindLocked(key) != nullptr; });
+  for (const std::string& key : keys) {
+    if (FindLocked(key) == nullptr) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<bool> MemoryStore::DeleteKey(absl::string_view key) {
@@ -163,7 +163,7 @@ absl::StatusOr<WaitId> MemoryStore::WaitAsync(std::vector<std::string> keys, abs
     }
     absl::StatusOr<WaitId> added = waiters_.Add(
         std::move(keys), deadline, std::move(done),
-        [this](const std::string& key) { return FindLocked(key); }, &completions);
+        [this](const std::string& key) { return LookupHeld(key); }, &completions);
     if (!added.ok()) return added.status();
     id = *added;
     // The timer sleeps until the earliest deadline; wake it when this wait is now the first.
@@ -198,12 +198,17 @@ void MemoryStore::SetLocked(const std::string& key, std::string value,
   bytes_ += value.size();
   it->second = std::move(value);
   waiters_.OnKeySet(
-      key, [this](const std::string& k) { return FindLocked(k); }, out);
+      key, [this](const std::string& k) { return LookupHeld(k); }, out);
 }
 
 const std::string* MemoryStore::FindLocked(const std::string& key) const {
   auto it = data_.find(key);
   return it == data_.end() ? nullptr : &it->second;
+}
+
+const std::string* MemoryStore::LookupHeld(const std::string& key) {
+  mu_.AssertHeld();
+  return FindLocked(key);
 }
 
 void MemoryStore::TimerLoop() {
@@ -217,7 +222,7 @@ void MemoryStore::TimerLoop() {
     }
     std::vector<Completion> completions;
     waiters_.ExpireUntil(
-        absl::Now(), [this](const std::string& key) { return FindLocked(key); }, &completions);
+        absl::Now(), [this](const std::string& key) { return LookupHeld(key); }, &completions);
     mu_.Unlock();
     WaiterTable::Run(std::move(completions));
     mu_.Lock();

@@ -74,6 +74,10 @@ class MemoryStore : public Store {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The value of `key`, or nullptr when it is not set; the table's lookup.
   const std::string* FindLocked(const std::string& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FindLocked for the WaiterTable::Lookup callbacks: the table calls them only inside its
+  // own methods, which run with mu_ held, but the analysis cannot follow a callback, so the
+  // lock is asserted (checked at run time too) instead of required.
+  const std::string* LookupHeld(const std::string& key);
   void TimerLoop();
 
   const MemoryStoreOptions options_;

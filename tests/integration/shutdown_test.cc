@@ -25,9 +25,9 @@ namespace tpd {
 namespace {
 
 using testing::DaemonProcess;
+using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::WaitUntil;
-using ::testing::HasSubstr;
 
 std::unique_ptr<DaemonProcess> StartDaemon(const TempDir& dir, const std::string& config_text) {
   const std::string config = dir.WriteFile("tpd.toml", config_text);
@@ -203,8 +203,7 @@ TEST(ShutdownTest, SessionAndWatchStreamsEndWithUnavailable) {
   while (session->Read(&more)) {
   }
   grpc::Status session_end = session->Finish();
-  EXPECT_EQ(session_end.error_code(), grpc::StatusCode::UNAVAILABLE)
-      << session_end.error_message();
+  EXPECT_EQ(session_end.error_code(), grpc::StatusCode::UNAVAILABLE) << session_end.error_message();
   while (watch->Read(&event)) {
   }
   grpc::Status watch_end = watch->Finish();

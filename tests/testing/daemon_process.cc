@@ -142,10 +142,10 @@ DaemonProcess::~DaemonProcess() {
         const std::string output = Output();
         constexpr size_t kTail = 4000;
         ADD_FAILURE() << "tpd pid " << pid_ << " died unexpectedly ("
-                      << (WIFSIGNALED(*status) ? absl::StrCat("killed by signal ", WTERMSIG(*status),
-                                                              " (", strsignal(WTERMSIG(*status)),
-                                                              ")")
-                                               : absl::StrCat("exit code ", WEXITSTATUS(*status)))
+                      << (WIFSIGNALED(*status)
+                              ? absl::StrCat("killed by signal ", WTERMSIG(*status), " (",
+                                             strsignal(WTERMSIG(*status)), ")")
+                              : absl::StrCat("exit code ", WEXITSTATUS(*status)))
                       << ") before the test ended; the tail of its output:\n"
                       << (output.size() > kTail ? output.substr(output.size() - kTail) : output);
       }
