@@ -25,6 +25,10 @@ namespace {
 constexpr size_t kMaxEchoBytes = 100;
 // The DNS limit on a full host name; anything longer cannot resolve.
 constexpr size_t kMaxHostNameBytes = 253;
+// The longest IPv6 text form ("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255") and the longest
+// zone, an interface name (IFNAMSIZ - 1 on Linux) or a numeric index.
+constexpr size_t kMaxIpv6AddressBytes = 45;
+constexpr size_t kMaxIpv6ZoneBytes = 15;
 constexpr int64_t kMaxPort = 65535;
 
 // A value as it appears in messages: quoted, escaped (so bytes the client sent cannot forge
@@ -161,18 +165,20 @@ absl::StatusOr<int> ParsePort(InitMethodScheme scheme, absl::string_view what,
 
 bool IsHostNameChar(char c) { return absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_'; }
 
-// An IPv6 literal without brackets, with an optional "%zone". Only the alphabet is checked:
-// the resolver gives the precise verdict later, this keeps garbage out of logs and DNS.
+// An IPv6 literal without brackets, with an optional "%zone". Only the alphabet and the
+// length are checked: the resolver gives the precise verdict later, this keeps garbage (and
+// megabytes of hex digits) out of logs, group state and DNS.
 bool IsIpv6Literal(absl::string_view text) {
   const size_t percent = text.find('%');
   absl::string_view address = text.substr(0, percent);
   if (address.find(':') == absl::string_view::npos) return false;
+  if (address.size() > kMaxIpv6AddressBytes) return false;
   for (char c : address) {
     if (!absl::ascii_isxdigit(c) && c != ':' && c != '.') return false;
   }
   if (percent == absl::string_view::npos) return true;
   absl::string_view zone = text.substr(percent + 1);
-  if (zone.empty()) return false;
+  if (zone.empty() || zone.size() > kMaxIpv6ZoneBytes) return false;
   for (char c : zone) {
     if (!IsHostNameChar(c)) return false;
   }

@@ -25,8 +25,10 @@
 //    ("/x", ignored by Python), an env:// host, port or path (ignored by Python: MASTER_ADDR
 //    and MASTER_PORT are used), a file:// host other than "localhost" ("file://tmp/x" is
 //    "/x" to Python on Linux), a relative file path (the daemon, not the client, opens the
-//    file, so the client's working directory means nothing there), and unbracketed IPv6
-//    hosts or host names with characters outside [A-Za-z0-9._-].
+//    file, so the client's working directory means nothing there), unbracketed IPv6
+//    hosts or host names with characters outside [A-Za-z0-9._-], and bracketed hosts that
+//    cannot be an IPv6 address (hex digits, ':' and '.', at most 45 bytes, then an optional
+//    "%zone" of at most 15).
 //  - Precedence of rank and world_size for env://: explicit argument or URL query, then the
 //    client's RANK / WORLD_SIZE. (PyTorch's dynamic-RPC path lets RANK override an explicit
 //    rank; its static path, like tpd, prefers the explicit one.)

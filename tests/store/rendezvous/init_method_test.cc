@@ -264,6 +264,25 @@ TEST(InitMethodTest, TcpBracketedNonAddressIsRejected) {
   EXPECT_THAT(Parse("tcp://[]:1"), FailsWith(absl::StrCat(kTcpError, "host missing")));
 }
 
+// Found by init_method_fuzz_test: only the alphabet of a bracketed host was checked, so a
+// megabyte of hex digits and colons was a valid "IPv6 address" that went on into the group's
+// state, messages and the resolver.
+TEST(InitMethodTest, Ipv6HostLongerThanAnyAddressIsRejected) {
+  const std::string longest = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255";  // 45 bytes
+  EXPECT_TRUE(Parse(absl::StrCat("tcp://[", longest, "]:1")).ok());
+  EXPECT_TRUE(Parse(absl::StrCat("tcp://[", longest, "%enp129s0f1np1]:1")).ok());
+  EXPECT_THAT(Parse(absl::StrCat("tcp://[", longest, "0]:1")),
+              FailsWith("is not an IPv6 address"));
+  EXPECT_THAT(Parse(absl::StrCat("tcp://[::", std::string(1 << 20, 'f'), "]:1")),
+              FailsWith("is not an IPv6 address"));
+  EXPECT_THAT(Parse("etcd://[fe80::1%a-zone-name-longer-than-ifnamsiz]:2379"),
+              FailsWith("is not an IPv6 address"));
+  Env env = FullEnv();
+  env["MASTER_ADDR"] = absl::StrCat("::", std::string(100, '1'));
+  EXPECT_THAT(Parse("env://", std::nullopt, std::nullopt, env),
+              FailsWith("is not an IPv6 address"));
+}
+
 TEST(InitMethodTest, TcpHostNameWithBadCharactersIsRejected) {
   EXPECT_THAT(Parse("tcp://no de:1"), FailsWith("host \"no de\" is not a valid host name"));
   EXPECT_THAT(Parse("tcp://a%2Fb:1"), FailsWith("host \"a%2Fb\" is not a valid host name"));
