@@ -53,7 +53,8 @@ absl::Status ValidateGroupName(absl::string_view field, absl::string_view name) 
 absl::Status ValidateWorkerName(absl::string_view field, absl::string_view name) {
   // PyTorch's WorkerInfo wording, then what exactly is wrong.
   const std::string rule = absl::StrCat(
-      field, ": Worker name must match ^[A-Za-z0-9-_:]*$, and must be non-empty and shorter than ",
+      field, field.empty() ? "" : ": ",
+      "Worker name must match ^[A-Za-z0-9-_:]*$, and must be non-empty and shorter than ",
       kMaxWorkerNameLength, " chars, but got \"");
   if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(rule, "\" (empty)"));
   if (name.size() >= kMaxWorkerNameLength) {

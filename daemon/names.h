@@ -26,7 +26,8 @@ inline constexpr size_t kMaxGroupNameBytes = 128;
 // PyTorch's MAX_NAME_LEN: a worker name is "shorter than 128 chars".
 inline constexpr size_t kMaxWorkerNameLength = 128;
 
-// `field` names the request field in the message, e.g. "JoinRequest.group".
+// `field` names the request field in the message, e.g. "JoinRequest.group" ("" for none:
+// negotiation checks names read from records with PyTorch's bare wording).
 absl::Status ValidateGroupName(absl::string_view field, absl::string_view name);
 absl::Status ValidateWorkerName(absl::string_view field, absl::string_view name);
 absl::Status ValidateNamespace(absl::string_view field, absl::string_view name_space,

@@ -9,7 +9,15 @@ bazel build //daemon:tpd //client:tpctl
 
 socket="${TPD_SOCKET:-}"
 if [[ -z "$socket" ]]; then
-  if [[ $(id -u) -eq 0 ]]; then socket=/run/tpd/tpd.sock; else socket="${XDG_RUNTIME_DIR:-/tmp/tpd-$(id -u)}/tpd/tpd.sock"; fi
+  # The daemon's own default (proto/socket_path.h): the system socket for root, else
+  # $XDG_RUNTIME_DIR/tpd/tpd.sock, or /tmp/tpd-<uid>/tpd.sock without XDG_RUNTIME_DIR.
+  if [[ $(id -u) -eq 0 ]]; then
+    socket=/run/tpd/tpd.sock
+  elif [[ -n "${XDG_RUNTIME_DIR:-}" ]]; then
+    socket="$XDG_RUNTIME_DIR/tpd/tpd.sock"
+  else
+    socket="/tmp/tpd-$(id -u)/tpd.sock"
+  fi
 fi
 cat <<MSG
 

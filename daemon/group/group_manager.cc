@@ -296,10 +296,6 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
     done(method.status());
     return;
   }
-  if (request.name().empty()) {
-    done(absl::InvalidArgumentError("Join needs a worker name"));
-    return;
-  }
   if (absl::Status status = CheckSessionGroups(request.session_id(), GroupName(request.group()));
       !status.ok()) {
     done(status);

@@ -10,13 +10,14 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/names.h"
 #include "store/summarize.h"
 
 namespace tpd::group {
 namespace {
 
 // Names in messages are echoed escaped and cut to this length: they may come from any client.
-constexpr size_t kMaxEchoedChars = 2 * kMaxNameLength;
+constexpr size_t kMaxEchoedChars = 2 * kMaxWorkerNameLength;
 
 std::string Echo(absl::string_view text) {
   if (text.size() <= kMaxEchoedChars) return absl::CHexEscape(text);
@@ -41,16 +42,6 @@ absl::StatusOr<int> ParseIndex(absl::string_view index, absl::string_view text) 
 }
 
 // WorkerInfo's check, in its words.
-absl::Status ValidateWorkerName(absl::string_view name) {
-  const bool valid_size = !name.empty() && name.size() < kMaxNameLength;
-  const bool valid_chars = absl::c_all_of(
-      name, [](char c) { return absl::ascii_isalnum(c) || c == '-' || c == '_' || c == ':'; });
-  if (valid_size && valid_chars) return absl::OkStatus();
-  return Invalid(absl::StrCat(
-      "Worker name must match ^[A-Za-z0-9-_:]*$, and must be non-empty and shorter than ",
-      kMaxNameLength, " chars, but got \"", Echo(name), "\""));
-}
-
 std::string NamesToString(const std::vector<std::string>& names) {
   return absl::StrCat(
       "[",
@@ -369,7 +360,7 @@ absl::Status SetDeviceMap(BackendOptions* options, absl::string_view to, const D
 }
 
 absl::Status ValidateMemberOptions(const MemberOptions& member) {
-  if (absl::Status status = ValidateWorkerName(member.name); !status.ok()) return status;
+  if (absl::Status status = tpd::ValidateWorkerName("", member.name); !status.ok()) return status;
   const std::string& name = member.name;
   const BackendOptions& options = member.options;
   if (member.node.empty()) {
@@ -411,7 +402,7 @@ absl::Status ValidateMemberOptions(const MemberOptions& member) {
   }
   if (absl::Status status = ValidateDevices(member); !status.ok()) return status;
   for (const auto& [target, map] : options.device_maps) {
-    if (absl::Status status = ValidateWorkerName(target); !status.ok()) {
+    if (absl::Status status = tpd::ValidateWorkerName("", target); !status.ok()) {
       return Invalid(absl::StrCat(
           "Node ", name, " has an invalid target name in its device maps: ", status.message()));
     }

@@ -33,10 +33,6 @@
 
 namespace tpd::group {
 
-// Worker names are 1 to kMaxNameLength - 1 characters of [A-Za-z0-9-_:], PyTorch's
-// WorkerInfo rule (MAX_NAME_LEN = 128, names must be shorter than it).
-inline constexpr size_t kMaxNameLength = 128;
-
 // A device of one member: the CPU, or a CUDA device by its index as that member's process
 // sees it (after CUDA_VISIBLE_DEVICES). Only CUDA devices may appear in device maps and
 // device lists; the CPU exists so that parsing can name it in its error.
