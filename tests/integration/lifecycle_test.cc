@@ -178,7 +178,7 @@ TEST_F(LifecycleTest, SoakOfSessionsGroupsWatchesAndBadRequestsLeavesNothingBehi
   ASSERT_TRUE(WaitUntil([&] { return client_->ListGroups()->empty(); }));
   const int threads = OwnThreads(daemon_->pid());
   const int fds = CountEntries(daemon_->pid(), "fd");
-  const int64_t rss = RssKib(daemon_->pid());
+  [[maybe_unused]] const int64_t rss = RssKib(daemon_->pid());  // unused under ASan
 
   // Eight clients for a bounded time: each round a new process-like session joins a group,
   // watches it, sends requests the daemon must refuse, and goes away without leaving.
