@@ -322,7 +322,14 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* con
   if (absl::Status status = CheckNamespace("NumKeys", request->namespace_()); !status.ok()) {
     return Reply(context, "NumKeys", status);
   }
-  absl::StatusOr<int64_t> count = store::PrefixStore(request->namespace_(), root_).NumKeys("");
+  if (static_cast<int64_t>(request->prefix().size()) > limits_.max_key_bytes) {
+    return Reply(context, "NumKeys",
+                 absl::InvalidArgumentError(absl::StrCat(
+                     "NumKeysRequest.prefix is ", request->prefix().size(),
+                     " bytes; the limit store.max_key_bytes is ", limits_.max_key_bytes)));
+  }
+  absl::StatusOr<int64_t> count =
+      store::PrefixStore(request->namespace_(), root_).NumKeys(request->prefix());
   if (count.ok()) response->set_num_keys(*count);
   return Reply(context, "NumKeys", count.status());
 }

@@ -172,11 +172,10 @@ absl::StatusOr<bool> RemoteStore::DeleteKey(absl::string_view key) {
 }
 
 absl::StatusOr<int64_t> RemoteStore::NumKeys(absl::string_view prefix) {
-  // The service counts a namespace: "<ns>/" prefixes map onto it; the root counts all keys.
+  // The root namespace with the prefix as asked. (Mapping a "<ns>/" prefix onto the
+  // namespace alone counted "a/..." for "a" and every key for "/".)
   v1::NumKeysRequest request;
-  absl::string_view name_space = prefix;
-  if (!name_space.empty() && name_space.back() == '/') name_space.remove_suffix(1);
-  request.set_namespace_(std::string(name_space));
+  request.set_prefix(std::string(prefix));
   v1::NumKeysResponse response;
   absl::Status status =
       FromGrpc(stub_->NumKeys(Context("NumKeys", request).get(), request, &response));

@@ -62,8 +62,13 @@ class RemoteStore : public Store {
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
   absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
   absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) override;
+  // A wait is a call to the serving daemon, answered over the wire: `done` runs on this
+  // store's completion thread, never before WaitAsync returns, even when the keys are there.
+  // Past the serving daemon's store.max_waiters the refusal is `done`'s RESOURCE_EXHAUSTED,
+  // not WaitAsync's result (store.h): only the daemon knows its waiters.
   absl::StatusOr<WaitId> WaitAsync(std::vector<std::string> keys, absl::Time deadline,
                                    WaitCallback done) override;
+  // Returns at once; the callback follows on the completion thread, with CANCELLED.
   void CancelWait(WaitId id) override;
 
  private:

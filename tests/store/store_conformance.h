@@ -58,7 +58,8 @@ class WaitResult {
   WaitCallback Callback();
 
   // True once the callback ran; HasRun() right after a store call that completes the wait
-  // is deterministic, since completions run before that call returns.
+  // is deterministic for a store in this process, since completions run before that call
+  // returns (StoreUnderTest::CompletesBeforeReturning).
   bool HasRun() const { return done_.HasBeenNotified(); }
   bool Await() const { return done_.WaitForNotificationWithTimeout(kSanityBound); }
   int calls() const { return calls_.load(); }
@@ -83,6 +84,13 @@ class StoreUnderTest {
   // How the store's messages name `key`: the key itself, or for a namespace over a backend,
   // the key the backend holds.
   virtual std::string NameInMessages(const std::string& key) { return key; }
+  // Whether the effects of a store call on waits (a callback run, the backend's waiter count,
+  // a wait refused past the limit) are complete when the call returns. True for every store
+  // in this process. False for a store in another process (RemoteStore): a wait is a call in
+  // flight, registered with the serving daemon and answered over the wire after the call that
+  // started, woke or cancelled it has returned. The suite then awaits, within kSanityBound,
+  // what it checks at once otherwise; the outcome it checks is the same.
+  virtual bool CompletesBeforeReturning() const { return true; }
 };
 
 // Makes a fresh, empty store whose backend allows at most `max_waiters` pending waits.
@@ -96,6 +104,14 @@ class StoreConformanceTest : public ::testing::TestWithParam<StoreFactory> {
 
   // A WaitResult for a wait on `store_`, kept by the fixture so that it outlives the store.
   WaitResult& NewWaitResult() { return results_.emplace_back(); }
+
+  // Whether `result`'s callback has run: right now when the store completes waits before
+  // returning, else within kSanityBound.
+  bool Completed(const WaitResult& result) const;
+  // Whether the backend of `under_test` holds `n` pending waits: right now, or within
+  // kSanityBound (see CompletesBeforeReturning).
+  static bool HasWaiters(StoreUnderTest& under_test, int64_t n);
+  bool HasWaiters(int64_t n) const { return HasWaiters(*under_test_, n); }
 
   std::deque<WaitResult> results_;  // declared before the store, so destroyed after it
   std::unique_ptr<StoreUnderTest> under_test_;

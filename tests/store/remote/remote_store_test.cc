@@ -1,6 +1,6 @@
-// RemoteStore against a real daemon's peer port: c10d semantics carry over the wire, waits
-// hold no thread and can be cancelled, and the peer port admits only calls whose MAC the
-// cluster token signed.
+// RemoteStore against a real daemon's peer port: c10d semantics carry over the wire (the
+// conformance suite, tests/store/store_conformance.cc, runs over it), waits hold no thread and
+// can be cancelled, and the peer port admits only calls whose MAC the cluster token signed.
 
 #include "store/remote/remote_store.h"
 
@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/prefix_store.h"
+#include "tests/store/store_conformance.h"
 #include "tests/testing/daemon_process.h"
 
 namespace tpd::store {
@@ -21,6 +22,62 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr char kToken[] = "cluster-secret";
+
+// A RemoteStore over the peer port of a fresh daemon of its own, whose store allows
+// `max_waiters` pending waits; the suite counts them through a local client's Status.
+class ServedRemoteStore : public StoreUnderTest {
+ public:
+  static std::unique_ptr<StoreUnderTest> Make(int64_t max_waiters) {
+    auto served = std::unique_ptr<ServedRemoteStore>(new ServedRemoteStore());
+    const std::string socket = absl::StrCat(served->dir_.path(), "/tpd.sock");
+    const std::string config = served->dir_.WriteFile(
+        "tpd.toml", absl::StrCat("[store]\nmax_waiters = ", max_waiters,
+                                 "\n[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"",
+                                 kToken, "\"\n"));
+    auto daemon = testing::DaemonProcess::Start(socket, {"--config", config});
+    if (!daemon.ok()) {
+      ADD_FAILURE() << daemon.status();
+      return nullptr;
+    }
+    served->daemon_ = *std::move(daemon);
+    auto client = Client::Connect(socket);
+    if (!client.ok()) {
+      ADD_FAILURE() << client.status();
+      return nullptr;
+    }
+    served->local_ = *std::move(client);
+    auto status = served->local_->Status();
+    if (!status.ok()) {
+      ADD_FAILURE() << status.status();
+      return nullptr;
+    }
+    RemoteStoreOptions options;
+    options.token = kToken;
+    served->remote_ = std::make_unique<RemoteStore>(status->peer_address(), options);
+    return served;
+  }
+
+  Store& store() override { return *remote_; }
+  int64_t waiters() override {
+    absl::StatusOr<v1::StatusResponse> status = local_->Status();
+    return status.ok() ? status->store().waiters() : -1;
+  }
+  // A wait is a call to the daemon, answered after the call that started, woke or
+  // cancelled it has returned.
+  bool CompletesBeforeReturning() const override { return false; }
+
+ private:
+  ServedRemoteStore() = default;
+
+  // Destroyed in reverse: the RemoteStore (ending its waits) before its daemon.
+  testing::TempDir dir_;
+  std::unique_ptr<testing::DaemonProcess> daemon_;
+  std::unique_ptr<Client> local_;
+  std::unique_ptr<RemoteStore> remote_;
+};
+
+INSTANTIATE_TEST_SUITE_P(RemoteStore, StoreConformanceTest,
+                         ::testing::Values(StoreFactory(ServedRemoteStore::Make)));
 
 class RemoteStoreTest : public ::testing::Test {
  protected:
@@ -80,6 +137,23 @@ TEST_F(RemoteStoreTest, PrefixStoreOverRemoteMatchesTheDaemonsNamespaces) {
   ASSERT_TRUE(in_group.ok());
   EXPECT_EQ(*(*in_group)->Get("rank0"), "addr");
   EXPECT_EQ(*group.NumKeys(""), 1);
+}
+
+TEST_F(RemoteStoreTest, NumKeysCountsKeysByPrefixNotByNamespace) {
+  // The prefix used to be sent as a namespace: "a" counted only "a/..." keys, "/" every key.
+  RemoteStore remote = Remote();
+  for (const char* key : {"a/1", "ab", "/x", "b"}) ASSERT_TRUE(remote.Set(key, "v").ok());
+  EXPECT_EQ(*remote.NumKeys("a"), 2);
+  EXPECT_EQ(*remote.NumKeys("a/"), 1);
+  EXPECT_EQ(*remote.NumKeys("/"), 1);
+  EXPECT_EQ(*remote.NumKeys(""), 4);
+}
+
+TEST_F(RemoteStoreTest, NumKeysPrefixLongerThanAnyKeyIsInvalidArgumentNamingTheLimit) {
+  RemoteStore remote = Remote();
+  absl::StatusOr<int64_t> count = remote.NumKeys(std::string(1 << 20, 'k'));
+  EXPECT_EQ(count.status().code(), absl::StatusCode::kInvalidArgument) << count.status();
+  EXPECT_THAT(count.status().message(), HasSubstr("store.max_key_bytes"));
 }
 
 TEST_F(RemoteStoreTest, WaitCompletesWhenALocalClientSetsTheKey) {
