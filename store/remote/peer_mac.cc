@@ -58,10 +58,14 @@ std::string ComputePeerMac(absl::string_view key, const PeerMacFields& fields) {
   AppendU64(fields.sender_id, &input);
   AppendU64(fields.sequence, &input);
   AppendField(fields.body_digest, &input);
+  return HmacSha256(key, input);
+}
+
+std::string HmacSha256(absl::string_view key, absl::string_view data) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int mac_size = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(input.data()), input.size(), mac, &mac_size);
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac, &mac_size);
   return std::string(reinterpret_cast<const char*>(mac), mac_size);
 }
 

@@ -56,6 +56,10 @@ std::string RequestDigest(const google::protobuf::Message& request);
 // HMAC-SHA256 (32 raw bytes) of `fields` under `key`.
 std::string ComputePeerMac(absl::string_view key, const PeerMacFields& fields);
 
+// HMAC-SHA256 (32 raw bytes) of `data` under `key`: the primitive under ComputePeerMac, also
+// what the agent's pipe handshake signs with (agent/pipe_auth.h).
+std::string HmacSha256(absl::string_view key, absl::string_view data);
+
 // Equality that takes the same time wherever the inputs differ.
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 

@@ -116,5 +116,11 @@ TEST(PeerMacTest, SignerCountsSequencesAndNamesItsAudience) {
   EXPECT_NE(PeerCallSigner("secret", "a:1").sender_id(), signer.sender_id());
 }
 
+TEST(PeerMacTest, HmacSha256MatchesRfc4231) {
+  // RFC 4231, test case 2.
+  EXPECT_EQ(absl::BytesToHexString(HmacSha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
 }  // namespace
 }  // namespace tpd::store
