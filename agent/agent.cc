@@ -1,0 +1,1374 @@
+#include "agent/agent.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <tensorpipe/tensorpipe.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "agent/log.h"
+#include "agent/pipe_auth.h"
+#include "agent/tp_error.h"
+#include "store/check.h"
+
+namespace tpd::agent {
+
+// One pipe, either direction. Fields marked (mu_) are guarded by Agent::mu_; the handshake
+// fields are touched only by the handshake's callbacks, which TensorPipe runs one after the
+// other for one pipe (each is started by the one before).
+struct Agent::Conn {
+  uint64_t serial = 0;
+  bool outbound = false;
+  std::shared_ptr<tensorpipe::Pipe> pipe;  // (mu_) set once; null until connect() returned
+  // Outbound: whom we dialed. Inbound: the node its handshake named and its URLs.
+  PeerId peer;                        // (mu_)
+  std::string dialed_url;             // outbound: the URL passed to connect()
+  PipeState state = PipeState::kConnecting;  // (mu_)
+  absl::Status error;                 // (mu_) why it failed
+  std::vector<uint64_t> queued;       // (mu_) outbound: calls waiting for the handshake
+  absl::flat_hash_set<uint64_t> pending;  // (mu_) outbound: calls awaiting their answer
+  std::string transport;              // (mu_) what TensorPipe picked (derived)
+  std::string channel;                // (mu_)
+  // Handshake.
+  std::string challenge_nonce;
+  PipeTranscript transcript;
+};
+
+// One call from Send until its `done` is taken. All fields (mu_).
+struct Agent::Call {
+  uint64_t id = 0;
+  PeerId peer;
+  std::string method;
+  absl::Time start;
+  absl::Time deadline = absl::InfiniteFuture();
+  Message msg;
+  uint64_t bytes = 0;
+  Callback done;
+  Allocator reply_allocator;
+  std::shared_ptr<Conn> conn;
+  bool write_started = false;
+  bool write_finished = false;
+  std::optional<absl::StatusOr<Message>> outcome;
+};
+
+namespace {
+
+constexpr size_t kMaxHelloBytes = 64 * 1024;
+constexpr size_t kMaxIdBytes = 256;
+constexpr int kMaxUrls = 16;
+constexpr size_t kTensorAlignment = 64;
+constexpr absl::Duration kAuthLogInterval = absl::Seconds(10);
+constexpr size_t kMaxAuthLogKeys = 1024;
+
+// TensorPipe is given this for empty buffers rather than null.
+char kEmpty[1];
+
+void* OrEmpty(void* data) { return data != nullptr ? data : kEmpty; }
+
+std::string CountersKey(const PeerId& peer) {
+  return peer.node.empty() ? peer.address : peer.node;
+}
+
+// "host:port" -> host, port; IPv6 hosts in brackets. The host must be an IP literal (TensorPipe
+// aborts the process on anything else).
+absl::Status SplitHostPort(absl::string_view address, std::string* host, std::string* port,
+                           int* family) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", address, "\" is not host:port"));
+  }
+  absl::string_view h = address.substr(0, colon);
+  absl::string_view p = address.substr(colon + 1);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  int port_number = 0;
+  if (!absl::SimpleAtoi(p, &port_number) || port_number < 0 || port_number > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", address, "\": the port must be 0..65535"));
+  }
+  unsigned char buf[sizeof(in6_addr)];
+  const std::string host_string(h);
+  if (inet_pton(AF_INET, host_string.c_str(), buf) == 1) {
+    *family = AF_INET;
+  } else if (inet_pton(AF_INET6, host_string.c_str(), buf) == 1) {
+    *family = AF_INET6;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", address, "\": the host must be an IP address (TensorPipe resolves no names)"));
+  }
+  *host = host_string;
+  *port = std::string(p);
+  return absl::OkStatus();
+}
+
+// Whether TensorPipe can be given `url` without aborting: uv:// and ibv:// need an IP literal
+// (and optional port); shm:// any non-empty name.
+bool UrlIsSafe(absl::string_view url) {
+  if (absl::ConsumePrefix(&url, "shm://")) return !url.empty() && url.size() < 100;
+  if (!absl::ConsumePrefix(&url, "uv://") && !absl::ConsumePrefix(&url, "ibv://")) return false;
+  std::string host, port;
+  int family = 0;
+  if (SplitHostPort(url, &host, &port, &family).ok()) return true;
+  unsigned char buf[sizeof(in6_addr)];
+  const std::string bare(url);
+  return inet_pton(AF_INET, bare.c_str(), buf) == 1;
+}
+
+// Binds a throwaway socket where the uv listener will bind, because TensorPipe aborts the
+// process when its own bind fails. A port taken between this check and TensorPipe's bind
+// still aborts; a fixed port is the operator's to keep free.
+absl::Status CheckBindable(const std::string& host, const std::string& port, int family,
+                           const std::string& option_text) {
+  const int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", option_text, ": socket: ", std::strerror(errno)));
+  }
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  const int port_number = std::stoi(port);
+  if (family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&storage);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(static_cast<uint16_t>(port_number));
+    inet_pton(AF_INET, host.c_str(), &in->sin_addr);
+    length = sizeof(sockaddr_in);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&storage);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(static_cast<uint16_t>(port_number));
+    inet_pton(AF_INET6, host.c_str(), &in6->sin6_addr);
+    length = sizeof(sockaddr_in6);
+  }
+  int rc = bind(fd, reinterpret_cast<sockaddr*>(&storage), length);
+  if (rc == 0) rc = listen(fd, 1);
+  const int saved = errno;
+  close(fd);
+  if (rc != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", option_text, ": ",
+                                               std::strerror(saved),
+                                               saved == EADDRINUSE ? " (another tpd?)" : ""));
+  }
+  return absl::OkStatus();
+}
+
+// A heap block holding a message's payload and tensors (each tensor 64-byte aligned).
+absl::StatusOr<Destination> HeapDestination(size_t payload_size,
+                                            absl::Span<const size_t> tensor_sizes) {
+  size_t total = payload_size;
+  std::vector<size_t> offsets;
+  for (size_t size : tensor_sizes) {
+    total = (total + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+    offsets.push_back(total);
+    total += size;
+  }
+  Destination destination;
+  if (total == 0) {
+    destination.tensors.assign(tensor_sizes.size(), nullptr);
+    return destination;
+  }
+  std::shared_ptr<char> block(new (std::nothrow) char[total], std::default_delete<char[]>());
+  if (block == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", total, " bytes for an incoming message"));
+  }
+  destination.payload = payload_size > 0 ? block.get() : nullptr;
+  for (size_t i = 0; i < tensor_sizes.size(); ++i) {
+    destination.tensors.push_back(tensor_sizes[i] > 0 ? block.get() + offsets[i] : nullptr);
+  }
+  destination.keepalive = std::move(block);
+  return destination;
+}
+
+// Checks what an allocator returned against the sizes it was asked for.
+absl::Status CheckDestination(const Destination& destination, size_t payload_size,
+                              absl::Span<const size_t> tensor_sizes) {
+  if (destination.tensors.size() != tensor_sizes.size()) {
+    return absl::InternalError(absl::StrCat("the allocator returned ", destination.tensors.size(),
+                                            " tensor buffers for ", tensor_sizes.size(),
+                                            " tensors"));
+  }
+  if (payload_size > 0 && destination.payload == nullptr) {
+    return absl::InternalError("the allocator returned no payload buffer");
+  }
+  for (size_t i = 0; i < tensor_sizes.size(); ++i) {
+    if (tensor_sizes[i] > 0 && destination.tensors[i] == nullptr) {
+      return absl::InternalError(absl::StrCat("the allocator returned no buffer for tensor ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t MessageBytes(const Message& msg) {
+  uint64_t total = msg.payload.size;
+  for (const Buffer& tensor : msg.tensors) total += tensor.size;
+  return total;
+}
+
+// Fills the header's sizes from the buffers; INVALID_ARGUMENT when they do not fit.
+absl::Status PrepareHeader(Message& msg, uint64_t max_bytes) {
+  if (msg.header.tensors_size() == 0 && !msg.tensors.empty()) {
+    for (size_t i = 0; i < msg.tensors.size(); ++i) msg.header.add_tensors();
+  }
+  if (static_cast<size_t>(msg.header.tensors_size()) != msg.tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the message has ", msg.tensors.size(),
+                                                   " tensors but ", msg.header.tensors_size(),
+                                                   " tensor descriptors"));
+  }
+  if (msg.payload.size > 0 && msg.payload.data == nullptr) {
+    return absl::InvalidArgumentError("the payload has a size but no data");
+  }
+  for (size_t i = 0; i < msg.tensors.size(); ++i) {
+    if (msg.tensors[i].size > 0 && msg.tensors[i].data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " has a size but no data"));
+    }
+    msg.header.mutable_tensors(static_cast<int>(i))->set_nbytes(msg.tensors[i].size);
+  }
+  const uint64_t bytes = MessageBytes(msg);
+  if (bytes > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the message holds ", bytes,
+                                                   " bytes, more than the agent's limit of ",
+                                                   max_bytes, " (max_message_bytes)"));
+  }
+  msg.header.set_payload_bytes(msg.payload.size);
+  return absl::OkStatus();
+}
+
+tensorpipe::Message ToTensorPipe(const Message& msg) {
+  tensorpipe::Message out;
+  out.metadata = msg.header.SerializeAsString();
+  if (msg.payload.size > 0) {
+    out.payloads.push_back({msg.payload.data, msg.payload.size, ""});
+  }
+  for (const Buffer& tensor : msg.tensors) {
+    tensorpipe::Message::Tensor t;
+    t.buffer = tensorpipe::CpuBuffer{OrEmpty(tensor.data)};
+    t.length = tensor.size;
+    out.tensors.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::string ClaimedPeer(const v1::PipeHello& hello, const std::string& remote_name) {
+  std::string claimed = hello.agent_id().empty() ? "?" : hello.agent_id().substr(0, kMaxIdBytes);
+  if (hello.urls_size() > 0) {
+    absl::StrAppend(&claimed, " (",
+                    absl::StrJoin(hello.urls().begin(),
+                                  hello.urls().begin() + std::min(hello.urls_size(), 4), ","),
+                    ")");
+  }
+  if (!remote_name.empty() && remote_name != hello.agent_id()) {
+    absl::StrAppend(&claimed, " [context ", remote_name.substr(0, kMaxIdBytes), "]");
+  }
+  return claimed;
+}
+
+// Validates a handshake message's shape; the caller checks its content.
+absl::Status ParseHello(const tensorpipe::Descriptor& descriptor, v1::PipeHello::Step step,
+                        v1::PipeHello* hello) {
+  if (!descriptor.payloads.empty() || !descriptor.tensors.empty()) {
+    return absl::InvalidArgumentError("it sent data before the handshake finished");
+  }
+  if (descriptor.metadata.size() > kMaxHelloBytes || !hello->ParseFromString(descriptor.metadata)) {
+    return absl::InvalidArgumentError("its handshake message is not a PipeHello");
+  }
+  if (hello->version() != kPipeAuthVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("it speaks \"", hello->version().substr(0, 32), "\", not \"",
+                     kPipeAuthVersion, "\" (another release?)"));
+  }
+  if (hello->step() != step) {
+    return absl::InvalidArgumentError(absl::StrCat("expected handshake step ",
+                                                   v1::PipeHello::Step_Name(step), ", got ",
+                                                   static_cast<int>(hello->step())));
+  }
+  if (step != v1::PipeHello::PROOF) {
+    if (hello->nonce().size() != kPipeNonceBytes || hello->agent_id().empty() ||
+        hello->agent_id().size() > kMaxIdBytes || hello->urls_size() > kMaxUrls) {
+      return absl::InvalidArgumentError("its handshake message is malformed");
+    }
+  }
+  if (step != v1::PipeHello::CHALLENGE && hello->mac().size() != 32) {
+    return absl::InvalidArgumentError("its handshake message carries no MAC");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ToVector(const google::protobuf::RepeatedPtrField<std::string>& field) {
+  return std::vector<std::string>(field.begin(), field.end());
+}
+
+std::map<std::string, std::string> ToMap(
+    const google::protobuf::Map<std::string, std::string>& field) {
+  return std::map<std::string, std::string>(field.begin(), field.end());
+}
+
+std::string DeadlineText(absl::Time time) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3S%Ez", time, absl::LocalTimeZone());
+}
+
+// TensorPipe's uv and shm transports write to sockets without MSG_NOSIGNAL: a peer that
+// vanishes mid-write would kill the process with SIGPIPE instead of failing the pipe with
+// EPIPE. PyTorch's agent lives in Python, which ignores SIGPIPE; a daemon must do the same.
+// Only the default disposition is changed: an owner's own handler is left alone.
+void IgnoreSigpipe() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
+}  // namespace
+
+const char* PipeStateName(PipeState state) {
+  switch (state) {
+    case PipeState::kNone:
+      return "none";
+    case PipeState::kConnecting:
+      return "connecting";
+    case PipeState::kReady:
+      return "ready";
+    case PipeState::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+std::string PeerId::ToString() const {
+  if (node.empty()) return absl::StrCat("peer (", address, ")");
+  return absl::StrCat(node, " (", address, ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Creation and destruction.
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& options) {
+  if (options.id.empty() || options.id.size() > kMaxIdBytes) {
+    return absl::InvalidArgumentError("the agent needs an id (the node name, 1..256 bytes)");
+  }
+  if (options.cluster_token.empty()) {
+    return absl::InvalidArgumentError(
+        "the agent needs the cluster token ([peer] token): pipes are authenticated with it");
+  }
+  if (options.handshake_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("handshake_timeout must be positive");
+  }
+  std::string host, port;
+  int family = 0;
+  if (absl::Status s = SplitHostPort(options.listen_address, &host, &port, &family); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("agent listen_address: ", s.message()));
+  }
+  const std::string option_text = absl::StrCat(options.listen_address, " (agent listen_address)");
+  if (absl::Status s = CheckBindable(host, port, family, option_text); !s.ok()) return s;
+  if (port != "0") {
+    // The mpt_uv lanes bind the same host on free ports.
+    if (absl::Status s = CheckBindable(host, "0", family, option_text); !s.ok()) return s;
+  }
+  RegistryOptions registry_options;
+  registry_options.transports = options.transports;
+  registry_options.channels = options.channels;
+  registry_options.host = host;
+  registry_options.mpt_lanes = options.mpt_lanes;
+  absl::StatusOr<std::unique_ptr<Registry>> registry = Registry::Create(registry_options);
+  if (!registry.ok()) return registry.status();
+  IgnoreSigpipe();
+  std::unique_ptr<Agent> agent(new Agent(options, *std::move(registry)));
+  agent->listen_port_ = port;
+  if (absl::Status s = agent->Start(); !s.ok()) return s;
+  return agent;
+}
+
+Agent::Agent(const AgentOptions& options, std::unique_ptr<Registry> registry)
+    : options_(options), registry_(std::move(registry)) {}
+
+absl::Status Agent::Start() {
+  context_ = std::make_shared<tensorpipe::Context>(tensorpipe::ContextOptions().name(options_.id));
+  registry_->RegisterWith(*context_);
+  const std::map<std::string, std::string> listen_urls = registry_->ListenUrls(listen_port_);
+  std::vector<std::string> to_listen;
+  const std::vector<std::string> order = registry_->BootstrapOrder();
+  for (const std::string& transport : order) to_listen.push_back(listen_urls.at(transport));
+  listener_ = context_->listen(to_listen);
+  for (const std::string& transport : order) urls_.push_back(listener_->url(transport));
+  address_ = absl::StrJoin(urls_, ",");
+  timer_ = std::thread([this] { TimerLoop(); });
+  Accept();
+  std::vector<std::string> channels;
+  for (const Candidate& channel : registry_->channels()) {
+    if (channel.registered) channels.push_back(channel.name);
+  }
+  AgentLog().info("[agent {}] listening on {} (channels {})", options_.id, address_,
+                  absl::StrJoin(channels, ", "));
+  AgentLog().debug("[agent {}] {}", options_.id, registry_->Describe());
+  return absl::OkStatus();
+}
+
+Agent::~Agent() {
+  std::vector<std::shared_ptr<Conn>> conns;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    for (auto& [serial, conn] : conns_) conns.push_back(conn);
+  }
+  if (listener_ != nullptr) listener_->close();
+  const absl::Status closing =
+      absl::UnavailableError(absl::StrCat("agent ", options_.id, " is closing"));
+  for (const auto& conn : conns) FailConn(conn, closing);
+  // Closing the context aborts every pipe operation; TensorPipe then calls each pending
+  // callback (with an error), and join() returns once all of them have run.
+  if (context_ != nullptr) {
+    context_->close();
+    context_->join();
+  }
+  std::vector<std::function<void()>> run;
+  {
+    absl::MutexLock lock(&mu_);
+    timer_stop_ = true;
+    timer_cv_.Signal();
+    // Nothing should be left; whatever is (a call no pipe ever took) ends here.
+    for (auto& [id, call] : calls_) {
+      if (!call->outcome.has_value()) call->outcome = closing;
+      call->write_finished = true;
+    }
+    std::vector<uint64_t> ids;
+    for (auto& [id, call] : calls_) ids.push_back(id);
+    for (uint64_t id : ids) TakeDoneIfFinished(*calls_.at(id), &run);
+  }
+  if (timer_.joinable()) timer_.join();
+  for (auto& fn : run) fn();
+}
+
+void Agent::SetHandler(Handler handler) {
+  absl::MutexLock lock(&mu_);
+  handler_ = std::move(handler);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The timer: call deadlines and handshake deadlines.
+
+void Agent::TimerLoop() {
+  mu_.Lock();
+  while (!timer_stop_) {
+    const std::optional<absl::Time> earliest = deadlines_.Earliest();
+    const absl::Time now = absl::Now();
+    if (!earliest.has_value() || *earliest > now) {
+      timer_cv_.WaitWithDeadline(&mu_, earliest.value_or(absl::InfiniteFuture()));
+      continue;
+    }
+    std::vector<std::function<void()>> run;
+    std::vector<std::pair<std::shared_ptr<Conn>, absl::Status>> late_handshakes;
+    for (uint64_t id : deadlines_.PopDue(now)) {
+      if (auto it = calls_.find(id); it != calls_.end()) {
+        Call& call = *it->second;
+        if (call.outcome.has_value()) continue;
+        call.outcome = absl::DeadlineExceededError(absl::StrCat(
+            "method \"", call.method, "\" to ", call.peer.ToString(), ": deadline ",
+            DeadlineText(call.deadline), " passed (timeout ",
+            absl::FormatDuration(absl::Ceil(call.deadline - call.start, absl::Milliseconds(1))),
+            ", call ", call.id, ")"));
+        PeerCounters& counters = Counters(CountersKey(call.peer));
+        ++counters.errors;
+        counters.last_error = std::string(call.outcome->status().message());
+        if (call.conn != nullptr) {
+          call.conn->pending.erase(id);
+          auto& queued = call.conn->queued;
+          queued.erase(std::remove(queued.begin(), queued.end(), id), queued.end());
+        }
+        TakeDoneIfFinished(call, &run);
+      } else if (auto conn_it = conns_.find(id); conn_it != conns_.end()) {
+        const std::shared_ptr<Conn>& conn = conn_it->second;
+        if (conn->state != PipeState::kConnecting) continue;
+        if (!conn->outbound) ++auth_failures_;
+        late_handshakes.emplace_back(
+            conn, absl::UnavailableError(absl::StrCat(
+                      conn->outbound ? absl::StrCat("pipe to ", conn->peer.ToString())
+                                     : std::string("a pipe accepted from an unknown peer"),
+                      ": the handshake did not finish within ",
+                      absl::FormatDuration(options_.handshake_timeout))));
+      }
+    }
+    if (run.empty() && late_handshakes.empty()) continue;
+    mu_.Unlock();
+    for (auto& fn : run) fn();
+    for (auto& [conn, status] : late_handshakes) {
+      if (!conn->outbound) LogAuthFailure("unknown peer", std::string(status.message()));
+      FailConn(conn, status);
+    }
+    mu_.Lock();
+  }
+  mu_.Unlock();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Listener side of the handshake.
+
+void Agent::Accept() {
+  listener_->accept([this](const tensorpipe::Error& error, std::shared_ptr<tensorpipe::Pipe> pipe) {
+    if (error) {
+      bool closing;
+      {
+        absl::MutexLock lock(&mu_);
+        closing = closing_;
+      }
+      if (!closing) {
+        AgentLog().error("[agent {}] the listener failed, no more pipes are accepted: {}",
+                         options_.id, error.what());
+      }
+      return;
+    }
+    Accept();
+    OnAccepted(std::move(pipe));
+  });
+}
+
+void Agent::OnAccepted(std::shared_ptr<tensorpipe::Pipe> pipe) {
+  auto conn = std::make_shared<Conn>();
+  conn->outbound = false;
+  conn->challenge_nonce = NewPipeNonce();
+  bool closing;
+  {
+    absl::MutexLock lock(&mu_);
+    closing = closing_;
+    if (!closing) {
+      conn->pipe = pipe;
+      conn->serial = next_id_++;
+      conns_.emplace(conn->serial, conn);
+      AddDeadline(conn->serial, absl::Now() + options_.handshake_timeout);
+    }
+  }
+  if (closing) {
+    pipe->close();
+    return;
+  }
+  v1::PipeHello challenge;
+  challenge.set_version(std::string(kPipeAuthVersion));
+  challenge.set_step(v1::PipeHello::CHALLENGE);
+  challenge.set_nonce(conn->challenge_nonce);
+  challenge.set_agent_id(options_.id);
+  for (const std::string& url : urls_) challenge.add_urls(url);
+  for (const auto& [name, domain] : registry_->TransportDomains()) {
+    (*challenge.mutable_transport_domains())[name] = domain;
+  }
+  for (const auto& [name, descriptor] : registry_->ChannelCpuDescriptors()) {
+    (*challenge.mutable_channel_cpu_descriptors())[name] = descriptor;
+  }
+  WriteHello(conn, challenge);
+  ReadHello(conn, &Agent::OnAnswer);
+}
+
+void Agent::OnAnswer(const std::shared_ptr<Conn>& conn, const tensorpipe::Descriptor& descriptor) {
+  v1::PipeHello answer;
+  const std::string remote_name = conn->pipe->getRemoteName();
+  if (absl::Status s = ParseHello(descriptor, v1::PipeHello::ANSWER, &answer); !s.ok()) {
+    RejectHandshake(conn, ClaimedPeer(answer, remote_name), std::string(s.message()));
+    return;
+  }
+  conn->transcript.challenge_nonce = conn->challenge_nonce;
+  conn->transcript.answer_nonce = answer.nonce();
+  conn->transcript.acceptor_id = options_.id;
+  conn->transcript.acceptor_urls = urls_;
+  conn->transcript.dialed_url = answer.dialed_url();
+  conn->transcript.connector_id = answer.agent_id();
+  conn->transcript.connector_urls = ToVector(answer.urls());
+  // The MAC first: someone without the token learns nothing from which check failed.
+  if (!VerifyPipeMac(options_.cluster_token, PipeMacRole::kAnswer, conn->transcript,
+                     answer.mac())) {
+    RejectHandshake(conn, ClaimedPeer(answer, remote_name),
+                    "bad MAC in its answer (another cluster token?)");
+    return;
+  }
+  if (!DialedUrlIsOurs(answer.dialed_url(), urls_)) {
+    RejectHandshake(conn, ClaimedPeer(answer, remote_name),
+                    absl::StrCat("it dialed ", answer.dialed_url().substr(0, 200),
+                                 ", which is not this agent's address ", address_,
+                                 " (a relayed handshake?)"));
+    return;
+  }
+  v1::PipeHello proof;
+  proof.set_version(std::string(kPipeAuthVersion));
+  proof.set_step(v1::PipeHello::PROOF);
+  proof.set_mac(ComputePipeMac(options_.cluster_token, PipeMacRole::kProof, conn->transcript));
+  WriteHello(conn, proof);
+  {
+    absl::MutexLock lock(&mu_);
+    conn->peer.node = answer.agent_id();
+    conn->peer.address = absl::StrJoin(answer.urls(), ",");
+    conn->transport = registry_->PickTransport(ToMap(answer.transport_domains()));
+    conn->channel = registry_->PickChannel(ToMap(answer.channel_cpu_descriptors()));
+  }
+  BecomeReady(conn);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connector side of the handshake.
+
+std::shared_ptr<Agent::Conn> Agent::NewOutbound(const PeerId& peer, absl::Status* error) {
+  std::vector<std::string> peer_urls = absl::StrSplit(peer.address, ',', absl::SkipEmpty());
+  std::string url;
+  for (const std::string& transport : registry_->BootstrapOrder()) {
+    for (const std::string& candidate : peer_urls) {
+      if (absl::StartsWith(candidate, absl::StrCat(transport, "://"))) {
+        url = candidate;
+        break;
+      }
+    }
+    if (!url.empty()) break;
+  }
+  if (url.empty()) {
+    *error = absl::UnavailableError(absl::StrCat(
+        "no transport in common with ", peer.ToString(), ": this agent has ",
+        absl::StrJoin(registry_->BootstrapOrder(), ", ")));
+    return nullptr;
+  }
+  if (!UrlIsSafe(url)) {
+    *error = absl::InvalidArgumentError(
+        absl::StrCat("the address of ", peer.ToString(),
+                     " is not a TensorPipe URL with an IP address (uv://10.0.0.2:29501)"));
+    return nullptr;
+  }
+  auto conn = std::make_shared<Conn>();
+  conn->outbound = true;
+  conn->peer = peer;
+  conn->dialed_url = url;
+  conn->serial = next_id_++;
+  conns_.emplace(conn->serial, conn);
+  outbound_[peer] = conn;
+  AddDeadline(conn->serial, absl::Now() + options_.handshake_timeout);
+  PeerCounters& counters = Counters(CountersKey(peer));
+  counters.address = peer.address;
+  counters.state = PipeState::kConnecting;
+  return conn;
+}
+
+void Agent::Connect(const std::shared_ptr<Conn>& conn) {
+  std::shared_ptr<tensorpipe::Pipe> pipe = context_->connect(
+      conn->dialed_url, tensorpipe::PipeOptions().remoteName(conn->peer.node));
+  bool failed;
+  {
+    absl::MutexLock lock(&mu_);
+    conn->pipe = pipe;
+    failed = conn->state == PipeState::kFailed;
+  }
+  if (failed) {
+    // Failed before it had a pipe (FailPeer, the agent closing): FailConn could not close it.
+    pipe->close();
+    return;
+  }
+  ReadHello(conn, &Agent::OnChallenge);
+}
+
+void Agent::OnChallenge(const std::shared_ptr<Conn>& conn,
+                        const tensorpipe::Descriptor& descriptor) {
+  v1::PipeHello challenge;
+  const std::string remote_name = conn->pipe->getRemoteName();
+  if (absl::Status s = ParseHello(descriptor, v1::PipeHello::CHALLENGE, &challenge); !s.ok()) {
+    RejectHandshake(conn, ClaimedPeer(challenge, remote_name), std::string(s.message()));
+    return;
+  }
+  PeerId peer;
+  {
+    absl::MutexLock lock(&mu_);
+    peer = conn->peer;
+  }
+  if (!peer.node.empty() && challenge.agent_id() != peer.node) {
+    RejectHandshake(conn, ClaimedPeer(challenge, remote_name),
+                    absl::StrCat("the agent at ", conn->dialed_url, " is \"",
+                                 challenge.agent_id().substr(0, kMaxIdBytes), "\", not \"",
+                                 peer.node, "\""));
+    return;
+  }
+  conn->transcript.challenge_nonce = challenge.nonce();
+  conn->transcript.answer_nonce = NewPipeNonce();
+  conn->transcript.acceptor_id = challenge.agent_id();
+  conn->transcript.acceptor_urls = ToVector(challenge.urls());
+  conn->transcript.dialed_url = conn->dialed_url;
+  conn->transcript.connector_id = options_.id;
+  conn->transcript.connector_urls = urls_;
+  v1::PipeHello answer;
+  answer.set_version(std::string(kPipeAuthVersion));
+  answer.set_step(v1::PipeHello::ANSWER);
+  answer.set_nonce(conn->transcript.answer_nonce);
+  answer.set_agent_id(options_.id);
+  for (const std::string& url : urls_) answer.add_urls(url);
+  answer.set_dialed_url(conn->dialed_url);
+  answer.set_mac(ComputePipeMac(options_.cluster_token, PipeMacRole::kAnswer, conn->transcript));
+  for (const auto& [name, domain] : registry_->TransportDomains()) {
+    (*answer.mutable_transport_domains())[name] = domain;
+  }
+  for (const auto& [name, cpu] : registry_->ChannelCpuDescriptors()) {
+    (*answer.mutable_channel_cpu_descriptors())[name] = cpu;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    conn->transport = registry_->PickTransport(ToMap(challenge.transport_domains()));
+    conn->channel = registry_->PickChannel(ToMap(challenge.channel_cpu_descriptors()));
+  }
+  WriteHello(conn, answer);
+  ReadHello(conn, &Agent::OnProof);
+}
+
+void Agent::OnProof(const std::shared_ptr<Conn>& conn, const tensorpipe::Descriptor& descriptor) {
+  v1::PipeHello proof;
+  const std::string claimed = conn->peer.ToString();
+  if (absl::Status s = ParseHello(descriptor, v1::PipeHello::PROOF, &proof); !s.ok()) {
+    RejectHandshake(conn, claimed, std::string(s.message()));
+    return;
+  }
+  if (!VerifyPipeMac(options_.cluster_token, PipeMacRole::kProof, conn->transcript,
+                     proof.mac())) {
+    RejectHandshake(conn, claimed, "bad MAC in its proof (another cluster token?)");
+    return;
+  }
+  BecomeReady(conn);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handshake plumbing.
+
+void Agent::ReadHello(const std::shared_ptr<Conn>& conn,
+                      void (Agent::*next)(const std::shared_ptr<Conn>&,
+                                          const tensorpipe::Descriptor&)) {
+  conn->pipe->readDescriptor(
+      [this, conn, next](const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
+        if (error) {
+          PeerId peer;
+          {
+            absl::MutexLock lock(&mu_);
+            peer = conn->peer;
+          }
+          const std::string who =
+              conn->outbound ? absl::StrCat("pipe to ", peer.ToString())
+                             : std::string("a pipe accepted from an unauthenticated peer");
+          absl::Status status = TensorPipeErrorToStatus(
+              error, absl::StrCat(who, " closed during the handshake",
+                                  conn->outbound ? " (does the peer have this cluster token?)"
+                                                 : ""));
+          FailConn(conn, status);
+          return;
+        }
+        if (descriptor.payloads.empty() && descriptor.tensors.empty()) {
+          // Every descriptor must be followed by a read, even of nothing.
+          conn->pipe->read(tensorpipe::Allocation{}, [](const tensorpipe::Error&) {});
+        }
+        (this->*next)(conn, descriptor);
+      });
+}
+
+void Agent::WriteHello(const std::shared_ptr<Conn>& conn, const v1::PipeHello& hello) {
+  tensorpipe::Message message;
+  message.metadata = hello.SerializeAsString();
+  conn->pipe->write(std::move(message), [this, conn](const tensorpipe::Error& error) {
+    if (error) FailConn(conn, TensorPipeErrorToStatus(error, "writing a handshake message"));
+  });
+}
+
+void Agent::RejectHandshake(const std::shared_ptr<Conn>& conn, const std::string& claimed,
+                            const std::string& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++auth_failures_;
+  }
+  LogAuthFailure(claimed, why);
+  if (conn->outbound) {
+    PeerId peer;
+    {
+      absl::MutexLock lock(&mu_);
+      peer = conn->peer;
+    }
+    FailConn(conn, absl::UnauthenticatedError(absl::StrCat(
+                       "pipe to ", peer.ToString(), " refused: ", why)));
+  } else {
+    FailConn(conn, absl::UnauthenticatedError(absl::StrCat("pipe from ", claimed,
+                                                           " refused: ", why)));
+  }
+}
+
+void Agent::LogAuthFailure(const std::string& claimed, const std::string& why) {
+  const absl::Time now = absl::Now();
+  int64_t suppressed = 0;
+  {
+    absl::MutexLock lock(&log_mu_);
+    auto it = log_.find(claimed);
+    if (it != log_.end() && now - it->second.last_logged < kAuthLogInterval) {
+      ++it->second.suppressed;
+      return;
+    }
+    if (it == log_.end()) {
+      if (log_.size() >= kMaxAuthLogKeys) log_.clear();  // bounded beats exact under a flood
+      it = log_.emplace(claimed, LogState{}).first;
+    }
+    suppressed = it->second.suppressed;
+    it->second = LogState{now, 0};
+  }
+  if (suppressed > 0) {
+    AgentLog().warn("[agent {}] [pipe from/to {}] handshake refused: {} ({} more in the last {})",
+                    options_.id, claimed, why, suppressed,
+                    absl::FormatDuration(kAuthLogInterval));
+  } else {
+    AgentLog().warn("[agent {}] [pipe from/to {}] handshake refused: {}", options_.id, claimed,
+                    why);
+  }
+}
+
+void Agent::BecomeReady(const std::shared_ptr<Conn>& conn) {
+  std::vector<uint64_t> queued;
+  {
+    absl::MutexLock lock(&mu_);
+    if (conn->state != PipeState::kConnecting) return;
+    conn->state = PipeState::kReady;
+    deadlines_.Remove(conn->serial);
+    queued = std::move(conn->queued);
+    conn->queued.clear();
+    PeerCounters& counters = Counters(CountersKey(conn->peer));
+    counters.transport = conn->transport;
+    counters.channel = conn->channel;
+    if (conn->outbound) {
+      counters.state = PipeState::kReady;
+    } else {
+      ++counters.inbound_pipes;
+    }
+  }
+  AgentLog().debug("[agent {}] [peer {}] pipe {} ready ({} + {})", options_.id,
+                   conn->peer.ToString(), conn->outbound ? "to" : "from", conn->transport,
+                   conn->channel);
+  ReadNext(conn);
+  for (uint64_t id : queued) WriteCall(conn, id);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calls.
+
+void Agent::Send(const PeerId& peer, Message msg, absl::Time deadline, Callback done,
+                 Allocator reply_allocator) {
+  msg.header.set_kind(v1::AgentMessage::REQUEST);
+  if (absl::Status s = PrepareHeader(msg, options_.max_message_bytes); !s.ok()) {
+    done(absl::Status(s.code(), absl::StrCat("method \"", msg.header.method(), "\" to ",
+                                             peer.ToString(), ": ", s.message())));
+    return;
+  }
+  const absl::Time now = absl::Now();
+  std::shared_ptr<Conn> conn;
+  bool connect = false;
+  bool write_now = false;
+  uint64_t id = 0;
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_) {
+      refused = absl::UnavailableError(absl::StrCat("agent ", options_.id, " is closing"));
+    } else if (deadline <= now) {
+      refused = absl::DeadlineExceededError(
+          absl::StrCat("method \"", msg.header.method(), "\" to ", peer.ToString(),
+                       ": deadline ", DeadlineText(deadline), " passed before the call was sent"));
+    } else {
+      auto it = outbound_.find(peer);
+      if (it != outbound_.end()) {
+        conn = it->second;
+      } else {
+        conn = NewOutbound(peer, &refused);
+        connect = conn != nullptr;
+      }
+    }
+    if (conn != nullptr) {
+      id = next_id_++;
+      msg.header.set_call_id(id);
+      auto call = std::make_unique<Call>();
+      call->id = id;
+      call->peer = peer;
+      call->method = msg.header.method();
+      call->start = now;
+      call->deadline = deadline;
+      call->bytes = MessageBytes(msg);
+      call->msg = std::move(msg);
+      call->done = std::move(done);
+      call->reply_allocator = std::move(reply_allocator);
+      call->conn = conn;
+      conn->pending.insert(id);
+      if (conn->state == PipeState::kReady) {
+        write_now = true;
+      } else {
+        conn->queued.push_back(id);
+      }
+      calls_.emplace(id, std::move(call));
+      AddDeadline(id, deadline);
+      ++Counters(CountersKey(peer)).calls_sent;
+    } else {
+      PeerCounters& counters = Counters(CountersKey(peer));
+      ++counters.errors;
+      counters.last_error = std::string(refused.message());
+    }
+  }
+  if (conn == nullptr) {
+    done(std::move(refused));
+    return;
+  }
+  if (connect) Connect(conn);
+  if (write_now) WriteCall(conn, id);
+}
+
+void Agent::WriteCall(const std::shared_ptr<Conn>& conn, uint64_t call_id) {
+  tensorpipe::Message message;
+  std::shared_ptr<const void> keepalive;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = calls_.find(call_id);
+    if (it == calls_.end()) return;
+    Call& call = *it->second;
+    if (call.outcome.has_value() || call.write_started) return;
+    call.write_started = true;
+    if (call.deadline != absl::InfiniteFuture()) {
+      call.msg.header.set_timeout_us(
+          std::max<int64_t>(1, absl::ToInt64Microseconds(call.deadline - absl::Now())));
+    }
+    message = ToTensorPipe(call.msg);
+    keepalive = call.msg.keepalive;
+  }
+  conn->pipe->write(std::move(message),
+                    [this, call_id, conn, keepalive](const tensorpipe::Error& error) {
+                      absl::Status status;
+                      if (error) {
+                        status = TensorPipeErrorToStatus(
+                            error, absl::StrCat("pipe to ", conn->peer.ToString(), " failed"));
+                      }
+                      OnCallWritten(call_id, status);
+                      if (!status.ok()) FailConn(conn, status);
+                    });
+}
+
+void Agent::OnCallWritten(uint64_t call_id, const absl::Status& status) {
+  std::vector<std::function<void()>> run;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = calls_.find(call_id);
+    if (it == calls_.end()) return;  // `done` ran already (the message had a keepalive)
+    Call& call = *it->second;
+    call.write_finished = true;
+    if (status.ok()) {
+      Counters(CountersKey(call.peer)).bytes_sent += call.bytes;
+    } else if (!call.outcome.has_value()) {
+      call.outcome = absl::Status(status.code(), absl::StrCat("method \"", call.method,
+                                                              "\": ", status.message()));
+      if (call.conn != nullptr) call.conn->pending.erase(call_id);
+      deadlines_.Remove(call_id);
+    }
+    TakeDoneIfFinished(call, &run);
+  }
+  for (auto& fn : run) fn();
+}
+
+void Agent::CompleteCall(uint64_t call_id, absl::StatusOr<Message> outcome) {
+  std::vector<std::function<void()>> run;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = calls_.find(call_id);
+    if (it == calls_.end()) return;
+    Call& call = *it->second;
+    if (call.outcome.has_value()) return;  // late: already failed (deadline); dropped
+    if (!outcome.ok()) {
+      PeerCounters& counters = Counters(CountersKey(call.peer));
+      ++counters.errors;
+      counters.last_error = std::string(outcome.status().message());
+    }
+    call.outcome = std::move(outcome);
+    if (call.conn != nullptr) call.conn->pending.erase(call_id);
+    deadlines_.Remove(call_id);
+    TakeDoneIfFinished(call, &run);
+  }
+  for (auto& fn : run) fn();
+}
+
+void Agent::TakeDoneIfFinished(Call& call, std::vector<std::function<void()>>* run) {
+  if (!call.outcome.has_value()) return;
+  const bool buffers_free = !call.write_started || call.write_finished;
+  if (!buffers_free && call.msg.keepalive == nullptr) return;
+  // std::function needs a copyable callable: the move-only pieces travel in a shared_ptr.
+  struct Pending {
+    Callback done;
+    absl::StatusOr<Message> outcome;
+  };
+  auto pending = std::make_shared<Pending>(Pending{std::move(call.done), *std::move(call.outcome)});
+  const uint64_t id = call.id;
+  deadlines_.Remove(id);
+  calls_.erase(id);  // `call` is gone from here on
+  run->push_back([pending] {
+    if (pending->done) pending->done(std::move(pending->outcome));
+  });
+}
+
+void Agent::Respond(const ReplyTo& to, Message response, SentCallback sent) {
+  auto finish = [&sent](absl::Status status) {
+    if (sent) sent(std::move(status));
+  };
+  std::shared_ptr<Conn> conn = std::static_pointer_cast<Conn>(to.conn_.lock());
+  if (conn == nullptr) {
+    finish(absl::UnavailableError(
+        absl::StrCat("the pipe from ", to.node_, " that carried call ", to.call_id_, " is gone")));
+    return;
+  }
+  response.header.set_call_id(to.call_id_);
+  if (response.header.kind() != v1::AgentMessage::ERROR) {
+    response.header.set_kind(v1::AgentMessage::RESPONSE);
+  }
+  if (response.header.method().empty()) response.header.set_method(to.method_);
+  if (absl::Status s = PrepareHeader(response, options_.max_message_bytes); !s.ok()) {
+    finish(absl::Status(s.code(), absl::StrCat("response to ", to.node_, " for method \"",
+                                               to.method_, "\": ", s.message())));
+    return;
+  }
+  absl::Status pipe_error;
+  {
+    absl::MutexLock lock(&mu_);
+    if (conn->state != PipeState::kReady) pipe_error = conn->error;
+  }
+  if (!pipe_error.ok()) {
+    finish(absl::UnavailableError(absl::StrCat("response to ", to.node_, " for method \"",
+                                               to.method_, "\": ", pipe_error.message())));
+    return;
+  }
+  if (to.deadline_ != absl::InfiniteFuture() && absl::Now() > to.deadline_) {
+    finish(absl::DeadlineExceededError(
+        absl::StrCat("response to ", to.node_, " for method \"", to.method_, "\": deadline ",
+                     DeadlineText(to.deadline_), " passed; not sent")));
+    return;
+  }
+  const uint64_t bytes = MessageBytes(response);
+  auto shared_sent = std::make_shared<SentCallback>(std::move(sent));
+  std::shared_ptr<const void> keepalive = response.keepalive;
+  const std::string node = to.node_;
+  conn->pipe->write(
+      ToTensorPipe(response),
+      [this, conn, shared_sent, keepalive, bytes, node](const tensorpipe::Error& error) {
+        absl::Status status;
+        if (error) {
+          status = TensorPipeErrorToStatus(error, absl::StrCat("pipe from ", node, " failed"));
+        } else {
+          absl::MutexLock lock(&mu_);
+          Counters(node).bytes_sent += bytes;
+        }
+        if (*shared_sent) (*shared_sent)(status);
+        if (!status.ok()) FailConn(conn, status);
+      });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading authenticated pipes.
+
+void Agent::ReadNext(const std::shared_ptr<Conn>& conn) {
+  conn->pipe->readDescriptor(
+      [this, conn](const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
+        if (error) {
+          PeerId peer;
+          {
+            absl::MutexLock lock(&mu_);
+            peer = conn->peer;
+          }
+          FailConn(conn, TensorPipeErrorToStatus(
+                             error, absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
+                                                 peer.ToString(), " failed")));
+          return;
+        }
+        OnDescriptor(conn, descriptor);
+      });
+}
+
+void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
+                         const tensorpipe::Descriptor& descriptor) {
+  PeerId peer;
+  {
+    absl::MutexLock lock(&mu_);
+    peer = conn->peer;
+  }
+  const std::string node = CountersKey(peer);
+  auto protocol_error = [&](const std::string& why) {
+    AgentLog().error("[agent {}] [peer {}] closing the pipe: {}", options_.id, peer.ToString(),
+                     why);
+    FailConn(conn, absl::UnavailableError(absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
+                                                       peer.ToString(), " closed: ", why)));
+  };
+  auto header = std::make_shared<v1::AgentMessage>();
+  if (!header->ParseFromString(descriptor.metadata)) {
+    protocol_error("it sent a message whose header is not an AgentMessage");
+    return;
+  }
+  // The sizes come from TensorPipe's descriptor; the header must agree with them.
+  size_t payload_size = 0;
+  if (descriptor.payloads.size() > 1) {
+    protocol_error("it sent a message with more than one payload");
+    return;
+  }
+  if (!descriptor.payloads.empty()) payload_size = descriptor.payloads[0].length;
+  if (payload_size != header->payload_bytes()) {
+    protocol_error(absl::StrCat("a message's payload is ", payload_size,
+                                " bytes, its header says ", header->payload_bytes()));
+    return;
+  }
+  if (descriptor.tensors.size() != static_cast<size_t>(header->tensors_size())) {
+    protocol_error(absl::StrCat("a message carries ", descriptor.tensors.size(),
+                                " tensors, its header describes ", header->tensors_size()));
+    return;
+  }
+  std::vector<size_t> tensor_sizes;
+  uint64_t total = payload_size;
+  for (size_t i = 0; i < descriptor.tensors.size(); ++i) {
+    const size_t length = descriptor.tensors[i].length;
+    if (length != header->tensors(static_cast<int>(i)).nbytes() ||
+        descriptor.tensors[i].sourceDevice.type != tensorpipe::kCpuDeviceType) {
+      protocol_error(absl::StrCat("tensor ", i, " of a message is ", length,
+                                  " bytes, its header says ",
+                                  header->tensors(static_cast<int>(i)).nbytes()));
+      return;
+    }
+    tensor_sizes.push_back(length);
+    total += length;
+  }
+  if (total > options_.max_message_bytes) {
+    protocol_error(absl::StrCat("it sent a message of ", total, " bytes, more than ",
+                                options_.max_message_bytes, " (max_message_bytes)"));
+    return;
+  }
+
+  // Where the bytes go, and what happens once they are in.
+  absl::StatusOr<Destination> destination;
+  absl::Status refused;  // a refused request is answered with this
+  std::function<void(InboundRequest)> deliver;
+  const v1::AgentMessage::Kind kind = header->kind();
+  if (kind == v1::AgentMessage::REQUEST) {
+    Allocator allocate;
+    {
+      absl::MutexLock lock(&mu_);
+      allocate = handler_.allocate;
+      deliver = handler_.deliver;
+      ++Counters(node).calls_received;
+    }
+    if (!deliver) {
+      refused = absl::UnavailableError(
+          absl::StrCat("agent ", options_.id, " serves no requests yet (no handler)"));
+    } else {
+      destination = allocate ? allocate(*header, payload_size, tensor_sizes)
+                             : HeapDestination(payload_size, tensor_sizes);
+      if (destination.ok()) {
+        refused = CheckDestination(*destination, payload_size, tensor_sizes);
+      } else {
+        refused = destination.status();
+      }
+    }
+  } else if (kind == v1::AgentMessage::RESPONSE || kind == v1::AgentMessage::ERROR) {
+    Allocator allocate;
+    bool wanted = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = calls_.find(header->call_id());
+      if (it != calls_.end() && !it->second->outcome.has_value() && it->second->conn == conn) {
+        wanted = true;
+        allocate = it->second->reply_allocator;
+      }
+    }
+    if (wanted && allocate) {
+      destination = allocate(*header, payload_size, tensor_sizes);
+      absl::Status bad = destination.ok()
+                             ? CheckDestination(*destination, payload_size, tensor_sizes)
+                             : destination.status();
+      if (!bad.ok()) {
+        CompleteCall(header->call_id(),
+                     absl::Status(bad.code(), absl::StrCat("the reply to method \"",
+                                                           header->method(), "\" from ",
+                                                           peer.ToString(),
+                                                           " could not be placed: ",
+                                                           bad.message())));
+        destination = bad;
+      }
+    } else {
+      destination = HeapDestination(payload_size, tensor_sizes);
+    }
+  } else {
+    protocol_error(absl::StrCat("it sent a message of kind ", static_cast<int>(kind)));
+    return;
+  }
+  // Bytes that nobody takes are still read (a pipe cannot skip them), into a block dropped
+  // right after.
+  if (!destination.ok() || !refused.ok()) {
+    destination = HeapDestination(payload_size, tensor_sizes);
+    if (!destination.ok()) {
+      protocol_error(std::string(destination.status().message()));
+      return;
+    }
+  }
+  tensorpipe::Allocation allocation;
+  if (!descriptor.payloads.empty()) allocation.payloads.push_back({OrEmpty(destination->payload)});
+  for (void* tensor : destination->tensors) {
+    allocation.tensors.push_back({tensorpipe::CpuBuffer{OrEmpty(tensor)}});
+  }
+  auto message = std::make_shared<Message>();
+  message->payload = Buffer{destination->payload, payload_size};
+  for (size_t i = 0; i < tensor_sizes.size(); ++i) {
+    message->tensors.push_back(Buffer{destination->tensors[i], tensor_sizes[i]});
+  }
+  message->keepalive = std::move(destination->keepalive);
+  const absl::Time received = absl::Now();
+  conn->pipe->read(std::move(allocation), [this, conn, header, message, refused, deliver, total,
+                                           node, peer, received](const tensorpipe::Error& error) {
+    if (error) {
+      FailConn(conn, TensorPipeErrorToStatus(
+                         error, absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
+                                             peer.ToString(), " failed")));
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      Counters(node).bytes_received += total;
+    }
+    message->header = std::move(*header);
+    if (message->header.kind() != v1::AgentMessage::REQUEST) {
+      const uint64_t call_id = message->header.call_id();
+      CompleteCall(call_id, std::move(*message));
+      return;
+    }
+    ReplyTo reply_to;
+    reply_to.conn_ = conn;
+    reply_to.call_id_ = message->header.call_id();
+    reply_to.node_ = peer.node;
+    reply_to.method_ = message->header.method();
+    if (message->header.timeout_us() > 0) {
+      reply_to.deadline_ = received + absl::Microseconds(message->header.timeout_us());
+    }
+    if (!refused.ok()) {
+      Message answer;
+      answer.header.set_kind(v1::AgentMessage::ERROR);
+      answer.header.set_status_code(static_cast<int>(refused.code()));
+      answer.header.set_status_message(std::string(refused.message()));
+      Respond(reply_to, std::move(answer));
+      return;
+    }
+    InboundRequest request;
+    request.node = peer.node;
+    request.deadline = reply_to.deadline_;
+    request.message = std::move(*message);
+    request.reply_to = std::move(reply_to);
+    deliver(std::move(request));
+  });
+  ReadNext(conn);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failures.
+
+void Agent::FailConn(const std::shared_ptr<Conn>& conn, const absl::Status& status) {
+  std::vector<std::function<void()>> run;
+  std::shared_ptr<tensorpipe::Pipe> pipe;
+  bool closing;
+  bool was_ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (conn->state == PipeState::kFailed) return;
+    was_ready = conn->state == PipeState::kReady;
+    closing = closing_;
+    conn->state = PipeState::kFailed;
+    conn->error = status;
+    pipe = conn->pipe;
+    conns_.erase(conn->serial);
+    deadlines_.Remove(conn->serial);
+    if (conn->outbound) {
+      auto it = outbound_.find(conn->peer);
+      if (it != outbound_.end() && it->second == conn) outbound_.erase(it);
+    }
+    if (conn->outbound || was_ready) {
+      PeerCounters& counters = Counters(CountersKey(conn->peer));
+      if (!closing) {
+        ++counters.errors;
+        counters.last_error = std::string(status.message());
+      }
+      if (conn->outbound) counters.state = PipeState::kFailed;
+      if (!conn->outbound) --counters.inbound_pipes;
+    }
+    for (uint64_t id : conn->pending) {
+      auto it = calls_.find(id);
+      if (it == calls_.end()) continue;
+      Call& call = *it->second;
+      if (!call.outcome.has_value()) {
+        call.outcome = absl::Status(status.code(), absl::StrCat("method \"", call.method,
+                                                                "\": ", status.message()));
+        deadlines_.Remove(id);
+      }
+      TakeDoneIfFinished(call, &run);
+    }
+    conn->pending.clear();
+    conn->queued.clear();
+  }
+  if (!closing && (conn->outbound || was_ready)) {
+    AgentLog().info("[agent {}] {}", options_.id, std::string(status.message()));
+  }
+  if (pipe != nullptr) pipe->close();
+  for (auto& fn : run) fn();
+}
+
+void Agent::FailPeer(const PeerId& peer, const absl::Status& status) {
+  std::vector<std::shared_ptr<Conn>> matching;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [serial, conn] : conns_) {
+      const bool same = peer.node.empty() ? conn->peer.address == peer.address
+                                          : conn->peer.node == peer.node;
+      if (same) matching.push_back(conn);
+    }
+  }
+  for (const auto& conn : matching) FailConn(conn, status);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bookkeeping.
+
+void Agent::AddDeadline(uint64_t id, absl::Time deadline) {
+  const std::optional<absl::Time> earliest = deadlines_.Earliest();
+  deadlines_.Add(id, deadline);
+  if (!earliest.has_value() || deadline < *earliest) timer_cv_.Signal();
+}
+
+Agent::PeerCounters& Agent::Counters(const std::string& node) { return counters_[node]; }
+
+AgentStats Agent::Stats() const {
+  AgentStats stats;
+  stats.id = options_.id;
+  stats.address = address_;
+  absl::MutexLock lock(&mu_);
+  stats.auth_failures = auth_failures_;
+  std::map<std::string, uint64_t> pending;
+  for (const auto& [id, call] : calls_) {
+    if (!call->outcome.has_value()) ++pending[CountersKey(call->peer)];
+  }
+  for (const auto& [node, counters] : counters_) {
+    PeerStats peer;
+    peer.node = node;
+    peer.address = counters.address;
+    peer.state = counters.state;
+    peer.inbound_pipes = counters.inbound_pipes;
+    peer.transport = counters.transport;
+    peer.channel = counters.channel;
+    peer.calls_sent = counters.calls_sent;
+    peer.calls_received = counters.calls_received;
+    peer.calls_pending = pending[node];
+    peer.bytes_sent = counters.bytes_sent;
+    peer.bytes_received = counters.bytes_received;
+    peer.errors = counters.errors;
+    peer.last_error = counters.last_error;
+    stats.calls_pending += peer.calls_pending;
+    stats.peers.push_back(std::move(peer));
+  }
+  return stats;
+}
+
+}  // namespace tpd::agent
