@@ -1,0 +1,140 @@
+// What travels through the rings: fixed-size descriptors that point at payloads and tensor
+// tables in the heaps, and the checks every reader applies before it believes one.
+//
+// A descriptor is 64 bytes (one cache line, one ring slot). Its payload and tensor table lie
+// in the sender's heap: a submission (client → daemon) points into the tx heap, a completion
+// (daemon → client) into the rx heap. A `release` names a block of the *other* heap that the
+// sender is done with: the client returns rx blocks the daemon gave it, the daemon returns tx
+// blocks it has finished reading. Offsets are absolute offsets into the segment.
+//
+// Everything read from shared memory is untrusted. The reader copies a descriptor (or a
+// tensor table) out of shared memory exactly once and validates the private copy, so the
+// writer cannot change it between the check and the use:
+//
+//   Descriptor d;                        // the ring's TryPop copies the slot out
+//   if (!ValidateDescriptor(d, layout, Direction::kSubmission).ok()) → end the session
+//   auto tensors = ReadTensorTable(d, base, layout, Direction::kSubmission);
+//
+// Thread safety: plain structs and stateless functions.
+
+#ifndef TPD_PROTO_SHM_DESCRIPTOR_H_
+#define TPD_PROTO_SHM_DESCRIPTOR_H_
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/shm/layout.h"
+
+namespace tpd::shm {
+
+enum class Op : uint8_t {
+  kCall = 1,     // a call: to a worker (submission) or to this client's handler (completion)
+  kReply = 2,    // the answer to a call, matched by call_id
+  kRelease = 3,  // the sender is done with the other side's heap block at payload_offset
+  kCancel = 4,   // the call call_id is cancelled
+};
+
+// Descriptor::flags.
+inline constexpr uint16_t kFlagError = 1u << 0;  // kReply only: the payload holds an error
+inline constexpr uint16_t kKnownFlags = kFlagError;
+
+// Which ring a descriptor came through; decides which heap its ranges must lie in.
+enum class Direction : uint8_t {
+  kSubmission,  // client → daemon: payloads in the tx heap, releases name rx blocks
+  kCompletion,  // daemon → client: payloads in the rx heap, releases name tx blocks
+};
+
+// One ring slot. Fields not used by an op must be zero (reserved ones always), so garbage is
+// refused rather than ignored and later versions can give them a meaning.
+struct Descriptor {
+  uint8_t op;               // Op
+  uint8_t reserved0;        // must be 0
+  uint16_t flags;           // kFlag* bits
+  uint32_t tensor_count;    // entries in the tensor table, at most kMaxTensorsPerMessage
+  uint64_t call_id;         // non-zero; chosen by the side that made the call
+  int64_t deadline_unix_ns; // kCall only: absolute deadline, 0 for none
+  uint64_t payload_offset;  // kRelease: the block released; 0 when payload_length is 0
+  uint64_t payload_length;  // kRelease: 0
+  uint64_t tensor_table_offset;  // tensor_count TensorEntry; 0 when tensor_count is 0
+  uint64_t reserved1;            // must be 0
+  uint64_t reserved2;            // must be 0
+};
+static_assert(std::is_trivially_copyable_v<Descriptor>);
+static_assert(std::is_standard_layout_v<Descriptor>);
+static_assert(sizeof(Descriptor) == kDescriptorBytes);
+
+inline constexpr uint32_t kMaxTensorsPerMessage = 4096;
+inline constexpr uint8_t kMaxTensorDims = 8;
+
+enum class DType : uint8_t {
+  kFloat32 = 1,
+  kFloat64 = 2,
+  kFloat16 = 3,
+  kBFloat16 = 4,
+  kInt8 = 5,
+  kUInt8 = 6,
+  kInt16 = 7,
+  kInt32 = 8,
+  kInt64 = 9,
+  kBool = 10,
+  kComplex64 = 11,
+  kComplex128 = 12,
+};
+
+enum class DeviceType : uint8_t {
+  kCpu = 0,
+  kCuda = 1,  // reserved: refused until the CUDA path lands (device_index, device_handle)
+};
+
+// One tensor of a message: contiguous bytes in the sender's heap.
+struct TensorEntry {
+  uint8_t dtype;          // DType
+  uint8_t ndim;           // <= kMaxTensorDims
+  uint8_t device_type;    // DeviceType; kCpu only for now
+  uint8_t reserved0;      // must be 0
+  uint32_t device_index;  // 0 for kCpu
+  uint64_t offset;        // aligned to the dtype's item size; 0 when length is 0
+  uint64_t length;        // == product(shape[0..ndim)) * item size
+  int64_t shape[kMaxTensorDims];   // >= 0; dims past ndim must be 0
+  uint64_t device_handle;          // reserved for CUDA (an index into an IPC handle table); 0
+};
+static_assert(std::is_trivially_copyable_v<TensorEntry>);
+static_assert(std::is_standard_layout_v<TensorEntry>);
+static_assert(sizeof(TensorEntry) == kTensorEntryBytes);
+static_assert(alignof(TensorEntry) == 8);
+
+// Bytes per element of `dtype`, 0 for a code that is not a DType.
+uint64_t ItemBytes(uint8_t dtype);
+absl::string_view OpName(uint8_t op);
+
+// Checks a private copy of a descriptor that came through the `direction` ring of a segment
+// with `layout`: op known; flags known and allowed for the op; reserved fields zero; call_id
+// non-zero; deadline non-negative (kCall) or zero; payload and tensor table (count bounded,
+// aligned, no overflow) inside the heap `direction` allows; a release naming an offset inside
+// the other heap with no length and no tensors; a cancel carrying nothing. INVALID_ARGUMENT
+// naming the direction, the field and its value on the first problem.
+absl::Status ValidateDescriptor(const Descriptor& descriptor, const Layout& layout,
+                                Direction direction);
+
+// Checks a private copy of the `index`-th tensor entry of a message: dtype known, ndim
+// bounded, unused dims zero, CPU device, shape × item size == length (checked arithmetic),
+// offset aligned to the item size and [offset, offset + length) inside the heap `direction`
+// allows. INVALID_ARGUMENT naming the tensor index, the field and its value.
+absl::Status ValidateTensorEntry(const TensorEntry& entry, uint32_t index, const Layout& layout,
+                                 Direction direction);
+
+// Copies the tensor table of `descriptor` out of the segment mapped at `segment_base` (once)
+// and validates every entry. REQUIRES: ValidateDescriptor(descriptor, layout, direction) is OK
+// (it bounds the table inside the mapping).
+absl::StatusOr<std::vector<TensorEntry>> ReadTensorTable(const Descriptor& descriptor,
+                                                         const void* segment_base,
+                                                         const Layout& layout,
+                                                         Direction direction);
+
+}  // namespace tpd::shm
+
+#endif  // TPD_PROTO_SHM_DESCRIPTOR_H_
