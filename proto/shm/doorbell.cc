@@ -1,0 +1,136 @@
+#include "proto/shm/doorbell.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "absl/time/clock.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TPD_SHM_PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#define TPD_SHM_PAUSE() asm volatile("yield" ::: "memory")
+#else
+#define TPD_SHM_PAUSE() \
+  do {                  \
+  } while (false)
+#endif
+
+namespace tpd::shm {
+namespace {
+
+uint32_t* FutexAddress(std::atomic<uint32_t>* word) {
+  // std::atomic<uint32_t> is a lock-free u32 with the same representation (asserted in the
+  // header), which is what the kernel reads.
+  return reinterpret_cast<uint32_t*>(word);
+}
+
+// Shared (not FUTEX_PRIVATE_FLAG): the other party is another process.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns) {
+  struct timespec timeout;
+  timeout.tv_sec = timeout_ns / 1'000'000'000;
+  timeout.tv_nsec = timeout_ns % 1'000'000'000;
+  // Returns 0 (woken), or -1 with EAGAIN (the word changed), EINTR or ETIMEDOUT: the caller
+  // looks at its condition and the clock in every case.
+  syscall(SYS_futex, FutexAddress(word), FUTEX_WAIT, expected, &timeout, nullptr, 0);
+}
+
+void FutexWake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, FutexAddress(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+Doorbell::Doorbell(DoorbellWord* word, SpinOptions options)
+    : word_(word),
+      min_ns_(std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.min_spin))),
+      max_ns_(std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.max_spin))) {
+  min_ns_ = std::min(min_ns_, max_ns_);
+  estimate_ns_ = max_ns_ / 2;
+  window_ns_ = max_ns_;
+}
+
+void Doorbell::Ring() {
+  // Orders the caller's publishing store before the load of `sleeping` (see the header).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (word_->sleeping.load(std::memory_order_relaxed) == 0) return;
+  word_->seq.fetch_add(1, std::memory_order_release);
+  FutexWake(&word_->seq);
+}
+
+void Doorbell::Learn(int64_t waited_ns) {
+  // A running average of how long waits take. Worth spinning only when a typical wait ends
+  // within max_spin; then spin about twice the typical wait. Long waits (an idle peer) drop
+  // the window to min_spin, so an idle consumer goes to sleep almost at once.
+  const int64_t sample = std::min(waited_ns, 4 * max_ns_ + 1);
+  estimate_ns_ += (sample - estimate_ns_) / 4;
+  if (estimate_ns_ > max_ns_) {
+    window_ns_ = min_ns_;
+  } else {
+    window_ns_ = std::clamp(2 * estimate_ns_, min_ns_, max_ns_);
+  }
+}
+
+bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
+  if (ready()) {  // before any clock read: the common case of a busy ring
+    Learn(0);
+    return true;
+  }
+  const int64_t start = absl::GetCurrentTimeNanos();
+  const int64_t deadline_ns = absl::ToUnixNanos(deadline);
+  const int64_t spin_until = std::min(deadline_ns, start + window_ns_);
+  const int64_t yield_after = start + window_ns_ / 2;
+
+  // Spin: pause between looks; in the second half of the window, yield the core too, in
+  // case the producer waits for it (more runnable threads than cores). The clock is read every
+  // 16 looks only, and what Learn gets is that last reading: accurate to well under a
+  // microsecond, and a wait answered within 16 looks costs one clock read in all.
+  int64_t now = start;
+  for (uint32_t i = 1; start < spin_until; ++i) {
+    if (ready()) {
+      Learn(now - start);
+      return true;
+    }
+    if ((i & 15) == 0) {
+      now = absl::GetCurrentTimeNanos();
+      if (now >= spin_until) break;
+    }
+    if (now >= yield_after) {
+      sched_yield();
+    } else {
+      TPD_SHM_PAUSE();
+    }
+  }
+
+  // Sleep, announcing it first so the producer knows to wake us.
+  while (true) {
+    word_->sleeping.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint32_t seq = word_->seq.load(std::memory_order_acquire);
+    if (ready()) break;
+    now = absl::GetCurrentTimeNanos();
+    if (now >= deadline_ns) {
+      word_->sleeping.store(0, std::memory_order_relaxed);
+      Learn(now - start);
+      return false;
+    }
+    ++sleeps_;
+    FutexWait(&word_->seq, seq, deadline_ns - now);
+    if (ready()) break;
+    // Woken (or the word changed) with nothing to read, or the wait timed out: the loop
+    // checks the deadline before sleeping again.
+    if (absl::GetCurrentTimeNanos() < deadline_ns) ++spurious_wakeups_;
+  }
+  word_->sleeping.store(0, std::memory_order_relaxed);
+  Learn(absl::GetCurrentTimeNanos() - start);
+  return true;
+}
+
+}  // namespace tpd::shm

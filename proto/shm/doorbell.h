@@ -1,0 +1,91 @@
+// Wake-ups across processes through a futex word in shared memory, after a short adaptive
+// spin, so a busy consumer answers in well under a microsecond and an idle one sleeps.
+//
+// Protocol, for one producer and one consumer of a DoorbellWord:
+//   producer (Ring):  publish the data (a release store, e.g. a ring's tail); full fence;
+//                     if `sleeping` is set: seq += 1 (release), FUTEX_WAKE(seq).
+//   consumer (Wait):  spin on ready() for the adaptive window (pause, then sched_yield);
+//                     then sleeping = 1; full fence; s = seq; if ready(): done;
+//                     FUTEX_WAIT(seq, s, remaining time); sleeping = 0; repeat until ready()
+//                     or the deadline.
+// The two fences order "publish, then look for a sleeper" against "announce sleep, then look
+// for data": either the producer sees the consumer asleep and wakes it, or the consumer sees
+// the data before it sleeps. A wake between the consumer's read of `seq` and its FUTEX_WAIT
+// finds seq changed and the wait returns at once; a consumer that read `seq` after the bump
+// also sees the data (the bump is a release, the read an acquire) and does not sleep. So seq
+// moves only when someone sleeps, and a busy ring costs the producer a fence and one load of
+// a cache line nobody writes, not a locked increment per push. The futex is shared (no FUTEX_PRIVATE_FLAG):
+// the word lies in a MAP_SHARED mapping seen by two processes.
+//
+// Trust: the word is writable by the other process. A corrupted `seq` or `sleeping` costs
+// only spurious wake-ups, a missed wake-up of the party that corrupted it, or a wasted
+// FUTEX_WAKE; every Wait returns by its deadline whatever the word holds. Wait counts wake-ups
+// that found nothing ready (spurious_wakeups()), which a daemon can use to end a session that
+// keeps rattling its word.
+//
+// Thread safety: a Doorbell is used by one thread at a time (it keeps the spin window). One
+// producer Doorbell and one consumer Doorbell may share a word, in any two processes.
+
+#ifndef TPD_PROTO_SHM_DOORBELL_H_
+#define TPD_PROTO_SHM_DOORBELL_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "absl/functional/function_ref.h"
+#include "absl/time/time.h"
+
+namespace tpd::shm {
+
+// The shared part, one cache line.
+struct alignas(64) DoorbellWord {
+  std::atomic<uint32_t> seq;       // the futex word: bumped by a Ring that finds a sleeper
+  std::atomic<uint32_t> sleeping;  // 1 while the consumer is (about to be) in FUTEX_WAIT
+};
+static_assert(sizeof(DoorbellWord) == 64);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "futex needs a plain u32");
+
+// How long a consumer spins before it sleeps.
+struct SpinOptions {
+  // The adaptive window stays within [min_spin, max_spin]; max_spin zero sleeps at once.
+  absl::Duration min_spin = absl::Microseconds(2);
+  absl::Duration max_spin = absl::Microseconds(50);
+};
+
+class Doorbell {
+ public:
+  // `word` lies in shared memory and outlives this object.
+  explicit Doorbell(DoorbellWord* word, SpinOptions options = {});
+
+  // Producer: the data was published (with a release store) before this call.
+  void Ring();
+
+  // Consumer: returns true as soon as ready() is true, false when `deadline` passed first
+  // (ready() was false at the last look). ready() is called often and must be cheap; it may
+  // return true for "something is wrong" so the caller finds the error.
+  bool Wait(absl::FunctionRef<bool()> ready, absl::Time deadline);
+
+  // The spin window the next Wait starts with.
+  absl::Duration spin_window() const { return absl::Nanoseconds(window_ns_); }
+  // FUTEX_WAITs that returned (not by timeout) with nothing ready.
+  uint64_t spurious_wakeups() const { return spurious_wakeups_; }
+  // FUTEX_WAITs entered.
+  uint64_t sleeps() const { return sleeps_; }
+
+ private:
+  // Adjusts the window from how long the last wait took (spinning or not).
+  void Learn(int64_t waited_ns);
+
+  DoorbellWord* word_;
+  int64_t min_ns_;
+  int64_t max_ns_;
+  int64_t estimate_ns_;
+  int64_t window_ns_;
+  uint64_t spurious_wakeups_ = 0;
+  uint64_t sleeps_ = 0;
+};
+
+}  // namespace tpd::shm
+
+#endif  // TPD_PROTO_SHM_DOORBELL_H_
