@@ -347,7 +347,8 @@ class Agent {
 
   mutable absl::Mutex mu_;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  Handler handler_ ABSL_GUARDED_BY(mu_);
+  // Replaced whole by SetHandler; a message in flight keeps the one it started with.
+  std::shared_ptr<const Handler> handler_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Our pipe to each peer (the newest; failed ones are removed).
   absl::flat_hash_map<PeerId, std::shared_ptr<Conn>> outbound_ ABSL_GUARDED_BY(mu_);
@@ -360,8 +361,10 @@ class Agent {
   std::map<std::string, PeerCounters> counters_ ABSL_GUARDED_BY(mu_);
   uint64_t auth_failures_ ABSL_GUARDED_BY(mu_) = 0;
   bool timer_stop_ ABSL_GUARDED_BY(mu_) = false;
-  // Wakes the timer thread: a new earliest deadline, or stop.
+  // Wakes the timer thread: a deadline earlier than the one it sleeps until, or stop.
   absl::CondVar timer_cv_;
+  // What the timer thread sleeps until; InfinitePast() while it is awake.
+  absl::Time timer_wake_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   // Rate limit of handshake-failure lines, per claimed peer.
   absl::Mutex log_mu_;
