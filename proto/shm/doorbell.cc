@@ -51,7 +51,8 @@ void FutexWake(std::atomic<uint32_t>* word) {
 Doorbell::Doorbell(DoorbellWord* word, SpinOptions options)
     : word_(word),
       min_ns_(std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.min_spin))),
-      max_ns_(std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.max_spin))) {
+      max_ns_(std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.max_spin))),
+      pause_ns_(std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.pause_spin))) {
   min_ns_ = std::min(min_ns_, max_ns_);
   estimate_ns_ = max_ns_ / 2;
   window_ns_ = max_ns_;
@@ -86,12 +87,13 @@ bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
   const int64_t start = absl::GetCurrentTimeNanos();
   const int64_t deadline_ns = absl::ToUnixNanos(deadline);
   const int64_t spin_until = std::min(deadline_ns, start + window_ns_);
-  const int64_t yield_after = start + window_ns_ / 2;
+  const int64_t yield_after = start + std::min(window_ns_, pause_ns_);
 
-  // Spin: pause between looks; in the second half of the window, yield the core too, in
-  // case the producer waits for it (more runnable threads than cores). The clock is read every
-  // 16 looks only, and what Learn gets is that last reading: accurate to well under a
-  // microsecond, and a wait answered within 16 looks costs one clock read in all.
+  // Spin: pause between looks for the first pause_spin, then yield the core between looks. A
+  // producer on another core answers within the pause phase; one waiting for this very core
+  // (more runnable threads than cores) gets it at the first yield, instead of after the whole
+  // window. The clock is read every 16 looks only, and what Learn gets is that last reading:
+  // accurate to a microsecond or so, and a wait answered within 16 looks costs one clock read.
   int64_t now = start;
   for (uint32_t i = 1; start < spin_until; ++i) {
     if (ready()) {

@@ -4,7 +4,8 @@
 // Protocol, for one producer and one consumer of a DoorbellWord:
 //   producer (Ring):  publish the data (a release store, e.g. a ring's tail); full fence;
 //                     if `sleeping` is set: seq += 1 (release), FUTEX_WAKE(seq).
-//   consumer (Wait):  spin on ready() for the adaptive window (pause, then sched_yield);
+//   consumer (Wait):  spin on ready() for the adaptive window (pause for pause_spin, then
+//                     sched_yield between looks, so a producer on the same core can run);
 //                     then sleeping = 1; full fence; s = seq; if ready(): done;
 //                     FUTEX_WAIT(seq, s, remaining time); sleeping = 0; repeat until ready()
 //                     or the deadline.
@@ -51,6 +52,8 @@ struct SpinOptions {
   // The adaptive window stays within [min_spin, max_spin]; max_spin zero sleeps at once.
   absl::Duration min_spin = absl::Microseconds(2);
   absl::Duration max_spin = absl::Microseconds(50);
+  // The first part of the window spins with pause only; past it, every look also yields.
+  absl::Duration pause_spin = absl::Microseconds(1);
 };
 
 class Doorbell {
@@ -80,6 +83,7 @@ class Doorbell {
   DoorbellWord* word_;
   int64_t min_ns_;
   int64_t max_ns_;
+  int64_t pause_ns_;
   int64_t estimate_ns_;
   int64_t window_ns_;
   uint64_t spurious_wakeups_ = 0;
