@@ -48,15 +48,28 @@ void FutexWake(std::atomic<uint32_t>* word) {
 
 }  // namespace
 
-Doorbell::Doorbell(DoorbellWord* word, SpinOptions options)
-    : word_(word),
-      min_ns_(std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.min_spin))),
+SpinWindow::SpinWindow(const SpinOptions& options)
+    : min_ns_(std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.min_spin))),
       max_ns_(std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.max_spin))),
       pause_ns_(std::max<int64_t>(0, absl::ToInt64Nanoseconds(options.pause_spin))) {
   min_ns_ = std::min(min_ns_, max_ns_);
   estimate_ns_ = max_ns_ / 2;
   window_ns_ = max_ns_;
 }
+
+void SpinWindow::Learn(int64_t waited_ns) {
+  // Capped at twice max_spin: one long wait (a hiccup of the peer) leaves the spin on; it
+  // takes about three in a row (an idle peer) to push the average past max_spin.
+  const int64_t sample = std::clamp<int64_t>(waited_ns, 0, 2 * max_ns_ + 1);
+  estimate_ns_ += (sample - estimate_ns_) / 4;
+  if (estimate_ns_ > max_ns_) {
+    window_ns_ = min_ns_;
+  } else {
+    window_ns_ = std::clamp(2 * estimate_ns_, min_ns_, max_ns_);
+  }
+}
+
+Doorbell::Doorbell(DoorbellWord* word, SpinOptions options) : word_(word), spin_(options) {}
 
 void Doorbell::Ring() {
   // Orders the caller's publishing store before the load of `sleeping` (see the header).
@@ -66,28 +79,15 @@ void Doorbell::Ring() {
   FutexWake(&word_->seq);
 }
 
-void Doorbell::Learn(int64_t waited_ns) {
-  // A running average of how long waits take. Worth spinning only when a typical wait ends
-  // within max_spin; then spin about twice the typical wait. Long waits (an idle peer) drop
-  // the window to min_spin, so an idle consumer goes to sleep almost at once.
-  const int64_t sample = std::min(waited_ns, 4 * max_ns_ + 1);
-  estimate_ns_ += (sample - estimate_ns_) / 4;
-  if (estimate_ns_ > max_ns_) {
-    window_ns_ = min_ns_;
-  } else {
-    window_ns_ = std::clamp(2 * estimate_ns_, min_ns_, max_ns_);
-  }
-}
-
 bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
   if (ready()) {  // before any clock read: the common case of a busy ring
-    Learn(0);
+    spin_.Learn(0);
     return true;
   }
   const int64_t start = absl::GetCurrentTimeNanos();
   const int64_t deadline_ns = absl::ToUnixNanos(deadline);
-  const int64_t spin_until = std::min(deadline_ns, start + window_ns_);
-  const int64_t yield_after = start + std::min(window_ns_, pause_ns_);
+  const int64_t spin_until = std::min(deadline_ns, start + spin_.window_ns());
+  const int64_t yield_after = start + std::min(spin_.window_ns(), spin_.pause_ns());
 
   // Spin: pause between looks for the first pause_spin, then yield the core between looks. A
   // producer on another core answers within the pause phase; one waiting for this very core
@@ -97,7 +97,7 @@ bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
   int64_t now = start;
   for (uint32_t i = 1; start < spin_until; ++i) {
     if (ready()) {
-      Learn(now - start);
+      spin_.Learn(now - start);
       return true;
     }
     if ((i & 15) == 0) {
@@ -120,7 +120,7 @@ bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
     now = absl::GetCurrentTimeNanos();
     if (now >= deadline_ns) {
       word_->sleeping.store(0, std::memory_order_relaxed);
-      Learn(now - start);
+      spin_.Learn(now - start);
       return false;
     }
     ++sleeps_;
@@ -131,7 +131,7 @@ bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
     if (absl::GetCurrentTimeNanos() < deadline_ns) ++spurious_wakeups_;
   }
   word_->sleeping.store(0, std::memory_order_relaxed);
-  Learn(absl::GetCurrentTimeNanos() - start);
+  spin_.Learn(absl::GetCurrentTimeNanos() - start);
   return true;
 }
 

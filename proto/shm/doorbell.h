@@ -56,6 +56,30 @@ struct SpinOptions {
   absl::Duration pause_spin = absl::Microseconds(1);
 };
 
+// The adaptive part of the spin: a running average of how long recent waits took (spinning
+// or sleeping). Spinning pays only when a typical wait ends within max_spin; then the window
+// is about twice the typical wait, within [min_spin, max_spin]. When waits keep taking longer
+// (an idle peer: about three in a row) the window drops to min_spin, so an idle consumer goes
+// to sleep almost at once; one long wait alone does not turn the spin off.
+// A plain value, apart from the clock so the rule can be tested on its own.
+class SpinWindow {
+ public:
+  explicit SpinWindow(const SpinOptions& options);
+
+  // Records a wait that took `waited_ns` from its start until the data was there (or its
+  // deadline).
+  void Learn(int64_t waited_ns);
+  int64_t window_ns() const { return window_ns_; }
+  int64_t pause_ns() const { return pause_ns_; }
+
+ private:
+  int64_t min_ns_;
+  int64_t max_ns_;
+  int64_t pause_ns_;
+  int64_t estimate_ns_;
+  int64_t window_ns_;
+};
+
 class Doorbell {
  public:
   // `word` lies in shared memory and outlives this object.
@@ -70,22 +94,15 @@ class Doorbell {
   bool Wait(absl::FunctionRef<bool()> ready, absl::Time deadline);
 
   // The spin window the next Wait starts with.
-  absl::Duration spin_window() const { return absl::Nanoseconds(window_ns_); }
+  absl::Duration spin_window() const { return absl::Nanoseconds(spin_.window_ns()); }
   // FUTEX_WAITs that returned (not by timeout) with nothing ready.
   uint64_t spurious_wakeups() const { return spurious_wakeups_; }
   // FUTEX_WAITs entered.
   uint64_t sleeps() const { return sleeps_; }
 
  private:
-  // Adjusts the window from how long the last wait took (spinning or not).
-  void Learn(int64_t waited_ns);
-
   DoorbellWord* word_;
-  int64_t min_ns_;
-  int64_t max_ns_;
-  int64_t pause_ns_;
-  int64_t estimate_ns_;
-  int64_t window_ns_;
+  SpinWindow spin_;
   uint64_t spurious_wakeups_ = 0;
   uint64_t sleeps_ = 0;
 };

@@ -203,26 +203,51 @@ TEST_F(DoorbellTest, ACorruptedWordCausesSpuriousWakeUpsButNoWaitPastItsDeadline
   RecordProperty("spurious_wakeups", static_cast<int>(doorbell.spurious_wakeups()));
 }
 
-TEST_F(DoorbellTest, TheSpinWindowFollowsHowLongWaitsTake) {
+TEST(SpinWindowTest, TheWindowFollowsHowLongWaitsTake) {
   SpinOptions options;
   options.min_spin = absl::Microseconds(2);
   options.max_spin = absl::Microseconds(50);
-  Doorbell doorbell(&shared_->word, options);
-  EXPECT_EQ(doorbell.spin_window(), absl::Microseconds(50)) << "starts spinning fully";
-  // Waits answered after ~10 µs, within the window: it settles around twice that.
-  for (int i = 0; i < 30; ++i) {
-    const int64_t ready_at = absl::GetCurrentTimeNanos() + 10'000;
-    EXPECT_TRUE(doorbell.Wait([&] { return absl::GetCurrentTimeNanos() >= ready_at; },
-                              absl::Now() + absl::Seconds(1)));
-  }
-  EXPECT_GE(doorbell.spin_window(), absl::Microseconds(10));
-  EXPECT_LE(doorbell.spin_window(), absl::Microseconds(50));
-  EXPECT_EQ(doorbell.sleeps(), 0u);
-  // Long waits (an idle peer): spinning is useless, the window drops to min_spin.
+  SpinWindow spin(options);
+  EXPECT_EQ(spin.window_ns(), 50'000) << "starts spinning fully";
+  // Waits answered after 10 µs: it settles at twice that.
+  for (int i = 0; i < 30; ++i) spin.Learn(10'000);
+  EXPECT_NEAR(spin.window_ns(), 20'000, 200);
+  // 30 µs waits: twice is past max_spin, so max_spin.
+  for (int i = 0; i < 30; ++i) spin.Learn(30'000);
+  EXPECT_EQ(spin.window_ns(), 50'000);
+  // Waits longer than max_spin (an idle peer): spinning is useless, min_spin.
+  for (int i = 0; i < 10; ++i) spin.Learn(5'000'000);
+  EXPECT_EQ(spin.window_ns(), 2'000);
+  // Busy again: a few quick waits bring the spin back, one long wait does not undo it.
+  for (int i = 0; i < 15; ++i) spin.Learn(5'000);
+  EXPECT_NEAR(spin.window_ns(), 10'000, 3'000);
+  spin.Learn(1'000'000'000);
+  EXPECT_GT(spin.window_ns(), 2'000) << "one hiccup";
+  for (int i = 0; i < 3; ++i) spin.Learn(1'000'000'000);
+  EXPECT_EQ(spin.window_ns(), 2'000) << "idle";
+  // Immediate answers: the minimum.
+  for (int i = 0; i < 30; ++i) spin.Learn(0);
+  EXPECT_EQ(spin.window_ns(), 2'000);
+}
+
+TEST(SpinWindowTest, ZeroMaxSpinNeverSpins) {
+  SpinOptions options;
+  options.max_spin = absl::ZeroDuration();
+  SpinWindow spin(options);
+  EXPECT_EQ(spin.window_ns(), 0);
+  spin.Learn(1'000);
+  EXPECT_EQ(spin.window_ns(), 0);
+}
+
+TEST_F(DoorbellTest, WaitsFeedTheSpinWindow) {
+  Doorbell doorbell(&shared_->word);
+  EXPECT_EQ(doorbell.spin_window(), absl::Microseconds(50));
+  for (int i = 0; i < 30; ++i) EXPECT_TRUE(doorbell.Wait([] { return true; }, absl::Now()));
+  EXPECT_EQ(doorbell.spin_window(), absl::Microseconds(2)) << "answered at once: no need to spin";
   for (int i = 0; i < 10; ++i) {
     EXPECT_FALSE(doorbell.Wait([] { return false; }, absl::Now() + absl::Milliseconds(1)));
   }
-  EXPECT_EQ(doorbell.spin_window(), absl::Microseconds(2));
+  EXPECT_EQ(doorbell.spin_window(), absl::Microseconds(2)) << "an idle peer: sleep at once";
 }
 
 }  // namespace
