@@ -141,9 +141,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
   const toml::table& root = parsed.table();
   for (const auto& [key, node] : root) {
     const std::string table(key.str());
-    if (table != "daemon" && table != "store" && table != "peer" && table != "group") {
+    if (table != "daemon" && table != "store" && table != "peer" && table != "group" &&
+        table != "data") {
       return absl::InvalidArgumentError(absl::StrCat(
-          source, ": unknown table [", table, "]; known: [daemon], [store], [peer], [group]"));
+          source, ": unknown table [", table, "]; known: [daemon], [store], [peer], [group], [data]"));
     }
     if (!node.is_table()) {
       return absl::InvalidArgumentError(
@@ -220,6 +221,15 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
       if (!status.ok()) return status;
     }
   }
+  if (const toml::table* data = SubTable(root, "data")) {
+    TableReader reader(*data, "data", std::string(source));
+    for (absl::Status status :
+         {reader.String("socket", &config.data.socket_path),
+          reader.Int("arena_bytes", &config.data.arena_bytes),
+          reader.Int("max_sessions", &config.data.max_sessions), reader.NoUnknownKeys()}) {
+      if (!status.ok()) return status;
+    }
+  }
   return config;
 }
 
@@ -264,6 +274,7 @@ absl::Status ValidateClientLimits(const Config& config) {
       {"group.max_device_map_entries", g.max_device_map_entries, int64_t{1} << 16},
       {"group.max_env_entries", g.max_env_entries, 4096},
       {"group.max_option_bytes", g.max_option_bytes, 65536},
+      {"data.max_sessions", config.data.max_sessions, 65536},
   };
   for (const Limit& limit : limits) {
     if (limit.value < 1 || limit.value > limit.cap) {
@@ -273,6 +284,11 @@ absl::Status ValidateClientLimits(const Config& config) {
   }
   for (const std::string& dir : g.file_rendezvous_dirs) {
     if (absl::Status status = store::ValidateRendezvousDir(dir); !status.ok()) return status;
+  }
+  if (config.data.arena_bytes < (int64_t{64} << 10) || config.data.arena_bytes > (int64_t{16} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.arena_bytes must be 65536 (64 KiB)..17179869184 (16 GiB), got ",
+        config.data.arena_bytes));
   }
   return absl::OkStatus();
 }

@@ -104,6 +104,18 @@ struct GroupConfig {
   int64_t max_option_bytes = 256;
 };
 
+// The local data path (docs/data_plane.md, "Attaching a session").
+struct DataConfig {
+  // Unix socket through which sessions receive their shared memory; empty means the gRPC
+  // socket's path + ".data". Same mode and group as the gRPC socket.
+  std::string socket_path;
+  // Bytes of each of a session's two heaps (what it sends, what it receives), so a
+  // session's segment is about twice this. Range 64 KiB..16 GiB.
+  int64_t arena_bytes = int64_t{64} << 20;
+  // Sessions attached at once; one more is refused RESOURCE_EXHAUSTED naming this setting.
+  int64_t max_sessions = 256;
+};
+
 struct Config {
   // The TOML file this came from; empty when running on defaults.
   std::string config_path;
@@ -120,6 +132,7 @@ struct Config {
   StoreConfig store;
   PeerConfig peer;
   GroupConfig group;
+  DataConfig data;
 };
 
 // Parses TOML text; `source` names it in error messages. Unknown tables and keys are

@@ -62,6 +62,9 @@ const std::vector<std::string>& AllOptions() {
       "group.max_device_map_entries",
       "group.max_env_entries",
       "group.max_option_bytes",
+      "data.socket",
+      "data.arena_bytes",
+      "data.max_sessions",
   };
   return *options;
 }
@@ -106,6 +109,9 @@ void ExpectDefaultsExceptPaths(const Config& config) {
   EXPECT_EQ(config.peer.tls_cert_file, defaults.peer.tls_cert_file);
   EXPECT_EQ(config.peer.tls_key_file, defaults.peer.tls_key_file);
   EXPECT_EQ(config.peer.tls_ca_file, defaults.peer.tls_ca_file);
+  EXPECT_EQ(config.data.socket_path, defaults.data.socket_path);
+  EXPECT_EQ(config.data.arena_bytes, defaults.data.arena_bytes);
+  EXPECT_EQ(config.data.max_sessions, defaults.data.max_sessions);
 }
 
 TEST(ConfigTest, EmptyTextGivesDocumentedDefaults) {
@@ -571,6 +577,20 @@ max_option_bytes = 9
   EXPECT_TRUE(ValidateConfig(*off).ok());
 }
 
+TEST(ConfigTest, DataTableHasTheDocumentedDefaultsAndIsRead) {
+  const Config defaults;
+  EXPECT_EQ(defaults.data.socket_path, "");
+  EXPECT_EQ(defaults.data.arena_bytes, 64 << 20);
+  EXPECT_EQ(defaults.data.max_sessions, 256);
+  absl::StatusOr<Config> config = ParseConfig(
+      "[data]\nsocket = \"/tmp/x/d.sock\"\narena_bytes = 1048576\nmax_sessions = 3\n", "d.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->data.socket_path, "/tmp/x/d.sock");
+  EXPECT_EQ(config->data.arena_bytes, 1 << 20);
+  EXPECT_EQ(config->data.max_sessions, 3);
+  EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
+}
+
 TEST(ConfigTest, ClientLimitsOutOfRangeNameTheField) {
   struct Case {
     const char* text;
@@ -593,6 +613,11 @@ TEST(ConfigTest, ClientLimitsOutOfRangeNameTheField) {
       {"[group]\nfile_rendezvous_dirs = [\"/proc/self\"]\n", "group.file_rendezvous_dirs"},
       {"[group]\nfile_rendezvous_dirs = [\"/a/../etc\"]\n", "group.file_rendezvous_dirs"},
       {"[group]\nfile_rendezvous_dirs = [\"/a/\"]\n", "group.file_rendezvous_dirs"},
+      {"[data]\narena_bytes = 4096\n", "data.arena_bytes"},
+      {"[data]\narena_bytes = 17179869185\n", "data.arena_bytes"},
+      {"[data]\nmax_sessions = 0\n", "data.max_sessions"},
+      {"[data]\nmax_sessions = 65537\n", "data.max_sessions"},
+      {"[data]\nsessions = 1\n", "sessions"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<Config> config = ParseConfig(c.text, "l.toml");
