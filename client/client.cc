@@ -1,15 +1,20 @@
 #include "client/client.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "client/socket_path.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "proto/shm/attach.h"
 
 namespace tpd {
 namespace {
@@ -63,6 +68,7 @@ Client::Client(std::string socket_path, ClientOptions options,
       control_(v1::Control::NewStub(channel_)) {}
 
 Client::~Client() {
+  DetachSharedMemory();
   {
     absl::MutexLock lock(&session_mu_);
     if (session_context_ != nullptr) session_context_->TryCancel();
@@ -87,6 +93,7 @@ absl::StatusOr<std::string> Client::Session() {
     return status.ok() ? absl::UnavailableError("the daemon closed the session at once") : status;
   }
   session_id_ = event.session_id();
+  data_socket_ = event.data_socket();
   // The stream carries nothing more today; reading it keeps it open and notices its end.
   session_reader_ = std::thread([this, reader] {
     v1::SessionEvent ignored;
@@ -98,6 +105,124 @@ absl::StatusOr<std::string> Client::Session() {
     session_id_.clear();
   });
   return session_id_;
+}
+
+namespace {
+
+// Connects to the data socket at `path` and runs the attach exchange; the segment's memfd.
+absl::StatusOr<int> AttachOver(int fd, const std::string& path, const std::string& session_id,
+                               absl::Duration timeout) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("data socket path too long: ", path));
+  }
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
+  tv.tv_usec = static_cast<suseconds_t>(
+      absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to the tpd data socket ", path, ": ", std::strerror(errno)));
+  }
+  absl::StatusOr<std::array<uint8_t, shm::kAttachRequestBytes>> request =
+      shm::EncodeAttachRequest(session_id);
+  if (!request.ok()) return request.status();
+  if (send(fd, request->data(), request->size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request->size())) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot send the attach request to ", path, ": ", std::strerror(errno)));
+  }
+  std::string reply(shm::kAttachReplyBytes, '\0');
+  size_t got = 0;
+  int memfd = -1;
+  while (got < reply.size()) {
+    iovec iov{reply.data() + got, reply.size() - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (n <= 0) {
+      if (memfd >= 0) close(memfd);
+      return absl::UnavailableError(absl::StrCat(
+          "the tpd daemon at ", path, " closed the data connection without an attach reply",
+          n < 0 ? absl::StrCat(": ", std::strerror(errno)) : ""));
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int received;
+        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (memfd < 0) {
+          memfd = received;
+        } else {
+          close(received);
+        }
+      }
+    }
+    got += static_cast<size_t>(n);
+  }
+  absl::StatusOr<shm::AttachReply> decoded = shm::DecodeAttachReply(reply);
+  absl::Status status = decoded.ok() ? decoded->status : decoded.status();
+  if (status.ok() && memfd < 0) {
+    status = absl::InternalError("the attach reply came without the segment's fd");
+  }
+  if (!status.ok()) {
+    if (memfd >= 0) close(memfd);
+    return status;
+  }
+  return memfd;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const shm::Segment>> Client::AttachSharedMemory() {
+  absl::MutexLock data_lock(&data_mu_);
+  absl::StatusOr<std::string> session = Session();
+  if (!session.ok()) return session.status();
+  if (segment_ != nullptr && attached_session_ == *session) return segment_;
+  std::string path;
+  {
+    absl::MutexLock lock(&session_mu_);
+    path = data_socket_.empty() ? shm::DataSocketPath(socket_path_) : data_socket_;
+  }
+  // The same trust as the gRPC socket: another user's socket must not hand us memory.
+  if (absl::Status trusted = CheckSocketOwner(path); !trusted.ok()) return trusted;
+  if (data_fd_ >= 0) close(data_fd_);
+  data_fd_ = -1;
+  segment_.reset();
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  absl::StatusOr<int> memfd = AttachOver(fd, path, *session, options_.connect_timeout);
+  if (!memfd.ok()) {
+    close(fd);
+    return memfd.status();
+  }
+  absl::StatusOr<shm::Segment> segment = shm::Segment::Map(*memfd);
+  if (!segment.ok()) {
+    close(fd);
+    return segment.status();
+  }
+  // The connection stays open, silent, for the session's lifetime.
+  data_fd_ = fd;
+  attached_session_ = *session;
+  segment_ = std::make_shared<const shm::Segment>(*std::move(segment));
+  return segment_;
+}
+
+void Client::DetachSharedMemory() {
+  absl::MutexLock lock(&data_mu_);
+  if (data_fd_ >= 0) close(data_fd_);
+  data_fd_ = -1;
+  segment_.reset();
+  attached_session_.clear();
 }
 
 absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {

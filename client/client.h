@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/control.grpc.pb.h"
+#include "proto/shm/segment.h"
 #include "proto/store.grpc.pb.h"
 
 namespace tpd {
@@ -109,6 +110,17 @@ class Client {
   // The stream lives until Finish or destruction; no call deadline.
   std::unique_ptr<GroupWatch> Watch(absl::string_view group, absl::string_view init_method = "");
 
+  // Shared memory with the daemon (docs/data_plane.md, "Attaching a session"). Opens the
+  // session if needed, connects to the daemon's data socket (its owner checked as Connect
+  // checks the gRPC socket's), sends the session id and maps the sealed segment the daemon
+  // answers with. Once attached, returns the same segment until the session ends (then
+  // the next call attaches the new session). The daemon's refusals arrive with its code and
+  // message: RESOURCE_EXHAUSTED naming data.max_sessions, ALREADY_EXISTS, NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<const shm::Segment>> AttachSharedMemory();
+  // Closes the data connection, which ends the session on the daemon's side (its members
+  // leave, as when the process exits). The segment stays mapped while someone holds it.
+  void DetachSharedMemory();
+
   // Admin.Status of the daemon.
   absl::StatusOr<v1::StatusResponse> Status();
   // grpc.health.v1 check of the whole daemon: true when SERVING.
@@ -137,7 +149,13 @@ class Client {
   absl::Mutex session_mu_;
   std::string session_id_ ABSL_GUARDED_BY(session_mu_);
   std::unique_ptr<grpc::ClientContext> session_context_ ABSL_GUARDED_BY(session_mu_);
+  std::string data_socket_ ABSL_GUARDED_BY(session_mu_);  // from the session's first event
   std::thread session_reader_;  // drains the session stream until it ends
+
+  absl::Mutex data_mu_;  // taken before session_mu_, never after
+  std::string attached_session_ ABSL_GUARDED_BY(data_mu_);
+  int data_fd_ ABSL_GUARDED_BY(data_mu_) = -1;
+  std::shared_ptr<const shm::Segment> segment_ ABSL_GUARDED_BY(data_mu_);
 };
 
 }  // namespace tpd

@@ -39,6 +39,24 @@ void ControlService::CloseStreams() {
   for (auto& [id, close] : streams) close();
 }
 
+bool ControlService::SessionOpen(const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  return sessions_.count(session_id) != 0;
+}
+
+void ControlService::EndSession(const std::string& session_id, const std::string& why) {
+  std::function<void(const grpc::Status&)> close;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return;
+    close = it->second;
+  }
+  // Members leave now, not when the client notices its stream ended.
+  groups_->EndSession(session_id);
+  close(grpc::Status(grpc::StatusCode::UNAVAILABLE, why));
+}
+
 std::function<void(const absl::Status&)> ControlService::Later(grpc::CallbackServerContext* context,
                                                                grpc::ServerUnaryReactor** reactor,
                                                                const char* method) {
@@ -63,13 +81,25 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
     absl::MutexLock lock(&mu_);
     closed = closed_;
     stream = next_stream_++;
-    if (!closed) streams_[stream] = [sink] { sink->Close(kShuttingDown); };
+    if (!closed) {
+      streams_[stream] = [sink] { sink->Close(kShuttingDown); };
+      sessions_[id] = [sink](const grpc::Status& status) { sink->Close(status); };
+    }
   }
   group::GroupManager* groups = groups_;
+  // Runs once per session: when the stream is cancelled, and again (a no-op) when it is done.
+  auto end = [this, groups, id] {
+    groups->EndSession(id);
+    bool ended;
+    {
+      absl::MutexLock lock(&mu_);
+      ended = sessions_.erase(id) != 0;
+    }
+    if (ended && session_end_hook_) session_end_hook_(id);
+  };
   auto* reactor = new StreamReactor<v1::SessionEvent>(
-      sink, [groups, id] { groups->EndSession(id); },
-      [this, groups, id, stream, client] {
-        groups->EndSession(id);
+      sink, end, [this, end, id, stream, client] {
+        end();
         DaemonLog().info("[session {}] ended ({})", id, client);
         absl::MutexLock lock(&mu_);
         streams_.erase(stream);
@@ -77,6 +107,7 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
   DaemonLog().info("[session {}] opened by {}", id, client);
   v1::SessionEvent event;
   event.set_session_id(id);
+  event.set_data_socket(data_socket_);
   sink->Send(std::move(event));
   if (closed) sink->Close(kShuttingDown);
   stats_->Record("OpenSession", absl::OkStatus());

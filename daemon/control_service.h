@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -28,6 +29,18 @@ class ControlService final : public v1::Control::CallbackService {
   // Ends every open session and watch stream with UNAVAILABLE (daemon shutdown), so no
   // stream holds the drain of in-flight calls for the whole grace period.
   void CloseStreams();
+
+  // Whether `session_id` names a session whose stream is open.
+  bool SessionOpen(const std::string& session_id);
+  // Ends the session `session_id` now (its members leave) and its stream with UNAVAILABLE
+  // saying `why`; the session-end hook runs as for any session end. No-op when it ended.
+  void EndSession(const std::string& session_id, const std::string& why);
+  // Called with the id of every session that ends (stream gone, EndSession, shutdown), once,
+  // from a gRPC thread, no lock held. Set before serving.
+  void set_data_socket(std::string path) { data_socket_ = std::move(path); }
+  void set_session_end_hook(std::function<void(const std::string&)> hook) {
+    session_end_hook_ = std::move(hook);
+  }
 
   grpc::ServerWriteReactor<v1::SessionEvent>* OpenSession(
       grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request) override;
@@ -64,6 +77,10 @@ class ControlService final : public v1::Control::CallbackService {
   // Closers of the open streams.
   std::map<int64_t, std::function<void()>> streams_ ABSL_GUARDED_BY(mu_);
   int64_t next_stream_ ABSL_GUARDED_BY(mu_) = 0;
+  // Open sessions: session id -> closer of its stream.
+  std::map<std::string, std::function<void(const grpc::Status&)>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> session_end_hook_;
+  std::string data_socket_;  // sent in each session's first event
 };
 
 }  // namespace tpd

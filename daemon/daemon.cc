@@ -20,6 +20,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "proto/shm/attach.h"
 #include "store/file/path_policy.h"
 
 namespace tpd {
@@ -38,25 +39,6 @@ int MaxMessageBytes(const StoreConfig& config) {
   const int64_t bytes = config.max_value_bytes +
                         config.max_keys_per_request * (config.max_key_bytes + 16) + (1 << 20);
   return static_cast<int>(std::min<int64_t>(bytes, INT_MAX));
-}
-
-absl::Status SetSocketOwnership(const std::string& path, const Config& config) {
-  if (chmod(path.c_str(), config.socket_mode) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot chmod socket ", path, ": ", std::strerror(errno)));
-  }
-  if (config.socket_group.empty()) return absl::OkStatus();
-  struct group* group = getgrnam(config.socket_group.c_str());
-  if (group == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("daemon.socket_group \"", config.socket_group,
-                                                   "\" is not a group on this machine"));
-  }
-  if (chown(path.c_str(), -1, group->gr_gid) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot give socket ", path, " to group ",
-                                                      config.socket_group, ": ",
-                                                      std::strerror(errno)));
-  }
-  return absl::OkStatus();
 }
 
 // The node name groups know this daemon by (see PeerConfig::node_name).
@@ -244,6 +226,8 @@ absl::Status Daemon::Serve() {
                                                   &store_, &store_calls_, &control_calls_,
                                                   &in_flight_, peer_address_, groups_.get());
 
+  if (absl::Status status = ServeData(); !status.ok()) return status;
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
@@ -264,7 +248,7 @@ absl::Status Daemon::Serve() {
     return absl::UnavailableError(
         absl::StrCat("cannot serve on unix socket ", socket_path_, " (see the gRPC error above)"));
   }
-  if (absl::Status status = SetSocketOwnership(socket_path_, config_); !status.ok()) {
+  if (absl::Status status = SetSocketOwnership(socket_path_, config_.socket_mode, config_.socket_group); !status.ok()) {
     server_->Shutdown();
     return status;
   }
@@ -272,6 +256,29 @@ absl::Status Daemon::Serve() {
   server_->GetHealthCheckService()->SetServingStatus(true);
   DaemonLog().info("[socket {}] tpd {} serving (pid {}, mode {:04o})", socket_path_, kVersion,
                    getpid(), config_.socket_mode);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::ServeData() {
+  DataSocketOptions options;
+  options.path = config_.data.socket_path.empty() ? shm::DataSocketPath(socket_path_)
+                                                  : config_.data.socket_path;
+  options.mode = config_.socket_mode;
+  options.group = config_.socket_group;
+  options.limits.tx_heap_bytes = static_cast<uint64_t>(config_.data.arena_bytes);
+  options.limits.rx_heap_bytes = static_cast<uint64_t>(config_.data.arena_bytes);
+  options.max_sessions = config_.data.max_sessions;
+  ControlService* control = control_service_.get();
+  options.session_open = [control](const std::string& id) { return control->SessionOpen(id); };
+  options.end_session = [control](const std::string& id) {
+    control->EndSession(id, "the session's data connection closed; open a new session");
+  };
+  absl::StatusOr<std::unique_ptr<DataSocket>> data = DataSocket::Start(std::move(options));
+  if (!data.ok()) return data.status();
+  data_socket_ = *std::move(data);
+  DataSocket* socket = data_socket_.get();
+  control->set_data_socket(data_socket_->path());
+  control->set_session_end_hook([socket](const std::string& id) { socket->EndSession(id); });
   return absl::OkStatus();
 }
 
@@ -299,6 +306,7 @@ void Daemon::Shutdown() {
     (*server)->Wait();
     server->reset();
   }
+  data_socket_->Shutdown();
   lock_.reset();
   DaemonLog().info("[socket {}] stopped; socket removed", socket_path_);
 }

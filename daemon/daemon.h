@@ -19,6 +19,7 @@
 #include "daemon/client_store.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
+#include "daemon/data_socket.h"
 #include "daemon/group/group_manager.h"
 #include "daemon/in_flight.h"
 #include "daemon/peer_auth.h"
@@ -52,6 +53,8 @@ class Daemon {
   void Shutdown();
 
   const std::string& socket_path() const { return socket_path_; }
+  // The data socket through which sessions attach to shared memory ([data] socket).
+  const std::string& data_socket_path() const { return data_socket_->path(); }
   // "host:port" of the peer port actually bound (port 0 resolved); empty without one.
   const std::string& peer_address() const { return peer_address_; }
   bool serving() const { return serving_.load(); }
@@ -62,6 +65,8 @@ class Daemon {
   absl::Status LoadPeerTls();
   absl::Status Serve();
   absl::Status ServePeers();
+  // Starts the data socket; REQUIRES: control_service_ built.
+  absl::Status ServeData();
 
   const Config config_;
   const std::string socket_path_;
@@ -82,6 +87,9 @@ class Daemon {
   std::unique_ptr<group::GroupManager> groups_;
   std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<AdminService> admin_service_;
+  // Started before the gRPC server, stopped after it; kept until destruction so late
+  // session-end hooks find it (a no-op then).
+  std::unique_ptr<DataSocket> data_socket_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> peer_server_;
   std::string peer_address_;

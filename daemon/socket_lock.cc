@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <pwd.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -128,6 +129,24 @@ bool SomeoneListens(const std::string& path) {
 }
 
 }  // namespace
+
+absl::Status SetSocketOwnership(const std::string& path, mode_t mode, const std::string& group) {
+  if (chmod(path.c_str(), mode) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot chmod socket ", path, ": ", std::strerror(errno)));
+  }
+  if (group.empty()) return absl::OkStatus();
+  struct group* entry = getgrnam(group.c_str());
+  if (entry == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("daemon.socket_group \"", group, "\" is not a group on this machine"));
+  }
+  if (chown(path.c_str(), -1, entry->gr_gid) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot give socket ", path, " to group ",
+                                                      group, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
 
 std::string DefaultDaemonSocketPath() {
   if (geteuid() == 0 || access(kSystemSocketDir, W_OK) == 0) return kSystemSocketPath;

@@ -18,6 +18,8 @@
 #ifndef TPD_DAEMON_SOCKET_LOCK_H_
 #define TPD_DAEMON_SOCKET_LOCK_H_
 
+#include <sys/types.h>
+
 #include <memory>
 #include <string>
 
@@ -29,6 +31,12 @@ namespace tpd {
 // path when this process may create it (root, or /run/tpd writable, as for the unit's user),
 // otherwise the per-user one (proto/socket_path.h).
 std::string DefaultDaemonSocketPath();
+
+// Gives the socket file at `path` the permission bits `mode` and, when `group` is not empty,
+// that group, so the group's members may connect. The daemon binds its sockets under umask
+// 0177 and widens them with this only afterwards. FAILED_PRECONDITION naming the socket when
+// chmod or chown fails; INVALID_ARGUMENT naming daemon.socket_group when it is no group here.
+absl::Status SetSocketOwnership(const std::string& path, mode_t mode, const std::string& group);
 
 class SocketLock {
  public:

@@ -1,0 +1,360 @@
+#include "daemon/data_socket.h"
+
+#include <errno.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/logging.h"
+#include "proto/shm/attach.h"
+
+namespace tpd {
+namespace {
+
+constexpr uint64_t kListenTag = 0;
+constexpr uint64_t kWakeTag = 1;
+
+absl::Status ErrnoError(absl::string_view what, const std::string& path) {
+  return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+// Sends `reply`, with `fd` as SCM_RIGHTS when fd >= 0. False when it did not go whole.
+bool SendReply(int socket, const shm::AttachReply& reply, int fd) {
+  const std::array<uint8_t, shm::kAttachReplyBytes> bytes = shm::EncodeAttachReply(reply);
+  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+  }
+  // A fresh connection's send buffer always holds one reply, so a non-blocking send that
+  // does not take it whole is a peer that is gone.
+  const ssize_t sent = sendmsg(socket, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  return sent == static_cast<ssize_t>(bytes.size());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataSocket>> DataSocket::Start(DataSocketOptions options) {
+  absl::StatusOr<std::unique_ptr<SocketLock>> lock = SocketLock::Acquire(options.path);
+  if (!lock.ok()) return lock.status();
+  const int listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (listen_fd < 0) return ErrnoError("cannot create the data socket", options.path);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, options.path.c_str(), sizeof(addr.sun_path) - 1);
+  // Private until SetSocketOwnership widens it, as the gRPC socket.
+  const mode_t old_umask = umask(0177);
+  const int bound = bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  umask(old_umask);
+  if (bound != 0 || listen(listen_fd, 128) != 0) {
+    const absl::Status status = ErrnoError("cannot listen on the data socket", options.path);
+    close(listen_fd);
+    return status;
+  }
+  if (absl::Status status = SetSocketOwnership(options.path, options.mode, options.group);
+      !status.ok()) {
+    close(listen_fd);
+    return status;
+  }
+  const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (wake_fd < 0 || epoll_fd < 0) {
+    const absl::Status status = ErrnoError("cannot create the loop of the data socket", options.path);
+    close(listen_fd);
+    if (wake_fd >= 0) close(wake_fd);
+    if (epoll_fd >= 0) close(epoll_fd);
+    return status;
+  }
+  epoll_event listen_event{};
+  listen_event.events = EPOLLIN;
+  listen_event.data.u64 = kListenTag;
+  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, listen_fd, &listen_event);
+  epoll_event wake_event{};
+  wake_event.events = EPOLLIN;
+  wake_event.data.u64 = kWakeTag;
+  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, wake_fd, &wake_event);
+  std::unique_ptr<DataSocket> socket(
+      new DataSocket(std::move(options), *std::move(lock), listen_fd, wake_fd, epoll_fd));
+  socket->loop_ = std::thread([raw = socket.get()] { raw->Loop(); });
+  DaemonLog().info("[data {}] attaching sessions to shared memory ({} bytes per heap, at most {} "
+                   "sessions)",
+                   socket->path_, socket->options_.limits.tx_heap_bytes,
+                   socket->options_.max_sessions);
+  return socket;
+}
+
+DataSocket::DataSocket(DataSocketOptions options, std::unique_ptr<SocketLock> lock,
+                       int listen_fd, int wake_fd, int epoll_fd)
+    : options_(std::move(options)),
+      path_(options_.path),
+      lock_(std::move(lock)),
+      listen_fd_(listen_fd),
+      wake_fd_(wake_fd),
+      epoll_fd_(epoll_fd) {}
+
+DataSocket::~DataSocket() { Shutdown(); }
+
+void DataSocket::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t written = write(wake_fd_, &one, sizeof(one));
+  if (loop_.joinable()) loop_.join();
+  std::map<uint64_t, Connection> connections;
+  {
+    absl::MutexLock lock(&mu_);
+    connections = std::move(connections_);
+    connections_.clear();
+    attached_.clear();
+  }
+  for (auto& [id, connection] : connections) close(connection.fd);
+  connections.clear();  // unmaps every segment
+  close(listen_fd_);
+  close(wake_fd_);
+  close(epoll_fd_);
+  lock_.reset();  // removes the socket file
+}
+
+void DataSocket::EndSession(const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = attached_.find(session_id);
+  if (it == attached_.end()) return;
+  // The loop sees the hang-up and closes; only the loop closes fds, so this one is ours.
+  shutdown(connections_.at(it->second).fd, SHUT_RDWR);
+}
+
+std::vector<DataSocket::SessionInfo> DataSocket::Sessions() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<SessionInfo> sessions;
+  for (const auto& [session_id, id] : attached_) {
+    const Connection& connection = connections_.at(id);
+    SessionInfo info;
+    info.session_id = session_id;
+    info.pid = connection.pid;
+    info.uid = connection.uid;
+    info.gid = connection.gid;
+    info.segment_bytes = connection.segment ? connection.segment->size() : 0;
+    info.attached_at = connection.attached_at;
+    sessions.push_back(std::move(info));
+  }
+  return sessions;
+}
+
+void DataSocket::Loop() {
+  epoll_event events[64];
+  while (true) {
+    const int n = epoll_wait(epoll_fd_, events, 64, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      DaemonLog().error("[data {}] epoll_wait: {}; attaching stops", path_, std::strerror(errno));
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      const uint64_t tag = events[i].data.u64;
+      if (tag == kWakeTag) {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+      } else if (tag == kListenTag) {
+        Accept();
+      } else {
+        OnReadable(tag);
+      }
+    }
+  }
+}
+
+void DataSocket::Accept() {
+  while (true) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+        DaemonLog().warn("[data {}] accept: {}", path_, std::strerror(errno));
+      }
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;
+    }
+    ucred cred{};
+    socklen_t length = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &length) != 0) {
+      close(fd);
+      continue;
+    }
+    uint64_t id;
+    {
+      absl::MutexLock lock(&mu_);
+      const int64_t pending = static_cast<int64_t>(connections_.size() - attached_.size());
+      if (pending >= options_.max_pending) {
+        DaemonLog().warn("[data {}] {} connections have not attached yet; closing one more "
+                         "from pid {} uid {}",
+                         path_, pending, cred.pid, cred.uid);
+        close(fd);
+        continue;
+      }
+      id = next_id_++;
+      Connection& connection = connections_[id];
+      connection.fd = fd;
+      connection.pid = cred.pid;
+      connection.uid = cred.uid;
+      connection.gid = cred.gid;
+    }
+    epoll_event event{};
+    event.events = EPOLLIN | EPOLLRDHUP;
+    event.data.u64 = id;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event);
+  }
+}
+
+void DataSocket::OnReadable(uint64_t id) {
+  int fd;
+  bool attached;
+  std::string request;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = connections_.find(id);
+    if (it == connections_.end()) return;
+    fd = it->second.fd;
+    attached = !it->second.session_id.empty();
+    request = it->second.request;
+  }
+  // One byte past a request tells an oversized one apart from a whole one.
+  char buffer[shm::kAttachRequestBytes + 1];
+  const size_t want = attached ? sizeof(buffer) : sizeof(buffer) - request.size();
+  const ssize_t got = recv(fd, buffer, want, MSG_DONTWAIT);
+  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (attached) {
+    // Nothing may come after the request: a hang-up or any byte ends the session.
+    Close(id, /*end=*/true);
+    return;
+  }
+  if (got <= 0) {
+    Close(id, false);
+    return;
+  }
+  request.append(buffer, static_cast<size_t>(got));
+  if (request.size() > shm::kAttachRequestBytes) {
+    DaemonLog().warn("[data {}] connection {} sent more than an attach request; closed", path_,
+                     id);
+    Close(id, false);
+    return;
+  }
+  if (request.size() < shm::kAttachRequestBytes) {
+    absl::MutexLock lock(&mu_);
+    connections_.at(id).request = std::move(request);
+    return;
+  }
+  absl::StatusOr<std::string> session_id = shm::DecodeAttachRequest(request);
+  if (!session_id.ok()) {
+    DaemonLog().warn("[data {}] connection {}: {}; closed", path_, id,
+                     std::string(session_id.status().message()));
+    Close(id, false);
+    return;
+  }
+  Attach(id, *session_id);
+}
+
+void DataSocket::Attach(uint64_t id, const std::string& session_id) {
+  absl::Status refused;
+  if (!options_.session_open(session_id)) {
+    refused = absl::NotFoundError(
+        "no open session with this id: open one with Control.OpenSession, keep its stream "
+        "open and send the id it gave");
+  }
+  int fd = -1;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Connection& connection = connections_.at(id);
+    fd = connection.fd;
+    pid = connection.pid;
+    uid = connection.uid;
+    gid = connection.gid;
+    if (refused.ok() && attached_.count(session_id) != 0) {
+      const Connection& holder = connections_.at(attached_.at(session_id));
+      refused = absl::AlreadyExistsError(absl::StrCat(
+          "session ", session_id, " is attached already (by pid ", holder.pid,
+          "); a session attaches once"));
+    } else if (refused.ok() && static_cast<int64_t>(attached_.size()) >= options_.max_sessions) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "data.max_sessions (", options_.max_sessions,
+          ") sessions are attached to shared memory; raise it or end other sessions"));
+    }
+  }
+  if (refused.ok()) {
+    absl::StatusOr<shm::Segment> segment = shm::Segment::Create(options_.limits);
+    if (!segment.ok()) {
+      refused = absl::ResourceExhaustedError(
+          absl::StrCat("cannot create the session's segment (data.arena_bytes ",
+                       options_.limits.tx_heap_bytes, "): ", segment.status().message()));
+    } else {
+      shm::AttachReply reply;
+      reply.segment_bytes = segment->size();
+      if (!SendReply(fd, reply, segment->fd())) {
+        Close(id, false);
+        return;
+      }
+      segment->CloseFd();
+      {
+        absl::MutexLock lock(&mu_);
+        Connection& connection = connections_.at(id);
+        connection.session_id = session_id;
+        connection.segment.emplace(*std::move(segment));
+        connection.attached_at = absl::Now();
+        attached_[session_id] = id;
+      }
+      DaemonLog().info("[session {}] attached to shared memory by pid {} uid {} gid {} ({} bytes)",
+                       session_id, pid, uid, gid, reply.segment_bytes);
+      // The stream may have ended between the check above and now; then EndSession found
+      // nothing to close, so close here.
+      if (!options_.session_open(session_id)) EndSession(session_id);
+      return;
+    }
+  }
+  DaemonLog().warn("[data {}] attach from pid {} uid {} refused: {}", path_, pid, uid,
+                   refused.ToString());
+  shm::AttachReply reply;
+  reply.status = refused;
+  SendReply(fd, reply, -1);
+  Close(id, false);
+}
+
+void DataSocket::Close(uint64_t id, bool end) {
+  Connection connection;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = connections_.find(id);
+    if (it == connections_.end()) return;
+    connection = std::move(it->second);
+    connections_.erase(it);
+    if (!connection.session_id.empty()) attached_.erase(connection.session_id);
+  }
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, connection.fd, nullptr);
+  close(connection.fd);
+  if (connection.session_id.empty()) return;
+  connection.segment.reset();  // unmapped before the session's end is reported
+  DaemonLog().info("[session {}] data connection of pid {} closed; segment freed",
+                   connection.session_id, connection.pid);
+  if (end) options_.end_session(connection.session_id);
+}
+
+}  // namespace tpd

@@ -1,0 +1,134 @@
+// The daemon's data socket: the second unix socket, beside the gRPC one, through which a
+// client session receives its shared-memory segment (a sealed memfd, sent with SCM_RIGHTS;
+// gRPC cannot pass file descriptors). The exchange is proto/shm/attach.h; the whole story is
+// in docs/data_plane.md, "Attaching a session", and docs/security.md, "The data socket".
+//
+// One connection attaches one session, once: the client sends the session id Control.
+// OpenSession gave it; the daemon checks that the session is open and not attached yet and
+// that max_sessions are not all taken, records the connection's SO_PEERCRED with it, creates
+// the session's Segment and sends it. From then on the connection is the session's second
+// half: when it closes (or the client sends anything more) the session is ended through
+// `end_session`; when the session ends on the gRPC side, EndSession closes the connection.
+// Either way the daemon unmaps the segment and no fd of it stays open here.
+//
+// Thread safety: thread-safe. One thread of its own ("tpd-data", an epoll loop) accepts,
+// reads and closes every connection; EndSession, Sessions and Shutdown may be called from
+// any thread. The hooks are called on the loop thread with no lock of this class held.
+
+#ifndef TPD_DAEMON_DATA_SOCKET_H_
+#define TPD_DAEMON_DATA_SOCKET_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/socket_lock.h"
+#include "proto/shm/layout.h"
+#include "proto/shm/segment.h"
+
+namespace tpd {
+
+struct DataSocketOptions {
+  // Where to listen (taken with SocketLock, the gRPC socket's procedure) and the mode and
+  // group the socket file gets ([daemon] socket_mode, socket_group).
+  std::string path;
+  mode_t mode = 0660;
+  std::string group;
+  // Sizes of each session's segment.
+  shm::SegmentLimits limits;
+  // Sessions attached at once ([data] max_sessions).
+  int64_t max_sessions = 256;
+  // Connections that have not sent their request yet; past it new ones are closed at once.
+  int64_t max_pending = 64;
+  // Whether `session_id` names a session whose gRPC stream is open. Required.
+  std::function<bool(const std::string& session_id)> session_open;
+  // Called when an attached session's data connection closed first. Required.
+  std::function<void(const std::string& session_id)> end_session;
+};
+
+class DataSocket {
+ public:
+  // Takes the socket, binds it (private until its mode and group are set) and starts the
+  // loop. Errors name the socket.
+  static absl::StatusOr<std::unique_ptr<DataSocket>> Start(DataSocketOptions options);
+
+  // Shuts down if Shutdown() was not called.
+  ~DataSocket();
+  DataSocket(const DataSocket&) = delete;
+  DataSocket& operator=(const DataSocket&) = delete;
+
+  // Stops the loop, closes every connection, frees every segment and removes the socket
+  // file. Idempotent. Does not call end_session.
+  void Shutdown();
+
+  // The session's gRPC stream ended: its data connection is closed and its segment freed
+  // (soon, on the loop thread). No-op for a session that is not attached.
+  void EndSession(const std::string& session_id);
+
+  struct SessionInfo {
+    std::string session_id;
+    pid_t pid = 0;  // SO_PEERCRED of the data connection
+    uid_t uid = 0;
+    gid_t gid = 0;
+    uint64_t segment_bytes = 0;
+    absl::Time attached_at;
+  };
+  // The attached sessions, by session id.
+  std::vector<SessionInfo> Sessions() const;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Connection {
+    int fd = -1;
+    pid_t pid = 0;
+    uid_t uid = 0;
+    gid_t gid = 0;
+    std::string request;  // bytes read so far, before the attach
+    std::string session_id;  // set once attached
+    std::optional<shm::Segment> segment;
+    absl::Time attached_at;
+  };
+
+  DataSocket(DataSocketOptions options, std::unique_ptr<SocketLock> lock, int listen_fd,
+             int wake_fd, int epoll_fd);
+  void Loop();
+  void Accept();
+  void OnReadable(uint64_t id);
+  // Attaches the connection `id` to `session_id` or answers why not.
+  void Attach(uint64_t id, const std::string& session_id);
+  // Closes the connection `id`, frees its segment; ends its session when `end` is set.
+  void Close(uint64_t id, bool end);
+
+  const DataSocketOptions options_;
+  const std::string path_;
+  std::unique_ptr<SocketLock> lock_;
+  const int listen_fd_;
+  const int wake_fd_;
+  const int epoll_fd_;
+  std::thread loop_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ = false;  // main thread only
+  // Every open connection by its id (the epoll tag); only the loop adds and erases.
+  std::map<uint64_t, Connection> connections_ ABSL_GUARDED_BY(mu_);
+  // Attached sessions: session id -> connection id.
+  std::map<std::string, uint64_t> attached_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 2;  // 0: the listener, 1: the wake fd
+};
+
+}  // namespace tpd
+
+#endif  // TPD_DAEMON_DATA_SOCKET_H_
