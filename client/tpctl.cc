@@ -162,6 +162,16 @@ int RunStatus(tpd::Client& client) {
     std::cout << "  groups:  " << status->groups_size() << " tracked; calls "
               << absl::StrJoin(calls, " ") << "\n";
   }
+  if (!status->data_socket().empty()) {
+    std::cout << "  data:    " << status->data_socket() << ", "
+              << status->attached_session_count() << " sessions attached (max "
+              << status->config().data_max_sessions() << ")\n";
+    for (const tpd::v1::AttachedSession& session : status->attached_sessions()) {
+      std::cout << "    pid " << session.pid() << " uid " << session.uid() << " gid "
+                << session.gid() << ": arena " << session.arena_bytes() << " B x 2, segment "
+                << session.segment_bytes() << " B\n";
+    }
+  }
   return 0;
 }
 

@@ -1,5 +1,7 @@
 #include "daemon/admin_service.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include "absl/strings/str_format.h"
@@ -34,6 +36,23 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   response->set_serving_status(serving_->load() ? "SERVING" : "NOT_SERVING");
   response->set_calls_in_flight(in_flight_->count());
   response->set_peer_address(peer_address_);
+  if (data_socket_ != nullptr) {
+    response->set_data_socket(data_socket_->path());
+    std::vector<DataSocket::SessionInfo> sessions = data_socket_->Sessions();
+    std::sort(sessions.begin(), sessions.end(), [](const auto& a, const auto& b) {
+      return a.attached_at < b.attached_at;
+    });
+    response->set_attached_session_count(static_cast<int64_t>(sessions.size()));
+    for (const DataSocket::SessionInfo& info : sessions) {
+      v1::AttachedSession* session = response->add_attached_sessions();
+      session->set_pid(info.pid);
+      session->set_uid(info.uid);
+      session->set_gid(info.gid);
+      session->set_arena_bytes(static_cast<uint64_t>(config_->data.arena_bytes));
+      session->set_segment_bytes(info.segment_bytes);
+      session->set_attached_unix_ms(absl::ToUnixMillis(info.attached_at));
+    }
+  }
   v1::NodeInfo* node = response->mutable_node();
   node->set_name(groups_->node().name);
   node->set_incarnation(groups_->node().incarnation.load());
@@ -55,6 +74,8 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   config->set_store_max_keys_per_request(config_->store.max_keys_per_request);
   config->set_store_max_waiters(config_->store.max_waiters);
   config->set_shutdown_grace_ms(absl::ToInt64Milliseconds(config_->shutdown_grace));
+  config->set_data_arena_bytes(config_->data.arena_bytes);
+  config->set_data_max_sessions(config_->data.max_sessions);
 
   const store::MemoryStoreStats stats = store_->Stats();
   v1::StoreStats* store = response->mutable_store();

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "daemon/data_socket.h"
 #include "daemon/call_stats.h"
 #include "daemon/config.h"
 #include "daemon/group/group_manager.h"
@@ -28,6 +29,9 @@ class AdminService final : public v1::Admin::CallbackService {
                const InFlightCalls* in_flight, std::string peer_address,
                group::GroupManager* groups);
 
+  // The data socket whose attached sessions Status lists; set before serving, outlives this.
+  void set_data_socket(const DataSocket* data_socket) { data_socket_ = data_socket; }
+
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
                                    v1::StatusResponse* response) override;
@@ -43,6 +47,7 @@ class AdminService final : public v1::Admin::CallbackService {
   const InFlightCalls* const in_flight_;
   const std::string peer_address_;
   group::GroupManager* const groups_;
+  const DataSocket* data_socket_ = nullptr;
 };
 
 }  // namespace tpd

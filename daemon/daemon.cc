@@ -278,6 +278,7 @@ absl::Status Daemon::ServeData() {
   data_socket_ = *std::move(data);
   DataSocket* socket = data_socket_.get();
   control->set_data_socket(data_socket_->path());
+  admin_service_->set_data_socket(data_socket_.get());
   control->set_session_end_hook([socket](const std::string& id) { socket->EndSession(id); });
   return absl::OkStatus();
 }

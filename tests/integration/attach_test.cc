@@ -184,6 +184,35 @@ TEST_F(AttachTest, ClientReceivesASealedSegmentOfTheConfiguredSize) {
   EXPECT_EQ(st.st_mode & 07777, 0660u) << "the data socket has the gRPC socket's mode";
 }
 
+TEST_F(AttachTest, StatusListsAttachedSessionsWithTheirCredentials) {
+  StartDaemon(8);
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto before = client->Status();
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->data_socket(), DataSocket());
+  EXPECT_EQ(before->attached_session_count(), 0);
+  EXPECT_EQ(before->config().data_max_sessions(), 8);
+  EXPECT_EQ(before->config().data_arena_bytes(), kArenaBytes);
+  auto segment = client->AttachSharedMemory();
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  auto after = client->Status();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->attached_session_count(), 1);
+  ASSERT_EQ(after->attached_sessions_size(), 1);
+  const v1::AttachedSession& session = after->attached_sessions(0);
+  EXPECT_EQ(session.pid(), getpid());
+  EXPECT_EQ(session.uid(), static_cast<int64_t>(getuid()));
+  EXPECT_EQ(session.gid(), static_cast<int64_t>(getgid()));
+  EXPECT_EQ(session.arena_bytes(), static_cast<uint64_t>(kArenaBytes));
+  EXPECT_EQ(session.segment_bytes(), (*segment)->size());
+  const testing::ProcessResult tpctl =
+      testing::RunProcess({testing::RunfilePath("client/tpctl"), "--socket", socket_, "status"});
+  EXPECT_EQ(tpctl.exit_code, 0) << tpctl.output;
+  EXPECT_THAT(tpctl.output, HasSubstr("1 sessions attached (max 8)"));
+  EXPECT_THAT(tpctl.output, HasSubstr(absl::StrCat("pid ", getpid(), " uid ", getuid())));
+}
+
 TEST_F(AttachTest, SecondAttachOfTheSameSessionIsRefused) {
   StartDaemon(8);
   const std::string id = OpenRawSession();
