@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 
 namespace tpd {
@@ -30,10 +31,13 @@ absl::Status InitLogging(const std::string& level) {
 
 spdlog::logger& DaemonLog() {
   std::shared_ptr<spdlog::logger> logger = spdlog::get("daemon");
-  if (logger == nullptr) {
-    // Before InitLogging (unit tests that build a daemon in-process): log to stderr.
-    logger = spdlog::stderr_color_mt("daemon");
-  }
+  if (logger != nullptr) return *logger;
+  // Before InitLogging (unit tests that build a daemon in-process): log to stderr. Two
+  // threads may get here at once; registering twice throws, so one creates it, under a lock.
+  static absl::Mutex create;
+  absl::MutexLock lock(&create);
+  logger = spdlog::get("daemon");
+  if (logger == nullptr) logger = spdlog::stderr_color_mt("daemon");
   return *logger;
 }
 

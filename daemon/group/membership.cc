@@ -339,8 +339,9 @@ int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Memb
                                   change == "EVICTED" ? "evicted" : "left", ": ", why));
     record->set_change("BROKEN");
   } else if (view->phase() == kDynamic) {
-    // Removing members cannot invalidate the others' maps in a dynamic group: maps toward
-    // absent workers are not checked.
+    // Removing members cannot invalidate the others' maps in a dynamic group (maps toward
+    // absent workers are not checked) when the record is one this daemon wrote; a forged one
+    // (validated for structure, not meaning) may fail here, and then keeps no negotiation.
     (void)Renegotiate(record);
   }
   view->set_version(view->version() + 1);
