@@ -6,8 +6,10 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -159,10 +161,40 @@ std::vector<DataSocket::SessionInfo> DataSocket::Sessions() const {
   return sessions;
 }
 
+absl::Duration DataSocket::CloseSlowRequests() {
+  const absl::Time now = absl::Now();
+  std::vector<uint64_t> late;
+  absl::Duration next = absl::InfiniteDuration();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, connection] : connections_) {
+      if (!connection.session_id.empty()) continue;
+      const absl::Time due = connection.accepted_at + options_.request_timeout;
+      if (due <= now) {
+        late.push_back(id);
+      } else {
+        next = std::min(next, due - now);
+      }
+    }
+  }
+  for (uint64_t id : late) {
+    DaemonLog().warn("[data {}] connection {} sent no attach request within {}; closed", path_,
+                     id, absl::FormatDuration(options_.request_timeout));
+    Close(id, false);
+  }
+  return next;
+}
+
 void DataSocket::Loop() {
+  pthread_setname_np(pthread_self(), "tpd-data");
   epoll_event events[64];
   while (true) {
-    const int n = epoll_wait(epoll_fd_, events, 64, -1);
+    const absl::Duration wait = CloseSlowRequests();
+    const int timeout_ms =
+        wait == absl::InfiniteDuration()
+            ? -1
+            : static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait) + 1));
+    const int n = epoll_wait(epoll_fd_, events, 64, timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
       DaemonLog().error("[data {}] epoll_wait: {}; attaching stops", path_, std::strerror(errno));
@@ -215,6 +247,7 @@ void DataSocket::Accept() {
       connection.pid = cred.pid;
       connection.uid = cred.uid;
       connection.gid = cred.gid;
+      connection.accepted_at = absl::Now();
     }
     epoll_event event{};
     event.events = EPOLLIN | EPOLLRDHUP;

@@ -51,6 +51,9 @@ struct DataSocketOptions {
   int64_t max_sessions = 256;
   // Connections that have not sent their request yet; past it new ones are closed at once.
   int64_t max_pending = 64;
+  // How long a connection may take to send its request before it is closed, so idle
+  // connections cannot hold the max_pending places.
+  absl::Duration request_timeout = absl::Seconds(5);
   // Whether `session_id` names a session whose gRPC stream is open. Required.
   std::function<bool(const std::string& session_id)> session_open;
   // Called when an attached session's data connection closed first. Required.
@@ -96,6 +99,7 @@ class DataSocket {
     uid_t uid = 0;
     gid_t gid = 0;
     std::string request;  // bytes read so far, before the attach
+    absl::Time accepted_at;
     std::string session_id;  // set once attached
     std::optional<shm::Segment> segment;
     absl::Time attached_at;
@@ -105,6 +109,9 @@ class DataSocket {
              int wake_fd, int epoll_fd);
   void Loop();
   void Accept();
+  // Closes connections that sent no whole request within request_timeout; returns how long
+  // until the next one is due (absl::InfiniteDuration() when none waits).
+  absl::Duration CloseSlowRequests();
   void OnReadable(uint64_t id);
   // Attaches the connection `id` to `session_id` or answers why not.
   void Attach(uint64_t id, const std::string& session_id);

@@ -265,6 +265,21 @@ TEST_F(AttachTest, GarbageAndOversizedRequestsCloseOnlyTheirConnection) {
   ExpectAttachStillWorks();
 }
 
+TEST_F(AttachTest, ConnectionsThatNeverSendARequestAreClosedAndDoNotBlockOthers) {
+  StartDaemon(8);
+  // More idle connections than may wait for their request (64): the excess is closed at
+  // once, the rest after the request timeout (5 s); then attaching works again.
+  std::vector<int> idle;
+  for (int i = 0; i < 80; ++i) idle.push_back(ConnectTo(DataSocket()));
+  const absl::Time start = absl::Now();
+  for (int fd : idle) {
+    EXPECT_TRUE(ClosedWithoutReply(fd));
+    close(fd);
+  }
+  EXPECT_GE(absl::Now() - start, absl::Seconds(4));
+  ExpectAttachStillWorks();
+}
+
 TEST_F(AttachTest, MaxSessionsIsEnforcedNamingTheSetting) {
   StartDaemon(2);
   std::unique_ptr<Client> a = Connect();
