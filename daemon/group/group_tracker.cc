@@ -436,7 +436,7 @@ void GroupTracker::RemoveWatcher(const std::shared_ptr<GroupWatcher>& watcher) {
 }
 
 void GroupTracker::ArmVersionWait() {
-  if (wait_armed_ || stop_ || absl::Now() < rearm_after_) return;
+  if (wait_armed_ || stop_ || options_.clock->Now() < rearm_after_) return;
   const int64_t next = latest_.view().version() + 1;
   wait_armed_ = true;
   mu_.Unlock();
@@ -445,7 +445,7 @@ void GroupTracker::ArmVersionWait() {
         absl::MutexLock lock(&mu_);
         if (!record.ok() && record.status().code() != absl::StatusCode::kDeadlineExceeded) {
           // The store refused (down, shutting down, full): retry at the next tick, not at once.
-          rearm_after_ = absl::Now() + options_.heartbeat_interval;
+          rearm_after_ = options_.clock->Now() + options_.heartbeat_interval;
         }
         if (record.ok() || record.status().code() != absl::StatusCode::kDeadlineExceeded) {
           arrived_.push_back(std::move(record));
@@ -457,7 +457,7 @@ void GroupTracker::ArmVersionWait() {
   mu_.Lock();
   if (!id.ok()) {
     wait_armed_ = false;
-    rearm_after_ = absl::Now() + options_.heartbeat_interval;
+    rearm_after_ = options_.clock->Now() + options_.heartbeat_interval;
   } else if (wait_armed_) {
     wait_id_ = *id;
   }
@@ -498,6 +498,7 @@ void GroupTracker::Load() {
 }
 
 absl::Time GroupTracker::Step() {
+  ++steps_;
   bool loaded;
   {
     absl::MutexLock lock(&mu_);
@@ -530,11 +531,11 @@ absl::Time GroupTracker::Step() {
     }
   }
   if (!ops.empty()) ApplyOps(std::move(ops));
-  if (absl::Now() >= next_tick_) {
+  if (options_.clock->Now() >= next_tick_) {
     CatchUp();
     CheckDeadlines();
     CheckHeartbeats();
-    next_tick_ = absl::Now() + options_.heartbeat_interval;
+    next_tick_ = options_.clock->Now() + options_.heartbeat_interval;
   }
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::InfiniteFuture();
@@ -576,7 +577,7 @@ void GroupTracker::CatchUp() {
 }
 
 void GroupTracker::NoteStoreError(const absl::Status& status) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   absl::MutexLock lock(&mu_);
   if (status.code() == absl::StatusCode::kDataLoss) damaged_ = status;
   // A store that stays down would otherwise log twice a second for as long as it is down.
@@ -865,7 +866,7 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
 
 void GroupTracker::CheckDeadlines() {
   std::vector<std::pair<JoinDone, absl::Status>> expired;
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   absl::MutexLock lock(&mu_);
   for (auto it = pending_joins_.begin(); it != pending_joins_.end();) {
     if (it->deadline > now) {
@@ -932,7 +933,7 @@ void GroupTracker::CheckHeartbeats() {
     op.remove_done = [](absl::StatusOr<int64_t>) {};
     Enqueue(std::move(op));
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   // A daemon that was itself stalled (overloaded, paused, starved of CPU) cannot tell a
   // silent peer from its own deafness: heartbeats may have gone unrecorded or unread. After
   // a stall it restarts every peer's window instead of judging it.

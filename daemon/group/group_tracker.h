@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/group/clock.h"
 #include "daemon/group/group_log.h"
 #include "daemon/group/group_worker.h"
 #include "daemon/group/membership.h"
@@ -59,6 +60,9 @@ class GroupWatcher {
 struct TrackerOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
+  // What heartbeat windows, join deadlines and the tracker's schedule are judged by; must
+  // outlive the tracker. Join deadlines given to Join() are on this clock.
+  Clock* clock = Clock::Real();
 };
 
 class GroupTracker : public WorkerTask {
@@ -109,6 +113,8 @@ class GroupTracker : public WorkerTask {
   // worker after the first read; UNAVAILABLE naming the store when that read failed.
   using ViewDone = absl::AnyInvocable<void(absl::StatusOr<v1::GroupView>)>;
   void GetView(ViewDone done);
+  // Steps taken so far (tests wait for a step instead of sleeping).
+  int64_t steps() const { return steps_.load(); }
   // Nothing here needs the tracker: no local member, watcher, queued or pending operation.
   bool Idle();
   // `session_id` holds a member here, or has a join on its way.
@@ -228,6 +234,7 @@ class GroupTracker : public WorkerTask {
 
   GroupWorker* const worker_;
   absl::Time next_tick_ = absl::InfinitePast();  // worker only
+  std::atomic<int64_t> steps_{0};
 };
 
 }  // namespace tpd::group

@@ -8,8 +8,9 @@
 
 namespace tpd::group {
 
-absl::StatusOr<std::unique_ptr<GroupWorker>> GroupWorker::Start(std::string name) {
-  std::unique_ptr<GroupWorker> worker(new GroupWorker(std::move(name)));
+absl::StatusOr<std::unique_ptr<GroupWorker>> GroupWorker::Start(std::string name,
+                                                                 Clock* clock) {
+  std::unique_ptr<GroupWorker> worker(new GroupWorker(std::move(name), clock));
   try {
     worker->thread_ = std::thread([raw = worker.get()] { raw->Loop(); });
   } catch (const std::system_error& error) {
@@ -60,7 +61,8 @@ void GroupWorker::Loop() {
       }
     }
     if (stop_) return;
-    if (next == nullptr || when > absl::Now()) {
+    const absl::Time now = clock_->Now();
+    if (next == nullptr || when > now) {
       // Sleep until it is due, or until Add/Wake/stop changes the picture.
       auto changed = [this, next, when]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (stop_) return true;
@@ -69,7 +71,8 @@ void GroupWorker::Loop() {
         }
         return next != nullptr && due_.count(next) == 0;
       };
-      mu_.AwaitWithDeadline(absl::Condition(&changed), when);
+      // The wait is real time; a clock moved by hand (tests) wakes tasks with Wake.
+      mu_.AwaitWithTimeout(absl::Condition(&changed), when - now);
       continue;
     }
     running_ = next;

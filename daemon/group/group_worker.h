@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/group/clock.h"
 
 namespace tpd::group {
 
@@ -34,8 +35,10 @@ class WorkerTask {
 
 class GroupWorker {
  public:
-  // `name` names the thread's store in logs. RESOURCE_EXHAUSTED when no thread can start.
-  static absl::StatusOr<std::unique_ptr<GroupWorker>> Start(std::string name);
+  // `name` names the thread's store in logs. Due times are on `clock` (which must outlive
+  // the worker). RESOURCE_EXHAUSTED when no thread can start.
+  static absl::StatusOr<std::unique_ptr<GroupWorker>> Start(std::string name,
+                                                            Clock* clock = Clock::Real());
   // Stops the thread. REQUIRES: every task was removed.
   ~GroupWorker();
 
@@ -48,10 +51,11 @@ class GroupWorker {
   void Wake(WorkerTask* task);
 
  private:
-  explicit GroupWorker(std::string name) : name_(std::move(name)) {}
+  GroupWorker(std::string name, Clock* clock) : name_(std::move(name)), clock_(clock) {}
   void Loop();
 
   const std::string name_;
+  Clock* const clock_;
   absl::Mutex mu_;
   // Each task's next due time.
   std::map<WorkerTask*, absl::Time> due_ ABSL_GUARDED_BY(mu_);

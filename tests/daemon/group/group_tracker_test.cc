@@ -25,15 +25,35 @@ using ::testing::HasSubstr;
 
 constexpr absl::Duration kWait = absl::Seconds(20);
 
+// A clock the test moves by hand.
+class FakeClock : public Clock {
+ public:
+  absl::Time Now() override {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration by) {
+    absl::MutexLock lock(&mu_);
+    now_ += by;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::Now();
+};
+
 // One daemon's identity and its tracker of group "g".
 struct FakeDaemon {
-  FakeDaemon(const std::string& name, uint64_t incarnation, store::Store* store) {
+  FakeDaemon(const std::string& name, uint64_t incarnation, store::Store* store,
+             Clock* clock = Clock::Real()) {
     node.name = name;
     node.incarnation = incarnation;
     node.device_count = 2;
     TrackerOptions options;
     options.heartbeat_interval = absl::Milliseconds(20);
-    worker = *GroupWorker::Start(name);
+    options.heartbeat_timeout = absl::Seconds(1);
+    options.clock = clock;
+    worker = *GroupWorker::Start(name, clock);
     tracker = std::make_unique<GroupTracker>("g", "memory", store, worker.get(), &node, options,
                                              nullptr);
   }
@@ -86,6 +106,16 @@ bool AwaitMembers(GroupTracker& tracker, int members) {
   while (tracker.View().members_size() != members) {
     if (absl::Now() > deadline) return false;
     absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// Waits (bounded) until `tracker` took a step after `before` steps.
+bool AwaitStep(GroupTracker& tracker, int64_t before) {
+  const absl::Time deadline = absl::Now() + kWait;
+  while (tracker.steps() <= before) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Microseconds(100));
   }
   return true;
 }
@@ -185,6 +215,33 @@ TEST(GroupTrackerTest, ARestartedDaemonsEarlierMembersMakeRoomForItsNewOnes) {
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   ASSERT_EQ(rejoined->group().members_size(), 1);
   EXPECT_EQ(rejoined->group().members(0).incarnation(), 2u);
+}
+
+TEST(GroupTrackerTest, ANodeSilentForTheHeartbeatWindowIsEvictedOnTheTrackersClock) {
+  store::MemoryStore store;
+  FakeClock clock;
+  FakeDaemon a("node-a", 1, &store, &clock);
+  FakeDaemon b("node-b", 2, &store);
+  JoinResult ra, rb;
+  Join(a, Spec("d0", std::nullopt, std::nullopt), &ra);
+  ASSERT_TRUE(ra.Await().ok());
+  Join(b, Spec("d1", std::nullopt, std::nullopt), &rb);
+  ASSERT_TRUE(rb.Await().ok());
+  // node-b beat once, then fell silent (nobody writes its key again).
+  ASSERT_TRUE(store.Set("tpd/node/node-b", "2:1").ok());
+  // node-a's clock moves a tick at a time (never a jump that would look like node-a itself
+  // stalled); each tick, node-a takes one step. No real time needs to pass.
+  bool evicted = false;
+  for (int tick = 0; tick < 200 && !evicted; ++tick) {
+    const int64_t before = a.tracker->steps();
+    clock.Advance(absl::Milliseconds(20));
+    a.worker->Wake(a.tracker.get());
+    ASSERT_TRUE(AwaitStep(*a.tracker, before));
+    evicted = a.tracker->View().members_size() == 1;
+  }
+  ASSERT_TRUE(evicted) << "node-b was never evicted";
+  const v1::GroupView view = a.tracker->View();
+  EXPECT_EQ(view.members(0).name(), "d0");
 }
 
 }  // namespace
