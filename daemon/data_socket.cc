@@ -178,8 +178,8 @@ absl::Duration DataSocket::CloseSlowRequests() {
     }
   }
   for (uint64_t id : late) {
-    DaemonLog().warn("[data {}] connection {} sent no attach request within {}; closed", path_,
-                     id, absl::FormatDuration(options_.request_timeout));
+    LogRefusal(absl::StrCat("connection ", id, " sent no attach request within ",
+                            absl::FormatDuration(options_.request_timeout), "; closed"));
     Close(id, false);
   }
   return next;
@@ -235,9 +235,8 @@ void DataSocket::Accept() {
       absl::MutexLock lock(&mu_);
       const int64_t pending = static_cast<int64_t>(connections_.size() - attached_.size());
       if (pending >= options_.max_pending) {
-        DaemonLog().warn("[data {}] {} connections have not attached yet; closing one more "
-                         "from pid {} uid {}",
-                         path_, pending, cred.pid, cred.uid);
+        LogRefusal(absl::StrCat(pending, " connections have not attached yet; closed one more "
+                                "from pid ", cred.pid, " uid ", cred.uid));
         close(fd);
         continue;
       }
@@ -284,8 +283,7 @@ void DataSocket::OnReadable(uint64_t id) {
   }
   request.append(buffer, static_cast<size_t>(got));
   if (request.size() > shm::kAttachRequestBytes) {
-    DaemonLog().warn("[data {}] connection {} sent more than an attach request; closed", path_,
-                     id);
+    LogRefusal(absl::StrCat("connection ", id, " sent more than an attach request; closed"));
     Close(id, false);
     return;
   }
@@ -296,8 +294,7 @@ void DataSocket::OnReadable(uint64_t id) {
   }
   absl::StatusOr<std::string> session_id = shm::DecodeAttachRequest(request);
   if (!session_id.ok()) {
-    DaemonLog().warn("[data {}] connection {}: {}; closed", path_, id,
-                     std::string(session_id.status().message()));
+    LogRefusal(absl::StrCat("connection ", id, ": ", session_id.status().message(), "; closed"));
     Close(id, false);
     return;
   }
@@ -342,18 +339,25 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
     } else {
       shm::AttachReply reply;
       reply.segment_bytes = segment->size();
-      if (!SendReply(fd, reply, segment->fd())) {
-        Close(id, false);
-        return;
-      }
-      segment->CloseFd();
+      // Recorded before the reply goes, so whatever the client does next (Admin.Status, a
+      // second attach) sees the session attached.
+      int memfd;
       {
         absl::MutexLock lock(&mu_);
         Connection& connection = connections_.at(id);
         connection.session_id = session_id;
         connection.segment.emplace(*std::move(segment));
         connection.attached_at = absl::Now();
+        memfd = connection.segment->fd();
         attached_[session_id] = id;
+      }
+      if (!SendReply(fd, reply, memfd)) {
+        Close(id, false);
+        return;
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        connections_.at(id).segment->CloseFd();
       }
       DaemonLog().info("[session {}] attached to shared memory by pid {} uid {} gid {} ({} bytes)",
                        session_id, pid, uid, gid, reply.segment_bytes);
@@ -363,12 +367,27 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       return;
     }
   }
-  DaemonLog().warn("[data {}] attach from pid {} uid {} refused: {}", path_, pid, uid,
-                   refused.ToString());
+  LogRefusal(absl::StrCat("attach from pid ", pid, " uid ", uid, " refused: ", refused.ToString()));
   shm::AttachReply reply;
   reply.status = refused;
   SendReply(fd, reply, -1);
   Close(id, false);
+}
+
+void DataSocket::LogRefusal(const std::string& what) {
+  const absl::Time now = absl::Now();
+  if (now - last_refusal_log_ < absl::Seconds(1)) {
+    ++refusals_unlogged_;
+    return;
+  }
+  if (refusals_unlogged_ > 0) {
+    DaemonLog().warn("[data {}] {} ({} more refused connections not logged)", path_, what,
+                     refusals_unlogged_);
+  } else {
+    DaemonLog().warn("[data {}] {}", path_, what);
+  }
+  last_refusal_log_ = now;
+  refusals_unlogged_ = 0;
 }
 
 void DataSocket::Close(uint64_t id, bool end) {

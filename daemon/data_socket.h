@@ -117,6 +117,8 @@ class DataSocket {
   void Attach(uint64_t id, const std::string& session_id);
   // Closes the connection `id`, frees its segment; ends its session when `end` is set.
   void Close(uint64_t id, bool end);
+  // Logs a refused connection, at most once a second, counting the ones left out.
+  void LogRefusal(const std::string& what);
 
   const DataSocketOptions options_;
   const std::string path_;
@@ -134,6 +136,9 @@ class DataSocket {
   // Attached sessions: session id -> connection id.
   std::map<std::string, uint64_t> attached_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 2;  // 0: the listener, 1: the wake fd
+  // Refusals of malformed or excess connections are logged at most once a second (loop only).
+  absl::Time last_refusal_log_ = absl::InfinitePast();
+  int64_t refusals_unlogged_ = 0;
 };
 
 }  // namespace tpd

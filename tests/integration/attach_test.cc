@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -365,6 +366,22 @@ TEST_F(AttachTest, ClosingTheDataConnectionEndsTheSessionAndItsMembersLeave) {
   client->DetachSharedMemory();
   EXPECT_TRUE(WaitUntil([&] { return members() == 0; })) << "w0 did not leave";
   EXPECT_TRUE(WaitUntil([&] { return CountSegmentMaps(daemon_->pid()) == 0; }));
+}
+
+TEST_F(AttachTest, ShutdownClosesAttachedSessionsAndRemovesTheDataSocket) {
+  StartDaemon(8);
+  const std::string id = OpenRawSession();
+  const int fd = ConnectTo(DataSocket());
+  int memfd;
+  ASSERT_TRUE(RawAttach(fd, id, &memfd).ok());
+  close(memfd);
+  daemon_->Signal(SIGTERM);
+  EXPECT_TRUE(ClosedWithoutReply(fd));
+  close(fd);
+  EXPECT_EQ(daemon_->WaitExit(absl::Seconds(60)), 0);
+  struct stat st;
+  EXPECT_NE(stat(DataSocket().c_str(), &st), 0) << "the data socket outlived the daemon";
+  EXPECT_NE(stat(socket_.c_str(), &st), 0);
 }
 
 }  // namespace
