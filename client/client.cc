@@ -194,7 +194,9 @@ absl::StatusOr<std::shared_ptr<const shm::Segment>> Client::AttachSharedMemory()
     path = data_socket_.empty() ? shm::DataSocketPath(socket_path_) : data_socket_;
   }
   // The same trust as the gRPC socket: another user's socket must not hand us memory.
-  if (absl::Status trusted = CheckSocketOwner(path); !trusted.ok()) return trusted;
+  if (absl::Status trusted = CheckDataSocketOwner(path, socket_path_); !trusted.ok()) {
+    return trusted;
+  }
   if (data_fd_ >= 0) close(data_fd_);
   data_fd_ = -1;
   segment_.reset();

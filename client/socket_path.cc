@@ -57,4 +57,22 @@ absl::Status CheckSocketOwner(const std::string& path) {
       path, UserName(st.st_uid), UserName(self)));
 }
 
+absl::Status CheckDataSocketOwner(const std::string& data_path, const std::string& grpc_path) {
+  struct stat st;
+  if (stat(data_path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("no tpd data socket at ", data_path));
+  }
+  const uid_t self = geteuid();
+  if (st.st_uid == 0 || st.st_uid == self) return absl::OkStatus();
+  struct stat grpc;
+  if (CheckSocketOwner(grpc_path).ok() && stat(grpc_path.c_str(), &grpc) == 0 &&
+      grpc.st_uid == st.st_uid) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "refusing the tpd data socket %s: it belongs to %s, neither root, this user (%s) nor the "
+      "owner of the daemon's socket %s, so another user's program may be listening there",
+      data_path, UserName(st.st_uid), UserName(self), grpc_path));
+}
+
 }  // namespace tpd

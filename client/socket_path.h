@@ -26,6 +26,13 @@ std::string DefaultClientSocketPath();
 // there.
 absl::Status CheckSocketOwner(const std::string& path);
 
+// Whether the data socket at `data_path` may be trusted, for a client that trusts the gRPC
+// socket at `grpc_path` (CheckSocketOwner): it must belong to root, to this process's user,
+// or to the user owning the gRPC socket (the daemon's, e.g. the unit's dedicated user).
+// PERMISSION_DENIED naming the data socket and its owner otherwise; NOT_FOUND when nothing is
+// there.
+absl::Status CheckDataSocketOwner(const std::string& data_path, const std::string& grpc_path);
+
 }  // namespace tpd
 
 #endif  // TPD_CLIENT_SOCKET_PATH_H_

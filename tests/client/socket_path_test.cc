@@ -70,5 +70,24 @@ TEST_F(SocketOwnerTest, AnotherUsersSocketIsRefusedNamingSocketAndOwner) {
   EXPECT_THAT(client.status().message(), HasSubstr(socket_));
 }
 
+TEST_F(SocketOwnerTest, DataSocketOfTheDaemonsUserIsTrustedAnotherUsersIsNot) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give sockets away";
+  const std::string data = absl::StrCat(socket_, ".data");
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, data.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_TRUE(CheckDataSocketOwner(data, socket_).ok());
+  // Another user's data socket beside a socket this user trusts: refused, naming both.
+  ASSERT_EQ(chown(data.c_str(), kOtherUid, kOtherUid), 0);
+  absl::Status status = CheckDataSocketOwner(data, socket_);
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(status.message(), AllOf(HasSubstr(data), HasSubstr(absl::StrCat("uid ", kOtherUid))));
+  EXPECT_EQ(CheckDataSocketOwner(absl::StrCat(root_, "/none"), socket_).code(),
+            absl::StatusCode::kNotFound);
+  close(fd);
+}
+
 }  // namespace
 }  // namespace tpd
