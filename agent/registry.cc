@@ -130,6 +130,9 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Create(const RegistryOptions
   for (Candidate candidate : KnownChannels()) {
     if (candidate.name.rfind("cuda_", 0) == 0) {
       candidate.reason = kNotBuiltCuda;
+    } else if (candidate.name == "xth" && options.channels.empty()) {
+      candidate.reason = "registered only when named: inside one process only, and unsafe "
+                         "when a pipe fails mid-transfer";
     } else if (!Allowed(options.channels, candidate.name)) {
       candidate.reason = absl::StrCat("not in the allowed channels ",
                                       JoinNames(options.channels));

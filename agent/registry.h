@@ -11,7 +11,10 @@
 //                cuda_xth 400  cuda_ipc 300  cuda_gdr 200  cuda_basic 0   (not in this build)
 //
 // xth is tpd's addition (PyTorch registers no CPU xth): a memcpy between two agents of one
-// process, which daemons never are; only tests and benchmarks meet it, and groups never list it.
+// process, which daemons never are. It is registered only when the channel list names it:
+// when a pipe fails mid-transfer, TensorPipe's xth hands the sender's buffer back while the
+// receiving thread may still be copying from it (a use after free; seen under ThreadSanitizer),
+// a risk worth nothing to a daemon. Groups never list it.
 // Every name is probed when the registry is created: a context TensorPipe calls not viable
 // (no InfiniBand device, ptrace forbidding cma, no shared memory) is not registered, and
 // Describe() says so, as it says which names a group's lists left out.
@@ -61,7 +64,8 @@ inline constexpr int64_t kCudaBasicChannelPriority = 0;
 
 struct RegistryOptions {
   // The names allowed (a group's negotiated `transports` and `channels`); empty allows every
-  // name this build knows. An unknown name is INVALID_ARGUMENT, as in PyTorch.
+  // name this build knows but xth (see above). An unknown name is INVALID_ARGUMENT, as in
+  // PyTorch.
   std::vector<std::string> transports;
   std::vector<std::string> channels;
   // The host the uv-based listeners bind: uv itself, ibv, and mpt_uv's lanes.

@@ -37,7 +37,7 @@ using testing::PeerOf;
 using testing::TestOptions;
 using tpd::testing::WaitUntil;
 
-constexpr absl::Duration kWait = absl::Seconds(20);
+constexpr absl::Duration kWait = absl::Seconds(60);
 
 std::unique_ptr<Agent> MakeAgent(AgentOptions options) {
   absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(options);
@@ -49,25 +49,28 @@ std::unique_ptr<Agent> UvAgent(const std::string& id) {
   return MakeAgent(TestOptions(id, {"uv"}, {"basic"}));
 }
 
-// A handler that keeps every request unanswered until told, and counts them.
+// A handler that keeps every request unanswered until told, and counts them. Its state is
+// shared with the handler it installs, so requests the agent delivers after the test dropped
+// this object (the agent still reading) land somewhere alive.
 class HoldingHandler {
  public:
   explicit HoldingHandler(Agent& agent) : agent_(agent) {
-    agent.SetHandler(Handler{nullptr, [this](InboundRequest request) {
-                               absl::MutexLock lock(&mu_);
-                               held_.push_back(std::move(request));
+    auto state = state_;
+    agent.SetHandler(Handler{nullptr, [state](InboundRequest request) {
+                               absl::MutexLock lock(&state->mu);
+                               state->held.push_back(std::move(request));
                              }});
   }
   size_t held() {
-    absl::MutexLock lock(&mu_);
-    return held_.size();
+    absl::MutexLock lock(&state_->mu);
+    return state_->held.size();
   }
   // Answers every held request with an empty response; returns their `sent` outcomes.
   std::vector<absl::Status> ReleaseAll() {
     std::vector<InboundRequest> held;
     {
-      absl::MutexLock lock(&mu_);
-      held.swap(held_);
+      absl::MutexLock lock(&state_->mu);
+      held.swap(state_->held);
     }
     auto outcomes = std::make_shared<std::vector<absl::Status>>();
     auto mu = std::make_shared<absl::Mutex>();
@@ -87,41 +90,48 @@ class HoldingHandler {
   }
 
  private:
+  struct State {
+    absl::Mutex mu;
+    std::vector<InboundRequest> held ABSL_GUARDED_BY(mu);
+  };
   Agent& agent_;
-  absl::Mutex mu_;
-  std::vector<InboundRequest> held_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
-// Calls in flight, collected.
+// Calls in flight, collected (the state outlives this object, as a `done` may).
 class Outcomes {
  public:
   Callback Track() {
+    auto state = state_;
     {
-      absl::MutexLock lock(&mu_);
-      ++started_;
+      absl::MutexLock lock(&state->mu);
+      ++state->started;
     }
-    return [this](absl::StatusOr<Message> reply) {
-      absl::MutexLock lock(&mu_);
-      statuses_.push_back(reply.status());
+    return [state](absl::StatusOr<Message> reply) {
+      absl::MutexLock lock(&state->mu);
+      state->statuses.push_back(reply.status());
     };
   }
   bool AllDone(absl::Duration timeout = kWait) {
     return WaitUntil(
         [&] {
-          absl::MutexLock lock(&mu_);
-          return statuses_.size() == started_;
+          absl::MutexLock lock(&state_->mu);
+          return state_->statuses.size() == state_->started;
         },
         timeout, absl::Milliseconds(1));
   }
   std::vector<absl::Status> statuses() {
-    absl::MutexLock lock(&mu_);
-    return statuses_;
+    absl::MutexLock lock(&state_->mu);
+    return state_->statuses;
   }
 
  private:
-  absl::Mutex mu_;
-  size_t started_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
+  struct State {
+    absl::Mutex mu;
+    size_t started ABSL_GUARDED_BY(mu) = 0;
+    std::vector<absl::Status> statuses ABSL_GUARDED_BY(mu);
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 // ---------------------------------------------------------------------------------------------

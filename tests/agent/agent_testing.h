@@ -42,7 +42,7 @@ std::vector<uint64_t> Checksums(const Message& message);
 
 // Send and wait for the outcome (bounded by `timeout` plus a margin).
 absl::StatusOr<Message> CallAndWait(Agent& agent, const PeerId& peer, Message message,
-                                    absl::Duration timeout = absl::Seconds(30),
+                                    absl::Duration timeout = absl::Seconds(120),
                                     Allocator reply_allocator = nullptr);
 
 // Installs on `agent` a handler that answers every request with its own payload and tensors

@@ -97,6 +97,18 @@ TEST(RegistryTest, AGroupsListsNarrowWhatIsRegisteredAndDescribeSaysSo) {
   EXPECT_EQ(urls.at("uv"), "uv://127.0.0.1:0");
 }
 
+TEST(RegistryTest, XthIsRegisteredOnlyWhenNamed) {
+  absl::StatusOr<std::unique_ptr<Registry>> by_default = Registry::Create(RegistryOptions{});
+  ASSERT_TRUE(by_default.ok()) << by_default.status();
+  EXPECT_FALSE(Find((*by_default)->channels(), "xth")->registered);
+  EXPECT_THAT(Find((*by_default)->channels(), "xth")->reason, HasSubstr("only when named"));
+  RegistryOptions named;
+  named.channels = {"xth", "basic"};
+  absl::StatusOr<std::unique_ptr<Registry>> registry = Registry::Create(named);
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  EXPECT_TRUE(Find((*registry)->channels(), "xth")->registered);
+}
+
 TEST(RegistryTest, NothingUsableLeftIsAFailedPrecondition) {
   RegistryOptions options;
   options.channels = {"cuda_ipc"};  // known, but not in this build
