@@ -189,7 +189,19 @@ void DataSocket::Loop() {
   pthread_setname_np(pthread_self(), "tpd-data");
   epoll_event events[64];
   while (true) {
-    const absl::Duration wait = CloseSlowRequests();
+    absl::Duration wait = CloseSlowRequests();
+    if (accept_paused_until_ != absl::InfinitePast()) {
+      const absl::Time now = absl::Now();
+      if (now >= accept_paused_until_) {
+        epoll_event listen_event{};
+        listen_event.events = EPOLLIN;
+        listen_event.data.u64 = kListenTag;
+        epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &listen_event);
+        accept_paused_until_ = absl::InfinitePast();
+      } else {
+        wait = std::min(wait, accept_paused_until_ - now);
+      }
+    }
     const int timeout_ms =
         wait == absl::InfiniteDuration()
             ? -1
@@ -218,10 +230,17 @@ void DataSocket::Accept() {
   while (true) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-        DaemonLog().warn("[data {}] accept: {}", path_, std::strerror(errno));
+      const int error = errno;
+      if (error == EINTR || error == ECONNABORTED) continue;
+      if (error == EAGAIN || error == EWOULDBLOCK) return;
+      if (error == EMFILE || error == ENFILE) {
+        // Level-triggered: the listener would wake the loop again at once, for ever.
+        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+        accept_paused_until_ = absl::Now() + absl::Milliseconds(100);
       }
-      if (errno == EINTR || errno == ECONNABORTED) continue;
+      LogRefusal(absl::StrCat("accept: ", std::strerror(error),
+                              error == EMFILE || error == ENFILE ? "; accepting again in 100 ms"
+                                                                 : ""));
       return;
     }
     ucred cred{};

@@ -136,6 +136,9 @@ class DataSocket {
   // Attached sessions: session id -> connection id.
   std::map<std::string, uint64_t> attached_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 2;  // 0: the listener, 1: the wake fd
+  // Out of fds (EMFILE, ENFILE): the listener leaves the epoll set until then, so the loop
+  // does not spin on a connection it cannot accept (loop only).
+  absl::Time accept_paused_until_ = absl::InfinitePast();
   // Refusals of malformed or excess connections are logged at most once a second (loop only).
   absl::Time last_refusal_log_ = absl::InfinitePast();
   int64_t refusals_unlogged_ = 0;

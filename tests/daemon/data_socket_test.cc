@@ -3,7 +3,10 @@
 
 #include "daemon/data_socket.h"
 
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -207,6 +210,50 @@ TEST_F(DataSocketTest, RefusalsNameTheirReason) {
   fds.push_back(ConnectTo(socket_->path()));
   EXPECT_EQ(Attach(fds.back(), "ffff", &memfd).code(), absl::StatusCode::kNotFound);
   for (int fd : fds) close(fd);
+}
+
+// CPU time this process used, in ms.
+int64_t CpuMillis() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return (usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1000 +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1000;
+}
+
+TEST_F(DataSocketTest, OutOfFileDescriptorsTheLoopPausesInsteadOfSpinningAndRecovers) {
+  Open("abc");
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  // No fd left for this process: the loop's accept fails with EMFILE.
+  rlimit none = saved;
+  none.rlim_cur = 0;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &none), 0);
+  // Another process (its own fd table) connects and waits.
+  const pid_t child = fork();
+  if (child == 0) {
+    rlimit restore = saved;
+    setrlimit(RLIMIT_NOFILE, &restore);
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket_->path().c_str(), sizeof(addr.sun_path) - 1);
+    connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    pause();
+    _exit(0);
+  }
+  const int64_t cpu_before = CpuMillis();
+  usleep(500000);
+  const int64_t cpu = CpuMillis() - cpu_before;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_LT(cpu, 200) << "the loop spun on a connection it could not accept";
+  // Accepting again once fds are back.
+  const int fd = ConnectTo(socket_->path());
+  int memfd;
+  EXPECT_TRUE(Attach(fd, "abc", &memfd).ok());
+  if (memfd >= 0) close(memfd);
+  close(fd);
 }
 
 }  // namespace
