@@ -121,7 +121,7 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Create(const RegistryOptions
         registry->transport_contexts_.emplace(candidate.name, std::move(context));
       } else {
         candidate.reason = std::move(not_viable);
-        registry->rejected_transports_.push_back(std::move(context));
+        CloseAndJoin(context);  // a context that is not viable may still own a thread
       }
     }
     registry->transports_.push_back(std::move(candidate));
@@ -178,7 +178,7 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Create(const RegistryOptions
         registry->channel_contexts_.emplace(candidate.name, std::move(context));
       } else {
         candidate.reason = std::move(not_viable);
-        if (context != nullptr) registry->rejected_channels_.push_back(std::move(context));
+        if (context != nullptr) CloseAndJoin(context);
       }
     }
     registry->channels_.push_back(std::move(candidate));
@@ -194,8 +194,6 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Create(const RegistryOptions
 }
 
 Registry::~Registry() {
-  for (auto& context : rejected_transports_) CloseAndJoin(context);
-  for (auto& context : rejected_channels_) CloseAndJoin(context);
   if (!handed_over_) {
     for (auto& [name, context] : transport_contexts_) CloseAndJoin(context);
     for (auto& [name, context] : channel_contexts_) CloseAndJoin(context);

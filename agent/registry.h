@@ -21,7 +21,8 @@
 //
 // Lifetime: the registry creates the TensorPipe transport and channel contexts; RegisterWith()
 // hands those it chose to a tensorpipe::Context, which closes them when it closes. Contexts
-// never handed over are closed by the registry's destructor.
+// found not viable are closed at once (some own a thread even then); chosen ones never handed
+// over are closed by the registry's destructor.
 //
 // Thread safety: const methods are thread-safe; RegisterWith() is called once, before the
 // context is used.
@@ -139,9 +140,6 @@ class Registry {
   // The probed contexts of registered names, keyed by name.
   std::map<std::string, std::shared_ptr<tensorpipe::transport::Context>> transport_contexts_;
   std::map<std::string, std::shared_ptr<tensorpipe::channel::Context>> channel_contexts_;
-  // Contexts probed and found not viable, closed at destruction.
-  std::vector<std::shared_ptr<tensorpipe::transport::Context>> rejected_transports_;
-  std::vector<std::shared_ptr<tensorpipe::channel::Context>> rejected_channels_;
   bool handed_over_ = false;
   std::string shm_name_;
 };
