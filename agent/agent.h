@@ -248,7 +248,9 @@ class Agent {
   ~Agent();
 
   // Installs the handler for incoming requests (replacing any). Until one is installed,
-  // requests are answered UNAVAILABLE.
+  // requests are answered UNAVAILABLE. A message already being received keeps the handler it
+  // started with, so a replaced handler may run once more: what it uses must outlive it (after
+  // ~Agent, none runs).
   void SetHandler(Handler handler);
 
   // Sends msg as a request to `peer` and calls `done` exactly once with its outcome.
