@@ -1,12 +1,18 @@
 #include "daemon/group/group_manager.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <atomic>
 #include <random>
 #include <system_error>
 #include <utility>
 
 #include "absl/random/random.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/group/heartbeat.h"
 #include "daemon/logging.h"
@@ -101,11 +107,6 @@ void GroupManager::ReapLoop() {
   }
 }
 
-size_t GroupManager::group_count() {
-  absl::MutexLock lock(&mu_);
-  return trackers_.size();
-}
-
 void GroupManager::Reincarnate() {
   const uint64_t incarnation = NewIncarnation();
   node_.incarnation = incarnation;
@@ -123,9 +124,22 @@ void GroupManager::HeartbeatTo(StoreEntry* entry) {
 }
 
 std::string GroupManager::OpenSession(const std::string& client) {
-  absl::BitGen gen;
-  const std::string id = absl::StrCat(absl::Hex(absl::Uniform<uint64_t>(gen)),
-                                      absl::Hex(absl::Uniform<uint64_t>(gen)));
+  // The id is the session's only credential on the data socket (docs/security.md): 128 bits
+  // from the kernel's CSPRNG, not from a seeded generator.
+  unsigned char bytes[16];
+  size_t filled = 0;
+  while (filled < sizeof(bytes)) {
+    const ssize_t got = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
+    if (got > 0) {
+      filled += static_cast<size_t>(got);
+    } else if (got < 0 && errno != EINTR) {
+      // Linux has had getrandom since 3.17; without it there is no safe session id.
+      DaemonLog().critical("getrandom failed: {}", std::strerror(errno));
+      std::abort();
+    }
+  }
+  const std::string id =
+      absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(bytes), sizeof(bytes)));
   absl::MutexLock lock(&mu_);
   sessions_[id] = client;
   return id;

@@ -76,8 +76,6 @@ class GroupManager {
   // caller's reference keeps it alive (a released group's tracker is stopped, not freed).
   absl::StatusOr<std::shared_ptr<GroupTracker>> Tracker(const std::string& group,
                                                         const std::string& init_method);
-  // Groups this daemon follows now.
-  size_t group_count();
   std::vector<v1::GroupView> ListGroups();
   // Other nodes seen in this daemon's groups, with when their heartbeat last changed.
   std::map<std::string, absl::Time> PeerHeartbeats();
