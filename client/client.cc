@@ -220,11 +220,50 @@ absl::StatusOr<std::shared_ptr<const shm::Segment>> Client::AttachSharedMemory()
 }
 
 void Client::DetachSharedMemory() {
+  std::shared_ptr<CallEngine> calls;  // stopped outside the lock: its handlers may call
+  {
+    absl::MutexLock lock(&data_mu_);
+    if (data_fd_ >= 0) close(data_fd_);
+    data_fd_ = -1;
+    segment_.reset();
+    attached_session_.clear();
+    calls = std::move(calls_);
+    calls_segment_.reset();
+  }
+}
+
+absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
+  absl::StatusOr<std::shared_ptr<const shm::Segment>> segment = AttachSharedMemory();
+  if (!segment.ok()) return segment.status();
+  std::shared_ptr<CallEngine> old;
   absl::MutexLock lock(&data_mu_);
-  if (data_fd_ >= 0) close(data_fd_);
-  data_fd_ = -1;
-  segment_.reset();
-  attached_session_.clear();
+  if (calls_ != nullptr && calls_segment_ == *segment) return calls_;
+  old = std::move(calls_);
+  calls_ = std::make_shared<CallEngine>(*segment, /*handler_threads=*/2);
+  calls_segment_ = *segment;
+  for (const auto& [method, handler] : handlers_) calls_->Handle(method, handler);
+  return calls_;
+}
+
+absl::Status Client::Handle(const std::string& method, Handler handler) {
+  {
+    absl::MutexLock lock(&data_mu_);
+    handlers_[method] = handler;
+  }
+  absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
+  if (!calls.ok()) return calls.status();
+  (*calls)->Handle(method, std::move(handler));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Message> Client::Call(const std::string& group, const std::string& worker,
+                                     const std::string& method, const std::string& payload,
+                                     const std::vector<Tensor>& tensors, absl::Duration timeout) {
+  absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
+  if (!calls.ok()) return calls.status();
+  Message request{payload, tensors};
+  return (*calls)->Call(group, worker, method, request,
+                        timeout == absl::ZeroDuration() ? options_.call_timeout : timeout);
 }
 
 absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {

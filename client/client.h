@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/calls.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/control.grpc.pb.h"
 #include "proto/shm/segment.h"
@@ -121,6 +122,21 @@ class Client {
   // leave, as when the process exits). The segment stays mapped while someone holds it.
   void DetachSharedMemory();
 
+  // Calls between workers of this daemon through shared memory (docs/data_plane.md, "Calls on
+  // one node"). Both attach to shared memory first (AttachSharedMemory). Handle registers
+  // `handler` for `method` (replacing an earlier one); handlers run on a pool of two threads
+  // of this client, never on the thread that reads the ring. Call blocks until the reply, or
+  // the daemon's DEADLINE_EXCEEDED naming worker, method and deadline after `timeout`
+  // (zero: options.call_timeout); NOT_FOUND names a worker with no member on this daemon
+  // (calls to other daemons are not available in this build); UNAVAILABLE names a worker
+  // whose session ended during the call. Payload and tensors are copied into and out of the
+  // shared heaps (this first version copies; the user's data is never referenced).
+  absl::Status Handle(const std::string& method, Handler handler);
+  absl::StatusOr<Message> Call(const std::string& group, const std::string& worker,
+                               const std::string& method, const std::string& payload,
+                               const std::vector<Tensor>& tensors = {},
+                               absl::Duration timeout = absl::ZeroDuration());
+
   // Admin.Status of the daemon.
   absl::StatusOr<v1::StatusResponse> Status();
   // grpc.health.v1 check of the whole daemon: true when SERVING.
@@ -135,6 +151,9 @@ class Client {
   // it so the daemon's own DEADLINE_EXCEEDED (which names the keys) arrives first.
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration wait = absl::ZeroDuration(),
                                                bool waits = false) const;
+
+  // The call engine of the attached segment, attaching and starting it when needed.
+  absl::StatusOr<std::shared_ptr<CallEngine>> Engine();
 
   // The session id, opening the session stream on first use.
   absl::StatusOr<std::string> Session();
@@ -156,6 +175,10 @@ class Client {
   std::string attached_session_ ABSL_GUARDED_BY(data_mu_);
   int data_fd_ ABSL_GUARDED_BY(data_mu_) = -1;
   std::shared_ptr<const shm::Segment> segment_ ABSL_GUARDED_BY(data_mu_);
+  // Started by the first Handle or Call, on the segment attached then.
+  std::shared_ptr<CallEngine> calls_ ABSL_GUARDED_BY(data_mu_);
+  std::shared_ptr<const shm::Segment> calls_segment_ ABSL_GUARDED_BY(data_mu_);
+  std::map<std::string, Handler> handlers_ ABSL_GUARDED_BY(data_mu_);
 };
 
 }  // namespace tpd

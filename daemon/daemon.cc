@@ -273,6 +273,20 @@ absl::Status Daemon::ServeData() {
   options.end_session = [control](const std::string& id) {
     control->EndSession(id, "the session's data connection closed; open a new session");
   };
+  group::GroupManager* groups = groups_.get();
+  CallRouterOptions calls;
+  calls.lookup = [groups](const std::string& group, const std::string& worker) {
+    return groups->SessionOf(group, worker);
+  };
+  calls.end_session = [control](const std::string& id, const std::string& why) {
+    control->EndSession(id, absl::StrCat("the session's shared memory was misused: ", why));
+  };
+  calls_ = std::make_unique<CallRouter>(std::move(calls));
+  CallRouter* router = calls_.get();
+  options.on_attach = [router](const std::string& id, shm::Segment* segment) {
+    router->Attach(id, segment);
+  };
+  options.on_detach = [router](const std::string& id) { router->Detach(id); };
   absl::StatusOr<std::unique_ptr<DataSocket>> data = DataSocket::Start(std::move(options));
   if (!data.ok()) return data.status();
   data_socket_ = *std::move(data);

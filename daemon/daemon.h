@@ -19,6 +19,7 @@
 #include "daemon/client_store.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
+#include "daemon/call_router.h"
 #include "daemon/data_socket.h"
 #include "daemon/group/group_manager.h"
 #include "daemon/in_flight.h"
@@ -89,6 +90,8 @@ class Daemon {
   std::unique_ptr<AdminService> admin_service_;
   // Started before the gRPC server, stopped after it; kept until destruction so late
   // session-end hooks find it (a no-op then).
+  // Calls between this daemon's sessions; outlives data_socket_, which detaches into it.
+  std::unique_ptr<CallRouter> calls_;
   std::unique_ptr<DataSocket> data_socket_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> peer_server_;

@@ -128,7 +128,12 @@ void DataSocket::Shutdown() {
     connections_.clear();
     attached_.clear();
   }
-  for (auto& [id, connection] : connections) close(connection.fd);
+  for (auto& [id, connection] : connections) {
+    close(connection.fd);
+    if (!connection.session_id.empty() && options_.on_detach) {
+      options_.on_detach(connection.session_id);
+    }
+  }
   connections.clear();  // unmaps every segment
   close(listen_fd_);
   close(wake_fd_);
@@ -361,6 +366,7 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       // Recorded before the reply goes, so whatever the client does next (Admin.Status, a
       // second attach) sees the session attached.
       int memfd;
+      shm::Segment* attached_segment = nullptr;
       {
         absl::MutexLock lock(&mu_);
         Connection& connection = connections_.at(id);
@@ -377,7 +383,9 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       {
         absl::MutexLock lock(&mu_);
         connections_.at(id).segment->CloseFd();
+        attached_segment = &*connections_.at(id).segment;
       }
+      if (options_.on_attach) options_.on_attach(session_id, attached_segment);
       DaemonLog().info("[session {}] attached to shared memory by pid {} uid {} gid {} ({} bytes)",
                        session_id, pid, uid, gid, reply.segment_bytes);
       // The stream may have ended between the check above and now; then EndSession found
@@ -422,6 +430,7 @@ void DataSocket::Close(uint64_t id, bool end) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, connection.fd, nullptr);
   close(connection.fd);
   if (connection.session_id.empty()) return;
+  if (options_.on_detach) options_.on_detach(connection.session_id);
   connection.segment.reset();  // unmapped before the session's end is reported
   DaemonLog().info("[session {}] data connection of pid {} closed; segment freed",
                    connection.session_id, connection.pid);

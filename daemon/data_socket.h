@@ -58,6 +58,10 @@ struct DataSocketOptions {
   std::function<bool(const std::string& session_id)> session_open;
   // Called when an attached session's data connection closed first. Required.
   std::function<void(const std::string& session_id)> end_session;
+  // Optional: a session attached; its segment stays mapped until on_detach(session_id)
+  // returns (called on the loop thread before it is unmapped, and at Shutdown).
+  std::function<void(const std::string& session_id, shm::Segment* segment)> on_attach;
+  std::function<void(const std::string& session_id)> on_detach;
 };
 
 class DataSocket {

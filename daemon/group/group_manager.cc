@@ -162,6 +162,13 @@ std::vector<std::shared_ptr<GroupTracker>> GroupManager::AllTrackers() {
   return trackers;
 }
 
+std::optional<std::string> GroupManager::SessionOf(const std::string& group,
+                                                  const std::string& name) {
+  std::shared_ptr<GroupTracker> tracker = Known(group);
+  if (tracker == nullptr) return std::nullopt;
+  return tracker->SessionOf(name);
+}
+
 std::shared_ptr<GroupTracker> GroupManager::Known(const std::string& group) {
   absl::MutexLock lock(&mu_);
   auto it = trackers_.find(GroupName(group));

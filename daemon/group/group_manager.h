@@ -20,6 +20,7 @@
 #define TPD_DAEMON_GROUP_GROUP_MANAGER_H_
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -77,6 +78,8 @@ class GroupManager {
   absl::StatusOr<std::shared_ptr<GroupTracker>> Tracker(const std::string& group,
                                                         const std::string& init_method);
   std::vector<v1::GroupView> ListGroups();
+  // The session holding worker `name` of `group` on this daemon, if any.
+  std::optional<std::string> SessionOf(const std::string& group, const std::string& name);
   // Other nodes seen in this daemon's groups, with when their heartbeat last changed.
   std::map<std::string, absl::Time> PeerHeartbeats();
 

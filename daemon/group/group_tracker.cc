@@ -401,6 +401,13 @@ bool GroupTracker::Idle() {
          view_waiters_.empty();
 }
 
+std::optional<std::string> GroupTracker::SessionOf(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = local_.find(name);
+  if (it == local_.end()) return std::nullopt;
+  return it->second.session_id;
+}
+
 bool GroupTracker::Holds(const std::string& session_id) {
   absl::MutexLock lock(&mu_);
   if (joins_in_flight_.count(session_id) > 0) return true;

@@ -117,6 +117,8 @@ class GroupTracker : public WorkerTask {
   int64_t steps() const { return steps_.load(); }
   // Nothing here needs the tracker: no local member, watcher, queued or pending operation.
   bool Idle();
+  // The session holding local member `name`, if this daemon holds it.
+  std::optional<std::string> SessionOf(const std::string& name);
   // `session_id` holds a member here, or has a join on its way.
   bool Holds(const std::string& session_id);
   // Other nodes of the group and when this daemon last saw their heartbeat change.
