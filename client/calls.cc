@@ -1,5 +1,7 @@
 #include "client/calls.h"
 
+#include <pthread.h>
+
 #include <cstring>
 #include <utility>
 
@@ -176,6 +178,7 @@ absl::StatusOr<Message> CallEngine::Call(const std::string& group, const std::st
 }
 
 void CallEngine::ReadLoop() {
+  pthread_setname_np(pthread_self(), "tpd-calls");
   shm::Descriptor batch[64];
   while (true) {
     {
@@ -255,6 +258,7 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
 }
 
 void CallEngine::HandlerLoop() {
+  pthread_setname_np(pthread_self(), "tpd-handler");
   while (true) {
     Incoming incoming;
     Handler handler;

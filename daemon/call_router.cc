@@ -1,5 +1,7 @@
 #include "daemon/call_router.h"
 
+#include <pthread.h>
+
 #include <cstring>
 #include <vector>
 
@@ -110,6 +112,7 @@ std::shared_ptr<CallRouter::Session> CallRouter::Find(const std::string& id) {
 }
 
 void CallRouter::Serve(std::shared_ptr<Session> session) {
+  pthread_setname_np(pthread_self(), "tpd-session");
   shm::Descriptor batch[64];
   while (!session->stop) {
     absl::StatusOr<bool> ready = session->submissions->WaitForData(absl::Now() + kPollInterval);
@@ -369,6 +372,7 @@ void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
 }
 
 void CallRouter::TimerLoop() {
+  pthread_setname_np(pthread_self(), "tpd-call-timer");
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     if (deadlines_.empty()) {
