@@ -54,7 +54,8 @@ class CallsTest : public ::testing::Test {
     socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
     const std::string config = dir_.WriteFile(
         "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                                 "node_name = \"calls\"\n"));
+                                 "node_name = \"calls\"\n[data]\narena_bytes = ", arena_bytes_,
+                                 "\n"));
     auto daemon = DaemonProcess::Start(socket_, {"--config", config});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = *std::move(daemon);
@@ -101,6 +102,7 @@ class CallsTest : public ::testing::Test {
                    }).ok());
   }
 
+  int64_t arena_bytes_ = int64_t{64} << 20;
   TempDir dir_;
   std::string socket_;
   std::string init_method_;
@@ -301,6 +303,35 @@ TEST_F(CallsTest, GarbageDescriptorsFailTheirCallOrSessionAndOthersGoOn) {
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->payload, "still|");
   EXPECT_TRUE(a_->Status().ok());
+}
+
+class SmallArenaCallsTest : public CallsTest {
+ protected:
+  SmallArenaCallsTest() { arena_bytes_ = 1 << 20; }
+};
+
+TEST_F(SmallArenaCallsTest, FullReceiverHeapIsResourceExhaustedNamingItsSize) {
+  StartPair();
+  // "hoarder" joins and attaches but never reads its completion ring nor releases anything.
+  std::unique_ptr<Client> hoarder = Connect();
+  ASSERT_NE(hoarder, nullptr);
+  ASSERT_TRUE(Join(hoarder.get(), "hoarder").ok());
+  ASSERT_TRUE(hoarder->AttachSharedMemory().ok());
+  const std::string big(600 << 10, 'x');
+  std::thread first([&] {
+    absl::StatusOr<Message> reply = a_->Call("g", "hoarder", "m", big, {}, absl::Seconds(1));
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kDeadlineExceeded) << reply.status();
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // the first call's block now sits in hoarder's rx heap
+  absl::StatusOr<Message> second = b_->Call("g", "hoarder", "m", big, {}, absl::Seconds(5));
+  first.join();
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << second.status();
+  EXPECT_THAT(second.status().message(), HasSubstr("rx heap"));
+  EXPECT_THAT(second.status().message(), HasSubstr("1048576"));
+  EXPECT_THAT(second.status().message(), HasSubstr("'hoarder'"));
+  // The others go on.
+  absl::StatusOr<Message> reply = a_->Call("g", "b", "echo", "ok", {}, absl::Seconds(10));
+  ASSERT_TRUE(reply.ok()) << reply.status();
 }
 
 }  // namespace
