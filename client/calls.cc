@@ -58,6 +58,69 @@ CallEngine::~CallEngine() {
   }
   reader_.join();
   for (std::thread& thread : pool_) thread.join();
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, waiter] : waiting_) ids.push_back(id);
+  for (uint64_t id : ids) {
+    Finish(id, absl::CancelledError("the client's shared memory was detached during the call"));
+  }
+}
+
+void CallEngine::Finish(uint64_t id, absl::StatusOr<Message> result) {
+  auto it = waiting_.find(id);
+  if (it == waiting_.end()) return;
+  Waiter* waiter = it->second;
+  if (waiter->promise != nullptr) {
+    waiter->promise->set_value(std::move(result));
+    waiting_.erase(it);
+    delete waiter;
+    return;
+  }
+  waiter->done = true;
+  waiter->result = std::move(result);
+  cv_.SignalAll();
+}
+
+void CallEngine::ExpireAsync() {
+  const absl::Time now = absl::Now();
+  std::vector<std::pair<uint64_t, std::string>> expired;
+  for (const auto& [id, waiter] : waiting_) {
+    if (waiter->promise != nullptr && waiter->give_up <= now) expired.push_back({id, waiter->what});
+  }
+  for (auto& [id, what] : expired) {
+    Finish(id, absl::DeadlineExceededError(
+                   absl::StrCat(what, " got no answer by its deadline (not even the daemon's)")));
+  }
+}
+
+std::future<absl::StatusOr<Message>> CallEngine::CallAsync(const std::string& group,
+                                                           const std::string& worker,
+                                                           const std::string& method,
+                                                           const Message& request,
+                                                           absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  auto waiter = std::make_unique<Waiter>();
+  waiter->promise = std::make_unique<std::promise<absl::StatusOr<Message>>>();
+  waiter->give_up = deadline + kDeadlineGrace;
+  waiter->what = absl::StrCat("call to worker '", worker, "' method '", method, "'");
+  std::future<absl::StatusOr<Message>> future = waiter->promise->get_future();
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) {
+      waiter->promise->set_value(broken_);
+      return future;
+    }
+    id = next_call_id_++;
+    waiting_[id] = waiter.release();
+  }
+  absl::Status submitted = Submit(shm::Op::kCall, id, absl::ToUnixNanos(deadline), 0, 0, group,
+                                  worker, method, request);
+  if (!submitted.ok()) {
+    absl::MutexLock lock(&mu_);
+    Finish(id, submitted);
+  }
+  return future;
 }
 
 void CallEngine::Handle(const std::string& method, Handler handler) {
@@ -190,14 +253,14 @@ void CallEngine::ReadLoop() {
     if (!n.ok()) {
       absl::MutexLock lock(&mu_);
       broken_ = absl::UnavailableError(n.status().message());
-      for (auto& [id, waiter] : waiting_) {
-        waiter->done = true;
-        waiter->result = broken_;
-      }
-      cv_.SignalAll();
+      std::vector<uint64_t> ids;
+      for (const auto& [id, waiter] : waiting_) ids.push_back(id);
+      for (uint64_t id : ids) Finish(id, broken_);
       return;
     }
     for (size_t i = 0; i < *n; ++i) OnCompletion(batch[i]);
+    absl::MutexLock lock(&mu_);
+    ExpireAsync();
   }
 }
 
@@ -238,18 +301,15 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
   if (d.payload_offset != 0) SendRelease(d.payload_offset);
   absl::MutexLock lock(&mu_);
   if (d.op == static_cast<uint8_t>(shm::Op::kReply)) {
-    auto it = waiting_.find(d.call_id);
-    if (it == waiting_.end()) return;  // gave up on it already
-    Waiter* waiter = it->second;
-    waiter->done = true;
+    // A call given up on already is no longer waiting: Finish ignores it.
     if (message.ok() && (d.flags & shm::kFlagError) != 0) {
       const auto code = static_cast<absl::StatusCode>(parsed->code);
-      waiter->result = absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
-                                    parsed->names[2]);
+      Finish(d.call_id,
+             absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
+                          parsed->names[2]));
     } else {
-      waiter->result = std::move(message);
+      Finish(d.call_id, std::move(message));
     }
-    cv_.SignalAll();
     return;
   }
   if (!message.ok()) return;  // a malformed call: the caller's deadline answers it

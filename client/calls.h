@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,12 +60,25 @@ class CallEngine {
   absl::StatusOr<Message> Call(const std::string& group, const std::string& worker,
                                const std::string& method, const Message& request,
                                absl::Duration timeout);
+  // Call without blocking: the future is ready with what Call would return.
+  std::future<absl::StatusOr<Message>> CallAsync(const std::string& group,
+                                                 const std::string& worker,
+                                                 const std::string& method,
+                                                 const Message& request, absl::Duration timeout);
 
  private:
   struct Waiter {
     bool done = false;
     absl::StatusOr<Message> result;
+    // CallAsync: the map owns the waiter, the reader answers it by `give_up` at the latest.
+    std::unique_ptr<std::promise<absl::StatusOr<Message>>> promise;
+    absl::Time give_up = absl::InfiniteFuture();
+    std::string what;  // "call to worker 'w' method 'm'"
   };
+  // Answers the waiter of `id` (and frees it when async).
+  void Finish(uint64_t id, absl::StatusOr<Message> result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives up on async calls past their give_up time.
+  void ExpireAsync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Incoming {
     uint64_t call_id = 0;
     std::string method;

@@ -256,6 +256,23 @@ absl::Status Client::Handle(const std::string& method, Handler handler) {
   return absl::OkStatus();
 }
 
+std::future<absl::StatusOr<Message>> Client::CallAsync(const std::string& group,
+                                                       const std::string& worker,
+                                                       const std::string& method,
+                                                       const std::string& payload,
+                                                       const std::vector<Tensor>& tensors,
+                                                       absl::Duration timeout) {
+  absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
+  if (!calls.ok()) {
+    std::promise<absl::StatusOr<Message>> failed;
+    failed.set_value(calls.status());
+    return failed.get_future();
+  }
+  Message request{payload, tensors};
+  return (*calls)->CallAsync(group, worker, method, request,
+                             timeout == absl::ZeroDuration() ? options_.call_timeout : timeout);
+}
+
 absl::StatusOr<Message> Client::Call(const std::string& group, const std::string& worker,
                                      const std::string& method, const std::string& payload,
                                      const std::vector<Tensor>& tensors, absl::Duration timeout) {

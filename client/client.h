@@ -132,6 +132,13 @@ class Client {
   // whose session ended during the call. Payload and tensors are copied into and out of the
   // shared heaps (this first version copies; the user's data is never referenced).
   absl::Status Handle(const std::string& method, Handler handler);
+  // Call without blocking; the future holds what Call would return.
+  std::future<absl::StatusOr<Message>> CallAsync(const std::string& group,
+                                                 const std::string& worker,
+                                                 const std::string& method,
+                                                 const std::string& payload,
+                                                 const std::vector<Tensor>& tensors = {},
+                                                 absl::Duration timeout = absl::ZeroDuration());
   absl::StatusOr<Message> Call(const std::string& group, const std::string& worker,
                                const std::string& method, const std::string& payload,
                                const std::vector<Tensor>& tensors = {},

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -182,6 +183,23 @@ TEST_F(CallsTest, HundredConcurrentCallsEachGetTheirOwnReply) {
   }
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(good.load(), 100);
+}
+
+TEST_F(CallsTest, CallAsyncFuturesEachGetTheirOwnReply) {
+  StartPair();
+  std::vector<std::future<absl::StatusOr<Message>>> futures;
+  for (int i = 0; i < 100; ++i) {
+    futures.push_back(a_->CallAsync("g", "b", "echo", absl::StrCat("async-", i), {},
+                                    absl::Seconds(30)));
+  }
+  std::future<absl::StatusOr<Message>> missing =
+      a_->CallAsync("g", "nobody", "echo", "", {}, absl::Seconds(10));
+  for (int i = 0; i < 100; ++i) {
+    absl::StatusOr<Message> reply = futures[i].get();
+    ASSERT_TRUE(reply.ok()) << i << ": " << reply.status();
+    EXPECT_EQ(reply->payload, absl::StrCat("async-", i, "|"));
+  }
+  EXPECT_EQ(missing.get().status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CallsTest, UnknownWorkerIsNotFoundNamingIt) {
