@@ -94,6 +94,7 @@ void CallEngine::ExpireAsync() {
 }
 
 std::future<absl::StatusOr<Message>> CallEngine::CallAsync(const std::string& group,
+                                                           const std::string& from,
                                                            const std::string& worker,
                                                            const std::string& method,
                                                            const Message& request,
@@ -115,7 +116,7 @@ std::future<absl::StatusOr<Message>> CallEngine::CallAsync(const std::string& gr
     waiting_[id] = waiter.release();
   }
   absl::Status submitted = Submit(shm::Op::kCall, id, absl::ToUnixNanos(deadline), 0, 0, group,
-                                  worker, method, request);
+                                  worker, method, from, request);
   if (!submitted.ok()) {
     absl::MutexLock lock(&mu_);
     Finish(id, submitted);
@@ -131,9 +132,9 @@ void CallEngine::Handle(const std::string& method, Handler handler) {
 absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_ns,
                                 uint16_t flags, uint32_t code, const std::string& n0,
                                 const std::string& n1, const std::string& n2,
-                                const Message& message) {
+                                const std::string& n3, const Message& message) {
   if (n0.size() > shm::kMaxMessageName || n1.size() > shm::kMaxMessageName ||
-      n2.size() > shm::kMaxMessageName) {
+      n2.size() > shm::kMaxMessageName || n3.size() > shm::kMaxMessageName) {
     return absl::InvalidArgumentError(
         absl::StrCat("group, worker and method names are at most ", shm::kMaxMessageName,
                      " bytes"));
@@ -142,7 +143,7 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
     return absl::InvalidArgumentError(absl::StrCat("at most ", shm::kMaxTensorsPerMessage,
                                                    " tensors per message"));
   }
-  const uint64_t prefix = shm::MessagePrefixBytes(n0.size(), n1.size(), n2.size());
+  const uint64_t prefix = shm::MessagePrefixBytes(n0.size(), n1.size(), n2.size(), n3.size());
   const uint64_t payload = prefix + message.payload.size();
   uint64_t total = shm::AlignUp(payload);
   const uint64_t table = total;
@@ -158,7 +159,7 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
   absl::StatusOr<uint64_t> block = tx_.Allocate(total);
   if (!block.ok()) return block.status();
   uint8_t* out = base_ + *block;
-  shm::WriteMessagePrefix(out, code, n0, n1, n2);
+  shm::WriteMessagePrefix(out, code, n0, n1, n2, n3);
   if (!message.payload.empty()) {
     std::memcpy(out + prefix, message.payload.data(), message.payload.size());
   }
@@ -210,9 +211,9 @@ void CallEngine::SendRelease(uint64_t rx_offset) {
   }
 }
 
-absl::StatusOr<Message> CallEngine::Call(const std::string& group, const std::string& worker,
-                                         const std::string& method, const Message& request,
-                                         absl::Duration timeout) {
+absl::StatusOr<Message> CallEngine::Call(const std::string& group, const std::string& from,
+                                         const std::string& worker, const std::string& method,
+                                         const Message& request, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   Waiter waiter;
   uint64_t id;
@@ -223,7 +224,7 @@ absl::StatusOr<Message> CallEngine::Call(const std::string& group, const std::st
     waiting_[id] = &waiter;
   }
   absl::Status submitted = Submit(shm::Op::kCall, id, absl::ToUnixNanos(deadline), 0, 0, group,
-                                  worker, method, request);
+                                  worker, method, from, request);
   absl::MutexLock lock(&mu_);
   if (!submitted.ok()) {
     waiting_.erase(id);
@@ -313,7 +314,8 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
     return;
   }
   if (!message.ok()) return;  // a malformed call: the caller's deadline answers it
-  queue_.push_back({d.call_id, parsed->names[2], *std::move(message)});
+  message->caller = parsed->names[3];
+  queue_.push_back({d.call_id, parsed->names[1], parsed->names[2], *std::move(message)});
   cv_.SignalAll();
 }
 
@@ -337,17 +339,20 @@ void CallEngine::HandlerLoop() {
                                                         "' (Client::Handle)"));
     absl::Status sent;
     if (reply.ok()) {
-      sent = Submit(shm::Op::kReply, incoming.call_id, 0, 0, 0, "", "", "", *reply);
+      sent = Submit(shm::Op::kReply, incoming.call_id, 0, 0, 0, "", "", "", "", *reply);
     } else {
+      // Marked as remote: the caller sees whose handler answered so.
       sent = Submit(shm::Op::kReply, incoming.call_id, 0, shm::kFlagError,
                     static_cast<uint32_t>(reply.status().code()), "", "",
-                    std::string(reply.status().message()), Message{});
+                    absl::StrCat("remote: worker '", incoming.worker, "' method '",
+                                 incoming.method, "': ", reply.status().message()),
+                    "", Message{});
     }
     if (!sent.ok()) {
       // Too big for the heap, say: tell the caller that instead.
       (void)Submit(shm::Op::kReply, incoming.call_id, 0, shm::kFlagError,
                    static_cast<uint32_t>(sent.code()), "", "",
-                   absl::StrCat("the handler's reply could not be sent: ", sent.message()),
+                   absl::StrCat("the handler's reply could not be sent: ", sent.message()), "",
                    Message{});
     }
   }

@@ -44,6 +44,8 @@ struct Tensor {
 struct Message {
   std::string payload;
   std::vector<Tensor> tensors;
+  // A request given to a handler: the calling worker's name (set by the library).
+  std::string caller;
 };
 
 // Answers one request; an error status goes back to the caller with its code and message.
@@ -57,11 +59,13 @@ class CallEngine {
   CallEngine& operator=(const CallEngine&) = delete;
 
   void Handle(const std::string& method, Handler handler);
-  absl::StatusOr<Message> Call(const std::string& group, const std::string& worker,
-                               const std::string& method, const Message& request,
-                               absl::Duration timeout);
+  // `from`: the worker of `group` this client calls as (the daemon checks this session holds it).
+  absl::StatusOr<Message> Call(const std::string& group, const std::string& from,
+                               const std::string& worker, const std::string& method,
+                               const Message& request, absl::Duration timeout);
   // Call without blocking: the future is ready with what Call would return.
   std::future<absl::StatusOr<Message>> CallAsync(const std::string& group,
+                                                 const std::string& from,
                                                  const std::string& worker,
                                                  const std::string& method,
                                                  const Message& request, absl::Duration timeout);
@@ -81,6 +85,7 @@ class CallEngine {
   void ExpireAsync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Incoming {
     uint64_t call_id = 0;
+    std::string worker;  // this client's, the one called
     std::string method;
     Message request;
   };
@@ -88,7 +93,7 @@ class CallEngine {
   // Copies a message into a tx block and pushes its descriptor.
   absl::Status Submit(shm::Op op, uint64_t call_id, int64_t deadline_ns, uint16_t flags,
                       uint32_t code, const std::string& n0, const std::string& n1,
-                      const std::string& n2, const Message& message);
+                      const std::string& n2, const std::string& n3, const Message& message);
   void SendRelease(uint64_t rx_offset);
   void ReadLoop();
   void HandlerLoop();

@@ -245,6 +245,16 @@ absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
   return calls_;
 }
 
+absl::StatusOr<std::string> Client::CallerIn(const std::string& group) {
+  absl::MutexLock lock(&joined_mu_);
+  auto it = joined_.find(group);
+  if (it == joined_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this client has not joined group '", group, "': Join it before calling its workers"));
+  }
+  return it->second;
+}
+
 absl::Status Client::Handle(const std::string& method, Handler handler) {
   {
     absl::MutexLock lock(&data_mu_);
@@ -262,24 +272,28 @@ std::future<absl::StatusOr<Message>> Client::CallAsync(const std::string& group,
                                                        const std::string& payload,
                                                        const std::vector<Tensor>& tensors,
                                                        absl::Duration timeout) {
-  absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
+  absl::StatusOr<std::string> from = CallerIn(group);
+  absl::StatusOr<std::shared_ptr<CallEngine>> calls =
+      from.ok() ? Engine() : absl::StatusOr<std::shared_ptr<CallEngine>>(from.status());
   if (!calls.ok()) {
     std::promise<absl::StatusOr<Message>> failed;
     failed.set_value(calls.status());
     return failed.get_future();
   }
-  Message request{payload, tensors};
-  return (*calls)->CallAsync(group, worker, method, request,
+  Message request{payload, tensors, ""};
+  return (*calls)->CallAsync(group, *from, worker, method, request,
                              timeout == absl::ZeroDuration() ? options_.call_timeout : timeout);
 }
 
 absl::StatusOr<Message> Client::Call(const std::string& group, const std::string& worker,
                                      const std::string& method, const std::string& payload,
                                      const std::vector<Tensor>& tensors, absl::Duration timeout) {
+  absl::StatusOr<std::string> from = CallerIn(group);
+  if (!from.ok()) return from.status();
   absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
   if (!calls.ok()) return calls.status();
-  Message request{payload, tensors};
-  return (*calls)->Call(group, worker, method, request,
+  Message request{payload, tensors, ""};
+  return (*calls)->Call(group, *from, worker, method, request,
                         timeout == absl::ZeroDuration() ? options_.call_timeout : timeout);
 }
 
@@ -306,6 +320,10 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
   absl::Status status =
       FromGrpc(control_->Join(Context(options.timeout, true).get(), request, &response));
   if (!status.ok()) return status;
+  {
+    absl::MutexLock lock(&joined_mu_);
+    joined_[options.group] = options.name;
+  }
   return response;
 }
 

@@ -129,7 +129,10 @@ class Client {
   // the daemon's DEADLINE_EXCEEDED naming worker, method and deadline after `timeout`
   // (zero: options.call_timeout); NOT_FOUND names a worker with no member on this daemon
   // (calls to other daemons are not available in this build); UNAVAILABLE names a worker
-  // whose session ended during the call. Payload and tensors are copied into and out of the
+  // whose session ended during the call; FAILED_PRECONDITION when this client has not joined
+  // `group` (it calls as the worker it joined as last; handlers see it in Message::caller); a
+  // handler's error arrives with its code, marked "remote: worker ... method ...". CallAsync
+  // returns a future of the same. Payload and tensors are copied into and out of the
   // shared heaps (this first version copies; the user's data is never referenced).
   absl::Status Handle(const std::string& method, Handler handler);
   // Call without blocking; the future holds what Call would return.
@@ -159,6 +162,8 @@ class Client {
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration wait = absl::ZeroDuration(),
                                                bool waits = false) const;
 
+  // The worker this client calls as in `group` (its latest Join there), or FAILED_PRECONDITION.
+  absl::StatusOr<std::string> CallerIn(const std::string& group);
   // The call engine of the attached segment, attaching and starting it when needed.
   absl::StatusOr<std::shared_ptr<CallEngine>> Engine();
 
@@ -186,6 +191,8 @@ class Client {
   std::shared_ptr<CallEngine> calls_ ABSL_GUARDED_BY(data_mu_);
   std::shared_ptr<const shm::Segment> calls_segment_ ABSL_GUARDED_BY(data_mu_);
   std::map<std::string, Handler> handlers_ ABSL_GUARDED_BY(data_mu_);
+  absl::Mutex joined_mu_;
+  std::map<std::string, std::string> joined_ ABSL_GUARDED_BY(joined_mu_);  // group -> worker
 };
 
 }  // namespace tpd

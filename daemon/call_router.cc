@@ -173,6 +173,15 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   const std::string& group = message->names[0];
   const std::string& worker = message->names[1];
   const std::string& method = message->names[2];
+  const std::string& from = message->names[3];
+  if (from.empty() || options_.lookup(group, from) != session->id) {
+    Release(session, d.payload_offset);
+    Fail(session, d.call_id,
+         absl::PermissionDeniedError(absl::StrCat(
+             "this session holds no worker '", from, "' in group '", group,
+             "' on this daemon: a caller must have joined the group it calls into")));
+    return;
+  }
   std::optional<std::string> target = options_.lookup(group, worker);
   std::shared_ptr<Session> callee = target ? Find(*target) : nullptr;
   if (callee == nullptr) {
@@ -201,7 +210,8 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
     pending_[id] = pending;
   }
   absl::Status delivered =
-      Deliver(*session, d, group, worker, method, 0, message->body_offset, message->body_length,
+      Deliver(*session, d, group, worker, method, from, 0, message->body_offset,
+              message->body_length,
               *tensors, *callee, shm::Op::kCall, id, 0, d.deadline_unix_ns);
   Release(session, d.payload_offset);
   if (!delivered.ok()) {
@@ -255,7 +265,7 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
                                                  "' sent a malformed reply to method '",
                                                  pending.method, "': ", tensors.status().message()));
   } else {
-    delivered = Deliver(*session, d, "", "", message->names[2], message->code,
+    delivered = Deliver(*session, d, "", "", message->names[2], "", message->code,
                         message->body_offset, message->body_length, *tensors, *caller,
                         shm::Op::kReply, pending.caller_call_id, d.flags & shm::kFlagError, 0);
   }
@@ -270,12 +280,14 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
 
 absl::Status CallRouter::Deliver(const Session& from, const shm::Descriptor& d,
                                  const std::string& prefix0, const std::string& prefix1,
-                                 const std::string& prefix2, uint32_t code, uint64_t body_offset,
+                                 const std::string& prefix2, const std::string& prefix3,
+                                 uint32_t code, uint64_t body_offset,
                                  uint64_t body_length,
                                  const std::vector<shm::TensorEntry>& tensors, Session& to,
                                  shm::Op op, uint64_t call_id, uint16_t flags,
                                  int64_t deadline_ns) {
-  const uint64_t prefix = shm::MessagePrefixBytes(prefix0.size(), prefix1.size(), prefix2.size());
+  const uint64_t prefix =
+      shm::MessagePrefixBytes(prefix0.size(), prefix1.size(), prefix2.size(), prefix3.size());
   const uint64_t payload = prefix + body_length;
   uint64_t total = shm::AlignUp(payload);
   const uint64_t table = total;
@@ -291,7 +303,7 @@ absl::Status CallRouter::Deliver(const Session& from, const shm::Descriptor& d,
   if (!block.ok()) return block.status();
   uint8_t* out = to.segment->base() + *block;
   const uint8_t* in = from.segment->base();
-  shm::WriteMessagePrefix(out, code, prefix0, prefix1, prefix2);
+  shm::WriteMessagePrefix(out, code, prefix0, prefix1, prefix2, prefix3);
   if (body_length > 0) std::memcpy(out + prefix, in + body_offset, body_length);
   for (size_t i = 0; i < tensors.size(); ++i) {
     shm::TensorEntry entry = tensors[i];

@@ -86,7 +86,8 @@ class CallRouter {
   // Copies the message of `d` (from `from`'s tx heap) into `to`'s rx heap and posts it with
   // `op`, `call_id`, `flags`, `deadline`. The error is what the caller should be told.
   absl::Status Deliver(const Session& from, const shm::Descriptor& d, const std::string& prefix0,
-                       const std::string& prefix1, const std::string& prefix2, uint32_t code,
+                       const std::string& prefix1, const std::string& prefix2,
+                       const std::string& prefix3, uint32_t code,
                        uint64_t body_offset, uint64_t body_length,
                        const std::vector<shm::TensorEntry>& tensors, Session& to, shm::Op op,
                        uint64_t call_id, uint16_t flags, int64_t deadline_ns);

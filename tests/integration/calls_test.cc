@@ -97,6 +97,9 @@ class CallsTest : public ::testing::Test {
                      reply.payload = absl::StrCat(request.payload, "|", sums);
                      return reply;
                    }).ok());
+    ASSERT_TRUE(b_->Handle("whoami", [](const Message& request) -> absl::StatusOr<Message> {
+                     return Message{request.caller, {}, ""};
+                   }).ok());
     ASSERT_TRUE(b_->Handle("sleep", [](const Message& request) -> absl::StatusOr<Message> {
                      absl::SleepFor(absl::Seconds(2));
                      return request;
@@ -120,7 +123,7 @@ TEST_F(CallsTest, PayloadOnlyCallAndReply) {
   EXPECT_TRUE(reply->tensors.empty());
   // And the other way, to a method b does not handle.
   ASSERT_TRUE(a_->Handle("ping", [](const Message&) -> absl::StatusOr<Message> {
-                   return Message{"pong", {}};
+                   return Message{"pong", {}, ""};
                  }).ok());
   absl::StatusOr<Message> pong = b_->Call("g", "a", "ping", "", {}, absl::Seconds(10));
   ASSERT_TRUE(pong.ok()) << pong.status();
@@ -128,6 +131,20 @@ TEST_F(CallsTest, PayloadOnlyCallAndReply) {
   absl::StatusOr<Message> none = b_->Call("g", "a", "nope", "", {}, absl::Seconds(10));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented) << none.status();
   EXPECT_THAT(none.status().message(), HasSubstr("nope"));
+  EXPECT_THAT(none.status().message(), HasSubstr("remote: worker 'a'"));
+  // The handler learns who called.
+  absl::StatusOr<Message> who = a_->Call("g", "b", "whoami", "", {}, absl::Seconds(10));
+  ASSERT_TRUE(who.ok()) << who.status();
+  EXPECT_EQ(who->payload, "a");
+}
+
+TEST_F(CallsTest, OnlyMembersOfTheGroupMayCallIntoIt) {
+  StartPair();
+  std::unique_ptr<Client> outsider = Connect();
+  ASSERT_NE(outsider, nullptr);
+  absl::StatusOr<Message> reply = outsider->Call("g", "b", "echo", "x", {}, absl::Seconds(10));
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kFailedPrecondition) << reply.status();
+  EXPECT_THAT(reply.status().message(), HasSubstr("'g'"));
 }
 
 TEST_F(CallsTest, TensorsOfManySizesArriveIntact) {
@@ -309,6 +326,33 @@ TEST_F(CallsTest, GarbageDescriptorsFailTheirCallOrSessionAndOthersGoOn) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(parsed->names[2], HasSubstr("reserved2"));
+  // A well-formed call claiming to come from worker "a", which this session does not hold.
+  {
+    const std::string group = "g", worker = "b", method = "echo", from = "a";
+    const uint64_t offset = layout.tx_heap.offset;
+    shm::WriteMessagePrefix((*segment)->base() + offset, 0, group, worker, method, from);
+    shm::Descriptor call{};
+    call.op = static_cast<uint8_t>(shm::Op::kCall);
+    call.call_id = 8;
+    call.payload_offset = offset;
+    call.payload_length = shm::MessagePrefixBytes(group.size(), worker.size(), method.size(),
+                                                  from.size());
+    ASSERT_TRUE(submit.TryPush(call).value());
+    bool answered = false;
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (!answered && absl::Now() < until) {
+      ASSERT_TRUE(complete.WaitForData(until).ok());
+      shm::Descriptor got{};
+      if (!complete.TryPop(&got).value() || got.op != static_cast<uint8_t>(shm::Op::kReply)) continue;
+      answered = true;
+      EXPECT_EQ(got.call_id, 8u);
+      auto denied = shm::ParseMessage((*segment)->base(), got.payload_offset, got.payload_length);
+      ASSERT_TRUE(denied.ok()) << denied.status();
+      EXPECT_EQ(denied->code, static_cast<uint32_t>(absl::StatusCode::kPermissionDenied));
+      EXPECT_THAT(denied->names[2], HasSubstr("'a'"));
+    }
+    EXPECT_TRUE(answered);
+  }
   // Random bytes: the session ends; the daemon serves the others.
   std::string junk = Pattern(sizeof(shm::Descriptor) * 8, 42);
   for (int i = 0; i < 8; ++i) {
