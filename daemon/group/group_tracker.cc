@@ -629,7 +629,12 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     std::vector<std::pair<std::string, std::string>> changes;
     // Members an earlier life of this node left behind go first, so their names and ranks
     // are free for the joins of this batch (a job whose members all ran on one node).
-    if (std::set<std::string> stale = StaleOwnMembers(base); !stale.empty()) {
+    std::set<std::string> stale;
+    {
+      absl::MutexLock lock(&mu_);
+      stale = StaleOwnMembers(base);
+    }
+    if (!stale.empty()) {
       const uint64_t incarnation = node_->incarnation.load();
       RemoveMembers(
           &next,
@@ -739,7 +744,6 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
 std::set<std::string> GroupTracker::StaleOwnMembers(const v1::GroupRecord& record) {
   const uint64_t incarnation = node_->incarnation.load();
   std::set<std::string> stale;
-  absl::MutexLock lock(&mu_);
   for (const v1::Member& member : record.view().members()) {
     // Held by an earlier life of this daemon (killed and restarted under the same node name):
     // no session here holds it, and no heartbeat of ours will ever vouch for it again.
@@ -924,14 +928,7 @@ void GroupTracker::CheckHeartbeats() {
     for (const v1::Member& member : latest_.view().members()) {
       if (member.node() != node_->name) nodes[member.node()].insert(member.incarnation());
     }
-  }
-  {
-    v1::GroupRecord latest;
-    {
-      absl::MutexLock lock(&mu_);
-      latest = latest_;
-    }
-    own_stale = !StaleOwnMembers(latest).empty();
+    own_stale = !StaleOwnMembers(latest_).empty();
   }
   if (own_stale) {
     // ApplyOps removes them before anything else; an op that removes nobody gets it there.

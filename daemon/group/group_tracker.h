@@ -180,7 +180,8 @@ class GroupTracker : public WorkerTask {
   void EnterBarrier(BarrierOp op);
   v1::GroupView ViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Members of `record` on this node from an earlier incarnation that no local session holds.
-  std::set<std::string> StaleOwnMembers(const v1::GroupRecord& record);
+  std::set<std::string> StaleOwnMembers(const v1::GroupRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs a failure to read the group (rate-limited); DATA_LOSS marks the group damaged.
   void NoteStoreError(const absl::Status& status);
   void CheckHeartbeats();
