@@ -33,6 +33,9 @@ uint64_t NewIncarnation() {
 GroupManager::GroupManager(GroupManagerOptions options) : options_(std::move(options)) {
   node_.name = options_.node_name;
   node_.device_count = options_.device_count;
+  node_.agent_address = options_.agent_address;
+  node_.transports = options_.transports;
+  node_.channels = options_.channels;
   node_.incarnation = NewIncarnation();
   reaper_ = std::thread([this] { ReapLoop(); });
 }
@@ -167,6 +170,13 @@ std::optional<std::string> GroupManager::SessionOf(const std::string& group,
   std::shared_ptr<GroupTracker> tracker = Known(group);
   if (tracker == nullptr) return std::nullopt;
   return tracker->SessionOf(name);
+}
+
+std::optional<v1::Member> GroupManager::MemberNamed(const std::string& group,
+                                                    const std::string& name) {
+  std::shared_ptr<GroupTracker> tracker = Known(group);
+  if (tracker == nullptr) return std::nullopt;
+  return tracker->MemberNamed(name);
 }
 
 std::shared_ptr<GroupTracker> GroupManager::Known(const std::string& group) {

@@ -42,6 +42,10 @@ namespace tpd::group {
 struct GroupManagerOptions {
   std::string node_name;
   int64_t device_count = 0;
+  // This node's agent: its URLs and what it registered (see Node).
+  std::string agent_address;
+  std::vector<std::string> transports;
+  std::vector<std::string> channels;
   // How rendezvous stores are opened (token, TLS, dial networks, ...).
   store::RendezvousOptions rendezvous;
   absl::Duration default_join_timeout = absl::Seconds(300);
@@ -80,6 +84,8 @@ class GroupManager {
   std::vector<v1::GroupView> ListGroups();
   // The session holding worker `name` of `group` on this daemon, if any.
   std::optional<std::string> SessionOf(const std::string& group, const std::string& name);
+  // Member `name` of `group` as this daemon last read it, if the group is followed and has it.
+  std::optional<v1::Member> MemberNamed(const std::string& group, const std::string& name);
   // Other nodes seen in this daemon's groups, with when their heartbeat last changed.
   std::map<std::string, absl::Time> PeerHeartbeats();
 

@@ -119,6 +119,9 @@ void GroupTracker::Join(JoinSpec spec, std::string session_id, absl::Time deadli
   spec.node = node_->name;
   spec.incarnation = node_->incarnation.load();
   spec.device_count = node_->device_count;
+  spec.agent_address = node_->agent_address;
+  spec.node_transports = node_->transports;
+  spec.node_channels = node_->channels;
   spec.since_unix_ms = absl::ToUnixMillis(absl::Now());
   Op op;
   op.join = std::move(spec);
@@ -406,6 +409,13 @@ std::optional<std::string> GroupTracker::SessionOf(const std::string& name) {
   auto it = local_.find(name);
   if (it == local_.end()) return std::nullopt;
   return it->second.session_id;
+}
+
+std::optional<v1::Member> GroupTracker::MemberNamed(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = member_index_.find(name);
+  if (it == member_index_.end()) return std::nullopt;
+  return latest_.view().members(it->second);
 }
 
 bool GroupTracker::Holds(const std::string& session_id) {
@@ -790,6 +800,10 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
                        (snapshot || record.view().version() == latest_.view().version() + 1);
     if (fresh) {
       latest_ = std::move(record);
+      member_index_.clear();
+      for (int i = 0; i < latest_.view().members_size(); ++i) {
+        member_index_[latest_.view().members(i).name()] = i;
+      }
       event.set_kind(snapshot ? "SNAPSHOT" : latest_.change());
       event.set_detail(latest_.change_detail());
       *event.mutable_group() = latest_.view();
@@ -987,6 +1001,7 @@ void GroupTracker::CheckHeartbeats() {
       continue;
     }
     DaemonLog().warn("[group {}] evicting members of node {}: {}", group_, node, why);
+    if (options_.on_node_lost) options_.on_node_lost(node, why);
     Op op;
     op.remove = std::move(remove);
     op.change = "EVICTED";

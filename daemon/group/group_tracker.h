@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -46,6 +47,11 @@ struct Node {
   std::string name;
   std::atomic<uint64_t> incarnation{0};
   int64_t device_count = 0;
+  // Its agent's URLs (Member.agent_address) and what the agent registered, highest priority
+  // first (MemberOptionsRecord.node_transports/node_channels). Set before the first join.
+  std::string agent_address;
+  std::vector<std::string> transports;
+  std::vector<std::string> channels;
 };
 
 // Receives a group's versions in order. Called with the tracker's lock held (that is what
@@ -63,6 +69,9 @@ struct TrackerOptions {
   // What heartbeat windows, join deadlines and the tracker's schedule are judged by; must
   // outlive the tracker. Join deadlines given to Join() are on this clock.
   Clock* clock = Clock::Real();
+  // Runs (on the worker, no lock held) when the heartbeat check decides to evict another node,
+  // with the node and why: the daemon fails calls to it at once instead of at their deadline.
+  std::function<void(const std::string& node, const std::string& why)> on_node_lost;
 };
 
 class GroupTracker : public WorkerTask {
@@ -119,6 +128,8 @@ class GroupTracker : public WorkerTask {
   bool Idle();
   // The session holding local member `name`, if this daemon holds it.
   std::optional<std::string> SessionOf(const std::string& name);
+  // Member `name` in the newest version this daemon has seen, if it is one.
+  std::optional<v1::Member> MemberNamed(const std::string& name);
   // `session_id` holds a member here, or has a join on its way.
   bool Holds(const std::string& session_id);
   // Other nodes of the group and when this daemon last saw their heartbeat change.
@@ -197,6 +208,8 @@ class GroupTracker : public WorkerTask {
 
   absl::Mutex mu_;
   v1::GroupRecord latest_ ABSL_GUARDED_BY(mu_);
+  // Index of latest_'s members by name (calls look their target up here).
+  absl::flat_hash_map<std::string, int> member_index_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, LocalMember> local_ ABSL_GUARDED_BY(mu_);
   // Sessions that ended while a join of theirs was in flight: that join is undone once it
   // lands. An entry goes when the session's last in-flight join is settled.

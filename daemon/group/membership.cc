@@ -144,8 +144,10 @@ absl::Status ValidateGroupRecord(const v1::GroupRecord& record, absl::string_vie
   std::set<int64_t> ranks;
   for (const v1::Member& member : view.members()) {
     if (member.name().empty() || member.name().size() > kMaxRecordStringBytes ||
-        member.node().empty() || member.node().size() > kMaxRecordStringBytes) {
-      return bad("a member with an empty or oversized name or node");
+        member.node().empty() || member.node().size() > kMaxRecordStringBytes ||
+        member.agent_address().size() > kMaxRecordStringBytes) {
+      return bad("a member with an empty or oversized name or node, or an oversized agent "
+                 "address");
     }
     if (member.rank() < 0 || (view.is_static() && member.rank() >= view.world_size())) {
       return bad(absl::StrCat("rank ", member.rank(), " out of range"));
@@ -241,9 +243,12 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
   member.set_node(spec.node);
   member.set_incarnation(spec.incarnation);
   member.set_since_unix_ms(spec.since_unix_ms);
+  member.set_agent_address(spec.agent_address);
   v1::MemberOptionsRecord options;
   *options.mutable_options() = spec.options;
   options.set_device_count(spec.device_count);
+  for (const std::string& name : spec.node_transports) options.add_node_transports(name);
+  for (const std::string& name : spec.node_channels) options.add_node_channels(name);
 
   // A member's own options are checked before anything else, so it alone is blamed. A
   // dynamic group refuses the newcomer. A static group cannot form without this rank, so,

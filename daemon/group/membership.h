@@ -35,6 +35,10 @@ struct JoinSpec {
   uint64_t incarnation = 0;
   int64_t since_unix_ms = 0;
   int64_t device_count = 0;
+  // The node's agent address and registered transports/channels (see Node).
+  std::string agent_address;
+  std::vector<std::string> node_transports;
+  std::vector<std::string> node_channels;
   v1::BackendOptions options;
 };
 
