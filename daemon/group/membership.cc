@@ -26,6 +26,8 @@ absl::StatusOr<MemberOptions> ToMemberOptions(const v1::Member& member,
   if (in.rpc_timeout_ms() != 0) out.options.rpc_timeout = absl::Milliseconds(in.rpc_timeout_ms());
   out.options.transports.assign(in.transports().begin(), in.transports().end());
   out.options.channels.assign(in.channels().begin(), in.channels().end());
+  out.node_transports.assign(record.node_transports().begin(), record.node_transports().end());
+  out.node_channels.assign(record.node_channels().begin(), record.node_channels().end());
   // Proto maps have no order; sort so error messages and results never depend on it.
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> maps;
   for (const auto& [to, map] : in.device_maps()) {

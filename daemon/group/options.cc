@@ -165,31 +165,58 @@ absl::Status ValidateMapAgainstTarget(const std::string& source_name, const Memb
   return absl::OkStatus();
 }
 
-// Intersects the members' lists in rank order, keeping the lowest rank's priority order.
-// `acceptable` says whether what is left still works; the first member after which it does
-// not is named, with `missing` saying what is gone ("transport", "CPU channel"). A member
-// that set no list accepts the defaults, which are every known name, so it never narrows the
-// list and is never the one named.
+// The member's own list, or `defaults` when it set none, narrowed to the names its node
+// registered unless the node's list is empty (unknown), in the member's order.
+std::vector<std::string> Effective(const std::vector<std::string>& own,
+                                   const std::vector<std::string>& defaults,
+                                   const std::vector<std::string>& node) {
+  const std::vector<std::string>& asked = own.empty() ? defaults : own;
+  if (node.empty()) return asked;
+  std::vector<std::string> offered;
+  for (const std::string& name : asked) {
+    if (absl::c_linear_search(node, name)) offered.push_back(name);
+  }
+  return offered;
+}
+
+// "Node w0 asks for transports [ibv] but its node n1 registered only [shm, uv]: no transport
+// in common". `own` empty means the member asked for the defaults.
+absl::Status NodeLacks(const MemberOptions& member, absl::string_view field,
+                       const std::vector<std::string>& own,
+                       const std::vector<std::string>& defaults,
+                       const std::vector<std::string>& node, absl::string_view missing) {
+  return Invalid(absl::StrCat(
+      "Node ", member.name, " asks for ", field, " ", NamesToString(own.empty() ? defaults : own),
+      own.empty() ? " (the defaults)" : "", " but its node ", Echo(member.node),
+      " registered only ", NamesToString(node), ": no ", missing, " in common"));
+}
+
+// Intersects the members' effective lists in rank order, keeping the lowest rank's priority
+// order. `acceptable` says whether what is left still works; the first member after which it
+// does not is named, with `missing` saying what is gone ("transport", "CPU channel"), and with
+// what its node registered when that narrowed its list.
 absl::StatusOr<std::vector<std::string>> IntersectInRankOrder(
     const std::vector<const MemberOptions*>& members,
-    std::vector<std::string> BackendOptions::*field, absl::string_view field_name,
-    const std::vector<std::string>& defaults, absl::string_view missing,
-    bool (*acceptable)(const std::vector<std::string>&)) {
-  auto effective = [&](const MemberOptions& m) -> const std::vector<std::string>& {
-    const std::vector<std::string>& given = m.options.*field;
-    return given.empty() ? defaults : given;
-  };
+    std::vector<std::string> (*effective)(const MemberOptions&),
+    std::vector<std::string> MemberOptions::*node_field, absl::string_view field_name,
+    absl::string_view missing, bool (*acceptable)(const std::vector<std::string>&)) {
   std::vector<std::string> common = effective(*members.front());
   for (size_t i = 1; i < members.size(); ++i) {
-    const std::vector<std::string>& theirs = effective(*members[i]);
+    const MemberOptions& member = *members[i];
+    const std::vector<std::string> theirs = effective(member);
     std::vector<std::string> next;
     for (const std::string& name : common) {
       if (absl::c_linear_search(theirs, name)) next.push_back(name);
     }
     if (!acceptable(next)) {
-      return Invalid(absl::StrCat("Node ", members[i]->name, " has no ", missing,
+      const std::vector<std::string>& node = member.*node_field;
+      return Invalid(absl::StrCat("Node ", member.name, " has no ", missing,
                                   " in common with the members ranked before it\n", field_name,
                                   " = ", NamesToString(theirs),
+                                  node.empty()
+                                      ? ""
+                                      : absl::StrCat("\nregistered by its node ", Echo(member.node),
+                                                     " = ", NamesToString(node)),
                                   "\ncommon to lower ranks = ", NamesToString(common)));
     }
     common = std::move(next);
@@ -359,6 +386,14 @@ absl::Status SetDeviceMap(BackendOptions* options, absl::string_view to, const D
   return absl::OkStatus();
 }
 
+std::vector<std::string> EffectiveTransports(const MemberOptions& member) {
+  return Effective(member.options.transports, DefaultTransports(), member.node_transports);
+}
+
+std::vector<std::string> EffectiveChannels(const MemberOptions& member) {
+  return Effective(member.options.channels, DefaultChannels(), member.node_channels);
+}
+
 absl::Status ValidateMemberOptions(const MemberOptions& member) {
   if (absl::Status status = tpd::ValidateWorkerName("", member.name); !status.ok()) return status;
   const std::string& name = member.name;
@@ -399,6 +434,15 @@ absl::Status ValidateMemberOptions(const MemberOptions& member) {
     return Invalid(absl::StrCat("Node ", name, " has no CPU channel in its channels; add one of ",
                                 NamesToString(CpuChannels()),
                                 "\nchannels = ", NamesToString(options.channels)));
+  }
+  // A node that registered nothing usable for this member: its agent could not connect.
+  if (EffectiveTransports(member).empty()) {
+    return NodeLacks(member, "transports", options.transports, DefaultTransports(),
+                     member.node_transports, "transport");
+  }
+  if (!HasCpuChannel(EffectiveChannels(member))) {
+    return NodeLacks(member, "channels", options.channels, DefaultChannels(), member.node_channels,
+                     "CPU channel");
   }
   if (absl::Status status = ValidateDevices(member); !status.ok()) return status;
   for (const auto& [target, map] : options.device_maps) {
@@ -472,12 +516,13 @@ absl::StatusOr<Negotiated> Negotiate(const std::vector<MemberOptions>& members, 
   }
 
   Negotiated result;
-  absl::StatusOr<std::vector<std::string>> transports = IntersectInRankOrder(
-      ranked, &BackendOptions::transports, "transports", DefaultTransports(), "transport", HasAny);
+  absl::StatusOr<std::vector<std::string>> transports =
+      IntersectInRankOrder(ranked, &EffectiveTransports, &MemberOptions::node_transports,
+                           "transports", "transport", HasAny);
   if (!transports.ok()) return transports.status();
   result.transports = *std::move(transports);
   absl::StatusOr<std::vector<std::string>> channels =
-      IntersectInRankOrder(ranked, &BackendOptions::channels, "channels", DefaultChannels(),
+      IntersectInRankOrder(ranked, &EffectiveChannels, &MemberOptions::node_channels, "channels",
                            "CPU channel", HasCpuChannel);
   if (!channels.ok()) return channels.status();
   result.channels = *std::move(channels);

@@ -121,14 +121,29 @@ struct MemberOptions {
   // between members of one node, e.g. under different CUDA_VISIBLE_DEVICES.
   int64_t device_count = 0;
   BackendOptions options;
+  // What the member's node (its daemon's TensorPipe agent) really registered, highest
+  // priority first. The member is offered only names found here (EffectiveTransports,
+  // EffectiveChannels). Empty means unknown, as in records written by older daemons: no
+  // restriction. Names tpd does not know are allowed and simply never offered.
+  std::vector<std::string> node_transports;
+  std::vector<std::string> node_channels;
 };
+
+// What one member really offers the group: its own transports/channels (PyTorch's defaults
+// when it set none) that its node registered, in the member's priority order. The whole own
+// (or default) list when the node's list is empty (unknown).
+std::vector<std::string> EffectiveTransports(const MemberOptions& member);
+std::vector<std::string> EffectiveChannels(const MemberOptions& member);
 
 // Checks everything about one member that needs no other member, so a bad member is refused
 // when it joins rather than when its group completes: its name (WorkerInfo's rule), rank and
 // device count, num_worker_threads > 0, rpc_timeout >= 0, transports and channels known and
-// not repeated, channels that still include a CPU channel, and its own devices and device
-// maps: CUDA only, no duplicates, within device_count, 1-to-1, map sources within `devices`
-// when that is set, remote worker names valid. INVALID_ARGUMENT naming the member.
+// not repeated, channels that still include a CPU channel, effective transports (see
+// EffectiveTransports) not empty and effective channels holding a CPU channel ("Node w0 asks
+// for transports [ibv] but its node n1 registered only [shm, uv]: no transport in common"),
+// and its own devices and device maps: CUDA only, no duplicates, within device_count, 1-to-1,
+// map sources within `devices` when that is set, remote worker names valid. INVALID_ARGUMENT
+// naming the member.
 absl::Status ValidateMemberOptions(const MemberOptions& member);
 
 // One member's view of the negotiated group: what its TensorPipeAgent would be built with.
@@ -153,8 +168,9 @@ struct NegotiatedMember {
 struct Negotiated {
   // One entry per member, by rank.
   std::vector<NegotiatedMember> members;
-  // The transports and channels every member accepts, in the priority order of the member
-  // with the lowest rank (for members that set none: PyTorch's defaults). Every daemon of the
+  // The transports and channels in every member's effective offer (EffectiveTransports,
+  // EffectiveChannels: its own list, or PyTorch's defaults, within what its node registered),
+  // in the priority order of the member with the lowest rank. Every daemon of the
   // group registers exactly these, priority by position, so TensorPipe's handshake picks the
   // first one that works for each pair of daemons (shm within a host, uv across hosts).
   std::vector<std::string> transports;
@@ -174,10 +190,10 @@ struct Negotiated {
 // ranks are 0..size-1 and every device map must name a member. A dynamic group is checked as
 // PyTorch does on each join: maps toward workers that have not joined yet are not checked
 // against them, and are checked when Negotiate runs again after they join. Each target device
-// must be within the target's `devices` when set, else below its device_count. Transports and
-// channels are intersected in rank order; the first member that leaves no transport, or no
-// CPU channel, in common is named. INVALID_ARGUMENT naming the member on any failure; an
-// empty `members` is INVALID_ARGUMENT too.
+// must be within the target's `devices` when set, else below its device_count. Effective
+// transports and channels are intersected in rank order; the first member that leaves no
+// transport, or no CPU channel, in common is named. INVALID_ARGUMENT naming the member on any
+// failure; an empty `members` is INVALID_ARGUMENT too.
 //
 // Deliberate difference from PyTorch's dynamic join (_set_devices_and_reverse_device_map):
 // PyTorch computes the joining worker's reverse maps and hands those same maps to every

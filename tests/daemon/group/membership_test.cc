@@ -222,6 +222,39 @@ TEST(MembershipStaticTest, FormingIntersectsTransportsAndChannelsInRankOrder) {
   EXPECT_EQ(record.view().rpc_timeout_ms(), 5000);
 }
 
+// `spec` from a node whose agent registered only these transports and channels.
+JoinSpec OnNode(JoinSpec spec, std::vector<std::string> transports,
+                std::vector<std::string> channels) {
+  spec.node_transports = std::move(transports);
+  spec.node_channels = std::move(channels);
+  return spec;
+}
+
+TEST(MembershipStaticTest, NegotiationOffersOnlyWhatTheMembersNodesRegistered) {
+  v1::GroupRecord record = NewRecord();
+  // w0's node has a GPU and InfiniBand; w1's has neither.
+  Join(&record,
+       OnNode(Spec("w0", 0, 2, "gpu-node"), {"shm", "ibv", "uv"},
+              {"cma", "mpt_uv", "basic", "cuda_xth", "cuda_ipc", "cuda_gdr", "cuda_basic"}));
+  Join(&record, OnNode(Spec("w1", 1, 2, "cpu-node"), {"uv", "shm"}, {"basic", "mpt_uv", "cma"}));
+  EXPECT_EQ(record.view().phase(), kFormed) << record.view().reason();
+  // Every member's defaults within its node's lists, in w0's (default) priority order.
+  EXPECT_THAT(record.view().transports(), ElementsAre("shm", "uv"));
+  EXPECT_THAT(record.view().channels(), ElementsAre("cma", "mpt_uv", "basic"));
+}
+
+TEST(MembershipStaticTest, NodeThatRegisteredNoneOfAMembersTransportsFailsTheGroup) {
+  v1::GroupRecord record = NewRecord();
+  Join(&record, Spec("w1", 1, 2));
+  JoinSpec w0 = OnNode(Spec("w0", 0, 2, "n1"), {"shm", "uv"}, {"cma", "basic"});
+  w0.options.add_transports("ibv");
+  Join(&record, w0);
+  EXPECT_EQ(record.view().phase(), kFailed);
+  EXPECT_THAT(record.view().reason(),
+              HasSubstr("Node w0 asks for transports [ibv] but its node n1 registered only "
+                        "[shm, uv]: no transport in common"));
+}
+
 // --- Static groups: refused joins ------------------------------------------------------------
 
 TEST(MembershipStaticTest, RefusesWorldSizeMismatchNamingBothSizes) {
@@ -532,6 +565,29 @@ TEST(MembershipDynamicTest, RefusesInvalidOwnOptions) {
   bad.options.add_transports("tcp");
   ExpectRefused(&record, bad, absl::StatusCode::kInvalidArgument,
                 {"Node d0", "Unknown transport: tcp"});
+}
+
+TEST(MembershipDynamicTest, RefusesNewcomerWhoseNodeLeavesItNoCpuChannel) {
+  v1::GroupRecord record = NewRecord();
+  JoinSpec d0 =
+      OnNode(Spec("d0", std::nullopt, std::nullopt, "n1"), {"shm", "uv"}, {"cma", "cuda_ipc"});
+  d0.options.add_channels("cuda_ipc");
+  d0.options.add_channels("basic");
+  ExpectRefused(&record, d0, absl::StatusCode::kInvalidArgument,
+                {"Node d0 asks for channels [cuda_ipc, basic] but its node n1 registered only "
+                 "[cma, cuda_ipc]: no CPU channel in common"});
+}
+
+TEST(MembershipDynamicTest, NewcomerFromACpuOnlyNodeNarrowsTheGroupsChannels) {
+  v1::GroupRecord record = NewRecord();
+  Join(&record, Spec("d0", std::nullopt));  // node lists unknown: PyTorch's defaults
+  EXPECT_THAT(record.view().transports(), ElementsAre("shm", "ibv", "uv"));
+  EXPECT_THAT(record.view().channels(), ElementsAre("cma", "mpt_uv", "basic", "cuda_xth",
+                                                    "cuda_ipc", "cuda_gdr", "cuda_basic"));
+  Join(&record, OnNode(Spec("d1", std::nullopt, std::nullopt, "cpu-node"), {"shm", "uv"},
+                       {"cma", "mpt_uv", "basic"}));
+  EXPECT_THAT(record.view().transports(), ElementsAre("shm", "uv"));
+  EXPECT_THAT(record.view().channels(), ElementsAre("cma", "mpt_uv", "basic"));
 }
 
 TEST(MembershipDynamicTest, LeavingRenegotiatesTheRest) {

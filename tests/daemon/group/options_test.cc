@@ -577,5 +577,135 @@ TEST(NegotiateTest, MembersThatSetNoTransportsDoNotNarrowTheCommonList) {
                 {"Node w2 has no transport", "transports = [uv]", "common to lower ranks = [ibv]"});
 }
 
+// --- Effective offers: what each member's node registered ----------------------------------
+
+// `member` on node `node`, whose agent registered only `transports` and `channels`.
+MemberOptions OnNode(MemberOptions member, std::string node, std::vector<std::string> transports,
+                     std::vector<std::string> channels) {
+  member.node = std::move(node);
+  member.node_transports = std::move(transports);
+  member.node_channels = std::move(channels);
+  return member;
+}
+
+// What a daemon without a GPU or InfiniBand registers, and one with both.
+const std::vector<std::string> kCpuNodeTransports = {"shm", "uv"};
+const std::vector<std::string> kCpuNodeChannels = {"cma", "mpt_uv", "basic"};
+const std::vector<std::string> kGpuNodeTransports = {"shm", "ibv", "uv"};
+const std::vector<std::string> kGpuNodeChannels = {"cma",      "mpt_uv",   "basic",     "cuda_xth",
+                                                   "cuda_ipc", "cuda_gdr", "cuda_basic"};
+
+TEST(EffectiveOfferTest, DefaultsAreNarrowedToWhatTheNodeRegistered) {
+  MemberOptions w0 = OnNode(Member("w0", 0), "n1", kCpuNodeTransports, kCpuNodeChannels);
+  EXPECT_THAT(EffectiveTransports(w0), ElementsAre("shm", "uv"));
+  EXPECT_THAT(EffectiveChannels(w0), ElementsAre("cma", "mpt_uv", "basic"));
+  EXPECT_TRUE(ValidateMemberOptions(w0).ok()) << ValidateMemberOptions(w0);
+}
+
+TEST(EffectiveOfferTest, ExplicitNamesOutsideTheNodesListsAreDroppedInTheMembersOrder) {
+  MemberOptions w0 = OnNode(Member("w0", 0), "n1", {"shm", "uv"}, {"basic", "cma", "cuda_ipc"});
+  w0.options.transports = {"uv", "ibv", "shm"};
+  w0.options.channels = {"cuda_gdr", "cma", "cuda_ipc", "basic"};
+  EXPECT_THAT(EffectiveTransports(w0), ElementsAre("uv", "shm"));
+  EXPECT_THAT(EffectiveChannels(w0), ElementsAre("cma", "cuda_ipc", "basic"));
+  EXPECT_TRUE(ValidateMemberOptions(w0).ok()) << ValidateMemberOptions(w0);
+}
+
+TEST(EffectiveOfferTest, EmptyNodeListsMeanUnknownAndRestrictNothing) {
+  MemberOptions w0 = Member("w0", 0);
+  EXPECT_EQ(EffectiveTransports(w0), DefaultTransports());
+  EXPECT_EQ(EffectiveChannels(w0), DefaultChannels());
+  w0.options.transports = {"ibv"};
+  w0.options.channels = {"cuda_gdr", "basic"};
+  EXPECT_THAT(EffectiveTransports(w0), ElementsAre("ibv"));
+  EXPECT_THAT(EffectiveChannels(w0), ElementsAre("cuda_gdr", "basic"));
+  // Each list on its own: a known transport list does not make the channel list known.
+  w0.node_transports = {"shm", "ibv"};
+  EXPECT_THAT(EffectiveTransports(w0), ElementsAre("ibv"));
+  EXPECT_THAT(EffectiveChannels(w0), ElementsAre("cuda_gdr", "basic"));
+  EXPECT_TRUE(ValidateMemberOptions(w0).ok()) << ValidateMemberOptions(w0);
+}
+
+TEST(EffectiveOfferTest, RejectsAMemberWhoseNodeRegisteredNoneOfItsTransports) {
+  MemberOptions w0 = OnNode(Member("w0", 0), "n1", kCpuNodeTransports, kCpuNodeChannels);
+  w0.options.transports = {"ibv"};
+  const absl::Status status = ValidateMemberOptions(w0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(status.message(),
+            "Node w0 asks for transports [ibv] but its node n1 registered only [shm, uv]: no "
+            "transport in common");
+}
+
+TEST(EffectiveOfferTest, RejectsDefaultsWhenTheNodeRegisteredNoKnownTransport) {
+  MemberOptions w0 = OnNode(Member("w0", 0), "n1", {"tcp"}, kCpuNodeChannels);
+  EXPECT_THAT(EffectiveTransports(w0), IsEmpty());
+  ExpectInvalid(ValidateMemberOptions(w0),
+                {"Node w0 asks for transports [shm, ibv, uv] (the defaults) but its node n1 "
+                 "registered only [tcp]: no transport in common"});
+}
+
+TEST(EffectiveOfferTest, RejectsAMemberWhoseNodeLeavesItNoCpuChannel) {
+  MemberOptions w0 = OnNode(Member("w0", 0), "n1", kGpuNodeTransports, {"cma", "cuda_ipc"});
+  w0.options.channels = {"basic", "cuda_ipc"};
+  const absl::Status status = ValidateMemberOptions(w0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(status.message(),
+            "Node w0 asks for channels [basic, cuda_ipc] but its node n1 registered only [cma, "
+            "cuda_ipc]: no CPU channel in common");
+}
+
+TEST(EffectiveOfferTest, NegotiateRefusesAMemberItsNodeCannotServeNamingIt) {
+  MemberOptions w1 = OnNode(Member("w1", 1), "n2", kCpuNodeTransports, kCpuNodeChannels);
+  w1.options.channels = {"cuda_ipc", "cuda_basic"};
+  ExpectInvalid(Negotiate({Member("w0", 0), w1}, /*is_static=*/true).status(),
+                {"Node w1 has no CPU channel in its channels"});
+  w1.options.channels = {"cuda_ipc", "cma"};
+  w1.node_channels = {"basic", "cuda_ipc"};
+  ExpectInvalid(Negotiate({Member("w0", 0), w1}, true).status(),
+                {"Node w1 asks for channels [cuda_ipc, cma] but its node n2 registered only "
+                 "[basic, cuda_ipc]: no CPU channel in common"});
+}
+
+TEST(EffectiveOfferTest, CpuOnlyGroupIsNeverToldIbvOrCudaChannels) {
+  absl::StatusOr<Negotiated> negotiated =
+      Negotiate({OnNode(Member("w0", 0), "n1", kCpuNodeTransports, kCpuNodeChannels),
+                 OnNode(Member("w1", 1), "n2", kCpuNodeTransports, kCpuNodeChannels)},
+                /*is_static=*/true);
+  ASSERT_TRUE(negotiated.ok()) << negotiated.status();
+  EXPECT_THAT(negotiated->transports, ElementsAre("shm", "uv"));
+  EXPECT_THAT(negotiated->channels, ElementsAre("cma", "mpt_uv", "basic"));
+}
+
+TEST(EffectiveOfferTest, MixedNodesGetTheIntersectionInTheLowestRanksOrder) {
+  MemberOptions gpu = OnNode(Member("w0", 0), "gpu-node", kGpuNodeTransports, kGpuNodeChannels);
+  gpu.options.channels = {"cuda_ipc", "basic", "cma"};
+  MemberOptions cpu = OnNode(Member("w1", 1), "cpu-node", kCpuNodeTransports, kCpuNodeChannels);
+  absl::StatusOr<Negotiated> negotiated = Negotiate({cpu, gpu}, /*is_static=*/true);
+  ASSERT_TRUE(negotiated.ok()) << negotiated.status();
+  EXPECT_THAT(negotiated->transports, ElementsAre("shm", "uv"));
+  EXPECT_THAT(negotiated->channels, ElementsAre("basic", "cma"));  // w0's order
+  // The same GPU node with an older daemon's record (lists unknown) still narrows nothing.
+  gpu.node_transports.clear();
+  gpu.node_channels.clear();
+  negotiated = Negotiate({cpu, gpu}, true);
+  ASSERT_TRUE(negotiated.ok()) << negotiated.status();
+  EXPECT_THAT(negotiated->transports, ElementsAre("shm", "uv"));
+  EXPECT_THAT(negotiated->channels, ElementsAre("basic", "cma"));
+  negotiated = Negotiate({gpu, Member("w1", 1)}, true);
+  ASSERT_TRUE(negotiated.ok()) << negotiated.status();
+  EXPECT_THAT(negotiated->transports, ElementsAre("shm", "ibv", "uv"));
+  EXPECT_THAT(negotiated->channels, ElementsAre("cuda_ipc", "basic", "cma"));
+}
+
+TEST(EffectiveOfferTest, NodesWithNoTransportInCommonNameTheMemberAndItsNode) {
+  MemberOptions w0 = OnNode(Member("w0", 0), "n1", {"shm"}, kCpuNodeChannels);
+  MemberOptions w1 = OnNode(Member("w1", 1), "n2", {"ibv", "uv"}, kCpuNodeChannels);
+  ExpectInvalid(Negotiate({w0, w1}, true).status(),
+                {"Node w1 has no transport in common with the members ranked before it\n"
+                 "transports = [ibv, uv]\n"
+                 "registered by its node n2 = [ibv, uv]\n"
+                 "common to lower ranks = [shm]"});
+}
+
 }  // namespace
 }  // namespace tpd::group
