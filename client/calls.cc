@@ -2,11 +2,16 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
-#include <utility>
+#include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "proto/shm/heap.h"
 #include "proto/shm/message.h"
+#include "proto/shm/ring.h"
 
 namespace tpd {
 
@@ -16,112 +21,290 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
 constexpr absl::Duration kRingWait = absl::Seconds(5);
 // How long past its deadline a call waits for the daemon's own DEADLINE_EXCEEDED.
 constexpr absl::Duration kDeadlineGrace = absl::Seconds(2);
+// How a handler's error is marked on its way back: the caller sees whose handler failed.
+constexpr absl::string_view kRemotePrefix = "remote handler of worker '";
 
-absl::StatusOr<uint64_t> TensorBytes(const Tensor& tensor, size_t index) {
-  const uint64_t item = shm::ItemBytes(static_cast<uint8_t>(tensor.dtype));
-  if (item == 0) return absl::InvalidArgumentError(absl::StrCat("tensor ", index, ": bad dtype"));
-  if (tensor.shape.size() > shm::kMaxTensorDims) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", index, ": more than ",
-                                                   int{shm::kMaxTensorDims}, " dims"));
+std::string CallName(const std::string& group, const std::string& worker,
+                     const std::string& method) {
+  return absl::StrCat("call to worker '", worker, "' method '", method, "' of group '", group,
+                      "'");
+}
+
+// product(shape) * item size, checked.
+absl::StatusOr<uint64_t> ShapeBytes(shm::DType dtype, const std::vector<int64_t>& shape,
+                                    absl::string_view what) {
+  const uint64_t item = shm::ItemBytes(static_cast<uint8_t>(dtype));
+  if (item == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dtype ", static_cast<int>(dtype), " is not a dtype"));
+  }
+  if (shape.size() > shm::kMaxTensorDims) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", shape.size(), " dims, at most ",
+                                                   int{shm::kMaxTensorDims}));
   }
   uint64_t n = item;
-  for (int64_t dim : tensor.shape) {
+  for (int64_t dim : shape) {
     if (dim < 0 || (dim != 0 && n > UINT64_MAX / static_cast<uint64_t>(dim))) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", index, ": bad shape"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": bad shape (dim ", dim, ")"));
     }
     n *= static_cast<uint64_t>(dim);
-  }
-  if (n != tensor.data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", index, ": shape and dtype need ", n,
-                                                   " bytes, data has ", tensor.data.size()));
   }
   return n;
 }
 
+std::string ArenaFull(const shm::HeapAllocator& tx, uint64_t request, absl::string_view what) {
+  const shm::HeapAllocator::Stats stats = tx.GetStats();
+  return absl::StrCat("the shared arena (tx heap of ", stats.heap_bytes, " bytes) cannot hold ",
+                      what, " of ", request, " bytes (", stats.used_bytes,
+                      " in use, largest free block ", stats.largest_free,
+                      "): drop arena tensors no longer needed, or wait for calls in flight");
+}
+
 }  // namespace
 
+namespace calls_internal {
+
+// The engine's half of the segment, shared with every arena tensor and received view so
+// they can free and release their blocks whenever they go, even after the engine.
+class Link {
+ public:
+  explicit Link(std::shared_ptr<const shm::Segment> segment)
+      : segment_(std::move(segment)),
+        tx("tx heap", segment_->layout().tx_heap),
+        submissions(segment_->base(), segment_->layout().submission, "submission ring") {}
+
+  uint8_t* base() const { return segment_->base(); }
+  const shm::Layout& layout() const { return segment_->layout(); }
+
+  // Pushes `d`, waiting up to kRingWait for space.
+  absl::Status Push(const shm::Descriptor& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    absl::StatusOr<bool> pushed = submissions.TryPush(d);
+    if (pushed.ok() && !*pushed) {
+      absl::StatusOr<bool> space = submissions.WaitForSpace(absl::Now() + kRingWait);
+      pushed = space.ok() ? submissions.TryPush(d) : space.status();
+    }
+    if (!pushed.ok()) return absl::UnavailableError(pushed.status().message());
+    if (!*pushed) {
+      return absl::UnavailableError(absl::StrCat("the submission ring stayed full for ",
+                                                 absl::FormatDuration(kRingWait)));
+    }
+    return absl::OkStatus();
+  }
+
+  // Tells the daemon it may reuse the rx block at `rx_offset` (no-op once closed).
+  void SendRelease(uint64_t rx_offset) {
+    shm::Descriptor d{};
+    d.op = static_cast<uint8_t>(shm::Op::kRelease);
+    d.call_id = 1;
+    d.payload_offset = rx_offset;
+    absl::MutexLock lock(&mu);
+    if (open) (void)Push(d);  // a ring that broke ends the session anyway
+  }
+
+  // The daemon is done with the message block at `tx_offset`: free it and unpin the arena
+  // blocks its tensor table pointed at.
+  void OnReleased(uint64_t tx_offset) {
+    std::vector<std::shared_ptr<ArenaBlock>> unpinned;  // freed after the lock (they lock it)
+    absl::MutexLock lock(&mu);
+    (void)tx.Free(tx_offset);  // a release naming no live block is the daemon's bug: ignored
+    auto it = pinned.find(tx_offset);
+    if (it != pinned.end()) {
+      unpinned = std::move(it->second);
+      pinned.erase(it);
+    }
+  }
+
+  void FreeBlock(uint64_t tx_offset) {
+    absl::MutexLock lock(&mu);
+    (void)tx.Free(tx_offset);
+  }
+
+  // The session is over: no more releases; pinned blocks go.
+  void Close() {
+    std::map<uint64_t, std::vector<std::shared_ptr<ArenaBlock>>> unpinned;
+    absl::MutexLock lock(&mu);
+    open = false;
+    unpinned.swap(pinned);
+  }
+
+ private:
+  const std::shared_ptr<const shm::Segment> segment_;
+
+ public:
+  absl::Mutex mu;
+  shm::HeapAllocator tx ABSL_GUARDED_BY(mu);
+  shm::RingProducer submissions ABSL_GUARDED_BY(mu);
+  bool open ABSL_GUARDED_BY(mu) = true;
+  // Message block → the arena blocks its tensor table points at. Never destroy an entry's
+  // blocks under `mu` (ArenaBlock's destructor takes it).
+  std::map<uint64_t, std::vector<std::shared_ptr<ArenaBlock>>> pinned ABSL_GUARDED_BY(mu);
+
+  std::atomic<uint64_t> bytes_copied_in{0};
+  std::atomic<uint64_t> tensors_copied_in{0};
+  std::atomic<uint64_t> tensors_in_place{0};
+  std::atomic<uint64_t> bytes_copied_out{0};
+  std::atomic<uint64_t> rx_blocks_held{0};
+};
+
+struct ArenaBlock {
+  ArenaBlock(std::shared_ptr<Link> link, uint64_t offset) : link(std::move(link)), offset(offset) {}
+  ~ArenaBlock() { link->FreeBlock(offset); }
+  const std::shared_ptr<Link> link;
+  const uint64_t offset;
+};
+
+struct RxBlock {
+  RxBlock(std::shared_ptr<Link> link, uint64_t offset) : link(std::move(link)), offset(offset) {
+    ++this->link->rx_blocks_held;
+  }
+  ~RxBlock() {
+    link->SendRelease(offset);
+    --link->rx_blocks_held;
+  }
+  const std::shared_ptr<Link> link;
+  const uint64_t offset;
+};
+
+struct CallState {
+  absl::Mutex mu;
+  absl::CondVar cv;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::StatusOr<Message> result ABSL_GUARDED_BY(mu) = absl::UnknownError("no result yet");
+  std::vector<CallCallback> callbacks ABSL_GUARDED_BY(mu);
+
+  // REQUIRES: done (the result never changes after that).
+  const absl::StatusOr<Message>& Result() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return result; }
+};
+
+}  // namespace calls_internal
+
+using calls_internal::ArenaBlock;
+using calls_internal::CallState;
+using calls_internal::Link;
+using calls_internal::RxBlock;
+
+// --- Device, Tensor ---
+
+std::string Device::ToString() const {
+  switch (type) {
+    case shm::DeviceType::kCpu:
+      return "cpu";
+    case shm::DeviceType::kCuda:
+      return absl::StrCat("cuda:", index);
+  }
+  return absl::StrCat("device-type-", static_cast<int>(type));
+}
+
+Tensor::Tensor(shm::DType dtype, std::vector<int64_t> shape, std::string bytes)
+    : dtype_(dtype), shape_(std::move(shape)) {
+  auto owned = std::make_shared<std::string>(std::move(bytes));
+  data_ = owned->data();
+  size_ = owned->size();
+  keep_ = std::move(owned);
+}
+
+Tensor Tensor::Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* data,
+                      size_t size) {
+  Tensor tensor;
+  tensor.dtype_ = dtype;
+  tensor.shape_ = std::move(shape);
+  tensor.storage_ = TensorStorage::kBorrowed;
+  tensor.data_ = const_cast<char*>(static_cast<const char*>(data));  // never written
+  tensor.size_ = size;
+  return tensor;
+}
+
+Tensor Tensor::Clone() const {
+  Tensor copy(dtype_, shape_, std::string(data()));
+  copy.device_ = device_;
+  return copy;
+}
+
+// --- CallFuture ---
+
+CallFuture CallFuture::Ready(absl::StatusOr<Message> result) {
+  auto state = std::make_shared<CallState>();
+  absl::MutexLock lock(&state->mu);
+  state->result = std::move(result);
+  state->done = true;
+  return CallFuture(state);
+}
+
+bool CallFuture::ready() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->done;
+}
+
+const absl::StatusOr<Message>& CallFuture::Wait() const {
+  absl::MutexLock lock(&state_->mu);
+  while (!state_->done) state_->cv.Wait(&state_->mu);
+  return state_->Result();
+}
+
+bool CallFuture::WaitFor(absl::Duration timeout) const {
+  const absl::Time until = absl::Now() + timeout;
+  absl::MutexLock lock(&state_->mu);
+  while (!state_->done) {
+    if (state_->cv.WaitWithDeadline(&state_->mu, until)) return state_->done;
+  }
+  return true;
+}
+
+void CallFuture::Then(CallCallback callback) {
+  {
+    absl::MutexLock lock(&state_->mu);
+    if (!state_->done) {
+      state_->callbacks.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback(state_->Result());
+}
+
+// --- CallEngine ---
+
 CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads)
-    : segment_(std::move(segment)),
-      base_(segment_->base()),
-      tx_("tx heap", segment_->layout().tx_heap),
-      submissions_(base_, segment_->layout().submission, "submission ring"),
-      completions_(base_, segment_->layout().completion, "completion ring") {
+    : link_(std::make_shared<Link>(segment)),
+      completions_(segment->base(), segment->layout().completion, "completion ring") {
   reader_ = std::thread([this] { ReadLoop(); });
-  for (int i = 0; i < handler_threads; ++i) pool_.emplace_back([this] { HandlerLoop(); });
+  absl::MutexLock lock(&mu_);
+  EnsureThreadsLocked(handler_threads);
 }
 
 CallEngine::~CallEngine() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
-    cv_.SignalAll();
   }
   reader_.join();
-  for (std::thread& thread : pool_) thread.join();
-  absl::MutexLock lock(&mu_);
-  std::vector<uint64_t> ids;
-  for (const auto& [id, waiter] : waiting_) ids.push_back(id);
-  for (uint64_t id : ids) {
-    Finish(id, absl::CancelledError("the client's shared memory was detached during the call"));
-  }
-}
-
-void CallEngine::Finish(uint64_t id, absl::StatusOr<Message> result) {
-  auto it = waiting_.find(id);
-  if (it == waiting_.end()) return;
-  Waiter* waiter = it->second;
-  if (waiter->promise != nullptr) {
-    waiter->promise->set_value(std::move(result));
-    waiting_.erase(it);
-    delete waiter;
-    return;
-  }
-  waiter->done = true;
-  waiter->result = std::move(result);
-  cv_.SignalAll();
-}
-
-void CallEngine::ExpireAsync() {
-  const absl::Time now = absl::Now();
-  std::vector<std::pair<uint64_t, std::string>> expired;
-  for (const auto& [id, waiter] : waiting_) {
-    if (waiter->promise != nullptr && waiter->give_up <= now) expired.push_back({id, waiter->what});
-  }
-  for (auto& [id, what] : expired) {
-    Finish(id, absl::DeadlineExceededError(
-                   absl::StrCat(what, " got no answer by its deadline (not even the daemon's)")));
-  }
-}
-
-std::future<absl::StatusOr<Message>> CallEngine::CallAsync(const std::string& group,
-                                                           const std::string& from,
-                                                           const std::string& worker,
-                                                           const std::string& method,
-                                                           const Message& request,
-                                                           absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  auto waiter = std::make_unique<Waiter>();
-  waiter->promise = std::make_unique<std::promise<absl::StatusOr<Message>>>();
-  waiter->give_up = deadline + kDeadlineGrace;
-  waiter->what = absl::StrCat("call to worker '", worker, "' method '", method, "'");
-  std::future<absl::StatusOr<Message>> future = waiter->promise->get_future();
-  uint64_t id;
+  std::vector<std::thread> pool;
+  std::deque<Incoming> dropped;  // their rx blocks are released outside mu_
   {
     absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) {
-      waiter->promise->set_value(broken_);
-      return future;
+    std::vector<uint64_t> ids;
+    for (const auto& [id, call] : waiting_) ids.push_back(id);
+    for (uint64_t id : ids) {
+      const Outgoing& call = waiting_.at(id);
+      Finish(id, absl::CancelledError(absl::StrCat(
+                     CallName(call.from.first, call.worker, call.method),
+                     ": the client's shared memory was detached during the call")));
     }
-    id = next_call_id_++;
-    waiting_[id] = waiter.release();
+    dropped.swap(incoming_);
+    for (const Incoming& incoming : dropped) serving_.erase(incoming.call_id);
+    pool_exit_ = true;
+    work_cv_.SignalAll();
+    idle_cv_.SignalAll();
+    pool.swap(pool_);
   }
-  absl::Status submitted = Submit(shm::Op::kCall, id, absl::ToUnixNanos(deadline), 0, 0, group,
-                                  worker, method, from, request);
-  if (!submitted.ok()) {
+  dropped.clear();
+  for (std::thread& thread : pool) thread.join();  // they run the callbacks due first
+  std::deque<std::function<void()>> left;
+  {
     absl::MutexLock lock(&mu_);
-    Finish(id, submitted);
+    left.swap(callbacks_);
   }
-  return future;
+  for (std::function<void()>& callback : left) callback();  // a pool that never had a thread
+  link_->Close();
 }
 
 void CallEngine::Handle(const std::string& method, Handler handler) {
@@ -129,116 +312,270 @@ void CallEngine::Handle(const std::string& method, Handler handler) {
   handlers_[method] = std::move(handler);
 }
 
+void CallEngine::EnsureHandlerThreads(int threads) {
+  absl::MutexLock lock(&mu_);
+  EnsureThreadsLocked(threads);
+}
+
+void CallEngine::EnsureThreadsLocked(int threads) {
+  while (!pool_exit_ && static_cast<int>(pool_.size()) < threads) {
+    pool_.emplace_back([this] { PoolLoop(); });
+  }
+}
+
+absl::StatusOr<Tensor> CallEngine::AllocateTensor(shm::DType dtype, std::vector<int64_t> shape) {
+  absl::StatusOr<uint64_t> bytes = ShapeBytes(dtype, shape, "arena tensor");
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<uint64_t> block;
+  {
+    absl::MutexLock lock(&link_->mu);
+    if (!link_->open) {
+      return absl::UnavailableError("the call engine's shared memory is detached");
+    }
+    block = link_->tx.Allocate(std::max<uint64_t>(*bytes, 1));
+    if (!block.ok()) {
+      return absl::ResourceExhaustedError(ArenaFull(link_->tx, *bytes, "a tensor"));
+    }
+  }
+  Tensor tensor;
+  tensor.dtype_ = dtype;
+  tensor.shape_ = std::move(shape);
+  tensor.storage_ = TensorStorage::kArena;
+  tensor.arena_ = std::make_shared<ArenaBlock>(link_, *block);
+  tensor.keep_ = tensor.arena_;
+  tensor.data_ = reinterpret_cast<char*>(link_->base() + *block);
+  tensor.size_ = *bytes;
+  return tensor;
+}
+
+void CallEngine::Complete(const std::shared_ptr<CallState>& state,
+                          absl::StatusOr<Message> result) {
+  std::vector<CallCallback> callbacks;
+  {
+    absl::MutexLock lock(&state->mu);
+    if (state->done) return;
+    state->result = std::move(result);
+    state->done = true;
+    callbacks.swap(state->callbacks);
+    state->cv.SignalAll();
+  }
+  if (callbacks.empty()) return;
+  // User code never runs on the reader thread (nor under mu_): the pool runs it.
+  callbacks_.push_back([state, callbacks = std::move(callbacks)] {
+    for (const CallCallback& callback : callbacks) callback(state->Result());
+  });
+  EnsureThreadsLocked(1);
+  work_cv_.Signal();
+}
+
+void CallEngine::Finish(uint64_t id, absl::StatusOr<Message> result) {
+  auto it = waiting_.find(id);
+  if (it == waiting_.end()) return;
+  Outgoing call = std::move(it->second);
+  waiting_.erase(it);
+  idle_cv_.SignalAll();
+  if (!result.ok() && result.status().code() == absl::StatusCode::kDeadlineExceeded &&
+      !absl::StartsWith(result.status().message(), kRemotePrefix)) {
+    // The daemon's message names worker, method and deadline; add what the caller asked.
+    result = absl::DeadlineExceededError(absl::StrCat(
+        result.status().message(), " (group '", call.from.first, "', timeout ",
+        absl::FormatDuration(call.timeout), ")"));
+  }
+  Complete(call.state, std::move(result));
+}
+
+void CallEngine::Expire() {
+  const absl::Time now = absl::Now();
+  std::vector<uint64_t> expired;
+  for (const auto& [id, call] : waiting_) {
+    if (call.give_up <= now) expired.push_back(id);
+  }
+  for (uint64_t id : expired) {
+    const Outgoing& call = waiting_.at(id);
+    Finish(id, absl::DeadlineExceededError(absl::StrCat(
+                   CallName(call.from.first, call.worker, call.method),
+                   " got no answer by its deadline ",
+                   absl::FormatTime(call.deadline, absl::UTCTimeZone()), " plus ",
+                   absl::FormatDuration(kDeadlineGrace), " (not even the daemon's)")));
+  }
+}
+
+CallFuture CallEngine::CallAsync(const std::string& group, const std::string& from,
+                                 const std::string& worker, const std::string& method,
+                                 std::string_view payload, absl::Span<const Tensor> tensors,
+                                 absl::Duration timeout) {
+  auto state = std::make_shared<CallState>();
+  const bool none = timeout == absl::ZeroDuration() || timeout == absl::InfiniteDuration();
+  const absl::Time deadline = none ? absl::InfiniteFuture() : absl::Now() + timeout;
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status refused;
+    if (!broken_.ok()) {
+      refused = absl::Status(broken_.code(),
+                             absl::StrCat(CallName(group, worker, method), ": ", broken_.message()));
+    } else if (stop_) {
+      refused = absl::CancelledError(
+          absl::StrCat(CallName(group, worker, method), ": the call engine is stopping"));
+    } else if (leaving_.count({group, from}) > 0) {
+      refused = absl::FailedPreconditionError(
+          absl::StrCat("worker '", from, "' is leaving group '", group,
+                       "' and makes no new calls (", CallName(group, worker, method), ")"));
+    }
+    if (!refused.ok()) {
+      Complete(state, refused);
+      return CallFuture(state);
+    }
+    id = next_call_id_++;
+    Outgoing& call = waiting_[id];
+    call.state = state;
+    call.from = {group, from};
+    call.worker = worker;
+    call.method = method;
+    call.timeout = none ? absl::ZeroDuration() : timeout;
+    call.deadline = deadline;
+    call.give_up = none ? absl::InfiniteFuture() : deadline + kDeadlineGrace;
+  }
+  absl::Status submitted =
+      Submit(shm::Op::kCall, id, none ? 0 : absl::ToUnixNanos(deadline), 0, 0, group, worker,
+             method, from, payload, tensors);
+  if (!submitted.ok()) {
+    absl::MutexLock lock(&mu_);
+    Finish(id, absl::Status(submitted.code(), absl::StrCat(CallName(group, worker, method),
+                                                           " was not sent: ",
+                                                           submitted.message())));
+  }
+  return CallFuture(state);
+}
+
+absl::StatusOr<Message> CallEngine::Call(const std::string& group, const std::string& from,
+                                         const std::string& worker, const std::string& method,
+                                         std::string_view payload,
+                                         absl::Span<const Tensor> tensors,
+                                         absl::Duration timeout) {
+  CallFuture future = CallAsync(group, from, worker, method, payload, tensors, timeout);
+  future.Wait();
+  // Nobody else reads this result: the engine is done with it once it is set.
+  absl::MutexLock lock(&future.state_->mu);
+  return std::move(future.state_->result);
+}
+
 absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_ns,
                                 uint16_t flags, uint32_t code, const std::string& n0,
                                 const std::string& n1, const std::string& n2,
-                                const std::string& n3, const Message& message) {
+                                const std::string& n3, std::string_view payload,
+                                absl::Span<const Tensor> tensors) {
   if (n0.size() > shm::kMaxMessageName || n1.size() > shm::kMaxMessageName ||
       n2.size() > shm::kMaxMessageName || n3.size() > shm::kMaxMessageName) {
     return absl::InvalidArgumentError(
         absl::StrCat("group, worker and method names are at most ", shm::kMaxMessageName,
                      " bytes"));
   }
-  if (message.tensors.size() > shm::kMaxTensorsPerMessage) {
+  if (tensors.size() > shm::kMaxTensorsPerMessage) {
     return absl::InvalidArgumentError(absl::StrCat("at most ", shm::kMaxTensorsPerMessage,
                                                    " tensors per message"));
   }
   const uint64_t prefix = shm::MessagePrefixBytes(n0.size(), n1.size(), n2.size(), n3.size());
-  const uint64_t payload = prefix + message.payload.size();
-  uint64_t total = shm::AlignUp(payload);
+  const uint64_t payload_bytes = prefix + payload.size();
+  uint64_t total = shm::AlignUp(payload_bytes);
   const uint64_t table = total;
-  total += shm::AlignUp(message.tensors.size() * sizeof(shm::TensorEntry));
-  std::vector<uint64_t> at(message.tensors.size());
-  for (size_t i = 0; i < message.tensors.size(); ++i) {
-    absl::StatusOr<uint64_t> bytes = TensorBytes(message.tensors[i], i);
+  total += shm::AlignUp(tensors.size() * sizeof(shm::TensorEntry));
+  // Where each tensor's bytes go in the block; arena tensors of this segment stay in place.
+  std::vector<std::optional<uint64_t>> at(tensors.size());
+  std::vector<std::shared_ptr<ArenaBlock>> pins;  // declared before the locks: freed after
+  uint64_t copied = payload.size();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& tensor = tensors[i];
+    const std::string what = absl::StrCat("tensor ", i);
+    absl::StatusOr<uint64_t> bytes = ShapeBytes(tensor.dtype_, tensor.shape_, what);
     if (!bytes.ok()) return bytes.status();
+    if (*bytes != tensor.size_) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": shape and dtype need ", *bytes,
+                                                     " bytes, data has ", tensor.size_));
+    }
+    if (!(tensor.device_ == Device{})) {
+      return absl::UnimplementedError(absl::StrCat(what, " is on ", tensor.device_.ToString(),
+                                                   ": only cpu tensors travel in this build"));
+    }
+    if (tensor.storage_ == TensorStorage::kArena && tensor.arena_ != nullptr &&
+        tensor.arena_->link == link_) {
+      if (*bytes > 0) pins.push_back(tensor.arena_);
+      continue;
+    }
     at[i] = total;
     total += shm::AlignUp(*bytes);
+    copied += *bytes;
   }
-  absl::MutexLock lock(&tx_mu_);
-  absl::StatusOr<uint64_t> block = tx_.Allocate(total);
-  if (!block.ok()) return block.status();
-  uint8_t* out = base_ + *block;
+  absl::StatusOr<uint64_t> block;
+  {
+    absl::MutexLock lock(&link_->mu);
+    if (!link_->open) return absl::UnavailableError("the client's shared memory is detached");
+    block = link_->tx.Allocate(total);
+    if (!block.ok()) {
+      return absl::ResourceExhaustedError(ArenaFull(link_->tx, total, "a message"));
+    }
+  }
+  // The block is ours until pushed: fill it without the lock.
+  uint8_t* const base = link_->base();
+  uint8_t* out = base + *block;
   shm::WriteMessagePrefix(out, code, n0, n1, n2, n3);
-  if (!message.payload.empty()) {
-    std::memcpy(out + prefix, message.payload.data(), message.payload.size());
-  }
-  for (size_t i = 0; i < message.tensors.size(); ++i) {
-    const Tensor& tensor = message.tensors[i];
+  if (!payload.empty()) std::memcpy(out + prefix, payload.data(), payload.size());
+  uint64_t in_place = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& tensor = tensors[i];
     shm::TensorEntry entry{};
-    entry.dtype = static_cast<uint8_t>(tensor.dtype);
-    entry.ndim = static_cast<uint8_t>(tensor.shape.size());
-    for (size_t k = 0; k < tensor.shape.size(); ++k) entry.shape[k] = tensor.shape[k];
-    entry.length = tensor.data.size();
+    entry.dtype = static_cast<uint8_t>(tensor.dtype_);
+    entry.ndim = static_cast<uint8_t>(tensor.shape_.size());
+    for (size_t k = 0; k < tensor.shape_.size(); ++k) entry.shape[k] = tensor.shape_[k];
+    entry.length = tensor.size_;
     if (entry.length > 0) {
-      entry.offset = *block + at[i];
-      std::memcpy(out + at[i], tensor.data.data(), tensor.data.size());
+      if (at[i].has_value()) {
+        entry.offset = *block + *at[i];
+        std::memcpy(out + *at[i], tensor.data_, tensor.size_);
+      } else {
+        entry.offset = tensor.arena_->offset;
+        ++in_place;
+      }
     }
     std::memcpy(out + table + i * sizeof(entry), &entry, sizeof(entry));
   }
   shm::Descriptor d{};
   d.op = static_cast<uint8_t>(op);
   d.flags = flags;
-  d.tensor_count = static_cast<uint32_t>(message.tensors.size());
+  d.tensor_count = static_cast<uint32_t>(tensors.size());
   d.call_id = call_id;
   d.deadline_unix_ns = deadline_ns;
   d.payload_offset = *block;
-  d.payload_length = payload;
-  d.tensor_table_offset = message.tensors.empty() ? 0 : *block + table;
-  absl::StatusOr<bool> pushed = submissions_.TryPush(d);
-  if (pushed.ok() && !*pushed) {
-    absl::StatusOr<bool> space = submissions_.WaitForSpace(absl::Now() + kRingWait);
-    pushed = space.ok() ? submissions_.TryPush(d) : space.status();
+  d.payload_length = payload_bytes;
+  d.tensor_table_offset = tensors.empty() ? 0 : *block + table;
+  absl::MutexLock lock(&link_->mu);
+  // Pinned before the push: the release for this block can only come after it.
+  if (!pins.empty()) link_->pinned[*block] = std::move(pins);
+  absl::Status pushed = link_->open ? link_->Push(d)
+                                    : absl::UnavailableError("the client's shared memory is detached");
+  if (!pushed.ok()) {
+    (void)link_->tx.Free(*block);
+    auto it = link_->pinned.find(*block);
+    if (it != link_->pinned.end()) {
+      pins = std::move(it->second);  // freed after the lock, as declared before it
+      link_->pinned.erase(it);
+    }
+    return pushed;
   }
-  if (!pushed.ok() || !*pushed) {
-    (void)tx_.Free(*block);
-    return pushed.ok() ? absl::UnavailableError(absl::StrCat("the submission ring stayed full for ",
-                                                             absl::FormatDuration(kRingWait)))
-                       : absl::UnavailableError(pushed.status().message());
-  }
+  link_->bytes_copied_in += copied;
+  link_->tensors_copied_in += tensors.size() - in_place;
+  link_->tensors_in_place += in_place;
   return absl::OkStatus();
 }
 
-void CallEngine::SendRelease(uint64_t rx_offset) {
-  shm::Descriptor d{};
-  d.op = static_cast<uint8_t>(shm::Op::kRelease);
-  d.call_id = 1;
-  d.payload_offset = rx_offset;
-  absl::MutexLock lock(&tx_mu_);
-  absl::StatusOr<bool> pushed = submissions_.TryPush(d);
-  if (pushed.ok() && !*pushed && submissions_.WaitForSpace(absl::Now() + kRingWait).ok()) {
-    (void)submissions_.TryPush(d);
-  }
-}
-
-absl::StatusOr<Message> CallEngine::Call(const std::string& group, const std::string& from,
-                                         const std::string& worker, const std::string& method,
-                                         const Message& request, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  Waiter waiter;
-  uint64_t id;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) return broken_;
-    id = next_call_id_++;
-    waiting_[id] = &waiter;
-  }
-  absl::Status submitted = Submit(shm::Op::kCall, id, absl::ToUnixNanos(deadline), 0, 0, group,
-                                  worker, method, from, request);
-  absl::MutexLock lock(&mu_);
-  if (!submitted.ok()) {
-    waiting_.erase(id);
-    return submitted;
-  }
-  const absl::Time give_up = deadline + kDeadlineGrace;
-  while (!waiter.done && !stop_) {
-    if (cv_.WaitWithDeadline(&mu_, give_up) && absl::Now() >= give_up) break;
-  }
-  waiting_.erase(id);
-  if (waiter.done) return std::move(waiter.result);
-  return absl::DeadlineExceededError(absl::StrCat(
-      "call to worker '", worker, "' method '", method, "' got no answer within ",
-      absl::FormatDuration(timeout + kDeadlineGrace), " (not even the daemon's)"));
+void CallEngine::ReplyError(uint64_t call_id, const absl::Status& status) {
+  std::string message(status.message());
+  if (message.size() > shm::kMaxMessageName) message.resize(shm::kMaxMessageName);
+  const auto code = status.code() == absl::StatusCode::kOk ? absl::StatusCode::kUnknown
+                                                           : status.code();
+  // Nothing more to do when even this cannot go: the caller's deadline answers the call.
+  (void)Submit(shm::Op::kReply, call_id, 0, shm::kFlagError, static_cast<uint32_t>(code), "", "",
+               message, "", "", {});
 }
 
 void CallEngine::ReadLoop() {
@@ -253,109 +590,229 @@ void CallEngine::ReadLoop() {
     absl::StatusOr<size_t> n = ready.ok() ? completions_.TryPopBatch(batch) : ready.status();
     if (!n.ok()) {
       absl::MutexLock lock(&mu_);
-      broken_ = absl::UnavailableError(n.status().message());
+      broken_ = absl::UnavailableError(
+          absl::StrCat("the session's completion ring broke: ", n.status().message()));
       std::vector<uint64_t> ids;
-      for (const auto& [id, waiter] : waiting_) ids.push_back(id);
-      for (uint64_t id : ids) Finish(id, broken_);
+      for (const auto& [id, call] : waiting_) ids.push_back(id);
+      for (uint64_t id : ids) {
+        const Outgoing& call = waiting_.at(id);
+        Finish(id, absl::UnavailableError(absl::StrCat(
+                       CallName(call.from.first, call.worker, call.method), ": ",
+                       broken_.message())));
+      }
       return;
     }
     for (size_t i = 0; i < *n; ++i) OnCompletion(batch[i]);
     absl::MutexLock lock(&mu_);
-    ExpireAsync();
+    const absl::Time now = absl::Now();
+    if (now >= next_expire_) {
+      Expire();
+      next_expire_ = now + kPollInterval;
+    }
   }
 }
 
 void CallEngine::OnCompletion(const shm::Descriptor& d) {
-  const shm::Layout& layout = segment_->layout();
+  const shm::Layout& layout = link_->layout();
   if (!shm::ValidateDescriptor(d, layout, shm::Direction::kCompletion).ok()) return;
   if (d.op == static_cast<uint8_t>(shm::Op::kRelease)) {
-    absl::MutexLock lock(&tx_mu_);
-    (void)tx_.Free(d.payload_offset);
+    link_->OnReleased(d.payload_offset);
     return;
   }
   if (d.op != static_cast<uint8_t>(shm::Op::kCall) && d.op != static_cast<uint8_t>(shm::Op::kReply)) {
     return;
   }
+  uint8_t* const base = link_->base();
+  // Released when the last view of it goes: right after this function when no tensor
+  // holds it.
+  std::shared_ptr<RxBlock> block =
+      d.payload_offset != 0 ? std::make_shared<RxBlock>(link_, d.payload_offset) : nullptr;
   absl::StatusOr<shm::ParsedMessage> parsed =
-      shm::ParseMessage(base_, d.payload_offset, d.payload_length);
+      shm::ParseMessage(base, d.payload_offset, d.payload_length);
   absl::StatusOr<std::vector<shm::TensorEntry>> entries =
-      parsed.ok() ? shm::ReadTensorTable(d, base_, layout, shm::Direction::kCompletion)
+      parsed.ok() ? shm::ReadTensorTable(d, base, layout, shm::Direction::kCompletion)
                   : parsed.status();
   absl::StatusOr<Message> message = absl::UnknownError("unset");
+  const bool error = (d.flags & shm::kFlagError) != 0;
   if (!entries.ok()) {
     message = entries.status();
-  } else {
-    Message copy;
-    copy.payload.assign(reinterpret_cast<const char*>(base_ + parsed->body_offset),
-                        parsed->body_length);
+  } else if (!error) {
+    Message in;
+    in.payload.assign(reinterpret_cast<const char*>(base + parsed->body_offset),
+                      parsed->body_length);
+    link_->bytes_copied_out += parsed->body_length;
     for (const shm::TensorEntry& entry : *entries) {
       Tensor tensor;
-      tensor.dtype = static_cast<shm::DType>(entry.dtype);
-      tensor.shape.assign(entry.shape, entry.shape + entry.ndim);
+      tensor.dtype_ = static_cast<shm::DType>(entry.dtype);
+      tensor.shape_.assign(entry.shape, entry.shape + entry.ndim);
+      tensor.storage_ = TensorStorage::kReceived;
       if (entry.length > 0) {
-        tensor.data.assign(reinterpret_cast<const char*>(base_ + entry.offset), entry.length);
+        tensor.keep_ = block;
+        tensor.data_ = reinterpret_cast<char*>(base + entry.offset);
+        tensor.size_ = entry.length;
       }
-      copy.tensors.push_back(std::move(tensor));
+      in.tensors.push_back(std::move(tensor));
     }
-    message = std::move(copy);
+    message = std::move(in);
   }
-  if (d.payload_offset != 0) SendRelease(d.payload_offset);
-  absl::MutexLock lock(&mu_);
+  block.reset();
   if (d.op == static_cast<uint8_t>(shm::Op::kReply)) {
-    // A call given up on already is no longer waiting: Finish ignores it.
-    if (message.ok() && (d.flags & shm::kFlagError) != 0) {
+    if (entries.ok() && error) {
       const auto code = static_cast<absl::StatusCode>(parsed->code);
-      Finish(d.call_id,
-             absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
-                          parsed->names[2]));
-    } else {
-      Finish(d.call_id, std::move(message));
+      message = absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
+                             parsed->names[2]);
     }
+    absl::MutexLock lock(&mu_);
+    Finish(d.call_id, std::move(message));  // a call given up on already: ignored
     return;
   }
   if (!message.ok()) return;  // a malformed call: the caller's deadline answers it
   message->caller = parsed->names[3];
-  queue_.push_back({d.call_id, parsed->names[1], parsed->names[2], *std::move(message)});
-  cv_.SignalAll();
-}
-
-void CallEngine::HandlerLoop() {
-  pthread_setname_np(pthread_self(), "tpd-handler");
-  while (true) {
-    Incoming incoming;
-    Handler handler;
-    {
-      absl::MutexLock lock(&mu_);
-      while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
-      if (stop_) return;
-      incoming = std::move(queue_.front());
-      queue_.pop_front();
-      auto it = handlers_.find(incoming.method);
-      if (it != handlers_.end()) handler = it->second;
-    }
-    absl::StatusOr<Message> reply =
-        handler ? handler(incoming.request)
-                : absl::UnimplementedError(absl::StrCat("no handler for method '", incoming.method,
-                                                        "' (Client::Handle)"));
-    absl::Status sent;
-    if (reply.ok()) {
-      sent = Submit(shm::Op::kReply, incoming.call_id, 0, 0, 0, "", "", "", "", *reply);
-    } else {
-      // Marked as remote: the caller sees whose handler answered so.
-      sent = Submit(shm::Op::kReply, incoming.call_id, 0, shm::kFlagError,
-                    static_cast<uint32_t>(reply.status().code()), "", "",
-                    absl::StrCat("remote: worker '", incoming.worker, "' method '",
-                                 incoming.method, "': ", reply.status().message()),
-                    "", Message{});
-    }
-    if (!sent.ok()) {
-      // Too big for the heap, say: tell the caller that instead.
-      (void)Submit(shm::Op::kReply, incoming.call_id, 0, shm::kFlagError,
-                   static_cast<uint32_t>(sent.code()), "", "",
-                   absl::StrCat("the handler's reply could not be sent: ", sent.message()), "",
-                   Message{});
+  Incoming incoming;
+  incoming.call_id = d.call_id;
+  incoming.to = {parsed->names[0], parsed->names[1]};
+  incoming.method = parsed->names[2];
+  if (d.deadline_unix_ns != 0) incoming.deadline = absl::FromUnixNanos(d.deadline_unix_ns);
+  incoming.request = *std::move(message);
+  bool refused;
+  {
+    absl::MutexLock lock(&mu_);
+    refused = stop_ || leaving_.count(incoming.to) > 0;
+    if (!refused) {
+      serving_[incoming.call_id] = {incoming.to, incoming.deadline};
+      incoming_.push_back(std::move(incoming));
+      EnsureThreadsLocked(1);
+      work_cv_.Signal();
+      return;
     }
   }
+  ReplyError(d.call_id, absl::UnavailableError(absl::StrCat("worker '", incoming.to.second,
+                                                            "' is leaving group '",
+                                                            incoming.to.first, "'")));
+}
+
+void CallEngine::PoolLoop() {
+  pthread_setname_np(pthread_self(), "tpd-handler");
+  while (true) {
+    std::function<void()> callback;
+    std::optional<Incoming> incoming;
+    {
+      absl::MutexLock lock(&mu_);
+      while (callbacks_.empty() && (stop_ || incoming_.empty()) && !pool_exit_) {
+        work_cv_.Wait(&mu_);
+      }
+      if (!callbacks_.empty()) {
+        callback = std::move(callbacks_.front());
+        callbacks_.pop_front();
+      } else if (!stop_ && !incoming_.empty()) {
+        incoming = std::move(incoming_.front());
+        incoming_.pop_front();
+        ++handlers_running_;
+      } else {
+        return;  // pool_exit_, and no callback left
+      }
+    }
+    if (callback) {
+      callback();
+      continue;
+    }
+    Serve(*std::move(incoming));
+  }
+}
+
+void CallEngine::Serve(Incoming incoming) {
+  Handler handler;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = handlers_.find(incoming.method);
+    if (it != handlers_.end()) handler = it->second;
+  }
+  const std::string& worker = incoming.to.second;
+  absl::StatusOr<Message> reply =
+      handler ? handler(incoming.request)
+              : absl::UnimplementedError(absl::StrCat("worker '", worker,
+                                                      "' has no handler for method '",
+                                                      incoming.method, "' (Client::Handle)"));
+  incoming.request = Message{};  // its rx block goes now, unless the handler kept a view
+  absl::Status sent;
+  if (reply.ok()) {
+    sent = Submit(shm::Op::kReply, incoming.call_id, 0, 0, 0, "", "", "", "", reply->payload,
+                  reply->tensors);
+  } else if (!handler) {
+    ReplyError(incoming.call_id, reply.status());
+  } else {
+    ReplyError(incoming.call_id,
+               absl::Status(reply.status().code(),
+                            absl::StrCat(kRemotePrefix, worker, "' method '", incoming.method,
+                                         "' failed: ", reply.status().message())));
+  }
+  if (!sent.ok()) {
+    // Too big for the arena, say: tell the caller that instead.
+    ReplyError(incoming.call_id,
+               absl::Status(sent.code(), absl::StrCat("the reply of worker '", worker,
+                                                      "' method '", incoming.method,
+                                                      "' could not be sent: ", sent.message())));
+  }
+  reply = Message{};
+  absl::MutexLock lock(&mu_);
+  --handlers_running_;
+  serving_.erase(incoming.call_id);
+  idle_cv_.SignalAll();
+}
+
+void CallEngine::BeginLeave(const std::string& group, const std::string& worker) {
+  absl::MutexLock lock(&mu_);
+  leaving_.insert({group, worker});
+}
+
+void CallEngine::Rejoined(const std::string& group, const std::string& worker) {
+  absl::MutexLock lock(&mu_);
+  leaving_.erase({group, worker});
+}
+
+int CallEngine::DrainLeave(const std::string& group, const std::string& worker,
+                           absl::Duration no_deadline_wait) {
+  const WorkerKey key{group, worker};
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  absl::Time bound = now;
+  auto later = [&](absl::Time deadline) {
+    bound = std::max(bound, deadline == absl::InfiniteFuture() ? now + no_deadline_wait : deadline);
+  };
+  for (const auto& [id, call] : waiting_) {
+    if (call.from == key) later(call.give_up);
+  }
+  for (const auto& [id, serving] : serving_) {
+    if (serving.first == key) later(serving.second);
+  }
+  while (true) {
+    int left = 0;
+    for (const auto& [id, call] : waiting_) left += call.from == key;
+    for (const auto& [id, serving] : serving_) left += serving.first == key;
+    if (left == 0 || absl::Now() >= bound) return left;
+    idle_cv_.WaitWithDeadline(&mu_, bound);
+  }
+}
+
+CallStats CallEngine::Stats() {
+  CallStats stats;
+  {
+    absl::MutexLock lock(&link_->mu);
+    const shm::HeapAllocator::Stats tx = link_->tx.GetStats();
+    stats.arena_bytes = tx.heap_bytes;
+    stats.arena_used_bytes = tx.used_bytes;
+    stats.arena_live_blocks = tx.live_blocks;
+  }
+  stats.bytes_copied_in = link_->bytes_copied_in;
+  stats.tensors_copied_in = link_->tensors_copied_in;
+  stats.tensors_in_place = link_->tensors_in_place;
+  stats.bytes_copied_out = link_->bytes_copied_out;
+  stats.rx_blocks_held = link_->rx_blocks_held;
+  absl::MutexLock lock(&mu_);
+  stats.handler_threads = static_cast<int>(pool_.size());
+  stats.handlers_running = handlers_running_;
+  stats.workers_leaving = static_cast<int>(leaving_.size());
+  return stats;
 }
 
 }  // namespace tpd

@@ -1,13 +1,25 @@
 // Calls between workers through the daemon's shared memory (docs/data_plane.md, "Calls on one
-// node"): the client side. Used through Client::Handle and Client::Call.
+// node", "Client API"): the client side. Used through Client::Handle, Client::Call,
+// Client::CallAsync and Client::AllocateTensor.
 //
-// This first version copies: a request's payload and tensors are copied from the user's
-// strings into the tx heap (the library's allocator of it), and what arrives in the rx heap is
-// copied out into a Message before the rx block is released to the daemon. Zero-copy views
-// come later.
+// Copies. A tensor allocated in the library's shared arena (the tx heap, AllocateTensor) is
+// sent where it lies: the message's tensor table points at its block, no byte is copied. Any
+// other bytes (the payload, tensors in user memory or received ones passed on) are copied
+// once, into the message's block of the arena. What arrives is read in place: a received
+// tensor is a view into the rx heap that holds its block until the last copy of the view
+// goes, and only then is the block released to the daemon. The payload is copied into a
+// std::string (it is the small part of a message).
+//
+// Lifetimes. An arena block is freed when nobody holds it: the user's Tensors and every sent
+// message whose tensor table points at it (the daemon releases a message's block once it no
+// longer reads any of that message, tensors included; until then the message pins the arena
+// blocks it references). Tensors, views and futures may outlive the engine: the segment
+// stays mapped while anything holds a part of it.
 //
 // Thread safety: thread-safe. One reader thread ("tpd-calls") takes completions off the ring
-// and never runs user code; handlers run on a small pool of their own.
+// and never runs user code: it copies payloads out, answers futures and sends releases.
+// Handlers and future callbacks run on the handler pool ("tpd-handler" threads); see
+// CallEngine.
 
 #ifndef TPD_CLIENT_CALLS_H_
 #define TPD_CLIENT_CALLS_H_
@@ -15,108 +27,278 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <future>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "proto/shm/descriptor.h"
-#include "proto/shm/heap.h"
 #include "proto/shm/ring.h"
 #include "proto/shm/segment.h"
 
 namespace tpd {
 
-// A CPU tensor: dtype, shape and its bytes (product(shape) * item size of them).
-struct Tensor {
-  shm::DType dtype = shm::DType::kUInt8;
-  std::vector<int64_t> shape;
-  std::string data;
+namespace calls_internal {
+class Link;         // the engine's half of a segment: tx heap allocator, submission ring
+struct ArenaBlock;  // a block of the tx heap (an arena tensor's bytes)
+struct RxBlock;     // a block of the rx heap; released to the daemon when it goes
+struct CallState;   // one call's result, shared by the engine and its CallFutures
+}  // namespace calls_internal
+
+// Where a tensor lives. Only "cpu" today; CUDA tensors will set type and index (the wire's
+// TensorEntry has device_type, device_index and device_handle for them).
+struct Device {
+  shm::DeviceType type = shm::DeviceType::kCpu;
+  int index = 0;
+  std::string ToString() const;  // "cpu", "cuda:0"
+  bool operator==(const Device& other) const {
+    return type == other.type && index == other.index;
+  }
+};
+
+// Where a Tensor's bytes are.
+enum class TensorStorage {
+  kOwned,     // a std::string the Tensor owns (shared by its copies); copied once when sent
+  kBorrowed,  // the caller's memory, not owned; copied once when sent
+  kArena,     // a block of the shared arena (AllocateTensor); sent with no copy
+  kReceived,  // a view into the rx heap (a request or reply that arrived); read-only
+};
+
+// A dense tensor: dtype, shape and product(shape) * item size bytes. Copies share the bytes
+// (as torch tensors share storage); Clone() makes an owned copy.
+//
+// Thread safety: a const Tensor may be read from any thread; its bytes are the user's to
+// synchronize.
+class Tensor {
+ public:
+  // An empty uint8 tensor of shape {0}.
+  Tensor() = default;
+  // Owns `bytes`.
+  Tensor(shm::DType dtype, std::vector<int64_t> shape, std::string bytes);
+  // Refers to `size` bytes at `data`, which must stay valid and unchanged until the
+  // Call/CallAsync (or the handler's return) that sends it has returned: they are copied
+  // once into the arena before it does.
+  static Tensor Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* data,
+                       size_t size);
+
+  shm::DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  const Device& device() const { return device_; }
+  TensorStorage storage() const { return storage_; }
+
+  // The bytes, valid while this Tensor (or a copy) lives.
+  std::string_view data() const { return std::string_view(data_, size_); }
+  size_t size() const { return size_; }
+  // Writable bytes of an owned or arena tensor; nullptr for borrowed and received ones.
+  // Writing into an arena tensor while a call that carries it is in flight changes what the
+  // daemon may read.
+  char* mutable_data() {
+    return storage_ == TensorStorage::kOwned || storage_ == TensorStorage::kArena ? data_
+                                                                                   : nullptr;
+  }
+
+  // An owned copy of the bytes (releases nothing: this Tensor keeps what it holds).
+  Tensor Clone() const;
+
+ private:
+  friend class CallEngine;
+
+  shm::DType dtype_ = shm::DType::kUInt8;
+  std::vector<int64_t> shape_ = {0};
+  Device device_;
+  TensorStorage storage_ = TensorStorage::kOwned;
+  // What keeps the bytes alive: the owned string, the rx block, or the arena block.
+  std::shared_ptr<void> keep_;
+  std::shared_ptr<calls_internal::ArenaBlock> arena_;  // kArena only
+  char* data_ = nullptr;
+  size_t size_ = 0;
 };
 
 // A request or a reply.
 struct Message {
   std::string payload;
   std::vector<Tensor> tensors;
-  // A request given to a handler: the calling worker's name (set by the library).
+  // A request given to a handler: the calling worker's name (checked by the daemon).
   std::string caller;
 };
 
-// Answers one request; an error status goes back to the caller with its code and message.
+// Answers one request; an error status goes back to the caller with its code and message,
+// marked as the remote handler's.
 using Handler = std::function<absl::StatusOr<Message>(const Message& request)>;
+// Runs once with a call's result (CallFuture::Then).
+using CallCallback = std::function<void(const absl::StatusOr<Message>& result)>;
 
+// The result of CallAsync. Copies share one result.
+//
+// Thread safety: thread-safe.
+class CallFuture {
+ public:
+  // A future with no call (valid() false); Wait on it is a programming error.
+  CallFuture() = default;
+  // A future that is ready with `result` (a call refused before it was sent).
+  static CallFuture Ready(absl::StatusOr<Message> result);
+
+  bool valid() const { return state_ != nullptr; }
+  bool ready() const;
+  // Blocks until the call's result is there and returns it; it lives as long as the future.
+  // Every call ends (by its reply, its deadline, or the engine going away), so a call with
+  // a timeout never makes this wait longer than its timeout plus 2 s.
+  const absl::StatusOr<Message>& Wait() const;
+  // Waits at most `timeout`: true when the result is there.
+  bool WaitFor(absl::Duration timeout) const;
+  // Runs `callback` once with the result: on a handler pool thread of the client when the
+  // result arrives later, or on this thread, before Then returns, when it is there already.
+  // Never on the ring's reader thread, so a callback may block (it then holds one handler
+  // thread, as a handler would). Callbacks of one future run in the order given.
+  void Then(CallCallback callback);
+
+ private:
+  friend class CallEngine;
+  explicit CallFuture(std::shared_ptr<calls_internal::CallState> state)
+      : state_(std::move(state)) {}
+  std::shared_ptr<calls_internal::CallState> state_;
+};
+
+// Counters of one engine, for tests and benchmarks.
+struct CallStats {
+  uint64_t arena_bytes = 0;        // the tx heap's size
+  uint64_t arena_used_bytes = 0;   // in live blocks: arena tensors and unreleased messages
+  uint64_t arena_live_blocks = 0;
+  uint64_t bytes_copied_in = 0;    // user bytes copied into the arena (payloads, tensors)
+  uint64_t tensors_copied_in = 0;  // tensors copied into a message block
+  uint64_t tensors_in_place = 0;   // arena tensors sent where they lie
+  uint64_t bytes_copied_out = 0;   // bytes copied out of the rx heap (payloads)
+  uint64_t rx_blocks_held = 0;     // received blocks not yet released (views alive)
+  int handler_threads = 0;
+  int handlers_running = 0;
+  int workers_leaving = 0;         // BeginLeave'd and not rejoined
+};
+
+// The client's call machinery on one attached segment.
+//
+// Threads: the reader ("tpd-calls") and a pool of handler threads ("tpd-handler") that run
+// handlers for incoming calls and CallFuture callbacks, one FIFO each (callbacks first). The
+// pool starts with `handler_threads` and only grows (EnsureHandlerThreads); Client sizes it
+// by the largest num_worker_threads of the groups it joined.
 class CallEngine {
  public:
   CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads);
+  // Answers calls still waiting CANCELLED (naming each), drops incoming calls not yet
+  // started (the daemon answers their callers when the session ends), waits for running
+  // handlers and runs every callback still due. REQUIRES: not called on a handler thread.
   ~CallEngine();
   CallEngine(const CallEngine&) = delete;
   CallEngine& operator=(const CallEngine&) = delete;
 
   void Handle(const std::string& method, Handler handler);
-  // `from`: the worker of `group` this client calls as (the daemon checks this session holds it).
+  // Grows the handler pool to at least `threads` (never shrinks).
+  void EnsureHandlerThreads(int threads);
+
+  // A tensor whose bytes are a fresh block of the tx heap (contents unspecified).
+  // INVALID_ARGUMENT for a bad dtype or shape; RESOURCE_EXHAUSTED naming the arena's size,
+  // the request and the largest free block when it does not fit.
+  absl::StatusOr<Tensor> AllocateTensor(shm::DType dtype, std::vector<int64_t> shape);
+
+  // Calls `method` of `worker` in `group` as worker `from` (the daemon checks this session
+  // holds it). `timeout` zero or infinite: no deadline. The future's result is the reply, or:
+  // the daemon's or callee's error, DEADLINE_EXCEEDED naming worker, method, deadline and
+  // timeout, FAILED_PRECONDITION while `from` is leaving, RESOURCE_EXHAUSTED when the arena
+  // cannot hold the message, UNAVAILABLE when the session's ring broke, CANCELLED when the
+  // engine goes away first. Payload and non-arena tensors are copied before this returns.
+  CallFuture CallAsync(const std::string& group, const std::string& from,
+                       const std::string& worker, const std::string& method,
+                       std::string_view payload, absl::Span<const Tensor> tensors,
+                       absl::Duration timeout);
+  // CallAsync and Wait.
   absl::StatusOr<Message> Call(const std::string& group, const std::string& from,
                                const std::string& worker, const std::string& method,
-                               const Message& request, absl::Duration timeout);
-  // Call without blocking: the future is ready with what Call would return.
-  std::future<absl::StatusOr<Message>> CallAsync(const std::string& group,
-                                                 const std::string& from,
-                                                 const std::string& worker,
-                                                 const std::string& method,
-                                                 const Message& request, absl::Duration timeout);
+                               std::string_view payload, absl::Span<const Tensor> tensors,
+                               absl::Duration timeout);
+
+  // Graceful leave of worker `worker` of `group`, before the Leave RPC. BeginLeave: new
+  // calls to it are answered UNAVAILABLE ("worker 'w' is leaving group 'g'"), new calls
+  // from it FAILED_PRECONDITION. DrainLeave: waits until its calls in flight (made by it,
+  // and handlers running or queued for calls to it) are done, at most until the latest of
+  // their deadlines; one with no deadline counts as `no_deadline_wait` from now. Returns how
+  // many were still in flight when it gave up (0: drained). Rejoined ends the refusals.
+  void BeginLeave(const std::string& group, const std::string& worker);
+  int DrainLeave(const std::string& group, const std::string& worker,
+                 absl::Duration no_deadline_wait);
+  void Rejoined(const std::string& group, const std::string& worker);
+
+  CallStats Stats();
 
  private:
-  struct Waiter {
-    bool done = false;
-    absl::StatusOr<Message> result;
-    // CallAsync: the map owns the waiter, the reader answers it by `give_up` at the latest.
-    std::unique_ptr<std::promise<absl::StatusOr<Message>>> promise;
+  using WorkerKey = std::pair<std::string, std::string>;  // (group, worker)
+  struct Outgoing {
+    std::shared_ptr<calls_internal::CallState> state;
+    WorkerKey from;
+    std::string worker;
+    std::string method;
+    absl::Duration timeout;
+    absl::Time deadline = absl::InfiniteFuture();
     absl::Time give_up = absl::InfiniteFuture();
-    std::string what;  // "call to worker 'w' method 'm'"
   };
-  // Answers the waiter of `id` (and frees it when async).
-  void Finish(uint64_t id, absl::StatusOr<Message> result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives up on async calls past their give_up time.
-  void ExpireAsync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Incoming {
     uint64_t call_id = 0;
-    std::string worker;  // this client's, the one called
+    WorkerKey to;  // this client's worker, the one called
     std::string method;
+    absl::Time deadline = absl::InfiniteFuture();
     Message request;
   };
 
-  // Copies a message into a tx block and pushes its descriptor.
+  // Answers the call `id` (no-op when it was answered already).
+  void Finish(uint64_t id, absl::StatusOr<Message> result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets the state's result and queues its callbacks on the pool.
+  void Complete(const std::shared_ptr<calls_internal::CallState>& state,
+                absl::StatusOr<Message> result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives up on calls past their give_up time (the daemon never answered).
+  void Expire() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EnsureThreadsLocked(int threads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Writes a message (names, payload, table, copied tensors) into a tx block, pins the arena
+  // tensors it points at, and pushes its descriptor.
   absl::Status Submit(shm::Op op, uint64_t call_id, int64_t deadline_ns, uint16_t flags,
                       uint32_t code, const std::string& n0, const std::string& n1,
-                      const std::string& n2, const std::string& n3, const Message& message);
-  void SendRelease(uint64_t rx_offset);
+                      const std::string& n2, const std::string& n3, std::string_view payload,
+                      absl::Span<const Tensor> tensors);
+  // Sends an error reply for the incoming call `call_id`.
+  void ReplyError(uint64_t call_id, const absl::Status& status);
   void ReadLoop();
-  void HandlerLoop();
+  void PoolLoop();
   void OnCompletion(const shm::Descriptor& d);
+  void Serve(Incoming incoming);
 
-  const std::shared_ptr<const shm::Segment> segment_;
-  uint8_t* const base_;
-
-  absl::Mutex tx_mu_;
-  shm::HeapAllocator tx_ ABSL_GUARDED_BY(tx_mu_);
-  shm::RingProducer submissions_ ABSL_GUARDED_BY(tx_mu_);
+  const std::shared_ptr<calls_internal::Link> link_;
   shm::RingConsumer completions_;  // the reader thread only
 
   absl::Mutex mu_;
-  absl::CondVar cv_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar work_cv_;  // the pool: work queued, or exit
+  absl::CondVar idle_cv_;  // DrainLeave: a call of some worker ended
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;       // no new calls; the reader exits
+  bool pool_exit_ ABSL_GUARDED_BY(mu_) = false;  // pool threads exit once callbacks ran
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<uint64_t, Waiter*> waiting_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Outgoing> waiting_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_expire_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<std::string, Handler> handlers_ ABSL_GUARDED_BY(mu_);
-  std::deque<Incoming> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Incoming> incoming_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
+  // Incoming calls queued or running, by the id the daemon gave them: (worker, deadline).
+  std::map<uint64_t, std::pair<WorkerKey, absl::Time>> serving_ ABSL_GUARDED_BY(mu_);
+  std::set<WorkerKey> leaving_ ABSL_GUARDED_BY(mu_);
+  int handlers_running_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread reader_;
-  std::vector<std::thread> pool_;
+  std::vector<std::thread> pool_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tpd

@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +28,12 @@ absl::Status FromGrpc(const grpc::Status& status) {
 
 // Extra time a waiting call's RPC deadline gets over the wait itself.
 constexpr absl::Duration kWaitSlack = absl::Seconds(2);
+// Handler threads when a group's view names none (PyTorch's num_worker_threads default),
+// and the most one group can ask for.
+constexpr int kDefaultHandlerThreads = 16;
+constexpr int64_t kMaxHandlerThreads = 1024;
+// How long Leave waits for a call in flight that has no deadline, in a group with none.
+constexpr absl::Duration kLeaveWaitWithoutTimeout = absl::Seconds(60);
 
 }  // namespace
 
@@ -235,17 +242,17 @@ void Client::DetachSharedMemory() {
 absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
   absl::StatusOr<std::shared_ptr<const shm::Segment>> segment = AttachSharedMemory();
   if (!segment.ok()) return segment.status();
-  std::shared_ptr<CallEngine> old;
+  std::shared_ptr<CallEngine> old;  // stopped outside the lock: its handlers may call
   absl::MutexLock lock(&data_mu_);
   if (calls_ != nullptr && calls_segment_ == *segment) return calls_;
   old = std::move(calls_);
-  calls_ = std::make_shared<CallEngine>(*segment, /*handler_threads=*/2);
+  calls_ = std::make_shared<CallEngine>(*segment, handler_threads_);
   calls_segment_ = *segment;
   for (const auto& [method, handler] : handlers_) calls_->Handle(method, handler);
   return calls_;
 }
 
-absl::StatusOr<std::string> Client::CallerIn(const std::string& group) {
+absl::StatusOr<Client::Joined> Client::CallerIn(const std::string& group) {
   absl::MutexLock lock(&joined_mu_);
   auto it = joined_.find(group);
   if (it == joined_.end()) {
@@ -266,35 +273,66 @@ absl::Status Client::Handle(const std::string& method, Handler handler) {
   return absl::OkStatus();
 }
 
-std::future<absl::StatusOr<Message>> Client::CallAsync(const std::string& group,
-                                                       const std::string& worker,
-                                                       const std::string& method,
-                                                       const std::string& payload,
-                                                       const std::vector<Tensor>& tensors,
-                                                       absl::Duration timeout) {
-  absl::StatusOr<std::string> from = CallerIn(group);
-  absl::StatusOr<std::shared_ptr<CallEngine>> calls =
-      from.ok() ? Engine() : absl::StatusOr<std::shared_ptr<CallEngine>>(from.status());
-  if (!calls.ok()) {
-    std::promise<absl::StatusOr<Message>> failed;
-    failed.set_value(calls.status());
-    return failed.get_future();
+namespace {
+
+// The timeout a call runs with: absent, the group's.
+absl::StatusOr<absl::Duration> CallTimeout(std::optional<absl::Duration> timeout,
+                                           absl::Duration group_timeout,
+                                           const std::string& worker) {
+  if (!timeout.has_value()) return group_timeout;
+  if (*timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "call to worker '", worker, "': timeout ", absl::FormatDuration(*timeout),
+        " is negative (pass kNoTimeout for none, or nothing for the group's rpc_timeout)"));
   }
-  Message request{payload, tensors, ""};
-  return (*calls)->CallAsync(group, *from, worker, method, request,
-                             timeout == absl::ZeroDuration() ? options_.call_timeout : timeout);
+  return *timeout;
+}
+
+}  // namespace
+
+CallFuture Client::CallAsync(const std::string& group, const std::string& worker,
+                             const std::string& method, std::string_view payload,
+                             const std::vector<Tensor>& tensors,
+                             std::optional<absl::Duration> timeout) {
+  absl::StatusOr<Joined> from = CallerIn(group);
+  if (!from.ok()) return CallFuture::Ready(from.status());
+  absl::StatusOr<absl::Duration> wait = CallTimeout(timeout, from->rpc_timeout, worker);
+  if (!wait.ok()) return CallFuture::Ready(wait.status());
+  absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
+  if (!calls.ok()) return CallFuture::Ready(calls.status());
+  return (*calls)->CallAsync(group, from->name, worker, method, payload, tensors, *wait);
 }
 
 absl::StatusOr<Message> Client::Call(const std::string& group, const std::string& worker,
-                                     const std::string& method, const std::string& payload,
-                                     const std::vector<Tensor>& tensors, absl::Duration timeout) {
-  absl::StatusOr<std::string> from = CallerIn(group);
+                                     const std::string& method, std::string_view payload,
+                                     const std::vector<Tensor>& tensors,
+                                     std::optional<absl::Duration> timeout) {
+  absl::StatusOr<Joined> from = CallerIn(group);
   if (!from.ok()) return from.status();
+  absl::StatusOr<absl::Duration> wait = CallTimeout(timeout, from->rpc_timeout, worker);
+  if (!wait.ok()) return wait.status();
   absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
   if (!calls.ok()) return calls.status();
-  Message request{payload, tensors, ""};
-  return (*calls)->Call(group, *from, worker, method, request,
-                        timeout == absl::ZeroDuration() ? options_.call_timeout : timeout);
+  return (*calls)->Call(group, from->name, worker, method, payload, tensors, *wait);
+}
+
+absl::StatusOr<Tensor> Client::AllocateTensor(shm::DType dtype, std::vector<int64_t> shape) {
+  absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
+  if (!calls.ok()) return calls.status();
+  return (*calls)->AllocateTensor(dtype, std::move(shape));
+}
+
+absl::StatusOr<CallStats> Client::GetCallStats() {
+  std::shared_ptr<CallEngine> calls;
+  {
+    absl::MutexLock lock(&data_mu_);
+    calls = calls_;
+  }
+  if (calls == nullptr) {
+    return absl::FailedPreconditionError(
+        "no call engine: Handle, Call or AllocateTensor starts it");
+  }
+  return calls->Stats();
 }
 
 absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
@@ -320,22 +358,67 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
   absl::Status status =
       FromGrpc(control_->Join(Context(options.timeout, true).get(), request, &response));
   if (!status.ok()) return status;
+  // PyTorch's defaults where the view has none (a daemon that did not negotiate).
+  const int threads = response.group().num_worker_threads() > 0
+                          ? static_cast<int>(std::min<int64_t>(response.group().num_worker_threads(),
+                                                               kMaxHandlerThreads))
+                          : kDefaultHandlerThreads;
   {
     absl::MutexLock lock(&joined_mu_);
-    joined_[options.group] = options.name;
+    joined_[options.group] = {options.name,
+                              absl::Milliseconds(response.group().rpc_timeout_ms())};
+  }
+  std::shared_ptr<CallEngine> calls;
+  {
+    absl::MutexLock lock(&data_mu_);
+    handler_threads_ = std::max(handler_threads_, threads);
+    calls = calls_;
+  }
+  if (calls != nullptr) {
+    calls->EnsureHandlerThreads(threads);
+    calls->Rejoined(options.group, options.name);
   }
   return response;
 }
 
-absl::Status Client::Leave(absl::string_view group, absl::string_view name) {
+absl::Status Client::Leave(absl::string_view group_name, absl::string_view worker_name) {
+  const std::string group(group_name);
+  const std::string name(worker_name);
   absl::StatusOr<std::string> session = Session();
   if (!session.ok()) return session.status();
+  absl::Duration no_deadline_wait = kLeaveWaitWithoutTimeout;
+  {
+    absl::MutexLock lock(&joined_mu_);
+    auto it = joined_.find(group);
+    if (it != joined_.end() && it->second.name == name &&
+        it->second.rpc_timeout > absl::ZeroDuration()) {
+      no_deadline_wait = it->second.rpc_timeout;
+    }
+  }
+  std::shared_ptr<CallEngine> calls;
+  {
+    absl::MutexLock lock(&data_mu_);
+    calls = calls_;
+  }
+  if (calls != nullptr) {
+    calls->BeginLeave(group, name);
+    // Calls still running past the bound finish normally; the member leaves anyway.
+    (void)calls->DrainLeave(group, name, no_deadline_wait);
+  }
   v1::LeaveRequest request;
   request.set_session_id(*session);
-  request.set_group(std::string(group));
-  request.set_name(std::string(name));
+  request.set_group(group);
+  request.set_name(name);
   v1::LeaveResponse response;
-  return FromGrpc(control_->Leave(Context().get(), request, &response));
+  absl::Status status = FromGrpc(control_->Leave(Context().get(), request, &response));
+  if (!status.ok()) {
+    if (calls != nullptr) calls->Rejoined(group, name);
+    return status;
+  }
+  absl::MutexLock lock(&joined_mu_);
+  auto it = joined_.find(group);
+  if (it != joined_.end() && it->second.name == name) joined_.erase(it);
+  return status;
 }
 
 absl::Status Client::Barrier(absl::string_view group, absl::string_view name,

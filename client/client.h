@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -33,6 +34,9 @@
 #include "proto/store.grpc.pb.h"
 
 namespace tpd {
+
+// A call's timeout that means "no deadline" (PyTorch's timeout 0).
+inline constexpr absl::Duration kNoTimeout = absl::ZeroDuration();
 
 // What a process brings to Join (torch.distributed.rpc's init_rpc arguments).
 struct JoinOptions {
@@ -64,7 +68,8 @@ class GroupWatch {
 struct ClientOptions {
   // How long Connect waits for the daemon to accept the connection.
   absl::Duration connect_timeout = absl::Seconds(5);
-  // Deadline of calls that do not wait for keys.
+  // Deadline of gRPC calls to the daemon that do not wait for keys (not of calls between
+  // workers: those default to their group's rpc_timeout).
   absl::Duration call_timeout = absl::Seconds(30);
   // Store namespace of every store call (the daemon keeps namespaces apart).
   std::string name_space;
@@ -101,7 +106,19 @@ class Client {
 
   // Groups. The first Join opens this client's session with the daemon, a stream that stays
   // open while the Client lives: when the process exits, its members leave at once.
+  //
+  // Join records the group's negotiated num_worker_threads (handler pool) and rpc_timeout
+  // (default call timeout) from its response.
   absl::StatusOr<v1::JoinResponse> Join(const JoinOptions& options);
+  // Graceful: when this client's call engine runs, Leave first refuses new calls to the
+  // worker (UNAVAILABLE "worker 'w' is leaving group 'g'") and from it (FAILED_PRECONDITION),
+  // and waits for its calls in flight in both directions (calls it made, handlers running
+  // or queued for calls to it). The wait is bounded by the calls' own deadlines: at most
+  // until the latest of them (plus 2 s for a call it made, the daemon's answer); a call
+  // without a deadline counts as the group's rpc_timeout from now, or 60 s when the group
+  // has none. Then it sends Leave; calls still running past the bound finish normally.
+  // Afterwards this client no longer calls into `group` (FAILED_PRECONDITION until it joins
+  // again); a failed Leave lifts the refusals.
   absl::Status Leave(absl::string_view group, absl::string_view name);
   absl::Status Barrier(absl::string_view group, absl::string_view name,
                        absl::Duration timeout = absl::ZeroDuration());
@@ -123,29 +140,58 @@ class Client {
   void DetachSharedMemory();
 
   // Calls between workers of this daemon through shared memory (docs/data_plane.md, "Calls on
-  // one node"). Both attach to shared memory first (AttachSharedMemory). Handle registers
-  // `handler` for `method` (replacing an earlier one); handlers run on a pool of two threads
-  // of this client, never on the thread that reads the ring. Call blocks until the reply, or
-  // the daemon's DEADLINE_EXCEEDED naming worker, method and deadline after `timeout`
-  // (zero: options.call_timeout); NOT_FOUND names a worker with no member on this daemon
-  // (calls to other daemons are not available in this build); UNAVAILABLE names a worker
-  // whose session ended during the call; FAILED_PRECONDITION when this client has not joined
-  // `group` (it calls as the worker it joined as last; handlers see it in Message::caller); a
-  // handler's error arrives with its code, marked "remote: worker ... method ...". CallAsync
-  // returns a future of the same. Payload and tensors are copied into and out of the
-  // shared heaps (this first version copies; the user's data is never referenced).
+  // one node"). Each attaches to shared memory first (AttachSharedMemory) and starts the
+  // call engine (client/calls.h).
+  //
+  // Handle registers `handler` for `method` (replacing an earlier one). Handlers run on a
+  // pool of this client's threads ("tpd-handler"), never on the thread that reads the ring;
+  // the pool has as many threads as the largest num_worker_threads (GroupView, negotiated)
+  // of the groups this client joined, and grows when it joins a group with more; it never
+  // shrinks. An engine started before any Join has no handler thread until the first Join
+  // (no call can reach a client that holds no member).
   absl::Status Handle(const std::string& method, Handler handler);
-  // Call without blocking; the future holds what Call would return.
-  std::future<absl::StatusOr<Message>> CallAsync(const std::string& group,
-                                                 const std::string& worker,
-                                                 const std::string& method,
-                                                 const std::string& payload,
-                                                 const std::vector<Tensor>& tensors = {},
-                                                 absl::Duration timeout = absl::ZeroDuration());
+
+  // Calls `method` of `worker` in `group` as the worker this client joined `group` as
+  // (latest Join; handlers see it in Message::caller). `timeout`: absent, the group's
+  // negotiated rpc_timeout (GroupView::rpc_timeout_ms of this client's Join; 0 there: none);
+  // kNoTimeout (zero) or absl::InfiniteDuration(): no deadline, as PyTorch's timeout 0;
+  // negative: INVALID_ARGUMENT.
+  //
+  // Copies: the payload, and each tensor not allocated by AllocateTensor, are copied once
+  // into the shared arena before CallAsync returns (a borrowed tensor's memory may be reused
+  // then); arena tensors are sent where they lie. A reply's tensors are views into the rx
+  // heap (TensorStorage::kReceived), read in place; the block goes back to the daemon when
+  // the last copy of them goes.
+  //
+  // Errors, each naming the worker: FAILED_PRECONDITION when this client has not joined
+  // `group` or its worker there is leaving; PERMISSION_DENIED from the daemon when the
+  // session does not hold the caller; NOT_FOUND for a worker with no member on this daemon;
+  // UNAVAILABLE for a worker whose session ended during the call, or that is leaving;
+  // DEADLINE_EXCEEDED naming worker, method, the deadline and the timeout;
+  // RESOURCE_EXHAUSTED when the arena (naming its size and the request) or the callee's rx
+  // heap is full; UNIMPLEMENTED for a method the callee does not handle; a handler's error
+  // with its own code, its message prefixed "remote handler of worker 'w' method 'm'
+  // failed: "; CANCELLED when this client detaches during the call.
+  CallFuture CallAsync(const std::string& group, const std::string& worker,
+                       const std::string& method, std::string_view payload,
+                       const std::vector<Tensor>& tensors = {},
+                       std::optional<absl::Duration> timeout = std::nullopt);
+  // CallAsync and Wait.
   absl::StatusOr<Message> Call(const std::string& group, const std::string& worker,
-                               const std::string& method, const std::string& payload,
+                               const std::string& method, std::string_view payload,
                                const std::vector<Tensor>& tensors = {},
-                               absl::Duration timeout = absl::ZeroDuration());
+                               std::optional<absl::Duration> timeout = std::nullopt);
+
+  // A tensor in the shared arena (the tx heap), to fill through mutable_data() and pass to
+  // Call/CallAsync or return from a handler with no copy. The block stays allocated while
+  // the Tensor (or a copy) lives and while a message sent with it is not yet released by
+  // the daemon. RESOURCE_EXHAUSTED naming the arena's size and the request when it does not
+  // fit (the arena is [data] arena_bytes of the daemon, 64 MiB by default).
+  absl::StatusOr<Tensor> AllocateTensor(shm::DType dtype, std::vector<int64_t> shape);
+
+  // The call engine's counters; FAILED_PRECONDITION before the first Handle, Call or
+  // AllocateTensor started it.
+  absl::StatusOr<CallStats> GetCallStats();
 
   // Admin.Status of the daemon.
   absl::StatusOr<v1::StatusResponse> Status();
@@ -162,8 +208,13 @@ class Client {
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration wait = absl::ZeroDuration(),
                                                bool waits = false) const;
 
-  // The worker this client calls as in `group` (its latest Join there), or FAILED_PRECONDITION.
-  absl::StatusOr<std::string> CallerIn(const std::string& group);
+  // What this client's latest Join of a group gave it.
+  struct Joined {
+    std::string name;             // the worker it calls as
+    absl::Duration rpc_timeout;   // the group's negotiated one; zero: none
+  };
+  // The worker this client calls as in `group`, or FAILED_PRECONDITION.
+  absl::StatusOr<Joined> CallerIn(const std::string& group);
   // The call engine of the attached segment, attaching and starting it when needed.
   absl::StatusOr<std::shared_ptr<CallEngine>> Engine();
 
@@ -191,8 +242,10 @@ class Client {
   std::shared_ptr<CallEngine> calls_ ABSL_GUARDED_BY(data_mu_);
   std::shared_ptr<const shm::Segment> calls_segment_ ABSL_GUARDED_BY(data_mu_);
   std::map<std::string, Handler> handlers_ ABSL_GUARDED_BY(data_mu_);
-  absl::Mutex joined_mu_;
-  std::map<std::string, std::string> joined_ ABSL_GUARDED_BY(joined_mu_);  // group -> worker
+  // The largest num_worker_threads of the groups joined: the handler pool's size.
+  int handler_threads_ ABSL_GUARDED_BY(data_mu_) = 0;
+  absl::Mutex joined_mu_;  // never held with data_mu_
+  std::map<std::string, Joined> joined_ ABSL_GUARDED_BY(joined_mu_);  // by group
 };
 
 }  // namespace tpd
