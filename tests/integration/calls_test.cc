@@ -3,7 +3,13 @@
 // there and back, 100 concurrent calls matched to their replies, NOT_FOUND for an unknown
 // worker, DEADLINE_EXCEEDED, UNAVAILABLE when the callee's process is killed mid-call, and
 // garbage descriptors answered INVALID_ARGUMENT or ending only their own session (FAULTS C3).
+// The client API: arena tensors sent in place and pinned until their message is released
+// (against a fake daemon, so the order of events is fixed), received tensors read in place,
+// the handler pool sized by num_worker_threads, the default timeout from the group's
+// rpc_timeout, futures (WaitFor, Then off the reader thread), remote errors, a full arena,
+// and a graceful Leave that drains calls both ways.
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,14 +23,19 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/shm/descriptor.h"
+#include "proto/shm/layout.h"
 #include "proto/shm/message.h"
 #include "proto/shm/ring.h"
+#include "proto/shm/segment.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/wait_until.h"
 
 namespace tpd {
 namespace {
@@ -32,11 +43,18 @@ namespace {
 using ::testing::HasSubstr;
 using testing::DaemonProcess;
 using testing::TempDir;
+using testing::WaitUntil;
 
-uint64_t Checksum(const std::string& bytes) {
+uint64_t Checksum(std::string_view bytes) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
   return h;
+}
+
+std::string ThreadName() {
+  char name[32] = {};
+  pthread_getname_np(pthread_self(), name, sizeof(name));
+  return name;
 }
 
 std::string Pattern(size_t n, uint32_t seed) {
@@ -79,6 +97,7 @@ class CallsTest : public ::testing::Test {
     options.name = name;
     options.init_method = InitMethod(client);
     options.timeout = absl::Seconds(30);
+    options.options = backend_;
     return client->Join(options).status();
   }
 
@@ -93,7 +112,7 @@ class CallsTest : public ::testing::Test {
     ASSERT_TRUE(b_->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
                      Message reply = request;
                      std::string sums;
-                     for (const Tensor& t : request.tensors) absl::StrAppend(&sums, Checksum(t.data), ",");
+                     for (const Tensor& t : request.tensors) absl::StrAppend(&sums, Checksum(t.data()), ",");
                      reply.payload = absl::StrCat(request.payload, "|", sums);
                      return reply;
                    }).ok());
@@ -104,9 +123,14 @@ class CallsTest : public ::testing::Test {
                      absl::SleepFor(absl::Seconds(2));
                      return request;
                    }).ok());
+    ASSERT_TRUE(b_->Handle("nap", [](const Message& request) -> absl::StatusOr<Message> {
+                     absl::SleepFor(absl::Milliseconds(300));
+                     return request;
+                   }).ok());
   }
 
   int64_t arena_bytes_ = int64_t{64} << 20;
+  v1::BackendOptions backend_;  // every Join's
   TempDir dir_;
   std::string socket_;
   std::string init_method_;
@@ -130,8 +154,8 @@ TEST_F(CallsTest, PayloadOnlyCallAndReply) {
   EXPECT_EQ(pong->payload, "pong");
   absl::StatusOr<Message> none = b_->Call("g", "a", "nope", "", {}, absl::Seconds(10));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented) << none.status();
-  EXPECT_THAT(none.status().message(), HasSubstr("nope"));
-  EXPECT_THAT(none.status().message(), HasSubstr("remote: worker 'a'"));
+  EXPECT_THAT(none.status().message(), HasSubstr("'nope'"));
+  EXPECT_THAT(none.status().message(), HasSubstr("worker 'a' has no handler"));
   // The handler learns who called.
   absl::StatusOr<Message> who = a_->Call("g", "b", "whoami", "", {}, absl::Seconds(10));
   ASSERT_TRUE(who.ok()) << who.status();
@@ -156,27 +180,22 @@ TEST_F(CallsTest, TensorsOfManySizesArriveIntact) {
     for (int i = 0; i < count; ++i) {
       size_t n = sizes[(count + i) % 7];
       if (count == 8 && n == (8u << 20)) n = 1 << 20;  // keep one call within the arena
-      Tensor t;
-      t.dtype = shm::DType::kUInt8;
-      t.shape = {static_cast<int64_t>(n)};
-      t.data = Pattern(n, count * 16 + i);
-      absl::StrAppend(&sums, Checksum(t.data), ",");
+      Tensor t(shm::DType::kUInt8, {static_cast<int64_t>(n)}, Pattern(n, count * 16 + i));
+      absl::StrAppend(&sums, Checksum(t.data()), ",");
       tensors.push_back(std::move(t));
     }
     if (count == 1) {  // a 2-d float tensor too
-      tensors[0].dtype = shm::DType::kFloat32;
-      tensors[0].data = Pattern(4 * 3 * 5, 99);
-      tensors[0].shape = {3, 5};
-      sums = absl::StrCat(Checksum(tensors[0].data), ",");
+      tensors[0] = Tensor(shm::DType::kFloat32, {3, 5}, Pattern(4 * 3 * 5, 99));
+      sums = absl::StrCat(Checksum(tensors[0].data()), ",");
     }
     absl::StatusOr<Message> reply = a_->Call("g", "b", "echo", "t", tensors, absl::Seconds(30));
     ASSERT_TRUE(reply.ok()) << count << ": " << reply.status();
     EXPECT_EQ(reply->payload, absl::StrCat("t|", sums)) << count;
     ASSERT_EQ(reply->tensors.size(), tensors.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
-      EXPECT_EQ(reply->tensors[i].dtype, tensors[i].dtype);
-      EXPECT_EQ(reply->tensors[i].shape, tensors[i].shape);
-      EXPECT_EQ(Checksum(reply->tensors[i].data), Checksum(tensors[i].data)) << count << "/" << i;
+      EXPECT_EQ(reply->tensors[i].dtype(), tensors[i].dtype());
+      EXPECT_EQ(reply->tensors[i].shape(), tensors[i].shape());
+      EXPECT_EQ(Checksum(reply->tensors[i].data()), Checksum(tensors[i].data())) << count << "/" << i;
     }
   }
 }
@@ -204,19 +223,18 @@ TEST_F(CallsTest, HundredConcurrentCallsEachGetTheirOwnReply) {
 
 TEST_F(CallsTest, CallAsyncFuturesEachGetTheirOwnReply) {
   StartPair();
-  std::vector<std::future<absl::StatusOr<Message>>> futures;
+  std::vector<CallFuture> futures;
   for (int i = 0; i < 100; ++i) {
     futures.push_back(a_->CallAsync("g", "b", "echo", absl::StrCat("async-", i), {},
                                     absl::Seconds(30)));
   }
-  std::future<absl::StatusOr<Message>> missing =
-      a_->CallAsync("g", "nobody", "echo", "", {}, absl::Seconds(10));
+  CallFuture missing = a_->CallAsync("g", "nobody", "echo", "", {}, absl::Seconds(10));
   for (int i = 0; i < 100; ++i) {
-    absl::StatusOr<Message> reply = futures[i].get();
+    const absl::StatusOr<Message>& reply = futures[i].Wait();
     ASSERT_TRUE(reply.ok()) << i << ": " << reply.status();
     EXPECT_EQ(reply->payload, absl::StrCat("async-", i, "|"));
   }
-  EXPECT_EQ(missing.get().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(missing.Wait().status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CallsTest, UnknownWorkerIsNotFoundNamingIt) {
@@ -224,7 +242,7 @@ TEST_F(CallsTest, UnknownWorkerIsNotFoundNamingIt) {
   absl::StatusOr<Message> reply = a_->Call("g", "nobody", "echo", "x", {}, absl::Seconds(10));
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kNotFound) << reply.status();
   EXPECT_THAT(reply.status().message(), HasSubstr("'nobody'"));
-  EXPECT_THAT(reply.status().message(), HasSubstr("other daemons are not available"));
+  EXPECT_THAT(reply.status().message(), HasSubstr("'g'"));
 }
 
 TEST_F(CallsTest, DeadlineExceededNamesWorkerMethodAndTime) {
@@ -235,6 +253,7 @@ TEST_F(CallsTest, DeadlineExceededNamesWorkerMethodAndTime) {
   EXPECT_THAT(reply.status().message(), HasSubstr("'b'"));
   EXPECT_THAT(reply.status().message(), HasSubstr("'sleep'"));
   EXPECT_THAT(reply.status().message(), HasSubstr("deadline"));
+  EXPECT_THAT(reply.status().message(), HasSubstr("timeout 300ms"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   // The late reply is dropped; the next call works.
   absl::SleepFor(absl::Seconds(2));
@@ -394,6 +413,408 @@ TEST_F(SmallArenaCallsTest, FullReceiverHeapIsResourceExhaustedNamingItsSize) {
   // The others go on.
   absl::StatusOr<Message> reply = a_->Call("g", "b", "echo", "ok", {}, absl::Seconds(10));
   ASSERT_TRUE(reply.ok()) << reply.status();
+}
+
+// --- The client API: zero-copy send and receive, pool, timeouts, futures, errors, Leave ---
+
+// A fake daemon: the test creates the segment and plays the daemon's side of the rings, so
+// it sees exactly where a call's tensor table points and decides when releases come.
+class FakeDaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    shm::SegmentLimits limits;
+    limits.submission_slots = 64;
+    limits.completion_slots = 64;
+    limits.tx_heap_bytes = 1 << 20;
+    limits.rx_heap_bytes = 1 << 20;
+    auto daemon = shm::Segment::Create(limits);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::make_unique<shm::Segment>(*std::move(daemon));
+    auto client = shm::Segment::Map(dup(daemon_->fd()));
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::make_shared<const shm::Segment>(*std::move(client));
+    const shm::Layout& layout = daemon_->layout();
+    submissions_ = std::make_unique<shm::RingConsumer>(daemon_->base(), layout.submission,
+                                                       "submission ring");
+    completions_ = std::make_unique<shm::RingProducer>(daemon_->base(), layout.completion,
+                                                       "completion ring");
+    engine_ = std::make_unique<CallEngine>(client_, 1);
+  }
+
+  // The next submission, within 10 s.
+  shm::Descriptor Pop() {
+    shm::Descriptor d{};
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < until) {
+      if (submissions_->TryPop(&d).value()) return d;
+      (void)submissions_->WaitForData(until);
+    }
+    ADD_FAILURE() << "no submission within 10 s";
+    return d;
+  }
+
+  std::unique_ptr<shm::Segment> daemon_;
+  std::shared_ptr<const shm::Segment> client_;
+  std::unique_ptr<shm::RingConsumer> submissions_;
+  std::unique_ptr<shm::RingProducer> completions_;
+  std::unique_ptr<CallEngine> engine_;
+};
+
+TEST_F(FakeDaemonTest, ArenaTensorIsSentInPlaceAndPinnedUntilItsMessageIsReleased) {
+  absl::StatusOr<Tensor> tensor = engine_->AllocateTensor(shm::DType::kFloat32, {64, 4});
+  ASSERT_TRUE(tensor.ok()) << tensor.status();
+  EXPECT_EQ(tensor->storage(), TensorStorage::kArena);
+  const std::string bytes = Pattern(tensor->size(), 7);
+  std::memcpy(tensor->mutable_data(), bytes.data(), bytes.size());
+  const uint64_t arena_offset =
+      reinterpret_cast<const uint8_t*>(tensor->data().data()) - client_->base();
+  CallFuture future = engine_->CallAsync("g", "a", "b", "m", "payload", {*tensor},
+                                         absl::Seconds(30));
+  const shm::Descriptor call = Pop();
+  ASSERT_EQ(call.op, static_cast<uint8_t>(shm::Op::kCall));
+  auto table = shm::ReadTensorTable(call, daemon_->base(), daemon_->layout(),
+                                    shm::Direction::kSubmission);
+  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_EQ(table->size(), 1u);
+  // The table points at the arena block itself: nothing was copied.
+  EXPECT_EQ((*table)[0].offset, arena_offset);
+  EXPECT_NE(call.payload_offset, arena_offset);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(daemon_->base() + arena_offset),
+                        bytes.size()),
+            bytes);
+  CallStats stats = engine_->Stats();
+  EXPECT_EQ(stats.tensors_in_place, 1u);
+  EXPECT_EQ(stats.tensors_copied_in, 0u);
+  EXPECT_EQ(stats.bytes_copied_in, std::string("payload").size());
+  // The user lets go; the message still pins the block, so a new tensor lies elsewhere.
+  *tensor = Tensor();
+  EXPECT_EQ(engine_->Stats().arena_live_blocks, 2u);  // message + pinned tensor
+  absl::StatusOr<Tensor> other = engine_->AllocateTensor(shm::DType::kFloat32, {64, 4});
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(reinterpret_cast<const uint8_t*>(other->data().data()) - client_->base(),
+            static_cast<ptrdiff_t>(arena_offset));
+  *other = Tensor();
+  EXPECT_EQ(engine_->Stats().arena_live_blocks, 2u);
+  // The daemon releases the message block: both it and the pinned tensor go.
+  shm::Descriptor release{};
+  release.op = static_cast<uint8_t>(shm::Op::kRelease);
+  release.call_id = 1;
+  release.payload_offset = call.payload_offset;
+  ASSERT_TRUE(completions_->TryPush(release).value());
+  EXPECT_TRUE(WaitUntil([&] { return engine_->Stats().arena_live_blocks == 0; }))
+      << engine_->Stats().arena_live_blocks << " blocks still live";
+
+  // The reply: a tensor in the rx heap, read in place, released when the last view goes.
+  const shm::Region& rx = daemon_->layout().rx_heap;
+  const uint64_t block = rx.offset;
+  const uint64_t prefix = shm::MessagePrefixBytes(0, 0, 0);
+  const uint64_t table_at = block + shm::AlignUp(prefix + 5);
+  const uint64_t data_at = table_at + shm::AlignUp(sizeof(shm::TensorEntry));
+  shm::WriteMessagePrefix(daemon_->base() + block, 0, "", "", "");
+  std::memcpy(daemon_->base() + block + prefix, "reply", 5);
+  shm::TensorEntry entry{};
+  entry.dtype = static_cast<uint8_t>(shm::DType::kUInt8);
+  entry.ndim = 1;
+  entry.shape[0] = 4096;
+  entry.offset = data_at;
+  entry.length = 4096;
+  std::memcpy(daemon_->base() + table_at, &entry, sizeof(entry));
+  const std::string reply_bytes = Pattern(4096, 8);
+  std::memcpy(daemon_->base() + data_at, reply_bytes.data(), reply_bytes.size());
+  shm::Descriptor reply{};
+  reply.op = static_cast<uint8_t>(shm::Op::kReply);
+  reply.call_id = call.call_id;
+  reply.payload_offset = block;
+  reply.payload_length = prefix + 5;
+  reply.tensor_count = 1;
+  reply.tensor_table_offset = table_at;
+  ASSERT_TRUE(completions_->TryPush(reply).value());
+  ASSERT_TRUE(future.WaitFor(absl::Seconds(10)));
+  {
+    const absl::StatusOr<Message>& result = future.Wait();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->payload, "reply");
+    ASSERT_EQ(result->tensors.size(), 1u);
+    const Tensor& got = result->tensors[0];
+    EXPECT_EQ(got.storage(), TensorStorage::kReceived);
+    EXPECT_EQ(reinterpret_cast<const uint8_t*>(got.data().data()), client_->base() + data_at);
+    EXPECT_EQ(got.data(), reply_bytes);
+    Tensor view = got;
+    EXPECT_EQ(view.mutable_data(), nullptr) << "received tensors are read-only";
+  }
+  EXPECT_EQ(engine_->Stats().rx_blocks_held, 1u);
+  EXPECT_EQ(engine_->Stats().bytes_copied_out, 5u);  // the payload only
+  shm::Descriptor none{};
+  EXPECT_FALSE(submissions_->TryPop(&none).value()) << "released while a view still lives";
+  future = CallFuture();  // the last view goes with the result
+  const shm::Descriptor released = Pop();
+  EXPECT_EQ(released.op, static_cast<uint8_t>(shm::Op::kRelease));
+  EXPECT_EQ(released.payload_offset, block);
+  EXPECT_EQ(engine_->Stats().rx_blocks_held, 0u);
+}
+
+TEST_F(FakeDaemonTest, CallsStillWaitingWhenTheEngineGoesAreCancelledAndCallbacksRunOnce) {
+  CallFuture future = engine_->CallAsync("g", "a", "b", "m", "", {}, kNoTimeout);
+  const shm::Descriptor call = Pop();
+  EXPECT_EQ(call.deadline_unix_ns, 0) << "kNoTimeout sends no deadline";
+  std::atomic<int> ran{0};
+  future.Then([&](const absl::StatusOr<Message>& result) {
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+    EXPECT_THAT(result.status().message(), HasSubstr("worker 'b'"));
+    ++ran;
+  });
+  EXPECT_FALSE(future.WaitFor(absl::Milliseconds(100)));
+  engine_.reset();
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_EQ(future.Wait().status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(CallsTest, ArenaTensorRoundTripCopiesOnlyThePayload) {
+  StartPair();
+  const std::string bytes = Pattern(1 << 20, 3);
+  absl::StatusOr<Tensor> tensor = a_->AllocateTensor(shm::DType::kUInt8, {1 << 20});
+  ASSERT_TRUE(tensor.ok()) << tensor.status();
+  std::memcpy(tensor->mutable_data(), bytes.data(), bytes.size());
+  const CallStats before = *a_->GetCallStats();
+  absl::StatusOr<Message> reply = a_->Call("g", "b", "echo", "t", {*tensor}, absl::Seconds(30));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->payload, absl::StrCat("t|", Checksum(bytes), ","));
+  ASSERT_EQ(reply->tensors.size(), 1u);
+  EXPECT_EQ(reply->tensors[0].storage(), TensorStorage::kReceived);
+  EXPECT_EQ(Checksum(reply->tensors[0].data()), Checksum(bytes));
+  const CallStats after = *a_->GetCallStats();
+  EXPECT_EQ(after.tensors_in_place - before.tensors_in_place, 1u);
+  EXPECT_EQ(after.tensors_copied_in, before.tensors_copied_in);
+  EXPECT_EQ(after.bytes_copied_in - before.bytes_copied_in, 1u) << "only the payload \"t\"";
+  // The same bytes from a std::string cost exactly one copy.
+  Tensor owned(shm::DType::kUInt8, {1 << 20}, bytes);
+  ASSERT_TRUE(a_->Call("g", "b", "echo", "t", {owned}, absl::Seconds(30)).ok());
+  const CallStats owned_stats = *a_->GetCallStats();
+  EXPECT_EQ(owned_stats.tensors_copied_in - after.tensors_copied_in, 1u);
+  EXPECT_EQ(owned_stats.bytes_copied_in - after.bytes_copied_in, (1u << 20) + 1);
+  // Everything goes back: the arena once the tensor and the releases are gone, the rx heap
+  // once the reply is.
+  *tensor = Tensor();
+  reply = absl::CancelledError("dropped");
+  EXPECT_TRUE(WaitUntil([&] { return a_->GetCallStats()->arena_live_blocks == 0; }))
+      << a_->GetCallStats()->arena_live_blocks;
+  EXPECT_EQ(a_->GetCallStats()->rx_blocks_held, 0u);
+}
+
+TEST_F(CallsTest, HandlerReadsRequestTensorsInPlaceAndKeepsTheBlockWhileItHoldsThem) {
+  StartPair();
+  absl::StatusOr<std::shared_ptr<const shm::Segment>> b_segment = b_->AttachSharedMemory();
+  ASSERT_TRUE(b_segment.ok()) << b_segment.status();
+  absl::Mutex mu;
+  std::vector<Tensor> kept;
+  bool in_rx_heap = false;
+  ASSERT_TRUE(b_->Handle("keep", [&](const Message& request) -> absl::StatusOr<Message> {
+                   absl::MutexLock lock(&mu);
+                   const shm::Region& rx = (*b_segment)->layout().rx_heap;
+                   const uint8_t* at =
+                       reinterpret_cast<const uint8_t*>(request.tensors.at(0).data().data());
+                   in_rx_heap = request.tensors[0].storage() == TensorStorage::kReceived &&
+                                rx.Contains(at - (*b_segment)->base(), request.tensors[0].size());
+                   kept = request.tensors;
+                   return Message{std::to_string(Checksum(request.tensors[0].data())), {}, ""};
+                 }).ok());
+  const std::string bytes = Pattern(256 << 10, 5);
+  const uint64_t copied_out = b_->GetCallStats()->bytes_copied_out;
+  absl::StatusOr<Message> reply = a_->Call("g", "b", "keep", "k",
+                                           {Tensor(shm::DType::kUInt8, {256 << 10}, bytes)},
+                                           absl::Seconds(30));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->payload, std::to_string(Checksum(bytes)));
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(in_rx_heap);
+    ASSERT_EQ(kept.size(), 1u);
+    EXPECT_EQ(Checksum(kept[0].data()), Checksum(bytes));  // still intact after the reply
+  }
+  EXPECT_EQ(b_->GetCallStats()->bytes_copied_out - copied_out, 1u) << "the payload only";
+  EXPECT_EQ(b_->GetCallStats()->rx_blocks_held, 1u);
+  {
+    absl::MutexLock lock(&mu);
+    kept.clear();
+  }
+  EXPECT_EQ(b_->GetCallStats()->rx_blocks_held, 0u);
+}
+
+class PoolCallsTest : public CallsTest {
+ protected:
+  PoolCallsTest() { backend_.set_num_worker_threads(3); }
+};
+
+TEST_F(PoolCallsTest, HandlerPoolHasTheGroupsNumWorkerThreads) {
+  StartPair();
+  absl::Mutex mu;
+  int inside = 0;
+  int most = 0;  // the most handlers inside at once in this round
+  bool off_reader = true;
+  // Each call waits until `want` handlers have been inside at once (or 1 s), and says
+  // whether they were.
+  ASSERT_TRUE(b_->Handle("crowd", [&](const Message& request) -> absl::StatusOr<Message> {
+                   const int want = std::stoi(request.payload);
+                   absl::MutexLock lock(&mu);
+                   off_reader = off_reader && ThreadName() == "tpd-handler";
+                   ++inside;
+                   most = std::max(most, inside);
+                   auto enough = [&] { return most >= want; };
+                   const bool met = mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(1));
+                   --inside;
+                   return Message{met ? "met" : "alone", {}, ""};
+                 }).ok());
+  EXPECT_EQ(b_->GetCallStats()->handler_threads, 3);
+  auto crowd = [&](int calls, int want) {
+    std::vector<CallFuture> futures;
+    for (int i = 0; i < calls; ++i) {
+      futures.push_back(a_->CallAsync("g", "b", "crowd", std::to_string(want), {},
+                                      absl::Seconds(30)));
+    }
+    int met = 0;
+    for (CallFuture& future : futures) {
+      const absl::StatusOr<Message>& reply = future.Wait();
+      EXPECT_TRUE(reply.ok()) << reply.status();
+      met += reply.ok() && reply->payload == "met";
+    }
+    return met;
+  };
+  EXPECT_EQ(crowd(3, 3), 3) << "three handlers run at once";
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(most, 3);
+    most = 0;
+  }
+  EXPECT_EQ(crowd(4, 4), 0) << "a fourth never joins them";
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(most, 3);
+  EXPECT_TRUE(off_reader);
+}
+
+class TimeoutCallsTest : public CallsTest {
+ protected:
+  TimeoutCallsTest() { backend_.set_rpc_timeout_ms(500); }
+};
+
+TEST_F(TimeoutCallsTest, CallTimeoutDefaultsToTheGroupsRpcTimeoutAndZeroMeansNone) {
+  StartPair();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Message> reply = a_->Call("g", "b", "sleep", "x");
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kDeadlineExceeded) << reply.status();
+  EXPECT_THAT(reply.status().message(), HasSubstr("worker 'b'"));
+  EXPECT_THAT(reply.status().message(), HasSubstr("'sleep'"));
+  EXPECT_THAT(reply.status().message(), HasSubstr("timeout 500ms"));
+  EXPECT_GE(took, absl::Milliseconds(450));
+  EXPECT_LT(took, absl::Milliseconds(1800));
+  // kNoTimeout: the 2 s handler is waited for.
+  absl::StatusOr<Message> patient = a_->Call("g", "b", "sleep", "y", {}, kNoTimeout);
+  ASSERT_TRUE(patient.ok()) << patient.status();
+  EXPECT_EQ(patient->payload, "y");
+  // A negative timeout is refused before anything is sent.
+  EXPECT_EQ(a_->Call("g", "b", "echo", "z", {}, absl::Seconds(-1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CallsTest, FutureWaitForThenAndCallbacksOffTheReaderThread) {
+  StartPair();
+  CallFuture future = a_->CallAsync("g", "b", "nap", "n", {}, absl::Seconds(10));
+  EXPECT_FALSE(future.WaitFor(absl::Milliseconds(50)));
+  EXPECT_FALSE(future.ready());
+  absl::Notification release;
+  absl::Notification ran;
+  std::string thread;
+  future.Then([&](const absl::StatusOr<Message>& result) {
+    EXPECT_TRUE(result.ok()) << result.status();
+    thread = ThreadName();
+    ran.Notify();
+    release.WaitForNotification();  // a blocking callback holds a handler thread only
+  });
+  ASSERT_TRUE(future.WaitFor(absl::Seconds(10)));
+  ASSERT_TRUE(future.Wait().ok()) << future.Wait().status();
+  EXPECT_EQ(future.Wait()->payload, "n");
+  ASSERT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(thread, "tpd-handler");
+  // The reader is not stalled by the callback: other calls complete.
+  absl::StatusOr<Message> other = a_->Call("g", "b", "echo", "o", {}, absl::Seconds(10));
+  EXPECT_TRUE(other.ok()) << other.status();
+  release.Notify();
+  // On a ready future, Then runs at once on the calling thread.
+  std::string inline_thread;
+  future.Then([&](const absl::StatusOr<Message>&) { inline_thread = ThreadName(); });
+  EXPECT_EQ(inline_thread, ThreadName());
+}
+
+TEST_F(CallsTest, RemoteHandlerErrorKeepsItsCodeAndIsMarkedRemote) {
+  StartPair();
+  ASSERT_TRUE(b_->Handle("fail", [](const Message&) -> absl::StatusOr<Message> {
+                   return absl::PermissionDeniedError("not for you");
+                 }).ok());
+  absl::StatusOr<Message> reply = a_->Call("g", "b", "fail", "", {}, absl::Seconds(10));
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kPermissionDenied) << reply.status();
+  EXPECT_EQ(reply.status().message(),
+            "remote handler of worker 'b' method 'fail' failed: not for you");
+}
+
+TEST_F(SmallArenaCallsTest, FullArenaIsResourceExhaustedNamingItsSizeAndTheRequest) {
+  StartPair();
+  absl::StatusOr<Tensor> huge = a_->AllocateTensor(shm::DType::kUInt8, {2 << 20});
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_THAT(huge.status().message(), HasSubstr("1048576"));
+  EXPECT_THAT(huge.status().message(), HasSubstr("2097152"));
+  absl::StatusOr<Message> reply =
+      a_->Call("g", "b", "echo", "", {Tensor(shm::DType::kUInt8, {2 << 20}, std::string(2 << 20, 'x'))},
+               absl::Seconds(10));
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kResourceExhausted) << reply.status();
+  EXPECT_THAT(reply.status().message(), HasSubstr("worker 'b'"));
+  EXPECT_THAT(reply.status().message(), HasSubstr("1048576"));
+  EXPECT_TRUE(a_->Call("g", "b", "echo", "small", {}, absl::Seconds(10)).ok());
+}
+
+TEST_F(CallsTest, LeaveDrainsCallsInFlightBothWaysAndRefusesNewOnes) {
+  StartPair();
+  ASSERT_TRUE(a_->Handle("nap", [](const Message& request) -> absl::StatusOr<Message> {
+                   absl::SleepFor(absl::Milliseconds(800));
+                   return request;
+                 }).ok());
+  std::atomic<int64_t> handler_done_ns{0};
+  ASSERT_TRUE(b_->Handle("slow", [&](const Message& request) -> absl::StatusOr<Message> {
+                   absl::SleepFor(absl::Milliseconds(800));
+                   handler_done_ns = absl::ToUnixNanos(absl::Now());
+                   return request;
+                 }).ok());
+  // In flight: a call to b (its handler runs) and a call from b (a's handler runs).
+  CallFuture to_b = a_->CallAsync("g", "b", "slow", "in", {}, absl::Seconds(20));
+  CallFuture from_b = b_->CallAsync("g", "a", "nap", "out", {}, absl::Seconds(20));
+  ASSERT_TRUE(WaitUntil([&] { return b_->GetCallStats()->handlers_running == 1; }));
+  absl::Status left;
+  absl::Time left_at;
+  std::thread leaver([&] {
+    left = b_->Leave("g", "b");
+    left_at = absl::Now();
+  });
+  ASSERT_TRUE(WaitUntil([&] { return b_->GetCallStats()->workers_leaving == 1; }));
+  absl::StatusOr<Message> refused = a_->Call("g", "b", "echo", "new", {}, absl::Seconds(10));
+  absl::StatusOr<Message> from_leaving = b_->Call("g", "a", "nap", "new", {}, absl::Seconds(10));
+  leaver.join();
+  ASSERT_TRUE(left.ok()) << left;
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("worker 'b' is leaving group 'g'"));
+  EXPECT_EQ(from_leaving.status().code(), absl::StatusCode::kFailedPrecondition)
+      << from_leaving.status();
+  EXPECT_THAT(from_leaving.status().message(), HasSubstr("worker 'b' is leaving group 'g'"));
+  // Both calls in flight completed, and Leave went only after them.
+  ASSERT_TRUE(to_b.ready() && from_b.ready());
+  ASSERT_TRUE(to_b.Wait().ok()) << to_b.Wait().status();
+  EXPECT_EQ(to_b.Wait()->payload, "in");
+  ASSERT_TRUE(from_b.Wait().ok()) << from_b.Wait().status();
+  EXPECT_EQ(from_b.Wait()->payload, "out");
+  EXPECT_GE(absl::ToUnixNanos(left_at), handler_done_ns.load());
+  // b is gone: a cannot reach it, and b no longer calls into g.
+  EXPECT_EQ(a_->Call("g", "b", "echo", "x", {}, absl::Seconds(10)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(b_->Call("g", "a", "nap", "x", {}, absl::Seconds(10)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
