@@ -7,16 +7,73 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/logging.h"
-#include "proto/shm/message.h"
+#include "daemon/tensor_wire.h"
 
 namespace tpd {
 
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
+// How long a session thread waits for room in a completion ring. Agent callbacks never wait.
 constexpr absl::Duration kPostWait = absl::Seconds(1);
 
+std::string CallName(const std::string& worker, const std::string& method) {
+  return absl::StrCat("call to worker '", worker, "' method '", method, "'");
+}
+
+// Where a message's parts go in one heap block: header and names, body, tensor table, tensors.
+struct BlockPlan {
+  uint64_t prefix = 0;
+  uint64_t payload = 0;  // prefix + body
+  uint64_t table = 0;    // offset of the table in the block
+  std::vector<uint64_t> at;
+  uint64_t total = 0;
+};
+
+BlockPlan PlanBlock(uint64_t prefix, uint64_t body, const std::vector<uint64_t>& tensor_bytes) {
+  BlockPlan plan;
+  plan.prefix = prefix;
+  plan.payload = prefix + body;
+  plan.total = shm::AlignUp(plan.payload);
+  plan.table = plan.total;
+  plan.total += shm::AlignUp(tensor_bytes.size() * sizeof(shm::TensorEntry));
+  plan.at.resize(tensor_bytes.size());
+  for (size_t i = 0; i < tensor_bytes.size(); ++i) {
+    plan.at[i] = plan.total;
+    plan.total += shm::AlignUp(tensor_bytes[i]);
+  }
+  return plan;
+}
+
 }  // namespace
+
+struct CallRouter::RxBlock {
+  std::shared_ptr<Session> session;
+  uint64_t offset = 0;
+  BlockPlan plan;
+  std::vector<shm::TensorEntry> tensors;  // offsets filled in, once validated
+  mutable std::atomic<bool> posted{false};
+
+  ~RxBlock() {
+    if (posted || offset == 0) return;
+    absl::MutexLock lock(&session->mu);
+    if (!session->broken) (void)session->rx->Free(offset);
+  }
+};
+
+struct CallRouter::TxBlock {
+  // Built in place only: a moved-from copy would release the block early.
+  TxBlock(CallRouter* router, std::shared_ptr<Session> session, uint64_t offset)
+      : router(router), session(std::move(session)), offset(offset) {}
+  TxBlock(const TxBlock&) = delete;
+  TxBlock& operator=(const TxBlock&) = delete;
+
+  CallRouter* const router;
+  const std::shared_ptr<Session> session;
+  const uint64_t offset;
+  // Runs on a TensorPipe thread, which must not wait for ring space.
+  ~TxBlock() { router->Release(session, offset, absl::ZeroDuration()); }
+};
 
 CallRouter::CallRouter(CallRouterOptions options) : options_(std::move(options)) {
   timer_ = std::thread([this] { TimerLoop(); });
@@ -37,10 +94,9 @@ void CallRouter::Shutdown() {
   for (const std::string& id : ids) Detach(id);
 }
 
-void CallRouter::Attach(const std::string& session_id, shm::Segment* segment) {
+void CallRouter::Attach(const std::string& session_id, std::shared_ptr<shm::Segment> segment) {
   auto session = std::make_shared<Session>();
   session->id = session_id;
-  session->segment = segment;
   const shm::Layout& layout = segment->layout();
   session->submissions = std::make_unique<shm::RingConsumer>(
       segment->base(), layout.submission, absl::StrCat("submission ring of session ", session_id));
@@ -52,6 +108,7 @@ void CallRouter::Attach(const std::string& session_id, shm::Segment* segment) {
     session->rx = std::make_unique<shm::HeapAllocator>(
         absl::StrCat("rx heap of session ", session_id), layout.rx_heap);
   }
+  session->segment = std::move(segment);
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
   session->thread = std::thread([this, session] { Serve(session); });
@@ -73,35 +130,27 @@ void CallRouter::Detach(const std::string& session_id) {
     absl::MutexLock lock(&session->mu);  // no one writes into its segment after this
     session->broken = true;
   }
-  struct Orphan {
-    std::string caller;
-    uint64_t call_id;
-    std::string worker;
-    std::string method;
-  };
-  std::vector<Orphan> orphans;
+  std::vector<Pending> orphans;
   {
     absl::MutexLock lock(&mu_);
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      const Pending& p = it->second;
-      if (p.callee == session_id || p.caller == session_id) {
-        if (p.callee == session_id && p.caller != session_id) {
-          orphans.push_back({p.caller, p.caller_call_id, p.worker, p.method});
-        }
-        deadlines_.erase({p.deadline, it->first});
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
+    std::vector<uint64_t> ids;
+    for (const auto& [id, p] : pending_) {
+      if (p.callee == session_id || p.caller == session_id) ids.push_back(id);
+    }
+    for (uint64_t id : ids) {
+      std::optional<Pending> p = TakePending(id);
+      if (p->callee == session_id && p->caller != session_id) orphans.push_back(*std::move(p));
+    }
+    for (auto it = outgoing_.lower_bound({session_id, 0});
+         it != outgoing_.end() && it->first.first == session_id;) {
+      it = outgoing_.erase(it);
     }
   }
-  for (const Orphan& orphan : orphans) {
-    std::shared_ptr<Session> caller = Find(orphan.caller);
-    if (caller == nullptr) continue;
-    Fail(caller, orphan.call_id,
-         absl::UnavailableError(absl::StrCat("worker '", orphan.worker,
-                                             "' went away during the call to its method '",
-                                             orphan.method, "' (its session ended)")));
+  for (const Pending& p : orphans) {
+    AnswerPending(p, absl::UnavailableError(absl::StrCat("worker '", p.worker,
+                                                         "' went away during the call to its "
+                                                         "method '",
+                                                         p.method, "' (its session ended)")));
   }
 }
 
@@ -109,6 +158,26 @@ std::shared_ptr<CallRouter::Session> CallRouter::Find(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   return it == sessions_.end() ? nullptr : it->second;
+}
+
+std::vector<SessionCallStats> CallRouter::Stats() {
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, session] : sessions_) sessions.push_back(session);
+  }
+  std::vector<SessionCallStats> out;
+  for (const std::shared_ptr<Session>& session : sessions) {
+    SessionCallStats stats;
+    stats.session_id = session->id;
+    stats.calls_in_flight = session->calls_in_flight.load();
+    absl::MutexLock lock(&session->mu);
+    const shm::HeapAllocator::Stats heap = session->rx->GetStats();
+    stats.rx_heap_bytes = heap.heap_bytes;
+    stats.rx_heap_used = heap.used_bytes;
+    out.push_back(std::move(stats));
+  }
+  return out;
 }
 
 void CallRouter::Serve(std::shared_ptr<Session> session) {
@@ -128,9 +197,12 @@ void CallRouter::Serve(std::shared_ptr<Session> session) {
 
 void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
   const shm::Layout& layout = session->segment->layout();
+  const bool call = d.op == static_cast<uint8_t>(shm::Op::kCall) && d.call_id != 0;
+  // Every call is answered exactly once, and every answer posted counts it down (Post).
+  if (call) ++session->calls_in_flight;
   absl::Status valid = shm::ValidateDescriptor(d, layout, shm::Direction::kSubmission);
   if (!valid.ok()) {
-    if (d.op == static_cast<uint8_t>(shm::Op::kCall) && d.call_id != 0) {
+    if (call) {
       Fail(session, d.call_id, valid);
       return;
     }
@@ -141,6 +213,14 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
   }
   switch (static_cast<shm::Op>(d.op)) {
     case shm::Op::kCall:
+      if (session->calls_in_flight.load() > options_.max_calls_in_flight) {
+        Release(session, d.payload_offset);
+        Fail(session, d.call_id,
+             absl::ResourceExhaustedError(absl::StrCat(
+                 "this session has data.max_calls_in_flight (", options_.max_calls_in_flight,
+                 ") calls waiting for replies; wait for some before making more")));
+        return;
+      }
       HandleCall(session, d);
       break;
     case shm::Op::kReply:
@@ -153,7 +233,8 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
       break;
     }
     case shm::Op::kCancel:
-      break;  // not yet: the deadline still ends the call
+      HandleCancel(session, d);
+      break;
   }
 }
 
@@ -185,21 +266,255 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   std::optional<std::string> target = options_.lookup(group, worker);
   std::shared_ptr<Session> callee = target ? Find(*target) : nullptr;
   if (callee == nullptr) {
+    std::optional<v1::Member> member =
+        target ? std::nullopt : options_.member(group, worker);
+    if (member && member->node() != options_.node) {
+      CallRemote(session, d, *message, *tensors, *member);
+      return;
+    }
     Release(session, d.payload_offset);
     Fail(session, d.call_id,
-         target ? absl::UnavailableError(absl::StrCat(
-                      "worker '", worker, "' of group '", group,
-                      "' is held by a session that is not attached to shared memory (it has not "
-                      "called Handle or Call yet, or it ended)"))
-                : absl::NotFoundError(absl::StrCat(
-                      "worker '", worker, "' is not a member of group '", group,
-                      "' on this daemon; calls to workers on other daemons are not available "
-                      "in this build")));
+         target || member
+             ? absl::UnavailableError(absl::StrCat(
+                   "worker '", worker, "' of group '", group,
+                   "' is held by a session that is not attached to shared memory (it has not "
+                   "called Handle or Call yet, or it ended)"))
+             : absl::NotFoundError(absl::StrCat("worker '", worker,
+                                                "' is not a member of group '", group, "'")));
     return;
   }
   uint64_t id;
-  Pending pending{session->id, d.call_id, callee->id, worker, method, absl::InfiniteFuture()};
+  Pending pending;
+  pending.caller = session->id;
+  pending.caller_call_id = d.call_id;
+  pending.callee = callee->id;
+  pending.worker = worker;
+  pending.method = method;
   if (d.deadline_unix_ns != 0) pending.deadline = absl::FromUnixNanos(d.deadline_unix_ns);
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_call_id_++;
+    if (pending.deadline != absl::InfiniteFuture()) {
+      deadlines_.insert({pending.deadline, id});
+      timer_cv_.Signal();
+    }
+    pending_by_caller_[{session->id, d.call_id}] = id;
+    pending_[id] = pending;
+  }
+  absl::Status delivered =
+      Deliver(*session, group, worker, method, from, 0, message->body_offset,
+              message->body_length, *tensors, *callee, shm::Op::kCall, id, 0, d.deadline_unix_ns);
+  Release(session, d.payload_offset);
+  if (!delivered.ok()) {
+    std::optional<Pending> ours;
+    {
+      absl::MutexLock lock(&mu_);
+      ours = TakePending(id);
+    }
+    if (ours) {
+      Fail(session, d.call_id,
+           absl::Status(delivered.code(), absl::StrCat(CallName(worker, method), ": ",
+                                                       delivered.message())));
+    }
+  }
+}
+
+void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+                            const shm::ParsedMessage& message,
+                            const std::vector<shm::TensorEntry>& tensors,
+                            const v1::Member& member) {
+  const std::string& worker = message.names[1];
+  const std::string& method = message.names[2];
+  absl::StatusOr<std::string> address =
+      options_.agent == nullptr
+          ? absl::UnavailableError(absl::StrCat(
+                "worker '", worker, "' is on node ", member.node(),
+                " and this daemon has no agent for calls to other nodes (set "
+                "peer.listen_address and peer.token)"))
+          : options_.check_address(member.agent_address());
+  if (!address.ok()) {
+    Release(session, d.payload_offset);
+    Fail(session, d.call_id,
+         absl::Status(address.status().code(), absl::StrCat(CallName(worker, method), " on node ",
+                                                            member.node(), ": ",
+                                                            address.status().message())));
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    outgoing_[{session->id, d.call_id}] = Outgoing{member.node(), worker, method};
+  }
+  uint8_t* base = session->segment->base();
+  agent::Message request;
+  v1::AgentMessage& header = request.header;
+  header.set_group(message.names[0]);
+  header.set_target_worker(worker);
+  header.set_method(method);
+  header.set_source_worker(message.names[3]);
+  request.payload = {base + message.body_offset, message.body_length};
+  for (const shm::TensorEntry& entry : tensors) {
+    *header.add_tensors() = ToWire(entry);
+    request.tensors.push_back({entry.length == 0 ? nullptr : base + entry.offset, entry.length});
+  }
+  // TensorPipe reads the tx block in place; it goes back to the client when TensorPipe is done.
+  request.keepalive = std::make_shared<TxBlock>(this, session, d.payload_offset);
+  const absl::Time deadline = d.deadline_unix_ns == 0 ? absl::InfiniteFuture()
+                                                      : absl::FromUnixNanos(d.deadline_unix_ns);
+  const uint64_t call_id = d.call_id;
+  std::weak_ptr<Session> weak = session;
+  agent::Allocator place_reply = [this, weak](const v1::AgentMessage& reply, size_t payload_size,
+                                              absl::Span<const size_t> sizes)
+      -> absl::StatusOr<agent::Destination> {
+    std::shared_ptr<Session> caller = weak.lock();
+    if (caller == nullptr) return absl::UnavailableError("the caller's session ended");
+    const bool error = reply.kind() == v1::AgentMessage::ERROR;
+    return PlaceIncoming(caller, "", "", error ? reply.status_message() : "", "",
+                         error ? static_cast<uint32_t>(reply.status_code()) : 0, payload_size,
+                         reply, sizes);
+  };
+  options_.agent->Send(
+      agent::PeerId{member.node(), *address}, std::move(request), deadline,
+      [this, session, call_id](absl::StatusOr<agent::Message> reply) {
+        OnRemoteReply(session, call_id, std::move(reply));
+      },
+      std::move(place_reply));
+}
+
+void CallRouter::OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
+                               absl::StatusOr<agent::Message> reply) {
+  Outgoing call;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = outgoing_.find({caller->id, call_id});
+    if (it == outgoing_.end()) return;  // cancelled, or its node was lost: answered already
+    call = std::move(it->second);
+    outgoing_.erase(it);
+  }
+  if (!reply.ok()) {
+    Fail(caller, call_id,
+         absl::Status(reply.status().code(),
+                      absl::StrCat(CallName(call.worker, call.method), " on node ", call.node,
+                                   ": ", reply.status().message())));
+    return;
+  }
+  auto block = std::static_pointer_cast<const RxBlock>(reply->keepalive);
+  const bool error = reply->header.kind() == v1::AgentMessage::ERROR;
+  shm::Descriptor posted{};
+  posted.op = static_cast<uint8_t>(shm::Op::kReply);
+  posted.flags = error ? shm::kFlagError : 0;
+  posted.call_id = call_id;
+  posted.payload_offset = block->offset;
+  posted.payload_length = block->plan.payload;
+  posted.tensor_count = static_cast<uint32_t>(block->tensors.size());
+  posted.tensor_table_offset = block->tensors.empty() ? 0 : block->offset + block->plan.table;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&caller->mu);
+    status = Post(*caller, posted, absl::ZeroDuration());
+    if (status.ok()) block->posted = true;
+  }
+  if (!status.ok()) {
+    Fail(caller, call_id,
+         absl::Status(status.code(), absl::StrCat("reply of worker '", call.worker,
+                                                  "' to method '", call.method, "': ",
+                                                  status.message())));
+  }
+}
+
+absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
+    const std::shared_ptr<Session>& to, const std::string& n0, const std::string& n1,
+    const std::string& n2, const std::string& n3, uint32_t code, size_t payload_size,
+    const v1::AgentMessage& header, absl::Span<const size_t> tensor_sizes) {
+  if (static_cast<size_t>(header.tensors_size()) != tensor_sizes.size() ||
+      tensor_sizes.size() > shm::kMaxTensorsPerMessage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the message has ", tensor_sizes.size(), " tensors (at most ",
+        shm::kMaxTensorsPerMessage, ") and ", header.tensors_size(), " descriptors"));
+  }
+  for (const std::string* name : {&n0, &n1, &n2, &n3}) {
+    if (name->size() > shm::kMaxMessageName) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a name of ", name->size(), " bytes exceeds ", shm::kMaxMessageName));
+    }
+  }
+  auto block = std::make_shared<RxBlock>();
+  block->session = to;
+  std::vector<uint64_t> bytes(tensor_sizes.begin(), tensor_sizes.end());
+  for (size_t i = 0; i < tensor_sizes.size(); ++i) {
+    absl::StatusOr<shm::TensorEntry> entry =
+        FromWire(header.tensors(static_cast<int>(i)), tensor_sizes[i], static_cast<int>(i));
+    if (!entry.ok()) return entry.status();
+    block->tensors.push_back(*entry);
+  }
+  block->plan = PlanBlock(shm::MessagePrefixBytes(n0.size(), n1.size(), n2.size(), n3.size()),
+                          payload_size, bytes);
+  agent::Destination destination;
+  {
+    absl::MutexLock lock(&to->mu);
+    if (to->broken) return absl::UnavailableError(absl::StrCat("session ", to->id, " ended"));
+    absl::StatusOr<uint64_t> offset = to->rx->Allocate(block->plan.total);
+    if (!offset.ok()) return offset.status();
+    block->offset = *offset;
+    uint8_t* out = to->segment->base() + *offset;
+    shm::WriteMessagePrefix(out, code, n0, n1, n2, n3);
+    for (size_t i = 0; i < block->tensors.size(); ++i) {
+      shm::TensorEntry& entry = block->tensors[i];
+      entry.offset = entry.length == 0 ? 0 : *offset + block->plan.at[i];
+      std::memcpy(out + block->plan.table + i * sizeof(entry), &entry, sizeof(entry));
+      destination.tensors.push_back(entry.length == 0 ? nullptr : out + block->plan.at[i]);
+    }
+    destination.payload = payload_size == 0 ? nullptr : out + block->plan.prefix;
+  }
+  destination.keepalive = std::move(block);
+  return destination;
+}
+
+agent::Handler CallRouter::AgentHandler() {
+  agent::Handler handler;
+  handler.allocate = [this](const v1::AgentMessage& header, size_t payload_size,
+                            absl::Span<const size_t> sizes) -> absl::StatusOr<agent::Destination> {
+    std::optional<std::string> target = options_.lookup(header.group(), header.target_worker());
+    std::shared_ptr<Session> callee = target ? Find(*target) : nullptr;
+    if (callee == nullptr) {
+      return target ? absl::UnavailableError(absl::StrCat(
+                          "worker '", header.target_worker(), "' of group '", header.group(),
+                          "' is held by a session not attached to shared memory on node ",
+                          options_.node))
+                    : absl::NotFoundError(absl::StrCat(
+                          "worker '", header.target_worker(), "' is not a member of group '",
+                          header.group(), "' on node ", options_.node));
+    }
+    return PlaceIncoming(callee, header.group(), header.target_worker(), header.method(),
+                         header.source_worker(), 0, payload_size, header, sizes);
+  };
+  handler.deliver = [this](agent::InboundRequest request) {
+    OnRemoteRequest(std::move(request));
+  };
+  return handler;
+}
+
+void CallRouter::OnRemoteRequest(agent::InboundRequest request) {
+  const v1::AgentMessage& header = request.message.header;
+  auto block = std::static_pointer_cast<const RxBlock>(request.message.keepalive);
+  // The peer is an authenticated daemon; the worker it calls for must not be another node's.
+  // (One this daemon does not know yet may have joined in a version not read here yet.)
+  std::optional<v1::Member> source = options_.member(header.group(), header.source_worker());
+  if (source && source->node() != request.node) {
+    RespondError(request.reply_to,
+                 absl::PermissionDeniedError(absl::StrCat(
+                     "worker '", header.source_worker(), "' is not a member of group '",
+                     header.group(), "' on node ", request.node, ": node ", options_.node,
+                     " has it on node ", source->node())));
+    return;
+  }
+  const std::shared_ptr<Session>& callee = block->session;
+  Pending pending;
+  pending.remote = request.reply_to;
+  pending.callee = callee->id;
+  pending.worker = header.target_worker();
+  pending.method = header.method();
+  pending.deadline = request.deadline;
+  uint64_t id;
   {
     absl::MutexLock lock(&mu_);
     id = next_call_id_++;
@@ -209,47 +524,62 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
     }
     pending_[id] = pending;
   }
-  absl::Status delivered =
-      Deliver(*session, d, group, worker, method, from, 0, message->body_offset,
-              message->body_length,
-              *tensors, *callee, shm::Op::kCall, id, 0, d.deadline_unix_ns);
-  Release(session, d.payload_offset);
-  if (!delivered.ok()) {
-    bool ours = false;
+  shm::Descriptor posted{};
+  posted.op = static_cast<uint8_t>(shm::Op::kCall);
+  posted.call_id = id;
+  posted.deadline_unix_ns =
+      request.deadline == absl::InfiniteFuture() ? 0 : absl::ToUnixNanos(request.deadline);
+  posted.payload_offset = block->offset;
+  posted.payload_length = block->plan.payload;
+  posted.tensor_count = static_cast<uint32_t>(block->tensors.size());
+  posted.tensor_table_offset = block->tensors.empty() ? 0 : block->offset + block->plan.table;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&callee->mu);
+    status = Post(*callee, posted, absl::ZeroDuration());
+    if (status.ok()) block->posted = true;
+  }
+  if (!status.ok()) {
+    std::optional<Pending> ours;
     {
       absl::MutexLock lock(&mu_);
-      auto it = pending_.find(id);
-      if (it != pending_.end()) {
-        deadlines_.erase({it->second.deadline, id});
-        pending_.erase(it);
-        ours = true;
-      }
+      ours = TakePending(id);
     }
     if (ours) {
-      Fail(session, d.call_id,
-           absl::Status(delivered.code(), absl::StrCat("call to worker '", worker, "' method '",
-                                                       method, "': ", delivered.message())));
+      RespondError(request.reply_to,
+                   absl::Status(status.code(), absl::StrCat(CallName(pending.worker,
+                                                                     pending.method),
+                                                            " on node ", options_.node, ": ",
+                                                            status.message())));
     }
   }
 }
 
+void CallRouter::RespondError(const agent::ReplyTo& to, const absl::Status& status) {
+  agent::Message response;
+  response.header.set_kind(v1::AgentMessage::ERROR);
+  response.header.set_status_code(static_cast<int32_t>(status.code()));
+  response.header.set_status_message(std::string(status.message()));
+  options_.agent->Respond(to, std::move(response));
+}
+
 void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
   // A late reply (the deadline answered the call) or one to no call of this session is dropped.
-  Pending pending;
+  std::optional<Pending> pending;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(d.call_id);
-    if (it != pending_.end() && it->second.callee == session->id) {
-      pending = it->second;
-      deadlines_.erase({it->second.deadline, d.call_id});
-      pending_.erase(it);
-    }
+    if (it != pending_.end() && it->second.callee == session->id) pending = TakePending(d.call_id);
   }
-  if (pending.caller.empty()) {
+  if (!pending) {
     Release(session, d.payload_offset);
     return;
   }
-  std::shared_ptr<Session> caller = Find(pending.caller);
+  if (pending->remote) {
+    RespondRemote(session, d, *pending);
+    return;
+  }
+  std::shared_ptr<Session> caller = Find(pending->caller);
   const shm::Segment& segment = *session->segment;
   absl::StatusOr<shm::ParsedMessage> message =
       shm::ParseMessage(segment.base(), d.payload_offset, d.payload_length);
@@ -261,59 +591,140 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
   if (caller == nullptr) {
     // The caller went away; the reply goes nowhere.
   } else if (!tensors.ok()) {
-    delivered = absl::InternalError(absl::StrCat("worker '", pending.worker,
+    delivered = absl::InternalError(absl::StrCat("worker '", pending->worker,
                                                  "' sent a malformed reply to method '",
-                                                 pending.method, "': ", tensors.status().message()));
+                                                 pending->method, "': ",
+                                                 tensors.status().message()));
   } else {
-    delivered = Deliver(*session, d, "", "", message->names[2], "", message->code,
+    delivered = Deliver(*session, "", "", message->names[2], "", message->code,
                         message->body_offset, message->body_length, *tensors, *caller,
-                        shm::Op::kReply, pending.caller_call_id, d.flags & shm::kFlagError, 0);
+                        shm::Op::kReply, pending->caller_call_id, d.flags & shm::kFlagError, 0);
   }
   Release(session, d.payload_offset);
   if (!delivered.ok()) {
-    Fail(caller, pending.caller_call_id,
-         absl::Status(delivered.code(), absl::StrCat("reply of worker '", pending.worker,
-                                                     "' to method '", pending.method,
+    Fail(caller, pending->caller_call_id,
+         absl::Status(delivered.code(), absl::StrCat("reply of worker '", pending->worker,
+                                                     "' to method '", pending->method,
                                                      "': ", delivered.message())));
   }
 }
 
-absl::Status CallRouter::Deliver(const Session& from, const shm::Descriptor& d,
-                                 const std::string& prefix0, const std::string& prefix1,
-                                 const std::string& prefix2, const std::string& prefix3,
-                                 uint32_t code, uint64_t body_offset,
+void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+                               const Pending& pending) {
+  const shm::Segment& segment = *session->segment;
+  absl::StatusOr<shm::ParsedMessage> message =
+      shm::ParseMessage(segment.base(), d.payload_offset, d.payload_length);
+  absl::StatusOr<std::vector<shm::TensorEntry>> tensors =
+      message.ok() ? shm::ReadTensorTable(d, segment.base(), segment.layout(),
+                                          shm::Direction::kSubmission)
+                   : message.status();
+  if (!tensors.ok()) {
+    Release(session, d.payload_offset);
+    RespondError(*pending.remote,
+                 absl::InternalError(absl::StrCat("worker '", pending.worker,
+                                                  "' sent a malformed reply to method '",
+                                                  pending.method, "': ",
+                                                  tensors.status().message())));
+    return;
+  }
+  uint8_t* base = session->segment->base();
+  agent::Message response;
+  if ((d.flags & shm::kFlagError) != 0) {
+    response.header.set_kind(v1::AgentMessage::ERROR);
+    response.header.set_status_code(static_cast<int32_t>(message->code));
+    response.header.set_status_message(message->names[2]);
+  }
+  response.payload = {base + message->body_offset, message->body_length};
+  for (const shm::TensorEntry& entry : *tensors) {
+    *response.header.add_tensors() = ToWire(entry);
+    response.tensors.push_back({entry.length == 0 ? nullptr : base + entry.offset, entry.length});
+  }
+  response.keepalive = std::make_shared<TxBlock>(this, session, d.payload_offset);
+  options_.agent->Respond(*pending.remote, std::move(response));
+}
+
+void CallRouter::HandleCancel(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
+  const CallerKey key{session->id, d.call_id};
+  std::optional<Pending> local;
+  std::optional<Outgoing> remote;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = pending_by_caller_.find(key); it != pending_by_caller_.end()) {
+      local = TakePending(it->second);
+    } else if (auto out = outgoing_.find(key); out != outgoing_.end()) {
+      remote = std::move(out->second);
+      outgoing_.erase(out);
+    }
+  }
+  // The callee still runs its handler; its reply is dropped. A remote call's reply is too
+  // (the agent's call ends by its reply, its deadline or its pipe).
+  if (local) {
+    Fail(session, d.call_id,
+         absl::CancelledError(absl::StrCat(CallName(local->worker, local->method),
+                                           " was cancelled by the caller")));
+  } else if (remote) {
+    Fail(session, d.call_id,
+         absl::CancelledError(absl::StrCat(CallName(remote->worker, remote->method),
+                                           " on node ", remote->node,
+                                           " was cancelled by the caller")));
+  }
+}
+
+void CallRouter::FailNode(const std::string& node, const std::string& why) {
+  const absl::Status lost = absl::UnavailableError(
+      absl::StrCat("node ", node, " was evicted from the group: ", why));
+  std::vector<std::pair<std::string, uint64_t>> callers;
+  std::vector<Outgoing> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+      if (it->second.node == node) {
+        callers.push_back(it->first);
+        calls.push_back(std::move(it->second));
+        it = outgoing_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (size_t i = 0; i < callers.size(); ++i) {
+    Fail(Find(callers[i].first), callers[i].second,
+         absl::UnavailableError(absl::StrCat(CallName(calls[i].worker, calls[i].method), ": ",
+                                             lost.message())));
+  }
+  if (options_.agent != nullptr) options_.agent->FailPeer(agent::PeerId{node, ""}, lost);
+}
+
+absl::Status CallRouter::Deliver(const Session& from, const std::string& prefix0,
+                                 const std::string& prefix1, const std::string& prefix2,
+                                 const std::string& prefix3, uint32_t code, uint64_t body_offset,
                                  uint64_t body_length,
                                  const std::vector<shm::TensorEntry>& tensors, Session& to,
                                  shm::Op op, uint64_t call_id, uint16_t flags,
                                  int64_t deadline_ns) {
-  const uint64_t prefix =
-      shm::MessagePrefixBytes(prefix0.size(), prefix1.size(), prefix2.size(), prefix3.size());
-  const uint64_t payload = prefix + body_length;
-  uint64_t total = shm::AlignUp(payload);
-  const uint64_t table = total;
-  total += shm::AlignUp(tensors.size() * sizeof(shm::TensorEntry));
-  std::vector<uint64_t> at(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    at[i] = total;
-    total += shm::AlignUp(tensors[i].length);
-  }
+  std::vector<uint64_t> bytes;
+  bytes.reserve(tensors.size());
+  for (const shm::TensorEntry& entry : tensors) bytes.push_back(entry.length);
+  const BlockPlan plan = PlanBlock(
+      shm::MessagePrefixBytes(prefix0.size(), prefix1.size(), prefix2.size(), prefix3.size()),
+      body_length, bytes);
   absl::MutexLock lock(&to.mu);
   if (to.broken) return absl::UnavailableError(absl::StrCat("session ", to.id, " ended"));
-  absl::StatusOr<uint64_t> block = to.rx->Allocate(total);
+  absl::StatusOr<uint64_t> block = to.rx->Allocate(plan.total);
   if (!block.ok()) return block.status();
   uint8_t* out = to.segment->base() + *block;
   const uint8_t* in = from.segment->base();
   shm::WriteMessagePrefix(out, code, prefix0, prefix1, prefix2, prefix3);
-  if (body_length > 0) std::memcpy(out + prefix, in + body_offset, body_length);
+  if (body_length > 0) std::memcpy(out + plan.prefix, in + body_offset, body_length);
   for (size_t i = 0; i < tensors.size(); ++i) {
     shm::TensorEntry entry = tensors[i];
     if (entry.length > 0) {
-      std::memcpy(out + at[i], in + entry.offset, entry.length);
-      entry.offset = *block + at[i];
+      std::memcpy(out + plan.at[i], in + entry.offset, entry.length);
+      entry.offset = *block + plan.at[i];
     } else {
       entry.offset = 0;
     }
-    std::memcpy(out + table + i * sizeof(entry), &entry, sizeof(entry));
+    std::memcpy(out + plan.table + i * sizeof(entry), &entry, sizeof(entry));
   }
   shm::Descriptor posted{};
   posted.op = static_cast<uint8_t>(op);
@@ -322,41 +733,45 @@ absl::Status CallRouter::Deliver(const Session& from, const shm::Descriptor& d,
   posted.call_id = call_id;
   posted.deadline_unix_ns = deadline_ns;
   posted.payload_offset = *block;
-  posted.payload_length = payload;
-  posted.tensor_table_offset = tensors.empty() ? 0 : *block + table;
-  absl::Status status = Post(to, posted);
+  posted.payload_length = plan.payload;
+  posted.tensor_table_offset = tensors.empty() ? 0 : *block + plan.table;
+  absl::Status status = Post(to, posted, kPostWait);
   if (!status.ok()) (void)to.rx->Free(*block);
   return status;
 }
 
-absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d) {
+absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d, absl::Duration wait) {
   if (to.broken) return absl::UnavailableError(absl::StrCat("session ", to.id, " ended"));
   absl::StatusOr<bool> pushed = to.completions->TryPush(d);
-  if (pushed.ok() && !*pushed) {
-    absl::StatusOr<bool> space = to.completions->WaitForSpace(absl::Now() + kPostWait);
-    if (space.ok() && !*space) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the completion ring of session ", to.id, " stayed full for ",
-          absl::FormatDuration(kPostWait)));
-    }
-    pushed = space.ok() ? to.completions->TryPush(d) : space.status();
+  if (pushed.ok() && !*pushed && wait > absl::ZeroDuration()) {
+    absl::StatusOr<bool> space = to.completions->WaitForSpace(absl::Now() + wait);
+    pushed = space.ok() ? (*space ? to.completions->TryPush(d) : false) : space.status();
   }
   if (!pushed.ok()) {
     to.broken = true;
     return absl::UnavailableError(pushed.status().message());
   }
-  if (!*pushed) return absl::ResourceExhaustedError("completion ring full");
+  if (!*pushed) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the completion ring of session ", to.id, " is full (its client is not "
+                     "reading its completions)"));
+  }
+  if (d.op == static_cast<uint8_t>(shm::Op::kReply)) --to.calls_in_flight;
   return absl::OkStatus();
 }
 
-void CallRouter::Release(const std::shared_ptr<Session>& to, uint64_t tx_offset) {
+void CallRouter::Release(const std::shared_ptr<Session>& to, uint64_t tx_offset,
+                         absl::Duration wait) {
   if (to == nullptr || tx_offset == 0) return;
   shm::Descriptor d{};
   d.op = static_cast<uint8_t>(shm::Op::kRelease);
   d.call_id = 1;
   d.payload_offset = tx_offset;
   absl::MutexLock lock(&to->mu);
-  (void)Post(*to, d);
+  if (absl::Status status = Post(*to, d, wait); !status.ok()) {
+    DaemonLog().warn("[session {}] tx block {} not released: {}", to->id, tx_offset,
+                     status.ToString());
+  }
 }
 
 void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
@@ -380,7 +795,25 @@ void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
   d.call_id = call_id;
   d.payload_offset = *block;
   d.payload_length = bytes;
-  if (!Post(*to, d).ok()) (void)to->rx->Free(*block);
+  if (!Post(*to, d, kPostWait).ok()) (void)to->rx->Free(*block);
+}
+
+std::optional<CallRouter::Pending> CallRouter::TakePending(uint64_t id) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return std::nullopt;
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  deadlines_.erase({p.deadline, id});
+  if (!p.remote) pending_by_caller_.erase({p.caller, p.caller_call_id});
+  return p;
+}
+
+void CallRouter::AnswerPending(const Pending& p, const absl::Status& status) {
+  if (p.remote) {
+    RespondError(*p.remote, status);
+  } else {
+    Fail(Find(p.caller), p.caller_call_id, status);
+  }
 }
 
 void CallRouter::TimerLoop() {
@@ -396,18 +829,17 @@ void CallRouter::TimerLoop() {
       timer_cv_.WaitWithDeadline(&mu_, when);
       continue;
     }
-    deadlines_.erase(deadlines_.begin());
-    auto it = pending_.find(id);
-    if (it == pending_.end()) continue;
-    Pending p = std::move(it->second);
-    pending_.erase(it);
-    auto caller = sessions_.find(p.caller);
-    std::shared_ptr<Session> session = caller == sessions_.end() ? nullptr : caller->second;
+    std::optional<Pending> p = TakePending(id);
+    if (!p) continue;
     mu_.Unlock();
-    Fail(session, p.caller_call_id,
-         absl::DeadlineExceededError(absl::StrCat(
-             "call to worker '", p.worker, "' method '", p.method, "' passed its deadline ",
-             absl::FormatTime(p.deadline, absl::UTCTimeZone()), " with no reply")));
+    // A remote caller's daemon keeps its own deadline and has answered already; its entry
+    // only had to go.
+    if (!p->remote) {
+      Fail(Find(p->caller), p->caller_call_id,
+           absl::DeadlineExceededError(absl::StrCat(
+               CallName(p->worker, p->method), " passed its deadline ",
+               absl::FormatTime(p->deadline, absl::UTCTimeZone()), " with no reply")));
+    }
     mu_.Lock();
   }
 }

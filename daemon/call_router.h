@@ -1,17 +1,29 @@
-// Calls between two sessions of this daemon through their shared memory (docs/data_plane.md,
-// "Calls on one node"): each attached session's submission ring is consumed here, calls are
-// routed to the session holding the target worker, replies back to the caller, matched by id.
+// Calls between workers, from the sessions' shared memory (docs/data_plane.md): each attached
+// session's submission ring is consumed here and each call goes where its target worker is.
+//
+//   Target on this daemon   one copy, from the caller's tx heap into the callee's rx heap.
+//   Target on another node  no copy here: the agent's pipe to that node reads the payload and
+//                           tensors in place in the caller's tx heap (the block is released
+//                           when TensorPipe is done with it), and the reply is received
+//                           straight into the caller's rx heap. A request from another node
+//                           is received straight into the callee's rx heap, and the callee's
+//                           reply written to the pipe from its tx heap.
+//
+// Replies are matched to calls by id, exactly once: the reply, the deadline (one timer
+// thread), a cancel, the callee's session ending, or the callee's node being lost
+// (FailNode), whichever comes first, answers the caller; anything later is dropped.
 //
 // Every descriptor is copied out of the ring and validated (ValidateDescriptor,
-// ReadTensorTable, ParseMessage) before use. A bad call is answered INVALID_ARGUMENT; a
-// descriptor with no call id to answer, or a broken ring, ends the session (`end_session`).
-// Payload and tensors are copied once, from the sender's tx heap into the receiver's rx heap
-// (allocated with the daemon's allocator of that heap), and the tx block is released.
+// ReadTensorTable, ParseMessage) before use, and everything a peer daemon sends is validated
+// (tensor_wire.h). A bad call is answered INVALID_ARGUMENT; a descriptor with no call id to
+// answer, or a broken ring, ends the session (`end_session`).
 //
 // Thread safety: thread-safe. One thread per attached session ("tpd-session", at most
 // data.max_sessions) reads its submission ring with bounded waits; one timer thread
-// ("tpd-call-timer") answers calls past their deadline. A session's completion ring and rx
-// heap allocator are guarded by that session's mutex; no two session mutexes are held at once.
+// ("tpd-call-timer") answers calls past their deadline; the agent's callbacks run on
+// TensorPipe's threads and never wait for ring space. A session's completion ring and rx heap
+// allocator are guarded by that session's mutex; no two session mutexes are held at once, and
+// no router lock is held while calling into the agent.
 
 #ifndef TPD_DAEMON_CALL_ROUTER_H_
 #define TPD_DAEMON_CALL_ROUTER_H_
@@ -26,24 +38,49 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/agent.h"
+#include "proto/control.pb.h"
 #include "proto/shm/descriptor.h"
 #include "proto/shm/heap.h"
+#include "proto/shm/message.h"
 #include "proto/shm/ring.h"
 #include "proto/shm/segment.h"
 
 namespace tpd {
 
 struct CallRouterOptions {
+  // This daemon's node name: members recorded with it are local.
+  std::string node;
   // The session holding worker `worker` of `group` on this daemon, if any.
   std::function<std::optional<std::string>(const std::string& group, const std::string& worker)>
       lookup;
+  // Member `worker` of `group` as this daemon last read the group (any node), if any.
+  std::function<std::optional<v1::Member>(const std::string& group, const std::string& worker)>
+      member;
+  // The agent carrying calls to other daemons; null: calls stay on this node.
+  agent::Agent* agent = nullptr;
+  // The URLs to dial for a member's agent_address (read from the store, so untrusted), or
+  // the error that refuses it (PERMISSION_DENIED naming the address and the setting).
+  std::function<absl::StatusOr<std::string>(const std::string& agent_address)> check_address;
   // Ends a session whose ring is broken or that sent a descriptor with nothing to answer.
   std::function<void(const std::string& session_id, const std::string& why)> end_session;
+  // Calls one session may have waiting for their replies; one more is RESOURCE_EXHAUSTED.
+  int64_t max_calls_in_flight = 1024;
+};
+
+// What Admin.Status shows per session.
+struct SessionCallStats {
+  std::string session_id;
+  int64_t calls_in_flight = 0;  // its calls awaiting replies
+  uint64_t rx_heap_bytes = 0;
+  uint64_t rx_heap_used = 0;     // the daemon's blocks in its rx heap not yet released
 };
 
 class CallRouter {
@@ -51,17 +88,25 @@ class CallRouter {
   explicit CallRouter(CallRouterOptions options);
   ~CallRouter();
 
-  // `segment` stays mapped until Detach(session_id) returns.
-  void Attach(const std::string& session_id, shm::Segment* segment);
+  // The router keeps `segment` mapped while anything (TensorPipe included) still uses it.
+  void Attach(const std::string& session_id, std::shared_ptr<shm::Segment> segment);
   // Stops the session's thread; calls it was serving are answered UNAVAILABLE.
   void Detach(const std::string& session_id);
+  // The agent's handler for requests from other daemons. Install after construction.
+  agent::Handler AgentHandler();
+  // Answers every call waiting on a worker of `node` UNAVAILABLE with `why` (the heartbeat
+  // lost that node), and fails the agent's calls to it.
+  void FailNode(const std::string& node, const std::string& why);
+  std::vector<SessionCallStats> Stats();
+  // Stops every thread and answers what is pending; the agent must stop calling in first.
   void Shutdown();
 
  private:
   struct Session {
     std::string id;
-    shm::Segment* segment = nullptr;
+    std::shared_ptr<shm::Segment> segment;
     std::unique_ptr<shm::RingConsumer> submissions;  // its thread only
+    std::atomic<int64_t> calls_in_flight{0};
     absl::Mutex mu;
     std::unique_ptr<shm::RingProducer> completions ABSL_GUARDED_BY(mu);
     std::unique_ptr<shm::HeapAllocator> rx ABSL_GUARDED_BY(mu);
@@ -69,23 +114,57 @@ class CallRouter {
     std::atomic<bool> stop{false};
     std::thread thread;
   };
+  // A call delivered to a local callee session, by the id the callee sees.
   struct Pending {
+    // Who is answered: a local caller session (caller, caller_call_id) or another daemon.
     std::string caller;
     uint64_t caller_call_id = 0;
+    std::optional<agent::ReplyTo> remote;
     std::string callee;
     std::string worker;
     std::string method;
     absl::Time deadline = absl::InfiniteFuture();
   };
+  // A call of a local session to a worker on another node, until it is answered.
+  struct Outgoing {
+    std::string node;
+    std::string worker;
+    std::string method;
+  };
+  using CallerKey = std::pair<std::string, uint64_t>;  // (session id, its call id)
+  // Where an incoming message's bytes were placed: a block of a session's rx heap, freed
+  // unless it was posted. Shared with the agent as the message's keepalive.
+  struct RxBlock;
+  // A block of a session's tx heap TensorPipe reads; released to the client when it goes.
+  struct TxBlock;
 
   void Serve(std::shared_ptr<Session> session);
   void Handle(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   void HandleCall(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   void HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
+  void HandleCancel(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
+  // A call whose target `member` is on another node.
+  void CallRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+                  const shm::ParsedMessage& message, const std::vector<shm::TensorEntry>& tensors,
+                  const v1::Member& member);
+  // A local callee's reply to a call from another daemon.
+  void RespondRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+                     const Pending& pending);
+  // Agent callbacks.
+  absl::StatusOr<agent::Destination> PlaceIncoming(const std::shared_ptr<Session>& to,
+                                                   const std::string& n0, const std::string& n1,
+                                                   const std::string& n2, const std::string& n3,
+                                                   uint32_t code, size_t payload_size,
+                                                   const v1::AgentMessage& header,
+                                                   absl::Span<const size_t> tensor_sizes);
+  void OnRemoteRequest(agent::InboundRequest request);
+  void OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
+                     absl::StatusOr<agent::Message> reply);
+
   std::shared_ptr<Session> Find(const std::string& id);
   // Copies the message of `d` (from `from`'s tx heap) into `to`'s rx heap and posts it with
   // `op`, `call_id`, `flags`, `deadline`. The error is what the caller should be told.
-  absl::Status Deliver(const Session& from, const shm::Descriptor& d, const std::string& prefix0,
+  absl::Status Deliver(const Session& from, const std::string& prefix0,
                        const std::string& prefix1, const std::string& prefix2,
                        const std::string& prefix3, uint32_t code,
                        uint64_t body_offset, uint64_t body_length,
@@ -93,15 +172,26 @@ class CallRouter {
                        uint64_t call_id, uint16_t flags, int64_t deadline_ns);
   // Posts an error reply to `to` for its call `call_id`.
   void Fail(const std::shared_ptr<Session>& to, uint64_t call_id, const absl::Status& status);
-  // Posts `d` on `to`'s completion ring (waits up to a second for space).
-  absl::Status Post(Session& to, const shm::Descriptor& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
-  void Release(const std::shared_ptr<Session>& to, uint64_t tx_offset);
+  // Posts `d` on `to`'s completion ring, waiting up to `wait` for space.
+  absl::Status Post(Session& to, const shm::Descriptor& d, absl::Duration wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
+  // Returns tx block `tx_offset` to its client, waiting up to `wait` for ring space.
+  void Release(const std::shared_ptr<Session>& to, uint64_t tx_offset,
+               absl::Duration wait = absl::Seconds(1));
+  // Answers a remote caller's request with an error.
+  void RespondError(const agent::ReplyTo& to, const absl::Status& status);
+  // Removes pending call `id` if still there (and its deadline).
+  std::optional<Pending> TakePending(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers `p` (its caller, local or remote) with `status`.
+  void AnswerPending(const Pending& p, const absl::Status& status);
   void TimerLoop();
 
   const CallRouterOptions options_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by routed call id
+  std::map<CallerKey, uint64_t> pending_by_caller_ ABSL_GUARDED_BY(mu_);
+  std::map<CallerKey, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<absl::Time, uint64_t>> deadlines_ ABSL_GUARDED_BY(mu_);
   uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -142,9 +142,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
   for (const auto& [key, node] : root) {
     const std::string table(key.str());
     if (table != "daemon" && table != "store" && table != "peer" && table != "group" &&
-        table != "data") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": unknown table [", table, "]; known: [daemon], [store], [peer], [group], [data]"));
+        table != "data" && table != "agent") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": unknown table [", table,
+                       "]; known: [daemon], [store], [peer], [group], [data], [agent]"));
     }
     if (!node.is_table()) {
       return absl::InvalidArgumentError(
@@ -226,7 +227,21 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
     for (absl::Status status :
          {reader.String("socket", &config.data.socket_path),
           reader.Int("arena_bytes", &config.data.arena_bytes),
-          reader.Int("max_sessions", &config.data.max_sessions), reader.NoUnknownKeys()}) {
+          reader.Int("max_sessions", &config.data.max_sessions),
+          reader.Int("max_calls_in_flight", &config.data.max_calls_in_flight),
+          reader.NoUnknownKeys()}) {
+      if (!status.ok()) return status;
+    }
+  }
+  if (const toml::table* agent = SubTable(root, "agent")) {
+    TableReader reader(*agent, "agent", std::string(source));
+    for (absl::Status status :
+         {reader.String("listen_address", &config.agent.listen_address),
+          reader.StringList("transports", &config.agent.transports),
+          reader.StringList("channels", &config.agent.channels),
+          reader.Int("mpt_lanes", &config.agent.mpt_lanes),
+          reader.Int("max_message_bytes", &config.agent.max_message_bytes),
+          reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
   }
@@ -275,6 +290,9 @@ absl::Status ValidateClientLimits(const Config& config) {
       {"group.max_env_entries", g.max_env_entries, 4096},
       {"group.max_option_bytes", g.max_option_bytes, 65536},
       {"data.max_sessions", config.data.max_sessions, 65536},
+      {"data.max_calls_in_flight", config.data.max_calls_in_flight, 1 << 20},
+      {"agent.mpt_lanes", config.agent.mpt_lanes, 64},
+      {"agent.max_message_bytes", config.agent.max_message_bytes, int64_t{1} << 40},
   };
   for (const Limit& limit : limits) {
     if (limit.value < 1 || limit.value > limit.cap) {
@@ -333,6 +351,18 @@ absl::Status ValidateConfig(const Config& config) {
   }
   if (!config.peer.listen_address.empty()) {
     if (absl::Status status = ValidateHostPort("peer.listen_address", config.peer.listen_address);
+        !status.ok()) {
+      return status;
+    }
+  }
+  if (!config.agent.listen_address.empty()) {
+    if (config.peer.listen_address.empty()) {
+      return absl::InvalidArgumentError(
+          "agent.listen_address is set but peer.listen_address is not: the agent serves only "
+          "daemons that share the peer token");
+    }
+    if (absl::Status status =
+            ValidateHostPort("agent.listen_address", config.agent.listen_address);
         !status.ok()) {
       return status;
     }

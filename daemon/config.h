@@ -114,6 +114,25 @@ struct DataConfig {
   int64_t arena_bytes = int64_t{64} << 20;
   // Sessions attached at once; one more is refused RESOURCE_EXHAUSTED naming this setting.
   int64_t max_sessions = 256;
+  // Calls one session may have waiting for replies; one more is RESOURCE_EXHAUSTED.
+  int64_t max_calls_in_flight = 1024;
+};
+
+// The TensorPipe agent carrying calls to other daemons (docs/data_plane.md, "Calls between
+// nodes"). It runs only when peer.listen_address is set, and shares its token.
+struct AgentConfig {
+  // host:port it listens on; empty: the peer port's host and a free port. Its URLs go into
+  // the group records, so peers dial the host given here: on a multi-homed machine name the
+  // address peers reach (a wildcard host only works for peers on this machine).
+  std::string listen_address;
+  // Transports and channels it may register, PyTorch's names; empty: every one this build
+  // and machine can use. Groups are offered only what was registered.
+  std::vector<std::string> transports;
+  std::vector<std::string> channels;
+  // Connections of the mpt_uv channel per pipe.
+  int64_t mpt_lanes = 4;
+  // Largest payload plus tensors of one message either way (a peer sending more is cut off).
+  int64_t max_message_bytes = int64_t{2} << 30;
 };
 
 struct Config {
@@ -133,6 +152,7 @@ struct Config {
   PeerConfig peer;
   GroupConfig group;
   DataConfig data;
+  AgentConfig agent;
 };
 
 // Parses TOML text; `source` names it in error messages. Unknown tables and keys are

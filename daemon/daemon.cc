@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon/agent_address.h"
 #include "daemon/logging.h"
 #include "daemon/version.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -146,6 +147,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
   std::unique_ptr<Daemon> daemon(new Daemon(config, std::move(socket_path), *std::move(lock)));
   if (absl::Status status = daemon->LoadPeerTls(); !status.ok()) return status;
   if (absl::Status status = daemon->ServePeers(); !status.ok()) return status;
+  if (absl::Status status = daemon->StartAgent(); !status.ok()) return status;
   if (absl::Status status = daemon->Serve(); !status.ok()) return status;
   return daemon;
 }
@@ -187,10 +189,56 @@ absl::Status Daemon::ServePeers() {
   return absl::OkStatus();
 }
 
+absl::Status Daemon::StartAgent() {
+  if (peer_address_.empty()) return absl::OkStatus();
+  agent::AgentOptions options;
+  options.id = NodeName(config_, peer_address_);
+  const std::string peer_host = peer_address_.substr(0, peer_address_.rfind(':'));
+  options.listen_address = config_.agent.listen_address.empty()
+                               ? absl::StrCat(peer_host, ":0")
+                               : config_.agent.listen_address;
+  options.cluster_token = config_.peer.token;
+  options.transports = config_.agent.transports;
+  options.channels = config_.agent.channels;
+  options.mpt_lanes = static_cast<int>(config_.agent.mpt_lanes);
+  options.max_message_bytes = static_cast<uint64_t>(config_.agent.max_message_bytes);
+  absl::StatusOr<std::unique_ptr<agent::Agent>> agent = agent::Agent::Create(options);
+  if (!agent.ok()) {
+    return absl::Status(agent.status().code(),
+                        absl::StrCat("cannot start the agent on ", options.listen_address,
+                                     " (agent.listen_address): ", agent.status().message()));
+  }
+  agent_ = *std::move(agent);
+  DaemonLog().info("[agent {}] listening on {} for calls from other daemons", options.id,
+                   agent_->address());
+  const std::string host = options.listen_address.substr(0, options.listen_address.rfind(':'));
+  if (host == "0.0.0.0" || host == "[::]") {
+    DaemonLog().warn("[agent {}] listening on the wildcard host {}: its URLs name that host, so "
+                     "only peers on this machine can dial them; set agent.listen_address to an "
+                     "address other nodes reach",
+                     options.id, host);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Daemon::Serve() {
   group::GroupManagerOptions groups;
   groups.node_name = NodeName(config_, peer_address_);
   groups.device_count = CudaDeviceCount(config_.group);
+  if (agent_ != nullptr) {
+    groups.agent_address = agent_->address();
+    for (const agent::Candidate& c : agent_->registry().transports()) {
+      if (c.registered) groups.transports.push_back(c.name);
+    }
+    for (const agent::Candidate& c : agent_->registry().channels()) {
+      if (c.registered) groups.channels.push_back(c.name);
+    }
+  }
+  // A node the heartbeat loses fails the calls to it at once (calls_ exists before any
+  // group does: groups need clients, which come after ServeData).
+  groups.tracker.on_node_lost = [this](const std::string& node, const std::string& why) {
+    if (calls_ != nullptr) calls_->FailNode(node, why);
+  };
   store::RemoteStoreOptions& remote = groups.rendezvous.remote.store;
   remote.token = config_.peer.token;
   // A store call slower than the heartbeat window is a store this node cannot count on;
@@ -275,17 +323,30 @@ absl::Status Daemon::ServeData() {
   };
   group::GroupManager* groups = groups_.get();
   CallRouterOptions calls;
+  calls.node = groups->node().name;
   calls.lookup = [groups](const std::string& group, const std::string& worker) {
     return groups->SessionOf(group, worker);
   };
+  calls.member = [groups](const std::string& group, const std::string& worker) {
+    return groups->MemberNamed(group, worker);
+  };
+  calls.agent = agent_.get();
+  absl::StatusOr<store::NetworkList> networks =
+      store::NetworkList::Parse(config_.peer.dial_networks);
+  if (!networks.ok()) return networks.status();  // ValidateConfig checked it
+  calls.check_address = [networks = *std::move(networks)](const std::string& address) {
+    return DialableAgentUrls(address, networks);
+  };
+  calls.max_calls_in_flight = config_.data.max_calls_in_flight;
   calls.end_session = [control](const std::string& id, const std::string& why) {
     control->EndSession(id, absl::StrCat("the session's shared memory was misused: ", why));
   };
   calls_ = std::make_unique<CallRouter>(std::move(calls));
   CallRouter* router = calls_.get();
-  options.on_attach = [router](const std::string& id, shm::Segment* segment) {
-    router->Attach(id, segment);
+  options.on_attach = [router](const std::string& id, std::shared_ptr<shm::Segment> segment) {
+    router->Attach(id, std::move(segment));
   };
+  if (agent_ != nullptr) agent_->SetHandler(router->AgentHandler());
   options.on_detach = [router](const std::string& id) { router->Detach(id); };
   absl::StatusOr<std::unique_ptr<DataSocket>> data = DataSocket::Start(std::move(options));
   if (!data.ok()) return data.status();
@@ -321,7 +382,11 @@ void Daemon::Shutdown() {
     (*server)->Wait();
     server->reset();
   }
+  // Sessions detach (their calls are answered UNAVAILABLE, remote callers included), the
+  // router stops calling into the agent, then the agent closes its pipes.
   data_socket_->Shutdown();
+  calls_->Shutdown();
+  agent_.reset();
   lock_.reset();
   DaemonLog().info("[socket {}] stopped; socket removed", socket_path_);
 }

@@ -19,6 +19,7 @@
 #include "daemon/client_store.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
+#include "agent/agent.h"
 #include "daemon/call_router.h"
 #include "daemon/data_socket.h"
 #include "daemon/group/group_manager.h"
@@ -66,6 +67,8 @@ class Daemon {
   absl::Status LoadPeerTls();
   absl::Status Serve();
   absl::Status ServePeers();
+  // Starts the TensorPipe agent beside the peer port (none without one).
+  absl::Status StartAgent();
   // Starts the data socket; REQUIRES: control_service_ built.
   absl::Status ServeData();
 
@@ -92,6 +95,9 @@ class Daemon {
   // session-end hooks find it (a no-op then).
   // Calls between this daemon's sessions; outlives data_socket_, which detaches into it.
   std::unique_ptr<CallRouter> calls_;
+  // Carries calls to other daemons; null without a peer port. Stopped (reset) after calls_
+  // stops calling into it, before calls_ goes.
+  std::unique_ptr<agent::Agent> agent_;
   std::unique_ptr<DataSocket> data_socket_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> peer_server_;

@@ -366,12 +366,12 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       // Recorded before the reply goes, so whatever the client does next (Admin.Status, a
       // second attach) sees the session attached.
       int memfd;
-      shm::Segment* attached_segment = nullptr;
+      std::shared_ptr<shm::Segment> attached_segment;
       {
         absl::MutexLock lock(&mu_);
         Connection& connection = connections_.at(id);
         connection.session_id = session_id;
-        connection.segment.emplace(*std::move(segment));
+        connection.segment = std::make_shared<shm::Segment>(*std::move(segment));
         connection.attached_at = absl::Now();
         memfd = connection.segment->fd();
         attached_[session_id] = id;
@@ -383,9 +383,9 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       {
         absl::MutexLock lock(&mu_);
         connections_.at(id).segment->CloseFd();
-        attached_segment = &*connections_.at(id).segment;
+        attached_segment = connections_.at(id).segment;
       }
-      if (options_.on_attach) options_.on_attach(session_id, attached_segment);
+      if (options_.on_attach) options_.on_attach(session_id, std::move(attached_segment));
       DaemonLog().info("[session {}] attached to shared memory by pid {} uid {} gid {} ({} bytes)",
                        session_id, pid, uid, gid, reply.segment_bytes);
       // The stream may have ended between the check above and now; then EndSession found
@@ -431,7 +431,7 @@ void DataSocket::Close(uint64_t id, bool end) {
   close(connection.fd);
   if (connection.session_id.empty()) return;
   if (options_.on_detach) options_.on_detach(connection.session_id);
-  connection.segment.reset();  // unmapped before the session's end is reported
+  connection.segment.reset();  // unmapped here unless a transfer still reads it
   DaemonLog().info("[session {}] data connection of pid {} closed; segment freed",
                    connection.session_id, connection.pid);
   if (end) options_.end_session(connection.session_id);

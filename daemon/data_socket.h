@@ -58,9 +58,11 @@ struct DataSocketOptions {
   std::function<bool(const std::string& session_id)> session_open;
   // Called when an attached session's data connection closed first. Required.
   std::function<void(const std::string& session_id)> end_session;
-  // Optional: a session attached; its segment stays mapped until on_detach(session_id)
-  // returns (called on the loop thread before it is unmapped, and at Shutdown).
-  std::function<void(const std::string& session_id, shm::Segment* segment)> on_attach;
+  // Optional: a session attached. The socket lets go of its segment after on_detach(session_id)
+  // returns (called on the loop thread, and at Shutdown); the mapping goes with the last
+  // reference, so the call router can keep it while TensorPipe still reads from it.
+  std::function<void(const std::string& session_id, std::shared_ptr<shm::Segment> segment)>
+      on_attach;
   std::function<void(const std::string& session_id)> on_detach;
 };
 
@@ -105,7 +107,7 @@ class DataSocket {
     std::string request;  // bytes read so far, before the attach
     absl::Time accepted_at;
     std::string session_id;  // set once attached
-    std::optional<shm::Segment> segment;
+    std::shared_ptr<shm::Segment> segment;
     absl::Time attached_at;
   };
 

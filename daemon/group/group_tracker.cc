@@ -995,13 +995,16 @@ void GroupTracker::CheckHeartbeats() {
       why = absl::StrCat("node ", node, " sent no heartbeat for ",
                          absl::FormatDuration(absl::Trunc(now - changed, absl::Milliseconds(1))));
       remove = [node = node](const v1::Member& m) { return m.node() == node; };
-      absl::MutexLock lock(&mu_);
-      heartbeats_[node].second = now;  // one eviction attempt per window
+      {
+        absl::MutexLock lock(&mu_);
+        heartbeats_[node].second = now;  // one eviction attempt per window
+      }
+      // Only a silent node is lost; a restarted one serves its new incarnation's calls.
+      if (options_.on_node_lost) options_.on_node_lost(node, why);
     } else {
       continue;
     }
     DaemonLog().warn("[group {}] evicting members of node {}: {}", group_, node, why);
-    if (options_.on_node_lost) options_.on_node_lost(node, why);
     Op op;
     op.remove = std::move(remove);
     op.change = "EVICTED";

@@ -69,8 +69,8 @@ struct TrackerOptions {
   // What heartbeat windows, join deadlines and the tracker's schedule are judged by; must
   // outlive the tracker. Join deadlines given to Join() are on this clock.
   Clock* clock = Clock::Real();
-  // Runs (on the worker, no lock held) when the heartbeat check decides to evict another node,
-  // with the node and why: the daemon fails calls to it at once instead of at their deadline.
+  // Runs (on the worker, no lock held) when the heartbeat check evicts another node that went
+  // silent (not one that restarted), with the node and why: the daemon fails calls to it at once instead of at their deadline.
   std::function<void(const std::string& node, const std::string& why)> on_node_lost;
 };
 
