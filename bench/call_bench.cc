@@ -1,6 +1,9 @@
 // B2: one local hop. An empty call from one client to another of the same in-process daemon
 // through shared memory (Client::Call → daemon → Client::Handle → back), beside a one-byte
-// round trip over a unix socketpair between two threads, measured in the same run.
+// round trip over a unix socketpair between two threads, measured in the same run. Then a
+// call carrying one tensor of --tensor_bytes, sent from a std::string (one copy into the
+// arena) and from an arena tensor (Client::AllocateTensor: no copy on the caller's side);
+// the daemon's copy into the callee's rx heap is in both.
 //
 //   bazel run -c opt //bench:call_bench -- --calls=20000
 
@@ -10,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +29,8 @@
 
 ABSL_FLAG(int, calls, 20000, "measured round trips of each kind");
 ABSL_FLAG(int, warmup, 2000, "round trips before measuring");
+ABSL_FLAG(int, tensor_bytes, 1 << 20, "bytes of the tensor in the tensor calls");
+ABSL_FLAG(int, tensor_calls, 2000, "measured round trips with a tensor, each way of sending");
 
 namespace {
 
@@ -92,22 +98,55 @@ int main(int argc, char** argv) {
         }).ok()) {
     return 1;
   }
-  std::vector<double> local;
-  for (int i = 0; i < warmup + calls; ++i) {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<tpd::Message> reply = a->Call("bench", "b", "empty", "", {}, absl::Seconds(10));
-    if (!reply.ok()) {
-      std::fprintf(stderr, "call %d: %s\n", i, reply.status().ToString().c_str());
-      return 1;
+  auto measure = [&](int n, const std::vector<tpd::Tensor>& tensors,
+                     std::vector<double>* us) -> bool {
+    for (int i = 0; i < warmup + n; ++i) {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<tpd::Message> reply =
+          a->Call("bench", "b", "empty", "", tensors, absl::Seconds(10));
+      if (!reply.ok()) {
+        std::fprintf(stderr, "call %d: %s\n", i, reply.status().ToString().c_str());
+        return false;
+      }
+      if (i >= warmup) us->push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
     }
-    if (i >= warmup) local.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    return true;
+  };
+  std::vector<double> local;
+  if (!measure(calls, {}, &local)) return 1;
+  const int tensor_bytes = absl::GetFlag(FLAGS_tensor_bytes);
+  const int tensor_calls = absl::GetFlag(FLAGS_tensor_calls);
+  std::vector<double> copied;
+  if (!measure(tensor_calls,
+               {tpd::Tensor(tpd::shm::DType::kUInt8, {tensor_bytes}, std::string(tensor_bytes, 'x'))},
+               &copied)) {
+    return 1;
   }
+  absl::StatusOr<tpd::Tensor> arena = a->AllocateTensor(tpd::shm::DType::kUInt8, {tensor_bytes});
+  if (!arena.ok()) {
+    std::fprintf(stderr, "arena tensor: %s\n", arena.status().ToString().c_str());
+    return 1;
+  }
+  std::memset(arena->mutable_data(), 'x', arena->size());
+  std::vector<double> in_place;
+  if (!measure(tensor_calls, {*arena}, &in_place)) return 1;
+  const tpd::CallEngineStats stats = *a->GetCallStats();
   std::vector<double> pair = SocketpairRoundTrips(warmup, calls);
-  std::printf("%-28s %8s %8s %8s\n", "round trip", "p50_us", "p99_us", "ratio");
-  std::printf("%-28s %8.1f %8.1f %8.2f\n", "socketpair 1 B (baseline)", Percentile(pair, 0.5),
+  std::printf("%-36s %8s %8s %8s\n", "round trip", "p50_us", "p99_us", "ratio");
+  std::printf("%-36s %8.1f %8.1f %8.2f\n", "socketpair 1 B (baseline)", Percentile(pair, 0.5),
               Percentile(pair, 0.99), 1.0);
-  std::printf("%-28s %8.1f %8.1f %8.2f\n", "local hop, empty call", Percentile(local, 0.5),
+  std::printf("%-36s %8.1f %8.1f %8.2f\n", "local hop, empty call", Percentile(local, 0.5),
               Percentile(local, 0.99), Percentile(local, 0.5) / Percentile(pair, 0.5));
+  const std::string size = absl::StrCat(tensor_bytes, " B");
+  std::printf("%-36s %8.1f %8.1f %8.2f\n", absl::StrCat("tensor ", size, ", copied in").c_str(),
+              Percentile(copied, 0.5), Percentile(copied, 0.99),
+              Percentile(copied, 0.5) / Percentile(pair, 0.5));
+  std::printf("%-36s %8.1f %8.1f %8.2f\n", absl::StrCat("tensor ", size, ", arena").c_str(),
+              Percentile(in_place, 0.5), Percentile(in_place, 0.99),
+              Percentile(in_place, 0.5) / Percentile(pair, 0.5));
+  std::printf("caller's arena: %llu tensors sent in place, %llu copied in\n",
+              static_cast<unsigned long long>(stats.tensors_in_place),
+              static_cast<unsigned long long>(stats.tensors_copied_in));
   a.reset();
   b.reset();
   (*daemon)->Shutdown();

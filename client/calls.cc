@@ -794,8 +794,8 @@ int CallEngine::DrainLeave(const std::string& group, const std::string& worker,
   }
 }
 
-CallStats CallEngine::Stats() {
-  CallStats stats;
+CallEngineStats CallEngine::Stats() {
+  CallEngineStats stats;
   {
     absl::MutexLock lock(&link_->mu);
     const shm::HeapAllocator::Stats tx = link_->tx.GetStats();

@@ -169,7 +169,7 @@ class CallFuture {
 };
 
 // Counters of one engine, for tests and benchmarks.
-struct CallStats {
+struct CallEngineStats {
   uint64_t arena_bytes = 0;        // the tx heap's size
   uint64_t arena_used_bytes = 0;   // in live blocks: arena tensors and unreleased messages
   uint64_t arena_live_blocks = 0;
@@ -235,7 +235,7 @@ class CallEngine {
                  absl::Duration no_deadline_wait);
   void Rejoined(const std::string& group, const std::string& worker);
 
-  CallStats Stats();
+  CallEngineStats Stats();
 
  private:
   using WorkerKey = std::pair<std::string, std::string>;  // (group, worker)

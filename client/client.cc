@@ -322,7 +322,7 @@ absl::StatusOr<Tensor> Client::AllocateTensor(shm::DType dtype, std::vector<int6
   return (*calls)->AllocateTensor(dtype, std::move(shape));
 }
 
-absl::StatusOr<CallStats> Client::GetCallStats() {
+absl::StatusOr<CallEngineStats> Client::GetCallStats() {
   std::shared_ptr<CallEngine> calls;
   {
     absl::MutexLock lock(&data_mu_);

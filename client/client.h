@@ -191,7 +191,7 @@ class Client {
 
   // The call engine's counters; FAILED_PRECONDITION before the first Handle, Call or
   // AllocateTensor started it.
-  absl::StatusOr<CallStats> GetCallStats();
+  absl::StatusOr<CallEngineStats> GetCallStats();
 
   // Admin.Status of the daemon.
   absl::StatusOr<v1::StatusResponse> Status();

@@ -482,7 +482,7 @@ TEST_F(FakeDaemonTest, ArenaTensorIsSentInPlaceAndPinnedUntilItsMessageIsRelease
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(daemon_->base() + arena_offset),
                         bytes.size()),
             bytes);
-  CallStats stats = engine_->Stats();
+  CallEngineStats stats = engine_->Stats();
   EXPECT_EQ(stats.tensors_in_place, 1u);
   EXPECT_EQ(stats.tensors_copied_in, 0u);
   EXPECT_EQ(stats.bytes_copied_in, std::string("payload").size());
@@ -575,21 +575,21 @@ TEST_F(CallsTest, ArenaTensorRoundTripCopiesOnlyThePayload) {
   absl::StatusOr<Tensor> tensor = a_->AllocateTensor(shm::DType::kUInt8, {1 << 20});
   ASSERT_TRUE(tensor.ok()) << tensor.status();
   std::memcpy(tensor->mutable_data(), bytes.data(), bytes.size());
-  const CallStats before = *a_->GetCallStats();
+  const CallEngineStats before = *a_->GetCallStats();
   absl::StatusOr<Message> reply = a_->Call("g", "b", "echo", "t", {*tensor}, absl::Seconds(30));
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->payload, absl::StrCat("t|", Checksum(bytes), ","));
   ASSERT_EQ(reply->tensors.size(), 1u);
   EXPECT_EQ(reply->tensors[0].storage(), TensorStorage::kReceived);
   EXPECT_EQ(Checksum(reply->tensors[0].data()), Checksum(bytes));
-  const CallStats after = *a_->GetCallStats();
+  const CallEngineStats after = *a_->GetCallStats();
   EXPECT_EQ(after.tensors_in_place - before.tensors_in_place, 1u);
   EXPECT_EQ(after.tensors_copied_in, before.tensors_copied_in);
   EXPECT_EQ(after.bytes_copied_in - before.bytes_copied_in, 1u) << "only the payload \"t\"";
   // The same bytes from a std::string cost exactly one copy.
   Tensor owned(shm::DType::kUInt8, {1 << 20}, bytes);
   ASSERT_TRUE(a_->Call("g", "b", "echo", "t", {owned}, absl::Seconds(30)).ok());
-  const CallStats owned_stats = *a_->GetCallStats();
+  const CallEngineStats owned_stats = *a_->GetCallStats();
   EXPECT_EQ(owned_stats.tensors_copied_in - after.tensors_copied_in, 1u);
   EXPECT_EQ(owned_stats.bytes_copied_in - after.bytes_copied_in, (1u << 20) + 1);
   // Everything goes back: the arena once the tensor and the releases are gone, the rx heap
