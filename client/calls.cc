@@ -60,6 +60,9 @@ std::string ArenaFull(const shm::HeapAllocator& tx, uint64_t request, absl::stri
                       "): drop arena tensors no longer needed, or wait for calls in flight");
 }
 
+// The engine whose reader or handler thread this is.
+thread_local const CallEngine* own_engine = nullptr;
+
 }  // namespace
 
 namespace calls_internal {
@@ -580,6 +583,7 @@ void CallEngine::ReplyError(uint64_t call_id, const absl::Status& status) {
 
 void CallEngine::ReadLoop() {
   pthread_setname_np(pthread_self(), "tpd-calls");
+  own_engine = this;
   shm::Descriptor batch[64];
   while (true) {
     {
@@ -693,6 +697,7 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
 
 void CallEngine::PoolLoop() {
   pthread_setname_np(pthread_self(), "tpd-handler");
+  own_engine = this;
   while (true) {
     std::function<void()> callback;
     std::optional<Incoming> incoming;
@@ -792,6 +797,15 @@ int CallEngine::DrainLeave(const std::string& group, const std::string& worker,
     if (left == 0 || absl::Now() >= bound) return left;
     idle_cv_.WaitWithDeadline(&mu_, bound);
   }
+}
+
+bool CallEngine::OnOwnThread() const { return own_engine == this; }
+
+void ReleaseCallEngine(std::shared_ptr<CallEngine> engine) {
+  if (engine == nullptr || engine.use_count() > 1 || !engine->OnOwnThread()) return;
+  // Its destructor joins this very thread, which goes back to its loop and exits once the
+  // destructor has told the pool to.
+  std::thread([engine = std::move(engine)]() mutable { engine.reset(); }).detach();
 }
 
 CallEngineStats CallEngine::Stats() {

@@ -85,8 +85,9 @@ class Tensor {
   // Owns `bytes`.
   Tensor(shm::DType dtype, std::vector<int64_t> shape, std::string bytes);
   // Refers to `size` bytes at `data`, which must stay valid and unchanged until the
-  // Call/CallAsync (or the handler's return) that sends it has returned: they are copied
-  // once into the arena before it does.
+  // Call/CallAsync that sends it has returned (they are copied once into the arena before
+  // it does). A handler's reply is sent after the handler returns: borrow only memory that
+  // outlives the handler there.
   static Tensor Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* data,
                        size_t size);
 
@@ -194,7 +195,8 @@ class CallEngine {
   CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads);
   // Answers calls still waiting CANCELLED (naming each), drops incoming calls not yet
   // started (the daemon answers their callers when the session ends), waits for running
-  // handlers and runs every callback still due. REQUIRES: not called on a handler thread.
+  // handlers and runs every callback still due. REQUIRES: not called on one of its own
+  // threads (ReleaseCallEngine sees to that).
   ~CallEngine();
   CallEngine(const CallEngine&) = delete;
   CallEngine& operator=(const CallEngine&) = delete;
@@ -236,6 +238,9 @@ class CallEngine {
   void Rejoined(const std::string& group, const std::string& worker);
 
   CallEngineStats Stats();
+
+  // True on this engine's reader and handler threads.
+  bool OnOwnThread() const;
 
  private:
   using WorkerKey = std::pair<std::string, std::string>;  // (group, worker)
@@ -300,6 +305,12 @@ class CallEngine {
   std::thread reader_;
   std::vector<std::thread> pool_ ABSL_GUARDED_BY(mu_);
 };
+
+// Drops `engine`. When this may be the last reference and this thread is one of the
+// engine's own (a handler or callback that detached its client, or whose client moved on to
+// a new session), the engine is destroyed on a thread of its own instead, since its
+// destructor joins the pool, this thread included.
+void ReleaseCallEngine(std::shared_ptr<CallEngine> engine);
 
 }  // namespace tpd
 

@@ -237,19 +237,25 @@ void Client::DetachSharedMemory() {
     calls = std::move(calls_);
     calls_segment_.reset();
   }
+  ReleaseCallEngine(std::move(calls));  // a handler detaching its own client
 }
 
 absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
   absl::StatusOr<std::shared_ptr<const shm::Segment>> segment = AttachSharedMemory();
   if (!segment.ok()) return segment.status();
   std::shared_ptr<CallEngine> old;  // stopped outside the lock: its handlers may call
-  absl::MutexLock lock(&data_mu_);
-  if (calls_ != nullptr && calls_segment_ == *segment) return calls_;
-  old = std::move(calls_);
-  calls_ = std::make_shared<CallEngine>(*segment, handler_threads_);
-  calls_segment_ = *segment;
-  for (const auto& [method, handler] : handlers_) calls_->Handle(method, handler);
-  return calls_;
+  std::shared_ptr<CallEngine> calls;
+  {
+    absl::MutexLock lock(&data_mu_);
+    if (calls_ != nullptr && calls_segment_ == *segment) return calls_;
+    old = std::move(calls_);
+    calls_ = std::make_shared<CallEngine>(*segment, handler_threads_);
+    calls_segment_ = *segment;
+    for (const auto& [method, handler] : handlers_) calls_->Handle(method, handler);
+    calls = calls_;
+  }
+  ReleaseCallEngine(std::move(old));
+  return calls;
 }
 
 absl::StatusOr<Client::Joined> Client::CallerIn(const std::string& group) {
@@ -270,6 +276,7 @@ absl::Status Client::Handle(const std::string& method, Handler handler) {
   absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
   if (!calls.ok()) return calls.status();
   (*calls)->Handle(method, std::move(handler));
+  ReleaseCallEngine(*std::move(calls));
   return absl::OkStatus();
 }
 
@@ -300,7 +307,10 @@ CallFuture Client::CallAsync(const std::string& group, const std::string& worker
   if (!wait.ok()) return CallFuture::Ready(wait.status());
   absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
   if (!calls.ok()) return CallFuture::Ready(calls.status());
-  return (*calls)->CallAsync(group, from->name, worker, method, payload, tensors, *wait);
+  CallFuture future = (*calls)->CallAsync(group, from->name, worker, method, payload, tensors,
+                                          *wait);
+  ReleaseCallEngine(*std::move(calls));
+  return future;
 }
 
 absl::StatusOr<Message> Client::Call(const std::string& group, const std::string& worker,
@@ -313,13 +323,18 @@ absl::StatusOr<Message> Client::Call(const std::string& group, const std::string
   if (!wait.ok()) return wait.status();
   absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
   if (!calls.ok()) return calls.status();
-  return (*calls)->Call(group, from->name, worker, method, payload, tensors, *wait);
+  absl::StatusOr<Message> reply =
+      (*calls)->Call(group, from->name, worker, method, payload, tensors, *wait);
+  ReleaseCallEngine(*std::move(calls));
+  return reply;
 }
 
 absl::StatusOr<Tensor> Client::AllocateTensor(shm::DType dtype, std::vector<int64_t> shape) {
   absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
   if (!calls.ok()) return calls.status();
-  return (*calls)->AllocateTensor(dtype, std::move(shape));
+  absl::StatusOr<Tensor> tensor = (*calls)->AllocateTensor(dtype, std::move(shape));
+  ReleaseCallEngine(*std::move(calls));
+  return tensor;
 }
 
 absl::StatusOr<CallEngineStats> Client::GetCallStats() {
@@ -332,7 +347,9 @@ absl::StatusOr<CallEngineStats> Client::GetCallStats() {
     return absl::FailedPreconditionError(
         "no call engine: Handle, Call or AllocateTensor starts it");
   }
-  return calls->Stats();
+  CallEngineStats stats = calls->Stats();
+  ReleaseCallEngine(std::move(calls));
+  return stats;
 }
 
 absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
@@ -378,6 +395,7 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
     calls->EnsureHandlerThreads(threads);
     calls->Rejoined(options.group, options.name);
   }
+  ReleaseCallEngine(std::move(calls));
   return response;
 }
 
@@ -411,10 +429,9 @@ absl::Status Client::Leave(absl::string_view group_name, absl::string_view worke
   request.set_name(name);
   v1::LeaveResponse response;
   absl::Status status = FromGrpc(control_->Leave(Context().get(), request, &response));
-  if (!status.ok()) {
-    if (calls != nullptr) calls->Rejoined(group, name);
-    return status;
-  }
+  if (!status.ok() && calls != nullptr) calls->Rejoined(group, name);
+  ReleaseCallEngine(std::move(calls));
+  if (!status.ok()) return status;
   absl::MutexLock lock(&joined_mu_);
   auto it = joined_.find(group);
   if (it != joined_.end() && it->second.name == name) joined_.erase(it);

@@ -817,5 +817,27 @@ TEST_F(CallsTest, LeaveDrainsCallsInFlightBothWaysAndRefusesNewOnes) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(CallsTest, HandlerMayDetachItsOwnClient) {
+  StartPair();
+  absl::Notification detached;
+  ASSERT_TRUE(b_->Handle("detach", [&](const Message&) -> absl::StatusOr<Message> {
+                   // The engine running this handler goes; it must not join this thread here.
+                   b_->DetachSharedMemory();
+                   detached.Notify();
+                   return Message{"bye", {}, ""};
+                 }).ok());
+  absl::StatusOr<Message> reply = a_->Call("g", "b", "detach", "", {}, absl::Seconds(10));
+  ASSERT_TRUE(detached.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // The reply may or may not get out before the daemon ends b's session.
+  EXPECT_TRUE(reply.ok() || reply.status().code() == absl::StatusCode::kUnavailable)
+      << reply.status();
+  EXPECT_EQ(b_->GetCallStats().status().code(), absl::StatusCode::kFailedPrecondition);
+  // a goes on.
+  ASSERT_TRUE(a_->Handle("ping", [](const Message&) -> absl::StatusOr<Message> {
+                   return Message{"pong", {}, ""};
+                 }).ok());
+  EXPECT_TRUE(a_->Call("g", "a", "ping", "", {}, absl::Seconds(10)).ok());
+}
+
 }  // namespace
 }  // namespace tpd
