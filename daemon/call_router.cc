@@ -180,6 +180,21 @@ std::vector<SessionCallStats> CallRouter::Stats() {
   return out;
 }
 
+size_t CallRouter::Drain(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pending_.empty() && outgoing_.empty();
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+  return pending_.size() + outgoing_.size();
+}
+
+absl::Status CallRouter::StoppingError() const {
+  return absl::UnavailableError(absl::StrCat(
+      "the tpd daemon on node ", options_.node, " is stopping and takes no new calls"));
+}
+
 void CallRouter::Serve(std::shared_ptr<Session> session) {
   pthread_setname_np(pthread_self(), "tpd-session");
   shm::Descriptor batch[64];
@@ -255,6 +270,18 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   const std::string& worker = message->names[1];
   const std::string& method = message->names[2];
   const std::string& from = message->names[3];
+  bool draining;
+  {
+    absl::MutexLock lock(&mu_);
+    draining = draining_;
+  }
+  if (draining) {
+    Release(session, d.payload_offset);
+    Fail(session, d.call_id,
+         absl::Status(absl::StatusCode::kUnavailable,
+                      absl::StrCat(CallName(worker, method), ": ", StoppingError().message())));
+    return;
+  }
   if (from.empty() || options_.lookup(group, from) != session->id) {
     Release(session, d.payload_offset);
     Fail(session, d.call_id,
@@ -473,6 +500,10 @@ agent::Handler CallRouter::AgentHandler() {
   agent::Handler handler;
   handler.allocate = [this](const v1::AgentMessage& header, size_t payload_size,
                             absl::Span<const size_t> sizes) -> absl::StatusOr<agent::Destination> {
+    {
+      absl::MutexLock lock(&mu_);
+      if (draining_) return StoppingError();
+    }
     std::optional<std::string> target = options_.lookup(header.group(), header.target_worker());
     std::shared_ptr<Session> callee = target ? Find(*target) : nullptr;
     if (callee == nullptr) {

@@ -98,6 +98,10 @@ class CallRouter {
   // lost that node), and fails the agent's calls to it.
   void FailNode(const std::string& node, const std::string& why);
   std::vector<SessionCallStats> Stats();
+  // Graceful stop (FAULTS D3): from now on new calls, local or from other daemons, are
+  // refused UNAVAILABLE naming this node; waits until the calls already in flight through
+  // this daemon are answered, or `deadline`. Returns how many are left.
+  size_t Drain(absl::Time deadline);
   // Stops every thread and answers what is pending; the agent must stop calling in first.
   void Shutdown();
 
@@ -185,6 +189,8 @@ class CallRouter {
   // Answers `p` (its caller, local or remote) with `status`.
   void AnswerPending(const Pending& p, const absl::Status& status);
   void TimerLoop();
+  // UNAVAILABLE: this daemon is draining.
+  absl::Status StoppingError() const;
 
   const CallRouterOptions options_;
   absl::Mutex mu_;
@@ -195,6 +201,7 @@ class CallRouter {
   std::set<std::pair<absl::Time, uint64_t>> deadlines_ ABSL_GUARDED_BY(mu_);
   uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar timer_cv_;
   std::thread timer_;
 };

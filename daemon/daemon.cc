@@ -367,12 +367,20 @@ void Daemon::Shutdown() {
                    socket_path_, absl::FormatDuration(config_.shutdown_grace));
   serving_ = false;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  // Calls in flight are answered before members leave, so peers can still reach them; new
+  // ones are refused meanwhile.
+  const absl::Time grace_end = absl::Now() + config_.shutdown_grace;
+  if (const size_t left = calls_->Drain(grace_end); left > 0) {
+    DaemonLog().warn("[socket {}] {} calls still in flight after the grace period; they are "
+                     "answered UNAVAILABLE",
+                     socket_path_, left);
+  }
   // Members leave explicitly (other daemons see LEFT, not a late eviction), then the streams
   // of sessions and watches end, then the store's waiters.
   groups_->Shutdown();
   control_service_->CloseStreams();
   store_.Shutdown();
-  if (!in_flight_.WaitIdle(absl::Now() + config_.shutdown_grace)) {
+  if (!in_flight_.WaitIdle(grace_end)) {
     DaemonLog().warn("[socket {}] cancelling {} calls still in flight after the grace period",
                      socket_path_, in_flight_.count());
   }

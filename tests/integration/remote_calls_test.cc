@@ -3,14 +3,26 @@
 // public client API, and every byte crosses a real TensorPipe pipe between the daemons.
 // Payload and tensors (0..64, 0 B..64 MiB, checksummed) both ways, concurrent calls in both
 // directions matched to their replies, NOT_FOUND, a remote handler's error with its code,
-// DEADLINE_EXCEEDED, and a peer daemon SIGKILLed mid-call (FAULTS D1): UNAVAILABLE naming
-// the node well before the call's deadline, and calls again once it is back.
+// DEADLINE_EXCEEDED, and the faults of FAULTS.md: a peer daemon SIGKILLed mid-call (D1:
+// UNAVAILABLE naming the node well before the call's deadline, calls again once it is back),
+// SIGTERMed mid-call (D3: the call in flight is answered, new ones are refused naming the
+// node, exit 0), a client process SIGKILLed as callee and as caller of a large transfer (C1:
+// its peer's call fails fast naming it, the daemons free its shared memory and serve on), and
+// 1 ms deadlines under load (C4).
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
 
 #include <atomic>
 #include <future>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -29,7 +41,7 @@ using ::testing::HasSubstr;
 using testing::DaemonProcess;
 using testing::TempDir;
 
-uint64_t Checksum(absl::string_view bytes) {
+uint64_t Checksum(std::string_view bytes) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
   return h;
@@ -49,9 +61,34 @@ std::string Pattern(size_t n, uint32_t seed) {
 absl::StatusOr<Message> Echo(const Message& request) {
   Message reply = request;
   std::string sums;
-  for (const Tensor& t : request.tensors) absl::StrAppend(&sums, Checksum(t.data), ",");
+  for (const Tensor& t : request.tensors) absl::StrAppend(&sums, Checksum(t.data()), ",");
   reply.payload = absl::StrCat(request.payload, "|", sums);
   return reply;
+}
+
+// Session segments ("/memfd:tpd-session", one inode each, maybe several mappings) mapped in
+// process `pid`.
+int SessionMappings(pid_t pid) {
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  std::set<std::string> inodes;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/memfd:tpd-session") == std::string::npos) continue;
+    std::istringstream fields(line);
+    std::string range, perms, offset, dev, inode;
+    fields >> range >> perms >> offset >> dev >> inode;
+    inodes.insert(inode);
+  }
+  return static_cast<int>(inodes.size());
+}
+
+// Polls `done` every 50 ms until it holds or `timeout` passes.
+bool Eventually(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > end) return false;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return true;
 }
 
 class RemoteCallsTest : public ::testing::Test {
@@ -125,6 +162,41 @@ class RemoteCallsTest : public ::testing::Test {
     ASSERT_TRUE(joined.get().ok());
   }
 
+  // Runs this binary again (a fresh process, not a fork of one with gRPC threads) as
+  // RemoteVictim.Run in `mode` on daemon `i`; returns its pid once it has joined group "v" as
+  // "victim" (rank 1 of 2; the caller joins rank 0 with JoinVictimGroup).
+  pid_t StartVictim(int i, const std::string& mode) {
+    int ready[2];
+    EXPECT_EQ(pipe(ready), 0);
+    const std::string socket_env = absl::StrCat("TPD_REMOTE_VICTIM=", sockets_[i]);
+    const std::string mode_env = absl::StrCat("TPD_REMOTE_VICTIM_MODE=", mode);
+    const std::string init_env = absl::StrCat("TPD_REMOTE_VICTIM_INIT=", init_method_);
+    const std::string fd_env = absl::StrCat("TPD_REMOTE_VICTIM_FD=", ready[1]);
+    const pid_t child = fork();
+    if (child == 0) {
+      close(ready[0]);
+      char* argv[] = {const_cast<char*>("remote_calls_test"),
+                      const_cast<char*>("--gtest_filter=RemoteVictim.Run"), nullptr};
+      char* envp[] = {const_cast<char*>(socket_env.c_str()), const_cast<char*>(mode_env.c_str()),
+                      const_cast<char*>(init_env.c_str()), const_cast<char*>(fd_env.c_str()),
+                      nullptr};
+      execve("/proc/self/exe", argv, envp);
+      _exit(127);
+    }
+    close(ready[1]);
+    victim_ready_fd_ = ready[0];
+    return child;
+  }
+
+  // Joins a_ as rank 0 of group "v" beside the victim, then waits for the victim's signal.
+  void JoinVictimGroup() {
+    ASSERT_TRUE(Join(a_.get(), "v", "a", 0, 2).ok());
+    char byte = 0;
+    ASSERT_EQ(read(victim_ready_fd_, &byte, 1), 1) << "the victim never got ready";
+    close(victim_ready_fd_);
+  }
+
+  int victim_ready_fd_ = -1;
   TempDir dirs_[2];
   std::string sockets_[2];
   int ports_[2] = {0, 0};
@@ -155,11 +227,9 @@ TEST_F(RemoteCallsTest, TensorsOfManySizesArriveIntact) {
     std::vector<Tensor> tensors;
     std::string expected_sums;
     for (int i = 0; i < c.count; ++i) {
-      Tensor t;
-      t.dtype = shm::DType::kUInt8;
-      t.shape = {static_cast<int64_t>(c.bytes)};
-      t.data = Pattern(c.bytes, static_cast<uint32_t>(i + c.bytes));
-      absl::StrAppend(&expected_sums, Checksum(t.data), ",");
+      Tensor t(shm::DType::kUInt8, {static_cast<int64_t>(c.bytes)},
+               Pattern(c.bytes, static_cast<uint32_t>(i + c.bytes)));
+      absl::StrAppend(&expected_sums, Checksum(t.data()), ",");
       tensors.push_back(std::move(t));
     }
     absl::StatusOr<Message> reply =
@@ -168,28 +238,25 @@ TEST_F(RemoteCallsTest, TensorsOfManySizesArriveIntact) {
     EXPECT_EQ(reply->payload, absl::StrCat("p|", expected_sums));
     ASSERT_EQ(reply->tensors.size(), tensors.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
-      EXPECT_EQ(reply->tensors[i].shape, tensors[i].shape);
-      EXPECT_EQ(Checksum(reply->tensors[i].data), Checksum(tensors[i].data)) << i;
+      EXPECT_EQ(reply->tensors[i].shape(), tensors[i].shape());
+      EXPECT_EQ(Checksum(reply->tensors[i].data()), Checksum(tensors[i].data())) << i;
     }
   }
 }
 
 TEST_F(RemoteCallsTest, ConcurrentCallsBothWaysEachGetTheirOwnReply) {
   StartPair();
-  std::vector<std::future<absl::StatusOr<Message>>> from_a;
-  std::vector<std::future<absl::StatusOr<Message>>> from_b;
+  std::vector<CallFuture> from_a;
+  std::vector<CallFuture> from_b;
   for (int i = 0; i < 100; ++i) {
-    Tensor t;
-    t.dtype = shm::DType::kInt32;
-    t.shape = {i};
-    t.data = Pattern(4 * i, i);
+    Tensor t(shm::DType::kInt32, {i}, Pattern(4 * i, i));
     from_a.push_back(a_->CallAsync("g", "b", "echo", absl::StrCat("a", i), {t}));
     from_b.push_back(b_->CallAsync("g", "a", "echo", absl::StrCat("b", i), {t}));
   }
   for (int i = 0; i < 100; ++i) {
     const std::string sum = absl::StrCat(Checksum(Pattern(4 * i, i)), ",");
-    absl::StatusOr<Message> ra = from_a[i].get();
-    absl::StatusOr<Message> rb = from_b[i].get();
+    const absl::StatusOr<Message>& ra = from_a[i].Wait();
+    const absl::StatusOr<Message>& rb = from_b[i].Wait();
     ASSERT_TRUE(ra.ok()) << ra.status();
     ASSERT_TRUE(rb.ok()) << rb.status();
     EXPECT_EQ(ra->payload, absl::StrCat("a", i, "|", sum));
@@ -250,6 +317,149 @@ TEST_F(RemoteCallsTest, PeerDaemonKilledMidCallIsUnavailableNamingTheNode) {
   reply = a_->Call("g2", "b", "echo", "again");
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->payload, "again|");
+}
+
+TEST_F(RemoteCallsTest, PeerDaemonStoppedMidCallAnswersItRefusesNewOnesAndExitsZero) {
+  StartPair();
+  auto pending = std::async(std::launch::async, [&] {
+    return a_->Call("g", "b", "sleep", "drained", {}, absl::Seconds(30));
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // the request is at b's handler
+  daemons_[1]->Signal(SIGTERM);
+  absl::SleepFor(absl::Milliseconds(300));  // node1 is draining
+  absl::StatusOr<Message> refused = a_->Call("g", "b", "echo", "late", {}, absl::Seconds(10));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("node1"));
+  absl::StatusOr<Message> reply = pending.get();
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->payload, "drained");
+  EXPECT_EQ(daemons_[1]->WaitExit(absl::Seconds(20)), 0);
+}
+
+// The victim of the C1 tests: this binary run again by StartVictim. Mode "callee" handles
+// "hang" forever; mode "caller" calls a's "echo" with a 256 MiB tensor until it is killed.
+TEST(RemoteVictim, Run) {
+  const char* socket = getenv("TPD_REMOTE_VICTIM");
+  if (socket == nullptr) GTEST_SKIP() << "only run as the victim of the C1 tests";
+  const std::string mode = getenv("TPD_REMOTE_VICTIM_MODE");
+  const int ready = atoi(getenv("TPD_REMOTE_VICTIM_FD"));
+  auto client = Client::Connect(socket);
+  if (!client.ok()) _exit(2);
+  if (!(*client)->Handle("hang", [](const Message&) -> absl::StatusOr<Message> {
+                   absl::SleepFor(absl::Hours(1));
+                   return Message{};
+                 }).ok()) {
+    _exit(3);
+  }
+  JoinOptions options;
+  options.group = "v";
+  options.name = "victim";
+  options.rank = 1;
+  options.world_size = 2;
+  options.init_method = getenv("TPD_REMOTE_VICTIM_INIT");
+  options.timeout = absl::Seconds(30);
+  if (!(*client)->Join(options).ok()) _exit(4);
+  char byte = 1;
+  (void)!write(ready, &byte, 1);
+  if (mode == "caller") {
+    Tensor big(shm::DType::kUInt8, {int64_t{256} << 20}, std::string(size_t{256} << 20, 'Z'));
+    for (;;) (void)(*client)->Call("v", "a", "echo", "", {big}, absl::Seconds(60));
+  }
+  absl::SleepFor(absl::Hours(1));
+  _exit(0);
+}
+
+TEST_F(RemoteCallsTest, CalleeProcessKilledMidCallFailsTheCallerFastNamingIt) {
+  const int baseline = SessionMappings(daemons_[1]->pid());
+  a_ = Connect(0);
+  ASSERT_NE(a_, nullptr);
+  ASSERT_TRUE(a_->Handle("echo", Echo).ok());
+  const pid_t victim = StartVictim(1, "callee");
+  JoinVictimGroup();
+  EXPECT_EQ(SessionMappings(daemons_[1]->pid()), baseline + 1);
+  std::thread killer([victim] {
+    absl::SleepFor(absl::Milliseconds(300));
+    kill(victim, SIGKILL);
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Message> reply = a_->Call("v", "victim", "hang", "x", {}, absl::Seconds(30));
+  killer.join();
+  waitpid(victim, nullptr, 0);
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnavailable) << reply.status();
+  EXPECT_THAT(reply.status().message(), HasSubstr("'victim'"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // node1 unmapped the victim's shared memory and serves on.
+  EXPECT_TRUE(Eventually([&] { return SessionMappings(daemons_[1]->pid()) == baseline; },
+                         absl::Seconds(10)));
+  auto b = Connect(1);
+  ASSERT_NE(b, nullptr);
+  EXPECT_TRUE(b->Serving().value_or(false));
+}
+
+TEST_F(RemoteCallsTest, CallerProcessKilledMidLargeTransferLeavesNothingBehind) {
+  const int baseline = SessionMappings(daemons_[1]->pid());
+  std::atomic<int> received{0};
+  a_ = Connect(0);
+  ASSERT_NE(a_, nullptr);
+  ASSERT_TRUE(a_->Handle("echo", [&](const Message& request) -> absl::StatusOr<Message> {
+                   ++received;
+                   return Message{request.payload, {}, ""};
+                 }).ok());
+  const pid_t victim = StartVictim(1, "caller");
+  JoinVictimGroup();
+  // Kill it while its 256 MiB tensors are on their way (the first takes a while here).
+  absl::SleepFor(absl::Milliseconds(400));
+  kill(victim, SIGKILL);
+  waitpid(victim, nullptr, 0);
+  // Both daemons serve on; node1 lets go of the victim's memory once TensorPipe is done
+  // reading it; a fresh client of node1 calls a as usual.
+  EXPECT_TRUE(Eventually([&] { return SessionMappings(daemons_[1]->pid()) == baseline; },
+                         absl::Seconds(20)));
+  b_ = Connect(1);
+  ASSERT_NE(b_, nullptr);
+  ASSERT_TRUE(b_->Handle("echo", Echo).ok());
+  auto joined = std::async(std::launch::async, [&] { return Join(b_.get(), "g", "b", 1, 2); });
+  ASSERT_TRUE(Join(a_.get(), "g", "a", 0, 2).ok());
+  ASSERT_TRUE(joined.get().ok());
+  absl::StatusOr<Message> reply = b_->Call("g", "a", "echo", "after the kill");
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->payload, "after the kill");
+}
+
+TEST_F(RemoteCallsTest, OneMillisecondDeadlinesUnderLoadEndEveryCallOnce) {
+  StartPair();
+  const Tensor t(shm::DType::kUInt8, {1 << 20}, Pattern(1 << 20, 7));
+  std::atomic<int> ok{0};
+  std::atomic<int> late{0};
+  std::atomic<int> other{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&, th] {
+      for (int i = 0; i < 50; ++i) {
+        const absl::Duration timeout = i % 2 == 0 ? absl::Milliseconds(1) : absl::Seconds(30);
+        absl::StatusOr<Message> reply =
+            (th % 2 == 0 ? a_ : b_)->Call("g", th % 2 == 0 ? "b" : "a", "echo",
+                                          absl::StrCat(th, "/", i), {t}, timeout);
+        if (reply.ok() && reply->payload == absl::StrCat(th, "/", i, "|", Checksum(t.data()), ",")) {
+          ++ok;
+        } else if (reply.status().code() == absl::StatusCode::kDeadlineExceeded) {
+          ++late;
+        } else {
+          ++other;
+          ADD_FAILURE() << reply.status();
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(other, 0);
+  EXPECT_EQ(ok + late, 200);
+  EXPECT_GE(ok, 100);  // every call with a 30 s timeout
+  // Nothing is stuck: both sides still call each other.
+  absl::StatusOr<Message> reply = a_->Call("g", "b", "echo", "still");
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  reply = b_->Call("g", "a", "echo", "still");
+  ASSERT_TRUE(reply.ok()) << reply.status();
 }
 
 }  // namespace
