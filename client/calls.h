@@ -133,7 +133,9 @@ struct Message {
 };
 
 // Answers one request; an error status goes back to the caller with its code and message,
-// marked as the remote handler's.
+// marked as the remote handler's. The request's tensors are views into the rx heap: a copy
+// of a Tensor kept past the handler keeps its block from the daemon (Clone() owns the bytes
+// instead). Runs on a handler pool thread.
 using Handler = std::function<absl::StatusOr<Message>(const Message& request)>;
 // Runs once with a call's result (CallFuture::Then).
 using CallCallback = std::function<void(const absl::StatusOr<Message>& result)>;

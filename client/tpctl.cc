@@ -22,6 +22,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
@@ -111,6 +112,43 @@ void Print(const std::string& text, const std::string& json) {
   std::cout << (absl::GetFlag(FLAGS_json) ? json : text) << "\n";
 }
 
+// One line per transport or channel: "    transport uv      0  registered (bootstraps ...)".
+void PrintBackends(const char* kind,
+                   const google::protobuf::RepeatedPtrField<tpd::v1::AgentBackend>& backends) {
+  for (const tpd::v1::AgentBackend& backend : backends) {
+    std::cout << "    " << kind << " " << absl::StrFormat("%-10s %5d  ", backend.name(),
+                                                          backend.priority())
+              << (backend.registered() ? "registered" : "not registered");
+    if (!backend.reason().empty()) {
+      std::cout << (backend.registered() ? " (" : ": ") << backend.reason()
+                << (backend.registered() ? ")" : "");
+    }
+    std::cout << "\n";
+  }
+}
+
+// The data plane: the agent, its registry, then one line per peer node (a second line with
+// its last error, if any).
+void PrintAgent(const tpd::v1::AgentStatus& agent) {
+  std::cout << "  agent:   " << agent.id() << " at " << agent.address() << "; "
+            << agent.peers_size() << " peers, " << agent.calls_pending() << " calls pending, "
+            << agent.auth_failures() << " auth failures\n";
+  PrintBackends("transport", agent.transports());
+  PrintBackends("channel  ", agent.channels());
+  for (const tpd::v1::AgentPeer& peer : agent.peers()) {
+    std::cout << "    peer " << peer.node() << ": pipe " << peer.pipe_state() << ", "
+              << peer.inbound_pipes() << " inbound; "
+              << (peer.transport().empty() ? "-" : peer.transport()) << "/"
+              << (peer.channel().empty() ? "-" : peer.channel()) << "; calls sent "
+              << peer.calls_sent() << " received " << peer.calls_received() << " pending "
+              << peer.calls_pending() << "; bytes sent " << peer.bytes_sent() << " received "
+              << peer.bytes_received() << "; errors " << peer.errors() << "\n";
+    if (!peer.last_error().empty()) {
+      std::cout << "      last error: " << peer.last_error() << "\n";
+    }
+  }
+}
+
 int RunStatus(tpd::Client& client) {
   absl::StatusOr<tpd::v1::StatusResponse> status = client.Status();
   if (!status.ok()) return Error(status.status());
@@ -169,9 +207,12 @@ int RunStatus(tpd::Client& client) {
     for (const tpd::v1::AttachedSession& session : status->attached_sessions()) {
       std::cout << "    pid " << session.pid() << " uid " << session.uid() << " gid "
                 << session.gid() << ": arena " << session.arena_bytes() << " B x 2, segment "
-                << session.segment_bytes() << " B\n";
+                << session.segment_bytes() << " B; " << session.calls_in_flight()
+                << " calls in flight, rx heap " << session.rx_heap_used() << "/"
+                << session.rx_heap_bytes() << " B used\n";
     }
   }
+  if (status->has_agent()) PrintAgent(status->agent());
   return 0;
 }
 

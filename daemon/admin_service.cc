@@ -1,6 +1,7 @@
 #include "daemon/admin_service.h"
 
 #include <algorithm>
+#include <map>
 
 #include <unistd.h>
 
@@ -8,6 +9,47 @@
 #include "daemon/version.h"
 
 namespace tpd {
+namespace {
+
+void FillBackends(const std::vector<agent::Candidate>& candidates,
+                  google::protobuf::RepeatedPtrField<v1::AgentBackend>* out) {
+  for (const agent::Candidate& candidate : candidates) {
+    v1::AgentBackend* backend = out->Add();
+    backend->set_name(candidate.name);
+    backend->set_priority(candidate.priority);
+    backend->set_registered(candidate.registered);
+    backend->set_reason(candidate.reason);
+  }
+}
+
+void FillAgent(const agent::Agent& agent, v1::AgentStatus* out) {
+  agent::AgentStats stats = agent.Stats();
+  out->set_id(std::move(stats.id));
+  out->set_address(std::move(stats.address));
+  out->set_auth_failures(stats.auth_failures);
+  out->set_calls_pending(stats.calls_pending);
+  for (agent::PeerStats& peer : stats.peers) {
+    v1::AgentPeer* p = out->add_peers();
+    p->set_node(std::move(peer.node));
+    p->set_address(std::move(peer.address));
+    p->set_pipe_state(agent::PipeStateName(peer.state));
+    p->set_inbound_pipes(peer.inbound_pipes);
+    p->set_transport(std::move(peer.transport));
+    p->set_channel(std::move(peer.channel));
+    p->set_calls_sent(peer.calls_sent);
+    p->set_calls_received(peer.calls_received);
+    p->set_calls_pending(peer.calls_pending);
+    p->set_bytes_sent(peer.bytes_sent);
+    p->set_bytes_received(peer.bytes_received);
+    p->set_errors(peer.errors);
+    p->set_last_error(std::move(peer.last_error));
+  }
+  // The registry is immutable once the agent exists: no lock.
+  FillBackends(agent.registry().transports(), out->mutable_transports());
+  FillBackends(agent.registry().channels(), out->mutable_channels());
+}
+
+}  // namespace
 
 AdminService::AdminService(const Config* config, std::string socket_path, absl::Time start_time,
                            const std::atomic<bool>* serving, store::MemoryStore* store,
@@ -43,6 +85,14 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
       return a.attached_at < b.attached_at;
     });
     response->set_attached_session_count(static_cast<int64_t>(sessions.size()));
+    // Joined by session id here only: the id never leaves the daemon.
+    std::map<std::string, SessionCallStats> calls;
+    if (calls_ != nullptr) {
+      for (SessionCallStats& stats : calls_->Stats()) {
+        std::string id = stats.session_id;
+        calls.emplace(std::move(id), std::move(stats));
+      }
+    }
     for (const DataSocket::SessionInfo& info : sessions) {
       v1::AttachedSession* session = response->add_attached_sessions();
       session->set_pid(info.pid);
@@ -51,8 +101,15 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
       session->set_arena_bytes(static_cast<uint64_t>(config_->data.arena_bytes));
       session->set_segment_bytes(info.segment_bytes);
       session->set_attached_unix_ms(absl::ToUnixMillis(info.attached_at));
+      // A session attached a moment ago may not have reached the router yet: zeros then.
+      if (auto it = calls.find(info.session_id); it != calls.end()) {
+        session->set_calls_in_flight(it->second.calls_in_flight);
+        session->set_rx_heap_bytes(it->second.rx_heap_bytes);
+        session->set_rx_heap_used(it->second.rx_heap_used);
+      }
     }
   }
+  if (agent_ != nullptr) FillAgent(*agent_, response->mutable_agent());
   v1::NodeInfo* node = response->mutable_node();
   node->set_name(groups_->node().name);
   node->set_incarnation(groups_->node().incarnation.load());

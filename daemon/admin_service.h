@@ -1,7 +1,8 @@
 // tpd.v1.Admin: what an operator reads with `grpcurl ... tpd.v1.Admin/Status` or
 // `tpctl status`.
 //
-// Thread safety: thread-safe; reads only thread-safe sources.
+// Thread safety: thread-safe; reads only thread-safe sources. Status takes no lock of its own
+// and waits on nothing slow: each source copies its counters under its own short lock.
 
 #ifndef TPD_DAEMON_ADMIN_SERVICE_H_
 #define TPD_DAEMON_ADMIN_SERVICE_H_
@@ -10,8 +11,10 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "daemon/data_socket.h"
+#include "agent/agent.h"
+#include "daemon/call_router.h"
 #include "daemon/call_stats.h"
+#include "daemon/data_socket.h"
 #include "daemon/config.h"
 #include "daemon/group/group_manager.h"
 #include "daemon/in_flight.h"
@@ -31,6 +34,12 @@ class AdminService final : public v1::Admin::CallbackService {
 
   // The data socket whose attached sessions Status lists; set before serving, outlives this.
   void set_data_socket(const DataSocket* data_socket) { data_socket_ = data_socket; }
+  // The agent Status reports as `agent` (none without a peer port: the field stays unset);
+  // set before serving, outlives the gRPC server.
+  void set_agent(const agent::Agent* agent) { agent_ = agent; }
+  // The router whose per-session calls in flight and rx heap use Status adds to each attached
+  // session; set before serving, outlives the gRPC server.
+  void set_call_router(CallRouter* calls) { calls_ = calls; }
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
@@ -48,6 +57,8 @@ class AdminService final : public v1::Admin::CallbackService {
   const std::string peer_address_;
   group::GroupManager* const groups_;
   const DataSocket* data_socket_ = nullptr;
+  const agent::Agent* agent_ = nullptr;
+  CallRouter* calls_ = nullptr;  // Stats() is not const, but only reads
 };
 
 }  // namespace tpd

@@ -354,6 +354,8 @@ absl::Status Daemon::ServeData() {
   DataSocket* socket = data_socket_.get();
   control->set_data_socket(data_socket_->path());
   admin_service_->set_data_socket(data_socket_.get());
+  admin_service_->set_agent(agent_.get());
+  admin_service_->set_call_router(router);
   control->set_session_end_hook([socket](const std::string& id) { socket->EndSession(id); });
   return absl::OkStatus();
 }

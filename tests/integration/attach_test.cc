@@ -207,11 +207,25 @@ TEST_F(AttachTest, StatusListsAttachedSessionsWithTheirCredentials) {
   EXPECT_EQ(session.gid(), static_cast<int64_t>(getgid()));
   EXPECT_EQ(session.arena_bytes(), static_cast<uint64_t>(kArenaBytes));
   EXPECT_EQ(session.segment_bytes(), (*segment)->size());
+  // The call router learns of the session just after the attach reply goes; until then its
+  // call fields read zero.
+  v1::AttachedSession routed;
+  EXPECT_TRUE(WaitUntil([&] {
+    auto status = client->Status();
+    if (!status.ok() || status->attached_sessions_size() != 1) return false;
+    routed = status->attached_sessions(0);
+    return routed.rx_heap_bytes() != 0;
+  })) << "the session's rx heap shows once the router has it";
+  EXPECT_EQ(routed.rx_heap_bytes(), static_cast<uint64_t>(kArenaBytes));
+  EXPECT_EQ(routed.rx_heap_used(), 0u);
+  EXPECT_EQ(routed.calls_in_flight(), 0);
   const testing::ProcessResult tpctl =
       testing::RunProcess({testing::RunfilePath("client/tpctl"), "--socket", socket_, "status"});
   EXPECT_EQ(tpctl.exit_code, 0) << tpctl.output;
   EXPECT_THAT(tpctl.output, HasSubstr("1 sessions attached (max 8)"));
   EXPECT_THAT(tpctl.output, HasSubstr(absl::StrCat("pid ", getpid(), " uid ", getuid())));
+  EXPECT_THAT(tpctl.output,
+              HasSubstr(absl::StrCat("0 calls in flight, rx heap 0/", kArenaBytes, " B used")));
 }
 
 TEST_F(AttachTest, SecondAttachOfTheSameSessionIsRefused) {

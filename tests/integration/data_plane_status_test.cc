@@ -1,0 +1,242 @@
+// The data plane as operators see it (Admin.Status `agent` and per-session call fields, and
+// `tpctl status`), against two real daemons with peer ports and agents on loopback: the agent
+// section names the agent's URLs and every known transport and channel with whether it was
+// registered or why not; after a call between the daemons, the caller's daemon counts it
+// sent with its bytes and the callee's daemon counts it received; a call awaiting its reply
+// shows as pending on the agent and in flight on its session.
+
+#include <future>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/wait_until.h"
+
+namespace tpd {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::DaemonProcess;
+using testing::RunfilePath;
+using testing::RunProcess;
+using testing::TempDir;
+using testing::WaitUntil;
+
+constexpr int64_t kArenaBytes = int64_t{16} << 20;
+
+// The backend named `name` in `backends`, or null.
+const v1::AgentBackend* FindBackend(
+    const google::protobuf::RepeatedPtrField<v1::AgentBackend>& backends,
+    const std::string& name) {
+  for (const v1::AgentBackend& backend : backends) {
+    if (backend.name() == name) return &backend;
+  }
+  return nullptr;
+}
+
+// The peer entry of node `node` in `status`, or an empty one.
+v1::AgentPeer PeerOf(const absl::StatusOr<v1::StatusResponse>& status, const std::string& node) {
+  if (!status.ok()) return {};
+  for (const v1::AgentPeer& peer : status->agent().peers()) {
+    if (peer.node() == node) return peer;
+  }
+  return {};
+}
+
+// Daemons node0 and node1 (the daemon-start helpers are remote_calls_test.cc's).
+class DataPlaneStatusTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StartDaemon(0);
+    StartDaemon(1);
+    init_method_ = absl::StrCat("tcp://", PeerAddress(0));
+  }
+
+  void StartDaemon(int i) {
+    sockets_[i] = absl::StrCat(dirs_[i].path(), "/tpd.sock");
+    const std::string config = dirs_[i].WriteFile(
+        "tpd.toml",
+        absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\n",
+                     "token = \"secret\"\nnode_name = \"node", i, "\"\n",
+                     "heartbeat_interval_ms = 200\nheartbeat_timeout_ms = 2000\n",
+                     "[data]\narena_bytes = ", kArenaBytes, "\n"));
+    auto daemon = DaemonProcess::Start(sockets_[i], {"--config", config});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemons_[i] = *std::move(daemon);
+  }
+
+  std::string PeerAddress(int i) {
+    auto client = Client::Connect(sockets_[i]);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? (*client)->Status()->peer_address() : "";
+  }
+
+  std::unique_ptr<Client> Connect(int i) {
+    auto client = Client::Connect(sockets_[i]);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  absl::Status Join(Client* client, const std::string& name, int64_t rank) {
+    JoinOptions options;
+    options.group = "g";
+    options.name = name;
+    options.rank = rank;
+    options.world_size = 2;
+    options.init_method = init_method_;
+    options.timeout = absl::Seconds(30);
+    return client->Join(options).status();
+  }
+
+  // a (on node0) and b (on node1) in static group "g"; b handles "echo" and "sleep" (3 s).
+  void StartPair() {
+    a_ = Connect(0);
+    b_ = Connect(1);
+    ASSERT_NE(a_, nullptr);
+    ASSERT_NE(b_, nullptr);
+    ASSERT_TRUE(b_->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
+                   return request;
+                 }).ok());
+    ASSERT_TRUE(b_->Handle("sleep", [](const Message& request) -> absl::StatusOr<Message> {
+                   absl::SleepFor(absl::Seconds(3));
+                   return request;
+                 }).ok());
+    auto joined = std::async(std::launch::async, [&] { return Join(b_.get(), "b", 1); });
+    ASSERT_TRUE(Join(a_.get(), "a", 0).ok());
+    ASSERT_TRUE(joined.get().ok());
+  }
+
+  testing::ProcessResult Tpctl(int i) {
+    return RunProcess({RunfilePath("client/tpctl"), "--socket", sockets_[i], "status"});
+  }
+
+  TempDir dirs_[2];
+  std::string sockets_[2];
+  std::string init_method_;
+  std::unique_ptr<DaemonProcess> daemons_[2];
+  std::unique_ptr<Client> a_;
+  std::unique_ptr<Client> b_;
+};
+
+TEST_F(DataPlaneStatusTest, AgentSectionNamesItsUrlsAndWhyEachBackendWasOrWasNotRegistered) {
+  std::unique_ptr<Client> client = Connect(0);
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<v1::StatusResponse> status = client->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_TRUE(status->has_agent()) << "a daemon with a peer port hosts an agent";
+  const v1::AgentStatus& agent = status->agent();
+  EXPECT_EQ(agent.id(), "node0");
+  EXPECT_TRUE(absl::StartsWith(agent.address(), "uv://127.0.0.1:"))
+      << agent.address() << ": uv, the lowest priority, comes first";
+  EXPECT_EQ(agent.peers_size(), 0) << "no call has been made yet";
+  EXPECT_EQ(agent.auth_failures(), 0u);
+  EXPECT_EQ(agent.calls_pending(), 0u);
+
+  const v1::AgentBackend* uv = FindBackend(agent.transports(), "uv");
+  ASSERT_NE(uv, nullptr);
+  EXPECT_TRUE(uv->registered());
+  EXPECT_EQ(uv->priority(), 0);
+  const v1::AgentBackend* ibv = FindBackend(agent.transports(), "ibv");
+  ASSERT_NE(ibv, nullptr) << "every known transport is listed, registered or not";
+  EXPECT_FALSE(ibv->registered()) << "this machine has no InfiniBand device";
+  EXPECT_FALSE(ibv->reason().empty()) << "an unregistered transport says why";
+  EXPECT_EQ(ibv->priority(), 100);
+  const v1::AgentBackend* basic = FindBackend(agent.channels(), "basic");
+  ASSERT_NE(basic, nullptr);
+  EXPECT_TRUE(basic->registered());
+  for (const v1::AgentBackend& channel : agent.channels()) {
+    if (!channel.registered()) {
+      EXPECT_FALSE(channel.reason().empty()) << channel.name() << " says why it is unregistered";
+    }
+  }
+
+  const testing::ProcessResult tpctl = Tpctl(0);
+  EXPECT_EQ(tpctl.exit_code, 0) << tpctl.output;
+  EXPECT_THAT(tpctl.output, HasSubstr(absl::StrCat("agent:   node0 at ", agent.address())));
+  EXPECT_THAT(tpctl.output, HasSubstr("transport ibv"));
+  EXPECT_THAT(tpctl.output, HasSubstr(absl::StrCat("100  not registered: ", ibv->reason())));
+  EXPECT_THAT(tpctl.output, HasSubstr("transport uv"));
+  EXPECT_THAT(tpctl.output, HasSubstr("channel   basic"));
+}
+
+TEST_F(DataPlaneStatusTest, CallerCountsTheCallSentAndCalleeCountsItReceived) {
+  StartPair();
+  const std::string payload(4096, 'x');
+  absl::StatusOr<Message> reply = a_->Call("g", "b", "echo", payload);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->payload, payload);
+
+  // Counters settle when TensorPipe reports the writes done, which may come after the reply.
+  absl::StatusOr<v1::StatusResponse> caller;
+  ASSERT_TRUE(WaitUntil([&] {
+    caller = a_->Status();
+    const v1::AgentPeer peer = PeerOf(caller, "node1");
+    return peer.calls_sent() >= 1 && peer.bytes_sent() >= payload.size() &&
+           peer.bytes_received() >= payload.size();
+  })) << caller->DebugString();
+  const v1::AgentPeer to_b = PeerOf(caller, "node1");
+  EXPECT_EQ(to_b.pipe_state(), "ready");
+  EXPECT_FALSE(to_b.address().empty());
+  EXPECT_FALSE(to_b.transport().empty()) << "the transport TensorPipe chose is shown";
+  EXPECT_FALSE(to_b.channel().empty());
+  EXPECT_EQ(to_b.calls_pending(), 0u);
+  EXPECT_EQ(to_b.errors(), 0u);
+  EXPECT_TRUE(to_b.last_error().empty()) << to_b.last_error();
+
+  absl::StatusOr<v1::StatusResponse> callee;
+  ASSERT_TRUE(WaitUntil([&] {
+    callee = b_->Status();
+    const v1::AgentPeer peer = PeerOf(callee, "node0");
+    return peer.calls_received() >= 1 && peer.bytes_received() >= payload.size();
+  })) << callee->DebugString();
+  const v1::AgentPeer from_a = PeerOf(callee, "node0");
+  EXPECT_GE(from_a.inbound_pipes(), 1) << "node0 opened the pipe the call came on";
+  EXPECT_EQ(from_a.transport(), to_b.transport()) << "both ends name the same choice";
+  EXPECT_EQ(from_a.channel(), to_b.channel());
+
+  // Each session is listed with its call fields (the rx heap is data.arena_bytes).
+  ASSERT_EQ(caller->attached_sessions_size(), 1);
+  EXPECT_EQ(caller->attached_sessions(0).calls_in_flight(), 0);
+  EXPECT_EQ(caller->attached_sessions(0).rx_heap_bytes(), static_cast<uint64_t>(kArenaBytes));
+
+  const testing::ProcessResult tpctl = Tpctl(0);
+  EXPECT_EQ(tpctl.exit_code, 0) << tpctl.output;
+  EXPECT_THAT(tpctl.output,
+              HasSubstr(absl::StrCat("peer node1: pipe ready, ", to_b.inbound_pipes(),
+                                     " inbound; ", to_b.transport(), "/", to_b.channel(),
+                                     "; calls sent ", to_b.calls_sent())));
+  EXPECT_THAT(tpctl.output, HasSubstr("0 calls in flight, rx heap "));
+}
+
+TEST_F(DataPlaneStatusTest, CallAwaitingItsReplyIsPendingOnTheAgentAndInFlightOnItsSession) {
+  StartPair();
+  auto call = std::async(std::launch::async, [&] { return a_->Call("g", "b", "sleep", "zz"); });
+  absl::StatusOr<v1::StatusResponse> status;
+  ASSERT_TRUE(WaitUntil([&] {
+    status = a_->Status();
+    return status.ok() && status->agent().calls_pending() == 1 &&
+           status->attached_sessions_size() == 1 &&
+           status->attached_sessions(0).calls_in_flight() == 1;
+  })) << status->DebugString();
+  EXPECT_EQ(PeerOf(status, "node1").calls_pending(), 1u);
+  const testing::ProcessResult tpctl = Tpctl(0);
+  EXPECT_THAT(tpctl.output, HasSubstr("1 calls in flight"));
+  EXPECT_THAT(tpctl.output, HasSubstr("pending 1;"));
+
+  ASSERT_TRUE(call.get().ok());
+  // The reply sits in a's rx heap until a's engine releases it; then nothing is pending.
+  EXPECT_TRUE(WaitUntil([&] {
+    status = a_->Status();
+    return status.ok() && status->agent().calls_pending() == 0 &&
+           status->attached_sessions_size() == 1 &&
+           status->attached_sessions(0).calls_in_flight() == 0;
+  })) << status->DebugString();
+}
+
+}  // namespace
+}  // namespace tpd
