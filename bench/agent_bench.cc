@@ -33,6 +33,7 @@
 #include "absl/time/clock.h"
 #include "agent/agent.h"
 #include "agent/registry.h"
+#include "bench/raw_pipe.h"
 
 ABSL_FLAG(std::string, pairs, "uv+basic,uv+mpt_uv,shm+basic,shm+cma",
           "transport+channel pairs to measure (shm rows bootstrap on uv, as daemons do)");
@@ -49,6 +50,9 @@ using tpd::agent::Handler;
 using tpd::agent::InboundRequest;
 using tpd::agent::Message;
 using tpd::agent::PeerId;
+using tpd::bench::RawContext;
+using tpd::bench::RawRoundTrip;
+using tpd::bench::RawServer;
 
 constexpr absl::Duration kCallTimeout = absl::Seconds(60);
 
@@ -72,115 +76,6 @@ Stats Summarize(std::vector<double> us) {
   for (double v : us) sum += v;
   s.mean = sum / us.size();
   return s;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Raw TensorPipe: a server that answers every message with an empty one, and a client.
-
-std::shared_ptr<tensorpipe::Context> RawContext(const std::string& transport,
-                                                const std::string& channel, int lanes,
-                                                const std::string& name) {
-  auto context = std::make_shared<tensorpipe::Context>(tensorpipe::ContextOptions().name(name));
-  context->registerTransport(tpd::agent::kUvTransportPriority, "uv",
-                             tensorpipe::transport::uv::create());
-  if (transport == "shm") {
-    context->registerTransport(tpd::agent::kShmTransportPriority, "shm",
-                               tensorpipe::transport::shm::create());
-  }
-  if (channel == "basic") {
-    context->registerChannel(tpd::agent::kBasicChannelPriority, "basic",
-                             tensorpipe::channel::basic::create());
-  } else if (channel == "cma") {
-    context->registerChannel(tpd::agent::kCmaChannelPriority, "cma",
-                             tensorpipe::channel::cma::create());
-  } else if (channel == "mpt_uv") {
-    std::vector<std::shared_ptr<tensorpipe::transport::Context>> contexts;
-    std::vector<std::shared_ptr<tensorpipe::transport::Listener>> listeners;
-    for (int i = 0; i < lanes; ++i) {
-      contexts.push_back(tensorpipe::transport::uv::create());
-      listeners.push_back(contexts.back()->listen("127.0.0.1"));
-    }
-    context->registerChannel(tpd::agent::kMultiplexedUvChannelPriority, "mpt_uv",
-                             tensorpipe::channel::mpt::create(std::move(contexts),
-                                                              std::move(listeners)));
-  }
-  return context;
-}
-
-class RawServer {
- public:
-  // Listens on uv, and on shm when `shm` (a pipe moves to shm only if the listener has it).
-  RawServer(tensorpipe::Context& context, bool shm, size_t max_bytes)
-      : buffer_(std::max<size_t>(max_bytes, 1)) {
-    std::vector<std::string> urls = {"uv://127.0.0.1:0"};
-    if (shm) urls.push_back(absl::StrCat("shm://tpd-agent-bench-", getpid()));
-    listener_ = context.listen(urls);
-    url_ = listener_->url("uv");
-    listener_->accept([this](const tensorpipe::Error& error, std::shared_ptr<tensorpipe::Pipe> pipe) {
-      if (error) return;
-      pipe_ = std::move(pipe);
-      Serve();
-    });
-  }
-  ~RawServer() {
-    if (pipe_) pipe_->close();
-    listener_->close();
-  }
-  const std::string& url() const { return url_; }
-
- private:
-  void Serve() {
-    pipe_->readDescriptor([this](const tensorpipe::Error& error, tensorpipe::Descriptor d) {
-      if (error) return;
-      tensorpipe::Allocation allocation;
-      for (size_t i = 0; i < d.payloads.size(); ++i) allocation.payloads.push_back({buffer_.data()});
-      for (size_t i = 0; i < d.tensors.size(); ++i) {
-        allocation.tensors.push_back({tensorpipe::CpuBuffer{buffer_.data()}});
-      }
-      pipe_->read(std::move(allocation), [this](const tensorpipe::Error& error) {
-        if (error) return;
-        pipe_->write(tensorpipe::Message{}, [](const tensorpipe::Error&) {});
-        Serve();
-      });
-    });
-  }
-
-  std::vector<char> buffer_;
-  std::shared_ptr<tensorpipe::Listener> listener_;
-  std::shared_ptr<tensorpipe::Pipe> pipe_;
-  std::string url_;
-};
-
-// One round trip: a message with `size` bytes as one tensor (none for 0), an empty answer.
-bool RawRoundTrip(tensorpipe::Pipe& pipe, char* data, size_t size) {
-  tensorpipe::Message message;
-  if (size > 0) {
-    tensorpipe::Message::Tensor tensor;
-    tensor.buffer = tensorpipe::CpuBuffer{data};
-    tensor.length = size;
-    message.tensors.push_back(std::move(tensor));
-  }
-  absl::Notification written;
-  absl::Notification answered;
-  bool ok = true;
-  pipe.write(std::move(message), [&](const tensorpipe::Error& error) {
-    if (error) ok = false;
-    written.Notify();
-  });
-  pipe.readDescriptor([&](const tensorpipe::Error& error, tensorpipe::Descriptor) {
-    if (error) {
-      ok = false;
-      answered.Notify();
-      return;
-    }
-    pipe.read(tensorpipe::Allocation{}, [&](const tensorpipe::Error& error) {
-      if (error) ok = false;
-      answered.Notify();
-    });
-  });
-  answered.WaitForNotification();
-  written.WaitForNotification();
-  return ok;
 }
 
 // ---------------------------------------------------------------------------------------------

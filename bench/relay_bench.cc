@@ -1,0 +1,649 @@
+// B3 relay beside B1 raw TensorPipe, in the same run: client A → daemon A → daemon B →
+// client B's echo handler and back, through two real tpd processes on loopback, beside a
+// raw TensorPipe pipe echo between this process and a forked child over the transport and
+// channel the daemons' own pipe chose.
+//
+//   bazel run -c opt //bench:relay_bench -- [--scale=1] [--gib] [--tsv=/tmp/relay.tsv]
+//   relay_bench --tpd=/path/to/tpd ...   (outside bazel: the daemon binary to start)
+//
+// Processes: this one holds clients A and C (daemon A) and client B (daemon B), and measures;
+// two tpd daemons (fork/exec, own temporary socket, peer port on 127.0.0.1, log level debug
+// so the agent logs which transport and channel its pipe uses); one forked child serving the
+// raw pipe. Every row echoes: the message's tensors go there and come back.
+//
+// Rows, for each size (one tensor of SIZE; "64x1MiB" is 64 tensors of 1 MiB), one call at a
+// time in a closed loop, after a warm-up, the kinds alternating in 4 blocks so drift hits all
+// alike:
+//   raw     B1: a tensorpipe::Message with the tensors to the child, which reads them into
+//           its buffer and writes them back; read into a buffer allocated once.
+//   arena   B3: A sends tensors it allocated in its arena (Client::AllocateTensor: no copy on
+//           A's side); B's handler answers with arena tensors of the same shape it allocated
+//           once (no copy on B's side). The zero-copy path end to end.
+//   copied  B3: A sends tensors it owns (std::string: copied once into A's arena); B's
+//           handler returns the received tensors (copied once into B's arena).
+//   local   B2 with tensors, for the breakdown: A → daemon A → client C (same daemon), C
+//           answering as B does in `arena`.
+// GB/s = bytes of the tensors / p50 round trip (1e9 B/s; the echo carries them both ways,
+// counted once, for raw, relay and torch rpc alike). Ratios: relay p50 / raw p50 and relay
+// GB/s / raw GB/s. fwd/back: p50 of A's call → B's handler start and of B's handler end →
+// A's reply (one host, one clock), for `arena` and `local`.
+//
+// Output: a markdown table on stdout, and the same numbers as TSV (--tsv, one row per kind
+// and size) in the format bench/torch_rpc_bench.py writes.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <tensorpipe/tensorpipe.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "bench/raw_pipe.h"
+#include "client/client.h"
+
+ABSL_FLAG(std::string, tpd, "", "tpd binary; empty: the one in this binary's runfiles, or next to it");
+ABSL_FLAG(double, scale, 1.0, "multiplies every row's iteration count");
+ABSL_FLAG(bool, gib, false, "add a 1 GiB row (arenas of 2.1 GiB per heap)");
+ABSL_FLAG(std::string, sizes, "", "comma-separated row names to run (e.g. 0B,1MiB,64x1MiB); empty: all");
+ABSL_FLAG(std::string, pair, "",
+          "transport+channel of the raw baseline; empty: what the daemons' agent pipe chose");
+ABSL_FLAG(int, mpt_lanes, 4, "lanes of mpt_uv, if the pipe uses it (the daemon's default)");
+ABSL_FLAG(bool, local, true, "measure the `local` rows (a call to a client of the same daemon)");
+ABSL_FLAG(std::string, tsv, "", "also write the rows as TSV to this file");
+ABSL_FLAG(std::string, keep_logs, "", "copy the daemons' logs into this directory at the end");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+struct Stats {
+  double p50 = 0, p90 = 0, p99 = 0;
+};
+
+Stats Summarize(std::vector<double> us) {
+  Stats s;
+  if (us.empty()) return s;
+  std::sort(us.begin(), us.end());
+  auto pct = [&](double p) { return us[static_cast<size_t>(p * (us.size() - 1))]; };
+  s.p50 = pct(0.50);
+  s.p90 = pct(0.90);
+  s.p99 = pct(0.99);
+  return s;
+}
+
+// One row of the table: `count` tensors of `size` bytes.
+struct Case {
+  std::string name;
+  size_t size;
+  int count;
+  size_t bytes() const { return size * count; }
+};
+
+int Iterations(size_t bytes) {
+  int n = bytes <= 4096        ? 2000
+          : bytes <= 65536     ? 1000
+          : bytes <= (1 << 20) ? 200
+          : bytes <= (2 << 20) ? 120
+          : bytes <= (8 << 20) ? 40
+          : bytes <= (64 << 20) ? 12
+          : bytes <= (256 << 20) ? 8
+                                 : 4;
+  n = static_cast<int>(n * absl::GetFlag(FLAGS_scale));
+  return std::max(4, (n + 3) / 4 * 4);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The raw pipe's server: a child forked before any thread exists. It reads one line
+// "transport channel lanes max_bytes" from `commands`, serves an echoing RawServer, writes its
+// URL as one line to `answers`, and exits when `commands` closes.
+
+struct RawChild {
+  pid_t pid = -1;
+  int commands = -1;  // write end
+  int answers = -1;   // read end
+};
+
+[[noreturn]] void RawChildMain(int commands, int answers) {
+  std::string line;
+  char c;
+  while (read(commands, &c, 1) == 1 && c != '\n') line.push_back(c);
+  std::vector<std::string> words = absl::StrSplit(line, ' ');
+  if (words.size() != 4) _exit(2);
+  auto context = tpd::bench::RawContext(words[0], words[1], std::stoi(words[2]), "raw-server");
+  auto server = std::make_unique<tpd::bench::RawServer>(*context, words[0] == "shm",
+                                                        std::stoull(words[3]), /*echo=*/true);
+  const std::string url = server->url() + "\n";
+  if (write(answers, url.data(), url.size()) != static_cast<ssize_t>(url.size())) _exit(3);
+  while (read(commands, &c, 1) > 0) {
+  }
+  _exit(0);  // the parent is gone or done: no orderly close needed
+}
+
+RawChild ForkRawChild() {
+  int to_child[2];
+  int from_child[2];
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) std::abort();
+  RawChild child;
+  child.pid = fork();
+  if (child.pid == 0) {
+    close(to_child[1]);
+    close(from_child[0]);
+    RawChildMain(to_child[0], from_child[1]);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  child.commands = to_child[1];
+  child.answers = from_child[0];
+  return child;
+}
+
+// ---------------------------------------------------------------------------------------------
+// tpd daemons as child processes.
+
+class Daemon {
+ public:
+  Daemon(const std::string& tpd, const std::string& dir, int index, int64_t arena_bytes) {
+    socket_ = absl::StrCat(dir, "/tpd", index, ".sock");
+    log_ = absl::StrCat(dir, "/tpd", index, ".log");
+    const std::string config = absl::StrCat(dir, "/tpd", index, ".toml");
+    std::ofstream(config) << "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n"
+                          << "node_name = \"relay-node" << index << "\"\n"
+                          << "[data]\narena_bytes = " << arena_bytes << "\n";
+    std::vector<std::string> argv = {tpd, "--socket", socket_, "--config", config,
+                                     "--log_level", "debug"};
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      std::vector<char*> args;
+      for (std::string& arg : argv) args.push_back(arg.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~Daemon() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      for (int i = 0; i < 500; ++i) {
+        if (waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // Waits until the daemon logs that it serves; false (with its log on stderr) if it exits
+  // or takes more than 30 s.
+  bool WaitServing() {
+    for (int i = 0; i < 3000; ++i) {
+      if (Log().find(" serving (pid") != std::string::npos) return true;
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    std::fprintf(stderr, "tpd %s did not serve:\n%s\n", socket_.c_str(), Log().c_str());
+    return false;
+  }
+
+  const std::string& socket() const { return socket_; }
+  const std::string& log_path() const { return log_; }
+  std::string Log() const { return ReadFile(log_); }
+
+ private:
+  pid_t pid_ = -1;
+  std::string socket_;
+  std::string log_;
+};
+
+std::string FindTpd(const char* argv0) {
+  std::vector<std::string> candidates;
+  if (const std::string flag = absl::GetFlag(FLAGS_tpd); !flag.empty()) return flag;
+  if (const char* dir = std::getenv("RUNFILES_DIR")) {
+    candidates.push_back(absl::StrCat(dir, "/tpd/daemon/tpd"));
+  }
+  candidates.push_back(absl::StrCat(argv0, ".runfiles/tpd/daemon/tpd"));
+  candidates.push_back(
+      (std::filesystem::path(argv0).parent_path() / "tpd").string());
+  for (const std::string& path : candidates) {
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "";
+}
+
+// "pipe to ready (shm + cma)" from the agent's debug log: {"shm", "cma"}.
+std::pair<std::string, std::string> PipeChoice(const std::string& log) {
+  const std::string marker = "pipe to ready (";
+  const size_t at = log.find(marker);
+  if (at == std::string::npos) return {};
+  const size_t end = log.find(')', at);
+  std::vector<std::string> parts =
+      absl::StrSplit(log.substr(at + marker.size(), end - at - marker.size()), " + ");
+  if (parts.size() != 2) return {};
+  return {parts[0], parts[1]};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers of clients B and C.
+
+std::atomic<int64_t> g_handler_in_ns{0};
+std::atomic<int64_t> g_handler_out_ns{0};
+
+// Answers "echo_copy" with the received tensors (copied into the arena when sent) and
+// "echo_arena" with arena tensors of the same shapes, allocated once per shape.
+class EchoHandlers {
+ public:
+  explicit EchoHandlers(tpd::Client* client) : client_(client) {}
+
+  absl::Status Register() {
+    if (absl::Status s = client_->Handle("echo_copy", [](const tpd::Message& request)
+                                             -> absl::StatusOr<tpd::Message> {
+          g_handler_in_ns.store(NowNs());
+          tpd::Message reply;
+          reply.tensors = request.tensors;
+          g_handler_out_ns.store(NowNs());
+          return reply;
+        });
+        !s.ok()) {
+      return s;
+    }
+    return client_->Handle("echo_arena",
+                           [this](const tpd::Message& request) -> absl::StatusOr<tpd::Message> {
+                             g_handler_in_ns.store(NowNs());
+                             absl::StatusOr<tpd::Message> reply = ArenaReply(request);
+                             g_handler_out_ns.store(NowNs());
+                             return reply;
+                           });
+  }
+
+ private:
+  absl::StatusOr<tpd::Message> ArenaReply(const tpd::Message& request) {
+    absl::MutexLock lock(&mu_);
+    const size_t count = request.tensors.size();
+    const size_t size = count > 0 ? request.tensors[0].size() : 0;
+    if (count != count_ || size != size_) {
+      cached_.tensors.clear();
+      for (size_t i = 0; i < count; ++i) {
+        absl::StatusOr<tpd::Tensor> t =
+            client_->AllocateTensor(tpd::shm::DType::kUInt8, {static_cast<int64_t>(size)});
+        if (!t.ok()) return t.status();
+        std::memset(t->mutable_data(), 'r', t->size());
+        cached_.tensors.push_back(*std::move(t));
+      }
+      count_ = count;
+      size_ = size;
+    }
+    return cached_;
+  }
+
+  tpd::Client* const client_;
+  absl::Mutex mu_;
+  size_t count_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t size_ ABSL_GUARDED_BY(mu_) = 0;
+  tpd::Message cached_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---------------------------------------------------------------------------------------------
+
+struct Kind {
+  std::string name;  // raw, arena, copied, local
+  std::vector<double> us;
+  std::vector<double> fwd_us;
+  std::vector<double> back_us;
+};
+
+struct Row {
+  Case c;
+  int iterations;
+  std::map<std::string, Stats> stats;  // by kind
+  std::map<std::string, double> fwd_p50, back_p50;
+};
+
+constexpr const char* kGroup = "relay";
+constexpr absl::Duration kCallTimeout = absl::Seconds(300);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before any thread: the raw pipe's server process.
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  RawChild raw_child = ForkRawChild();
+
+  std::vector<Case> cases = {
+      {"0B", 0, 0},          {"64B", 64, 1},         {"4KiB", 4 << 10, 1},
+      {"64KiB", 64 << 10, 1}, {"1MiB", 1 << 20, 1},  {"2MiB", 2 << 20, 1},
+      {"8MiB", 8 << 20, 1},   {"64MiB", 64 << 20, 1}, {"256MiB", size_t{256} << 20, 1},
+      {"64x1MiB", 1 << 20, 64},
+  };
+  if (absl::GetFlag(FLAGS_gib)) cases.insert(cases.end() - 1, {"1GiB", size_t{1} << 30, 1});
+  if (const std::string only = absl::GetFlag(FLAGS_sizes); !only.empty()) {
+    std::vector<std::string> names = absl::StrSplit(only, ',');
+    std::vector<Case> picked;
+    for (const Case& c : cases) {
+      if (std::find(names.begin(), names.end(), c.name) != names.end()) picked.push_back(c);
+    }
+    cases = picked;
+  }
+  size_t max_bytes = 1;
+  for (const Case& c : cases) max_bytes = std::max(max_bytes, c.bytes());
+  // A sender's tx heap holds the case's arena tensors and one copied message at once.
+  const int64_t arena_bytes = static_cast<int64_t>(2 * max_bytes + (64 << 20));
+
+  const std::string tpd = FindTpd(argv[0]);
+  if (tpd.empty()) {
+    std::fprintf(stderr, "no tpd binary: pass --tpd=/path/to/tpd\n");
+    return 2;
+  }
+  char dir_pattern[] = "/tmp/tpd-relay-bench-XXXXXX";
+  const std::string dir = mkdtemp(dir_pattern);
+  int rc = 1;
+  {
+    Daemon daemon_a(tpd, dir, 0, arena_bytes);
+    Daemon daemon_b(tpd, dir, 1, arena_bytes);
+    if (!daemon_a.WaitServing() || !daemon_b.WaitServing()) return 1;
+
+    auto connect = [](const Daemon& d) -> std::unique_ptr<tpd::Client> {
+      auto client = tpd::Client::Connect(d.socket());
+      if (!client.ok()) {
+        std::fprintf(stderr, "connect %s: %s\n", d.socket().c_str(),
+                     client.status().ToString().c_str());
+        return nullptr;
+      }
+      return *std::move(client);
+    };
+    std::unique_ptr<tpd::Client> a = connect(daemon_a);
+    std::unique_ptr<tpd::Client> b = connect(daemon_b);
+    std::unique_ptr<tpd::Client> c = connect(daemon_a);
+    if (!a || !b || !c) return 1;
+    EchoHandlers b_handlers(b.get());
+    EchoHandlers c_handlers(c.get());
+    if (!b_handlers.Register().ok() || !c_handlers.Register().ok()) {
+      std::fprintf(stderr, "cannot register handlers\n");
+      return 1;
+    }
+    const std::string init_method = absl::StrCat("tcp://", a->Status()->peer_address());
+    auto join = [&](tpd::Client* client, const std::string& name, int rank) {
+      tpd::JoinOptions options;
+      options.group = kGroup;
+      options.name = name;
+      options.rank = rank;
+      options.world_size = 3;
+      options.init_method = init_method;
+      options.timeout = absl::Seconds(60);
+      return client->Join(options).status();
+    };
+    auto joined_b = std::async(std::launch::async, [&] { return join(b.get(), "b", 1); });
+    auto joined_c = std::async(std::launch::async, [&] { return join(c.get(), "c", 2); });
+    const absl::Status joined_a = join(a.get(), "a", 0);
+    if (!joined_a.ok() || !joined_b.get().ok() || !joined_c.get().ok()) {
+      std::fprintf(stderr, "join failed: %s\n", joined_a.ToString().c_str());
+      return 1;
+    }
+
+    // The first relay call opens the daemons' pipe; their logs say what it uses.
+    for (int i = 0; i < 20; ++i) {
+      absl::StatusOr<tpd::Message> reply = a->Call(kGroup, "b", "echo_copy", "", {}, kCallTimeout);
+      if (!reply.ok()) {
+        std::fprintf(stderr, "warm-up call: %s\n", reply.status().ToString().c_str());
+        return 1;
+      }
+    }
+    std::string transport, channel;
+    if (const std::string pair = absl::GetFlag(FLAGS_pair); !pair.empty()) {
+      std::vector<std::string> parts = absl::StrSplit(pair, '+');
+      transport = parts[0];
+      channel = parts.size() > 1 ? parts[1] : "basic";
+    } else {
+      std::tie(transport, channel) = PipeChoice(daemon_a.Log());
+      if (transport.empty()) std::tie(transport, channel) = PipeChoice(daemon_b.Log());
+      if (transport.empty()) {
+        std::fprintf(stderr, "the daemons' logs do not say which transport their pipe uses; "
+                             "pass --pair\n");
+        return 1;
+      }
+    }
+    std::fprintf(stderr, "daemons' pipe: %s + %s (%s); raw baseline over the same\n",
+                 transport.c_str(), channel.c_str(),
+                 absl::GetFlag(FLAGS_pair).empty() ? "from the agent's log" : "--pair");
+
+    // The raw pipe.
+    const std::string command = absl::StrCat(transport, " ", channel, " ",
+                                             absl::GetFlag(FLAGS_mpt_lanes), " ", max_bytes, "\n");
+    if (write(raw_child.commands, command.data(), command.size()) !=
+        static_cast<ssize_t>(command.size())) {
+      return 1;
+    }
+    std::string url;
+    for (char ch; read(raw_child.answers, &ch, 1) == 1 && ch != '\n';) url.push_back(ch);
+    if (url.empty()) {
+      std::fprintf(stderr, "the raw pipe's server did not start\n");
+      return 1;
+    }
+    auto raw_context =
+        tpd::bench::RawContext(transport, channel, absl::GetFlag(FLAGS_mpt_lanes), "raw-client");
+    std::shared_ptr<tensorpipe::Pipe> pipe = raw_context->connect(url);
+    std::vector<char> raw_data(max_bytes, 'x');
+    std::vector<char> raw_reply(max_bytes, 0);
+
+    std::vector<Row> rows;
+    for (const Case& cs : cases) {
+      const int iterations = Iterations(cs.bytes());
+      // The tensors A sends: owned (copied into the arena per call) and arena ones.
+      std::vector<tpd::Tensor> owned;
+      std::vector<tpd::Tensor> arena;
+      for (int i = 0; i < cs.count; ++i) {
+        owned.emplace_back(tpd::shm::DType::kUInt8, std::vector<int64_t>{static_cast<int64_t>(cs.size)},
+                           std::string(cs.size, static_cast<char>('a' + i % 26)));
+        absl::StatusOr<tpd::Tensor> t =
+            a->AllocateTensor(tpd::shm::DType::kUInt8, {static_cast<int64_t>(cs.size)});
+        if (!t.ok()) {
+          std::fprintf(stderr, "%s: arena tensor: %s\n", cs.name.c_str(),
+                       t.status().ToString().c_str());
+          return 1;
+        }
+        std::memset(t->mutable_data(), 'a' + i % 26, t->size());
+        arena.push_back(*std::move(t));
+      }
+      std::vector<Kind> kinds = {{"raw"}, {"arena"}, {"copied"}};
+      if (absl::GetFlag(FLAGS_local)) kinds.push_back({"local"});
+
+      // One round trip of `kind`; records it when `record`.
+      auto once = [&](Kind& kind, bool record, bool verify) -> bool {
+        const int64_t t0 = NowNs();
+        int64_t t1 = 0;
+        if (kind.name == "raw") {
+          if (!tpd::bench::RawRoundTrip(*pipe, raw_data.data(), cs.size, cs.count,
+                                        raw_reply.data())) {
+            std::fprintf(stderr, "%s raw: pipe error\n", cs.name.c_str());
+            return false;
+          }
+          t1 = NowNs();
+        } else {
+          const bool copied = kind.name == "copied";
+          const std::string worker = kind.name == "local" ? "c" : "b";
+          absl::StatusOr<tpd::Message> reply =
+              a->Call(kGroup, worker, copied ? "echo_copy" : "echo_arena", "",
+                      copied ? owned : arena, kCallTimeout);
+          t1 = NowNs();
+          if (!reply.ok()) {
+            std::fprintf(stderr, "%s %s: %s\n", cs.name.c_str(), kind.name.c_str(),
+                         reply.status().ToString().c_str());
+            return false;
+          }
+          if (reply->tensors.size() != static_cast<size_t>(cs.count)) {
+            std::fprintf(stderr, "%s %s: %zu tensors back\n", cs.name.c_str(),
+                         kind.name.c_str(), reply->tensors.size());
+            return false;
+          }
+          for (int i = 0; verify && i < cs.count; ++i) {
+            const bool same = reply->tensors[i].size() == cs.size &&
+                              (!copied || reply->tensors[i].data() == owned[i].data());
+            if (!same) {
+              std::fprintf(stderr, "%s %s: tensor %d came back wrong\n", cs.name.c_str(),
+                           kind.name.c_str(), i);
+              return false;
+            }
+          }
+          if (record) {
+            kind.fwd_us.push_back((g_handler_in_ns.load() - t0) / 1e3);
+            kind.back_us.push_back((t1 - g_handler_out_ns.load()) / 1e3);
+          }
+        }
+        if (record) kind.us.push_back((t1 - t0) / 1e3);
+        return true;
+      };
+
+      for (Kind& kind : kinds) {  // per-size warm-up; the first call checks the echo
+        for (int i = 0; i < std::max(2, std::min(iterations / 4, 20)); ++i) {
+          if (!once(kind, false, i == 0)) return 1;
+        }
+      }
+      constexpr int kBlocks = 4;
+      for (int block = 0; block < kBlocks; ++block) {
+        for (Kind& kind : kinds) {
+          for (int i = 0; i < iterations / kBlocks; ++i) {
+            if (!once(kind, true, false)) return 1;
+          }
+        }
+      }
+      Row row{cs, iterations};
+      for (const Kind& kind : kinds) {
+        row.stats[kind.name] = Summarize(kind.us);
+        if (!kind.fwd_us.empty()) {
+          row.fwd_p50[kind.name] = Summarize(kind.fwd_us).p50;
+          row.back_p50[kind.name] = Summarize(kind.back_us).p50;
+        }
+      }
+      std::fprintf(stderr, "  %-8s raw p50 %9.1f us, arena %9.1f us, copied %9.1f us\n",
+                   cs.name.c_str(), row.stats["raw"].p50, row.stats["arena"].p50,
+                   row.stats["copied"].p50);
+      rows.push_back(std::move(row));
+    }
+
+    // The table.
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    const std::string pair = absl::StrCat(transport, "+", channel);
+    std::printf("# relay_bench: host %s, %u cpus, daemons' pipe %s, raw baseline %s\n", host,
+                std::thread::hardware_concurrency(), pair.c_str(), pair.c_str());
+    auto gbps = [](const Row& r, const std::string& kind) {
+      return r.c.bytes() > 0 ? r.c.bytes() / (r.stats.at(kind).p50 * 1e3) : 0.0;
+    };
+    auto num = [](bool show, double v, const char* fmt = "%.2f") {
+      if (!show) return std::string("-");
+      char text[32];
+      std::snprintf(text, sizeof(text), fmt, v);
+      return std::string(text);
+    };
+    const bool local = absl::GetFlag(FLAGS_local);
+    std::printf(
+        "| size | raw p50 µs | p90 | p99 | arena p50 µs | p90 | p99 | copied p50 µs | p90 | p99 | "
+        "raw GB/s | arena GB/s | copied GB/s | arena/raw p50 | copied/raw p50 | arena/raw GB/s | "
+        "copied/raw GB/s | arena fwd/back p50 µs |%s\n",
+        local ? " local p50 µs | local fwd/back p50 µs |" : "");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n",
+                local ? "---|---|" : "");
+    for (const Row& r : rows) {
+      const Stats& raw = r.stats.at("raw");
+      const Stats& ar = r.stats.at("arena");
+      const Stats& cp = r.stats.at("copied");
+      const bool bw = r.c.bytes() > 0;
+      std::printf(
+          "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | "
+          "%.2f | %.2f | %s | %s | %.1f / %.1f |",
+          r.c.name.c_str(), raw.p50, raw.p90, raw.p99, ar.p50, ar.p90, ar.p99, cp.p50, cp.p90,
+          cp.p99, num(bw, gbps(r, "raw")).c_str(), num(bw, gbps(r, "arena")).c_str(),
+          num(bw, gbps(r, "copied")).c_str(), ar.p50 / raw.p50, cp.p50 / raw.p50,
+          num(bw, gbps(r, "arena") / gbps(r, "raw")).c_str(),
+          num(bw, gbps(r, "copied") / gbps(r, "raw")).c_str(), r.fwd_p50.at("arena"),
+          r.back_p50.at("arena"));
+      if (local) {
+        std::printf(" %.1f | %.1f / %.1f |", r.stats.at("local").p50, r.fwd_p50.at("local"),
+                    r.back_p50.at("local"));
+      }
+      std::printf("\n");
+    }
+    if (const std::string path = absl::GetFlag(FLAGS_tsv); !path.empty()) {
+      std::ofstream tsv(path);
+      tsv << "# relay_bench host=" << host << " cpus=" << std::thread::hardware_concurrency()
+          << " pair=" << pair << "\n";
+      tsv << "bench\tkind\tsize\tbytes\ttensors\titerations\tp50_us\tp90_us\tp99_us\tgbps\t"
+             "ratio_p50_vs_raw\tfwd_p50_us\tback_p50_us\n";
+      for (const Row& r : rows) {
+        for (const auto& [kind, s] : r.stats) {
+          const bool bw = r.c.bytes() > 0;
+          tsv << "relay_bench\t" << kind << "\t" << r.c.name << "\t" << r.c.bytes() << "\t"
+              << r.c.count << "\t" << r.iterations << "\t" << num(true, s.p50, "%.1f") << "\t"
+              << num(true, s.p90, "%.1f") << "\t" << num(true, s.p99, "%.1f") << "\t"
+              << num(bw, gbps(r, kind), "%.3f") << "\t"
+              << num(true, s.p50 / r.stats.at("raw").p50) << "\t"
+              << num(r.fwd_p50.count(kind) > 0, r.fwd_p50.count(kind) ? r.fwd_p50.at(kind) : 0,
+                     "%.1f")
+              << "\t"
+              << num(r.back_p50.count(kind) > 0,
+                     r.back_p50.count(kind) ? r.back_p50.at(kind) : 0, "%.1f")
+              << "\n";
+        }
+      }
+    }
+    pipe->close();
+    raw_context->close();
+    raw_context->join();
+    if (const std::string keep = absl::GetFlag(FLAGS_keep_logs); !keep.empty()) {
+      std::filesystem::create_directories(keep);
+      for (const Daemon* d : {&daemon_a, &daemon_b}) {
+        std::filesystem::copy_file(
+            d->log_path(),
+            std::filesystem::path(keep) / std::filesystem::path(d->log_path()).filename(),
+            std::filesystem::copy_options::overwrite_existing);
+      }
+    }
+    a.reset();
+    b.reset();
+    c.reset();
+    rc = 0;
+  }
+  close(raw_child.commands);
+  waitpid(raw_child.pid, nullptr, 0);
+  std::filesystem::remove_all(dir);
+  (void)args;
+  return rc;
+}
