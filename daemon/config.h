@@ -126,7 +126,9 @@ struct AgentConfig {
   // address peers reach (a wildcard host only works for peers on this machine).
   std::string listen_address;
   // Transports and channels it may register, PyTorch's names; empty: every one this build
-  // and machine can use. Groups are offered only what was registered.
+  // and machine can use, except the shm transport for transports (its reactor polls a core
+  // at 100% while the daemon runs, and it only links daemons of one machine: name it to
+  // have it). Groups are offered only what was registered.
   std::vector<std::string> transports;
   std::vector<std::string> channels;
   // Connections of the mpt_uv channel per pipe.

@@ -199,6 +199,15 @@ absl::Status Daemon::StartAgent() {
                                : config_.agent.listen_address;
   options.cluster_token = config_.peer.token;
   options.transports = config_.agent.transports;
+  // TensorPipe's shm transport keeps a reactor thread polling one core at 100% for as long as
+  // the context lives (bench/idle_bench measures it), and it only joins daemons of one
+  // machine, which a deployment of one daemon per machine never has: it is registered only
+  // when agent.transports names it.
+  if (options.transports.empty()) {
+    for (const agent::Candidate& known : agent::Registry::KnownTransports()) {
+      if (known.name != "shm") options.transports.push_back(known.name);
+    }
+  }
   options.channels = config_.agent.channels;
   options.mpt_lanes = static_cast<int>(config_.agent.mpt_lanes);
   options.max_message_bytes = static_cast<uint64_t>(config_.agent.max_message_bytes);
