@@ -1,8 +1,10 @@
 // tpd.v1.Admin: what an operator reads with `grpcurl ... tpd.v1.Admin/Status` or
 // `tpctl status`.
 //
-// Thread safety: thread-safe; reads only thread-safe sources. Status takes no lock of its own
-// and waits on nothing slow: each source copies its counters under its own short lock.
+// Thread safety: thread-safe; reads only thread-safe sources. Status takes no lock of its own;
+// each source copies its counters under its own lock. Agent::Stats never waits on a peer;
+// CallRouter::Stats takes each session's lock, which the router holds for up to a second
+// while it waits for room in a completion ring its client does not read (a known delay).
 
 #ifndef TPD_DAEMON_ADMIN_SERVICE_H_
 #define TPD_DAEMON_ADMIN_SERVICE_H_
