@@ -1,32 +1,117 @@
 #!/usr/bin/env bash
-# The README's first command: set up this machine, build tpd and tpctl, and run the daemon
-# in the foreground with the embedded store. Ctrl-C stops it (SIGINT: graceful shutdown).
+# The README's first command: set up this machine, build, start two tpd daemons on loopback as
+# two nodes (node0 and node1), run the example (examples/tensor_calls.cc) as four workers of
+# one group, two per node, print what they did, and leave both daemons serving for a look with
+# tpctl or grpcurl. Ctrl-C stops them (SIGTERM: graceful shutdown).
+#
+#   tools/run.sh [TPD FLAGS...]     e.g. tools/run.sh --log_level debug (given to both daemons)
+#
+# Exits 1, stopping the daemons, when a daemon does not start or a worker fails a check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools/setup.sh
-bazel build //daemon:tpd //client:tpctl
+bazel build //daemon:tpd //client:tpctl //examples:tensor_calls
 
-socket="${TPD_SOCKET:-}"
-if [[ -z "$socket" ]]; then
-  # The daemon's own default (proto/socket_path.h): the system socket for root, else
-  # $XDG_RUNTIME_DIR/tpd/tpd.sock, or /tmp/tpd-<uid>/tpd.sock without XDG_RUNTIME_DIR.
-  if [[ $(id -u) -eq 0 ]]; then
-    socket=/run/tpd/tpd.sock
-  elif [[ -n "${XDG_RUNTIME_DIR:-}" ]]; then
-    socket="$XDG_RUNTIME_DIR/tpd/tpd.sock"
-  else
-    socket="/tmp/tpd-$(id -u)/tpd.sock"
-  fi
+# Each node's socket, config and log go in a directory of its own, under the directory the
+# daemon itself would choose (proto/socket_path.h): the system one for root, else
+# $XDG_RUNTIME_DIR/tpd, or /tmp/tpd-<uid> without XDG_RUNTIME_DIR.
+if [[ $(id -u) -eq 0 ]]; then
+  base=/run/tpd
+elif [[ -n "${XDG_RUNTIME_DIR:-}" ]]; then
+  base="$XDG_RUNTIME_DIR/tpd"
+else
+  base="/tmp/tpd-$(id -u)"
 fi
+tpctl=bazel-bin/client/tpctl
+nodes=(node0 node1)
+world_size=4  # workers, spread evenly over the nodes
+
+# Daemons and workers this script started; all are stopped when it exits, however it exits.
+children=()
+stop() {
+  trap - INT TERM
+  for pid in "${children[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait
+}
+trap stop EXIT
+trap 'echo; echo "stopping both daemons"; exit 130' INT
+trap 'exit 143' TERM
+
+# The nodes' daemons share one cluster token, new for every run; it never leaves the configs.
+token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+for node in "${nodes[@]}"; do
+  dir="$base/$node"
+  mkdir -p -m 0700 "$dir"
+  # Readable by this user only: it holds the token. Options not set keep the defaults that
+  # deploy/tpd.toml documents.
+  (umask 077 && cat >"$dir/tpd.toml" <<TOML
+# Written by tools/run.sh for one run.
+[daemon]
+socket = "$dir/tpd.sock"
+[peer]
+listen_address = "127.0.0.1:0"  # port 0: a free port, shown by tpctl --json status
+token = "$token"
+node_name = "$node"
+[data]
+arena_bytes = 268435456  # 256 MiB per heap: room for every 16 MiB call in flight at once
+TOML
+  )
+  bazel-bin/daemon/tpd --config "$dir/tpd.toml" "$@" >"$dir/tpd.log" 2>&1 &
+  children+=($!)
+done
+
+for i in "${!nodes[@]}"; do
+  socket="$base/${nodes[i]}/tpd.sock"
+  for ((tries = 0; ; ++tries)); do
+    "$tpctl" --socket "$socket" health >/dev/null 2>&1 && break
+    if ! kill -0 "${children[i]}" 2>/dev/null || ((tries == 100)); then
+      echo "tpd ${nodes[i]} did not start; the end of $base/${nodes[i]}/tpd.log:"
+      tail -n 20 "$base/${nodes[i]}/tpd.log"
+      exit 1
+    fi
+    sleep 0.1
+  done
+done
+# The group meets in node0's store, through its peer port.
+peer0=$("$tpctl" --socket "$base/node0/tpd.sock" --json status |
+        sed -n 's/^ *"peer_address": "\(.*\)",*$/\1/p')
+echo
+echo "tpd node0 and node1 serve on $base/node0/tpd.sock and $base/node1/tpd.sock;"
+echo "$world_size workers join group \"example\" through tcp://$peer0 (node0's peer port):"
+echo
+
+workers=()
+for ((rank = 0; rank < world_size; ++rank)); do
+  node=${nodes[rank * ${#nodes[@]} / world_size]}
+  bazel-bin/examples/tensor_calls --socket "$base/$node/tpd.sock" --init_method "tcp://$peer0" \
+    --rank "$rank" --world_size "$world_size" >"$base/worker$rank.log" 2>&1 &
+  workers+=($!)
+  children+=($!)
+done
+failed=0
+for ((rank = 0; rank < world_size; ++rank)); do
+  wait "${workers[rank]}" || failed=$((failed + 1))
+  cat "$base/worker$rank.log"
+done
+echo
+if ((failed)); then
+  echo "example: $failed of $world_size workers FAILED (their lines above say why);" \
+       "daemon logs: $base/node0/tpd.log, $base/node1/tpd.log"
+  exit 1
+fi
+echo "example: all $world_size workers passed every check, calling across two daemons"
+
 cat <<MSG
 
-tpd is starting on $socket. In another shell:
-  bazel-bin/client/tpctl --socket $socket status
-  bazel-bin/client/tpctl --socket $socket store set hello world
-  bazel-bin/client/tpctl --socket $socket store get hello
-  grpcurl -plaintext -unix $socket list          # where grpcurl is installed
-  grpcurl -plaintext -unix $socket tpd.v1.Admin/Status
+Both daemons keep serving until Ctrl-C. In another shell:
+  $tpctl --socket $base/node0/tpd.sock status
+  $tpctl --socket $base/node1/tpd.sock group show example --init_method tcp://$peer0
+  grpcurl -plaintext -unix $base/node0/tpd.sock tpd.v1.Admin/Status   # where grpcurl is installed
+Logs: $base/node0/tpd.log, $base/node1/tpd.log
 
 MSG
-exec bazel-bin/daemon/tpd --socket "$socket" --config deploy/tpd.toml "$@"
+# Returns when a daemon exits on its own (then the EXIT trap stops the other) or on Ctrl-C.
+wait -n "${children[@]:0:${#nodes[@]}}" || true
+echo "a daemon exited; the end of its log is in $base/node0/tpd.log or $base/node1/tpd.log"
+exit 1
