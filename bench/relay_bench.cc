@@ -5,6 +5,7 @@
 //
 //   bazel run -c opt //bench:relay_bench -- [--scale=1] [--gib] [--tsv=/tmp/relay.tsv]
 //   relay_bench --tpd=/path/to/tpd ...   (outside bazel: the daemon binary to start)
+//   --agent_transports=shm,uv            (the daemons' agent.transports; default: theirs)
 //
 // Processes: this one holds clients A and C (daemon A) and client B (daemon B), and measures;
 // two tpd daemons (fork/exec, own temporary socket, peer port on 127.0.0.1, log level debug
@@ -57,6 +58,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -70,6 +72,8 @@ ABSL_FLAG(std::string, sizes, "", "comma-separated row names to run (e.g. 0B,1Mi
 ABSL_FLAG(std::string, pair, "",
           "transport+channel of the raw baseline; empty: what the daemons' agent pipe chose");
 ABSL_FLAG(int, mpt_lanes, 4, "lanes of mpt_uv, if the pipe uses it (the daemon's default)");
+ABSL_FLAG(std::string, agent_transports, "",
+          "the daemons' [agent] transports, e.g. shm,uv (empty: the daemon's default)");
 ABSL_FLAG(bool, local, true, "measure the `local` rows (a call to a client of the same daemon)");
 ABSL_FLAG(std::string, tsv, "", "also write the rows as TSV to this file");
 ABSL_FLAG(std::string, keep_logs, "", "copy the daemons' logs into this directory at the end");
@@ -183,6 +187,12 @@ class Daemon {
     std::ofstream(config) << "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n"
                           << "node_name = \"relay-node" << index << "\"\n"
                           << "[data]\narena_bytes = " << arena_bytes << "\n";
+    if (const std::string transports = absl::GetFlag(FLAGS_agent_transports);
+        !transports.empty()) {
+      std::ofstream(config, std::ios::app)
+          << "[agent]\ntransports = [\""
+          << absl::StrJoin(absl::StrSplit(transports, ','), "\", \"") << "\"]\n";
+    }
     std::vector<std::string> argv = {tpd, "--socket", socket_, "--config", config,
                                      "--log_level", "debug"};
     pid_ = fork();
@@ -562,8 +572,12 @@ int main(int argc, char** argv) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
     const std::string pair = absl::StrCat(transport, "+", channel);
-    std::printf("# relay_bench: host %s, %u cpus, daemons' pipe %s, raw baseline %s\n", host,
-                std::thread::hardware_concurrency(), pair.c_str(), pair.c_str());
+    const std::string agent_transports = absl::GetFlag(FLAGS_agent_transports);
+    std::printf("# relay_bench: host %s, %u cpus, daemons' agent.transports %s, their pipe %s, "
+                "raw baseline %s\n",
+                host, std::thread::hardware_concurrency(),
+                agent_transports.empty() ? "(default)" : agent_transports.c_str(), pair.c_str(),
+                pair.c_str());
     auto gbps = [](const Row& r, const std::string& kind) {
       return r.c.bytes() > 0 ? r.c.bytes() / (r.stats.at(kind).p50 * 1e3) : 0.0;
     };
@@ -604,6 +618,7 @@ int main(int argc, char** argv) {
     if (const std::string path = absl::GetFlag(FLAGS_tsv); !path.empty()) {
       std::ofstream tsv(path);
       tsv << "# relay_bench host=" << host << " cpus=" << std::thread::hardware_concurrency()
+          << " agent_transports=" << (agent_transports.empty() ? "default" : agent_transports)
           << " pair=" << pair << "\n";
       tsv << "bench\tkind\tsize\tbytes\ttensors\titerations\tp50_us\tp90_us\tp99_us\tgbps\t"
              "ratio_p50_vs_raw\tfwd_p50_us\tback_p50_us\n";
