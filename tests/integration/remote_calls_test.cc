@@ -106,7 +106,7 @@ class RemoteCallsTest : public ::testing::Test {
         absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:", ports_[i], "\"\n",
                      "token = \"secret\"\nnode_name = \"node", i, "\"\n",
                      "heartbeat_interval_ms = 200\nheartbeat_timeout_ms = 2000\n",
-                     "[data]\narena_bytes = ", int64_t{256} << 20, "\n"));
+                     "[data]\narena_bytes = ", int64_t{256} << 20, "\n", agent_config_));
     auto daemon = DaemonProcess::Start(sockets_[i], {"--config", config});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemons_[i] = *std::move(daemon);
@@ -197,6 +197,8 @@ class RemoteCallsTest : public ::testing::Test {
   }
 
   int victim_ready_fd_ = -1;
+  // Appended to both daemons' config (an [agent] table), set before SetUp.
+  std::string agent_config_;
   TempDir dirs_[2];
   std::string sockets_[2];
   int ports_[2] = {0, 0};
@@ -318,6 +320,56 @@ TEST_F(RemoteCallsTest, PeerDaemonKilledMidCallIsUnavailableNamingTheNode) {
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->payload, "again|");
 }
+
+// The same calls over each transport and channel the agent registers here: uv (the default
+// between daemons), shm (two daemons of one host, when named) and the CPU channels.
+struct Wire {
+  const char* transports;
+  const char* channels;
+};
+
+class RemoteCallsWireTest : public RemoteCallsTest, public ::testing::WithParamInterface<Wire> {
+ protected:
+  void SetUp() override {
+    agent_config_ = absl::StrCat("[agent]\ntransports = [", GetParam().transports,
+                                 "]\nchannels = [", GetParam().channels, "]\n");
+    RemoteCallsTest::SetUp();
+  }
+};
+
+TEST_P(RemoteCallsWireTest, TensorsAndConcurrentCallsArriveIntact) {
+  StartPair();
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{65536}, size_t{3} << 20}) {
+    std::vector<Tensor> tensors;
+    for (int i = 0; i < 3; ++i) {
+      tensors.emplace_back(shm::DType::kUInt8, std::vector<int64_t>{static_cast<int64_t>(bytes)},
+                           Pattern(bytes, i + 1));
+    }
+    absl::StatusOr<Message> reply = a_->Call("g", "b", "echo", "w", tensors, absl::Seconds(30));
+    ASSERT_TRUE(reply.ok()) << bytes << ": " << reply.status();
+    ASSERT_EQ(reply->tensors.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(Checksum(reply->tensors[i].data()), Checksum(tensors[i].data())) << bytes;
+    }
+  }
+  std::vector<CallFuture> calls;
+  for (int i = 0; i < 40; ++i) {
+    calls.push_back((i % 2 == 0 ? a_ : b_)->CallAsync("g", i % 2 == 0 ? "b" : "a", "echo",
+                                                      absl::StrCat(i)));
+  }
+  for (int i = 0; i < 40; ++i) {
+    const absl::StatusOr<Message>& reply = calls[i].Wait();
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->payload, absl::StrCat(i, "|"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Wires, RemoteCallsWireTest,
+                         ::testing::Values(Wire{"\"uv\"", "\"basic\""},
+                                           Wire{"\"uv\"", "\"mpt_uv\", \"basic\""},
+                                           Wire{"\"uv\"", "\"cma\", \"basic\""},
+                                           Wire{"\"shm\", \"uv\"", "\"basic\""},
+                                           Wire{"\"shm\", \"uv\"", "\"cma\", \"basic\""}));
 
 TEST_F(RemoteCallsTest, PeerDaemonStoppedMidCallAnswersItRefusesNewOnesAndExitsZero) {
   StartPair();
