@@ -18,6 +18,18 @@ PACKAGES=(
   python3                  # tools/count_tests.py
   iproute2                 # ip netns, for tests/integration/netns_test
   openssl                  # certificates for tests/integration/peer_test's mutual TLS
+  etcd-server              # etcd 3.4: the real cluster tests/store/etcd starts on loopback
+)
+
+# etcd's v3 API (.proto files) for store/etcd, from Debian's Go source packages. Installing
+# them pulls in ~130 Go packages, so only these three are unpacked (2 MB of .debs) under
+# ETCD_API_DIR; bazel/etcd_api.bzl finds them there (or under /usr/share/gocode/src when
+# the packages are installed).
+ETCD_API_DIR=/usr/local/share/tpd/etcd-api
+ETCD_API_PACKAGES=(
+  golang-etcd-server-dev                         # etcdserverpb/rpc.proto, mvccpb, authpb
+  golang-github-gogo-protobuf-dev                # gogoproto/gogo.proto, which they import
+  golang-github-grpc-ecosystem-grpc-gateway-dev  # google/api/annotations.proto, http.proto
 )
 
 missing=()
@@ -30,4 +42,19 @@ if ((${#missing[@]})); then
   [[ $(id -u) -eq 0 ]] || SUDO="sudo"
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [[ ! -f "$ETCD_API_DIR/.complete" ]]; then
+  echo "tpd setup: unpacking ${ETCD_API_PACKAGES[*]} into $ETCD_API_DIR"
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  download_dir=$(mktemp -d)
+  if ! (cd "$download_dir" && apt-get download -q "${ETCD_API_PACKAGES[@]}"); then
+    $SUDO apt-get update -q
+    (cd "$download_dir" && apt-get download -q "${ETCD_API_PACKAGES[@]}")
+  fi
+  $SUDO mkdir -p "$ETCD_API_DIR"
+  for deb in "$download_dir"/*.deb; do $SUDO dpkg -x "$deb" "$ETCD_API_DIR"; done
+  $SUDO touch "$ETCD_API_DIR/.complete"
+  rm -rf "$download_dir"
 fi
