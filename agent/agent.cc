@@ -12,6 +12,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -69,6 +70,9 @@ constexpr int kMaxUrls = 16;
 constexpr size_t kTensorAlignment = 64;
 constexpr absl::Duration kAuthLogInterval = absl::Seconds(10);
 constexpr size_t kMaxAuthLogKeys = 1024;
+// How soon after a listener failure the agent tries to listen again, and how often while the
+// old listener's port is not free yet.
+constexpr absl::Duration kRelistenDelay = absl::Milliseconds(20);
 
 // TensorPipe is given this for empty buffers rather than null.
 char kEmpty[1];
@@ -389,6 +393,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& options
   IgnoreSigpipe();
   std::unique_ptr<Agent> agent(new Agent(options, *std::move(registry)));
   agent->listen_port_ = port;
+  agent->listen_host_ = host;
+  agent->listen_family_ = family;
   if (absl::Status s = agent->Start(); !s.ok()) return s;
   return agent;
 }
@@ -403,11 +409,15 @@ absl::Status Agent::Start() {
   std::vector<std::string> to_listen;
   const std::vector<std::string> order = registry_->BootstrapOrder();
   for (const std::string& transport : order) to_listen.push_back(listen_urls.at(transport));
-  listener_ = context_->listen(to_listen);
-  for (const std::string& transport : order) urls_.push_back(listener_->url(transport));
+  std::shared_ptr<tensorpipe::Listener> listener = context_->listen(to_listen);
+  for (const std::string& transport : order) urls_.push_back(listener->url(transport));
   address_ = absl::StrJoin(urls_, ",");
+  {
+    absl::MutexLock lock(&mu_);
+    listener_ = listener;
+  }
   timer_ = std::thread([this] { TimerLoop(); });
-  Accept();
+  Accept(listener);
   std::vector<std::string> channels;
   for (const Candidate& channel : registry_->channels()) {
     if (channel.registered) channels.push_back(channel.name);
@@ -420,12 +430,16 @@ absl::Status Agent::Start() {
 
 Agent::~Agent() {
   std::vector<std::shared_ptr<Conn>> conns;
+  std::shared_ptr<tensorpipe::Listener> listener;
   {
+    // Waits for a Relisten in progress; none starts once closing_ is set.
+    absl::MutexLock relisten(&relisten_mu_);
     absl::MutexLock lock(&mu_);
     closing_ = true;
     for (auto& [serial, conn] : conns_) conns.push_back(conn);
+    listener = listener_;
   }
-  if (listener_ != nullptr) listener_->close();
+  if (listener != nullptr) listener->close();
   const absl::Status closing =
       absl::UnavailableError(absl::StrCat("agent ", options_.id, " is closing"));
   for (const auto& conn : conns) FailConn(conn, closing);
@@ -464,10 +478,17 @@ void Agent::SetHandler(Handler handler) {
 void Agent::TimerLoop() {
   mu_.Lock();
   while (!timer_stop_) {
-    const std::optional<absl::Time> earliest = deadlines_.Earliest();
     const absl::Time now = absl::Now();
+    if (relisten_at_ <= now) {
+      relisten_at_ = absl::InfiniteFuture();
+      mu_.Unlock();
+      Relisten();
+      mu_.Lock();
+      continue;
+    }
+    const std::optional<absl::Time> earliest = deadlines_.Earliest();
     if (!earliest.has_value() || *earliest > now) {
-      timer_wake_at_ = earliest.value_or(absl::InfiniteFuture());
+      timer_wake_at_ = std::min(earliest.value_or(absl::InfiniteFuture()), relisten_at_);
       timer_cv_.WaitWithDeadline(&mu_, timer_wake_at_);
       timer_wake_at_ = absl::InfinitePast();  // awake: it looks at the queue before sleeping
       continue;
@@ -519,23 +540,85 @@ void Agent::TimerLoop() {
 // ---------------------------------------------------------------------------------------------
 // Listener side of the handshake.
 
-void Agent::Accept() {
-  listener_->accept([this](const tensorpipe::Error& error, std::shared_ptr<tensorpipe::Pipe> pipe) {
-    if (error) {
-      bool closing;
-      {
-        absl::MutexLock lock(&mu_);
-        closing = closing_;
-      }
-      if (!closing) {
-        AgentLog().error("[agent {}] the listener failed, no more pipes are accepted: {}",
-                         options_.id, error.what());
-      }
+void Agent::Accept(std::shared_ptr<tensorpipe::Listener> listener) {
+  std::weak_ptr<tensorpipe::Listener> weak = listener;
+  listener->accept(
+      [this, weak](const tensorpipe::Error& error, std::shared_ptr<tensorpipe::Pipe> pipe) {
+        if (error) {
+          OnListenerFailed(error.what());
+          return;
+        }
+        if (std::shared_ptr<tensorpipe::Listener> still = weak.lock()) Accept(std::move(still));
+        OnAccepted(std::move(pipe));
+      });
+}
+
+void Agent::OnListenerFailed(const std::string& what) {
+  uint64_t unlogged = 0;
+  bool log = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_) return;
+    ++listener_failures_;
+    const absl::Time now = absl::Now();
+    if (now - listener_failure_logged_ >= kAuthLogInterval) {
+      log = true;
+      unlogged = listener_failures_unlogged_;
+      listener_failures_unlogged_ = 0;
+      listener_failure_logged_ = now;
+    } else {
+      ++listener_failures_unlogged_;
+    }
+    relisten_at_ = std::min(relisten_at_, now + kRelistenDelay);
+    timer_cv_.Signal();
+  }
+  if (log) {
+    AgentLog().warn(
+        "[agent {}] TensorPipe's listener failed: {}{}; listening again on {} (a "
+        "connection that closes before its first packet does this: a port scan, "
+        "a peer gone mid-connect)",
+        options_.id, what,
+        unlogged > 0 ? absl::StrCat(" (and ", unlogged, " more times in the last ",
+                                    absl::FormatDuration(kAuthLogInterval), ")")
+                     : std::string(),
+        address_);
+  }
+}
+
+void Agent::Relisten() {
+  absl::MutexLock relisten(&relisten_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_) return;
+  }
+  // TensorPipe aborts the process when the uv listener's bind fails, and the failed listener
+  // closes its socket on TensorPipe's loop, some time after it reported the failure: listen
+  // only once the port is free (the shm listener's name is no risk: its bind failing is an
+  // error, which brings us back here).
+  for (const std::string& url : urls_) {
+    if (!absl::StartsWith(url, "uv://")) continue;
+    const std::string port = url.substr(url.rfind(':') + 1);
+    if (!CheckBindable(listen_host_, port, listen_family_, url).ok()) {
+      absl::MutexLock lock(&mu_);
+      relisten_at_ = std::min(relisten_at_, absl::Now() + kRelistenDelay);
       return;
     }
-    Accept();
-    OnAccepted(std::move(pipe));
-  });
+  }
+  std::shared_ptr<tensorpipe::Listener> listener = context_->listen(urls_);
+  const std::vector<std::string> order = registry_->BootstrapOrder();
+  for (size_t i = 0; i < order.size() && i < urls_.size(); ++i) {
+    if (listener->url(order[i]) != urls_[i]) {
+      AgentLog().error(
+          "[agent {}] listening again on {} gave {}; peers that have the old URL "
+          "cannot reach this agent",
+          options_.id, urls_[i], listener->url(order[i]));
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    listener_ = listener;  // not closing_: ~Agent waits for relisten_mu_ before it sets it
+  }
+  Accept(std::move(listener));
 }
 
 void Agent::OnAccepted(std::shared_ptr<tensorpipe::Pipe> pipe) {
@@ -1347,6 +1430,7 @@ AgentStats Agent::Stats() const {
   stats.address = address_;
   absl::MutexLock lock(&mu_);
   stats.auth_failures = auth_failures_;
+  stats.listener_failures = listener_failures_;
   std::map<std::string, uint64_t> pending;
   for (const auto& [id, call] : calls_) {
     if (!call->outcome.has_value()) ++pending[CountersKey(call->peer)];

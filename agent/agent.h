@@ -20,7 +20,8 @@
 // Deadlines. Every call has one (absl::InfiniteFuture() for none); one timer thread, sleeping
 // until the earliest deadline of a B-tree (agent/deadline_queue.h), fails late calls with
 // DEADLINE_EXCEEDED naming the peer, the method and the deadline, and closes pipes whose
-// handshake is late. No thread per call.
+// handshake is late. No thread per call. The same thread listens again when TensorPipe's
+// listener fails (which one connection closing before its first packet does).
 //
 // Buffers. A Message's payload and tensors are plain pointers: TensorPipe reads them in place
 // (no copy) and the agent never frees them. See Message::keepalive for how long they must live.
@@ -228,6 +229,9 @@ struct AgentStats {
   std::vector<PeerStats> peers;  // by node name
   // Pipes closed because their handshake failed (wrong token, bad message, late).
   uint64_t auth_failures = 0;
+  // Times TensorPipe's listener failed (a connection closed before its first packet) and the
+  // agent listened again on the same URLs.
+  uint64_t listener_failures = 0;
   uint64_t calls_pending = 0;
 };
 
@@ -300,8 +304,13 @@ class Agent {
   absl::Status Start();
   void TimerLoop();
 
-  // Listener side.
-  void Accept();
+  // Listener side. Accept arms `listener` for one pipe (and re-arms from its callback).
+  void Accept(std::shared_ptr<tensorpipe::Listener> listener);
+  // TensorPipe's listener fails for good when one connection closes before its first packet
+  // (a port scan is enough: docs/security.md, "Agent pipes"); the timer thread then listens
+  // again on the same URLs, once the old sockets are gone.
+  void OnListenerFailed(const std::string& what);
+  void Relisten();
   void OnAccepted(std::shared_ptr<tensorpipe::Pipe> pipe);
   void OnAnswer(const std::shared_ptr<Conn>& conn, const tensorpipe::Descriptor& descriptor);
   // Connector side.
@@ -343,9 +352,14 @@ class Agent {
   std::string address_;
   std::vector<std::string> urls_;
   std::string listen_port_;
+  std::string listen_host_;
+  int listen_family_ = 0;
 
   std::shared_ptr<tensorpipe::Context> context_;
-  std::shared_ptr<tensorpipe::Listener> listener_;
+  // Replaced by Relisten (timer thread) until closing_.
+  std::shared_ptr<tensorpipe::Listener> listener_ ABSL_GUARDED_BY(mu_);
+  // Held across a whole Relisten, so that ~Agent never closes the context under a listen().
+  absl::Mutex relisten_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 
   mutable absl::Mutex mu_;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
@@ -367,6 +381,12 @@ class Agent {
   absl::CondVar timer_cv_;
   // What the timer thread sleeps until; InfinitePast() while it is awake.
   absl::Time timer_wake_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // When the timer thread should listen again (InfiniteFuture(): no need), and how the
+  // listener failures are logged (the first, then at most one line per 10 s with a count).
+  absl::Time relisten_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  uint64_t listener_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t listener_failures_unlogged_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time listener_failure_logged_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   // Rate limit of handshake-failure lines, per claimed peer.
   absl::Mutex log_mu_;
