@@ -651,25 +651,28 @@ TEST_F(PoolCallsTest, HandlerPoolHasTheGroupsNumWorkerThreads) {
   int inside = 0;
   int most = 0;  // the most handlers inside at once in this round
   bool off_reader = true;
-  // Each call waits until `want` handlers have been inside at once (or 1 s), and says
-  // whether they were.
+  // Each call ("want:ms") waits until `want` handlers have been inside at once (or ms), and
+  // says whether they were.
   ASSERT_TRUE(b_->Handle("crowd", [&](const Message& request) -> absl::StatusOr<Message> {
-                   const int want = std::stoi(request.payload);
+                   const size_t colon = request.payload.find(':');
+                   const int want = std::stoi(request.payload.substr(0, colon));
+                   const absl::Duration patience =
+                       absl::Milliseconds(std::stoi(request.payload.substr(colon + 1)));
                    absl::MutexLock lock(&mu);
                    off_reader = off_reader && ThreadName() == "tpd-handler";
                    ++inside;
                    most = std::max(most, inside);
                    auto enough = [&] { return most >= want; };
-                   const bool met = mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(1));
+                   const bool met = mu.AwaitWithTimeout(absl::Condition(&enough), patience);
                    --inside;
                    return Message{met ? "met" : "alone", {}, ""};
                  }).ok());
   EXPECT_EQ(b_->GetCallStats()->handler_threads, 3);
-  auto crowd = [&](int calls, int want) {
+  auto crowd = [&](int calls, int want, int patience_ms) {
     std::vector<CallFuture> futures;
     for (int i = 0; i < calls; ++i) {
-      futures.push_back(a_->CallAsync("g", "b", "crowd", std::to_string(want), {},
-                                      absl::Seconds(30)));
+      futures.push_back(a_->CallAsync("g", "b", "crowd", absl::StrCat(want, ":", patience_ms),
+                                      {}, absl::Seconds(30)));
     }
     int met = 0;
     for (CallFuture& future : futures) {
@@ -679,13 +682,13 @@ TEST_F(PoolCallsTest, HandlerPoolHasTheGroupsNumWorkerThreads) {
     }
     return met;
   };
-  EXPECT_EQ(crowd(3, 3), 3) << "three handlers run at once";
+  EXPECT_EQ(crowd(3, 3, 10000), 3) << "three handlers run at once";
   {
     absl::MutexLock lock(&mu);
     EXPECT_EQ(most, 3);
     most = 0;
   }
-  EXPECT_EQ(crowd(4, 4), 0) << "a fourth never joins them";
+  EXPECT_EQ(crowd(4, 4, 1000), 0) << "a fourth never joins them";
   absl::MutexLock lock(&mu);
   EXPECT_EQ(most, 3);
   EXPECT_TRUE(off_reader);
