@@ -120,6 +120,39 @@ std::string SizeText(int64_t bytes) {
   return bytes >= (1 << 20) ? absl::StrCat(bytes >> 20, " MiB") : absl::StrCat(bytes >> 10, " KiB");
 }
 
+// Calls every other member of `group` with every size, printing a line for each; returns how
+// many failed.
+int CallEveryOtherWorker(tpd::Client& client, const tpd::v1::GroupView& group,
+                         const std::string& me, int seed, int calls) {
+  std::string from;  // "worker0 (node0)": the node of each member comes with the group
+  for (const tpd::v1::Member& m : group.members()) {
+    if (m.name() == me) from = absl::StrCat(m.name(), " (", m.node(), ")");
+  }
+  int passed = 0;
+  int failed = 0;
+  for (const tpd::v1::Member& peer : group.members()) {
+    if (peer.name() == me) continue;
+    for (int64_t bytes : kSizes) {
+      absl::StatusOr<absl::Duration> p50 =
+          TimeScale(client, group.group(), peer.name(), bytes, seed, calls);
+      const std::string line = absl::StrFormat("%s -> %s (%s)  scale %6s", from, peer.name(),
+                                               peer.node(), SizeText(bytes));
+      if (p50.ok()) {
+        // The tensor crosses twice per round trip: in the request and in the reply.
+        absl::PrintF("%s  %d calls  p50 %8.3f ms  %6.3f GB/s  exact\n", line, calls,
+                     absl::ToDoubleMilliseconds(*p50),
+                     2.0 * bytes / absl::ToDoubleSeconds(*p50) / 1e9);
+        ++passed;
+      } else {
+        absl::PrintF("%s  FAILED: %s\n", line, p50.status().ToString());
+        ++failed;
+      }
+    }
+  }
+  absl::PrintF("%s: %d of %d checks passed\n", from, passed, passed + failed);
+  return failed;
+}
+
 // Reports the step that failed; main's exit code.
 int Fail(const std::string& worker, const std::string& step, const absl::Status& status) {
   absl::FPrintF(stderr, "%s: %s: %s\n", worker, step, status.ToString());
@@ -154,39 +187,20 @@ int main(int argc, char** argv) {
   absl::StatusOr<tpd::v1::JoinResponse> joined = client.Join(join);
   if (!joined.ok()) return Fail(join.name, "joining", joined.status());
 
-  // Each member's node comes with the group. tpd routes a call to a worker on this node
-  // through shared memory, and one to another node through the two daemons' agents.
-  std::string me;
-  for (const tpd::v1::Member& m : joined->group().members()) {
-    if (m.name() == join.name) me = absl::StrCat(m.name(), " (", m.node(), ")");
-  }
-  int passed = 0;
+  // tpd routes a call to a worker on this node through shared memory, and one to another
+  // node through the two daemons' agents. The workers take turns, so that each timing is one
+  // caller's alone rather than all of them sharing the machine; a Barrier returns once every
+  // member has entered the same round, so after the last one nobody calls us any more.
   int failed = 0;
-  for (const tpd::v1::Member& peer : joined->group().members()) {
-    if (peer.name() == join.name) continue;
-    for (int64_t bytes : kSizes) {
-      absl::StatusOr<absl::Duration> p50 =
-          TimeScale(client, join.group, peer.name(), bytes, *join.rank, calls);
-      const std::string line = absl::StrFormat("%s -> %s (%s)  scale %6s", me, peer.name(),
-                                               peer.node(), SizeText(bytes));
-      if (p50.ok()) {
-        // The tensor crosses twice per round trip: in the request and in the reply.
-        absl::PrintF("%s  %d calls  p50 %8.3f ms  %6.3f GB/s  exact\n", line, calls,
-                     absl::ToDoubleMilliseconds(*p50),
-                     2.0 * bytes / absl::ToDoubleSeconds(*p50) / 1e9);
-        ++passed;
-      } else {
-        absl::PrintF("%s  FAILED: %s\n", line, p50.status().ToString());
-        ++failed;
-      }
+  for (int turn = 0; turn < *join.world_size; ++turn) {
+    if (turn == *join.rank) {
+      failed = CallEveryOtherWorker(client, joined->group(), join.name, *join.rank, calls);
+    }
+    if (absl::Status s = client.Barrier(join.group, join.name, absl::Seconds(120)); !s.ok()) {
+      return Fail(join.name, "waiting for the others", s);
     }
   }
-  absl::PrintF("%s: %d of %d checks passed\n", me, passed, passed + failed);
-
-  // Wait until every worker is done calling us, then leave (torch's rpc.shutdown()).
-  if (absl::Status s = client.Barrier(join.group, join.name, absl::Seconds(120)); !s.ok()) {
-    return Fail(join.name, "waiting for the others", s);
-  }
+  // torch's rpc.shutdown().
   if (absl::Status s = client.Leave(join.group, join.name); !s.ok()) {
     return Fail(join.name, "leaving", s);
   }
