@@ -42,8 +42,12 @@ std::shared_ptr<tensorpipe::Context> RawContext(const std::string& transport,
   return context;
 }
 
-RawServer::RawServer(tensorpipe::Context& context, bool shm, size_t max_bytes, bool echo)
-    : echo_(echo), buffer_(std::max<size_t>(max_bytes, 1)) {
+RawServer::RawServer(tensorpipe::Context& context, bool shm, size_t max_bytes, bool echo,
+                     char* buffer)
+    : echo_(echo),
+      own_buffer_(buffer == nullptr ? std::max<size_t>(max_bytes, 1) : 0),
+      buffer_(buffer == nullptr ? own_buffer_.data() : buffer),
+      buffer_size_(buffer == nullptr ? own_buffer_.size() : max_bytes) {
   std::vector<std::string> urls = {"uv://127.0.0.1:0"};
   if (shm) urls.push_back(absl::StrCat("shm://tpd-raw-pipe-", getpid(), "-", reinterpret_cast<uintptr_t>(this)));
   listener_ = context.listen(urls);
@@ -64,14 +68,14 @@ void RawServer::Serve() {
   pipe_->readDescriptor([this](const tensorpipe::Error& error, tensorpipe::Descriptor d) {
     if (error) return;
     tensorpipe::Allocation allocation;
-    for (size_t i = 0; i < d.payloads.size(); ++i) allocation.payloads.push_back({buffer_.data()});
+    for (size_t i = 0; i < d.payloads.size(); ++i) allocation.payloads.push_back({buffer_});
     // Tensors side by side in the buffer (from its start again where one would not fit).
     std::vector<std::pair<char*, size_t>> tensors;
     size_t offset = 0;
     for (const auto& tensor : d.tensors) {
-      if (offset + tensor.length > buffer_.size()) offset = 0;
-      tensors.emplace_back(buffer_.data() + offset, tensor.length);
-      allocation.tensors.push_back({tensorpipe::CpuBuffer{buffer_.data() + offset}});
+      if (offset + tensor.length > buffer_size_) offset = 0;
+      tensors.emplace_back(buffer_ + offset, tensor.length);
+      allocation.tensors.push_back({tensorpipe::CpuBuffer{buffer_ + offset}});
       offset += tensor.length;
     }
     pipe_->read(std::move(allocation), [this, tensors](const tensorpipe::Error& error) {

@@ -28,7 +28,9 @@ std::shared_ptr<tensorpipe::Context> RawContext(const std::string& transport,
 // listener has it).
 class RawServer {
  public:
-  RawServer(tensorpipe::Context& context, bool shm, size_t max_bytes, bool echo = false);
+  // `buffer`, when given, holds `max_bytes` and is used instead of a heap buffer of its own.
+  RawServer(tensorpipe::Context& context, bool shm, size_t max_bytes, bool echo = false,
+            char* buffer = nullptr);
   ~RawServer();
   RawServer(const RawServer&) = delete;
   RawServer& operator=(const RawServer&) = delete;
@@ -40,7 +42,9 @@ class RawServer {
   void Serve();
 
   const bool echo_;
-  std::vector<char> buffer_;
+  std::vector<char> own_buffer_;
+  char* const buffer_;
+  const size_t buffer_size_;
   std::shared_ptr<tensorpipe::Listener> listener_;
   std::shared_ptr<tensorpipe::Pipe> pipe_;
   std::string url_;

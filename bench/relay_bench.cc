@@ -34,6 +34,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <tensorpipe/tensorpipe.h>
 #include <unistd.h>
@@ -75,6 +76,9 @@ ABSL_FLAG(int, mpt_lanes, 4, "lanes of mpt_uv, if the pipe uses it (the daemon's
 ABSL_FLAG(std::string, agent_transports, "",
           "the daemons' [agent] transports, e.g. shm,uv (empty: the daemon's default)");
 ABSL_FLAG(bool, local, true, "measure the `local` rows (a call to a client of the same daemon)");
+ABSL_FLAG(std::string, raw_memory, "heap",
+          "where the raw pipe's buffers live: heap (std::vector), or memfd (shared mappings of "
+          "a memfd, the kind of memory the daemons' arenas are)");
 ABSL_FLAG(std::string, tsv, "", "also write the rows as TSV to this file");
 ABSL_FLAG(std::string, keep_logs, "", "copy the daemons' logs into this directory at the end");
 
@@ -130,9 +134,20 @@ std::string ReadFile(const std::string& path) {
   return text.str();
 }
 
+// `bytes` of a fresh memfd, mapped shared and written once (as the arenas are), or nullptr.
+char* MapMemfd(size_t bytes, char fill) {
+  const int fd = memfd_create("relay-bench-raw", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) return nullptr;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  std::memset(p, fill, bytes);
+  return static_cast<char*>(p);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The raw pipe's server: a child forked before any thread exists. It reads one line
-// "transport channel lanes max_bytes" from `commands`, serves an echoing RawServer, writes its
+// "transport channel lanes max_bytes memory" from `commands`, serves an echoing RawServer, writes its
 // URL as one line to `answers`, and exits when `commands` closes.
 
 struct RawChild {
@@ -146,10 +161,13 @@ struct RawChild {
   char c;
   while (read(commands, &c, 1) == 1 && c != '\n') line.push_back(c);
   std::vector<std::string> words = absl::StrSplit(line, ' ');
-  if (words.size() != 4) _exit(2);
+  if (words.size() != 5) _exit(2);
+  const size_t max_bytes = std::stoull(words[3]);
+  char* buffer = nullptr;
+  if (words[4] == "memfd" && (buffer = MapMemfd(max_bytes, 0)) == nullptr) _exit(4);
   auto context = tpd::bench::RawContext(words[0], words[1], std::stoi(words[2]), "raw-server");
-  auto server = std::make_unique<tpd::bench::RawServer>(*context, words[0] == "shm",
-                                                        std::stoull(words[3]), /*echo=*/true);
+  auto server = std::make_unique<tpd::bench::RawServer>(*context, words[0] == "shm", max_bytes,
+                                                        /*echo=*/true, buffer);
   const std::string url = server->url() + "\n";
   if (write(answers, url.data(), url.size()) != static_cast<ssize_t>(url.size())) _exit(3);
   while (read(commands, &c, 1) > 0) {
@@ -235,6 +253,7 @@ class Daemon {
   }
 
   const std::string& socket() const { return socket_; }
+  pid_t pid() const { return pid_; }
   const std::string& log_path() const { return log_; }
   std::string Log() const { return ReadFile(log_); }
 
@@ -333,11 +352,43 @@ class EchoHandlers {
 
 // ---------------------------------------------------------------------------------------------
 
+// Minor page faults and CPU time (user + system) of some processes, from /proc/PID/stat.
+struct ProcCost {
+  double minor_faults = 0;
+  double cpu_us = 0;
+  ProcCost& operator+=(const ProcCost& o) {
+    minor_faults += o.minor_faults;
+    cpu_us += o.cpu_us;
+    return *this;
+  }
+  ProcCost operator-(const ProcCost& o) const {
+    return {minor_faults - o.minor_faults, cpu_us - o.cpu_us};
+  }
+};
+
+ProcCost ReadCost(const std::vector<pid_t>& pids) {
+  static const double tick_us = 1e6 / sysconf(_SC_CLK_TCK);
+  ProcCost total;
+  for (pid_t pid : pids) {
+    const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    // After "pid (comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt
+    // cmajflt utime stime ...
+    std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
+    if (fields.size() < 13) continue;
+    total.minor_faults += std::stod(fields[7]);
+    total.cpu_us += (std::stod(fields[11]) + std::stod(fields[12])) * tick_us;
+  }
+  return total;
+}
+
 struct Kind {
   std::string name;  // raw, arena, copied, local
   std::vector<double> us;
   std::vector<double> fwd_us;
   std::vector<double> back_us;
+  ProcCost cost;  // of this process, both daemons and the raw child, over the measured calls
 };
 
 struct Row {
@@ -345,6 +396,7 @@ struct Row {
   int iterations;
   std::map<std::string, Stats> stats;  // by kind
   std::map<std::string, double> fwd_p50, back_p50;
+  std::map<std::string, ProcCost> cost;  // per call
 };
 
 constexpr const char* kGroup = "relay";
@@ -360,7 +412,7 @@ int main(int argc, char** argv) {
   std::vector<Case> cases = {
       {"0B", 0, 0},          {"64B", 64, 1},         {"4KiB", 4 << 10, 1},
       {"64KiB", 64 << 10, 1}, {"1MiB", 1 << 20, 1},  {"2MiB", 2 << 20, 1},
-      {"8MiB", 8 << 20, 1},   {"64MiB", 64 << 20, 1}, {"256MiB", size_t{256} << 20, 1},
+      {"8MiB", 8 << 20, 1},   {"16MiB", 16 << 20, 1},  {"64MiB", 64 << 20, 1}, {"256MiB", size_t{256} << 20, 1},
       {"64x1MiB", 1 << 20, 64},
   };
   if (absl::GetFlag(FLAGS_gib)) cases.insert(cases.end() - 1, {"1GiB", size_t{1} << 30, 1});
@@ -456,7 +508,8 @@ int main(int argc, char** argv) {
 
     // The raw pipe.
     const std::string command = absl::StrCat(transport, " ", channel, " ",
-                                             absl::GetFlag(FLAGS_mpt_lanes), " ", max_bytes, "\n");
+                                             absl::GetFlag(FLAGS_mpt_lanes), " ", max_bytes, " ",
+                                             absl::GetFlag(FLAGS_raw_memory), "\n");
     if (write(raw_child.commands, command.data(), command.size()) !=
         static_cast<ssize_t>(command.size())) {
       return 1;
@@ -470,9 +523,16 @@ int main(int argc, char** argv) {
     auto raw_context =
         tpd::bench::RawContext(transport, channel, absl::GetFlag(FLAGS_mpt_lanes), "raw-client");
     std::shared_ptr<tensorpipe::Pipe> pipe = raw_context->connect(url);
-    std::vector<char> raw_data(max_bytes, 'x');
-    std::vector<char> raw_reply(max_bytes, 0);
+    const bool memfd = absl::GetFlag(FLAGS_raw_memory) == "memfd";
+    std::vector<char> raw_heap(memfd ? 0 : 2 * max_bytes, 'x');
+    char* const raw_data = memfd ? MapMemfd(max_bytes, 'x') : raw_heap.data();
+    char* const raw_reply = memfd ? MapMemfd(max_bytes, 0) : raw_heap.data() + max_bytes;
+    if (raw_data == nullptr || raw_reply == nullptr) {
+      std::fprintf(stderr, "cannot map the raw pipe's buffers\n");
+      return 1;
+    }
 
+    const std::vector<pid_t> pids = {getpid(), daemon_a.pid(), daemon_b.pid(), raw_child.pid};
     std::vector<Row> rows;
     for (const Case& cs : cases) {
       const int iterations = Iterations(cs.bytes());
@@ -500,8 +560,7 @@ int main(int argc, char** argv) {
         const int64_t t0 = NowNs();
         int64_t t1 = 0;
         if (kind.name == "raw") {
-          if (!tpd::bench::RawRoundTrip(*pipe, raw_data.data(), cs.size, cs.count,
-                                        raw_reply.data())) {
+          if (!tpd::bench::RawRoundTrip(*pipe, raw_data, cs.size, cs.count, raw_reply)) {
             std::fprintf(stderr, "%s raw: pipe error\n", cs.name.c_str());
             return false;
           }
@@ -549,9 +608,11 @@ int main(int argc, char** argv) {
       constexpr int kBlocks = 4;
       for (int block = 0; block < kBlocks; ++block) {
         for (Kind& kind : kinds) {
+          const ProcCost before = ReadCost(pids);
           for (int i = 0; i < iterations / kBlocks; ++i) {
             if (!once(kind, true, false)) return 1;
           }
+          kind.cost += ReadCost(pids) - before;
         }
       }
       Row row{cs, iterations};
@@ -561,6 +622,8 @@ int main(int argc, char** argv) {
           row.fwd_p50[kind.name] = Summarize(kind.fwd_us).p50;
           row.back_p50[kind.name] = Summarize(kind.back_us).p50;
         }
+        const double calls = static_cast<double>(kind.us.size());
+        row.cost[kind.name] = {kind.cost.minor_faults / calls, kind.cost.cpu_us / calls};
       }
       std::fprintf(stderr, "  %-8s raw p50 %9.1f us, arena %9.1f us, copied %9.1f us\n",
                    cs.name.c_str(), row.stats["raw"].p50, row.stats["arena"].p50,
@@ -574,10 +637,10 @@ int main(int argc, char** argv) {
     const std::string pair = absl::StrCat(transport, "+", channel);
     const std::string agent_transports = absl::GetFlag(FLAGS_agent_transports);
     std::printf("# relay_bench: host %s, %u cpus, daemons' agent.transports %s, their pipe %s, "
-                "raw baseline %s\n",
+                "raw baseline %s (buffers: %s)\n",
                 host, std::thread::hardware_concurrency(),
                 agent_transports.empty() ? "(default)" : agent_transports.c_str(), pair.c_str(),
-                pair.c_str());
+                pair.c_str(), absl::GetFlag(FLAGS_raw_memory).c_str());
     auto gbps = [](const Row& r, const std::string& kind) {
       return r.c.bytes() > 0 ? r.c.bytes() / (r.stats.at(kind).p50 * 1e3) : 0.0;
     };
@@ -615,13 +678,29 @@ int main(int argc, char** argv) {
       }
       std::printf("\n");
     }
+    // What each call costs the processes involved (this one, both daemons, the raw child).
+    std::printf("\n| size | minor faults per call: raw | arena | copied |%s cpu µs per call: raw | "
+                "arena | copied |%s\n",
+                local ? " local |" : "", local ? " local |" : "");
+    std::printf("|---|---|---|---|---|---|---|%s\n", local ? "---|---|" : "");
+    for (const Row& r : rows) {
+      std::printf("| %s |", r.c.name.c_str());
+      for (const char* kind : {"raw", "arena", "copied", "local"}) {
+        if (r.cost.count(kind)) std::printf(" %.1f |", r.cost.at(kind).minor_faults);
+      }
+      for (const char* kind : {"raw", "arena", "copied", "local"}) {
+        if (r.cost.count(kind)) std::printf(" %.0f |", r.cost.at(kind).cpu_us);
+      }
+      std::printf("\n");
+    }
     if (const std::string path = absl::GetFlag(FLAGS_tsv); !path.empty()) {
       std::ofstream tsv(path);
       tsv << "# relay_bench host=" << host << " cpus=" << std::thread::hardware_concurrency()
           << " agent_transports=" << (agent_transports.empty() ? "default" : agent_transports)
-          << " pair=" << pair << "\n";
+          << " pair=" << pair << " raw_memory=" << absl::GetFlag(FLAGS_raw_memory) << "\n";
       tsv << "bench\tkind\tsize\tbytes\ttensors\titerations\tp50_us\tp90_us\tp99_us\tgbps\t"
-             "ratio_p50_vs_raw\tfwd_p50_us\tback_p50_us\n";
+             "ratio_p50_vs_raw\tfwd_p50_us\tback_p50_us\tminor_faults_per_call\t"
+             "cpu_us_per_call\n";
       for (const Row& r : rows) {
         for (const auto& [kind, s] : r.stats) {
           const bool bw = r.c.bytes() > 0;
@@ -635,7 +714,8 @@ int main(int argc, char** argv) {
               << "\t"
               << num(r.back_p50.count(kind) > 0,
                      r.back_p50.count(kind) ? r.back_p50.at(kind) : 0, "%.1f")
-              << "\n";
+              << "\t" << num(true, r.cost.at(kind).minor_faults, "%.1f") << "\t"
+              << num(true, r.cost.at(kind).cpu_us, "%.0f") << "\n";
         }
       }
     }

@@ -7,7 +7,8 @@ callee returns what it received, so the tensors go there and back, as in relay_b
 and iteration counts are relay_bench's: 0 B (a call with no arguments that returns None: the
 smallest call torch rpc can make), 64 B .. 256 MiB as one uint8 tensor, 64 x 1 MiB as a list
 of 64 tensors (1 GiB with --gib). Warm-up first; p50/p90/p99 of the round trip; GB/s = bytes
-of the tensors / p50 round trip (1e9 B/s, counted once, as relay_bench counts them).
+of the tensors / p50 round trip (1e9 B/s, counted once, as relay_bench counts them); minor
+page faults and CPU time (user + system) of both processes per measured call.
 
     python3 bench/torch_rpc_bench.py [--scale=1] [--gib] [--tsv=/tmp/torch_rpc.tsv]
 
@@ -36,6 +37,7 @@ CASES = [
     ("1MiB", MIB, 1),
     ("2MiB", 2 * MIB, 1),
     ("8MiB", 8 * MIB, 1),
+    ("16MiB", 16 * MIB, 1),
     ("64MiB", 64 * MIB, 1),
     ("256MiB", 256 * MIB, 1),
     ("64x1MiB", MIB, 64),
@@ -76,6 +78,18 @@ def percentile(sorted_us, p):
     return sorted_us[int(p * (len(sorted_us) - 1))]
 
 
+def proc_cost(pids):
+    """Minor faults and CPU µs (user + system) of `pids`, from /proc/PID/stat."""
+    faults, cpu = 0.0, 0.0
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        faults += float(fields[7])
+        cpu += (float(fields[11]) + float(fields[12])) * tick_us
+    return faults, cpu
+
+
 def options(args):
     kwargs = dict(num_worker_threads=16, rpc_timeout=600, init_method=args.init_method)
     if args.transports:
@@ -91,7 +105,7 @@ def callee(args):
     rpc.shutdown()  # waits for the caller's shutdown
 
 
-def caller(args):
+def caller(args, peer_pid):
     torch.set_num_threads(1)
     rpc.init_rpc("caller", rank=0, world_size=2, rpc_backend_options=options(args))
     cases = list(CASES)
@@ -120,11 +134,14 @@ def caller(args):
                 ok = len(reply) == count and all(torch.equal(a, b) for a, b in zip(reply, tensors))
                 if not ok:
                     sys.exit(f"{name}: the echo came back wrong")
+        f0, c0 = proc_cost([os.getpid(), peer_pid])
         us = sorted(once()[0] for _ in range(n))
+        f1, c1 = proc_cost([os.getpid(), peer_pid])
+        faults, cpu = (f1 - f0) / n, (c1 - c0) / n
         p50, p90, p99 = (percentile(us, p) for p in (0.5, 0.9, 0.99))
         nbytes = size * count
         gbps = nbytes / (p50 * 1e3) if nbytes else None
-        rows.append((name, nbytes, count, n, p50, p90, p99, gbps))
+        rows.append((name, nbytes, count, n, p50, p90, p99, gbps, faults, cpu))
         print(f"  {name:8s} torch rpc p50 {p50:10.1f} us", file=sys.stderr, flush=True)
     rpc.shutdown()
 
@@ -134,21 +151,22 @@ def caller(args):
     channels = args.channels or "default"
     print(f"# torch_rpc_bench: host {host}, {cpus} cpus, torch {torch.__version__}, "
           f"TensorPipe transports {transports}, channels {channels}")
-    print("| size | torch rpc p50 µs | p90 | p99 | GB/s |")
-    print("|---|---|---|---|---|")
-    for name, nbytes, count, n, p50, p90, p99, gbps in rows:
+    print("| size | torch rpc p50 µs | p90 | p99 | GB/s | minor faults per call | cpu µs per call |")
+    print("|---|---|---|---|---|---|---|")
+    for name, nbytes, count, n, p50, p90, p99, gbps, faults, cpu in rows:
         g = f"{gbps:.2f}" if gbps is not None else "-"
-        print(f"| {name} | {p50:.1f} | {p90:.1f} | {p99:.1f} | {g} |")
+        print(f"| {name} | {p50:.1f} | {p90:.1f} | {p99:.1f} | {g} | {faults:.1f} | {cpu:.0f} |")
     if args.tsv:
         with open(args.tsv, "w") as f:
             f.write(f"# torch_rpc_bench host={host} cpus={cpus} torch={torch.__version__} "
                     f"transports={transports} channels={channels}\n")
             f.write("bench\tkind\tsize\tbytes\ttensors\titerations\tp50_us\tp90_us\tp99_us\tgbps\t"
-                    "ratio_p50_vs_raw\tfwd_p50_us\tback_p50_us\n")
-            for name, nbytes, count, n, p50, p90, p99, gbps in rows:
+                    "ratio_p50_vs_raw\tfwd_p50_us\tback_p50_us\tminor_faults_per_call\t"
+                    "cpu_us_per_call\n")
+            for name, nbytes, count, n, p50, p90, p99, gbps, faults, cpu in rows:
                 g = f"{gbps:.3f}" if gbps is not None else "-"
                 f.write(f"torch_rpc\tcpu\t{name}\t{nbytes}\t{count}\t{n}\t{p50:.1f}\t{p90:.1f}\t"
-                        f"{p99:.1f}\t{g}\t-\t-\t-\n")
+                        f"{p99:.1f}\t{g}\t-\t-\t-\t{faults:.1f}\t{cpu:.0f}\n")
 
 
 def free_port():
@@ -171,7 +189,7 @@ def main():
     peer = ctx.Process(target=callee, args=(args,))
     peer.start()
     try:
-        caller(args)
+        caller(args, peer.pid)
     finally:
         peer.join(timeout=60)
         if peer.is_alive():
