@@ -724,24 +724,28 @@ TEST_F(CallsTest, FutureWaitForThenAndCallbacksOffTheReaderThread) {
   CallFuture future = a_->CallAsync("g", "b", "nap", "n", {}, absl::Seconds(10));
   EXPECT_FALSE(future.WaitFor(absl::Milliseconds(50)));
   EXPECT_FALSE(future.ready());
-  absl::Notification release;
-  absl::Notification ran;
-  std::string thread;
-  future.Then([&](const absl::StatusOr<Message>& result) {
+  // Shared with the callback, which may still be returning from its wait when the test ends.
+  struct Shared {
+    absl::Notification release;
+    absl::Notification ran;
+    std::string thread;
+  };
+  auto shared = std::make_shared<Shared>();
+  future.Then([shared](const absl::StatusOr<Message>& result) {
     EXPECT_TRUE(result.ok()) << result.status();
-    thread = ThreadName();
-    ran.Notify();
-    release.WaitForNotification();  // a blocking callback holds a handler thread only
+    shared->thread = ThreadName();
+    shared->ran.Notify();
+    shared->release.WaitForNotification();  // a blocking callback holds a handler thread only
   });
   ASSERT_TRUE(future.WaitFor(absl::Seconds(10)));
   ASSERT_TRUE(future.Wait().ok()) << future.Wait().status();
   EXPECT_EQ(future.Wait()->payload, "n");
-  ASSERT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_EQ(thread, "tpd-handler");
+  ASSERT_TRUE(shared->ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(shared->thread, "tpd-handler");
   // The reader is not stalled by the callback: other calls complete.
   absl::StatusOr<Message> other = a_->Call("g", "b", "echo", "o", {}, absl::Seconds(10));
   EXPECT_TRUE(other.ok()) << other.status();
-  release.Notify();
+  shared->release.Notify();
   // On a ready future, Then runs at once on the calling thread.
   std::string inline_thread;
   future.Then([&](const absl::StatusOr<Message>&) { inline_thread = ThreadName(); });
@@ -822,15 +826,16 @@ TEST_F(CallsTest, LeaveDrainsCallsInFlightBothWaysAndRefusesNewOnes) {
 
 TEST_F(CallsTest, HandlerMayDetachItsOwnClient) {
   StartPair();
-  absl::Notification detached;
-  ASSERT_TRUE(b_->Handle("detach", [&](const Message&) -> absl::StatusOr<Message> {
+  auto detached = std::make_shared<absl::Notification>();  // outlives the handler's Notify
+  Client* b = b_.get();
+  ASSERT_TRUE(b_->Handle("detach", [b, detached](const Message&) -> absl::StatusOr<Message> {
                    // The engine running this handler goes; it must not join this thread here.
-                   b_->DetachSharedMemory();
-                   detached.Notify();
+                   b->DetachSharedMemory();
+                   detached->Notify();
                    return Message{"bye", {}, ""};
                  }).ok());
   absl::StatusOr<Message> reply = a_->Call("g", "b", "detach", "", {}, absl::Seconds(10));
-  ASSERT_TRUE(detached.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(detached->WaitForNotificationWithTimeout(absl::Seconds(10)));
   // The reply may or may not get out before the daemon ends b's session.
   EXPECT_TRUE(reply.ok() || reply.status().code() == absl::StatusCode::kUnavailable)
       << reply.status();
