@@ -38,6 +38,14 @@ trap stop EXIT
 trap 'echo; echo "stopping both daemons"; exit 130' INT
 trap 'exit 143' TERM
 
+# A daemon that already serves here (an earlier run.sh still running) would answer for ours.
+for node in "${nodes[@]}"; do
+  if "$tpctl" --socket "$base/$node/tpd.sock" health >/dev/null 2>&1; then
+    echo "a tpd already serves on $base/$node/tpd.sock (another tools/run.sh?); stop it first"
+    exit 1
+  fi
+done
+
 # The nodes' daemons share one cluster token, new for every run; it never leaves the configs.
 token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 for node in "${nodes[@]}"; do
@@ -54,7 +62,7 @@ listen_address = "127.0.0.1:0"  # port 0: a free port, shown by tpctl --json sta
 token = "$token"
 node_name = "$node"
 [data]
-arena_bytes = 268435456  # 256 MiB per heap: room for every 16 MiB call in flight at once
+arena_bytes = 268435456  # 256 MiB per heap: the example's 16 MiB calls, and bigger ones of yours
 TOML
   )
   bazel-bin/daemon/tpd --config "$dir/tpd.toml" "$@" >"$dir/tpd.log" 2>&1 &
@@ -64,18 +72,19 @@ done
 for i in "${!nodes[@]}"; do
   socket="$base/${nodes[i]}/tpd.sock"
   for ((tries = 0; ; ++tries)); do
-    "$tpctl" --socket "$socket" health >/dev/null 2>&1 && break
     if ! kill -0 "${children[i]}" 2>/dev/null || ((tries == 100)); then
       echo "tpd ${nodes[i]} did not start; the end of $base/${nodes[i]}/tpd.log:"
       tail -n 20 "$base/${nodes[i]}/tpd.log"
       exit 1
     fi
+    "$tpctl" --socket "$socket" health >/dev/null 2>&1 && break
     sleep 0.1
   done
 done
 # The group meets in node0's store, through its peer port.
 peer0=$("$tpctl" --socket "$base/node0/tpd.sock" --json status |
         sed -n 's/^ *"peer_address": "\(.*\)",*$/\1/p')
+[[ -n "$peer0" ]] || { echo "tpd node0 reports no peer address; see $base/node0/tpd.log"; exit 1; }
 echo
 echo "tpd node0 and node1 serve on $base/node0/tpd.sock and $base/node1/tpd.sock;"
 echo "$world_size workers join group \"example\" through tcp://$peer0 (node0's peer port):"
