@@ -171,10 +171,14 @@ std::vector<SessionCallStats> CallRouter::Stats() {
     SessionCallStats stats;
     stats.session_id = session->id;
     stats.calls_in_flight = session->calls_in_flight.load();
-    absl::MutexLock lock(&session->mu);
-    const shm::HeapAllocator::Stats heap = session->rx->GetStats();
-    stats.rx_heap_bytes = heap.heap_bytes;
-    stats.rx_heap_used = heap.used_bytes;
+    stats.rx_heap_bytes = session->segment->layout().rx_heap.bytes;
+    // A session thread may hold the lock for up to kPostWait waiting for ring space: status
+    // then shows the last value read instead of waiting.
+    if (session->mu.TryLock()) {
+      session->rx_used_seen = session->rx->GetStats().used_bytes;
+      session->mu.Unlock();
+    }
+    stats.rx_heap_used = session->rx_used_seen.load();
     out.push_back(std::move(stats));
   }
   return out;

@@ -80,7 +80,8 @@ struct SessionCallStats {
   std::string session_id;
   int64_t calls_in_flight = 0;  // its calls awaiting replies
   uint64_t rx_heap_bytes = 0;
-  uint64_t rx_heap_used = 0;     // the daemon's blocks in its rx heap not yet released
+  uint64_t rx_heap_used = 0;     // the daemon's blocks in its rx heap not yet released (may
+                                 // lag while the session's lock is held)
 };
 
 class CallRouter {
@@ -111,6 +112,7 @@ class CallRouter {
     std::shared_ptr<shm::Segment> segment;
     std::unique_ptr<shm::RingConsumer> submissions;  // its thread only
     std::atomic<int64_t> calls_in_flight{0};
+    std::atomic<uint64_t> rx_used_seen{0};  // rx heap bytes in use when Stats last looked
     absl::Mutex mu;
     std::unique_ptr<shm::RingProducer> completions ABSL_GUARDED_BY(mu);
     std::unique_ptr<shm::HeapAllocator> rx ABSL_GUARDED_BY(mu);

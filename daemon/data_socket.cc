@@ -375,7 +375,11 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
         connection.attached_at = absl::Now();
         memfd = connection.segment->fd();
         attached_[session_id] = id;
+        attached_segment = connection.segment;
       }
+      // The router serves the session before its client learns it is attached, so a call
+      // made right after the reply finds it; a failed send detaches it again (Close).
+      if (options_.on_attach) options_.on_attach(session_id, std::move(attached_segment));
       if (!SendReply(fd, reply, memfd)) {
         Close(id, false);
         return;
@@ -383,9 +387,7 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       {
         absl::MutexLock lock(&mu_);
         connections_.at(id).segment->CloseFd();
-        attached_segment = connections_.at(id).segment;
       }
-      if (options_.on_attach) options_.on_attach(session_id, std::move(attached_segment));
       DaemonLog().info("[session {}] attached to shared memory by pid {} uid {} gid {} ({} bytes)",
                        session_id, pid, uid, gid, reply.segment_bytes);
       // The stream may have ended between the check above and now; then EndSession found
