@@ -218,6 +218,18 @@ TEST_F(RemoteCallsTest, PayloadOnlyCallsCrossBothWays) {
   EXPECT_EQ(reply->payload, "hello from b|");
 }
 
+TEST_F(RemoteCallsTest, GroupIsOfferedOnlyWhatTheAgentsRegistered) {
+  StartPair();
+  absl::StatusOr<v1::GroupView> view = a_->GetGroup("g", init_method_);
+  ASSERT_TRUE(view.ok()) << view.status();
+  // No InfiniBand and no GPU here, and shm is left out unless named: uv and the CPU channels.
+  EXPECT_THAT(view->transports(), ::testing::ElementsAre("uv"));
+  EXPECT_THAT(view->channels(), ::testing::ElementsAre("cma", "mpt_uv", "basic"));
+  for (const v1::Member& member : view->members()) {
+    EXPECT_THAT(member.agent_address(), ::testing::StartsWith("uv://127.0.0.1:")) << member.name();
+  }
+}
+
 TEST_F(RemoteCallsTest, TensorsOfManySizesArriveIntact) {
   StartPair();
   struct Case {
