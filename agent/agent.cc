@@ -40,6 +40,9 @@ struct Agent::Conn {
   absl::flat_hash_set<uint64_t> pending;  // (mu_) outbound: calls awaiting their answer
   std::string transport;              // (mu_) what TensorPipe picked (derived)
   std::string channel;                // (mu_)
+  // What the peer offered in its hello (transport and channel names), for Stats. (mu_)
+  std::vector<std::string> peer_transports;
+  std::vector<std::string> peer_channels;
   // Handshake.
   std::string challenge_nonce;
   PipeTranscript transcript;
@@ -316,6 +319,18 @@ std::vector<std::string> ToVector(const google::protobuf::RepeatedPtrField<std::
 std::map<std::string, std::string> ToMap(
     const google::protobuf::Map<std::string, std::string>& field) {
   return std::map<std::string, std::string>(field.begin(), field.end());
+}
+
+// The names a peer offered, sorted (a proto map's order is unspecified), at most 32 of at
+// most 64 bytes each: only Stats shows them.
+std::vector<std::string> Keys(const google::protobuf::Map<std::string, std::string>& field) {
+  std::vector<std::string> keys;
+  for (const auto& [name, value] : field) {
+    if (keys.size() == 32) break;
+    keys.push_back(name.substr(0, 64));
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
 }
 
 std::string DeadlineText(absl::Time time) {
@@ -695,6 +710,8 @@ void Agent::OnAnswer(const std::shared_ptr<Conn>& conn, const tensorpipe::Descri
     conn->peer.address = absl::StrJoin(answer.urls(), ",");
     conn->transport = registry_->PickTransport(ToMap(answer.transport_domains()));
     conn->channel = registry_->PickChannel(ToMap(answer.channel_cpu_descriptors()));
+    conn->peer_transports = Keys(answer.transport_domains());
+    conn->peer_channels = Keys(answer.channel_cpu_descriptors());
   }
   BecomeReady(conn);
 }
@@ -802,6 +819,8 @@ void Agent::OnChallenge(const std::shared_ptr<Conn>& conn,
     absl::MutexLock lock(&mu_);
     conn->transport = registry_->PickTransport(ToMap(challenge.transport_domains()));
     conn->channel = registry_->PickChannel(ToMap(challenge.channel_cpu_descriptors()));
+    conn->peer_transports = Keys(challenge.transport_domains());
+    conn->peer_channels = Keys(challenge.channel_cpu_descriptors());
   }
   WriteHello(conn, answer);
   ReadHello(conn, &Agent::OnProof);
@@ -922,6 +941,8 @@ void Agent::BecomeReady(const std::shared_ptr<Conn>& conn) {
     PeerCounters& counters = Counters(CountersKey(conn->peer));
     counters.transport = conn->transport;
     counters.channel = conn->channel;
+    counters.peer_transports = conn->peer_transports;
+    counters.peer_channels = conn->peer_channels;
     if (conn->outbound) {
       counters.state = PipeState::kReady;
     } else {
@@ -1443,6 +1464,8 @@ AgentStats Agent::Stats() const {
     peer.inbound_pipes = counters.inbound_pipes;
     peer.transport = counters.transport;
     peer.channel = counters.channel;
+    peer.peer_transports = counters.peer_transports;
+    peer.peer_channels = counters.peer_channels;
     peer.calls_sent = counters.calls_sent;
     peer.calls_received = counters.calls_received;
     peer.calls_pending = pending[node];

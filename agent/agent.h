@@ -214,6 +214,10 @@ struct PeerStats {
   // ends' offers by TensorPipe's own rule (TensorPipe does not report its choice).
   std::string transport;
   std::string channel;
+  // What it offered in the newest handshake (names, sorted): with Registry's reasons for what
+  // this node did not register, they say why the others were not chosen.
+  std::vector<std::string> peer_transports;
+  std::vector<std::string> peer_channels;
   uint64_t calls_sent = 0;       // our requests to it
   uint64_t calls_received = 0;   // its requests to us
   uint64_t calls_pending = 0;    // our requests awaiting its answer
@@ -291,6 +295,8 @@ class Agent {
     int inbound_pipes = 0;
     std::string transport;
     std::string channel;
+    std::vector<std::string> peer_transports;
+    std::vector<std::string> peer_channels;
     uint64_t calls_sent = 0;
     uint64_t calls_received = 0;
     uint64_t bytes_sent = 0;

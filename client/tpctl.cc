@@ -143,6 +143,10 @@ void PrintAgent(const tpd::v1::AgentStatus& agent) {
               << peer.calls_sent() << " received " << peer.calls_received() << " pending "
               << peer.calls_pending() << "; bytes sent " << peer.bytes_sent() << " received "
               << peer.bytes_received() << "; errors " << peer.errors() << "\n";
+    if (peer.peer_transports_size() > 0 || peer.peer_channels_size() > 0) {
+      std::cout << "      it offers transports " << absl::StrJoin(peer.peer_transports(), ", ")
+                << "; channels " << absl::StrJoin(peer.peer_channels(), ", ") << "\n";
+    }
     if (!peer.last_error().empty()) {
       std::cout << "      last error: " << peer.last_error() << "\n";
     }

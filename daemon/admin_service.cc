@@ -36,6 +36,8 @@ void FillAgent(const agent::Agent& agent, v1::AgentStatus* out) {
     p->set_inbound_pipes(peer.inbound_pipes);
     p->set_transport(std::move(peer.transport));
     p->set_channel(std::move(peer.channel));
+    for (std::string& name : peer.peer_transports) p->add_peer_transports(std::move(name));
+    for (std::string& name : peer.peer_channels) p->add_peer_channels(std::move(name));
     p->set_calls_sent(peer.calls_sent);
     p->set_calls_received(peer.calls_received);
     p->set_calls_pending(peer.calls_pending);

@@ -198,6 +198,11 @@ TEST_F(DataPlaneStatusTest, CallerCountsTheCallSentAndCalleeCountsItReceived) {
   EXPECT_GE(from_a.inbound_pipes(), 1) << "node0 opened the pipe the call came on";
   EXPECT_EQ(from_a.transport(), to_b.transport()) << "both ends name the same choice";
   EXPECT_EQ(from_a.channel(), to_b.channel());
+  // Each side shows what the other offered, which says why the others were not chosen.
+  EXPECT_THAT(to_b.peer_transports(), ::testing::Contains(to_b.transport()));
+  EXPECT_THAT(to_b.peer_channels(), ::testing::Contains(to_b.channel()));
+  EXPECT_THAT(from_a.peer_transports(), ::testing::Contains(to_b.transport()));
+  EXPECT_THAT(to_b.peer_transports(), ::testing::Not(::testing::Contains("ibv")));
 
   // Each session is listed with its call fields (the rx heap is data.arena_bytes).
   ASSERT_EQ(caller->attached_sessions_size(), 1);
@@ -211,6 +216,7 @@ TEST_F(DataPlaneStatusTest, CallerCountsTheCallSentAndCalleeCountsItReceived) {
                                      " inbound; ", to_b.transport(), "/", to_b.channel(),
                                      "; calls sent ", to_b.calls_sent())));
   EXPECT_THAT(tpctl.output, HasSubstr("0 calls in flight, rx heap "));
+  EXPECT_THAT(tpctl.output, HasSubstr("it offers transports "));
 }
 
 TEST_F(DataPlaneStatusTest, CallAwaitingItsReplyIsPendingOnTheAgentAndInFlightOnItsSession) {
