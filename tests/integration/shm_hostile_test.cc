@@ -144,7 +144,19 @@ class ShmHostileTest : public ::testing::Test {
                   }).ok());
     ASSERT_TRUE(a_->Call("g", "b", "echo", "warm", {}, absl::Seconds(10)).ok());
     ExpectServing();
-    baseline_ = testing::CountAll(daemon_->pid());
+    // The fresh client of ExpectServing is still going away: wait until the counts hold
+    // still for 200 ms.
+    ProcCounts last = testing::CountAll(daemon_->pid());
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          absl::SleepFor(absl::Milliseconds(200));
+          const ProcCounts now = testing::CountAll(daemon_->pid());
+          const bool still = now.AtMost(last) && last.AtMost(now);
+          last = now;
+          return still;
+        },
+        absl::Seconds(10), absl::ZeroDuration()));
+    baseline_ = last;
     baseline_threads_ = testing::DescribeThreadsAndMemfds(daemon_->pid());
   }
 

@@ -96,8 +96,21 @@ std::string DescribeThreadsAndMemfds(pid_t pid) {
     }
     return true;
   });
+  std::map<std::string, int> kinds;  // fd targets by kind: "socket", "pipe", a path...
+  ForEachEntry(fds, [&](const char* name) {
+    char target[256];
+    const ssize_t n = readlink((fds + name).c_str(), target, sizeof(target) - 1);
+    if (n <= 0) return false;
+    std::string kind(target, n);
+    if (const size_t colon = kind.find(":["); colon != std::string::npos) kind.resize(colon);
+    ++kinds[kind];
+    return true;
+  });
+  std::vector<std::string> fd_parts;
+  for (const auto& [kind, count] : kinds) fd_parts.push_back(absl::StrCat(kind, " x", count));
   return absl::StrCat("threads: ", absl::StrJoin(parts, ", "),
-                      "; memfd fds: ", memfds.empty() ? "none" : absl::StrJoin(memfds, ", "));
+                      "; memfd fds: ", memfds.empty() ? "none" : absl::StrJoin(memfds, ", "),
+                      "; fds: ", absl::StrJoin(fd_parts, ", "));
 }
 
 bool ProcCounts::AtMost(const ProcCounts& baseline) const {

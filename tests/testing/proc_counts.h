@@ -30,8 +30,9 @@ int CountMemfdFds(pid_t pid);
 // daemon's session segments; a segment is several lines, one per protection).
 int CountMemfdMaps(pid_t pid, const std::string& name);
 
-// Thread names of the process with their counts ("grpcpp_sync_ser x4, tpd-data, ..."), and
-// the targets of its memfd fds, for failure messages.
+// Thread names of the process with their counts ("grpcpp_sync_ser x4, tpd-data, ..."), the
+// targets of its memfd fds and its fds by kind ("socket x12, pipe x2, ..."), for failure
+// messages.
 std::string DescribeThreadsAndMemfds(pid_t pid);
 
 // All four at once, for comparing against a baseline.
