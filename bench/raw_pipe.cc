@@ -35,9 +35,9 @@ std::shared_ptr<tensorpipe::Context> RawContext(const std::string& transport,
       contexts.push_back(tensorpipe::transport::uv::create());
       listeners.push_back(contexts.back()->listen("127.0.0.1"));
     }
-    context->registerChannel(tpd::agent::kMultiplexedUvChannelPriority, "mpt_uv",
-                             tensorpipe::channel::mpt::create(std::move(contexts),
-                                                              std::move(listeners)));
+    context->registerChannel(
+        tpd::agent::kMultiplexedUvChannelPriority, "mpt_uv",
+        tensorpipe::channel::mpt::create(std::move(contexts), std::move(listeners)));
   }
   return context;
 }
@@ -49,7 +49,9 @@ RawServer::RawServer(tensorpipe::Context& context, bool shm, size_t max_bytes, b
       buffer_(buffer == nullptr ? own_buffer_.data() : buffer),
       buffer_size_(buffer == nullptr ? own_buffer_.size() : max_bytes) {
   std::vector<std::string> urls = {"uv://127.0.0.1:0"};
-  if (shm) urls.push_back(absl::StrCat("shm://tpd-raw-pipe-", getpid(), "-", reinterpret_cast<uintptr_t>(this)));
+  if (shm)
+    urls.push_back(
+        absl::StrCat("shm://tpd-raw-pipe-", getpid(), "-", reinterpret_cast<uintptr_t>(this)));
   listener_ = context.listen(urls);
   url_ = listener_->url("uv");
   listener_->accept([this](const tensorpipe::Error& error, std::shared_ptr<tensorpipe::Pipe> pipe) {
@@ -95,8 +97,7 @@ void RawServer::Serve() {
   });
 }
 
-bool RawRoundTrip(tensorpipe::Pipe& pipe, const char* data, size_t size, int count,
-                  char* reply) {
+bool RawRoundTrip(tensorpipe::Pipe& pipe, const char* data, size_t size, int count, char* reply) {
   tensorpipe::Message message;
   if (size > 0) {
     for (int i = 0; i < count; ++i) {

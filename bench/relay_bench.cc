@@ -59,6 +59,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -66,10 +67,12 @@
 #include "bench/raw_pipe.h"
 #include "client/client.h"
 
-ABSL_FLAG(std::string, tpd, "", "tpd binary; empty: the one in this binary's runfiles, or next to it");
+ABSL_FLAG(std::string, tpd, "",
+          "tpd binary; empty: the one in this binary's runfiles, or next to it");
 ABSL_FLAG(double, scale, 1.0, "multiplies every row's iteration count");
 ABSL_FLAG(bool, gib, false, "add a 1 GiB row (arenas of 2.1 GiB per heap)");
-ABSL_FLAG(std::string, sizes, "", "comma-separated row names to run (e.g. 0B,1MiB,64x1MiB); empty: all");
+ABSL_FLAG(std::string, sizes, "",
+          "comma-separated row names to run (e.g. 0B,1MiB,64x1MiB); empty: all");
 ABSL_FLAG(std::string, pair, "",
           "transport+channel of the raw baseline; empty: what the daemons' agent pipe chose");
 ABSL_FLAG(int, mpt_lanes, 4, "lanes of mpt_uv, if the pipe uses it (the daemon's default)");
@@ -79,6 +82,14 @@ ABSL_FLAG(bool, local, true, "measure the `local` rows (a call to a client of th
 ABSL_FLAG(std::string, raw_memory, "heap",
           "where the raw pipe's buffers live: heap (std::vector), or memfd (shared mappings of "
           "a memfd, the kind of memory the daemons' arenas are)");
+ABSL_FLAG(std::string, only, "",
+          "measure only this kind (raw, arena, copied or local), e.g. under perf stat; prints one "
+          "row per size instead of the side-by-side table");
+ABSL_FLAG(int, timeout_s, 300,
+          "each call's timeout; 0: none (the daemons then keep no deadline for it)");
+ABSL_FLAG(bool, threads, false,
+          "also print, per kind and size, each thread name's CPU time and context switches per "
+          "call (from /proc/PID/task/*/schedstat and status), summed over the processes involved");
 ABSL_FLAG(std::string, tsv, "", "also write the rows as TSV to this file");
 ABSL_FLAG(std::string, keep_logs, "", "copy the daemons' logs into this directory at the end");
 
@@ -115,12 +126,12 @@ struct Case {
 };
 
 int Iterations(size_t bytes) {
-  int n = bytes <= 4096        ? 2000
-          : bytes <= 65536     ? 1000
-          : bytes <= (1 << 20) ? 200
-          : bytes <= (2 << 20) ? 120
-          : bytes <= (8 << 20) ? 40
-          : bytes <= (64 << 20) ? 12
+  int n = bytes <= 4096          ? 2000
+          : bytes <= 65536       ? 1000
+          : bytes <= (1 << 20)   ? 200
+          : bytes <= (2 << 20)   ? 120
+          : bytes <= (8 << 20)   ? 40
+          : bytes <= (64 << 20)  ? 12
           : bytes <= (256 << 20) ? 8
                                  : 4;
   n = static_cast<int>(n * absl::GetFlag(FLAGS_scale));
@@ -147,8 +158,8 @@ char* MapMemfd(size_t bytes, char fill) {
 
 // ---------------------------------------------------------------------------------------------
 // The raw pipe's server: a child forked before any thread exists. It reads one line
-// "transport channel lanes max_bytes memory" from `commands`, serves an echoing RawServer, writes its
-// URL as one line to `answers`, and exits when `commands` closes.
+// "transport channel lanes max_bytes memory" from `commands`, serves an echoing RawServer, writes
+// its URL as one line to `answers`, and exits when `commands` closes.
 
 struct RawChild {
   pid_t pid = -1;
@@ -205,14 +216,13 @@ class Daemon {
     std::ofstream(config) << "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n"
                           << "node_name = \"relay-node" << index << "\"\n"
                           << "[data]\narena_bytes = " << arena_bytes << "\n";
-    if (const std::string transports = absl::GetFlag(FLAGS_agent_transports);
-        !transports.empty()) {
+    if (const std::string transports = absl::GetFlag(FLAGS_agent_transports); !transports.empty()) {
       std::ofstream(config, std::ios::app)
-          << "[agent]\ntransports = [\""
-          << absl::StrJoin(absl::StrSplit(transports, ','), "\", \"") << "\"]\n";
+          << "[agent]\ntransports = [\"" << absl::StrJoin(absl::StrSplit(transports, ','), "\", \"")
+          << "\"]\n";
     }
-    std::vector<std::string> argv = {tpd, "--socket", socket_, "--config", config,
-                                     "--log_level", "debug"};
+    std::vector<std::string> argv = {tpd,    "--socket",    socket_, "--config",
+                                     config, "--log_level", "debug"};
     pid_ = fork();
     if (pid_ == 0) {
       const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -270,8 +280,7 @@ std::string FindTpd(const char* argv0) {
     candidates.push_back(absl::StrCat(dir, "/tpd/daemon/tpd"));
   }
   candidates.push_back(absl::StrCat(argv0, ".runfiles/tpd/daemon/tpd"));
-  candidates.push_back(
-      (std::filesystem::path(argv0).parent_path() / "tpd").string());
+  candidates.push_back((std::filesystem::path(argv0).parent_path() / "tpd").string());
   for (const std::string& path : candidates) {
     if (access(path.c_str(), X_OK) == 0) return path;
   }
@@ -303,14 +312,15 @@ class EchoHandlers {
   explicit EchoHandlers(tpd::Client* client) : client_(client) {}
 
   absl::Status Register() {
-    if (absl::Status s = client_->Handle("echo_copy", [](const tpd::Message& request)
-                                             -> absl::StatusOr<tpd::Message> {
-          g_handler_in_ns.store(NowNs());
-          tpd::Message reply;
-          reply.tensors = request.tensors;
-          g_handler_out_ns.store(NowNs());
-          return reply;
-        });
+    if (absl::Status s =
+            client_->Handle("echo_copy",
+                            [](const tpd::Message& request) -> absl::StatusOr<tpd::Message> {
+                              g_handler_in_ns.store(NowNs());
+                              tpd::Message reply;
+                              reply.tensors = request.tensors;
+                              g_handler_out_ns.store(NowNs());
+                              return reply;
+                            });
         !s.ok()) {
       return s;
     }
@@ -383,12 +393,57 @@ ProcCost ReadCost(const std::vector<pid_t>& pids) {
   return total;
 }
 
+// Per thread name (e.g. "tpd-session"), summed over threads and processes: CPU time and
+// voluntary (slept) and involuntary (preempted or yielded) context switches.
+struct ThreadCost {
+  double cpu_us = 0;
+  double voluntary = 0;
+  double involuntary = 0;
+};
+using ThreadCosts = std::map<std::string, ThreadCost>;
+
+ThreadCosts ReadThreadCosts(const std::vector<pid_t>& pids) {
+  ThreadCosts costs;
+  for (pid_t pid : pids) {
+    const std::string dir = absl::StrCat("/proc/", pid, "/task");
+    std::error_code error;
+    for (const auto& task : std::filesystem::directory_iterator(dir, error)) {
+      const std::string path = task.path().string();
+      std::string comm = ReadFile(path + "/comm");
+      while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+      ThreadCost& c = costs[comm];
+      std::vector<std::string> schedstat = absl::StrSplit(ReadFile(path + "/schedstat"), ' ');
+      if (!schedstat.empty() && !schedstat[0].empty()) c.cpu_us += std::stod(schedstat[0]) / 1e3;
+      for (absl::string_view line : absl::StrSplit(ReadFile(path + "/status"), '\n')) {
+        std::vector<std::string> kv = absl::StrSplit(line, absl::MaxSplits(':', 1));
+        if (kv.size() != 2) continue;
+        if (kv[0] == "voluntary_ctxt_switches") c.voluntary += std::stod(kv[1]);
+        if (kv[0] == "nonvoluntary_ctxt_switches") c.involuntary += std::stod(kv[1]);
+      }
+    }
+  }
+  return costs;
+}
+
+// after − before, per thread name (threads that ended in between are lost).
+void AddDelta(const ThreadCosts& before, const ThreadCosts& after, ThreadCosts* sum) {
+  for (const auto& [name, a] : after) {
+    ThreadCost b;
+    if (auto it = before.find(name); it != before.end()) b = it->second;
+    ThreadCost& s = (*sum)[name];
+    s.cpu_us += a.cpu_us - b.cpu_us;
+    s.voluntary += a.voluntary - b.voluntary;
+    s.involuntary += a.involuntary - b.involuntary;
+  }
+}
+
 struct Kind {
   std::string name;  // raw, arena, copied, local
   std::vector<double> us;
   std::vector<double> fwd_us;
   std::vector<double> back_us;
-  ProcCost cost;  // of this process, both daemons and the raw child, over the measured calls
+  ProcCost cost;        // of this process, both daemons and the raw child, over the measured calls
+  ThreadCosts threads;  // the same by thread name (--threads)
 };
 
 struct Row {
@@ -410,9 +465,16 @@ int main(int argc, char** argv) {
   RawChild raw_child = ForkRawChild();
 
   std::vector<Case> cases = {
-      {"0B", 0, 0},          {"64B", 64, 1},         {"4KiB", 4 << 10, 1},
-      {"64KiB", 64 << 10, 1}, {"1MiB", 1 << 20, 1},  {"2MiB", 2 << 20, 1},
-      {"8MiB", 8 << 20, 1},   {"16MiB", 16 << 20, 1},  {"64MiB", 64 << 20, 1}, {"256MiB", size_t{256} << 20, 1},
+      {"0B", 0, 0},
+      {"64B", 64, 1},
+      {"4KiB", 4 << 10, 1},
+      {"64KiB", 64 << 10, 1},
+      {"1MiB", 1 << 20, 1},
+      {"2MiB", 2 << 20, 1},
+      {"8MiB", 8 << 20, 1},
+      {"16MiB", 16 << 20, 1},
+      {"64MiB", 64 << 20, 1},
+      {"256MiB", size_t{256} << 20, 1},
       {"64x1MiB", 1 << 20, 64},
   };
   if (absl::GetFlag(FLAGS_gib)) cases.insert(cases.end() - 1, {"1GiB", size_t{1} << 30, 1});
@@ -497,8 +559,9 @@ int main(int argc, char** argv) {
       std::tie(transport, channel) = PipeChoice(daemon_a.Log());
       if (transport.empty()) std::tie(transport, channel) = PipeChoice(daemon_b.Log());
       if (transport.empty()) {
-        std::fprintf(stderr, "the daemons' logs do not say which transport their pipe uses; "
-                             "pass --pair\n");
+        std::fprintf(stderr,
+                     "the daemons' logs do not say which transport their pipe uses; "
+                     "pass --pair\n");
         return 1;
       }
     }
@@ -507,9 +570,9 @@ int main(int argc, char** argv) {
                  absl::GetFlag(FLAGS_pair).empty() ? "from the agent's log" : "--pair");
 
     // The raw pipe.
-    const std::string command = absl::StrCat(transport, " ", channel, " ",
-                                             absl::GetFlag(FLAGS_mpt_lanes), " ", max_bytes, " ",
-                                             absl::GetFlag(FLAGS_raw_memory), "\n");
+    const std::string command =
+        absl::StrCat(transport, " ", channel, " ", absl::GetFlag(FLAGS_mpt_lanes), " ", max_bytes,
+                     " ", absl::GetFlag(FLAGS_raw_memory), "\n");
     if (write(raw_child.commands, command.data(), command.size()) !=
         static_cast<ssize_t>(command.size())) {
       return 1;
@@ -533,14 +596,18 @@ int main(int argc, char** argv) {
     }
 
     const std::vector<pid_t> pids = {getpid(), daemon_a.pid(), daemon_b.pid(), raw_child.pid};
+    const int timeout_s = absl::GetFlag(FLAGS_timeout_s);
+    const absl::Duration call_timeout = timeout_s > 0 ? absl::Seconds(timeout_s) : tpd::kNoTimeout;
     std::vector<Row> rows;
+    std::vector<std::string> thread_lines;  // --threads
     for (const Case& cs : cases) {
       const int iterations = Iterations(cs.bytes());
       // The tensors A sends: owned (copied into the arena per call) and arena ones.
       std::vector<tpd::Tensor> owned;
       std::vector<tpd::Tensor> arena;
       for (int i = 0; i < cs.count; ++i) {
-        owned.emplace_back(tpd::shm::DType::kUInt8, std::vector<int64_t>{static_cast<int64_t>(cs.size)},
+        owned.emplace_back(tpd::shm::DType::kUInt8,
+                           std::vector<int64_t>{static_cast<int64_t>(cs.size)},
                            std::string(cs.size, static_cast<char>('a' + i % 26)));
         absl::StatusOr<tpd::Tensor> t =
             a->AllocateTensor(tpd::shm::DType::kUInt8, {static_cast<int64_t>(cs.size)});
@@ -554,6 +621,7 @@ int main(int argc, char** argv) {
       }
       std::vector<Kind> kinds = {{"raw"}, {"arena"}, {"copied"}};
       if (absl::GetFlag(FLAGS_local)) kinds.push_back({"local"});
+      if (const std::string only = absl::GetFlag(FLAGS_only); !only.empty()) kinds = {{only}};
 
       // One round trip of `kind`; records it when `record`.
       auto once = [&](Kind& kind, bool record, bool verify) -> bool {
@@ -570,7 +638,7 @@ int main(int argc, char** argv) {
           const std::string worker = kind.name == "local" ? "c" : "b";
           absl::StatusOr<tpd::Message> reply =
               a->Call(kGroup, worker, copied ? "echo_copy" : "echo_arena", "",
-                      copied ? owned : arena, kCallTimeout);
+                      copied ? owned : arena, call_timeout);
           t1 = NowNs();
           if (!reply.ok()) {
             std::fprintf(stderr, "%s %s: %s\n", cs.name.c_str(), kind.name.c_str(),
@@ -578,8 +646,8 @@ int main(int argc, char** argv) {
             return false;
           }
           if (reply->tensors.size() != static_cast<size_t>(cs.count)) {
-            std::fprintf(stderr, "%s %s: %zu tensors back\n", cs.name.c_str(),
-                         kind.name.c_str(), reply->tensors.size());
+            std::fprintf(stderr, "%s %s: %zu tensors back\n", cs.name.c_str(), kind.name.c_str(),
+                         reply->tensors.size());
             return false;
           }
           for (int i = 0; verify && i < cs.count; ++i) {
@@ -609,10 +677,15 @@ int main(int argc, char** argv) {
       for (int block = 0; block < kBlocks; ++block) {
         for (Kind& kind : kinds) {
           const ProcCost before = ReadCost(pids);
+          const ThreadCosts threads_before =
+              absl::GetFlag(FLAGS_threads) ? ReadThreadCosts(pids) : ThreadCosts{};
           for (int i = 0; i < iterations / kBlocks; ++i) {
             if (!once(kind, true, false)) return 1;
           }
           kind.cost += ReadCost(pids) - before;
+          if (absl::GetFlag(FLAGS_threads)) {
+            AddDelta(threads_before, ReadThreadCosts(pids), &kind.threads);
+          }
         }
       }
       Row row{cs, iterations};
@@ -624,6 +697,12 @@ int main(int argc, char** argv) {
         }
         const double calls = static_cast<double>(kind.us.size());
         row.cost[kind.name] = {kind.cost.minor_faults / calls, kind.cost.cpu_us / calls};
+        for (const auto& [name, t] : kind.threads) {
+          if (t.cpu_us / calls < 0.5 && (t.voluntary + t.involuntary) / calls < 0.05) continue;
+          thread_lines.push_back(absl::StrFormat("| %s | %s | %s | %.1f | %.2f | %.2f |", cs.name,
+                                                 kind.name, name, t.cpu_us / calls,
+                                                 t.voluntary / calls, t.involuntary / calls));
+        }
       }
       std::fprintf(stderr, "  %-8s raw p50 %9.1f us, arena %9.1f us, copied %9.1f us\n",
                    cs.name.c_str(), row.stats["raw"].p50, row.stats["arena"].p50,
@@ -636,11 +715,12 @@ int main(int argc, char** argv) {
     gethostname(host, sizeof(host) - 1);
     const std::string pair = absl::StrCat(transport, "+", channel);
     const std::string agent_transports = absl::GetFlag(FLAGS_agent_transports);
-    std::printf("# relay_bench: host %s, %u cpus, daemons' agent.transports %s, their pipe %s, "
-                "raw baseline %s (buffers: %s)\n",
-                host, std::thread::hardware_concurrency(),
-                agent_transports.empty() ? "(default)" : agent_transports.c_str(), pair.c_str(),
-                pair.c_str(), absl::GetFlag(FLAGS_raw_memory).c_str());
+    std::printf(
+        "# relay_bench: host %s, %u cpus, daemons' agent.transports %s, their pipe %s, "
+        "raw baseline %s (buffers: %s)\n",
+        host, std::thread::hardware_concurrency(),
+        agent_transports.empty() ? "(default)" : agent_transports.c_str(), pair.c_str(),
+        pair.c_str(), absl::GetFlag(FLAGS_raw_memory).c_str());
     auto gbps = [](const Row& r, const std::string& kind) {
       return r.c.bytes() > 0 ? r.c.bytes() / (r.stats.at(kind).p50 * 1e3) : 0.0;
     };
@@ -651,47 +731,72 @@ int main(int argc, char** argv) {
       return std::string(text);
     };
     const bool local = absl::GetFlag(FLAGS_local);
-    std::printf(
-        "| size | raw p50 µs | p90 | p99 | arena p50 µs | p90 | p99 | copied p50 µs | p90 | p99 | "
-        "raw GB/s | arena GB/s | copied GB/s | arena/raw p50 | copied/raw p50 | arena/raw GB/s | "
-        "copied/raw GB/s | arena fwd/back p50 µs |%s\n",
-        local ? " local p50 µs | local fwd/back p50 µs |" : "");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n",
-                local ? "---|---|" : "");
-    for (const Row& r : rows) {
-      const Stats& raw = r.stats.at("raw");
-      const Stats& ar = r.stats.at("arena");
-      const Stats& cp = r.stats.at("copied");
-      const bool bw = r.c.bytes() > 0;
+    if (const std::string only = absl::GetFlag(FLAGS_only); !only.empty()) {
       std::printf(
-          "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | "
-          "%.2f | %.2f | %s | %s | %.1f / %.1f |",
-          r.c.name.c_str(), raw.p50, raw.p90, raw.p99, ar.p50, ar.p90, ar.p99, cp.p50, cp.p90,
-          cp.p99, num(bw, gbps(r, "raw")).c_str(), num(bw, gbps(r, "arena")).c_str(),
-          num(bw, gbps(r, "copied")).c_str(), ar.p50 / raw.p50, cp.p50 / raw.p50,
-          num(bw, gbps(r, "arena") / gbps(r, "raw")).c_str(),
-          num(bw, gbps(r, "copied") / gbps(r, "raw")).c_str(), r.fwd_p50.at("arena"),
-          r.back_p50.at("arena"));
-      if (local) {
-        std::printf(" %.1f | %.1f / %.1f |", r.stats.at("local").p50, r.fwd_p50.at("local"),
-                    r.back_p50.at("local"));
+          "| size | kind | p50 µs | p90 | p99 | GB/s | fwd/back p50 µs | minor faults per call "
+          "| cpu µs per call |\n|---|---|---|---|---|---|---|---|---|\n");
+      for (const Row& r : rows) {
+        const Stats& st = r.stats.at(only);
+        std::printf(
+            "| %s | %s | %.1f | %.1f | %.1f | %s | %s | %.1f | %.0f |\n", r.c.name.c_str(),
+            only.c_str(), st.p50, st.p90, st.p99, num(r.c.bytes() > 0, gbps(r, only)).c_str(),
+            r.fwd_p50.count(only) > 0 ? absl::StrCat(num(true, r.fwd_p50.at(only), "%.1f"), " / ",
+                                                     num(true, r.back_p50.at(only), "%.1f"))
+                                            .c_str()
+                                      : "-",
+            r.cost.at(only).minor_faults, r.cost.at(only).cpu_us);
       }
-      std::printf("\n");
+    } else {
+      std::printf(
+          "| size | raw p50 µs | p90 | p99 | arena p50 µs | p90 | p99 | copied p50 µs | p90 | p99 "
+          "| "
+          "raw GB/s | arena GB/s | copied GB/s | arena/raw p50 | copied/raw p50 | arena/raw GB/s | "
+          "copied/raw GB/s | arena fwd/back p50 µs |%s\n",
+          local ? " local p50 µs | local fwd/back p50 µs |" : "");
+      std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n",
+                  local ? "---|---|" : "");
+      for (const Row& r : rows) {
+        const Stats& raw = r.stats.at("raw");
+        const Stats& ar = r.stats.at("arena");
+        const Stats& cp = r.stats.at("copied");
+        const bool bw = r.c.bytes() > 0;
+        std::printf(
+            "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | "
+            "%.2f | %.2f | %s | %s | %.1f / %.1f |",
+            r.c.name.c_str(), raw.p50, raw.p90, raw.p99, ar.p50, ar.p90, ar.p99, cp.p50, cp.p90,
+            cp.p99, num(bw, gbps(r, "raw")).c_str(), num(bw, gbps(r, "arena")).c_str(),
+            num(bw, gbps(r, "copied")).c_str(), ar.p50 / raw.p50, cp.p50 / raw.p50,
+            num(bw, gbps(r, "arena") / gbps(r, "raw")).c_str(),
+            num(bw, gbps(r, "copied") / gbps(r, "raw")).c_str(), r.fwd_p50.at("arena"),
+            r.back_p50.at("arena"));
+        if (local) {
+          std::printf(" %.1f | %.1f / %.1f |", r.stats.at("local").p50, r.fwd_p50.at("local"),
+                      r.back_p50.at("local"));
+        }
+        std::printf("\n");
+      }
+      // What each call costs the processes involved (this one, both daemons, the raw child).
+      std::printf(
+          "\n| size | minor faults per call: raw | arena | copied |%s cpu µs per call: raw | "
+          "arena | copied |%s\n",
+          local ? " local |" : "", local ? " local |" : "");
+      std::printf("|---|---|---|---|---|---|---|%s\n", local ? "---|---|" : "");
+      for (const Row& r : rows) {
+        std::printf("| %s |", r.c.name.c_str());
+        for (const char* kind : {"raw", "arena", "copied", "local"}) {
+          if (r.cost.count(kind)) std::printf(" %.1f |", r.cost.at(kind).minor_faults);
+        }
+        for (const char* kind : {"raw", "arena", "copied", "local"}) {
+          if (r.cost.count(kind)) std::printf(" %.0f |", r.cost.at(kind).cpu_us);
+        }
+        std::printf("\n");
+      }
     }
-    // What each call costs the processes involved (this one, both daemons, the raw child).
-    std::printf("\n| size | minor faults per call: raw | arena | copied |%s cpu µs per call: raw | "
-                "arena | copied |%s\n",
-                local ? " local |" : "", local ? " local |" : "");
-    std::printf("|---|---|---|---|---|---|---|%s\n", local ? "---|---|" : "");
-    for (const Row& r : rows) {
-      std::printf("| %s |", r.c.name.c_str());
-      for (const char* kind : {"raw", "arena", "copied", "local"}) {
-        if (r.cost.count(kind)) std::printf(" %.1f |", r.cost.at(kind).minor_faults);
-      }
-      for (const char* kind : {"raw", "arena", "copied", "local"}) {
-        if (r.cost.count(kind)) std::printf(" %.0f |", r.cost.at(kind).cpu_us);
-      }
-      std::printf("\n");
+    if (absl::GetFlag(FLAGS_threads)) {
+      std::printf(
+          "\n| size | kind | thread | cpu µs per call | slept per call | preempted or "
+          "yielded per call |\n|---|---|---|---|---|---|\n");
+      for (const std::string& line : thread_lines) std::printf("%s\n", line.c_str());
     }
     if (const std::string path = absl::GetFlag(FLAGS_tsv); !path.empty()) {
       std::ofstream tsv(path);
@@ -708,12 +813,12 @@ int main(int argc, char** argv) {
               << r.c.count << "\t" << r.iterations << "\t" << num(true, s.p50, "%.1f") << "\t"
               << num(true, s.p90, "%.1f") << "\t" << num(true, s.p99, "%.1f") << "\t"
               << num(bw, gbps(r, kind), "%.3f") << "\t"
-              << num(true, s.p50 / r.stats.at("raw").p50) << "\t"
+              << (r.stats.count("raw") > 0 ? num(true, s.p50 / r.stats.at("raw").p50) : "-") << "\t"
               << num(r.fwd_p50.count(kind) > 0, r.fwd_p50.count(kind) ? r.fwd_p50.at(kind) : 0,
                      "%.1f")
               << "\t"
-              << num(r.back_p50.count(kind) > 0,
-                     r.back_p50.count(kind) ? r.back_p50.at(kind) : 0, "%.1f")
+              << num(r.back_p50.count(kind) > 0, r.back_p50.count(kind) ? r.back_p50.at(kind) : 0,
+                     "%.1f")
               << "\t" << num(true, r.cost.at(kind).minor_faults, "%.1f") << "\t"
               << num(true, r.cost.at(kind).cpu_us, "%.0f") << "\n";
         }
