@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -429,8 +430,38 @@ absl::Status ParseFile(const UrlParts& parts, std::optional<int64_t> rank,
 absl::Status ParseEtcd(const UrlParts& parts, std::optional<int64_t> rank,
                        std::optional<int64_t> world_size, InitMethod* out) {
   const InitMethodScheme scheme = InitMethodScheme::kEtcd;
-  absl::Status status = ParseAddress(scheme, parts.netloc, out);
-  if (!status.ok()) return status;
+  // "a:2379,b:2379": the members of one cluster, as etcdctl's --endpoints lists them.
+  std::vector<absl::string_view> pieces = absl::StrSplit(parts.netloc, ',');
+  // A URL without "//" has a null netloc, which StrSplit turns into no pieces at all.
+  if (pieces.empty()) pieces.emplace_back();
+  if (pieces.size() > kMaxEtcdEndpoints) {
+    return Error(scheme, absl::StrCat(pieces.size(), " endpoints listed; at most ",
+                                      kMaxEtcdEndpoints));
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    InitMethod endpoint;
+    absl::Status status = ParseAddress(scheme, pieces[i], &endpoint);
+    if (!status.ok()) {
+      if (pieces.size() == 1) return status;
+      // The same message, saying which endpoint it is about.
+      absl::string_view message = status.message();
+      absl::ConsumePrefix(&message, Error(scheme, "").message());
+      // Not echoed when it holds '@': what precedes it may be a password.
+      const bool secret = pieces[i].find('@') != absl::string_view::npos;
+      return Error(scheme, absl::StrCat("endpoint ", i + 1, " of ", pieces.size(),
+                                        secret ? "" : absl::StrCat(" (", Quote(pieces[i]), ")"),
+                                        ": ", message));
+    }
+    InitMethodEndpoint parsed{std::move(endpoint.host), endpoint.port};
+    for (const InitMethodEndpoint& earlier : out->endpoints) {
+      if (earlier == parsed) {
+        return Error(scheme, absl::StrCat("endpoint ", Quote(pieces[i]), " is listed twice"));
+      }
+    }
+    out->endpoints.push_back(std::move(parsed));
+  }
+  out->host = out->endpoints.front().host;
+  out->port = out->endpoints.front().port;
   // Trailing slashes go so that "<prefix>/<key>" never holds "//"; "" and "/" mean the
   // default, since a group's state at the root of etcd would mix with everything else.
   absl::string_view prefix = parts.path;

@@ -38,10 +38,12 @@
 #ifndef TPD_STORE_RENDEZVOUS_INIT_METHOD_H_
 #define TPD_STORE_RENDEZVOUS_INIT_METHOD_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -53,11 +55,26 @@ enum class InitMethodScheme { kTcp, kEnv, kFile, kEtcd };
 // The etcd key prefix used when an etcd:// URL names none ("etcd://host:2379").
 inline constexpr absl::string_view kDefaultEtcdPrefix = "/tpd";
 
+// The most endpoints an etcd:// URL may list ("etcd://a:2379,b:2379,c:2379/prefix"); each is
+// resolved by the daemon, and a URL comes from a client.
+inline constexpr size_t kMaxEtcdEndpoints = 16;
+
+// One host:port of an etcd:// URL, host as InitMethod::host.
+struct InitMethodEndpoint {
+  std::string host;
+  int port = 0;
+  bool operator==(const InitMethodEndpoint& other) const {
+    return host == other.host && port == other.port;
+  }
+};
+
 // A parsed init_method. Which fields are set depends on `scheme`:
 //   tcp   host, port           (the daemon that serves the group's store)
 //   env   host, port           (from MASTER_ADDR, MASTER_PORT)
 //   file  path                 (absolute; a file store on a shared file system)
-//   etcd  host, port, path     (path is the key prefix, never empty, no trailing '/')
+//   etcd  endpoints, path      (every host:port listed, in order, at least one, no
+//                               repeats; host and port are the first; path is the key
+//                               prefix, never empty, no trailing '/')
 // rank and world_size apply to every scheme.
 struct InitMethod {
   InitMethodScheme scheme = InitMethodScheme::kTcp;
@@ -65,6 +82,8 @@ struct InitMethod {
   // ("::1"); add them back when formatting host:port.
   std::string host;
   int port = 0;
+  // etcd:// only: every endpoint, the first being host:port.
+  std::vector<InitMethodEndpoint> endpoints;
   std::string path;
   // The member's rank; absent = the daemon assigns one (dynamic groups only).
   std::optional<int64_t> rank;

@@ -1,6 +1,8 @@
 #include "store/rendezvous/store_factory.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "store/etcd/etcd_rendezvous.h"
 #include "store/file/file_store.h"
 
 namespace tpd::store {
@@ -21,7 +23,12 @@ std::string RendezvousStoreName(const InitMethod& method) {
     case InitMethodScheme::kFile:
       return absl::StrCat("file://", method.path);
     case InitMethodScheme::kEtcd:
-      return absl::StrCat("etcd://", HostPort(method.host, method.port), method.path);
+      return absl::StrCat("etcd://",
+                          absl::StrJoin(method.endpoints, ",",
+                                        [](std::string* out, const InitMethodEndpoint& e) {
+                                          out->append(HostPort(e.host, e.port));
+                                        }),
+                          method.path);
   }
   return "";
 }
@@ -39,11 +46,16 @@ absl::StatusOr<std::unique_ptr<Store>> OpenRendezvousStore(const InitMethod& met
       if (!file.ok()) return file.status();
       return std::unique_ptr<Store>(*std::move(file));
     }
-    case InitMethodScheme::kEtcd:
-      break;
+    case InitMethodScheme::kEtcd: {
+      EtcdRendezvousOptions etcd;
+      etcd.store = options.etcd;
+      etcd.dial_networks = options.remote.dial_networks;
+      etcd.dial_networks_setting = options.remote.dial_networks_setting;
+      return OpenEtcdRendezvousStore(method.endpoints, method.path, etcd);
+    }
   }
-  return absl::UnimplementedError(
-      "etcd:// rendezvous is not available in this tpd release; use tcp://, env:// or file://");
+  return absl::InvalidArgumentError(
+      absl::StrCat("init_method scheme ", static_cast<int>(method.scheme), " has no store"));
 }
 
 }  // namespace tpd::store

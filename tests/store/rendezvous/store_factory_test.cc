@@ -1,5 +1,5 @@
-// The rendezvous store factory: each scheme opens its own backend, etcd:// is not there yet,
-// and tcp:// dials only inside the allowed networks.
+// The rendezvous store factory: each scheme opens its own backend, and tcp:// hosts and etcd://
+// endpoints are dialed only inside the allowed networks.
 
 #include "store/rendezvous/store_factory.h"
 
@@ -32,13 +32,28 @@ TEST(StoreFactoryTest, NamesOneStorePerAddressOrPath) {
   EXPECT_EQ(RendezvousStoreName(Parse("tcp://10.0.0.1:29400")), "tcp://10.0.0.1:29400");
   EXPECT_EQ(RendezvousStoreName(Parse("tcp://[::1]:29400")), "tcp://[::1]:29400");
   EXPECT_EQ(RendezvousStoreName(Parse("file:///tmp/x")), "file:///tmp/x");
+  EXPECT_EQ(RendezvousStoreName(Parse("etcd://a:2379,[::1]:2379/jobs")),
+            "etcd://a:2379,[::1]:2379/jobs");
 }
 
-TEST(StoreFactoryTest, EtcdIsUnimplemented) {
+TEST(StoreFactoryTest, EtcdEndpointOutsideTheDialNetworksIsPermissionDenied) {
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenRendezvousStore(
+      Parse("etcd://127.0.0.1:2379,10.1.2.3:2379/p"), Options({"127.0.0.0/8"}));
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(store.status().message(),
+              AllOf(HasSubstr("10.1.2.3"), HasSubstr("[peer] dial_networks")));
+}
+
+TEST(StoreFactoryTest, EtcdInsideOpensAnEtcdStoreLazily) {
+  // Nothing listens there: opening succeeds, the first call is UNAVAILABLE naming both.
+  RendezvousOptions options = Options({"127.0.0.0/8"});
+  options.etcd.connect_timeout = absl::Milliseconds(200);
   absl::StatusOr<std::unique_ptr<Store>> store =
-      OpenRendezvousStore(Parse("etcd://127.0.0.1:2379/p"), Options({"127.0.0.0/8"}));
-  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(store.status().message(), HasSubstr("etcd://"));
+      OpenRendezvousStore(Parse("etcd://127.0.0.1:1,localhost:2/p"), options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::Status status = (*store)->Set("k", "v");
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("127.0.0.1:1"), HasSubstr("127.0.0.1:2")));
 }
 
 TEST(StoreFactoryTest, TcpOutsideTheDialNetworksIsPermissionDenied) {

@@ -1,0 +1,736 @@
+#include "store/etcd/etcd_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+#include "store/check.h"
+#include "store/summarize.h"
+
+namespace tpd::store {
+namespace {
+
+using etcdserverpb::Compare;
+using etcdserverpb::DeleteRangeRequest;
+using etcdserverpb::DeleteRangeResponse;
+using etcdserverpb::PutRequest;
+using etcdserverpb::PutResponse;
+using etcdserverpb::RangeRequest;
+using etcdserverpb::RangeResponse;
+using etcdserverpb::TxnRequest;
+using etcdserverpb::TxnResponse;
+using etcdserverpb::WatchRequest;
+using etcdserverpb::WatchResponse;
+
+// etcd refuses a transaction of more operations than its --max-txn-ops (128 by default);
+// reads of more keys go in several transactions pinned to the first one's revision.
+constexpr size_t kMaxTxnOps = 128;
+// Pause between rounds over every endpoint while the watch stream finds none.
+constexpr absl::Duration kWatchRetryPause = absl::Milliseconds(200);
+
+std::shared_ptr<spdlog::logger> Log() {
+  std::shared_ptr<spdlog::logger> log = spdlog::get("store");
+  return log != nullptr ? log : spdlog::default_logger();
+}
+
+std::string KeyName(absl::string_view key) { return absl::StrCat("\"", Echo(key), "\""); }
+
+// The end of the range of every key that starts with `prefix` (etcd's clientv3.GetPrefixRangeEnd).
+std::string PrefixEnd(std::string prefix) {
+  while (!prefix.empty()) {
+    unsigned char last = static_cast<unsigned char>(prefix.back());
+    if (last < 0xff) {
+      prefix.back() = static_cast<char>(last + 1);
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+// Whether an UNAVAILABLE surely came before etcd applied anything: the connection failed, or
+// the member refused for want of a leader (it proposes nothing then).
+bool SurelyNotApplied(const grpc::Status& status) {
+  const std::string& message = status.error_message();
+  for (absl::string_view sign : {"etcdserver: no leader", "etcdserver: not capable",
+                                 "failed to connect", "Connection refused",
+                                 "connections to all backends failing", "Socket closed"}) {
+    if (absl::StrContains(message, sign)) return true;
+  }
+  return false;
+}
+
+absl::Status FromGrpc(const grpc::Status& status, absl::string_view what,
+                      absl::string_view address) {
+  std::string hint;
+  if (absl::StrContains(status.error_message(), "too many operations in txn request")) {
+    hint = absl::StrCat("; etcd takes at most --max-txn-ops (", kMaxTxnOps,
+                        " by default) operations in one transaction");
+  }
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat("etcd ", what, " at ", address, ": ",
+                                   Echo(status.error_message()), hint));
+}
+
+// Whether `channel` is connected, or connects, before `deadline`. A connection attempt that
+// fails ends the wait at once: an endpoint that refuses is skipped without waiting out
+// connect_timeout (gRPC would retry it in the background until then).
+bool Connect(grpc::Channel& channel, absl::Time deadline) {
+  grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+  bool attempted = false;
+  while (state != GRPC_CHANNEL_READY) {
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && attempted) return false;
+    if (state == GRPC_CHANNEL_CONNECTING) attempted = true;
+    if (state == GRPC_CHANNEL_SHUTDOWN) return false;
+    if (!channel.WaitForStateChange(state, absl::ToChronoTime(deadline))) return false;
+    state = channel.GetState(/*try_to_connect=*/true);
+  }
+  return true;
+}
+
+const std::string* Present(const std::optional<std::string>& value) {
+  return value.has_value() ? &*value : nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(std::vector<std::string> endpoints,
+                                                             std::string prefix,
+                                                             EtcdStoreOptions options) {
+  if (endpoints.empty()) {
+    return absl::InvalidArgumentError("an etcd store needs at least one endpoint (host:port)");
+  }
+  if (prefix.empty() || absl::EndsWith(prefix, "/")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "etcd key prefix ", KeyName(prefix), " must be non-empty and not end in '/'"));
+  }
+  if (!options.credentials.empty()) {
+    return absl::UnimplementedError(
+        "etcd authentication and TLS (user/password, certificates) are not supported yet; "
+        "leave the etcd credentials empty and reach etcd over a trusted network");
+  }
+  return std::unique_ptr<EtcdStore>(
+      new EtcdStore(std::move(endpoints), std::move(prefix), std::move(options)));
+}
+
+EtcdStore::EtcdStore(std::vector<std::string> endpoints, std::string prefix,
+                     EtcdStoreOptions options)
+    : prefix_(absl::StrCat(prefix, "/")),
+      name_(absl::StrCat("etcd://", absl::StrJoin(endpoints, ","), prefix)),
+      options_(std::move(options)),
+      waiters_(options_.max_waiters) {
+  grpc::ChannelArguments args;
+  // Reconnect soon after a member comes back: gRPC's default backoff grows to two minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  // (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the bound on one connection attempt,
+  // and etcd's handshake can take longer than a short one on a busy machine.)
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Notice a member that vanished without closing the watch stream. etcd's
+  // --grpc-keepalive-min-time is 5 s; pinging faster gets the connection closed.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetMaxReceiveMessageSize(256 << 20);
+  for (std::string& address : endpoints) {
+    Endpoint endpoint;
+    endpoint.channel =
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    endpoint.kv = etcdserverpb::KV::NewStub(endpoint.channel);
+    endpoint.watch = etcdserverpb::Watch::NewStub(endpoint.channel);
+    endpoint.address = std::move(address);
+    endpoints_.push_back(std::move(endpoint));
+  }
+  timer_ = std::thread([this] { TimerLoop(); });
+  watcher_ = std::thread([this] { WatchLoop(); });
+}
+
+EtcdStore::~EtcdStore() {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    waiters_.EndAll(absl::UnavailableError(absl::StrCat("store ", name_, " is shutting down")),
+                    &completions);
+    timer_cv_.Signal();
+    watch_cv_.SignalAll();
+  }
+  WaiterTable::Run(std::move(completions));
+  {
+    absl::MutexLock lock(&write_mu_);
+    if (watch_context_ != nullptr) watch_context_->TryCancel();
+  }
+  timer_.join();
+  watcher_.join();
+}
+
+std::string EtcdStore::EtcdKey(absl::string_view key) const { return absl::StrCat(prefix_, key); }
+
+absl::Status EtcdStore::CallKv(absl::string_view what, Retry retry, KvCall call) {
+  const absl::Time deadline = absl::Now() + options_.call_timeout;
+  const size_t count = endpoints_.size();
+  const size_t first = preferred_endpoint_.load();
+  std::vector<std::string> tried;
+  for (size_t i = 0; i < count; ++i) {
+    const size_t index = (first + i) % count;
+    Endpoint& endpoint = endpoints_[index];
+    const absl::Time now = absl::Now();
+    if (now >= deadline) break;
+    const absl::Time connect_by = std::min(deadline, now + options_.connect_timeout);
+    if (!Connect(*endpoint.channel, connect_by)) {
+      tried.push_back(absl::StrCat(endpoint.address, " (not connected: ",
+                                   absl::Now() >= connect_by ? "timed out" : "connection failed",
+                                   ")"));
+      continue;
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    const grpc::Status status = call(*endpoint.kv, context);
+    if (status.ok()) {
+      preferred_endpoint_.store(index);
+      return absl::OkStatus();
+    }
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      if (retry == Retry::kIdempotent || SurelyNotApplied(status)) {
+        tried.push_back(absl::StrCat(endpoint.address, " (", Echo(status.error_message()), ")"));
+        continue;
+      }
+      return absl::UnavailableError(absl::StrCat(
+          "etcd ", what, " at ", endpoint.address, ": ", Echo(status.error_message()),
+          "; the request was sent, so whether etcd applied it is unknown and it is not "
+          "retried on another endpoint"));
+    }
+    return FromGrpc(status, what, endpoint.address);
+  }
+  if (tried.empty()) {
+    return absl::DeadlineExceededError(absl::StrCat("etcd ", what, " on ", name_, ": no answer within store call timeout ",
+                     absl::FormatDuration(options_.call_timeout)));
+  }
+  return absl::UnavailableError(absl::StrCat("etcd ", what, " failed: no endpoint of ", name_,
+                                             " answered; tried ", absl::StrJoin(tried, ", ")));
+}
+
+absl::StatusOr<std::vector<std::optional<std::string>>> EtcdStore::ReadAtOneRevision(
+    const std::vector<std::string>& keys, int64_t* revision) {
+  std::vector<std::optional<std::string>> values;
+  values.reserve(keys.size());
+  *revision = 0;
+  for (size_t begin = 0; begin < keys.size(); begin += kMaxTxnOps) {
+    const size_t end = std::min(keys.size(), begin + kMaxTxnOps);
+    TxnRequest request;
+    for (size_t i = begin; i < end; ++i) {
+      RangeRequest* range = request.add_success()->mutable_request_range();
+      range->set_key(EtcdKey(keys[i]));
+      if (*revision != 0) range->set_revision(*revision);
+    }
+    TxnResponse response;
+    absl::Status status = CallKv(
+        absl::StrCat("read of ", keys.size() == 1 ? "key " : "keys ", JoinEchoed(keys, ", ")),
+        Retry::kIdempotent, [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
+          return kv.Txn(&context, request, &response);
+        });
+    if (!status.ok()) return status;
+    if (*revision == 0) *revision = response.header().revision();
+    TPD_DCHECK(response.responses_size() == static_cast<int>(end - begin));
+    for (const etcdserverpb::ResponseOp& op : response.responses()) {
+      const RangeResponse& range = op.response_range();
+      values.push_back(range.kvs_size() > 0 ? std::optional<std::string>(range.kvs(0).value())
+                                            : std::nullopt);
+    }
+  }
+  return values;
+}
+
+absl::Status EtcdStore::Set(absl::string_view key, absl::string_view value) {
+  PutRequest request;
+  request.set_key(EtcdKey(key));
+  request.set_value(std::string(value));
+  PutResponse response;
+  absl::Status status =
+      CallKv(absl::StrCat("set of key ", KeyName(key)), Retry::kIdempotent,
+             [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
+               return kv.Put(&context, request, &response);
+             });
+  if (!status.ok()) return status;
+  NoteWrite(std::string(key), std::string(value), response.header().revision());
+  return absl::OkStatus();
+}
+
+absl::Status EtcdStore::MultiSet(const std::vector<std::string>& keys,
+                                 const std::vector<std::string>& values) {
+  if (keys.size() != values.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("multi_set needs one value per key: got %d keys and %d values", keys.size(),
+                        values.size()));
+  }
+  if (keys.empty()) return absl::OkStatus();
+  TxnRequest request;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    PutRequest* put = request.add_success()->mutable_request_put();
+    put->set_key(EtcdKey(keys[i]));
+    put->set_value(values[i]);
+  }
+  TxnResponse response;
+  absl::Status status = CallKv(absl::StrCat("multi_set of keys ", JoinEchoed(keys, ", ")),
+                               Retry::kIdempotent,
+                               [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
+                                 return kv.Txn(&context, request, &response);
+                               });
+  if (!status.ok()) return status;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    NoteWrite(keys[i], values[i], response.header().revision());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EtcdStore::Update> EtcdStore::ReadModifyWrite(absl::string_view op,
+                                                             absl::string_view key,
+                                                             Decide decide) {
+  const std::string etcd_key = EtcdKey(key);
+  const std::string what = absl::StrCat(op, " of key ", KeyName(key));
+  RangeRequest read;
+  read.set_key(etcd_key);
+  RangeResponse range;
+  absl::Status status = CallKv(what, Retry::kIdempotent,
+                               [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
+                                 return kv.Range(&context, read, &range);
+                               });
+  if (!status.ok()) return status;
+  for (int attempt = 0; attempt <= options_.max_conflict_retries; ++attempt) {
+    Update update;
+    int64_t mod_revision = 0;  // etcd compares a missing key's mod revision as 0
+    if (range.kvs_size() > 0) {
+      update.before = range.kvs(0).value();
+      mod_revision = range.kvs(0).mod_revision();
+    }
+    absl::StatusOr<std::optional<std::string>> next = decide(update.before);
+    if (!next.ok()) return next.status();
+    if (!next->has_value()) return update;
+
+    TxnRequest txn;
+    Compare* compare = txn.add_compare();
+    compare->set_key(etcd_key);
+    compare->set_target(Compare::MOD);
+    compare->set_result(Compare::EQUAL);
+    compare->set_mod_revision(mod_revision);
+    PutRequest* put = txn.add_success()->mutable_request_put();
+    put->set_key(etcd_key);
+    put->set_value(**next);
+    txn.add_failure()->mutable_request_range()->set_key(etcd_key);
+    TxnResponse response;
+    status = CallKv(what, Retry::kOnlyIfNotSent,
+                    [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
+                      return kv.Txn(&context, txn, &response);
+                    });
+    if (!status.ok()) return status;
+    if (response.succeeded()) {
+      NoteWrite(std::string(key), **std::move(next), response.header().revision());
+      update.wrote = true;
+      return update;
+    }
+    // Another writer came between the read and the transaction: retry on what it left.
+    range = response.responses(0).response_range();
+  }
+  return absl::AbortedError(absl::StrCat("etcd ", what, ": another writer changed the key ",
+                                         options_.max_conflict_retries + 1,
+                                         " times in a row between read and write; retry later"));
+}
+
+absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view key, int64_t delta) {
+  int64_t sum = 0;
+  absl::StatusOr<Update> update = ReadModifyWrite(
+      "add", key,
+      [&](const std::optional<std::string>& current)
+          -> absl::StatusOr<std::optional<std::string>> {
+        int64_t value = 0;
+        if (current.has_value() && !absl::SimpleAtoi(*current, &value)) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("add: key ", KeyName(key), " holds a value that is not an integer: \"",
+                           absl::CEscape(current->substr(0, 64)), "\""));
+        }
+        if (__builtin_add_overflow(value, delta, &sum)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "add: key ", KeyName(key), " would overflow int64 (", value, " + ", delta, ")"));
+        }
+        return absl::StrCat(sum);
+      });
+  if (!update.ok()) return update.status();
+  return sum;
+}
+
+absl::StatusOr<std::string> EtcdStore::CompareSet(absl::string_view key,
+                                                  absl::string_view expected,
+                                                  absl::string_view desired) {
+  absl::StatusOr<Update> update = ReadModifyWrite(
+      "compare_set", key,
+      [&](const std::optional<std::string>& current)
+          -> absl::StatusOr<std::optional<std::string>> {
+        const bool matches = current.has_value() ? *current == expected : expected.empty();
+        if (!matches) return std::nullopt;
+        return std::string(desired);
+      });
+  if (!update.ok()) return update.status();
+  if (update->wrote) return std::string(desired);
+  return update->before.has_value() ? *update->before : std::string(expected);
+}
+
+absl::Status EtcdStore::Append(absl::string_view key, absl::string_view value) {
+  return ReadModifyWrite("append", key,
+                         [&](const std::optional<std::string>& current)
+                             -> absl::StatusOr<std::optional<std::string>> {
+                           return absl::StrCat(current.value_or(""), value);
+                         })
+      .status();
+}
+
+absl::StatusOr<bool> EtcdStore::Check(const std::vector<std::string>& keys) {
+  int64_t revision = 0;
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      ReadAtOneRevision(keys, &revision);
+  if (!values.ok()) return values.status();
+  return std::all_of(values->begin(), values->end(),
+                     [](const std::optional<std::string>& v) { return v.has_value(); });
+}
+
+absl::StatusOr<bool> EtcdStore::DeleteKey(absl::string_view key) {
+  DeleteRangeRequest request;
+  request.set_key(EtcdKey(key));
+  DeleteRangeResponse response;
+  absl::Status status =
+      CallKv(absl::StrCat("delete of key ", KeyName(key)), Retry::kIdempotent,
+             [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
+               return kv.DeleteRange(&context, request, &response);
+             });
+  if (!status.ok()) return status;
+  if (response.deleted() == 0) return false;
+  NoteWrite(std::string(key), std::nullopt, response.header().revision());
+  return true;
+}
+
+absl::StatusOr<int64_t> EtcdStore::NumKeys(absl::string_view prefix) {
+  RangeRequest request;
+  request.set_key(EtcdKey(prefix));
+  request.set_range_end(PrefixEnd(EtcdKey(prefix)));
+  request.set_count_only(true);
+  RangeResponse response;
+  absl::Status status =
+      CallKv(absl::StrCat("num_keys under ", KeyName(prefix)), Retry::kIdempotent,
+             [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
+               return kv.Range(&context, request, &response);
+             });
+  if (!status.ok()) return status;
+  return response.count();
+}
+
+absl::StatusOr<WaitId> EtcdStore::WaitAsync(std::vector<std::string> keys, absl::Time deadline,
+                                            WaitCallback done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      return absl::UnavailableError(absl::StrCat("store ", name_, " is shutting down"));
+    }
+  }
+  std::vector<std::string> unique = keys;
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  int64_t revision = 0;
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      ReadAtOneRevision(unique, &revision);
+  if (!values.ok()) return values.status();
+  const bool all_present = std::all_of(values->begin(), values->end(),
+                                       [](const std::optional<std::string>& v) { return v.has_value(); });
+
+  std::vector<Completion> completions;
+  absl::StatusOr<WaitId> id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      return absl::UnavailableError(absl::StrCat("store ", name_, " is shutting down"));
+    }
+    if (all_present) {
+      // Ends at once, from what was read: no watch needed.
+      id = waiters_.Add(
+          std::move(keys), deadline, std::move(done),
+          [&](const std::string& key) {
+            const size_t i = std::lower_bound(unique.begin(), unique.end(), key) - unique.begin();
+            return Present((*values)[i]);
+          },
+          &completions);
+    } else {
+      for (size_t i = 0; i < unique.size(); ++i) {
+        auto [it, inserted] = key_states_.try_emplace(unique[i]);
+        KeyState& state = it->second;
+        if (inserted) {
+          state.value = (*values)[i];
+          state.revision = revision;
+          QueueWatchLocked(unique[i], state, revision + 1);
+        } else {
+          ApplyLocked(unique[i], (*values)[i], revision, &completions);
+        }
+        ++state.refs;
+      }
+      // The wait holds its keys' watches until it ends, however it ends.
+      id = waiters_.Add(
+          std::move(keys), deadline,
+          [this, unique, done = std::move(done)](
+              absl::StatusOr<std::vector<std::string>> result) mutable {
+            ReleaseKeys(unique);
+            done(std::move(result));
+          },
+          [this](const std::string& key) { return LookupHeld(key); }, &completions);
+      if (id.ok() && waiters_.Contains(*id) && waiters_.NextDeadline() == deadline) {
+        timer_cv_.Signal();
+      }
+      watch_cv_.SignalAll();
+    }
+  }
+  if (!id.ok() && !all_present) ReleaseKeys(unique);  // refused: the callback never runs
+  FlushWatchRequests();
+  WaiterTable::Run(std::move(completions));
+  return id;
+}
+
+void EtcdStore::CancelWait(WaitId id) {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    waiters_.Cancel(id, &completions);
+  }
+  WaiterTable::Run(std::move(completions));
+}
+
+EtcdStoreStats EtcdStore::Stats() {
+  absl::MutexLock lock(&mu_);
+  EtcdStoreStats stats = stats_;
+  stats.waiters = waiters_.size();
+  stats.watched_keys = static_cast<int64_t>(key_states_.size());
+  return stats;
+}
+
+void EtcdStore::NoteWrite(const std::string& key, std::optional<std::string> value,
+                          int64_t revision) {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    ApplyLocked(key, std::move(value), revision, &completions);
+  }
+  WaiterTable::Run(std::move(completions));
+}
+
+void EtcdStore::ApplyLocked(const std::string& key, std::optional<std::string> value,
+                            int64_t revision, std::vector<Completion>* out) {
+  auto it = key_states_.find(key);
+  if (it == key_states_.end() || revision <= it->second.revision) return;
+  it->second.value = std::move(value);
+  it->second.revision = revision;
+  if (it->second.value.has_value()) {
+    waiters_.OnKeySet(key, [this](const std::string& k) { return LookupHeld(k); }, out);
+  }
+}
+
+void EtcdStore::ReleaseKeys(const std::vector<std::string>& keys) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& key : keys) {
+      auto it = key_states_.find(key);
+      if (it == key_states_.end()) continue;
+      if (--it->second.refs > 0) continue;
+      if (watch_keys_.erase(it->second.watch_id) > 0) {
+        WatchRequest request;
+        request.mutable_cancel_request()->set_watch_id(it->second.watch_id);
+        watch_requests_.push_back(std::move(request));
+      }
+      key_states_.erase(it);
+    }
+  }
+  FlushWatchRequests();
+}
+
+const std::string* EtcdStore::LookupHeld(const std::string& key) {
+  mu_.AssertHeld();
+  auto it = key_states_.find(key);
+  return it == key_states_.end() ? nullptr : Present(it->second.value);
+}
+
+void EtcdStore::QueueWatchLocked(const std::string& key, KeyState& state,
+                                 int64_t start_revision) {
+  // A fresh id per watch, so a late answer for an old watch of the key is recognised and
+  // dropped.
+  state.watch_id = next_watch_id_++;
+  watch_keys_[state.watch_id] = key;
+  WatchRequest request;
+  etcdserverpb::WatchCreateRequest* create = request.mutable_create_request();
+  create->set_key(EtcdKey(key));
+  create->set_start_revision(start_revision);
+  create->set_watch_id(state.watch_id);
+  watch_requests_.push_back(std::move(request));
+}
+
+void EtcdStore::FlushWatchRequests() {
+  absl::MutexLock lock(&write_mu_);
+  FlushWatchRequestsLocked();
+}
+
+void EtcdStore::FlushWatchRequestsLocked() {
+  for (;;) {
+    WatchRequest request;
+    {
+      absl::MutexLock lock(&mu_);
+      if (watch_requests_.empty()) return;
+      request = std::move(watch_requests_.front());
+      watch_requests_.pop_front();
+    }
+    // With no stream, or a broken one, the request is dropped: the watch thread recreates
+    // every key's watch on the next stream.
+    if (watch_stream_ != nullptr) watch_stream_->Write(request);
+  }
+}
+
+void EtcdStore::TimerLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    const absl::Time next = waiters_.NextDeadline();
+    if (absl::Now() < next) {
+      timer_cv_.WaitWithDeadline(&mu_, next);
+      continue;
+    }
+    std::vector<Completion> completions;
+    waiters_.ExpireUntil(
+        absl::Now(), [this](const std::string& key) { return LookupHeld(key); }, &completions);
+    mu_.Unlock();
+    WaiterTable::Run(std::move(completions));
+    mu_.Lock();
+  }
+}
+
+void EtcdStore::WatchLoop() {
+  size_t index = preferred_endpoint_.load();
+  size_t failures_in_a_row = 0;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && key_states_.empty()) watch_cv_.Wait(&mu_);
+      if (stopping_) return;
+      if (failures_in_a_row >= endpoints_.size()) {
+        // Every endpoint failed: pause before the next round (the destructor wakes it).
+        watch_cv_.WaitWithTimeout(&mu_, kWatchRetryPause);
+        if (stopping_) return;
+        failures_in_a_row = 0;
+      }
+    }
+    Endpoint& endpoint = endpoints_[index % endpoints_.size()];
+    if (!Connect(*endpoint.channel, absl::Now() + options_.connect_timeout)) {
+      ++index;
+      ++failures_in_a_row;
+      continue;
+    }
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReaderWriter<WatchRequest, WatchResponse>> stream =
+        endpoint.watch->Watch(&context);
+    int64_t keys = 0;
+    {
+      absl::MutexLock write_lock(&write_mu_);
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) {
+          context.TryCancel();
+          stream->Finish().IgnoreError();
+          return;
+        }
+        // Every key resumes from the revision after the last one seen, so nothing written
+        // while the previous stream was down is missed.
+        watch_requests_.clear();
+        watch_keys_.clear();
+        for (auto& [key, state] : key_states_) QueueWatchLocked(key, state, state.revision + 1);
+        keys = static_cast<int64_t>(key_states_.size());
+        ++stats_.watch_streams_opened;
+      }
+      watch_context_ = &context;
+      watch_stream_ = stream.get();
+      FlushWatchRequestsLocked();
+    }
+    Log()->debug("[store {}] watch stream open at {} for {} keys", name_, endpoint.address, keys);
+    WatchResponse response;
+    while (stream->Read(&response)) OnWatchResponse(response);
+    {
+      absl::MutexLock write_lock(&write_mu_);
+      watch_context_ = nullptr;
+      watch_stream_ = nullptr;
+    }
+    const grpc::Status status = stream->Finish();
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+    }
+    Log()->warn("[store {}] watch stream at {} ended ({}: {}); resuming on the next endpoint",
+                name_, endpoint.address, static_cast<int>(status.error_code()),
+                Echo(status.error_message()));
+    ++index;
+    ++failures_in_a_row;
+  }
+}
+
+void EtcdStore::OnWatchResponse(const WatchResponse& response) {
+  std::vector<Completion> completions;
+  std::optional<std::string> rewatch;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = watch_keys_.find(response.watch_id());
+    if (it == watch_keys_.end()) return;  // a cancelled or superseded watch
+    const std::string key = it->second;
+    if (response.canceled() || response.compact_revision() != 0) {
+      if (response.compact_revision() != 0) ++stats_.compactions_seen;
+      watch_keys_.erase(it);
+      rewatch = key;
+      Log()->warn(
+          "[store {}] watch of key {} cancelled by etcd (compact revision {}, reason \"{}\"); "
+          "rereading the key's current value",
+          name_, KeyName(key), response.compact_revision(), Echo(response.cancel_reason()));
+    } else {
+      for (const mvccpb::Event& event : response.events()) {
+        ++stats_.watch_events;
+        std::optional<std::string> value;
+        if (event.type() == mvccpb::Event::PUT) value = event.kv().value();
+        ApplyLocked(key, std::move(value), event.kv().mod_revision(), &completions);
+      }
+    }
+  }
+  WaiterTable::Run(std::move(completions));
+  if (rewatch.has_value()) RewatchAfterCancel(*rewatch, response.watch_id());
+}
+
+void EtcdStore::RewatchAfterCancel(const std::string& key, int64_t watch_id) {
+  for (;;) {
+    int64_t revision = 0;
+    absl::StatusOr<std::vector<std::optional<std::string>>> values =
+        ReadAtOneRevision({key}, &revision);
+    std::vector<Completion> completions;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      auto it = key_states_.find(key);
+      // Gone (no wait needs it) or already watched again on a new stream.
+      if (it == key_states_.end() || it->second.watch_id != watch_id) return;
+      if (values.ok()) {
+        ApplyLocked(key, (*values)[0], revision, &completions);
+        QueueWatchLocked(key, it->second, std::max(revision, it->second.revision) + 1);
+      }
+    }
+    if (values.ok()) {
+      FlushWatchRequests();
+      WaiterTable::Run(std::move(completions));
+      return;
+    }
+    Log()->warn("[store {}] rereading key {} after its watch was cancelled: {}", name_,
+                KeyName(key), values.status().ToString());
+    absl::MutexLock lock(&mu_);
+    watch_cv_.WaitWithTimeout(&mu_, kWatchRetryPause);
+  }
+}
+
+}  // namespace tpd::store
