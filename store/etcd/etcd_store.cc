@@ -79,6 +79,12 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what,
                                    Echo(status.error_message()), hint));
 }
 
+// Asks the member to refuse the call, UNAVAILABLE "etcdserver: no leader", while it has no
+// leader (etcd's clientv3.WithRequireLeader), instead of holding it until the deadline: a
+// member cut off from its majority then sends calls on to the next endpoint at once, and ends
+// a watch stream, which resumes on a member that has one.
+void RequireLeader(grpc::ClientContext& context) { context.AddMetadata("hasleader", "true"); }
+
 // Whether `channel` is connected, or connects, before `deadline`. A connection attempt that
 // fails ends the wait at once: an endpoint that refuses is skipped without waiting out
 // connect_timeout (gRPC would retry it in the background until then).
@@ -190,6 +196,7 @@ absl::Status EtcdStore::CallKv(absl::string_view what, Retry retry, KvCall call)
     }
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
+    RequireLeader(context);
     const grpc::Status status = call(*endpoint.kv, context);
     if (status.ok()) {
       preferred_endpoint_.store(index);
@@ -205,10 +212,17 @@ absl::Status EtcdStore::CallKv(absl::string_view what, Retry retry, KvCall call)
           "; the request was sent, so whether etcd applied it is unknown and it is not "
           "retried on another endpoint"));
     }
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      tried.push_back(absl::StrCat(endpoint.address, " (no answer)"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "etcd ", what, " on ", name_, ": no answer within the store call timeout ",
+          absl::FormatDuration(options_.call_timeout), "; tried ", absl::StrJoin(tried, ", ")));
+    }
     return FromGrpc(status, what, endpoint.address);
   }
   if (tried.empty()) {
-    return absl::DeadlineExceededError(absl::StrCat("etcd ", what, " on ", name_, ": no answer within store call timeout ",
+    return absl::DeadlineExceededError(
+        absl::StrCat("etcd ", what, " on ", name_, ": no answer within the store call timeout ",
                      absl::FormatDuration(options_.call_timeout)));
   }
   return absl::UnavailableError(absl::StrCat("etcd ", what, " failed: no endpoint of ", name_,
@@ -611,6 +625,7 @@ void EtcdStore::TimerLoop() {
 void EtcdStore::WatchLoop() {
   size_t index = preferred_endpoint_.load();
   size_t failures_in_a_row = 0;
+  bool outage_logged = false;
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
@@ -630,6 +645,7 @@ void EtcdStore::WatchLoop() {
       continue;
     }
     grpc::ClientContext context;
+    RequireLeader(context);
     std::unique_ptr<grpc::ClientReaderWriter<WatchRequest, WatchResponse>> stream =
         endpoint.watch->Watch(&context);
     int64_t keys = 0;
@@ -656,7 +672,15 @@ void EtcdStore::WatchLoop() {
     }
     Log()->debug("[store {}] watch stream open at {} for {} keys", name_, endpoint.address, keys);
     WatchResponse response;
-    while (stream->Read(&response)) OnWatchResponse(response);
+    bool answered = false;
+    while (stream->Read(&response)) {
+      answered = true;
+      OnWatchResponse(response);
+    }
+    if (answered) {
+      failures_in_a_row = 0;
+      outage_logged = false;
+    }
     {
       absl::MutexLock write_lock(&write_mu_);
       watch_context_ = nullptr;
@@ -667,9 +691,13 @@ void EtcdStore::WatchLoop() {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
     }
-    Log()->warn("[store {}] watch stream at {} ended ({}: {}); resuming on the next endpoint",
-                name_, endpoint.address, static_cast<int>(status.error_code()),
-                Echo(status.error_message()));
+    // Once per outage, not once per endpoint and round while no member has a leader.
+    if (!outage_logged) {
+      outage_logged = true;
+      Log()->warn("[store {}] watch stream at {} ended ({}: {}); resuming on the next endpoint",
+                  name_, endpoint.address, static_cast<int>(status.error_code()),
+                  Echo(status.error_message()));
+    }
     ++index;
     ++failures_in_a_row;
   }

@@ -112,26 +112,21 @@ class EtcdStoreTest : public ::testing::Test {
 
 TEST_F(EtcdStoreTest, BlockedGetIsWokenByAnotherClientsSetThroughAWatch) {
   const std::string prefix = FreshPrefix();
+  WaitResult result;  // outlives the stores
   std::unique_ptr<EtcdStore> waiter = MakeStore(cluster_->ClientAddresses(), prefix);
   std::unique_ptr<EtcdStore> writer = MakeStore(cluster_->ClientAddresses(), prefix);
   ASSERT_NE(waiter, nullptr);
   ASSERT_NE(writer, nullptr);
 
-  absl::StatusOr<std::string> value;
-  absl::Notification got;
-  std::thread getter([&] {
-    value = waiter->Get("key", LongDeadline());
-    got.Notify();
-  });
+  ASSERT_TRUE(waiter->WaitAsync({"key"}, LongDeadline(), result.Callback()).ok());
   ASSERT_TRUE(AwaitWaiters(*waiter, 1));
-  EXPECT_FALSE(got.HasBeenNotified());
+  EXPECT_FALSE(result.HasRun());
   EXPECT_EQ(waiter->Stats().watch_events, 0);
 
   ASSERT_TRUE(writer->Set("key", "from the other client").ok());
-  ASSERT_TRUE(got.WaitForNotificationWithTimeout(kSanityBound));
-  getter.join();
-  ASSERT_TRUE(value.ok()) << value.status();
-  EXPECT_EQ(*value, "from the other client");
+  ASSERT_TRUE(result.Await());
+  ASSERT_TRUE(result.result().ok()) << result.result().status();
+  EXPECT_THAT(*result.result(), ::testing::ElementsAre("from the other client"));
   // Woken by the watch's event, not by reading again.
   const EtcdStoreStats stats = waiter->Stats();
   EXPECT_EQ(stats.watch_events, 1);
@@ -142,10 +137,10 @@ TEST_F(EtcdStoreTest, BlockedGetIsWokenByAnotherClientsSetThroughAWatch) {
 
 TEST_F(EtcdStoreTest, AWaitOnManyKeysEndsWhenAnotherClientSetsTheLast) {
   const std::string prefix = FreshPrefix();
+  WaitResult result;  // outlives the stores
   std::unique_ptr<EtcdStore> waiter = MakeStore(cluster_->ClientAddresses(), prefix);
   std::unique_ptr<EtcdStore> writer = MakeStore(cluster_->ClientAddresses(), prefix);
   ASSERT_TRUE(writer->Set("a", "1").ok());
-  WaitResult result;
   ASSERT_TRUE(waiter->WaitAsync({"a", "b", "c"}, LongDeadline(), result.Callback()).ok());
   ASSERT_TRUE(writer->Set("b", "2").ok());
   EXPECT_FALSE(result.HasRun());
@@ -157,9 +152,9 @@ TEST_F(EtcdStoreTest, AWaitOnManyKeysEndsWhenAnotherClientSetsTheLast) {
 
 TEST_F(EtcdStoreTest, AKeyDeletedBeforeTheOthersArriveIsWaitedForAgain) {
   const std::string prefix = FreshPrefix();
+  WaitResult result;  // outlives the stores
   std::unique_ptr<EtcdStore> waiter = MakeStore(cluster_->ClientAddresses(), prefix);
   std::unique_ptr<EtcdStore> writer = MakeStore(cluster_->ClientAddresses(), prefix);
-  WaitResult result;
   ASSERT_TRUE(waiter->WaitAsync({"a", "b"}, LongDeadline(), result.Callback()).ok());
   ASSERT_TRUE(writer->Set("a", "1").ok());
   ASSERT_TRUE(writer->DeleteKey("a").value_or(false));

@@ -1,0 +1,172 @@
+// EtcdStore over a real 3-member etcd cluster: the conformance suite through every endpoint, a
+// wait that outlives the member its watch stream is on, writes that fail over, and a store
+// that fails promptly, naming every endpoint, while two of three members are down, then
+// recovers when one returns without being reopened. Skips, saying why, without etcd.
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "store/etcd/etcd_store.h"
+#include "tests/store/etcd/etcd_cluster.h"
+#include "tests/store/store_conformance.h"
+#include "tests/testing/wait_until.h"
+
+namespace tpd::store {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+using testing::EtcdBinary;
+using testing::EtcdCluster;
+
+std::unique_ptr<EtcdCluster>& SharedClusterSlot() {
+  static auto* cluster = new std::unique_ptr<EtcdCluster>();
+  return *cluster;
+}
+
+// One 3-member cluster for the conformance suite; the fault tests start their own.
+EtcdCluster* SharedCluster() {
+  if (SharedClusterSlot() == nullptr) {
+    absl::StatusOr<std::unique_ptr<EtcdCluster>> started = EtcdCluster::Start(3);
+    if (!started.ok()) {
+      ADD_FAILURE() << started.status();
+      return nullptr;
+    }
+    SharedClusterSlot() = *std::move(started);
+  }
+  return SharedClusterSlot().get();
+}
+
+class StopCluster : public ::testing::Environment {
+ public:
+  void TearDown() override { SharedClusterSlot().reset(); }
+};
+::testing::Environment* const kStopCluster = ::testing::AddGlobalTestEnvironment(new StopCluster);
+
+std::string FreshPrefix() {
+  static std::atomic<int> next{0};
+  return absl::StrCat("/tpd-test/", getpid(), "-", next.fetch_add(1));
+}
+
+std::unique_ptr<EtcdStore> MakeStore(const std::vector<std::string>& endpoints,
+                                     const std::string& prefix, EtcdStoreOptions options = {}) {
+  absl::StatusOr<std::unique_ptr<EtcdStore>> store =
+      EtcdStore::Create(endpoints, prefix, std::move(options));
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? *std::move(store) : nullptr;
+}
+
+class ThreeMemberUnderTest : public StoreUnderTest {
+ public:
+  static std::unique_ptr<StoreUnderTest> Make(int64_t max_waiters) {
+    EtcdCluster* cluster = SharedCluster();
+    if (cluster == nullptr) return nullptr;
+    EtcdStoreOptions options;
+    options.max_waiters = max_waiters;
+    auto under_test = std::make_unique<ThreeMemberUnderTest>();
+    // Each store starts on another member, so the suite runs through all three.
+    static std::atomic<int> rotation{0};
+    std::vector<std::string> endpoints = cluster->ClientAddresses();
+    std::rotate(endpoints.begin(), endpoints.begin() + (rotation++ % endpoints.size()),
+                endpoints.end());
+    under_test->store_ = MakeStore(endpoints, FreshPrefix(), options);
+    if (under_test->store_ == nullptr) return nullptr;
+    return under_test;
+  }
+
+  Store& store() override { return *store_; }
+  int64_t waiters() override { return store_->Stats().waiters; }
+
+ private:
+  std::unique_ptr<EtcdStore> store_;
+};
+
+TEST(EtcdInstalledTest, EtcdIsInstalled) {
+  if (EtcdBinary().empty()) GTEST_SKIP() << testing::kNoEtcdMessage;
+}
+
+std::vector<StoreFactory> Factories() {
+  if (EtcdBinary().empty()) return {};
+  return {StoreFactory(ThreeMemberUnderTest::Make)};
+}
+
+INSTANTIATE_TEST_SUITE_P(EtcdThreeMembers, StoreConformanceTest, ::testing::ValuesIn(Factories()));
+
+class EtcdFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (EtcdBinary().empty()) GTEST_SKIP() << testing::kNoEtcdMessage;
+    absl::StatusOr<std::unique_ptr<EtcdCluster>> cluster = EtcdCluster::Start(3);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+  }
+
+  std::unique_ptr<EtcdCluster> cluster_;
+};
+
+TEST_F(EtcdFaultTest, AWaitOutlivesTheMemberItsWatchStreamIsOn) {
+  const std::string prefix = FreshPrefix();
+  WaitResult result;  // outlives the stores
+  // The waiter's calls and stream start on member 0.
+  std::unique_ptr<EtcdStore> waiter = MakeStore(cluster_->ClientAddresses(), prefix);
+  std::unique_ptr<EtcdStore> writer =
+      MakeStore({cluster_->ClientAddress(1), cluster_->ClientAddress(2)}, prefix);
+  ASSERT_TRUE(writer->Set("before", "1").ok());
+
+  ASSERT_TRUE(waiter->WaitAsync({"before", "after"}, LongDeadline(), result.Callback()).ok());
+  ASSERT_TRUE(::tpd::testing::WaitUntil([&] { return waiter->Stats().watch_streams_opened == 1; }))
+      << "the watch stream opened";
+
+  cluster_->Kill(0);
+  ASSERT_TRUE(writer->Set("after", "2").ok());
+  ASSERT_TRUE(result.Await()) << "the wait was never woken";
+  ASSERT_TRUE(result.result().ok()) << result.result().status();
+  EXPECT_THAT(*result.result(), ::testing::ElementsAre("1", "2"));
+  // The stream moved to another member and resumed from the last revision it had seen.
+  EXPECT_GE(waiter->Stats().watch_streams_opened, 2);
+
+  // The waiter's own calls fail over too.
+  EXPECT_TRUE(waiter->Set("k", "v").ok());
+  EXPECT_EQ(waiter->Add("n", 1).value_or(-1), 1);
+}
+
+TEST_F(EtcdFaultTest, TwoOfThreeDownFailsPromptlyNamingEveryEndpointThenRecovers) {
+  const std::string prefix = FreshPrefix();
+  EtcdStoreOptions options;
+  options.call_timeout = absl::Seconds(3);
+  options.connect_timeout = absl::Milliseconds(500);
+  std::unique_ptr<EtcdStore> store = MakeStore(cluster_->ClientAddresses(), prefix, options);
+  ASSERT_TRUE(store->Set("k", "1").ok());
+
+  cluster_->Kill(1);
+  cluster_->Kill(2);
+  // Once member 0 notices it lost its majority (an election timeout, 500 ms here), it refuses
+  // calls at once; until then a call can only wait for its deadline.
+  absl::SleepFor(absl::Seconds(1));
+  const absl::Time start = absl::Now();
+  absl::Status status = store->Set("k", "2");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << status;
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  for (const std::string& address : cluster_->ClientAddresses()) {
+    EXPECT_THAT(status.message(), HasSubstr(address)) << status;
+  }
+  EXPECT_THAT(status.message(), HasSubstr("no leader")) << status;
+
+  // One member back: a majority again, and the same store works without being reopened.
+  ASSERT_TRUE(cluster_->Restart(1).ok());
+  absl::Status recovered;
+  const absl::Time give_up = absl::Now() + kLongWait;
+  do {
+    recovered = store->Set("k", "3");
+  } while (!recovered.ok() && absl::Now() < give_up);
+  ASSERT_TRUE(recovered.ok()) << recovered;
+  EXPECT_EQ(store->Get("k", LongDeadline()).value_or(""), "3");
+}
+
+}  // namespace
+}  // namespace tpd::store
