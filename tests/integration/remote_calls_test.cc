@@ -383,6 +383,24 @@ INSTANTIATE_TEST_SUITE_P(Wires, RemoteCallsWireTest,
                                            Wire{"\"shm\", \"uv\"", "\"basic\""},
                                            Wire{"\"shm\", \"uv\"", "\"cma\", \"basic\""}));
 
+TEST_F(RemoteCallsTest, FrozenPeerDaemonIsEvictedAndItsCallsFailAtOnceNamingIt) {
+  StartPair();
+  auto pending = std::async(std::launch::async, [&] {
+    return a_->Call("g", "b", "sleep", "", {}, absl::Seconds(60));
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // the request is at b's handler
+  // SIGSTOP keeps node1's sockets open (no pipe error): only the heartbeat can tell.
+  const absl::Time frozen = absl::Now();
+  daemons_[1]->Signal(SIGSTOP);
+  ASSERT_EQ(pending.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  absl::StatusOr<Message> reply = pending.get();
+  daemons_[1]->Signal(SIGCONT);
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnavailable) << reply.status();
+  EXPECT_THAT(reply.status().message(), HasSubstr("node node1 was evicted"));
+  // heartbeat_timeout is 2 s: answered within the window plus slack, not at the 60 s deadline.
+  EXPECT_LT(absl::Now() - frozen, absl::Seconds(10));
+}
+
 TEST_F(RemoteCallsTest, PeerDaemonStoppedMidCallAnswersItRefusesNewOnesAndExitsZero) {
   StartPair();
   auto pending = std::async(std::launch::async, [&] {
