@@ -405,8 +405,12 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
   };
   options_.agent->Send(
       agent::PeerId{member.node(), *address}, std::move(request), deadline,
-      [this, session, call_id](absl::StatusOr<agent::Message> reply) {
-        OnRemoteReply(session, call_id, std::move(reply));
+      // Weak: a caller that went away must not keep its segment mapped while a reply that
+      // has nowhere to go is awaited.
+      [this, weak, call_id](absl::StatusOr<agent::Message> reply) {
+        if (std::shared_ptr<Session> caller = weak.lock()) {
+          OnRemoteReply(caller, call_id, std::move(reply));
+        }
       },
       std::move(place_reply));
 }
