@@ -29,6 +29,11 @@
 // GB/s / raw GB/s. fwd/back: p50 of A's call → B's handler start and of B's handler end →
 // A's reply (one host, one clock), for `arena` and `local`.
 //
+// Also per kind and size: minor page faults and CPU time (user + system) per call of all four
+// processes; with --threads, CPU time and context switches per call by thread name.
+// Diagnostics: --only=KIND measures one kind (for perf stat), --timeout_s=0 sends calls
+// without a deadline, --raw_memory=memfd puts the raw pipe's buffers in memfd mappings.
+//
 // Output: a markdown table on stdout, and the same numbers as TSV (--tsv, one row per kind
 // and size) in the format bench/torch_rpc_bench.py writes.
 
