@@ -11,6 +11,13 @@
 
 namespace tpd {
 
+// A message a client submitted, read out of its tx heap once: header, names and body range,
+// and its validated tensor table.
+struct Submitted {
+  shm::ParsedMessage message;
+  std::vector<shm::TensorEntry> tensors;
+};
+
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
@@ -43,6 +50,33 @@ BlockPlan PlanBlock(uint64_t prefix, uint64_t body, const std::vector<uint64_t>&
     plan.total += shm::AlignUp(tensor_bytes[i]);
   }
   return plan;
+}
+
+// REQUIRES: ValidateDescriptor(d) passed.
+absl::StatusOr<Submitted> ReadSubmitted(const shm::Segment& segment, const shm::Descriptor& d) {
+  absl::StatusOr<shm::ParsedMessage> message =
+      shm::ParseMessage(segment.base(), d.payload_offset, d.payload_length);
+  if (!message.ok()) return message.status();
+  absl::StatusOr<std::vector<shm::TensorEntry>> tensors = shm::ReadTensorTable(
+      d, segment.base(), segment.layout(), shm::Direction::kSubmission);
+  if (!tensors.ok()) return tensors.status();
+  return Submitted{*std::move(message), *std::move(tensors)};
+}
+
+absl::Status MalformedReply(const std::string& worker, const std::string& method,
+                            const absl::Status& why) {
+  return absl::InternalError(absl::StrCat("worker '", worker, "' sent a malformed reply to method '",
+                                          method, "': ", why.message()));
+}
+
+// Points `out`'s payload and tensors at `submitted`'s bytes in the segment at `base`, with
+// their wire descriptors: TensorPipe reads them in place.
+void ReferInPlace(uint8_t* base, const Submitted& submitted, agent::Message* out) {
+  out->payload = {base + submitted.message.body_offset, submitted.message.body_length};
+  for (const shm::TensorEntry& entry : submitted.tensors) {
+    *out->header.add_tensors() = ToWire(entry);
+    out->tensors.push_back({entry.length == 0 ? nullptr : base + entry.offset, entry.length});
+  }
 }
 
 }  // namespace
@@ -258,22 +292,17 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
 }
 
 void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
-  const shm::Segment& segment = *session->segment;
-  absl::StatusOr<shm::ParsedMessage> message =
-      shm::ParseMessage(segment.base(), d.payload_offset, d.payload_length);
-  absl::StatusOr<std::vector<shm::TensorEntry>> tensors =
-      message.ok() ? shm::ReadTensorTable(d, segment.base(), segment.layout(),
-                                          shm::Direction::kSubmission)
-                   : message.status();
-  if (!tensors.ok()) {
+  absl::StatusOr<Submitted> call = ReadSubmitted(*session->segment, d);
+  if (!call.ok()) {
     Release(session, d.payload_offset);
-    Fail(session, d.call_id, tensors.status());
+    Fail(session, d.call_id, call.status());
     return;
   }
-  const std::string& group = message->names[0];
-  const std::string& worker = message->names[1];
-  const std::string& method = message->names[2];
-  const std::string& from = message->names[3];
+  const shm::ParsedMessage& message = call->message;
+  const std::string& group = message.names[0];
+  const std::string& worker = message.names[1];
+  const std::string& method = message.names[2];
+  const std::string& from = message.names[3];
   bool draining;
   {
     absl::MutexLock lock(&mu_);
@@ -300,7 +329,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
     std::optional<v1::Member> member =
         target ? std::nullopt : options_.member(group, worker);
     if (member && member->node() != options_.node) {
-      CallRemote(session, d, *message, *tensors, *member);
+      CallRemote(session, d, *call, *member);
       return;
     }
     Release(session, d.payload_offset);
@@ -333,8 +362,8 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
     pending_[id] = pending;
   }
   absl::Status delivered =
-      Deliver(*session, group, worker, method, from, 0, message->body_offset,
-              message->body_length, *tensors, *callee, shm::Op::kCall, id, 0, d.deadline_unix_ns);
+      Deliver(*session, group, worker, method, from, 0, message.body_offset, message.body_length,
+              call->tensors, *callee, shm::Op::kCall, id, 0, d.deadline_unix_ns);
   Release(session, d.payload_offset);
   if (!delivered.ok()) {
     std::optional<Pending> ours;
@@ -351,9 +380,8 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
 }
 
 void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-                            const shm::ParsedMessage& message,
-                            const std::vector<shm::TensorEntry>& tensors,
-                            const v1::Member& member) {
+                            const Submitted& call, const v1::Member& member) {
+  const shm::ParsedMessage& message = call.message;
   const std::string& worker = message.names[1];
   const std::string& method = message.names[2];
   absl::StatusOr<std::string> address =
@@ -375,18 +403,13 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
     absl::MutexLock lock(&mu_);
     outgoing_[{session->id, d.call_id}] = Outgoing{member.node(), worker, method};
   }
-  uint8_t* base = session->segment->base();
   agent::Message request;
   v1::AgentMessage& header = request.header;
   header.set_group(message.names[0]);
   header.set_target_worker(worker);
   header.set_method(method);
   header.set_source_worker(message.names[3]);
-  request.payload = {base + message.body_offset, message.body_length};
-  for (const shm::TensorEntry& entry : tensors) {
-    *header.add_tensors() = ToWire(entry);
-    request.tensors.push_back({entry.length == 0 ? nullptr : base + entry.offset, entry.length});
-  }
+  ReferInPlace(session->segment->base(), call, &request);
   // TensorPipe reads the tx block in place; it goes back to the client when TensorPipe is done.
   request.keepalive = std::make_shared<TxBlock>(this, session, d.payload_offset);
   const absl::Time deadline = d.deadline_unix_ns == 0 ? absl::InfiniteFuture()
@@ -619,24 +642,16 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
     return;
   }
   std::shared_ptr<Session> caller = Find(pending->caller);
-  const shm::Segment& segment = *session->segment;
-  absl::StatusOr<shm::ParsedMessage> message =
-      shm::ParseMessage(segment.base(), d.payload_offset, d.payload_length);
-  absl::StatusOr<std::vector<shm::TensorEntry>> tensors =
-      message.ok() ? shm::ReadTensorTable(d, segment.base(), segment.layout(),
-                                          shm::Direction::kSubmission)
-                   : message.status();
+  absl::StatusOr<Submitted> reply = ReadSubmitted(*session->segment, d);
   absl::Status delivered;
   if (caller == nullptr) {
     // The caller went away; the reply goes nowhere.
-  } else if (!tensors.ok()) {
-    delivered = absl::InternalError(absl::StrCat("worker '", pending->worker,
-                                                 "' sent a malformed reply to method '",
-                                                 pending->method, "': ",
-                                                 tensors.status().message()));
+  } else if (!reply.ok()) {
+    delivered = MalformedReply(pending->worker, pending->method, reply.status());
   } else {
-    delivered = Deliver(*session, "", "", message->names[2], "", message->code,
-                        message->body_offset, message->body_length, *tensors, *caller,
+    const shm::ParsedMessage& message = reply->message;
+    delivered = Deliver(*session, "", "", message.names[2], "", message.code,
+                        message.body_offset, message.body_length, reply->tensors, *caller,
                         shm::Op::kReply, pending->caller_call_id, d.flags & shm::kFlagError, 0);
   }
   Release(session, d.payload_offset);
@@ -650,34 +665,19 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
 
 void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
                                const Pending& pending) {
-  const shm::Segment& segment = *session->segment;
-  absl::StatusOr<shm::ParsedMessage> message =
-      shm::ParseMessage(segment.base(), d.payload_offset, d.payload_length);
-  absl::StatusOr<std::vector<shm::TensorEntry>> tensors =
-      message.ok() ? shm::ReadTensorTable(d, segment.base(), segment.layout(),
-                                          shm::Direction::kSubmission)
-                   : message.status();
-  if (!tensors.ok()) {
+  absl::StatusOr<Submitted> reply = ReadSubmitted(*session->segment, d);
+  if (!reply.ok()) {
     Release(session, d.payload_offset);
-    RespondError(*pending.remote,
-                 absl::InternalError(absl::StrCat("worker '", pending.worker,
-                                                  "' sent a malformed reply to method '",
-                                                  pending.method, "': ",
-                                                  tensors.status().message())));
+    RespondError(*pending.remote, MalformedReply(pending.worker, pending.method, reply.status()));
     return;
   }
-  uint8_t* base = session->segment->base();
   agent::Message response;
   if ((d.flags & shm::kFlagError) != 0) {
     response.header.set_kind(v1::AgentMessage::ERROR);
-    response.header.set_status_code(static_cast<int32_t>(message->code));
-    response.header.set_status_message(message->names[2]);
+    response.header.set_status_code(static_cast<int32_t>(reply->message.code));
+    response.header.set_status_message(reply->message.names[2]);
   }
-  response.payload = {base + message->body_offset, message->body_length};
-  for (const shm::TensorEntry& entry : *tensors) {
-    *response.header.add_tensors() = ToWire(entry);
-    response.tensors.push_back({entry.length == 0 ? nullptr : base + entry.offset, entry.length});
-  }
+  ReferInPlace(session->segment->base(), *reply, &response);
   response.keepalive = std::make_shared<TxBlock>(this, session, d.payload_offset);
   options_.agent->Respond(*pending.remote, std::move(response));
 }

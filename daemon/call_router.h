@@ -55,6 +55,8 @@
 
 namespace tpd {
 
+struct Submitted;  // call_router.cc
+
 struct CallRouterOptions {
   // This daemon's node name: members recorded with it are local.
   std::string node;
@@ -151,8 +153,7 @@ class CallRouter {
   void HandleCancel(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   // A call whose target `member` is on another node.
   void CallRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-                  const shm::ParsedMessage& message, const std::vector<shm::TensorEntry>& tensors,
-                  const v1::Member& member);
+                  const Submitted& call, const v1::Member& member);
   // A local callee's reply to a call from another daemon.
   void RespondRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
                      const Pending& pending);
