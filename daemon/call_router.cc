@@ -21,8 +21,6 @@ struct Submitted {
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
-// How long a session thread waits for room in a completion ring. Agent callbacks never wait.
-constexpr absl::Duration kPostWait = absl::Seconds(1);
 
 std::string CallName(const std::string& worker, const std::string& method) {
   return absl::StrCat("call to worker '", worker, "' method '", method, "'");
@@ -105,8 +103,7 @@ struct CallRouter::TxBlock {
   CallRouter* const router;
   const std::shared_ptr<Session> session;
   const uint64_t offset;
-  // Runs on a TensorPipe thread, which must not wait for ring space.
-  ~TxBlock() { router->Release(session, offset, absl::ZeroDuration()); }
+  ~TxBlock() { router->Release(session, offset); }
 };
 
 CallRouter::CallRouter(CallRouterOptions options) : options_(std::move(options)) {
@@ -206,8 +203,7 @@ std::vector<SessionCallStats> CallRouter::Stats() {
     stats.session_id = session->id;
     stats.calls_in_flight = session->calls_in_flight.load();
     stats.rx_heap_bytes = session->segment->layout().rx_heap.bytes;
-    // A session thread may hold the lock for up to kPostWait waiting for ring space: status
-    // then shows the last value read instead of waiting.
+    // Status never waits on a session's lock: it shows the last value read when busy.
     if (session->mu.TryLock()) {
       session->rx_used_seen = session->rx->GetStats().used_bytes;
       session->mu.Unlock();
@@ -245,6 +241,17 @@ void CallRouter::Serve(std::shared_ptr<Session> session) {
       break;
     }
     for (size_t i = 0; i < *n && !session->stop; ++i) Handle(session, batch[i]);
+    std::string ring_error;
+    {
+      absl::MutexLock lock(&session->mu);
+      FlushReleases(*session);
+      ring_error = session->ring_error;
+    }
+    if (!ring_error.empty()) {
+      DaemonLog().warn("[session {}] {}; ending the session", session->id, ring_error);
+      options_.end_session(session->id, ring_error);
+      break;
+    }
   }
 }
 
@@ -468,7 +475,7 @@ void CallRouter::OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t 
   absl::Status status;
   {
     absl::MutexLock lock(&caller->mu);
-    status = Post(*caller, posted, absl::ZeroDuration());
+    status = Post(*caller, posted);
     if (status.ok()) block->posted = true;
   }
   if (!status.ok()) {
@@ -598,7 +605,7 @@ void CallRouter::OnRemoteRequest(agent::InboundRequest request) {
   absl::Status status;
   {
     absl::MutexLock lock(&callee->mu);
-    status = Post(*callee, posted, absl::ZeroDuration());
+    status = Post(*callee, posted);
     if (status.ok()) block->posted = true;
   }
   if (!status.ok()) {
@@ -774,21 +781,23 @@ absl::Status CallRouter::Deliver(const Session& from, const std::string& prefix0
   posted.payload_offset = *block;
   posted.payload_length = plan.payload;
   posted.tensor_table_offset = tensors.empty() ? 0 : *block + plan.table;
-  absl::Status status = Post(to, posted, kPostWait);
+  absl::Status status = Post(to, posted);
   if (!status.ok()) (void)to.rx->Free(*block);
   return status;
 }
 
-absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d, absl::Duration wait) {
-  if (to.broken) return absl::UnavailableError(absl::StrCat("session ", to.id, " ended"));
-  absl::StatusOr<bool> pushed = to.completions->TryPush(d);
-  if (pushed.ok() && !*pushed && wait > absl::ZeroDuration()) {
-    absl::StatusOr<bool> space = to.completions->WaitForSpace(absl::Now() + wait);
-    pushed = space.ok() ? (*space ? to.completions->TryPush(d) : false) : space.status();
+absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d) {
+  if (to.broken) {
+    return absl::UnavailableError(to.ring_error.empty()
+                                      ? absl::StrCat("session ", to.id, " ended")
+                                      : to.ring_error);
   }
+  absl::StatusOr<bool> pushed = to.completions->TryPush(d);
   if (!pushed.ok()) {
+    // The client broke its ring: nothing more goes to it, and its own thread ends the session.
     to.broken = true;
-    return absl::UnavailableError(pushed.status().message());
+    to.ring_error = std::string(pushed.status().message());
+    return absl::UnavailableError(to.ring_error);
   }
   if (!*pushed) {
     return absl::ResourceExhaustedError(
@@ -799,17 +808,22 @@ absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d, absl::Durat
   return absl::OkStatus();
 }
 
-void CallRouter::Release(const std::shared_ptr<Session>& to, uint64_t tx_offset,
-                         absl::Duration wait) {
+void CallRouter::Release(const std::shared_ptr<Session>& to, uint64_t tx_offset) {
   if (to == nullptr || tx_offset == 0) return;
-  shm::Descriptor d{};
-  d.op = static_cast<uint8_t>(shm::Op::kRelease);
-  d.call_id = 1;
-  d.payload_offset = tx_offset;
   absl::MutexLock lock(&to->mu);
-  if (absl::Status status = Post(*to, d, wait); !status.ok()) {
-    DaemonLog().warn("[session {}] tx block {} not released: {}", to->id, tx_offset,
-                     status.ToString());
+  // Releases keep their order: none overtakes one still waiting for ring space.
+  to->unposted_releases.push_back(tx_offset);
+  FlushReleases(*to);
+}
+
+void CallRouter::FlushReleases(Session& to) {
+  while (!to.unposted_releases.empty() && !to.broken) {
+    shm::Descriptor d{};
+    d.op = static_cast<uint8_t>(shm::Op::kRelease);
+    d.call_id = 1;
+    d.payload_offset = to.unposted_releases.front();
+    if (!Post(to, d).ok()) return;  // full: the session's thread retries at its next wake
+    to.unposted_releases.pop_front();
   }
 }
 
@@ -834,7 +848,7 @@ void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
   d.call_id = call_id;
   d.payload_offset = *block;
   d.payload_length = bytes;
-  if (!Post(*to, d, kPostWait).ok()) (void)to->rx->Free(*block);
+  if (!Post(*to, d).ok()) (void)to->rx->Free(*block);
 }
 
 std::optional<CallRouter::Pending> CallRouter::TakePending(uint64_t id) {

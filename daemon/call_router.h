@@ -21,7 +21,8 @@
 // Thread safety: thread-safe. One thread per attached session ("tpd-session", at most
 // data.max_sessions) reads its submission ring with bounded waits; one timer thread
 // ("tpd-call-timer") answers calls past their deadline; the agent's callbacks run on
-// TensorPipe's threads and never wait for ring space. A session's completion ring and rx heap
+// TensorPipe's threads. No thread waits for ring space: a call into a full completion ring is
+// RESOURCE_EXHAUSTED at once, a release waits in a queue. A session's completion ring and rx heap
 // allocator are guarded by that session's mutex; no two session mutexes are held at once, and
 // no router lock is held while calling into the agent.
 
@@ -30,6 +31,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -119,6 +121,10 @@ class CallRouter {
     std::unique_ptr<shm::RingProducer> completions ABSL_GUARDED_BY(mu);
     std::unique_ptr<shm::HeapAllocator> rx ABSL_GUARDED_BY(mu);
     bool broken ABSL_GUARDED_BY(mu) = false;
+    // Why its completion ring cannot be written (the client broke it); its thread ends it.
+    std::string ring_error ABSL_GUARDED_BY(mu);
+    // tx blocks to release once its completion ring has room, oldest first.
+    std::deque<uint64_t> unposted_releases ABSL_GUARDED_BY(mu);
     std::atomic<bool> stop{false};
     std::thread thread;
   };
@@ -179,12 +185,13 @@ class CallRouter {
                        uint64_t call_id, uint16_t flags, int64_t deadline_ns);
   // Posts an error reply to `to` for its call `call_id`.
   void Fail(const std::shared_ptr<Session>& to, uint64_t call_id, const absl::Status& status);
-  // Posts `d` on `to`'s completion ring, waiting up to `wait` for space.
-  absl::Status Post(Session& to, const shm::Descriptor& d, absl::Duration wait)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
-  // Returns tx block `tx_offset` to its client, waiting up to `wait` for ring space.
-  void Release(const std::shared_ptr<Session>& to, uint64_t tx_offset,
-               absl::Duration wait = absl::Seconds(1));
+  // Posts `d` on `to`'s completion ring; RESOURCE_EXHAUSTED at once when it is full (no thread
+  // here ever waits for a client to read).
+  absl::Status Post(Session& to, const shm::Descriptor& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
+  // Posts the session's queued releases, in order, while its ring has room.
+  void FlushReleases(Session& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
+  // Returns tx block `tx_offset` to its client; queued while its completion ring is full.
+  void Release(const std::shared_ptr<Session>& to, uint64_t tx_offset);
   // Answers a remote caller's request with an error.
   void RespondError(const agent::ReplyTo& to, const absl::Status& status);
   // Removes pending call `id` if still there (and its deadline).

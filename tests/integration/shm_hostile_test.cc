@@ -293,12 +293,9 @@ TEST_F(ShmHostileTest, AScribbledCompletionHeadFailsCallsToThatSessionAtOnce) {
   ExpectServing();
 }
 
-// KNOWN BUG (daemon/call_router.cc, reported; enable when fixed): a completion ring whose head
-// the client broke makes CallRouter::Post mark the session broken (calls to it then fail
-// UNAVAILABLE "session ... ended"), but nothing ends it: it stays attached (Admin.Status counts
-// it), its member stays in the group and its client is never told, unlike a broken submission
-// ring, which ends the session (docs/data_plane.md, "Checks").
-TEST_F(ShmHostileTest, DISABLED_ABrokenCompletionRingEndsThatSession) {
+// A completion ring whose head the client broke ends that session, as a broken submission
+// ring does (docs/data_plane.md, "Checks"): it is detached and its member leaves the group.
+TEST_F(ShmHostileTest, ABrokenCompletionRingEndsThatSession) {
   const int attached = AttachedSessions();
   std::unique_ptr<BadSession> bad = Bad("bad");
   ASSERT_NE(bad, nullptr);
@@ -517,15 +514,11 @@ TEST_F(ShmHostileTest, AClientThatNeverReadsItsCompletions) {
   ExpectServing();
 }
 
-// KNOWN BUG (daemon/call_router.cc, reported; enable when fixed): once a client's completion
-// ring is full, every call into it costs its caller's session thread CallRouter::Post's 1 s
-// wait (kPostWait, under the callee's session mutex), one call after the other. So (1) a
-// session that calls such a client gets *all* its calls stalled, to healthy workers too: a
-// call to b queued behind ten calls to the hoarder waits about ten seconds, unseen by the
-// daemon; and (2) calls still waiting in a submission ring when their deadline passes are
-// never answered by the daemon; only the client library's own 2 s of grace ends them
-// ("not even the daemon's"), past FAULTS.md's "by its deadline + 0.5 s".
-TEST_F(ShmHostileTest, DISABLED_ACallerOfAClientThatNeverReadsKeepsItsOtherCalls) {
+// A client whose completion ring is full costs its callers nothing but their calls to it:
+// those are answered RESOURCE_EXHAUSTED at once (no daemon thread waits for a client to read),
+// so a caller's call to a healthy worker queued behind ten of them is served at once, and
+// every call is answered by the daemon by its deadline + 0.5 s.
+TEST_F(ShmHostileTest, ACallerOfAClientThatNeverReadsKeepsItsOtherCalls) {
   std::unique_ptr<BadSession> hoarder = Bad("hoarder");
   ASSERT_NE(hoarder, nullptr);
   std::unique_ptr<Client> h1 = Connect();
