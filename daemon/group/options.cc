@@ -54,6 +54,12 @@ bool IsValidCuda(const Device& device, int64_t device_count) {
   return device.index >= 0 && device.index < device_count;
 }
 
+// _tensorpipe_validate_devices for one device of a device map: cpu is always valid, a CUDA
+// device below the member's device count.
+bool IsValidMapDevice(const Device& device, int64_t device_count) {
+  return device.is_cpu() || IsValidCuda(device, device_count);
+}
+
 // Known names, each at most once. The `field` names the option in messages.
 absl::Status ValidateNameList(absl::string_view member, absl::string_view field,
                               absl::string_view unknown_message,
@@ -105,12 +111,9 @@ absl::Status ValidateOwnDeviceMap(const MemberOptions& member, const std::string
   const std::string where =
       absl::StrCat(" in its device map for ", target, "\ndevice map = ", DeviceMapToString(map));
   for (const auto& [source, dest] : map) {
-    if (source.is_cpu() || dest.is_cpu()) {
-      return Invalid(absl::StrCat("Node ", member.name, " has a cpu device", where,
-                                  "\ntpd maps only CUDA devices; got cpu"));
-    }
-    // Only reachable through a hand-built Device; the source side is checked below.
-    if (dest.index < 0) {
+    // cpu may stand on either side, as in PyTorch. A negative index other than cpu's is only
+    // reachable through a hand-built Device; the source side is checked below.
+    if (!dest.is_cpu() && dest.index < 0) {
       return Invalid(
           absl::StrCat("Node ", member.name, " has target devices with invalid indices", where));
     }
@@ -135,7 +138,7 @@ absl::Status ValidateOwnDeviceMap(const MemberOptions& member, const std::string
     }
   } else {
     for (const auto& [source, dest] : map) {
-      if (!IsValidCuda(source, member.device_count)) {
+      if (!IsValidMapDevice(source, member.device_count)) {
         return Invalid(absl::StrCat("Node ", member.name,
                                     " has source devices with invalid indices", where,
                                     "\ndevice count = ", member.device_count));
@@ -157,7 +160,7 @@ absl::Status ValidateMapAgainstTarget(const std::string& source_name, const Memb
         return Invalid(absl::StrCat("Node ", source_name, " has unexpected target devices", where,
                                     "\ndevices = ", DevicesToString(devices)));
       }
-    } else if (!IsValidCuda(dest, target.device_count)) {
+    } else if (!IsValidMapDevice(dest, target.device_count)) {
       return Invalid(absl::StrCat("Node ", source_name, " has target devices with invalid indices",
                                   where, "\ndevice count = ", target.device_count));
     }
@@ -552,8 +555,8 @@ absl::StatusOr<Negotiated> Negotiate(const std::vector<MemberOptions>& members, 
         out.reverse_device_maps.emplace(source->name, Invert(it->second));
       }
     }
-    // _create_device_list: the given devices, else every local device a map names; sorted by
-    // index either way. Maps hold no cpu (ValidateMemberOptions), so none needs discarding.
+    // _create_device_list: the given devices, else every local CUDA device a map names (cpu
+    // discarded); sorted by index either way.
     if (!options.devices.empty()) {
       out.devices = options.devices;
       std::sort(out.devices.begin(), out.devices.end());
@@ -565,6 +568,7 @@ absl::StatusOr<Negotiated> Negotiate(const std::vector<MemberOptions>& members, 
       for (const auto& [source, map] : out.reverse_device_maps) {
         for (const auto& [local, remote] : map) used.insert(local);
       }
+      used.erase(Device::Cpu());
       out.devices.assign(used.begin(), used.end());
     }
   }

@@ -34,8 +34,9 @@
 namespace tpd::group {
 
 // A device of one member: the CPU, or a CUDA device by its index as that member's process
-// sees it (after CUDA_VISIBLE_DEVICES). Only CUDA devices may appear in device maps and
-// device lists; the CPU exists so that parsing can name it in its error.
+// sees it (after CUDA_VISIBLE_DEVICES). Device maps may name cpu on either side, as PyTorch's
+// do ({cpu: cuda:0}: CPU tensors arrive on the callee's cuda:0); device lists hold only CUDA
+// devices.
 struct Device {
   int index = -1;  // -1 = cpu; 0.. = cuda:index; anything else is invalid
 
@@ -98,7 +99,8 @@ struct BackendOptions {
   std::vector<std::string> transports;
   // Channels this member accepts, highest priority first; empty means DefaultChannels().
   std::vector<std::string> channels;
-  // This member's CUDA devices -> the remote worker's, by remote worker name.
+  // This member's devices -> the remote worker's, by remote worker name; cpu allowed on
+  // either side.
   std::map<std::string, DeviceMap> device_maps;
   // The local CUDA devices this member uses; empty means "computed from the device maps"
   // (see NegotiatedMember::devices).
@@ -141,9 +143,10 @@ std::vector<std::string> EffectiveChannels(const MemberOptions& member);
 // not repeated, channels that still include a CPU channel, effective transports (see
 // EffectiveTransports) not empty and effective channels holding a CPU channel ("Node w0 asks
 // for transports [ibv] but its node n1 registered only [shm, uv]: no transport in common"),
-// and its own devices and device maps: CUDA only, no duplicates, within device_count, 1-to-1,
-// map sources within `devices` when that is set, remote worker names valid. INVALID_ARGUMENT
-// naming the member.
+// and its own devices and device maps: devices CUDA only, no duplicates, within device_count;
+// maps 1-to-1, each source cpu or a CUDA device below device_count (PyTorch's
+// _tensorpipe_validate_devices), or within `devices` when that is set (which then excludes
+// cpu, as in PyTorch), remote worker names valid. INVALID_ARGUMENT naming the member.
 absl::Status ValidateMemberOptions(const MemberOptions& member);
 
 // One member's view of the negotiated group: what its TensorPipeAgent would be built with.
@@ -157,11 +160,12 @@ struct NegotiatedMember {
   // The member's device maps as given.
   std::map<std::string, DeviceMap> device_maps;
   // For every member S whose device maps name this member: S's map toward this member,
-  // inverted (S's cuda:i -> this member's cuda:j becomes cuda:j -> cuda:i), keyed by S. Replies
-  // follow it back. _create_reverse_mapping.
+  // inverted (S's cuda:i -> this member's cuda:j becomes cuda:j -> cuda:i; S's cpu -> cuda:0
+  // becomes cuda:0 -> cpu), keyed by S. Replies follow it back. _create_reverse_mapping.
   std::map<std::string, DeviceMap> reverse_device_maps;
-  // The local devices the member uses, sorted by index: `devices` when given, else every
-  // source of its own maps and every target that others map onto it. _create_device_list.
+  // The local CUDA devices the member uses, sorted by index: `devices` when given, else every
+  // source of its own maps and every target that others map onto it, cpu discarded.
+  // _create_device_list.
   std::vector<Device> devices;
 };
 
@@ -190,7 +194,8 @@ struct Negotiated {
 // ranks are 0..size-1 and every device map must name a member. A dynamic group is checked as
 // PyTorch does on each join: maps toward workers that have not joined yet are not checked
 // against them, and are checked when Negotiate runs again after they join. Each target device
-// must be within the target's `devices` when set, else below its device_count. Effective
+// must be within the target's `devices` when set (so not cpu), else cpu or below its
+// device_count. Effective
 // transports and channels are intersected in rank order; the first member that leaves no
 // transport, or no CPU channel, in common is named. INVALID_ARGUMENT naming the member on any
 // failure; an empty `members` is INVALID_ARGUMENT too.

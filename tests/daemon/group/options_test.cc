@@ -268,14 +268,51 @@ TEST(ValidateMemberOptionsTest, RejectsCpuInDevicesWithSetDevicesWording) {
                  "devices = [cuda:0, cpu]"});
 }
 
-TEST(ValidateMemberOptionsTest, RejectsCpuInDeviceMap) {
+// PyTorch accepts cpu on either side of a map (_tensorpipe_validate_devices: cpu is always
+// valid), and its tests use each of these.
+TEST(ValidateMemberOptionsTest, AcceptsCpuOnEitherSideOfADeviceMap) {
   MemberOptions member = Member("w0", 0);
+  for (const DeviceMap& map : {DeviceMap{{Device::Cpu(), Cuda(0)}},
+                               DeviceMap{{Cuda(0), Device::Cpu()}},
+                               DeviceMap{{Device::Cpu(), Device::Cpu()}},
+                               DeviceMap{{Device::Cpu(), Cuda(1)}, {Cuda(1), Device::Cpu()}}}) {
+    member.options.device_maps["w1"] = map;
+    EXPECT_TRUE(ValidateMemberOptions(member).ok())
+        << DeviceMapToString(map) << ": " << ValidateMemberOptions(member);
+  }
+}
+
+TEST(ValidateMemberOptionsTest, AcceptsCpuToCpuOnAMemberWithoutCudaDevices) {
+  MemberOptions member = Member("w0", 0, /*device_count=*/0, "cpu-host");
   member.options.device_maps["w1"] = {{Device::Cpu(), Device::Cpu()}};
+  EXPECT_TRUE(ValidateMemberOptions(member).ok()) << ValidateMemberOptions(member);
+}
+
+TEST(ValidateMemberOptionsTest, RejectsCpuSourceOutsideTheGivenDevices) {
+  // `devices` holds CUDA devices only (set_devices), so a cpu source is outside it, as in
+  // PyTorch's subset check.
+  MemberOptions member = Member("w0", 0);
+  member.options.devices = {Cuda(0)};
+  member.options.device_maps["w1"] = {{Device::Cpu(), Cuda(0)}};
   ExpectInvalid(ValidateMemberOptions(member),
-                {"Node w0 has a cpu device in its device map for w1", "device map = {cpu: cpu}",
-                 "tpd maps only CUDA devices; got cpu"});
-  member.options.device_maps["w1"] = {{Cuda(0), Device::Cpu()}};
-  ExpectInvalid(ValidateMemberOptions(member), {"tpd maps only CUDA devices; got cpu"});
+                {"Node w0 has unexpected source devices in its device map for w1\n"
+                 "device map = {cpu: cuda:0}\ndevices = [cuda:0]"});
+}
+
+TEST(ValidateMemberOptionsTest, RejectsTwoSourcesOnTheCpu) {
+  MemberOptions member = Member("w0", 0);
+  member.options.device_maps["w1"] = {{Device::Cpu(), Device::Cpu()}, {Cuda(0), Device::Cpu()}};
+  ExpectInvalid(ValidateMemberOptions(member),
+                {"Node w0 has duplicated target devices in its device map for w1\n"
+                 "device map = {cpu: cpu, cuda:0: cpu}"});
+}
+
+TEST(ValidateMemberOptionsTest, CpuSourceDoesNotExcuseAnInvalidCudaSource) {
+  MemberOptions member = Member("w0", 0, /*device_count=*/1);
+  member.options.device_maps["w1"] = {{Device::Cpu(), Cuda(0)}, {Cuda(1), Device::Cpu()}};
+  ExpectInvalid(ValidateMemberOptions(member),
+                {"Node w0 has source devices with invalid indices in its device map for w1\n"
+                 "device map = {cpu: cuda:0, cuda:1: cpu}\ndevice count = 1"});
 }
 
 TEST(ValidateMemberOptionsTest, RejectsDuplicatedDevices) {
@@ -414,6 +451,32 @@ TEST(NegotiateTest, DeviceCountZeroTargetRejectsMapsOntoIt) {
                 {"Node w0 has target devices with invalid indices", "device count = 0"});
 }
 
+TEST(NegotiateTest, AcceptsCpuTargetOnAMemberWithoutCudaDevices) {
+  MemberOptions w0 = Member("w0", 0);
+  w0.options.device_maps["w1"] = {{Cuda(0), Device::Cpu()}};
+  absl::StatusOr<Negotiated> negotiated =
+      Negotiate({w0, Member("w1", 1, /*device_count=*/0, "cpu-host")}, true);
+  ASSERT_TRUE(negotiated.ok()) << negotiated.status();
+}
+
+TEST(NegotiateTest, CpuSourceStillNeedsAValidCudaTarget) {
+  MemberOptions w0 = Member("w0", 0, /*device_count=*/0, "cpu-host");
+  w0.options.device_maps["w1"] = {{Device::Cpu(), Cuda(2)}};
+  ExpectInvalid(Negotiate({w0, Member("w1", 1, /*device_count=*/2)}, true).status(),
+                {"Node w0 has target devices with invalid indices in its device map for w1\n"
+                 "device map = {cpu: cuda:2}\ndevice count = 2"});
+}
+
+TEST(NegotiateTest, RejectsCpuTargetOutsideTheTargetsGivenDevices) {
+  MemberOptions w0 = Member("w0", 0);
+  w0.options.device_maps["w1"] = {{Cuda(0), Device::Cpu()}};
+  MemberOptions w1 = Member("w1", 1);
+  w1.options.devices = {Cuda(0)};
+  ExpectInvalid(Negotiate({w0, w1}, true).status(),
+                {"Node w0 has unexpected target devices in its device map for w1\n"
+                 "device map = {cuda:0: cpu}\ndevices = [cuda:0]"});
+}
+
 // --- Group negotiation: reverse maps and device lists --------------------------------------
 
 TEST(NegotiateTest, ReverseMapInvertsTheSourcesMapTowardThisMember) {
@@ -475,6 +538,44 @@ TEST(NegotiateTest, DeviceListCountsASharedDeviceOnce) {
   ASSERT_TRUE(negotiated.ok()) << negotiated.status();
   EXPECT_THAT(Find(*negotiated, "w0").devices, ElementsAre(Cuda(1)));
   EXPECT_THAT(Find(*negotiated, "w1").devices, ElementsAre(Cuda(1)));
+}
+
+TEST(NegotiateTest, CpuMapsInvertLikePyTorchAndLeaveCpuOutOfDeviceLists) {
+  // w0's CPU tensors land on w1's cuda:0 and its cuda:1 tensors on w1's CPU; replies follow
+  // the inverse: w1's cuda:0 comes back to w0 as a CPU tensor, w1's CPU tensors to cuda:1.
+  MemberOptions w0 = Member("w0", 0);
+  w0.options.device_maps["w1"] = {{Device::Cpu(), Cuda(0)}, {Cuda(1), Device::Cpu()}};
+  absl::StatusOr<Negotiated> negotiated = Negotiate({w0, Member("w1", 1)}, true);
+  ASSERT_TRUE(negotiated.ok()) << negotiated.status();
+  EXPECT_EQ(DeviceMapsToString(Find(*negotiated, "w1").reverse_device_maps),
+            "{w0: {cpu: cuda:1, cuda:0: cpu}}");
+  EXPECT_EQ(DeviceMapsToString(Find(*negotiated, "w0").device_maps),
+            "{w1: {cpu: cuda:0, cuda:1: cpu}}");
+  // _create_device_list discards cpu.
+  EXPECT_THAT(Find(*negotiated, "w0").devices, ElementsAre(Cuda(1)));
+  EXPECT_THAT(Find(*negotiated, "w1").devices, ElementsAre(Cuda(0)));
+}
+
+TEST(NegotiateTest, CpuToCpuMapsBetweenCpuOnlyNodes) {
+  MemberOptions w0 = Member("w0", 0, /*device_count=*/0, "cpu-a");
+  w0.options.device_maps["w1"] = {{Device::Cpu(), Device::Cpu()}};
+  absl::StatusOr<Negotiated> negotiated =
+      Negotiate({w0, Member("w1", 1, /*device_count=*/0, "cpu-b")}, true);
+  ASSERT_TRUE(negotiated.ok()) << negotiated.status();
+  EXPECT_EQ(DeviceMapsToString(Find(*negotiated, "w1").reverse_device_maps),
+            "{w0: {cpu: cpu}}");
+  EXPECT_THAT(Find(*negotiated, "w0").devices, IsEmpty());
+  EXPECT_THAT(Find(*negotiated, "w1").devices, IsEmpty());
+}
+
+TEST(NegotiateTest, DynamicGroupChecksACpuMapWhenItsTargetJoins) {
+  MemberOptions w0 = Member("w0", 0);
+  w0.options.device_maps["w1"] = {{Device::Cpu(), Cuda(1)}};
+  // w1 has not joined: nothing to check the target against yet.
+  ASSERT_TRUE(Negotiate({w0}, /*is_static=*/false).ok());
+  // It joins with one device: cuda:1 is out of range there.
+  ExpectInvalid(Negotiate({w0, Member("w1", 1, /*device_count=*/1)}, false).status(),
+                {"Node w0 has target devices with invalid indices in its device map for w1"});
 }
 
 TEST(NegotiateTest, MembersComeOutInRankOrderWithTheirOwnSettings) {
