@@ -534,6 +534,18 @@ void EtcdStore::NoteWrite(const std::string& key, std::optional<std::string> val
     ApplyLocked(key, std::move(value), revision, &completions);
   }
   WaiterTable::Run(std::move(completions));
+  // The watch thread may have seen this very write first and ended the waits it completes;
+  // their callbacks must have run before the write returns, as they would have here.
+  if (std::this_thread::get_id() == watcher_.get_id()) return;  // a callback's own write
+  absl::MutexLock lock(&mu_);
+  while (watch_completions_running_ > 0) watch_completions_done_.Wait(&mu_);
+}
+
+void EtcdStore::RunWatchCompletions(std::vector<Completion> completions) {
+  if (completions.empty()) return;
+  WaiterTable::Run(std::move(completions));
+  absl::MutexLock lock(&mu_);
+  if (--watch_completions_running_ == 0) watch_completions_done_.SignalAll();
 }
 
 void EtcdStore::ApplyLocked(const std::string& key, std::optional<std::string> value,
@@ -586,8 +598,17 @@ void EtcdStore::QueueWatchLocked(const std::string& key, KeyState& state,
 }
 
 void EtcdStore::FlushWatchRequests() {
-  absl::MutexLock lock(&write_mu_);
-  FlushWatchRequestsLocked();
+  // Never waits for another writer: whoever holds write_mu_ writes what is queued, and checks
+  // again after letting go, so nothing queued meanwhile is stranded. The watch thread runs
+  // wait callbacks, which flush; blocking it behind a Write that waits for etcd to read
+  // could stall the stream both ways.
+  for (;;) {
+    if (!write_mu_.TryLock()) return;
+    FlushWatchRequestsLocked();
+    write_mu_.Unlock();
+    absl::MutexLock lock(&mu_);
+    if (watch_requests_.empty()) return;
+  }
 }
 
 void EtcdStore::FlushWatchRequestsLocked() {
@@ -727,8 +748,9 @@ void EtcdStore::OnWatchResponse(const WatchResponse& response) {
         ApplyLocked(key, std::move(value), event.kv().mod_revision(), &completions);
       }
     }
+    if (!completions.empty()) ++watch_completions_running_;
   }
-  WaiterTable::Run(std::move(completions));
+  RunWatchCompletions(std::move(completions));
   if (rewatch.has_value()) RewatchAfterCancel(*rewatch, response.watch_id());
 }
 
@@ -747,11 +769,12 @@ void EtcdStore::RewatchAfterCancel(const std::string& key, int64_t watch_id) {
       if (values.ok()) {
         ApplyLocked(key, (*values)[0], revision, &completions);
         QueueWatchLocked(key, it->second, std::max(revision, it->second.revision) + 1);
+        if (!completions.empty()) ++watch_completions_running_;
       }
     }
     if (values.ok()) {
       FlushWatchRequests();
-      WaiterTable::Run(std::move(completions));
+      RunWatchCompletions(std::move(completions));
       return;
     }
     Log()->warn("[store {}] rereading key {} after its watch was cancelled: {}", name_,

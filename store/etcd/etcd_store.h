@@ -15,8 +15,9 @@
 // by every wait on that key, over one watch stream per store. The stream moves to the next
 // endpoint when its endpoint goes away and resumes every key's watch from the last revision
 // it saw, so no write is missed; a watch whose revision was compacted rereads its key. A
-// write made through this store also completes its own waits before it returns, so this
-// store's waits complete as promptly as a MemoryStore's.
+// write made through this store also completes its own waits before it returns (their
+// callbacks have run, on this thread or on the watch thread), so this store's waits complete
+// as promptly as a MemoryStore's.
 //
 // Thread safety: thread-safe. One mutex guards the waits and the watched keys' states;
 // callbacks run after it is released. A timer thread ends waits at their deadlines and a
@@ -182,6 +183,8 @@ class EtcdStore : public Store {
   // the waits it completes. REQUIRES: mu_.
   void ApplyLocked(const std::string& key, std::optional<std::string> value, int64_t revision,
                    std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs completions the watch thread collected (counted in watch_completions_running_).
+  void RunWatchCompletions(std::vector<Completion> completions) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops one wait's reference on each of `keys` (unique), cancelling watches nobody needs.
   void ReleaseKeys(const std::vector<std::string>& keys);
   // The WaiterTable lookup over key_states_ (see MemoryStore::LookupHeld).
@@ -225,6 +228,11 @@ class EtcdStore : public Store {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar timer_cv_;
   absl::CondVar watch_cv_;  // signalled when keys need watching or the store stops
+  // Batches of completions the watch thread collected and has not finished running; a write
+  // through this store waits for them (NoteWrite), so that the waits it completes have run
+  // their callbacks when it returns even where the watch event came first.
+  int64_t watch_completions_running_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::CondVar watch_completions_done_;
   EtcdStoreStats stats_ ABSL_GUARDED_BY(mu_);
 
   std::thread timer_;
