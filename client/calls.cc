@@ -1,6 +1,7 @@
 #include "client/calls.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -9,6 +10,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proto/shm/doorbell.h"
 #include "proto/shm/heap.h"
 #include "proto/shm/message.h"
 #include "proto/shm/ring.h"
@@ -23,6 +26,54 @@ constexpr absl::Duration kRingWait = absl::Seconds(5);
 constexpr absl::Duration kDeadlineGrace = absl::Seconds(2);
 // How a handler's error is marked on its way back: the caller sees whose handler failed.
 constexpr absl::string_view kRemotePrefix = "remote handler of worker '";
+// Releases of rx blocks made on the reader (and by a handler before its reply) wait to ride
+// on the next descriptor this client pushes, so a release does not wake the daemon on its
+// own; the reader pushes them by themselves once they have waited this long, and at once
+// when this many wait or a block is large.
+constexpr absl::Duration kReleaseDelay = absl::Microseconds(200);
+constexpr size_t kMaxDeferredReleases = 32;
+constexpr uint64_t kDeferredReleaseMaxBytes = 64 << 10;
+// How long the client's threads spin before they sleep: the reader on the completion ring,
+// a pool thread waiting for work, a caller waiting for its result. The doorbell's adaptive
+// rule (pause 1 µs, then yield; a window of twice the typical wait; 2 µs once waits keep
+// running longer than max_spin, so an idle client sleeps at once), with a max_spin of
+// 100 µs rather than the doorbell's 50: where every hop of a call sleeps, a round trip on a
+// 16-core VM takes 35-40 µs, and a 50 µs cap sat so close to that that tails kept
+// collapsing the window, so the hops never spun and the round trip stayed there
+// (docs/BENCHMARKS.md, B2).
+constexpr shm::SpinOptions kSpin{absl::Microseconds(2), absl::Microseconds(100),
+                                 absl::Microseconds(1)};
+
+#if defined(__x86_64__) || defined(__i386__)
+inline void CpuRelax() { __builtin_ia32_pause(); }
+#elif defined(__aarch64__)
+inline void CpuRelax() { asm volatile("yield" ::: "memory"); }
+#else
+inline void CpuRelax() {}
+#endif
+
+// Spins until done() or `window` has passed since `start` (pause for `pause_ns`, then
+// sched_yield between looks, as shm::Doorbell does). Returns done() at the last look.
+template <typename Done>
+bool Spin(Done done, int64_t start, int64_t window_ns, int64_t pause_ns) {
+  const int64_t until = start + window_ns;
+  const int64_t yield_after = start + std::min(window_ns, pause_ns);
+  int64_t now = start;
+  for (uint32_t i = 1; now < until; ++i) {
+    if (done()) return true;
+    if ((i & 15) == 0) now = absl::GetCurrentTimeNanos();
+    if (now >= yield_after) {
+      sched_yield();
+    } else {
+      CpuRelax();
+    }
+  }
+  return done();
+}
+
+// The caller's spin window, learnt per thread: a thread making back-to-back calls spins
+// through a typical reply; one whose calls take long sleeps almost at once.
+thread_local shm::SpinWindow caller_spin(kSpin);
 
 std::string CallName(const std::string& group, const std::string& worker,
                      const std::string& method) {
@@ -62,6 +113,9 @@ std::string ArenaFull(const shm::HeapAllocator& tx, uint64_t request, absl::stri
 
 // The engine whose reader or handler thread this is.
 thread_local const CallEngine* own_engine = nullptr;
+// Set while this thread's releases of that link's rx blocks may wait for the next push: on
+// the reader, and in a handler between dropping its request and sending its reply.
+thread_local const void* defer_releases_of = nullptr;
 
 }  // namespace
 
@@ -79,30 +133,82 @@ class Link {
   uint8_t* base() const { return segment_->base(); }
   const shm::Layout& layout() const { return segment_->layout(); }
 
-  // Pushes `d`, waiting up to kRingWait for space.
-  absl::Status Push(const shm::Descriptor& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    absl::StatusOr<bool> pushed = submissions.TryPush(d);
-    if (pushed.ok() && !*pushed) {
-      absl::StatusOr<bool> space = submissions.WaitForSpace(absl::Now() + kRingWait);
-      pushed = space.ok() ? submissions.TryPush(d) : space.status();
+  // Pushes the deferred releases and then `d` (when given) with one doorbell ring, waiting
+  // up to kRingWait for space.
+  absl::Status Push(const shm::Descriptor* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    shm::Descriptor one[1];
+    absl::Span<const shm::Descriptor> batch;
+    if (deferred.empty()) {
+      if (d == nullptr) return absl::OkStatus();
+      one[0] = *d;
+      batch = one;
+    } else {
+      if (d != nullptr) deferred.push_back(*d);
+      batch = deferred;
     }
-    if (!pushed.ok()) return absl::UnavailableError(pushed.status().message());
-    if (!*pushed) {
-      return absl::UnavailableError(absl::StrCat("the submission ring stayed full for ",
-                                                 absl::FormatDuration(kRingWait)));
+    absl::Status status;
+    const absl::Time deadline = absl::Now() + kRingWait;
+    while (!batch.empty()) {
+      absl::StatusOr<size_t> pushed = submissions.TryPushBatch(batch);
+      if (!pushed.ok()) {
+        status = absl::UnavailableError(pushed.status().message());
+        break;
+      }
+      batch.remove_prefix(*pushed);
+      if (batch.empty()) break;
+      absl::StatusOr<bool> space = submissions.WaitForSpace(deadline);
+      if (!space.ok()) {
+        status = absl::UnavailableError(space.status().message());
+        break;
+      }
+      if (!*space) {
+        status = absl::UnavailableError(absl::StrCat("the submission ring stayed full for ",
+                                                     absl::FormatDuration(kRingWait)));
+        break;
+      }
     }
-    return absl::OkStatus();
+    // Releases that could not go are lost with the session (a broken ring ends it).
+    deferred.clear();
+    deferred_since_ns.store(0, std::memory_order_relaxed);
+    return status;
   }
 
-  // Tells the daemon it may reuse the rx block at `rx_offset` (no-op once closed).
-  void SendRelease(uint64_t rx_offset) {
+  // Tells the daemon it may reuse the rx block at `rx_offset` of `bytes` (no-op once
+  // closed). On a thread that defers releases (defer_releases_of) a small block's release
+  // waits for the next push instead of ringing the daemon now.
+  void SendRelease(uint64_t rx_offset, uint64_t bytes) {
     shm::Descriptor d{};
     d.op = static_cast<uint8_t>(shm::Op::kRelease);
     d.call_id = 1;
     d.payload_offset = rx_offset;
     absl::MutexLock lock(&mu);
-    if (open) (void)Push(d);  // a ring that broke ends the session anyway
+    if (!open) return;
+    if (defer_releases_of == this && bytes <= kDeferredReleaseMaxBytes &&
+        deferred.size() < kMaxDeferredReleases) {
+      if (deferred.empty()) {
+        deferred_since_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+      }
+      deferred.push_back(d);
+      ++releases_deferred;
+      return;
+    }
+    (void)Push(&d);  // a ring that broke ends the session anyway
   }
+
+  // Pushes the deferred releases when the oldest has waited `at_least` (the reader).
+  void FlushReleases(absl::Duration at_least) {
+    const int64_t since = deferred_since_ns.load(std::memory_order_relaxed);
+    if (since == 0 || absl::GetCurrentTimeNanos() - since < absl::ToInt64Nanoseconds(at_least)) {
+      return;
+    }
+    absl::MutexLock lock(&mu);
+    if (open && !deferred.empty()) {
+      ++release_flushes;
+      (void)Push(nullptr);
+    }
+  }
+  // When the oldest deferred release was deferred (GetCurrentTimeNanos), 0 when none waits.
+  int64_t DeferredSince() const { return deferred_since_ns.load(std::memory_order_relaxed); }
 
   // The daemon is done with the message block at `tx_offset`: free it and unpin the arena
   // blocks its tensor table pointed at.
@@ -138,6 +244,9 @@ class Link {
   shm::HeapAllocator tx ABSL_GUARDED_BY(mu);
   shm::RingProducer submissions ABSL_GUARDED_BY(mu);
   bool open ABSL_GUARDED_BY(mu) = true;
+  // Releases waiting to go with the next descriptor pushed (Push).
+  std::vector<shm::Descriptor> deferred ABSL_GUARDED_BY(mu);
+  std::atomic<int64_t> deferred_since_ns{0};
   // Message block → the arena blocks its tensor table points at. Never destroy an entry's
   // blocks under `mu` (ArenaBlock's destructor takes it).
   std::map<uint64_t, std::vector<std::shared_ptr<ArenaBlock>>> pinned ABSL_GUARDED_BY(mu);
@@ -147,6 +256,8 @@ class Link {
   std::atomic<uint64_t> tensors_in_place{0};
   std::atomic<uint64_t> bytes_copied_out{0};
   std::atomic<uint64_t> rx_blocks_held{0};
+  std::atomic<uint64_t> releases_deferred{0};
+  std::atomic<uint64_t> release_flushes{0};
 };
 
 struct ArenaBlock {
@@ -157,21 +268,30 @@ struct ArenaBlock {
 };
 
 struct RxBlock {
-  RxBlock(std::shared_ptr<Link> link, uint64_t offset) : link(std::move(link)), offset(offset) {
+  RxBlock(std::shared_ptr<Link> link, uint64_t offset, uint64_t bytes)
+      : link(std::move(link)), offset(offset), bytes(bytes) {
     ++this->link->rx_blocks_held;
   }
   ~RxBlock() {
-    link->SendRelease(offset);
+    link->SendRelease(offset, bytes);
     --link->rx_blocks_held;
   }
   const std::shared_ptr<Link> link;
   const uint64_t offset;
+  const uint64_t bytes;  // at least: the message's payload and tensor table
 };
 
 struct CallState {
   absl::Mutex mu;
   absl::CondVar cv;
   bool done ABSL_GUARDED_BY(mu) = false;
+  // `done`, readable without the lock: a waiting caller spins on it before it sleeps on cv.
+  std::atomic<bool> ready{false};
+  // For Cancel: the engine's half of the segment (gone with the engine) and the call's id on
+  // this client's ring; 0 for a future that was never sent.
+  std::weak_ptr<Link> link;
+  uint64_t call_id = 0;
+  bool cancel_sent ABSL_GUARDED_BY(mu) = false;
   absl::StatusOr<Message> result ABSL_GUARDED_BY(mu) = absl::UnknownError("no result yet");
   std::vector<CallCallback> callbacks ABSL_GUARDED_BY(mu);
 
@@ -230,6 +350,7 @@ CallFuture CallFuture::Ready(absl::StatusOr<Message> result) {
   absl::MutexLock lock(&state->mu);
   state->result = std::move(result);
   state->done = true;
+  state->ready.store(true, std::memory_order_release);
   return CallFuture(state);
 }
 
@@ -238,19 +359,64 @@ bool CallFuture::ready() const {
   return state_->done;
 }
 
+namespace {
+
+// Spins for the caller's adaptive window (at most `limit_ns`) on the result of `state`
+// before the caller sleeps on its condition variable; learns how long the wait took.
+// Returns true when the result is there.
+bool SpinOnResult(const CallState& state, int64_t start, int64_t limit_ns) {
+  const bool ready =
+      Spin([&state] { return state.ready.load(std::memory_order_acquire); }, start,
+           std::min(limit_ns, caller_spin.window_ns()), caller_spin.pause_ns());
+  if (ready) caller_spin.Learn(absl::GetCurrentTimeNanos() - start);
+  return ready;
+}
+
+}  // namespace
+
 const absl::StatusOr<Message>& CallFuture::Wait() const {
-  absl::MutexLock lock(&state_->mu);
-  while (!state_->done) state_->cv.Wait(&state_->mu);
+  if (!state_->ready.load(std::memory_order_acquire)) {
+    const int64_t start = absl::GetCurrentTimeNanos();
+    if (!SpinOnResult(*state_, start, INT64_MAX)) {
+      absl::MutexLock lock(&state_->mu);
+      while (!state_->done) state_->cv.Wait(&state_->mu);
+      caller_spin.Learn(absl::GetCurrentTimeNanos() - start);
+    }
+  }
+  absl::MutexLock lock(&state_->mu);  // pairs with Complete's writes under it
   return state_->Result();
 }
 
 bool CallFuture::WaitFor(absl::Duration timeout) const {
-  const absl::Time until = absl::Now() + timeout;
+  if (state_->ready.load(std::memory_order_acquire)) return true;
+  const int64_t start = absl::GetCurrentTimeNanos();
+  if (SpinOnResult(*state_, start, absl::ToInt64Nanoseconds(timeout))) return true;
+  const absl::Time until = absl::FromUnixNanos(start) + timeout;
   absl::MutexLock lock(&state_->mu);
   while (!state_->done) {
     if (state_->cv.WaitWithDeadline(&state_->mu, until)) return state_->done;
   }
   return true;
+}
+
+void CallFuture::Cancel() {
+  if (state_ == nullptr) return;
+  uint64_t call_id;
+  {
+    absl::MutexLock lock(&state_->mu);
+    if (state_->done || state_->cancel_sent || state_->call_id == 0) return;
+    state_->cancel_sent = true;
+    call_id = state_->call_id;
+  }
+  std::shared_ptr<Link> link = state_->link.lock();
+  if (link == nullptr) return;  // the engine went: it answered the call CANCELLED
+  shm::Descriptor d{};
+  d.op = static_cast<uint8_t>(shm::Op::kCancel);
+  d.call_id = call_id;
+  absl::MutexLock lock(&link->mu);
+  // The daemon answers CANCELLED (or the reply got there first); a ring that broke answers
+  // the call UNAVAILABLE.
+  if (link->open) (void)link->Push(&d);
 }
 
 void CallFuture::Then(CallCallback callback) {
@@ -268,7 +434,8 @@ void CallFuture::Then(CallCallback callback) {
 
 CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads)
     : link_(std::make_shared<Link>(segment)),
-      completions_(segment->base(), segment->layout().completion, "completion ring") {
+      completions_(segment->base(), segment->layout().completion, "completion ring", kSpin),
+      pool_spin_(kSpin) {
   reader_ = std::thread([this] { ReadLoop(); });
   absl::MutexLock lock(&mu_);
   EnsureThreadsLocked(handler_threads);
@@ -294,6 +461,7 @@ CallEngine::~CallEngine() {
     }
     dropped.swap(incoming_);
     for (const Incoming& incoming : dropped) serving_.erase(incoming.call_id);
+    queued_.store(callbacks_.size(), std::memory_order_release);
     pool_exit_ = true;
     work_cv_.SignalAll();
     idle_cv_.SignalAll();
@@ -359,16 +527,28 @@ void CallEngine::Complete(const std::shared_ptr<CallState>& state,
     if (state->done) return;
     state->result = std::move(result);
     state->done = true;
+    state->ready.store(true, std::memory_order_release);
     callbacks.swap(state->callbacks);
-    state->cv.SignalAll();
+    state->cv.SignalAll();  // no system call when the caller is still spinning
   }
   if (callbacks.empty()) return;
   // User code never runs on the reader thread (nor under mu_): the pool runs it.
   callbacks_.push_back([state, callbacks = std::move(callbacks)] {
     for (const CallCallback& callback : callbacks) callback(state->Result());
   });
+  WorkQueued();
+}
+
+void CallEngine::WorkQueued() {
+  queued_.store(callbacks_.size() + incoming_.size(), std::memory_order_release);
   EnsureThreadsLocked(1);
-  work_cv_.Signal();
+  // A pool thread spinning for work takes it without being woken (no system call here).
+  if (pool_spinners_ == 0) {
+    ++handoffs_woken_;
+    work_cv_.Signal();
+  } else {
+    ++handoffs_to_spinner_;
+  }
 }
 
 void CallEngine::Finish(uint64_t id, absl::StatusOr<Message> result) {
@@ -430,6 +610,8 @@ CallFuture CallEngine::CallAsync(const std::string& group, const std::string& fr
       return CallFuture(state);
     }
     id = next_call_id_++;
+    state->call_id = id;
+    state->link = link_;
     Outgoing& call = waiting_[id];
     call.state = state;
     call.from = {group, from};
@@ -554,7 +736,7 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
   absl::MutexLock lock(&link_->mu);
   // Pinned before the push: the release for this block can only come after it.
   if (!pins.empty()) link_->pinned[*block] = std::move(pins);
-  absl::Status pushed = link_->open ? link_->Push(d)
+  absl::Status pushed = link_->open ? link_->Push(&d)
                                     : absl::UnavailableError("the client's shared memory is detached");
   if (!pushed.ok()) {
     (void)link_->tx.Free(*block);
@@ -584,13 +766,21 @@ void CallEngine::ReplyError(uint64_t call_id, const absl::Status& status) {
 void CallEngine::ReadLoop() {
   pthread_setname_np(pthread_self(), "tpd-calls");
   own_engine = this;
+  defer_releases_of = link_.get();
   shm::Descriptor batch[64];
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      if (stop_) return;
+      if (stop_) break;
     }
-    absl::StatusOr<bool> ready = completions_.WaitForData(absl::Now() + kPollInterval);
+    // Releases waiting for a push go by themselves once they have waited kReleaseDelay.
+    const int64_t deferred = link_->DeferredSince();
+    const absl::Time wake =
+        deferred == 0 ? absl::Now() + kPollInterval
+                      : std::min(absl::Now() + kPollInterval,
+                                 absl::FromUnixNanos(deferred) + kReleaseDelay);
+    absl::StatusOr<bool> ready = completions_.WaitForData(wake);
+    link_->FlushReleases(kReleaseDelay);
     absl::StatusOr<size_t> n = ready.ok() ? completions_.TryPopBatch(batch) : ready.status();
     if (!n.ok()) {
       absl::MutexLock lock(&mu_);
@@ -604,7 +794,7 @@ void CallEngine::ReadLoop() {
                        CallName(call.from.first, call.worker, call.method), ": ",
                        broken_.message())));
       }
-      return;
+      break;
     }
     for (size_t i = 0; i < *n; ++i) OnCompletion(batch[i]);
     absl::MutexLock lock(&mu_);
@@ -614,6 +804,8 @@ void CallEngine::ReadLoop() {
       next_expire_ = now + kPollInterval;
     }
   }
+  defer_releases_of = nullptr;
+  link_->FlushReleases(absl::ZeroDuration());
 }
 
 void CallEngine::OnCompletion(const shm::Descriptor& d) {
@@ -630,7 +822,11 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
   // Released when the last view of it goes: right after this function when no tensor
   // holds it.
   std::shared_ptr<RxBlock> block =
-      d.payload_offset != 0 ? std::make_shared<RxBlock>(link_, d.payload_offset) : nullptr;
+      d.payload_offset != 0
+          ? std::make_shared<RxBlock>(link_, d.payload_offset,
+                                      d.payload_length + uint64_t{d.tensor_count} *
+                                                             sizeof(shm::TensorEntry))
+          : nullptr;
   absl::StatusOr<shm::ParsedMessage> parsed =
       shm::ParseMessage(base, d.payload_offset, d.payload_length);
   absl::StatusOr<std::vector<shm::TensorEntry>> entries =
@@ -659,7 +855,8 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
     }
     message = std::move(in);
   }
-  block.reset();
+  // `block` (when no tensor holds it) is released on the way out, after the caller or the
+  // handler has its message: on this thread the release waits for the next push.
   if (d.op == static_cast<uint8_t>(shm::Op::kReply)) {
     if (entries.ok() && error) {
       const auto code = static_cast<absl::StatusCode>(parsed->code);
@@ -685,8 +882,7 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
     if (!refused) {
       serving_[incoming.call_id] = {incoming.to, incoming.deadline};
       incoming_.push_back(std::move(incoming));
-      EnsureThreadsLocked(1);
-      work_cv_.Signal();
+      WorkQueued();
       return;
     }
   }
@@ -703,9 +899,25 @@ void CallEngine::PoolLoop() {
     std::optional<Incoming> incoming;
     {
       absl::MutexLock lock(&mu_);
+      int64_t wait_start = 0;  // when this thread began to spin for work
       while (callbacks_.empty() && (stop_ || incoming_.empty()) && !pool_exit_) {
-        work_cv_.Wait(&mu_);
+        if (stop_ || pool_spinners_ > 0 || wait_start != 0) {
+          work_cv_.Wait(&mu_);
+          continue;
+        }
+        // One pool thread at a time spins on the queue for the adaptive window before it
+        // sleeps; the reader sees it spinning and queues work without waking anyone.
+        ++pool_spinners_;
+        wait_start = absl::GetCurrentTimeNanos();
+        const int64_t window = pool_spin_.window_ns();
+        const int64_t pause = pool_spin_.pause_ns();
+        mu_.Unlock();
+        Spin([this] { return queued_.load(std::memory_order_acquire) > 0; }, wait_start, window,
+             pause);
+        mu_.Lock();
+        --pool_spinners_;
       }
+      if (wait_start != 0) pool_spin_.Learn(absl::GetCurrentTimeNanos() - wait_start);
       if (!callbacks_.empty()) {
         callback = std::move(callbacks_.front());
         callbacks_.pop_front();
@@ -715,6 +927,11 @@ void CallEngine::PoolLoop() {
         ++handlers_running_;
       } else {
         return;  // pool_exit_, and no callback left
+      }
+      queued_.store(callbacks_.size() + incoming_.size(), std::memory_order_release);
+      // More work than this thread: wake another (the spinner, if any, takes one itself).
+      if (queued_.load(std::memory_order_relaxed) > 0 && pool_spinners_ == 0) {
+        work_cv_.Signal();
       }
     }
     if (callback) {
@@ -738,7 +955,10 @@ void CallEngine::Serve(Incoming incoming) {
               : absl::UnimplementedError(absl::StrCat("worker '", worker,
                                                       "' has no handler for method '",
                                                       incoming.method, "' (Client::Handle)"));
-  incoming.request = Message{};  // its rx block goes now, unless the handler kept a view
+  // The request's rx block goes now, unless the handler kept a view; its release rides on
+  // the reply (one doorbell ring for both).
+  defer_releases_of = link_.get();
+  incoming.request = Message{};
   absl::Status sent;
   if (reply.ok()) {
     sent = Submit(shm::Op::kReply, incoming.call_id, 0, 0, 0, "", "", "", "", reply->payload,
@@ -758,6 +978,8 @@ void CallEngine::Serve(Incoming incoming) {
                                                       "' method '", incoming.method,
                                                       "' could not be sent: ", sent.message())));
   }
+  defer_releases_of = nullptr;
+  link_->FlushReleases(absl::ZeroDuration());  // when nothing above was pushed
   reply = Message{};
   absl::MutexLock lock(&mu_);
   --handlers_running_;
@@ -822,10 +1044,14 @@ CallEngineStats CallEngine::Stats() {
   stats.tensors_in_place = link_->tensors_in_place;
   stats.bytes_copied_out = link_->bytes_copied_out;
   stats.rx_blocks_held = link_->rx_blocks_held;
+  stats.releases_deferred = link_->releases_deferred;
+  stats.release_flushes = link_->release_flushes;
   absl::MutexLock lock(&mu_);
   stats.handler_threads = static_cast<int>(pool_.size());
   stats.handlers_running = handlers_running_;
   stats.workers_leaving = static_cast<int>(leaving_.size());
+  stats.handoffs_to_spinner = handoffs_to_spinner_;
+  stats.handoffs_woken = handoffs_woken_;
   return stats;
 }
 

@@ -24,6 +24,7 @@
 #ifndef TPD_CLIENT_CALLS_H_
 #define TPD_CLIENT_CALLS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -42,6 +43,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/shm/descriptor.h"
+#include "proto/shm/doorbell.h"
 #include "proto/shm/ring.h"
 #include "proto/shm/segment.h"
 
@@ -153,11 +155,18 @@ class CallFuture {
   bool valid() const { return state_ != nullptr; }
   bool ready() const;
   // Blocks until the call's result is there and returns it; it lives as long as the future.
+  // Spins for a short adaptive window (as the rings' doorbells do) before it sleeps.
   // Every call ends (by its reply, its deadline, or the engine going away), so a call with
   // a timeout never makes this wait longer than its timeout plus 2 s.
   const absl::StatusOr<Message>& Wait() const;
   // Waits at most `timeout`: true when the result is there.
   bool WaitFor(absl::Duration timeout) const;
+  // Cancels the call: the daemon answers it CANCELLED naming the worker and method at once
+  // (a call to another node too) and drops the callee's late reply; the callee's handler
+  // still runs to its end. The result is set once: CANCELLED, or the reply (or error) when
+  // that got here first. A no-op once the result is there, on a future never sent (Ready,
+  // or refused), and after the first Cancel; it never blocks on the daemon.
+  void Cancel();
   // Runs `callback` once with the result: on a handler pool thread of the client when the
   // result arrives later, or on this thread, before Then returns, when it is there already.
   // Never on the ring's reader thread, so a callback may block (it then holds one handler
@@ -184,6 +193,14 @@ struct CallEngineStats {
   int handler_threads = 0;
   int handlers_running = 0;
   int workers_leaving = 0;         // BeginLeave'd and not rejoined
+  // Work (an incoming call, a future's callbacks) handed to the pool: taken by a pool thread
+  // that was spinning for it, or by one woken through the condition variable.
+  uint64_t handoffs_to_spinner = 0;
+  uint64_t handoffs_woken = 0;
+  // Releases of rx blocks that waited to ride on the next descriptor pushed, and pushes of
+  // such releases on their own (none rode along within the release delay).
+  uint64_t releases_deferred = 0;
+  uint64_t release_flushes = 0;
 };
 
 // The client's call machinery on one attached segment.
@@ -192,6 +209,12 @@ struct CallEngineStats {
 // handlers for incoming calls and CallFuture callbacks, one FIFO each (callbacks first). The
 // pool starts with `handler_threads` and only grows (EnsureHandlerThreads); Client sizes it
 // by the largest num_worker_threads of the groups it joined.
+//
+// Hand-offs: one pool thread at a time spins on the queue for a short adaptive window before
+// it sleeps, and a caller in Wait spins on its result, so back-to-back calls pass from the
+// reader to a handler and from the reader to the caller without a system call; an idle
+// engine's threads sleep. Releases of rx blocks made on the reader, or by a handler before
+// its reply, ride on the next descriptor pushed (within 200 µs) instead of waking the daemon.
 class CallEngine {
  public:
   CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads);
@@ -271,6 +294,9 @@ class CallEngine {
   // Gives up on calls past their give_up time (the daemon never answered).
   void Expire() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnsureThreadsLocked(int threads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After queueing on incoming_ or callbacks_: publishes queued_ and wakes a pool thread
+  // unless one is spinning for work.
+  void WorkQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Writes a message (names, payload, table, copied tensors) into a tx block, pins the arena
   // tensors it points at, and pushes its descriptor.
@@ -304,6 +330,13 @@ class CallEngine {
   std::map<uint64_t, std::pair<WorkerKey, absl::Time>> serving_ ABSL_GUARDED_BY(mu_);
   std::set<WorkerKey> leaving_ ABSL_GUARDED_BY(mu_);
   int handlers_running_ ABSL_GUARDED_BY(mu_) = 0;
+  // Pool threads spinning for work (at most one), the adaptive window they spin for, and
+  // what is queued (callbacks_ and incoming_), which they read without the lock.
+  int pool_spinners_ ABSL_GUARDED_BY(mu_) = 0;
+  shm::SpinWindow pool_spin_ ABSL_GUARDED_BY(mu_);
+  std::atomic<size_t> queued_{0};
+  uint64_t handoffs_to_spinner_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t handoffs_woken_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread reader_;
   std::vector<std::thread> pool_ ABSL_GUARDED_BY(mu_);
 };

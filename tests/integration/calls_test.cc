@@ -569,6 +569,95 @@ TEST_F(FakeDaemonTest, CallsStillWaitingWhenTheEngineGoesAreCancelledAndCallback
   EXPECT_EQ(future.Wait().status().code(), absl::StatusCode::kCancelled);
 }
 
+TEST_F(FakeDaemonTest, CancelSendsOneCancelForTheCallAndIsANoOpOnceAnswered) {
+  CallFuture future = engine_->CallAsync("g", "a", "b", "m", "", {}, absl::Seconds(30));
+  const shm::Descriptor call = Pop();
+  ASSERT_EQ(call.op, static_cast<uint8_t>(shm::Op::kCall));
+  future.Cancel();
+  future.Cancel();  // one cancel per call
+  const shm::Descriptor cancel = Pop();
+  EXPECT_EQ(cancel.op, static_cast<uint8_t>(shm::Op::kCancel));
+  EXPECT_EQ(cancel.call_id, call.call_id);
+  EXPECT_TRUE(shm::ValidateDescriptor(cancel, daemon_->layout(), shm::Direction::kSubmission).ok());
+  EXPECT_FALSE(future.ready()) << "the daemon's answer completes the call, not Cancel itself";
+  std::atomic<int> ran{0};
+  future.Then([&](const absl::StatusOr<Message>& result) {
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+    ++ran;
+  });
+  // The daemon's answer, as daemon/call_router.cc's HandleCancel writes it.
+  const std::string why = "call to worker 'b' method 'm' was cancelled by the caller";
+  const uint64_t block = daemon_->layout().rx_heap.offset;
+  shm::WriteMessagePrefix(daemon_->base() + block,
+                          static_cast<uint32_t>(absl::StatusCode::kCancelled), "", "", why);
+  shm::Descriptor answer{};
+  answer.op = static_cast<uint8_t>(shm::Op::kReply);
+  answer.flags = shm::kFlagError;
+  answer.call_id = call.call_id;
+  answer.payload_offset = block;
+  answer.payload_length = shm::MessagePrefixBytes(0, 0, why.size());
+  ASSERT_TRUE(completions_->TryPush(answer).value());
+  ASSERT_TRUE(future.WaitFor(absl::Seconds(10)));
+  EXPECT_EQ(future.Wait().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(future.Wait().status().message(), HasSubstr(why));
+  EXPECT_TRUE(WaitUntil([&] { return ran.load() == 1; }));
+  // Answered: Cancel sends nothing more. The next submission is the answer's release (it
+  // waits up to the release delay for a push to ride on, then goes by itself).
+  future.Cancel();
+  const shm::Descriptor next = Pop();
+  EXPECT_EQ(next.op, static_cast<uint8_t>(shm::Op::kRelease));
+  EXPECT_EQ(next.payload_offset, block);
+  shm::Descriptor none{};
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(submissions_->TryPop(&none).value()) << "op " << int{none.op};
+  EXPECT_EQ(ran.load(), 1);
+  // A future that was never sent has nothing to cancel.
+  CallFuture refused = CallFuture::Ready(absl::InternalError("refused"));
+  refused.Cancel();
+  CallFuture().Cancel();
+  EXPECT_EQ(refused.Wait().status().code(), absl::StatusCode::kInternal);
+}
+
+TEST_F(CallsTest, CancelAnswersCancelledAtOnceAndTheLateReplyIsDropped) {
+  StartPair();
+  CallFuture sleeping = a_->CallAsync("g", "b", "sleep", "late", {}, absl::Seconds(30));
+  ASSERT_TRUE(WaitUntil([&] { return b_->GetCallStats()->handlers_running == 1; }));
+  std::atomic<int> ran{0};
+  sleeping.Then([&](const absl::StatusOr<Message>& result) {
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+    ++ran;
+  });
+  const absl::Time start = absl::Now();
+  sleeping.Cancel();
+  ASSERT_TRUE(sleeping.WaitFor(absl::Seconds(1)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "not the handler's 2 s";
+  const absl::Status cancelled = sleeping.Wait().status();
+  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled) << cancelled;
+  EXPECT_THAT(cancelled.message(), HasSubstr("'b'"));
+  EXPECT_THAT(cancelled.message(), HasSubstr("'sleep'"));
+  EXPECT_THAT(cancelled.message(), HasSubstr("cancelled"));
+  // Calls go on while the cancelled handler still runs, and after its reply was dropped.
+  absl::StatusOr<Message> next = a_->Call("g", "b", "echo", "next", {}, absl::Seconds(10));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->payload, "next|");
+  ASSERT_TRUE(WaitUntil([&] { return b_->GetCallStats()->handlers_running == 0; },
+                        absl::Seconds(10)));
+  absl::SleepFor(absl::Milliseconds(100));  // the late reply reaches the daemon and is dropped
+  CallFuture after = a_->CallAsync("g", "b", "echo", "after", {}, absl::Seconds(10));
+  ASSERT_TRUE(after.Wait().ok()) << after.Wait().status();
+  EXPECT_EQ(after.Wait()->payload, "after|");
+  // Cancelling what is answered changes nothing.
+  after.Cancel();
+  sleeping.Cancel();
+  EXPECT_EQ(after.Wait()->payload, "after|");
+  EXPECT_EQ(sleeping.Wait().status(), cancelled);
+  EXPECT_TRUE(WaitUntil([&] { return ran.load() == 1; }));
+  absl::StatusOr<Message> last = a_->Call("g", "b", "echo", "last", {}, absl::Seconds(10));
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->payload, "last|");
+  EXPECT_EQ(ran.load(), 1);
+}
+
 TEST_F(CallsTest, ArenaTensorRoundTripCopiesOnlyThePayload) {
   StartPair();
   const std::string bytes = Pattern(1 << 20, 3);
