@@ -361,10 +361,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   {
     absl::MutexLock lock(&mu_);
     id = next_call_id_++;
-    if (pending.deadline != absl::InfiniteFuture()) {
-      deadlines_.insert({pending.deadline, id});
-      timer_cv_.Signal();
-    }
+    if (pending.deadline != absl::InfiniteFuture()) AddDeadline(pending.deadline, id);
     pending_by_caller_[{session->id, d.call_id}] = id;
     pending_[id] = pending;
   }
@@ -587,10 +584,7 @@ void CallRouter::OnRemoteRequest(agent::InboundRequest request) {
   {
     absl::MutexLock lock(&mu_);
     id = next_call_id_++;
-    if (pending.deadline != absl::InfiniteFuture()) {
-      deadlines_.insert({pending.deadline, id});
-      timer_cv_.Signal();
-    }
+    if (pending.deadline != absl::InfiniteFuture()) AddDeadline(pending.deadline, id);
     pending_[id] = pending;
   }
   shm::Descriptor posted{};
@@ -867,6 +861,14 @@ void CallRouter::AnswerPending(const Pending& p, const absl::Status& status) {
   } else {
     Fail(Find(p.caller), p.caller_call_id, status);
   }
+}
+
+void CallRouter::AddDeadline(absl::Time deadline, uint64_t id) {
+  // The timer sleeps until the earliest deadline: wake it only for an earlier one (waking it
+  // for every call cost a context switch per call).
+  const bool earliest = deadlines_.empty() || deadline < deadlines_.begin()->first;
+  deadlines_.insert({deadline, id});
+  if (earliest) timer_cv_.Signal();
 }
 
 void CallRouter::TimerLoop() {

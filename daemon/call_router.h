@@ -198,6 +198,7 @@ class CallRouter {
   std::optional<Pending> TakePending(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers `p` (its caller, local or remote) with `status`.
   void AnswerPending(const Pending& p, const absl::Status& status);
+  void AddDeadline(absl::Time deadline, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
   // UNAVAILABLE: this daemon is draining.
   absl::Status StoppingError() const;
