@@ -786,7 +786,12 @@ absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d) {
                                       ? absl::StrCat("session ", to.id, " ended")
                                       : to.ring_error);
   }
-  absl::StatusOr<bool> pushed = to.completions->TryPush(d);
+  // A release for a session with calls awaiting replies goes without a wake-up: the reply
+  // (or the call's failure) rings and the client reads both (its reader also polls every
+  // 50 ms). One wake-up less per call on each side.
+  const bool quiet =
+      d.op == static_cast<uint8_t>(shm::Op::kRelease) && to.calls_in_flight.load() > 0;
+  absl::StatusOr<bool> pushed = to.completions->TryPush(d, /*wake=*/!quiet);
   if (!pushed.ok()) {
     // The client broke its ring: nothing more goes to it, and its own thread ends the session.
     to.broken = true;

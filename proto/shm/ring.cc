@@ -64,7 +64,8 @@ absl::StatusOr<uint32_t> RingProducer::FreeSlots() {
   return capacity_ - (tail_ - seen_head_);
 }
 
-absl::StatusOr<size_t> RingProducer::TryPushBatch(absl::Span<const Descriptor> descriptors) {
+absl::StatusOr<size_t> RingProducer::TryPushBatch(absl::Span<const Descriptor> descriptors,
+                                                   bool wake) {
   absl::StatusOr<uint32_t> free = FreeSlots();
   if (!free.ok()) return free.status();
   const size_t n = std::min<size_t>(*free, descriptors.size());
@@ -74,12 +75,12 @@ absl::StatusOr<size_t> RingProducer::TryPushBatch(absl::Span<const Descriptor> d
   }
   tail_ += static_cast<uint32_t>(n);
   control_->tail.store(tail_, std::memory_order_release);
-  data_.Ring();
+  if (wake) data_.Ring();
   return n;
 }
 
-absl::StatusOr<bool> RingProducer::TryPush(const Descriptor& descriptor) {
-  absl::StatusOr<size_t> pushed = TryPushBatch(absl::MakeConstSpan(&descriptor, 1));
+absl::StatusOr<bool> RingProducer::TryPush(const Descriptor& descriptor, bool wake) {
+  absl::StatusOr<size_t> pushed = TryPushBatch(absl::MakeConstSpan(&descriptor, 1), wake);
   if (!pushed.ok()) return pushed.status();
   return *pushed == 1;
 }

@@ -58,11 +58,14 @@ class RingProducer {
   RingProducer(void* segment_base, const RingLayout& ring, std::string name,
                SpinOptions spin = {}, uint32_t start = 0);
 
-  // Copies `descriptors` into free slots, publishes them and rings the consumer once.
+  // Copies `descriptors` into free slots, publishes them and rings the consumer once (unless
+  // `wake` is false: a consumer spinning sees them, a sleeping one at its next wake-up — for
+  // what is sure to be followed by a rung push, it saves a wake-up).
   // Returns how many fit (0 when the ring is full), or the ring's error.
-  absl::StatusOr<size_t> TryPushBatch(absl::Span<const Descriptor> descriptors);
+  absl::StatusOr<size_t> TryPushBatch(absl::Span<const Descriptor> descriptors,
+                                      bool wake = true);
   // TryPushBatch of one: true when it was pushed, false when the ring is full.
-  absl::StatusOr<bool> TryPush(const Descriptor& descriptor);
+  absl::StatusOr<bool> TryPush(const Descriptor& descriptor, bool wake = true);
 
   // Waits (spin, then sleep) until at least one slot is free: true, false at `deadline`, or
   // the ring's error.

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -68,6 +69,28 @@ TEST(RingTest, DescriptorsComeOutInOrderAndAFullRingRefusesMore) {
   }
   EXPECT_EQ(*consumer.TryPop(&out), false);
   EXPECT_EQ(*producer.FreeSlots(), 4u);
+}
+
+TEST(RingTest, AQuietPushIsPublishedAndReadWithTheNextRungOne) {
+  Segment segment = CreateSegment(4);
+  RingProducer producer(segment.base(), segment.layout().completion, "completion ring");
+  RingConsumer consumer(segment.base(), segment.layout().completion, "completion ring");
+  // A consumer asleep in the futex is not woken by a quiet push; the rung push after it
+  // wakes it, and it finds both, in order.
+  Descriptor out;
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    ASSERT_EQ(*producer.TryPush(Numbered(0), /*wake=*/false), true);
+    absl::SleepFor(absl::Milliseconds(300));
+    ASSERT_EQ(*producer.TryPush(Numbered(1)), true);
+  });
+  ASSERT_TRUE(*consumer.WaitForData(absl::Now() + absl::Seconds(10)));
+  late.join();
+  ASSERT_EQ(*consumer.TryPop(&out), true);
+  EXPECT_EQ(out.call_id, 1u);
+  ASSERT_EQ(*consumer.TryPop(&out), true);
+  EXPECT_EQ(out.call_id, 2u);
+  EXPECT_EQ(*consumer.TryPop(&out), false);
 }
 
 TEST(RingTest, BatchesWrapAroundManyTimes) {
