@@ -541,6 +541,13 @@ void CallEngine::Complete(const std::shared_ptr<CallState>& state,
 
 void CallEngine::WorkQueued() {
   queued_.store(callbacks_.size() + incoming_.size(), std::memory_order_release);
+  // The pool's wait: from a thread running out of work to the next work queued, whichever
+  // thread takes it. (What one thread waited would be wrong: a thread that slept may be
+  // woken only after others served many calls, and that long wait would shut the spin off.)
+  if (pool_idle_since_ns_ != 0) {
+    pool_spin_.Learn(absl::GetCurrentTimeNanos() - pool_idle_since_ns_);
+    pool_idle_since_ns_ = 0;
+  }
   EnsureThreadsLocked(1);
   // A pool thread spinning for work takes it without being woken (no system call here).
   if (pool_spinners_ == 0) {
@@ -899,7 +906,7 @@ void CallEngine::PoolLoop() {
     std::optional<Incoming> incoming;
     {
       absl::MutexLock lock(&mu_);
-      int64_t wait_start = 0;  // when this thread began to spin for work
+      int64_t wait_start = 0;  // when this thread began to spin for work (0: it did not)
       while (callbacks_.empty() && (stop_ || incoming_.empty()) && !pool_exit_) {
         if (stop_ || pool_spinners_ > 0 || wait_start != 0) {
           work_cv_.Wait(&mu_);
@@ -909,6 +916,7 @@ void CallEngine::PoolLoop() {
         // sleeps; the reader sees it spinning and queues work without waking anyone.
         ++pool_spinners_;
         wait_start = absl::GetCurrentTimeNanos();
+        if (pool_idle_since_ns_ == 0) pool_idle_since_ns_ = wait_start;
         const int64_t window = pool_spin_.window_ns();
         const int64_t pause = pool_spin_.pause_ns();
         mu_.Unlock();
@@ -917,7 +925,6 @@ void CallEngine::PoolLoop() {
         mu_.Lock();
         --pool_spinners_;
       }
-      if (wait_start != 0) pool_spin_.Learn(absl::GetCurrentTimeNanos() - wait_start);
       if (!callbacks_.empty()) {
         callback = std::move(callbacks_.front());
         callbacks_.pop_front();

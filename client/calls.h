@@ -334,6 +334,9 @@ class CallEngine {
   // what is queued (callbacks_ and incoming_), which they read without the lock.
   int pool_spinners_ ABSL_GUARDED_BY(mu_) = 0;
   shm::SpinWindow pool_spin_ ABSL_GUARDED_BY(mu_);
+  // When a pool thread last ran out of work with nothing queued (GetCurrentTimeNanos), until
+  // work is queued again; 0 otherwise.
+  int64_t pool_idle_since_ns_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<size_t> queued_{0};
   uint64_t handoffs_to_spinner_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t handoffs_woken_ ABSL_GUARDED_BY(mu_) = 0;
