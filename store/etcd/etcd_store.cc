@@ -87,14 +87,16 @@ void RequireLeader(grpc::ClientContext& context) { context.AddMetadata("hasleade
 
 // Whether `channel` is connected, or connects, before `deadline`. A connection attempt that
 // fails ends the wait at once: an endpoint that refuses is skipped without waiting out
-// connect_timeout (gRPC would retry it in the background until then).
-bool Connect(grpc::Channel& channel, absl::Time deadline) {
+// connect_timeout. A channel already failing (gRPC retries it in the background, backing off
+// up to a second) is skipped at once unless `wait_if_failing`: other endpoints go first, and
+// only when none of them answers does a call wait for a failing one's next attempt.
+bool Connect(grpc::Channel& channel, absl::Time deadline, bool wait_if_failing) {
   grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
   bool attempted = false;
   while (state != GRPC_CHANNEL_READY) {
-    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && attempted) return false;
-    if (state == GRPC_CHANNEL_CONNECTING) attempted = true;
     if (state == GRPC_CHANNEL_SHUTDOWN) return false;
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && (attempted || !wait_if_failing)) return false;
+    if (state == GRPC_CHANNEL_CONNECTING) attempted = true;
     if (!channel.WaitForStateChange(state, absl::ToChronoTime(deadline))) return false;
     state = channel.GetState(/*try_to_connect=*/true);
   }
@@ -181,52 +183,72 @@ absl::Status EtcdStore::CallKv(absl::string_view what, Retry retry, KvCall call)
   const absl::Time deadline = absl::Now() + options_.call_timeout;
   const size_t count = endpoints_.size();
   const size_t first = preferred_endpoint_.load();
-  std::vector<std::string> tried;
-  for (size_t i = 0; i < count; ++i) {
-    const size_t index = (first + i) % count;
-    Endpoint& endpoint = endpoints_[index];
-    const absl::Time now = absl::Now();
-    if (now >= deadline) break;
-    const absl::Time connect_by = std::min(deadline, now + options_.connect_timeout);
-    if (!Connect(*endpoint.channel, connect_by)) {
-      tried.push_back(absl::StrCat(endpoint.address, " (not connected: ",
-                                   absl::Now() >= connect_by ? "timed out" : "connection failed",
-                                   ")"));
-      continue;
+  // Why each endpoint did not answer, by endpoint; "" = not tried (yet).
+  std::vector<std::string> why(count);
+  const auto tried = [&] {
+    std::vector<std::string> listed;
+    for (size_t i = 0; i < count; ++i) {
+      if (!why[i].empty()) listed.push_back(absl::StrCat(endpoints_[i].address, " (", why[i], ")"));
     }
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    RequireLeader(context);
-    const grpc::Status status = call(*endpoint.kv, context);
-    if (status.ok()) {
-      preferred_endpoint_.store(index);
-      return absl::OkStatus();
+    return absl::StrJoin(listed, ", ");
+  };
+  // First the endpoints that are connected or may connect; then, if none answered, those
+  // whose connection was failing, waiting for their next attempt.
+  std::vector<size_t> failing;
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<size_t> order;
+    if (pass == 0) {
+      for (size_t i = 0; i < count; ++i) order.push_back((first + i) % count);
+    } else {
+      order = failing;
     }
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      if (retry == Retry::kIdempotent || SurelyNotApplied(status)) {
-        tried.push_back(absl::StrCat(endpoint.address, " (", Echo(status.error_message()), ")"));
+    for (size_t index : order) {
+      Endpoint& endpoint = endpoints_[index];
+      const absl::Time now = absl::Now();
+      if (now >= deadline) break;
+      const absl::Time connect_by = std::min(deadline, now + options_.connect_timeout);
+      if (!Connect(*endpoint.channel, connect_by, /*wait_if_failing=*/pass == 1)) {
+        if (pass == 0) failing.push_back(index);
+        why[index] = absl::StrCat("not connected: ",
+                                  absl::Now() >= connect_by ? "timed out" : "connection failed");
         continue;
       }
-      return absl::UnavailableError(absl::StrCat(
-          "etcd ", what, " at ", endpoint.address, ": ", Echo(status.error_message()),
-          "; the request was sent, so whether etcd applied it is unknown and it is not "
-          "retried on another endpoint"));
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      RequireLeader(context);
+      const grpc::Status status = call(*endpoint.kv, context);
+      if (status.ok()) {
+        preferred_endpoint_.store(index);
+        return absl::OkStatus();
+      }
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        if (retry == Retry::kIdempotent || SurelyNotApplied(status)) {
+          why[index] = Echo(status.error_message());
+          continue;
+        }
+        return absl::UnavailableError(absl::StrCat(
+            "etcd ", what, " at ", endpoint.address, ": ", Echo(status.error_message()),
+            "; the request was sent, so whether etcd applied it is unknown and it is not "
+            "retried on another endpoint"));
+      }
+      if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        why[index] = "no answer";
+        return absl::DeadlineExceededError(absl::StrCat(
+            "etcd ", what, " on ", name_, ": no answer within the store call timeout ",
+            absl::FormatDuration(options_.call_timeout), "; tried ", tried()));
+      }
+      return FromGrpc(status, what, endpoint.address);
     }
-    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      tried.push_back(absl::StrCat(endpoint.address, " (no answer)"));
-      return absl::DeadlineExceededError(absl::StrCat(
-          "etcd ", what, " on ", name_, ": no answer within the store call timeout ",
-          absl::FormatDuration(options_.call_timeout), "; tried ", absl::StrJoin(tried, ", ")));
-    }
-    return FromGrpc(status, what, endpoint.address);
+    if (failing.empty()) break;
   }
-  if (tried.empty()) {
+  const std::string listed = tried();
+  if (listed.empty()) {
     return absl::DeadlineExceededError(
         absl::StrCat("etcd ", what, " on ", name_, ": no answer within the store call timeout ",
                      absl::FormatDuration(options_.call_timeout)));
   }
   return absl::UnavailableError(absl::StrCat("etcd ", what, " failed: no endpoint of ", name_,
-                                             " answered; tried ", absl::StrJoin(tried, ", ")));
+                                             " answered; tried ", listed));
 }
 
 absl::StatusOr<std::vector<std::optional<std::string>>> EtcdStore::ReadAtOneRevision(
@@ -647,6 +669,8 @@ void EtcdStore::WatchLoop() {
   size_t index = preferred_endpoint_.load();
   size_t failures_in_a_row = 0;
   bool outage_logged = false;
+  // After a round in which no endpoint answered, wait for failing members' next attempts.
+  bool wait_if_failing = false;
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
@@ -657,10 +681,11 @@ void EtcdStore::WatchLoop() {
         watch_cv_.WaitWithTimeout(&mu_, kWatchRetryPause);
         if (stopping_) return;
         failures_in_a_row = 0;
+        wait_if_failing = true;
       }
     }
     Endpoint& endpoint = endpoints_[index % endpoints_.size()];
-    if (!Connect(*endpoint.channel, absl::Now() + options_.connect_timeout)) {
+    if (!Connect(*endpoint.channel, absl::Now() + options_.connect_timeout, wait_if_failing)) {
       ++index;
       ++failures_in_a_row;
       continue;
@@ -701,6 +726,7 @@ void EtcdStore::WatchLoop() {
     if (answered) {
       failures_in_a_row = 0;
       outage_logged = false;
+      wait_if_failing = false;
     }
     {
       absl::MutexLock write_lock(&write_mu_);
