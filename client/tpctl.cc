@@ -153,6 +153,41 @@ void PrintAgent(const tpd::v1::AgentStatus& agent) {
   }
 }
 
+// The node's GPUs: a summary line, then one line per GPU with the devices it can access as
+// peers; or "no GPUs: <reason>".
+void PrintGpus(const tpd::v1::GpuStatus& gpus, int64_t group_device_count) {
+  const std::string told =
+      group_device_count == gpus.devices_size()
+          ? ""
+          : absl::StrCat(" (groups are told ", group_device_count,
+                         " CUDA devices: [group] cuda_device_count)");
+  if (gpus.devices_size() == 0) {
+    std::string why = gpus.unavailable_reason();
+    if (why.empty()) {
+      why = gpus.driver_loaded() ? "the NVIDIA driver reports no devices" : "not reported";
+    }
+    std::cout << "  gpus:    no GPUs: " << why << told << "\n";
+    return;
+  }
+  const int64_t version = gpus.driver_version();
+  std::cout << "  gpus:    " << gpus.devices_size() << " (NVIDIA driver for CUDA " << version / 1000
+            << "." << (version % 1000) / 10 << ")" << told << "\n";
+  for (const tpd::v1::GpuDevice& gpu : gpus.devices()) {
+    std::vector<std::string> peers;
+    if (gpu.index() >= 0 && gpu.index() < gpus.peer_access_size()) {
+      const auto& row = gpus.peer_access(static_cast<int>(gpu.index())).can_access();
+      for (int j = 0; j < row.size(); ++j) {
+        if (j != gpu.index() && row[j]) peers.push_back(absl::StrCat("cuda:", j));
+      }
+    }
+    std::cout << "    cuda:" << gpu.index() << " " << gpu.name() << ", "
+              << gpu.total_memory_bytes() / (1024 * 1024) << " MiB, compute "
+              << gpu.compute_capability_major() << "." << gpu.compute_capability_minor()
+              << ", PCI " << gpu.pci_bus_id() << ", " << gpu.uuid() << "; peer access: "
+              << (peers.empty() ? "none" : absl::StrJoin(peers, ", ")) << "\n";
+  }
+}
+
 int RunStatus(tpd::Client& client) {
   absl::StatusOr<tpd::v1::StatusResponse> status = client.Status();
   if (!status.ok()) return Error(status.status());
@@ -217,6 +252,7 @@ int RunStatus(tpd::Client& client) {
     }
   }
   if (status->has_agent()) PrintAgent(status->agent());
+  PrintGpus(status->gpus(), status->node().device_count());
   return 0;
 }
 

@@ -51,6 +51,26 @@ void FillAgent(const agent::Agent& agent, v1::AgentStatus* out) {
   FillBackends(agent.registry().channels(), out->mutable_channels());
 }
 
+void FillGpus(const cuda::GpuDiscovery& gpus, v1::GpuStatus* out) {
+  out->set_driver_loaded(gpus.driver_loaded);
+  out->set_driver_version(gpus.driver_version);
+  out->set_unavailable_reason(gpus.unavailable_reason);
+  for (const cuda::Gpu& gpu : gpus.gpus) {
+    v1::GpuDevice* device = out->add_devices();
+    device->set_index(gpu.index);
+    device->set_name(gpu.name);
+    device->set_total_memory_bytes(gpu.total_memory_bytes);
+    device->set_compute_capability_major(gpu.compute_capability_major);
+    device->set_compute_capability_minor(gpu.compute_capability_minor);
+    device->set_pci_bus_id(gpu.pci_bus_id);
+    device->set_uuid(gpu.uuid);
+  }
+  for (const std::vector<bool>& row : gpus.can_access_peer) {
+    v1::GpuPeerAccess* peers = out->add_peer_access();
+    for (bool can : row) peers->add_can_access(can);
+  }
+}
+
 }  // namespace
 
 AdminService::AdminService(const Config* config, std::string socket_path, absl::Time start_time,
@@ -112,6 +132,7 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
     }
   }
   if (agent_ != nullptr) FillAgent(*agent_, response->mutable_agent());
+  if (gpus_ != nullptr) FillGpus(*gpus_, response->mutable_gpus());
   v1::NodeInfo* node = response->mutable_node();
   node->set_name(groups_->node().name);
   node->set_incarnation(groups_->node().incarnation.load());

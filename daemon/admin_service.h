@@ -21,6 +21,7 @@
 #include "daemon/group/group_manager.h"
 #include "daemon/in_flight.h"
 #include "proto/admin.grpc.pb.h"
+#include "proto/cuda/discovery.h"
 #include "store/memory/memory_store.h"
 
 namespace tpd {
@@ -42,6 +43,9 @@ class AdminService final : public v1::Admin::CallbackService {
   // The router whose per-session calls in flight and rx heap use Status adds to each attached
   // session; set before serving, outlives the gRPC server.
   void set_call_router(CallRouter* calls) { calls_ = calls; }
+  // The node's GPUs, discovered once at start, that Status reports as `gpus`; set before
+  // serving, never changed, outlives the gRPC server. Unset: the section stays empty.
+  void set_gpus(const cuda::GpuDiscovery* gpus) { gpus_ = gpus; }
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
@@ -61,6 +65,7 @@ class AdminService final : public v1::Admin::CallbackService {
   const DataSocket* data_socket_ = nullptr;
   const agent::Agent* agent_ = nullptr;
   CallRouter* calls_ = nullptr;  // Stats() is not const, but only reads
+  const cuda::GpuDiscovery* gpus_ = nullptr;
 };
 
 }  // namespace tpd

@@ -99,13 +99,42 @@ class WithoutReflection : public grpc::ServerBuilderOption {
   }
 };
 
-// CUDA devices this node reports: the configured count, or one per /dev/nvidia<N> (the
-// driver's device files), which needs no CUDA runtime in the daemon.
-int64_t CudaDeviceCount(const GroupConfig& config) {
+// The "cuda" component's logger (InitLogging registers it); the daemon's before that.
+spdlog::logger& CudaLog() {
+  std::shared_ptr<spdlog::logger> logger = spdlog::get("cuda");
+  return logger != nullptr ? *logger : DaemonLog();
+}
+
+// CUDA devices this node reports to groups: the configured count, or the driver's (0 without
+// a driver).
+int64_t CudaDeviceCount(const GroupConfig& config, const cuda::GpuDiscovery& gpus) {
   if (config.cuda_device_count >= 0) return config.cuda_device_count;
-  int64_t count = 0;
-  while (access(absl::StrCat("/dev/nvidia", count).c_str(), F_OK) == 0) ++count;
-  return count;
+  return static_cast<int64_t>(gpus.gpus.size());
+}
+
+// Once per daemon, at start: what the driver reported, and an override of its count.
+void LogGpus(const cuda::GpuDiscovery& gpus, const GroupConfig& config) {
+  spdlog::logger& log = CudaLog();
+  if (gpus.gpus.empty()) {
+    log.info("[node] no GPUs: {}",
+             gpus.unavailable_reason.empty()
+                 ? absl::StrCat("the NVIDIA driver (CUDA ", cuda::DriverVersionText(gpus.driver_version),
+                                ") reports no devices")
+                 : gpus.unavailable_reason);
+  } else {
+    log.info("[node] NVIDIA driver for CUDA {}: {} GPUs", cuda::DriverVersionText(gpus.driver_version),
+             gpus.gpus.size());
+    for (const cuda::Gpu& gpu : gpus.gpus) {
+      log.info("[cuda:{}] {}, {} MiB, compute capability {}.{}, PCI {}, {}", gpu.index, gpu.name,
+               gpu.total_memory_bytes >> 20, gpu.compute_capability_major,
+               gpu.compute_capability_minor, gpu.pci_bus_id, gpu.uuid);
+    }
+  }
+  if (config.cuda_device_count >= 0 &&
+      config.cuda_device_count != static_cast<int64_t>(gpus.gpus.size())) {
+    log.info("[node] group.cuda_device_count = {} overrides the driver's count ({}) in groups",
+             config.cuda_device_count, gpus.gpus.size());
+  }
 }
 
 }  // namespace
@@ -115,6 +144,7 @@ Daemon::Daemon(const Config& config, std::string socket_path, std::unique_ptr<So
       socket_path_(std::move(socket_path)),
       lock_(std::move(lock)),
       start_time_(absl::Now()),
+      gpus_(cuda::DiscoverGpus()),
       store_(StoreOptions(config.store)),
       client_store_(&store_),
       store_service_(&client_store_, config_.store, &store_calls_),
@@ -145,6 +175,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
                      socket_path);
   }
   std::unique_ptr<Daemon> daemon(new Daemon(config, std::move(socket_path), *std::move(lock)));
+  LogGpus(daemon->gpus_, config.group);
   if (absl::Status status = daemon->LoadPeerTls(); !status.ok()) return status;
   if (absl::Status status = daemon->ServePeers(); !status.ok()) return status;
   if (absl::Status status = daemon->StartAgent(); !status.ok()) return status;
@@ -233,7 +264,7 @@ absl::Status Daemon::StartAgent() {
 absl::Status Daemon::Serve() {
   group::GroupManagerOptions groups;
   groups.node_name = NodeName(config_, peer_address_);
-  groups.device_count = CudaDeviceCount(config_.group);
+  groups.device_count = CudaDeviceCount(config_.group, gpus_);
   if (agent_ != nullptr) {
     groups.agent_address = agent_->address();
     for (const agent::Candidate& c : agent_->registry().transports()) {
@@ -365,6 +396,7 @@ absl::Status Daemon::ServeData() {
   admin_service_->set_data_socket(data_socket_.get());
   admin_service_->set_agent(agent_.get());
   admin_service_->set_call_router(router);
+  admin_service_->set_gpus(&gpus_);
   control->set_session_end_hook([socket](const std::string& id) { socket->EndSession(id); });
   return absl::OkStatus();
 }

@@ -28,6 +28,7 @@
 #include "daemon/socket_lock.h"
 #include "daemon/store_service.h"
 #include "grpcpp/server.h"
+#include "proto/cuda/discovery.h"
 #include "store/memory/memory_store.h"
 
 namespace tpd {
@@ -77,6 +78,9 @@ class Daemon {
   std::unique_ptr<SocketLock> lock_;
   const absl::Time start_time_;
   std::atomic<bool> serving_{false};
+  // This node's GPUs, asked of the NVIDIA driver once at start (none without one, with the
+  // reason); the CUDA device count groups see unless [group] cuda_device_count overrides it.
+  const cuda::GpuDiscovery gpus_;
 
   store::MemoryStore store_;
   // store_ as local clients reach it through the Store service: without the daemon's keys.
