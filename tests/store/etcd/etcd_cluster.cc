@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -62,6 +63,21 @@ std::string EtcdBinary() {
 absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members,
                                                                 absl::Duration timeout) {
   if (EtcdBinary().empty()) return absl::FailedPreconditionError(kNoEtcdMessage);
+  // Ports are picked free, then bound by etcd a moment later; another process can take one
+  // in between. Such a start is retried on fresh ports.
+  constexpr int kAttempts = 5;
+  absl::StatusOr<std::unique_ptr<EtcdCluster>> cluster;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    cluster = StartOnce(members, timeout);
+    if (cluster.ok() || !absl::StrContains(cluster.status().message(), "address already in use")) {
+      break;
+    }
+  }
+  return cluster;
+}
+
+absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::StartOnce(int members,
+                                                                    absl::Duration timeout) {
   auto cluster = std::unique_ptr<EtcdCluster>(new EtcdCluster());
   std::vector<std::string> peers;
   for (int i = 0; i < members; ++i) {
@@ -84,6 +100,12 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members,
   const absl::Time deadline = absl::Now() + timeout;
   for (int i = 0; i < members; ++i) {
     if (!cluster->AwaitServing(i, deadline)) {
+      const int exited = cluster->ReapExited();
+      if (exited >= 0) {
+        return absl::UnavailableError(absl::StrCat("etcd member ", exited,
+                                                   " exited while starting; its log:\n",
+                                                   cluster->LogTail(exited)));
+      }
       return absl::DeadlineExceededError(absl::StrCat("etcd member ", i, " did not serve within ",
                                                       absl::FormatDuration(timeout), "; its log:\n",
                                                       cluster->LogTail(i)));
@@ -138,12 +160,11 @@ absl::Status EtcdCluster::Launch(int i, bool initial) {
   return absl::OkStatus();
 }
 
-bool EtcdCluster::AwaitServing(int i, absl::Time deadline) const {
+bool EtcdCluster::AwaitServing(int i, absl::Time deadline) {
   // First the port (etcd opens it once it has a leader), probed with plain connects: a gRPC
   // channel refused before that backs off for seconds.
   while (!AcceptsConnections(members_[i].client_port)) {
-    int status = 0;
-    if (waitpid(members_[i].pid, &status, WNOHANG) == members_[i].pid) return false;
+    if (ReapExited() >= 0) return false;
     if (absl::Now() >= deadline) return false;
     absl::SleepFor(absl::Milliseconds(20));
   }
@@ -160,6 +181,17 @@ bool EtcdCluster::AwaitServing(int i, absl::Time deadline) const {
     absl::SleepFor(absl::Milliseconds(50));
   }
   return false;
+}
+
+int EtcdCluster::ReapExited() {
+  for (int i = 0; i < size(); ++i) {
+    int status = 0;
+    if (members_[i].pid > 0 && waitpid(members_[i].pid, &status, WNOHANG) == members_[i].pid) {
+      members_[i].pid = -1;
+      return i;
+    }
+  }
+  return -1;
 }
 
 std::string EtcdCluster::ClientAddress(int i) const {

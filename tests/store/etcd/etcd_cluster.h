@@ -67,9 +67,15 @@ class EtcdCluster {
   };
 
   EtcdCluster() = default;
+  // One try of Start on freshly picked ports.
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> StartOnce(int members,
+                                                                absl::Duration timeout);
   absl::Status Launch(int i, bool initial);
-  // Whether a linearizable Range through member `i` succeeds before `deadline`.
-  bool AwaitServing(int i, absl::Time deadline) const;
+  // Whether a linearizable Range through member `i` succeeds before `deadline`; false at once
+  // when a member exits.
+  bool AwaitServing(int i, absl::Time deadline);
+  // Reaps a member that exited (its pid becomes -1); its index, or -1 when none did.
+  int ReapExited();
 
   ::tpd::testing::TempDir dir_;
   std::vector<Member> members_;
