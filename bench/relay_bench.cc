@@ -12,7 +12,8 @@
 // so the agent logs which transport and channel its pipe uses); one forked child serving the
 // raw pipe. Every row echoes: the message's tensors go there and come back.
 //
-// Rows, for each size (one tensor of SIZE; "64x1MiB" is 64 tensors of 1 MiB), one call at a
+// Rows, for each size (one tensor of SIZE; "64x1MiB" is 64 tensors of 1 MiB, "4096x16KiB" 4096
+// of 16 KiB), one call at a
 // time in a closed loop, after a warm-up, the kinds alternating in 4 blocks so drift hits all
 // alike:
 //   raw     B1: a tensorpipe::Message with the tensors to the child, which reads them into
@@ -481,8 +482,9 @@ int main(int argc, char** argv) {
       {"64MiB", 64 << 20, 1},
       {"256MiB", size_t{256} << 20, 1},
       {"64x1MiB", 1 << 20, 64},
+      {"4096x16KiB", 16 << 10, 4096},
   };
-  if (absl::GetFlag(FLAGS_gib)) cases.insert(cases.end() - 1, {"1GiB", size_t{1} << 30, 1});
+  if (absl::GetFlag(FLAGS_gib)) cases.insert(cases.end() - 2, {"1GiB", size_t{1} << 30, 1});
   if (const std::string only = absl::GetFlag(FLAGS_sizes); !only.empty()) {
     std::vector<std::string> names = absl::StrSplit(only, ',');
     std::vector<Case> picked;

@@ -5,8 +5,8 @@ Two processes on one host (this one, rank 0 "caller", and a spawned rank 1 "call
 caller does rpc_sync(callee, echo, (tensors,)) one call at a time in a closed loop and the
 callee returns what it received, so the tensors go there and back, as in relay_bench. Sizes
 and iteration counts are relay_bench's: 0 B (a call with no arguments that returns None: the
-smallest call torch rpc can make), 64 B .. 256 MiB as one uint8 tensor, 64 x 1 MiB as a list
-of 64 tensors (1 GiB with --gib). Warm-up first; p50/p90/p99 of the round trip; GB/s = bytes
+smallest call torch rpc can make), 64 B .. 256 MiB as one uint8 tensor, 64 x 1 MiB and 4096 x
+16 KiB as lists of tensors (1 GiB with --gib). Warm-up first; p50/p90/p99 of the round trip; GB/s = bytes
 of the tensors / p50 round trip (1e9 B/s, counted once, as relay_bench counts them); minor
 page faults and CPU time (user + system) of both processes per measured call.
 
@@ -41,6 +41,7 @@ CASES = [
     ("64MiB", 64 * MIB, 1),
     ("256MiB", 256 * MIB, 1),
     ("64x1MiB", MIB, 64),
+    ("4096x16KiB", 16 << 10, 4096),
 ]
 
 
@@ -110,7 +111,7 @@ def caller(args, peer_pid):
     rpc.init_rpc("caller", rank=0, world_size=2, rpc_backend_options=options(args))
     cases = list(CASES)
     if args.gib:
-        cases.insert(len(cases) - 1, ("1GiB", 1 << 30, 1))
+        cases.insert(len(cases) - 2, ("1GiB", 1 << 30, 1))
     if args.sizes:
         wanted = args.sizes.split(",")
         cases = [c for c in cases if c[0] in wanted]
