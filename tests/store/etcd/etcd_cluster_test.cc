@@ -97,6 +97,8 @@ std::vector<StoreFactory> Factories() {
   return {StoreFactory(ThreeMemberUnderTest::Make)};
 }
 
+// Without etcd there is no instance, which gtest would report as a failure.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StoreConformanceTest);
 INSTANTIATE_TEST_SUITE_P(EtcdThreeMembers, StoreConformanceTest, ::testing::ValuesIn(Factories()));
 
 class EtcdFaultTest : public ::testing::Test {

@@ -97,6 +97,8 @@ std::vector<StoreFactory> Factories() {
   return {StoreFactory(EtcdUnderTest::Make)};
 }
 
+// Without etcd there is no instance, which gtest would report as a failure.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StoreConformanceTest);
 INSTANTIATE_TEST_SUITE_P(EtcdStore, StoreConformanceTest, ::testing::ValuesIn(Factories()));
 
 class EtcdStoreTest : public ::testing::Test {
