@@ -383,8 +383,7 @@ const absl::StatusOr<Message>& CallFuture::Wait() const {
       caller_spin.Learn(absl::GetCurrentTimeNanos() - start);
     }
   }
-  absl::MutexLock lock(&state_->mu);  // pairs with Complete's writes under it
-  return state_->Result();
+  return state_->Result();  // done (ready's acquire, or the lock): it never changes again
 }
 
 bool CallFuture::WaitFor(absl::Duration timeout) const {
@@ -527,10 +526,12 @@ void CallEngine::Complete(const std::shared_ptr<CallState>& state,
     if (state->done) return;
     state->result = std::move(result);
     state->done = true;
-    state->ready.store(true, std::memory_order_release);
     callbacks.swap(state->callbacks);
     state->cv.SignalAll();  // no system call when the caller is still spinning
   }
+  // After the lock: a spinning caller that sees it returns without taking the lock, so it
+  // never queues behind this thread (absl's Mutex may put a waiter to sleep).
+  state->ready.store(true, std::memory_order_release);
   if (callbacks.empty()) return;
   // User code never runs on the reader thread (nor under mu_): the pool runs it.
   callbacks_.push_back([state, callbacks = std::move(callbacks)] {
@@ -540,7 +541,6 @@ void CallEngine::Complete(const std::shared_ptr<CallState>& state,
 }
 
 void CallEngine::WorkQueued() {
-  queued_.store(callbacks_.size() + incoming_.size(), std::memory_order_release);
   // The pool's wait: from a thread running out of work to the next work queued, whichever
   // thread takes it. (What one thread waited would be wrong: a thread that slept may be
   // woken only after others served many calls, and that long wait would shut the spin off.)
@@ -556,6 +556,8 @@ void CallEngine::WorkQueued() {
   } else {
     ++handoffs_to_spinner_;
   }
+  // Last, so a spinning pool thread that sees it rarely finds mu_ still held.
+  queued_.store(callbacks_.size() + incoming_.size(), std::memory_order_release);
 }
 
 void CallEngine::Finish(uint64_t id, absl::StatusOr<Message> result) {
