@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -21,6 +22,8 @@ struct Submitted {
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
+// The longest the call timer sleeps with deadlines pending later than that (see TimerLoop).
+constexpr absl::Duration kTimerHorizon = absl::Seconds(1);
 
 std::string CallName(const std::string& worker, const std::string& method) {
   return absl::StrCat("call to worker '", worker, "' method '", method, "'");
@@ -869,26 +872,28 @@ void CallRouter::AnswerPending(const Pending& p, const absl::Status& status) {
 }
 
 void CallRouter::AddDeadline(absl::Time deadline, uint64_t id) {
-  // The timer sleeps until the earliest deadline: wake it only for an earlier one (waking it
-  // for every call cost a context switch per call).
-  const bool earliest = deadlines_.empty() || deadline < deadlines_.begin()->first;
   deadlines_.insert({deadline, id});
-  if (earliest) timer_cv_.Signal();
+  // Wake the timer only for a deadline before the time it sleeps until: waking it for every
+  // call cost a context switch per call.
+  if (deadline < timer_wake_at_) timer_cv_.Signal();
 }
 
 void CallRouter::TimerLoop() {
   pthread_setname_np(pthread_self(), "tpd-call-timer");
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
-    if (deadlines_.empty()) {
-      timer_cv_.Wait(&mu_);
+    const absl::Time now = absl::Now();
+    if (deadlines_.empty() || deadlines_.begin()->first > now) {
+      // Sleep until the earliest deadline, or a second at most: most deadlines (seconds away)
+      // are then later than the wake-up and cost no signal; the timer finds them when it wakes.
+      const absl::Time next =
+          deadlines_.empty() ? absl::InfiniteFuture() : deadlines_.begin()->first;
+      timer_wake_at_ = std::min(next, now + kTimerHorizon);
+      timer_cv_.WaitWithDeadline(&mu_, timer_wake_at_);
+      timer_wake_at_ = absl::InfinitePast();  // awake: it looks at the set before sleeping
       continue;
     }
-    const auto [when, id] = *deadlines_.begin();
-    if (when > absl::Now()) {
-      timer_cv_.WaitWithDeadline(&mu_, when);
-      continue;
-    }
+    const uint64_t id = deadlines_.begin()->second;
     std::optional<Pending> p = TakePending(id);
     if (!p) continue;
     mu_.Unlock();

@@ -214,6 +214,8 @@ class CallRouter {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar timer_cv_;
+  // When the timer thread wakes up next; InfinitePast() while it is awake.
+  absl::Time timer_wake_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread timer_;
 };
 
