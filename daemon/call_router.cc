@@ -22,6 +22,11 @@ struct Submitted {
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
+// How a session thread waits for its client's submissions: the client library's window
+// (client/calls.cc). With the doorbell's default 50 µs cap a round trip near it made every hop
+// sleep, and sleeping hops kept it there.
+constexpr shm::SpinOptions kSessionSpin{absl::Microseconds(2), absl::Microseconds(100),
+                                        absl::Microseconds(1)};
 // The longest the call timer sleeps with deadlines pending later than that (see TimerLoop).
 constexpr absl::Duration kTimerHorizon = absl::Seconds(1);
 
@@ -133,7 +138,8 @@ void CallRouter::Attach(const std::string& session_id, std::shared_ptr<shm::Segm
   session->id = session_id;
   const shm::Layout& layout = segment->layout();
   session->submissions = std::make_unique<shm::RingConsumer>(
-      segment->base(), layout.submission, absl::StrCat("submission ring of session ", session_id));
+      segment->base(), layout.submission, absl::StrCat("submission ring of session ", session_id),
+      kSessionSpin);
   {
     absl::MutexLock lock(&session->mu);
     session->completions = std::make_unique<shm::RingProducer>(
