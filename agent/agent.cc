@@ -392,11 +392,25 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& options
     return absl::InvalidArgumentError(
         absl::StrCat("agent listen_address: ", s.message()));
   }
+  absl::StatusOr<ListenGuard> guard = ListenGuard::Create(options.accept_networks);
+  if (!guard.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("agent ", guard.status().message()));
+  }
   const std::string option_text = absl::StrCat(options.listen_address, " (agent listen_address)");
   if (absl::Status s = CheckBindable(host, port, family, option_text); !s.ok()) return s;
   if (port != "0") {
     // The mpt_uv lanes bind the same host on free ports.
     if (absl::Status s = CheckBindable(host, "0", family, option_text); !s.ok()) return s;
+  }
+  // The listening sockets this process has now: those bound to `host` that appear from here
+  // on are ours (the mpt_uv lanes listen inside Registry::Create, on ports TensorPipe keeps to
+  // itself). A listener another thread opens on `host` meanwhile would be guarded too.
+  absl::flat_hash_set<uint64_t> sockets_before;
+  if (absl::Status s = ForEachListeningTcpSocket(
+          [&](const ListeningSocket& socket) { sockets_before.insert(socket.inode); });
+      !s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot guard the agent's ports with accept_networks: ", s.message()));
   }
   RegistryOptions registry_options;
   registry_options.transports = options.transports;
@@ -410,6 +424,10 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& options
   agent->listen_port_ = port;
   agent->listen_host_ = host;
   agent->listen_family_ = family;
+  const int parsed = inet_pton(family, host.c_str(), agent->listen_host_bytes_.data());
+  TPD_DCHECK(parsed == 1);  // SplitHostPort took it
+  agent->guard_ = *std::move(guard);
+  agent->sockets_before_ = std::move(sockets_before);
   if (absl::Status s = agent->Start(); !s.ok()) return s;
   return agent;
 }
@@ -425,12 +443,31 @@ absl::Status Agent::Start() {
   const std::vector<std::string> order = registry_->BootstrapOrder();
   for (const std::string& transport : order) to_listen.push_back(listen_urls.at(transport));
   std::shared_ptr<tensorpipe::Listener> listener = context_->listen(to_listen);
+  // url() waits for TensorPipe's loop, so every transport listens by the time it returns.
   for (const std::string& transport : order) urls_.push_back(listener->url(transport));
   address_ = absl::StrJoin(urls_, ",");
   {
     absl::MutexLock lock(&mu_);
-    listener_ = listener;
+    listener_ = listener;  // ~Agent closes it if the guard below fails
   }
+  for (const std::string& url : urls_) {
+    if (absl::StartsWith(url, "uv://")) {
+      const bool parsed = absl::SimpleAtoi(url.substr(url.rfind(':') + 1), &uv_port_);
+      TPD_DCHECK(parsed);
+    }
+  }
+  // Ours: the listening sockets on listen_host_ that Create and listen() made.
+  absl::Status listed = ForEachListeningTcpSocket([&](const ListeningSocket& socket) {
+    if (!sockets_before_.contains(socket.inode) && socket.family == listen_family_ &&
+        socket.address == listen_host_bytes_) {
+      guarded_ports_.insert(socket.port);
+    }
+  });
+  if (!listed.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot guard the agent's ports with accept_networks: ", listed.message()));
+  }
+  if (absl::Status s = GuardListeners(/*at_start=*/true); !s.ok()) return s;
   timer_ = std::thread([this] { TimerLoop(); });
   Accept(listener);
   std::vector<std::string> channels;
@@ -440,6 +477,29 @@ absl::Status Agent::Start() {
   AgentLog().info("[agent {}] listening on {} (channels {})", options_.id, address_,
                   absl::StrJoin(channels, ", "));
   AgentLog().debug("[agent {}] {}", options_.id, registry_->Describe());
+  return absl::OkStatus();
+}
+
+absl::Status Agent::GuardListeners(bool at_start) {
+  const char* when = at_start ? "at start" : "after listening again";
+  absl::StatusOr<std::vector<int>> guarded =
+      GuardListeningSockets(*guard_, listen_family_, listen_host_bytes_, guarded_ports_);
+  if (!guarded.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot guard the agent's ports with accept_networks ", when, ": ",
+        guarded.status().message()));
+  }
+  if (uv_port_ >= 0 &&
+      std::find(guarded->begin(), guarded->end(), uv_port_) == guarded->end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot guard the agent's ports with accept_networks ", when,
+        ": no listening socket of this process on the uv port ", uv_port_));
+  }
+  std::sort(guarded->begin(), guarded->end());
+  // Once at info; re-listens (which anyone inside accept_networks can cause) at debug.
+  AgentLog().log(at_start ? spdlog::level::info : spdlog::level::debug,
+                 "[agent {}] only hosts in accept_networks ({}) may connect to ports {} ({})",
+                 options_.id, guard_->ToString(), absl::StrJoin(*guarded, ", "), when);
   return absl::OkStatus();
 }
 
@@ -628,6 +688,16 @@ void Agent::Relisten() {
           "cannot reach this agent",
           options_.id, urls_[i], listener->url(order[i]));
     }
+  }
+  if (absl::Status s = GuardListeners(/*at_start=*/false); !s.ok()) {
+    // Fail closed: an unguarded listener never accepts. Closing it fails no pipe (accepted
+    // pipes do not depend on it); the next attempt comes in a second.
+    AgentLog().error("[agent {}] {}; not accepting pipes until it can, retrying in 1s",
+                     options_.id, std::string(s.message()));
+    listener->close();
+    absl::MutexLock lock(&mu_);
+    relisten_at_ = std::min(relisten_at_, absl::Now() + absl::Seconds(1));
+    return;
   }
   {
     absl::MutexLock lock(&mu_);

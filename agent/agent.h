@@ -17,6 +17,12 @@
 // nothing queued for it is written; a wrong answer or proof closes the pipe, counts in
 // AgentStats::auth_failures and is logged (at most once per 10 s per claimed peer).
 //
+// Who may connect. Only hosts inside AgentOptions::accept_networks can open a TCP connection
+// to the agent's listening ports: a socket filter on each listener (agent/listen_guard.h),
+// attached right after TensorPipe listens and again after every re-listen. Between TensorPipe's
+// listen() and the attach (well under a millisecond, on the agent's own thread) a connection
+// from anywhere can still form: docs/security.md, "Agent pipes".
+//
 // Deadlines. Every call has one (absl::InfiniteFuture() for none); one timer thread, sleeping
 // until the earliest deadline of a B-tree (agent/deadline_queue.h), fails late calls with
 // DEADLINE_EXCEEDED naming the peer, the method and the deadline, and closes pipes whose
@@ -38,6 +44,7 @@
 #ifndef TPD_AGENT_AGENT_H_
 #define TPD_AGENT_AGENT_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -58,6 +65,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "agent/deadline_queue.h"
+#include "agent/listen_guard.h"
 #include "agent/registry.h"
 #include "proto/agent.pb.h"
 
@@ -91,6 +99,11 @@ struct AgentOptions {
   // INVALID_ARGUMENT; a peer that sends more has its pipe closed (the bytes cannot be
   // skipped, only read).
   uint64_t max_message_bytes = uint64_t{2} << 30;
+  // Networks (CIDRs, as [peer] dial_networks) whose hosts may open a TCP connection to this
+  // agent's listening ports (uv's, ibv's, each mpt_uv lane's): the kernel drops every other
+  // host's SYN, so bytes that crash TensorPipe before our handshake never arrive from outside
+  // them (agent/listen_guard.h). 1..kMaxAcceptNetworks entries.
+  std::vector<std::string> accept_networks = DefaultAcceptNetworks();
 };
 
 // A peer daemon's agent.
@@ -242,8 +255,9 @@ struct AgentStats {
 class Agent {
  public:
   // Probes transports and channels, creates the context and listens. INVALID_ARGUMENT for
-  // bad options (no id, no token, a bad address, unknown names), FAILED_PRECONDITION when
-  // nothing usable is left, UNAVAILABLE when the listener cannot bind.
+  // bad options (no id, no token, a bad address, unknown names, bad accept_networks),
+  // FAILED_PRECONDITION when nothing usable is left or the accept_networks filter cannot be
+  // attached to the listeners, UNAVAILABLE when the listener cannot bind.
   static absl::StatusOr<std::unique_ptr<Agent>> Create(const AgentOptions& options);
 
   Agent(const Agent&) = delete;
@@ -317,6 +331,10 @@ class Agent {
   // again on the same URLs, once the old sockets are gone.
   void OnListenerFailed(const std::string& what);
   void Relisten();
+  // Attaches guard_ to every listening socket of ours (listen_host_ and a port in
+  // guarded_ports_), at start or after a re-listen. FAILED_PRECONDITION when the uv listener
+  // was not among them.
+  absl::Status GuardListeners(bool at_start);
   void OnAccepted(std::shared_ptr<tensorpipe::Pipe> pipe);
   void OnAnswer(const std::shared_ptr<Conn>& conn, const tensorpipe::Descriptor& descriptor);
   // Connector side.
@@ -360,6 +378,17 @@ class Agent {
   std::string listen_port_;
   std::string listen_host_;
   int listen_family_ = 0;
+  // listen_host_'s bytes, as ListeningSocket::address.
+  std::array<unsigned char, 16> listen_host_bytes_{};
+  // The filter for accept_networks; set by Create.
+  std::optional<ListenGuard> guard_;
+  // This process's listening sockets (inodes) before Create made any of ours: the rest of
+  // those bound to listen_host_ are the agent's. Set by Create, read by Start.
+  absl::flat_hash_set<uint64_t> sockets_before_;
+  // The ports of our listening sockets (uv, ibv, the mpt_uv lanes). Set by Start before the
+  // timer thread starts, then const.
+  absl::flat_hash_set<int> guarded_ports_;
+  int uv_port_ = -1;  // -1: uv not registered
 
   std::shared_ptr<tensorpipe::Context> context_;
   // Replaced by Relisten (timer thread) until closing_.

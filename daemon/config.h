@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,35 @@ struct AgentConfig {
   int64_t mpt_lanes = 4;
   // Largest payload plus tensors of one message either way (a peer sending more is cut off).
   int64_t max_message_bytes = int64_t{2} << 30;
+  // Networks (CIDRs or single addresses, as peer.dial_networks) whose hosts may open a TCP
+  // connection to the agent's ports (uv's and each mpt_uv lane's): the kernel drops every
+  // other host's SYN (agent/listen_guard.h), because Debian's TensorPipe aborts the daemon on
+  // some bytes sent there before any handshake (docs/security.md, "Agent pipes"). Unset: the
+  // same as peer.dial_networks (see AgentAcceptNetworks). 1..256 entries when the agent runs.
+  std::optional<std::vector<std::string>> accept_networks;
+};
+
+// etcd:// rendezvous stores (docs/etcd.md): who the daemon is to etcd and how long its calls
+// may take. Credentials come only from here, never from an etcd:// URL; the daemon reads the
+// files once at start (store/etcd/etcd_credentials.h) and logs neither password nor token.
+struct EtcdConfig {
+  // etcd user, with password_file (both or neither): the daemon authenticates and sends
+  // etcd's token with every call.
+  std::string user;
+  // File holding the user's password (one trailing newline ignored); never the password
+  // itself in the config. Refused when every user of the machine may read or write it.
+  std::string password_file;
+  // TLS to every etcd endpoint, on when ca_file or cert_file is set (PEM files): the CA that
+  // signed the members' certificates (empty: the system's roots), and a client certificate
+  // with its key (both or neither) for members run with --client-cert-auth.
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  // Bound on each etcd store call, every endpoint and retry included. 1 ms .. 1 hour.
+  absl::Duration call_timeout = absl::Seconds(10);
+  // How long a call waits for one endpoint's connection before trying the next;
+  // 1 ms .. call_timeout.
+  absl::Duration connect_timeout = absl::Seconds(2);
 };
 
 struct Config {
@@ -155,6 +185,7 @@ struct Config {
   GroupConfig group;
   DataConfig data;
   AgentConfig agent;
+  EtcdConfig etcd;
 };
 
 // Parses TOML text; `source` names it in error messages. Unknown tables and keys are
@@ -166,6 +197,9 @@ absl::StatusOr<Config> LoadConfig(const std::string& path);
 
 // Checks ranges and consistency; INVALID_ARGUMENT naming the field.
 absl::Status ValidateConfig(const Config& config);
+
+// agent.accept_networks, or peer.dial_networks when it is unset.
+const std::vector<std::string>& AgentAcceptNetworks(const Config& config);
 
 }  // namespace tpd
 

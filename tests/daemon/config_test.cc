@@ -512,6 +512,70 @@ TEST(ConfigTest, BadPeerTrustOptionsNameTheField) {
   }
 }
 
+TEST(ConfigTest, AgentAcceptNetworksDefaultToDialNetworks) {
+  Config defaults;
+  EXPECT_FALSE(defaults.agent.accept_networks.has_value());
+  EXPECT_EQ(AgentAcceptNetworks(defaults), defaults.peer.dial_networks);
+  absl::StatusOr<Config> dial_only =
+      ParseConfig("[peer]\ndial_networks = [\"10.1.0.0/16\"]\n", "a.toml");
+  ASSERT_TRUE(dial_only.ok()) << dial_only.status();
+  EXPECT_THAT(AgentAcceptNetworks(*dial_only), ::testing::ElementsAre("10.1.0.0/16"));
+  absl::StatusOr<Config> config = ParseConfig(R"([peer]
+listen_address = "127.0.0.1:0"
+token = "t"
+dial_networks = ["10.0.0.0/8"]
+
+[agent]
+accept_networks = ["10.1.2.0/24", "fd12::/16", "127.0.0.1"]
+)",
+                                              "a.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(config->agent.accept_networks.has_value());
+  EXPECT_THAT(AgentAcceptNetworks(*config),
+              ::testing::ElementsAre("10.1.2.0/24", "fd12::/16", "127.0.0.1"));
+  EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
+}
+
+TEST(ConfigTest, BadAgentAcceptNetworksNameTheField) {
+  struct Case {
+    const char* text;
+    const char* message;
+  };
+  const std::string too_many = [] {
+    std::string list;
+    for (int i = 0; i < 257; ++i) {
+      absl::StrAppend(&list, i == 0 ? "" : ", ", "\"10.0.0.", i % 256, "\"");
+    }
+    return absl::StrCat("[agent]\naccept_networks = [", list, "]\n");
+  }();
+  const Case cases[] = {
+      {"[agent]\naccept_networks = \"10.0.0.0/8\"\n", "accept_networks"},
+      {"[agent]\naccept_networks = [\"10.0.0.0/33\"]\n", "agent.accept_networks"},
+      {"[agent]\naccept_networks = [\"10.0.0.1/8\"]\n", "agent.accept_networks"},
+      {"[agent]\naccept_networks = [\"cluster.example\"]\n", "agent.accept_networks"},
+      {"[agent]\naccept_networks = []\n", "agent.accept_networks is empty"},
+      {"[peer]\ndial_networks = []\n",
+       "agent.accept_networks (unset: peer.dial_networks) is empty"},
+      {too_many.c_str(), "agent.accept_networks has 257 networks; at most 256"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Config> config = ParseConfig(c.text, "a.toml");
+    absl::Status status = config.status();
+    if (config.ok()) {
+      // The agent runs only with a peer port; the list's size is checked then.
+      config->peer.listen_address = "127.0.0.1:0";
+      config->peer.token = "t";
+      status = ValidateConfig(*config);
+    }
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_THAT(status.message(), HasSubstr(c.message)) << c.text;
+  }
+  // Without a peer port no agent runs: an empty list is no error then.
+  absl::StatusOr<Config> no_agent = ParseConfig("[agent]\naccept_networks = []\n", "a.toml");
+  ASSERT_TRUE(no_agent.ok());
+  EXPECT_TRUE(ValidateConfig(*no_agent).ok());
+}
+
 TEST(ConfigTest, PeerPortWithoutTokenIsInvalidArgument) {
   Config config;
   config.peer.listen_address = "127.0.0.1:0";
