@@ -521,6 +521,23 @@ struct Child {
 std::unique_ptr<Child> StartChild() {
   char self[4096] = {};
   if (readlink("/proc/self/exe", self, sizeof(self) - 1) <= 0) return nullptr;
+  // The child's environment, made before fork (the child may only exec): this one's, less
+  // what would make its gtest write this test's result files or skip its test as a shard.
+  std::vector<std::string> env_strings = {absl::StrCat(kChildEnv, "=1")};
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    if (name != "XML_OUTPUT_FILE" && name != "GTEST_OUTPUT" &&
+        name != "TEST_PREMATURE_EXIT_FILE" && name != "GTEST_SHARD_INDEX" &&
+        name != "GTEST_TOTAL_SHARDS" && name != "TEST_SHARD_STATUS_FILE") {
+      env_strings.push_back(entry);
+    }
+  }
+  std::vector<char*> env;
+  for (std::string& entry : env_strings) env.push_back(entry.data());
+  env.push_back(nullptr);
+  char filter[] = "--gtest_filter=ListenGuardChild.Serve";
+  char* argv[] = {self, filter, nullptr};
   int to_child[2];
   int from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) return nullptr;
@@ -530,8 +547,7 @@ std::unique_ptr<Child> StartChild() {
     dup2(from_child[1], 1);
     close(to_child[1]);
     close(from_child[0]);
-    setenv(kChildEnv, "1", 1);
-    execl(self, self, "--gtest_filter=ListenGuardChild.Serve", nullptr);
+    execve(self, argv, env.data());
     _exit(127);
   }
   close(to_child[0]);
