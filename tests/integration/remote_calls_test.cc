@@ -32,6 +32,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/proc_counts.h"
 
 namespace tpd {
 namespace {
@@ -399,6 +400,46 @@ TEST_F(RemoteCallsTest, FrozenPeerDaemonIsEvictedAndItsCallsFailAtOnceNamingIt) 
   EXPECT_THAT(reply.status().message(), HasSubstr("node node1 was evicted"));
   // heartbeat_timeout is 2 s: answered within the window plus slack, not at the 60 s deadline.
   EXPECT_LT(absl::Now() - frozen, absl::Seconds(10));
+}
+
+TEST_F(RemoteCallsTest, DaemonsReturnToTheirBaselineAfterClientsComeAndGo) {
+  StartPair();  // the pipe between the daemons exists from here on: part of the baseline
+  ASSERT_TRUE(a_->Call("g", "b", "echo", "warm").ok());
+  ASSERT_TRUE(b_->Call("g", "a", "echo", "warm").ok());
+  testing::ProcCounts baseline[2];
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(Eventually(
+        [&] {
+          const testing::ProcCounts now = testing::CountAll(daemons_[i]->pid());
+          const bool settled = now.fds == baseline[i].fds && now.threads == baseline[i].threads;
+          baseline[i] = now;
+          return settled;
+        },
+        absl::Seconds(5)));
+  }
+  for (int round = 0; round < 3; ++round) {
+    auto c = Connect(0);
+    auto d = Connect(1);
+    ASSERT_TRUE(c && d);
+    ASSERT_TRUE(d->Handle("echo", Echo).ok());
+    const std::string group = absl::StrCat("h", round);
+    auto joined = std::async(std::launch::async, [&] { return Join(d.get(), group, "d", 1, 2); });
+    ASSERT_TRUE(Join(c.get(), group, "c", 0, 2).ok());
+    ASSERT_TRUE(joined.get().ok());
+    const Tensor t(shm::DType::kUInt8, {1 << 20}, Pattern(1 << 20, round));
+    std::vector<CallFuture> calls;
+    for (int i = 0; i < 20; ++i) calls.push_back(c->CallAsync(group, "d", "echo", "x", {t}));
+    for (CallFuture& call : calls) ASSERT_TRUE(call.Wait().ok()) << call.Wait().status();
+  }
+  // Sessions, their threads, segments and fds are gone again on both daemons.
+  for (int i = 0; i < 2; ++i) {
+    const pid_t pid = daemons_[i]->pid();
+    EXPECT_TRUE(Eventually([&] { return testing::CountAll(pid).AtMost(baseline[i]); },
+                           absl::Seconds(10)))
+        << "node" << i << ": " << testing::CountAll(pid).ToString() << " vs baseline "
+        << baseline[i].ToString() << "\n"
+        << testing::DescribeThreadsAndMemfds(pid);
+  }
 }
 
 TEST_F(RemoteCallsTest, PeerDaemonStoppedMidCallAnswersItRefusesNewOnesAndExitsZero) {
