@@ -145,10 +145,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
   for (const auto& [key, node] : root) {
     const std::string table(key.str());
     if (table != "daemon" && table != "store" && table != "peer" && table != "group" &&
-        table != "data" && table != "agent") {
+        table != "data" && table != "agent" && table != "etcd") {
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": unknown table [", table,
-                       "]; known: [daemon], [store], [peer], [group], [data], [agent]"));
+                       "]; known: [daemon], [store], [peer], [group], [data], [agent], [etcd]"));
     }
     if (!node.is_table()) {
       return absl::InvalidArgumentError(
@@ -251,6 +251,24 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
     }
     if (agent->get("accept_networks") != nullptr) config.agent.accept_networks = accept_networks;
   }
+  if (const toml::table* etcd = SubTable(root, "etcd")) {
+    if (etcd->get("password") != nullptr) {
+      // Not echoed: it may well be the password.
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": [etcd] password is not a setting: put the password in a file only the "
+                  "daemon's user can read and name it in [etcd] password_file"));
+    }
+    TableReader reader(*etcd, "etcd", std::string(source));
+    EtcdConfig& e = config.etcd;
+    for (absl::Status status :
+         {reader.String("user", &e.user), reader.String("password_file", &e.password_file),
+          reader.String("ca_file", &e.ca_file), reader.String("cert_file", &e.cert_file),
+          reader.String("key_file", &e.key_file),
+          reader.Millis("call_timeout_ms", &e.call_timeout),
+          reader.Millis("connect_timeout_ms", &e.connect_timeout), reader.NoUnknownKeys()}) {
+      if (!status.ok()) return status;
+    }
+  }
   return config;
 }
 
@@ -313,6 +331,35 @@ absl::Status ValidateClientLimits(const Config& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.arena_bytes must be 65536 (64 KiB)..17179869184 (16 GiB), got ",
         config.data.arena_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// [etcd]: which settings go together, and the timeouts' ranges. The files are read at start.
+absl::Status ValidateEtcd(const EtcdConfig& etcd) {
+  if (etcd.user.empty() != etcd.password_file.empty()) {
+    return absl::InvalidArgumentError(
+        etcd.user.empty()
+            ? "etcd.user must be set with etcd.password_file"
+            : "etcd.password_file must be set with etcd.user: a file holding the password "
+              "(never the password in the config)");
+  }
+  if (etcd.cert_file.empty() != etcd.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        etcd.cert_file.empty()
+            ? "etcd.cert_file must be set with etcd.key_file: a client certificate and its key"
+            : "etcd.key_file must be set with etcd.cert_file: a client certificate and its key");
+  }
+  const int64_t call_ms = absl::ToInt64Milliseconds(etcd.call_timeout);
+  if (call_ms < 1 || call_ms > 3600000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd.call_timeout_ms must be 1..3600000 (1 hour), got ", call_ms));
+  }
+  const int64_t connect_ms = absl::ToInt64Milliseconds(etcd.connect_timeout);
+  if (connect_ms < 1 || connect_ms > call_ms) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd.connect_timeout_ms must be 1..etcd.call_timeout_ms (", call_ms,
+                     "), got ", connect_ms));
   }
   return absl::OkStatus();
 }
@@ -426,6 +473,7 @@ absl::Status ValidateConfig(const Config& config) {
                        "peer.tls_ca_file together (or none of them)"));
     }
   }
+  if (absl::Status status = ValidateEtcd(config.etcd); !status.ok()) return status;
   if (!config.peer.listen_address.empty() && config.peer.token.empty()) {
     return absl::InvalidArgumentError(
         "peer.token must be set when peer.listen_address is: the peer port never serves "

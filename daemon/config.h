@@ -144,6 +144,29 @@ struct AgentConfig {
   std::optional<std::vector<std::string>> accept_networks;
 };
 
+// etcd:// rendezvous stores (docs/etcd.md): who the daemon is to etcd and how long its calls
+// may take. Credentials come only from here, never from an etcd:// URL; the daemon reads the
+// files once at start (store/etcd/etcd_credentials.h) and logs neither password nor token.
+struct EtcdConfig {
+  // etcd user, with password_file (both or neither): the daemon authenticates and sends
+  // etcd's token with every call.
+  std::string user;
+  // File holding the user's password (one trailing newline ignored); never the password
+  // itself in the config. Refused when every user of the machine may read or write it.
+  std::string password_file;
+  // TLS to every etcd endpoint, on when ca_file or cert_file is set (PEM files): the CA that
+  // signed the members' certificates (empty: the system's roots), and a client certificate
+  // with its key (both or neither) for members run with --client-cert-auth.
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  // Bound on each etcd store call, every endpoint and retry included. 1 ms .. 1 hour.
+  absl::Duration call_timeout = absl::Seconds(10);
+  // How long a call waits for one endpoint's connection before trying the next;
+  // 1 ms .. call_timeout.
+  absl::Duration connect_timeout = absl::Seconds(2);
+};
+
 struct Config {
   // The TOML file this came from; empty when running on defaults.
   std::string config_path;
@@ -162,6 +185,7 @@ struct Config {
   GroupConfig group;
   DataConfig data;
   AgentConfig agent;
+  EtcdConfig etcd;
 };
 
 // Parses TOML text; `source` names it in error messages. Unknown tables and keys are

@@ -22,6 +22,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "proto/shm/attach.h"
+#include "store/etcd/etcd_credentials.h"
 #include "store/file/path_policy.h"
 
 namespace tpd {
@@ -298,6 +299,22 @@ absl::Status Daemon::Serve() {
   groups.max_groups_per_session = config_.group.max_groups_per_session;
   groups.idle_release = config_.group.idle_group_release;
   groups.rendezvous.file_dirs = config_.group.file_rendezvous_dirs;
+  // etcd:// stores: [etcd]'s timeouts and credentials (files read once, here; a bad one stops
+  // the daemon naming the setting), [store] max_waiters.
+  store::EtcdStoreOptions& etcd = groups.rendezvous.etcd;
+  etcd.call_timeout = config_.etcd.call_timeout;
+  etcd.connect_timeout = config_.etcd.connect_timeout;
+  etcd.max_waiters = config_.store.max_waiters;
+  store::EtcdCredentialFiles etcd_files;
+  etcd_files.user = config_.etcd.user;
+  etcd_files.password_file = config_.etcd.password_file;
+  etcd_files.ca_file = config_.etcd.ca_file;
+  etcd_files.cert_file = config_.etcd.cert_file;
+  etcd_files.key_file = config_.etcd.key_file;
+  absl::StatusOr<store::EtcdCredentials> etcd_credentials =
+      store::LoadEtcdCredentials(etcd_files);
+  if (!etcd_credentials.ok()) return etcd_credentials.status();
+  etcd.credentials = *std::move(etcd_credentials);
   // The default file:// directory is created when missing (as the unit's StateDirectory=
   // does); other listed directories are the operator's. Failing only disables file:// there.
   for (const std::string& dir : config_.group.file_rendezvous_dirs) {

@@ -67,6 +67,39 @@ bool SurelyNotApplied(const grpc::Status& status) {
   return false;
 }
 
+// etcd's answers that a token is no longer good, on which clientv3 authenticates again: an
+// expired or unknown token, and one issued before the last change of users, roles or
+// permissions (checked when a write is applied, which then changes nothing). Either way the
+// call was not applied, so it is retried with a fresh token, even an Add.
+bool IsStaleToken(const grpc::Status& status) {
+  const std::string& message = status.error_message();
+  return absl::StrContains(message, "etcdserver: invalid auth token") ||
+         absl::StrContains(message, "etcdserver: revision of auth store is old");
+}
+
+// How often one call authenticates again after its token was refused as stale.
+constexpr int kMaxReauthentications = 2;
+
+// etcd's answer to a call without a token where authentication is on.
+bool IsUserEmpty(const grpc::Status& status) {
+  return absl::StrContains(status.error_message(), "etcdserver: user name is empty");
+}
+
+// Whether etcd cancelled a watch for want of authority: a stale or missing token, or a user
+// without read permission on the key.
+bool IsAuthCancel(const std::string& reason) {
+  for (absl::string_view sign :
+       {"etcdserver: invalid auth token", "etcdserver: revision of auth store is old",
+        "etcdserver: user name is empty", "etcdserver: permission denied"}) {
+    if (absl::StrContains(reason, sign)) return true;
+  }
+  return false;
+}
+
+// How long to pause before reopening a watch stream whose watches etcd refused even with a
+// fresh token (the user lost its permission): waits then end at their deadlines.
+constexpr absl::Duration kWatchDeniedPause = absl::Seconds(1);
+
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view what,
                       absl::string_view address) {
   std::string hint;
@@ -74,16 +107,20 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what,
     hint = absl::StrCat("; etcd takes at most --max-txn-ops (", kMaxTxnOps,
                         " by default) operations in one transaction");
   }
+  if (IsUserEmpty(status)) {
+    // INVALID_ARGUMENT from etcd, but nothing is wrong with the call: it lacks a user.
+    return absl::UnauthenticatedError(absl::StrCat(
+        "etcd ", what, " at ", address, ": ", Echo(status.error_message()),
+        ": etcd has authentication on and this store has no user; set the daemon's [etcd] "
+        "user and password_file"));
+  }
+  if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    hint = "; the etcd user's roles must grant readwrite on the store's key prefix";
+  }
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       absl::StrCat("etcd ", what, " at ", address, ": ",
                                    Echo(status.error_message()), hint));
 }
-
-// Asks the member to refuse the call, UNAVAILABLE "etcdserver: no leader", while it has no
-// leader (etcd's clientv3.WithRequireLeader), instead of holding it until the deadline: a
-// member cut off from its majority then sends calls on to the next endpoint at once, and ends
-// a watch stream, which resumes on a member that has one.
-void RequireLeader(grpc::ClientContext& context) { context.AddMetadata("hasleader", "true"); }
 
 // Whether `channel` is connected, or connects, before `deadline`. A connection attempt that
 // fails ends the wait at once: an endpoint that refuses is skipped without waiting out
@@ -109,6 +146,15 @@ const std::string* Present(const std::optional<std::string>& value) {
 
 }  // namespace
 
+void EtcdStore::Decorate(grpc::ClientContext& context, const Token& token) {
+  // Asks the member to refuse the call, UNAVAILABLE "etcdserver: no leader", while it has no
+  // leader (etcd's clientv3.WithRequireLeader), instead of holding it until the deadline: a
+  // member cut off from its majority then sends calls on to the next endpoint at once, and
+  // ends a watch stream, which resumes on a member that has one.
+  context.AddMetadata("hasleader", "true");
+  if (!token.token.empty()) context.AddMetadata("token", token.token);
+}
+
 absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(std::vector<std::string> endpoints,
                                                              std::string prefix,
                                                              EtcdStoreOptions options) {
@@ -119,10 +165,22 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(std::vector<std::st
     return absl::InvalidArgumentError(absl::StrCat(
         "etcd key prefix ", KeyName(prefix), " must be non-empty and not end in '/'"));
   }
-  if (!options.credentials.empty()) {
-    return absl::UnimplementedError(
-        "etcd authentication and TLS (user/password, certificates) are not supported yet; "
-        "leave the etcd credentials empty and reach etcd over a trusted network");
+  const EtcdCredentials& credentials = options.credentials;
+  if (credentials.user.empty() != credentials.password.empty()) {
+    return absl::InvalidArgumentError(
+        credentials.user.empty() ? "an etcd password needs its user: set [etcd] user"
+                                 : absl::StrCat("etcd user \"", Echo(credentials.user),
+                                                "\" needs a password: set [etcd] password_file"));
+  }
+  if (credentials.cert_chain.empty() != credentials.private_key.empty()) {
+    return absl::InvalidArgumentError(
+        "an etcd client certificate needs its private key, and a key its certificate: set "
+        "[etcd] cert_file and key_file together");
+  }
+  if (!options.endpoint_hosts.empty() && options.endpoint_hosts.size() != endpoints.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd endpoint_hosts names ", options.endpoint_hosts.size(),
+                     " hosts for ", endpoints.size(), " endpoints"));
   }
   return std::unique_ptr<EtcdStore>(
       new EtcdStore(std::move(endpoints), std::move(prefix), std::move(options)));
@@ -145,12 +203,37 @@ EtcdStore::EtcdStore(std::vector<std::string> endpoints, std::string prefix,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetMaxReceiveMessageSize(256 << 20);
-  for (std::string& address : endpoints) {
+  const EtcdCredentials& credentials = options_.credentials;
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials =
+      grpc::InsecureChannelCredentials();
+  if (credentials.tls()) {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = credentials.root_certs;
+    tls.pem_cert_chain = credentials.cert_chain;
+    tls.pem_private_key = credentials.private_key;
+    channel_credentials = grpc::SslCredentials(tls);
+  }
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    std::string& address = endpoints[i];
     Endpoint endpoint;
-    endpoint.channel =
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    grpc::ChannelArguments endpoint_args = args;
+    if (credentials.tls() && i < options_.endpoint_hosts.size()) {
+      // The store dials the resolved address; the member's certificate names the host the
+      // URL gave (a DNS name, usually).
+      const std::string& host = options_.endpoint_hosts[i];
+      const size_t colon = address.rfind(':');
+      std::string address_host = address.substr(0, colon);
+      if (absl::StartsWith(address_host, "[")) {
+        address_host = address_host.substr(1, address_host.size() - 2);
+      }
+      if (!host.empty() && host != address_host) {
+        endpoint_args.SetSslTargetNameOverride(host);
+      }
+    }
+    endpoint.channel = grpc::CreateCustomChannel(address, channel_credentials, endpoint_args);
     endpoint.kv = etcdserverpb::KV::NewStub(endpoint.channel);
     endpoint.watch = etcdserverpb::Watch::NewStub(endpoint.channel);
+    endpoint.auth = etcdserverpb::Auth::NewStub(endpoint.channel);
     endpoint.address = std::move(address);
     endpoints_.push_back(std::move(endpoint));
   }
@@ -178,6 +261,59 @@ EtcdStore::~EtcdStore() {
 }
 
 std::string EtcdStore::EtcdKey(absl::string_view key) const { return absl::StrCat(prefix_, key); }
+
+absl::StatusOr<EtcdStore::Token> EtcdStore::GetToken(Endpoint& endpoint, absl::Time deadline,
+                                                     int64_t stale) {
+  const std::string& user = options_.credentials.user;
+  const auto current = [&]() -> std::optional<Token> {
+    absl::MutexLock lock(&token_mu_);
+    if (user.empty() || (token_.generation > 0 && token_.generation > stale)) return token_;
+    return std::nullopt;
+  };
+  if (std::optional<Token> token = current()) return *token;
+  absl::MutexLock auth_lock(&auth_mu_);
+  // Another call may have authenticated while this one waited.
+  if (std::optional<Token> token = current()) return *token;
+  etcdserverpb::AuthenticateRequest request;
+  request.set_name(user);
+  request.set_password(options_.credentials.password);
+  etcdserverpb::AuthenticateResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  const grpc::Status status = endpoint.auth->Authenticate(&context, request, &response);
+  std::string token;
+  if (status.ok()) {
+    token = response.token();
+  } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+             absl::StrContains(status.error_message(), "authentication is not enabled")) {
+    // As clientv3 does: go on without a token.
+    if (!auth_disabled_logged_) {
+      auth_disabled_logged_ = true;
+      Log()->warn("[store {}] etcd at {} has authentication off; calls go without a token "
+                  "(user \"{}\" is not checked)",
+                  name_, endpoint.address, Echo(user));
+    }
+  } else if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+             status.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
+             status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    // Wrong user or password: the same at every member, so no failover. The message names
+    // the user and the endpoint, never the password.
+    return absl::UnauthenticatedError(absl::StrCat(
+        "etcd authentication of user \"", Echo(user), "\" at ", endpoint.address,
+        " failed: ", Echo(status.error_message()),
+        "; check the daemon's [etcd] user and password_file"));
+  } else {
+    // UNAVAILABLE, DEADLINE_EXCEEDED, ...: the caller treats it as the endpoint's failure.
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat("authenticating: ", Echo(status.error_message())));
+  }
+  absl::MutexLock lock(&token_mu_);
+  token_.token = std::move(token);
+  ++token_.generation;
+  Log()->debug("[store {}] authenticated as etcd user \"{}\" at {}", name_, Echo(user),
+               endpoint.address);
+  return token_;
+}
 
 absl::Status EtcdStore::CallKv(absl::string_view what, Retry retry, KvCall call) {
   const absl::Time deadline = absl::Now() + options_.call_timeout;
@@ -213,10 +349,27 @@ absl::Status EtcdStore::CallKv(absl::string_view what, Retry retry, KvCall call)
                                   absl::Now() >= connect_by ? "timed out" : "connection failed");
         continue;
       }
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(deadline));
-      RequireLeader(context);
-      const grpc::Status status = call(*endpoint.kv, context);
+      absl::StatusOr<Token> token = GetToken(endpoint, deadline);
+      grpc::Status status;
+      for (int reauthentications = 0;; ++reauthentications) {
+        if (!token.ok()) break;
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(deadline));
+        Decorate(context, *token);
+        status = call(*endpoint.kv, context);
+        if (!IsStaleToken(status) || reauthentications == kMaxReauthentications) break;
+        Log()->debug("[store {}] {} at {}: the auth token is stale ({}); authenticating again",
+                     name_, std::string(what), endpoint.address, Echo(status.error_message()));
+        token = GetToken(endpoint, deadline, token->generation);
+      }
+      if (!token.ok()) {
+        if (token.status().code() == absl::StatusCode::kUnauthenticated) {
+          return absl::UnauthenticatedError(
+              absl::StrCat("etcd ", what, ": ", token.status().message()));
+        }
+        why[index] = std::string(token.status().message());
+        continue;
+      }
       if (status.ok()) {
         preferred_endpoint_.store(index);
         return absl::OkStatus();
@@ -247,8 +400,13 @@ absl::Status EtcdStore::CallKv(absl::string_view what, Retry retry, KvCall call)
         absl::StrCat("etcd ", what, " on ", name_, ": no answer within the store call timeout ",
                      absl::FormatDuration(options_.call_timeout)));
   }
-  return absl::UnavailableError(absl::StrCat("etcd ", what, " failed: no endpoint of ", name_,
-                                             " answered; tried ", listed));
+  return absl::UnavailableError(absl::StrCat(
+      "etcd ", what, " failed: no endpoint of ", name_, " answered; tried ", listed,
+      options_.credentials.tls()
+          ? " (over TLS, a connection also fails when a member's certificate is not signed "
+            "by [etcd] ca_file or does not name the endpoint, or when the member requires a "
+            "client certificate that [etcd] cert_file does not give or its CA does not trust)"
+          : ""));
 }
 
 absl::StatusOr<std::vector<std::optional<std::string>>> EtcdStore::ReadAtOneRevision(
@@ -671,6 +829,10 @@ void EtcdStore::WatchLoop() {
   bool outage_logged = false;
   // After a round in which no endpoint answered, wait for failing members' next attempts.
   bool wait_if_failing = false;
+  // The token generation etcd refused a watch with (-1: none), and how many streams in a row
+  // ended so.
+  int64_t stale_token = -1;
+  int denials_in_a_row = 0;
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
@@ -690,8 +852,22 @@ void EtcdStore::WatchLoop() {
       ++failures_in_a_row;
       continue;
     }
+    // etcd checks a watch's permission (with the stream's token) when the watch is created;
+    // an expired token makes it cancel the watch, and the stream reopens with a fresh one.
+    absl::StatusOr<Token> token =
+        GetToken(endpoint, absl::Now() + options_.connect_timeout, stale_token);
+    if (!token.ok()) {
+      if (!outage_logged) {
+        outage_logged = true;
+        Log()->warn("[store {}] watch stream at {}: {}", name_, endpoint.address,
+                    std::string(token.status().message()));
+      }
+      ++index;
+      ++failures_in_a_row;
+      continue;
+    }
     grpc::ClientContext context;
-    RequireLeader(context);
+    Decorate(context, *token);
     std::unique_ptr<grpc::ClientReaderWriter<WatchRequest, WatchResponse>> stream =
         endpoint.watch->Watch(&context);
     int64_t keys = 0;
@@ -719,9 +895,14 @@ void EtcdStore::WatchLoop() {
     Log()->debug("[store {}] watch stream open at {} for {} keys", name_, endpoint.address, keys);
     WatchResponse response;
     bool answered = false;
+    bool denied = false;
     while (stream->Read(&response)) {
       answered = true;
-      OnWatchResponse(response);
+      if (!OnWatchResponse(response)) {
+        denied = true;
+        context.TryCancel();
+        break;
+      }
     }
     if (answered) {
       failures_in_a_row = 0;
@@ -738,6 +919,24 @@ void EtcdStore::WatchLoop() {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
     }
+    if (denied) {
+      // Reopen at the same endpoint with a fresh token. Refused again with the fresh one: the
+      // user lacks the permission; pause, so that a revoked role costs an authentication a
+      // second, not a loop (waits end at their deadlines).
+      stale_token = token->generation;
+      if (++denials_in_a_row > 1) {
+        if (denials_in_a_row == 2) {
+          Log()->warn("[store {}] etcd at {} refuses to watch the store's keys even with a "
+                      "fresh token (permission denied): the etcd user's roles must grant "
+                      "readwrite on the key prefix; retrying every {}",
+                      name_, endpoint.address, absl::FormatDuration(kWatchDeniedPause));
+        }
+        absl::MutexLock lock(&mu_);
+        watch_cv_.WaitWithTimeout(&mu_, kWatchDeniedPause);
+      }
+      continue;
+    }
+    denials_in_a_row = 0;
     // Once per outage, not once per endpoint and round while no member has a leader.
     if (!outage_logged) {
       outage_logged = true;
@@ -750,13 +949,23 @@ void EtcdStore::WatchLoop() {
   }
 }
 
-void EtcdStore::OnWatchResponse(const WatchResponse& response) {
+bool EtcdStore::OnWatchResponse(const WatchResponse& response) {
+  if (response.canceled() && IsAuthCancel(response.cancel_reason())) {
+    // etcd checks a watch's permission with the stream's token when the watch is created,
+    // and refuses it with watch id -1 (not the id asked for), so which key is not known.
+    // The next stream, opened with a fresh token, watches every key again from the revision
+    // after the last seen.
+    Log()->debug("[store {}] etcd refused a watch ({}); reopening the watch stream with a "
+                 "fresh token",
+                 name_, Echo(response.cancel_reason()));
+    return false;
+  }
   std::vector<Completion> completions;
   std::optional<std::string> rewatch;
   {
     absl::MutexLock lock(&mu_);
     auto it = watch_keys_.find(response.watch_id());
-    if (it == watch_keys_.end()) return;  // a cancelled or superseded watch
+    if (it == watch_keys_.end()) return true;  // a cancelled or superseded watch
     const std::string key = it->second;
     if (response.canceled() || response.compact_revision() != 0) {
       if (response.compact_revision() != 0) ++stats_.compactions_seen;
@@ -778,6 +987,7 @@ void EtcdStore::OnWatchResponse(const WatchResponse& response) {
   }
   RunWatchCompletions(std::move(completions));
   if (rewatch.has_value()) RewatchAfterCancel(*rewatch, response.watch_id());
+  return true;
 }
 
 void EtcdStore::RewatchAfterCancel(const std::string& key, int64_t watch_id) {

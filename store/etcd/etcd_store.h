@@ -19,6 +19,10 @@
 // callbacks have run, on this thread or on the watch thread), so this store's waits complete
 // as promptly as a MemoryStore's.
 //
+// With credentials (EtcdCredentials), every channel is TLS and/or every call and the watch
+// stream carry an auth token, renewed when etcd answers that it is stale; neither the
+// password nor the token is ever logged.
+//
 // Thread safety: thread-safe. One mutex guards the waits and the watched keys' states;
 // callbacks run after it is released. A timer thread ends waits at their deadlines and a
 // watch thread reads (and reopens) the watch stream; both are owned by the store.
@@ -49,21 +53,25 @@
 
 namespace tpd::store {
 
-// Who tpd is to etcd. Not supported yet (issue 9's next step: etcd user/password through
-// Auth.Authenticate, and TLS with client certificates); EtcdStore::Create refuses a non-empty
-// one rather than talk to etcd as someone else. These come from the daemon's config, never
-// from an etcd:// URL.
+// Who tpd is to etcd, from the daemon's [etcd] config table (store/etcd/etcd_credentials.h
+// reads its files), never from an etcd:// URL. Empty: plain gRPC and no user, for an etcd
+// reached over a trusted network with authentication off.
 struct EtcdCredentials {
+  // etcd user and password (both or neither): the store calls Auth.Authenticate for a token
+  // and sends it as the "token" metadata of every KV and Watch call, authenticating again
+  // when etcd answers that the token is invalid or older than the last auth change. Neither
+  // the password nor the token is ever logged or put in a message.
   std::string user;
   std::string password;
-  std::string ca_file;          // PEM; set = TLS to every endpoint
-  std::string cert_chain_file;  // PEM client certificate, with private_key_file
-  std::string private_key_file;
+  // TLS to every endpoint (PEM text, not paths), on when root_certs or cert_chain is set:
+  // the CA that signed the members' certificates (empty: gRPC's default roots), and a client
+  // certificate with its key (both or neither) for members run with --client-cert-auth.
+  std::string root_certs;
+  std::string cert_chain;
+  std::string private_key;
 
-  bool empty() const {
-    return user.empty() && password.empty() && ca_file.empty() && cert_chain_file.empty() &&
-           private_key_file.empty();
-  }
+  bool tls() const { return !root_certs.empty() || !cert_chain.empty() || !private_key.empty(); }
+  bool empty() const { return user.empty() && password.empty() && !tls(); }
 };
 
 struct EtcdStoreOptions {
@@ -81,6 +89,10 @@ struct EtcdStoreOptions {
   int max_conflict_retries = 1000;
   // See EtcdCredentials.
   EtcdCredentials credentials;
+  // The host each endpoint was named by (an etcd:// URL's, before it was resolved), in
+  // endpoint order: with TLS, each member's certificate must name it. Empty, or an entry
+  // empty or equal to the address's host: the certificate must name the address itself.
+  std::vector<std::string> endpoint_hosts;
 };
 
 struct EtcdStoreStats {
@@ -96,8 +108,9 @@ class EtcdStore : public Store {
   // A store over the etcd cluster at `endpoints` ("ip:port" or "[ip6]:port", as dialed; the
   // caller has resolved and checked them) keeping its keys under `prefix` + "/" (prefix
   // non-empty, no trailing '/', e.g. "/tpd"). Connects lazily: an etcd that is down makes
-  // the first call UNAVAILABLE, not Create. INVALID_ARGUMENT for no endpoints or a bad
-  // prefix; UNIMPLEMENTED for credentials.
+  // the first call UNAVAILABLE, not Create. INVALID_ARGUMENT for no endpoints, a bad prefix,
+  // a user without a password (or the reverse), a certificate without its key (or the
+  // reverse), or endpoint_hosts of another length than endpoints.
   static absl::StatusOr<std::unique_ptr<EtcdStore>> Create(std::vector<std::string> endpoints,
                                                            std::string prefix,
                                                            EtcdStoreOptions options = {});
@@ -133,6 +146,14 @@ class EtcdStore : public Store {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<etcdserverpb::KV::Stub> kv;
     std::unique_ptr<etcdserverpb::Watch::Stub> watch;
+    std::unique_ptr<etcdserverpb::Auth::Stub> auth;
+  };
+
+  // The auth token calls carry: `token` ("" without a user, or where etcd has authentication
+  // off) as of `generation`, which counts the authentications.
+  struct Token {
+    std::string token;
+    int64_t generation = 0;
   };
 
   // What this store knows of a key some pending wait needs: its value (absent: not set) as
@@ -156,6 +177,14 @@ class EtcdStore : public Store {
   // Runs `call` on the endpoint last seen working, then on the others in turn, under one
   // deadline. `what` names the operation and key for messages ("set of key \"k\"").
   absl::Status CallKv(absl::string_view what, Retry retry, KvCall call);
+
+  // The token to send to `endpoint`, authenticating (at it, by `deadline`) when there is none
+  // yet or the current one is no newer than `stale` (the generation a call saw refused).
+  // UNAUTHENTICATED for a wrong user or password, naming the endpoint and the user.
+  absl::StatusOr<Token> GetToken(Endpoint& endpoint, absl::Time deadline, int64_t stale = -1)
+      ABSL_LOCKS_EXCLUDED(auth_mu_, token_mu_);
+  // Adds the token and etcd's "require leader" metadata to a call's context.
+  static void Decorate(grpc::ClientContext& context, const Token& token);
 
   // The key etcd holds for `key`: prefix_ + "/" + key.
   std::string EtcdKey(absl::string_view key) const;
@@ -199,8 +228,10 @@ class EtcdStore : public Store {
 
   void TimerLoop();
   void WatchLoop();
-  // Handles one response of the watch stream.
-  void OnWatchResponse(const etcdserverpb::WatchResponse& response);
+  // Handles one response of the watch stream; false when the stream must be reopened with a
+  // fresh token (etcd cancelled a watch for want of permission, which an expired token also
+  // causes).
+  bool OnWatchResponse(const etcdserverpb::WatchResponse& response);
   // Rereads `key` after its watch was cancelled (compaction) and watches it again.
   void RewatchAfterCancel(const std::string& key, int64_t watch_id);
 
@@ -210,6 +241,15 @@ class EtcdStore : public Store {
   std::vector<Endpoint> endpoints_;
   // The endpoint that answered last; calls start there.
   std::atomic<size_t> preferred_endpoint_{0};
+
+  // Held while authenticating, so that concurrent calls refused for one stale token
+  // authenticate once. Order: auth_mu_ before token_mu_; neither with mu_ or write_mu_.
+  absl::Mutex auth_mu_;
+  absl::Mutex token_mu_;
+  Token token_ ABSL_GUARDED_BY(token_mu_);
+  // Whether the store has authenticated at all (and so whether etcd's "authentication is not
+  // enabled" was already logged).
+  bool auth_disabled_logged_ ABSL_GUARDED_BY(auth_mu_) = false;
 
   // Order: write_mu_ before mu_.
   absl::Mutex write_mu_;

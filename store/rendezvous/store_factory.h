@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "store/etcd/etcd_credentials.h"
 #include "store/etcd/etcd_store.h"
 #include "store/file/path_policy.h"
 #include "store/remote/remote_rendezvous.h"
@@ -27,8 +28,9 @@ struct RendezvousOptions {
   // file://: the directories a client's path must lie under (group.file_rendezvous_dirs;
   // store/file/path_policy.h). Empty: no file:// rendezvous.
   std::vector<std::string> file_dirs;
-  // etcd://: timeouts, waiter limit and credentials of every etcd store. Its endpoints are
-  // dialed under remote.dial_networks, like every address the daemon dials.
+  // etcd://: timeouts, waiter limit and credentials of every etcd store (the daemon's
+  // [etcd] table, its files read by LoadEtcdCredentials). Its endpoints are dialed under
+  // remote.dial_networks, like every address the daemon dials.
   EtcdStoreOptions etcd;
 };
 

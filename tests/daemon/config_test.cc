@@ -65,6 +65,13 @@ const std::vector<std::string>& AllOptions() {
       "data.socket",
       "data.arena_bytes",
       "data.max_sessions",
+      "etcd.user",
+      "etcd.password_file",
+      "etcd.ca_file",
+      "etcd.cert_file",
+      "etcd.key_file",
+      "etcd.call_timeout_ms",
+      "etcd.connect_timeout_ms",
   };
   return *options;
 }
@@ -112,6 +119,13 @@ void ExpectDefaultsExceptPaths(const Config& config) {
   EXPECT_EQ(config.data.socket_path, defaults.data.socket_path);
   EXPECT_EQ(config.data.arena_bytes, defaults.data.arena_bytes);
   EXPECT_EQ(config.data.max_sessions, defaults.data.max_sessions);
+  EXPECT_EQ(config.etcd.user, defaults.etcd.user);
+  EXPECT_EQ(config.etcd.password_file, defaults.etcd.password_file);
+  EXPECT_EQ(config.etcd.ca_file, defaults.etcd.ca_file);
+  EXPECT_EQ(config.etcd.cert_file, defaults.etcd.cert_file);
+  EXPECT_EQ(config.etcd.key_file, defaults.etcd.key_file);
+  EXPECT_EQ(config.etcd.call_timeout, defaults.etcd.call_timeout);
+  EXPECT_EQ(config.etcd.connect_timeout, defaults.etcd.connect_timeout);
 }
 
 TEST(ConfigTest, EmptyTextGivesDocumentedDefaults) {
@@ -574,6 +588,67 @@ TEST(ConfigTest, BadAgentAcceptNetworksNameTheField) {
   absl::StatusOr<Config> no_agent = ParseConfig("[agent]\naccept_networks = []\n", "a.toml");
   ASSERT_TRUE(no_agent.ok());
   EXPECT_TRUE(ValidateConfig(*no_agent).ok());
+}
+
+TEST(ConfigTest, EtcdTableHasTheDocumentedDefaultsAndIsRead) {
+  const Config defaults;
+  EXPECT_EQ(defaults.etcd.user, "");
+  EXPECT_EQ(defaults.etcd.password_file, "");
+  EXPECT_EQ(defaults.etcd.call_timeout, absl::Seconds(10));
+  EXPECT_EQ(defaults.etcd.connect_timeout, absl::Seconds(2));
+  absl::StatusOr<Config> config = ParseConfig(R"([etcd]
+user = "tpd"
+password_file = "/etc/tpd/etcd-password"
+ca_file = "/etc/tpd/etcd-ca.pem"
+cert_file = "/etc/tpd/etcd-client.pem"
+key_file = "/etc/tpd/etcd-client-key.pem"
+call_timeout_ms = 4000
+connect_timeout_ms = 500
+)",
+                                              "etcd.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->etcd.user, "tpd");
+  EXPECT_EQ(config->etcd.password_file, "/etc/tpd/etcd-password");
+  EXPECT_EQ(config->etcd.ca_file, "/etc/tpd/etcd-ca.pem");
+  EXPECT_EQ(config->etcd.cert_file, "/etc/tpd/etcd-client.pem");
+  EXPECT_EQ(config->etcd.key_file, "/etc/tpd/etcd-client-key.pem");
+  EXPECT_EQ(config->etcd.call_timeout, absl::Seconds(4));
+  EXPECT_EQ(config->etcd.connect_timeout, absl::Milliseconds(500));
+  EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
+}
+
+TEST(ConfigTest, BadEtcdSettingsNameTheField) {
+  struct Case {
+    const char* text;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"[etcd]\nuser = \"tpd\"\n", "etcd.password_file must be set with etcd.user"},
+      {"[etcd]\npassword_file = \"/p\"\n", "etcd.user must be set with etcd.password_file"},
+      {"[etcd]\ncert_file = \"/c\"\n", "etcd.key_file must be set with etcd.cert_file"},
+      {"[etcd]\nkey_file = \"/k\"\n", "etcd.cert_file must be set with etcd.key_file"},
+      {"[etcd]\ncall_timeout_ms = 0\n", "etcd.call_timeout_ms must be 1..3600000"},
+      {"[etcd]\nconnect_timeout_ms = 20000\n",
+       "etcd.connect_timeout_ms must be 1..etcd.call_timeout_ms"},
+      {"[etcd]\nuser = 3\n", "[etcd] user must be a string"},
+      {"[etcd]\nendpoints = \"a\"\n", "unknown key \"endpoints\" in [etcd]"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Config> config = ParseConfig(c.text, "a.toml");
+    absl::Status status = config.ok() ? ValidateConfig(*config) : config.status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_THAT(status.message(), HasSubstr(c.message)) << c.text;
+  }
+}
+
+TEST(ConfigTest, AnEtcdPasswordInTheConfigIsRefusedWithoutEchoingIt) {
+  absl::StatusOr<Config> config =
+      ParseConfig("[etcd]\nuser = \"tpd\"\npassword = \"hunter2\"\n", "a.toml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(),
+              AllOf(HasSubstr("[etcd] password is not a setting"), HasSubstr("password_file"),
+                    ::testing::Not(HasSubstr("hunter2"))));
 }
 
 TEST(ConfigTest, PeerPortWithoutTokenIsInvalidArgument) {

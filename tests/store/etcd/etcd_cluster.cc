@@ -61,14 +61,15 @@ std::string EtcdBinary() {
 }
 
 absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members,
-                                                                absl::Duration timeout) {
+                                                                absl::Duration timeout,
+                                                                EtcdClusterOptions options) {
   if (EtcdBinary().empty()) return absl::FailedPreconditionError(kNoEtcdMessage);
   // Ports are picked free, then bound by etcd a moment later; another process can take one
   // in between. Such a start is retried on fresh ports.
   constexpr int kAttempts = 5;
   absl::StatusOr<std::unique_ptr<EtcdCluster>> cluster;
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    cluster = StartOnce(members, timeout);
+    cluster = StartOnce(members, timeout, options);
     if (cluster.ok() || !absl::StrContains(cluster.status().message(), "address already in use")) {
       break;
     }
@@ -76,9 +77,10 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members,
   return cluster;
 }
 
-absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::StartOnce(int members,
-                                                                    absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::StartOnce(
+    int members, absl::Duration timeout, const EtcdClusterOptions& options) {
   auto cluster = std::unique_ptr<EtcdCluster>(new EtcdCluster());
+  cluster->options_ = options;
   std::vector<std::string> peers;
   for (int i = 0; i < members; ++i) {
     Member member;
@@ -120,7 +122,9 @@ EtcdCluster::~EtcdCluster() {
 
 absl::Status EtcdCluster::Launch(int i, bool initial) {
   Member& member = members_[i];
-  const std::string client = LoopbackUrl(member.client_port);
+  const bool tls = !options_.cert_file.empty();
+  const std::string client = absl::StrCat(tls ? "https" : "http", "://127.0.0.1:",
+                                          member.client_port);
   const std::string peer = LoopbackUrl(member.peer_port);
   std::vector<std::string> argv = {
       EtcdBinary(),
@@ -139,6 +143,15 @@ absl::Status EtcdCluster::Launch(int i, bool initial) {
       "--heartbeat-interval", "50",
       "--election-timeout", "500",
   };
+  if (tls) {
+    for (const std::string& arg :
+         {std::string("--cert-file"), options_.cert_file, std::string("--key-file"),
+          options_.key_file, std::string("--trusted-ca-file"), options_.client_ca_file,
+          std::string("--client-cert-auth")}) {
+      argv.push_back(arg);
+    }
+  }
+  argv.insert(argv.end(), options_.extra_flags.begin(), options_.extra_flags.end());
   const std::string log_path = absl::StrCat(dir_.path(), "/", member.name, ".log");
   const pid_t parent = getpid();
   const pid_t pid = fork();
@@ -168,7 +181,15 @@ bool EtcdCluster::AwaitServing(int i, absl::Time deadline) {
     if (absl::Now() >= deadline) return false;
     absl::SleepFor(absl::Milliseconds(20));
   }
-  auto channel = grpc::CreateChannel(ClientAddress(i), grpc::InsecureChannelCredentials());
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options_.cert_file.empty()) {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = options_.probe_root_certs;
+    tls.pem_cert_chain = options_.probe_cert_chain;
+    tls.pem_private_key = options_.probe_private_key;
+    credentials = grpc::SslCredentials(tls);
+  }
+  auto channel = grpc::CreateChannel(ClientAddress(i), credentials);
   auto kv = etcdserverpb::KV::NewStub(channel);
   while (absl::Now() < deadline) {
     grpc::ClientContext context;

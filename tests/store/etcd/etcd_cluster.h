@@ -28,12 +28,28 @@ inline constexpr char kNoEtcdMessage[] =
     "no etcd binary (/usr/bin/etcd or $TPD_ETCD_BINARY): install Debian's etcd-server "
     "(tools/setup.sh does)";
 
+// How the members serve clients.
+struct EtcdClusterOptions {
+  // TLS on the client port (PEM files): the members' certificate and key, and the CA whose
+  // client certificates they require (--client-cert-auth). Empty: plain http.
+  std::string cert_file;
+  std::string key_file;
+  std::string client_ca_file;
+  // What Start's readiness probe presents over TLS (PEM text): the CA of the members'
+  // certificate and a client certificate with its key.
+  std::string probe_root_certs;
+  std::string probe_cert_chain;
+  std::string probe_private_key;
+  // More etcd flags, e.g. {"--auth-token-ttl", "1"}.
+  std::vector<std::string> extra_flags;
+};
+
 class EtcdCluster {
  public:
   // Starts `members` (1 or 3) members and waits until the cluster answers a linearizable
   // read through every member (a leader is elected), up to `timeout`.
-  static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(int members,
-                                                            absl::Duration timeout = absl::Seconds(30));
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(
+      int members, absl::Duration timeout = absl::Seconds(30), EtcdClusterOptions options = {});
 
   // Kills every member still running (SIGKILL) and removes the data.
   ~EtcdCluster();
@@ -42,6 +58,9 @@ class EtcdCluster {
   EtcdCluster& operator=(const EtcdCluster&) = delete;
 
   int size() const { return static_cast<int>(members_.size()); }
+  // The directory the members' data lies in (removed with the cluster); tests may keep
+  // their own files there.
+  const std::string& dir() const { return dir_.path(); }
   // "127.0.0.1:port" of member `i`'s client (gRPC) port.
   std::string ClientAddress(int i) const;
   // Every member's client address, in member order.
@@ -68,8 +87,8 @@ class EtcdCluster {
 
   EtcdCluster() = default;
   // One try of Start on freshly picked ports.
-  static absl::StatusOr<std::unique_ptr<EtcdCluster>> StartOnce(int members,
-                                                                absl::Duration timeout);
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> StartOnce(
+      int members, absl::Duration timeout, const EtcdClusterOptions& options);
   absl::Status Launch(int i, bool initial);
   // Whether a linearizable Range through member `i` succeeds before `deadline`; false at once
   // when a member exits.
@@ -80,6 +99,7 @@ class EtcdCluster {
   ::tpd::testing::TempDir dir_;
   std::vector<Member> members_;
   std::string initial_cluster_;
+  EtcdClusterOptions options_;
 };
 
 }  // namespace tpd::store::testing

@@ -238,10 +238,15 @@ TEST(EtcdStoreNoServerTest, CreateChecksItsArguments) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(EtcdStore::Create({"127.0.0.1:2379"}, "/tpd/").status().code(),
             absl::StatusCode::kInvalidArgument);
+  // A user needs a password (etcd_auth_test has the rest of the credentials' checks).
   EtcdStoreOptions options;
   options.credentials.user = "root";
   EXPECT_EQ(EtcdStore::Create({"127.0.0.1:2379"}, "/tpd", options).status().code(),
-            absl::StatusCode::kUnimplemented);
+            absl::StatusCode::kInvalidArgument);
+  options.endpoint_hosts = {"a", "b"};
+  options.credentials.user.clear();
+  EXPECT_EQ(EtcdStore::Create({"127.0.0.1:2379"}, "/tpd", options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
