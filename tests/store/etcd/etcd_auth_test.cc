@@ -1,11 +1,14 @@
 // EtcdStore against a real etcd with authentication on (users and roles made through etcd's
 // Auth API, as etcdctl does): the conformance suite as a user whose role grants readwrite on
 // the test prefix; a wrong password, no user and a key outside the role refused, naming the
-// endpoint and never the password; an expired token renewed by authenticating again, for
-// calls and for the watch stream alike. Skips, saying
+// endpoint and never the password; an expired simple token and a JWT token older than an
+// auth change renewed by authenticating again, for calls and for the watch stream alike. Skips, saying
 // why, without etcd.
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "store/etcd/etcd_store.h"
 #include "tests/store/etcd/etcd_cluster.h"
 #include "tests/store/store_conformance.h"
+#include "tests/testing/daemon_process.h"
 
 namespace tpd::store {
 namespace {
@@ -251,36 +255,67 @@ TEST_F(EtcdAuthTest, AKeyOutsideTheUsersRoleIsPermissionDenied) {
               AllOf(HasSubstr(cluster_->ClientAddress(0)), HasSubstr("readwrite")));
 }
 
-// A change of users or roles: etcd refuses a JWT token issued before it ("revision of auth
-// store is old"); a simple token (these members') takes the current auth revision, so only a
-// write racing the change is refused. Either way the store goes on.
-TEST_F(EtcdAuthTest, AStoreGoesOnAcrossAnAuthChange) {
+// A change of users or roles through `cluster`'s root, between two waits and writes of
+// stores that authenticated before it. Returns the waiting store's watch streams opened.
+int64_t GoOnAcrossAnAuthChange(EtcdCluster& cluster) {
   const std::string prefix = FreshPrefix();
-  std::unique_ptr<EtcdStore> waiter = MakeStore(*cluster_, prefix);
-  std::unique_ptr<EtcdStore> writer = MakeStore(*cluster_, prefix);
-  ASSERT_NE(waiter, nullptr);
-  ASSERT_NE(writer, nullptr);
+  std::unique_ptr<EtcdStore> waiter = MakeStore(cluster, prefix);
+  std::unique_ptr<EtcdStore> writer = MakeStore(cluster, prefix);
+  if (waiter == nullptr || writer == nullptr) return -1;
   WaitResult first;
-  ASSERT_TRUE(waiter->WaitAsync({"a"}, LongDeadline(), first.Callback()).ok());
-  ASSERT_TRUE(writer->Set("a", "1").ok());
-  ASSERT_TRUE(first.Await());
+  EXPECT_TRUE(waiter->WaitAsync({"a"}, LongDeadline(), first.Callback()).ok());
+  EXPECT_TRUE(writer->Set("a", "1").ok());
+  EXPECT_TRUE(first.Await());
   EXPECT_EQ(waiter->Stats().watch_streams_opened, 1);
 
-  std::unique_ptr<AuthStub> auth = AuthAt(cluster_->ClientAddress(0));
+  std::unique_ptr<AuthStub> auth = AuthAt(cluster.ClientAddress(0));
   absl::StatusOr<std::string> root = RootToken(*auth);
-  ASSERT_TRUE(root.ok()) << root.status();
-  ASSERT_TRUE(AddUser(*auth, absl::StrCat("other-", getpid()), "x", *root).ok());
+  EXPECT_TRUE(root.ok()) << root.status();
+  if (!root.ok()) return -1;
+  static std::atomic<int> next{0};
+  EXPECT_TRUE(AddUser(*auth, absl::StrCat("other-", getpid(), "-", next++), "x", *root).ok());
 
   // The read that starts the wait, and the watch on the stream opened with the old token.
   WaitResult second;
-  ASSERT_TRUE(waiter->WaitAsync({"b"}, LongDeadline(), second.Callback()).ok());
-  ASSERT_TRUE(writer->Set("b", "2").ok());
-  ASSERT_TRUE(second.Await());
-  ASSERT_TRUE(second.result().ok()) << second.result().status();
-  EXPECT_THAT(*second.result(), ::testing::ElementsAre("2"));
+  EXPECT_TRUE(waiter->WaitAsync({"b"}, LongDeadline(), second.Callback()).ok());
+  absl::Status set = writer->Set("b", "2");
+  EXPECT_TRUE(set.ok()) << set;
+  EXPECT_TRUE(second.Await());
+  if (second.HasRun()) {
+    EXPECT_TRUE(second.result().ok()) << second.result().status();
+    if (second.result().ok()) EXPECT_THAT(*second.result(), ::testing::ElementsAre("2"));
+  }
   absl::StatusOr<int64_t> added = writer->Add("n", 5);
-  ASSERT_TRUE(added.ok()) << added.status();
-  EXPECT_EQ(*added, 5);
+  EXPECT_TRUE(added.ok()) << added.status();
+  if (added.ok()) EXPECT_EQ(*added, 5);
+  return waiter->Stats().watch_streams_opened;
+}
+
+// A simple token (etcd's default) takes the current auth revision whenever it is used, so
+// only a write racing the change is refused; the store goes on either way.
+TEST_F(EtcdAuthTest, AStoreGoesOnAcrossAnAuthChange) { GoOnAcrossAnAuthChange(*cluster_); }
+
+// A JWT token carries the auth revision it was issued at: after a change of users or roles
+// etcd refuses it ("revision of auth store is old") for reads, writes and new watches alike;
+// the stores authenticate again, and the waiting one reopens its watch stream once.
+TEST(EtcdAuthJwtTest, AJwtTokenStaleAfterAnAuthChangeIsRenewedForCallsAndWatches) {
+  if (EtcdBinary().empty()) GTEST_SKIP() << testing::kNoEtcdMessage;
+  if (access("/usr/bin/openssl", X_OK) != 0) {
+    GTEST_SKIP() << "no /usr/bin/openssl to make etcd's JWT signing key";
+  }
+  ::tpd::testing::TempDir dir;
+  const std::string key = absl::StrCat(dir.path(), "/jwt.key");
+  const std::string pub = absl::StrCat(dir.path(), "/jwt.pub");
+  ASSERT_EQ(std::system(absl::StrCat("/usr/bin/openssl genrsa -out ", key,
+                                     " 2048 2>/dev/null && /usr/bin/openssl rsa -in ", key,
+                                     " -pubout -out ", pub, " 2>/dev/null")
+                            .c_str()),
+            0);
+  absl::StatusOr<std::unique_ptr<EtcdCluster>> cluster = StartWithAuth(
+      {"--auth-token",
+       absl::StrCat("jwt,pub-key=", pub, ",priv-key=", key, ",sign-method=RS256,ttl=10m")});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_EQ(GoOnAcrossAnAuthChange(**cluster), 2);
 }
 
 // etcd forgets a simple token unused for --auth-token-ttl ("invalid auth token").
