@@ -265,9 +265,10 @@ std::string EtcdStore::EtcdKey(absl::string_view key) const { return absl::StrCa
 absl::StatusOr<EtcdStore::Token> EtcdStore::GetToken(Endpoint& endpoint, absl::Time deadline,
                                                      int64_t stale) {
   const std::string& user = options_.credentials.user;
+  if (user.empty()) return Token();  // no lock on the path of every call without a user
   const auto current = [&]() -> std::optional<Token> {
     absl::MutexLock lock(&token_mu_);
-    if (user.empty() || (token_.generation > 0 && token_.generation > stale)) return token_;
+    if (token_.generation > 0 && token_.generation > stale) return token_;
     return std::nullopt;
   };
   if (std::optional<Token> token = current()) return *token;
