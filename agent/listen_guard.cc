@@ -15,12 +15,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "store/check.h"
+#include "store/remote/dial_networks.h"
 
 namespace tpd::agent {
 namespace {
 
-// Past this many networks, ToString says "... and N more".
-constexpr size_t kMaxListed = 10;
 constexpr uint32_t kDrop = 0;
 constexpr uint32_t kKeep = 0xffffffff;
 // Offsets from the start of the IP header.
@@ -29,46 +28,7 @@ constexpr uint32_t kIpv6Source = 8;
 // Where a v4-mapped address's IPv4 address starts.
 constexpr uint32_t kV4MappedPrefixBytes = 12;
 
-struct Network {
-  int family = AF_INET;
-  std::array<unsigned char, 16> bytes{};
-  int prefix = 0;
-};
-
-// One CIDR as [peer] dial_networks takes it (store/remote/dial_networks.cc, whose NetworkList
-// keeps its networks to itself): an IP address, an optional /prefix, no host bits past it.
-absl::StatusOr<Network> ParseNetwork(const std::string& cidr) {
-  Network network;
-  const size_t slash = cidr.find('/');
-  const std::string address = cidr.substr(0, slash);
-  if (inet_pton(AF_INET, address.c_str(), network.bytes.data()) == 1) {
-    network.family = AF_INET;
-  } else if (inet_pton(AF_INET6, address.c_str(), network.bytes.data()) == 1) {
-    network.family = AF_INET6;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("\"", cidr,
-                     "\" is not a network: want an IP address with an optional /prefix, such as "
-                     "\"10.0.0.0/8\" or \"fe80::/10\""));
-  }
-  const int bits = network.family == AF_INET ? 32 : 128;
-  network.prefix = bits;
-  if (slash != std::string::npos) {
-    const std::string prefix = cidr.substr(slash + 1);
-    if (prefix.empty() || prefix.find_first_not_of("0123456789") != std::string::npos ||
-        !absl::SimpleAtoi(prefix, &network.prefix) || network.prefix > bits) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("\"", cidr, "\": the prefix length must be 0..", bits));
-    }
-  }
-  for (int bit = network.prefix; bit < bits; ++bit) {
-    if (network.bytes[bit / 8] & (0x80 >> (bit % 8))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("\"", cidr, "\" has bits set past its /", network.prefix, " prefix"));
-    }
-  }
-  return network;
-}
+using Network = store::NetworkList::Network;
 
 sock_filter Statement(uint16_t code, uint32_t k) { return sock_filter{code, 0, 0, k}; }
 sock_filter Jump(uint16_t code, uint32_t k, uint8_t jt, uint8_t jf) {
@@ -97,18 +57,6 @@ void AppendNetwork(const Network& network, uint32_t source, std::vector<sock_fil
     program->push_back(Jump(BPF_JMP | BPF_JEQ | BPF_K, values[i], 0, static_cast<uint8_t>(left)));
   }
   program->push_back(Statement(BPF_RET | BPF_K, kKeep));
-}
-
-// The networks' text as configured, the first kMaxListed of them.
-std::string Describe(const std::vector<std::string>& networks) {
-  std::string out;
-  for (size_t i = 0; i < networks.size() && i < kMaxListed; ++i) {
-    absl::StrAppend(&out, i == 0 ? "" : ", ", networks[i]);
-  }
-  if (networks.size() > kMaxListed) {
-    absl::StrAppend(&out, ", ... and ", networks.size() - kMaxListed, " more");
-  }
-  return out;
 }
 
 // Raw system calls on fds owned by TensorPipe's threads: under ThreadSanitizer, libc's
@@ -142,12 +90,13 @@ absl::StatusOr<ListenGuard> ListenGuard::Create(const std::vector<std::string>& 
         "accept_networks has ", networks.size(), " networks; at most ", kMaxAcceptNetworks,
         " fit one socket filter: merge them into fewer, wider networks"));
   }
+  // The same CIDR rules as [peer] dial_networks, by the same parser.
+  absl::StatusOr<store::NetworkList> list = store::NetworkList::Parse(networks);
+  if (!list.ok()) return list.status();
   std::vector<Network> v4;
   std::vector<Network> v6;
-  for (const std::string& cidr : networks) {
-    absl::StatusOr<Network> network = ParseNetwork(cidr);
-    if (!network.ok()) return network.status();
-    (network->family == AF_INET ? v4 : v6).push_back(*network);
+  for (const Network& network : list->networks()) {
+    (network.family == AF_INET ? v4 : v6).push_back(network);
   }
   std::vector<sock_filter> v4_block;
   for (const Network& network : v4) AppendNetwork(network, kIpv4Source, &v4_block);
@@ -190,7 +139,7 @@ absl::StatusOr<ListenGuard> ListenGuard::Create(const std::vector<std::string>& 
   // 7 + 9 + 3 + per IPv4 network 8, per IPv6 network at most 13: kMaxAcceptNetworks keeps it
   // inside the limit.
   TPD_DCHECK(p.size() <= BPF_MAXINSNS);
-  guard.text_ = Describe(networks);
+  guard.text_ = list->ToString();
   return guard;
 }
 

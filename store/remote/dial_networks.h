@@ -39,13 +39,16 @@ class NetworkList {
   // more" (store/summarize.h).
   std::string ToString() const;
 
- private:
   struct Network {
     int family = AF_INET;                   // AF_INET or AF_INET6
-    std::array<unsigned char, 16> bytes{};  // 4 used for AF_INET
+    std::array<unsigned char, 16> bytes{};  // 4 used for AF_INET; no bits set past `prefix`
     int prefix = 0;
-    std::string text;
+    std::string text;  // as configured
   };
+  // The networks in the order given (the agent's listen guard compiles them into a filter).
+  const std::vector<Network>& networks() const { return networks_; }
+
+ private:
   std::vector<Network> networks_;
 };
 
