@@ -371,6 +371,7 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
   }
   *request.mutable_options() = options.options;
   request.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
+  request.set_omit_members(options.omit_members);
   v1::JoinResponse response;
   absl::Status status =
       FromGrpc(control_->Join(Context(options.timeout, true).get(), request, &response));

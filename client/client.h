@@ -50,6 +50,9 @@ struct JoinOptions {
   std::map<std::string, std::string> env;
   v1::BackendOptions options;
   absl::Duration timeout = absl::ZeroDuration();  // 0: the daemon's default
+  // The answer's group without its member list (JoinRequest.omit_members): for groups of
+  // thousands of ranks, where every rank receiving every member costs O(N^2). GetGroup has it.
+  bool omit_members = false;
 };
 
 // A WatchGroup stream: every version of a group, in order.

@@ -737,8 +737,8 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
           continue;
         }
         local_[name] = LocalMember{ops[i].session_id, ops[i].join->incarnation};
-        pending_joins_.push_back(
-            {name, ops[i].session_id, ops[i].deadline, std::move(ops[i].join_done)});
+        pending_joins_.push_back({name, ops[i].session_id, ops[i].deadline,
+                                  std::move(ops[i].join_done), ops[i].join->omit_members});
       }
     }
     SettledJoins(ops);
@@ -784,6 +784,7 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
     absl::Status error;
     int64_t rank = -1;
     std::string name;
+    bool omit_members = false;
   };
   std::vector<Settled> settled;
   // One copy of the view for every join this version answers; each answer is built from it
@@ -836,7 +837,8 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
                                       "worker ", it->name, " was removed from group ", group_,
                                       " before it formed: ", latest_.change_detail()))});
       } else if (!view.is_static() || view.phase() == kFormed) {
-        settled.push_back({std::move(it->done), absl::OkStatus(), member->rank(), it->name});
+        settled.push_back({std::move(it->done), absl::OkStatus(), member->rank(), it->name,
+                           it->omit_members});
         answers = true;
       } else if (view.phase() == kFailed || view.phase() == kBroken) {
         settled.push_back({std::move(it->done), view.phase() == kFailed
@@ -875,13 +877,25 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
   // are built one at a time and handed to gRPC at once, outside the lock: building all of a
   // formed group's local answers under mu_ first held O(N^2 / daemons) memory and blocked the
   // tracker for seconds at N = 4000 (bench/group_bench.cc).
+  // Answers that asked for no member list share one copy without it (built once per version).
+  v1::GroupView memberless_view;
+  bool memberless_built = false;
   for (Settled& join : settled) {
     if (!join.error.ok()) {
       join.done(join.error);
       continue;
     }
     v1::JoinResponse response;
-    *response.mutable_group() = answer_view;
+    if (join.omit_members) {
+      if (!memberless_built) {
+        memberless_view = answer_view;
+        memberless_view.clear_members();
+        memberless_built = true;
+      }
+      *response.mutable_group() = memberless_view;
+    } else {
+      *response.mutable_group() = answer_view;
+    }
     response.set_rank(join.rank);
     if (auto it = own.find(join.name); it != own.end()) *response.mutable_negotiated() = it->second;
     join.done(std::move(response));

@@ -152,6 +152,7 @@ class GroupTracker : public WorkerTask {
     std::string session_id;
     absl::Time deadline;
     JoinDone done;
+    bool omit_members = false;
   };
   // A barrier entry waiting for the worker to do its store calls.
   struct BarrierOp {

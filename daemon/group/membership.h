@@ -35,6 +35,8 @@ struct JoinSpec {
   uint64_t incarnation = 0;
   int64_t since_unix_ms = 0;
   int64_t device_count = 0;
+  // Answer the join without the group's member list (JoinRequest.omit_members).
+  bool omit_members = false;
   // The node's agent address and registered transports/channels (see Node).
   std::string agent_address;
   std::vector<std::string> node_transports;

@@ -130,6 +130,27 @@ TEST_F(GroupTest, StaticGroupOfEightFormsOverThreeDaemonsViaTcp) {
   ExpectFormed(JoinStatic("tcp8", 8), 8);
 }
 
+TEST_F(GroupTest, JoinsMayAskForAnswersWithoutTheMemberList) {
+  // Ranks 0..3 omit the list (what thousands of ranks would do); 4..7 get it as usual.
+  std::vector<absl::StatusOr<v1::JoinResponse>> results =
+      JoinStatic("lean8", 8, [](int r, JoinOptions* options) { options->omit_members = r < 4; });
+  for (int r = 0; r < 8; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    const v1::GroupView& view = results[r]->group();
+    EXPECT_EQ(results[r]->rank(), r);
+    EXPECT_EQ(view.phase(), "FORMED");
+    EXPECT_EQ(view.world_size(), 8);
+    EXPECT_EQ(view.version(), results[7]->group().version());
+    EXPECT_FALSE(view.transports().empty()) << "the negotiated options are there";
+    EXPECT_EQ(results[r]->negotiated().name(), absl::StrCat("w", r)) << "and its own entry";
+    EXPECT_EQ(view.members_size(), r < 4 ? 0 : 8) << "rank " << r;
+  }
+  // The list is one GetGroup away.
+  absl::StatusOr<v1::GroupView> full = clients_[0]->GetGroup("lean8", init_method_);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->members_size(), 8);
+}
+
 TEST_F(GroupTest, ClientsCannotReachTheDaemonsOwnKeys) {
   ExpectFormed(JoinStatic("own", 3), 3);
   std::unique_ptr<Client> client = Connect(0);
