@@ -57,6 +57,9 @@ ABSL_FLAG(int, daemons, 4, "daemons the ranks are spread over (rank r joins thro
 ABSL_FLAG(std::string, log_level, "warn",
           "the daemons' log level (info logs every group version, with its whole change list)");
 ABSL_FLAG(int, join_timeout_s, 300, "timeout of each Join");
+ABSL_FLAG(std::string, init_method, "",
+          "the group's store instead of daemon 0's peer port, e.g. etcd://127.0.0.1:2379/bench "
+          "(an etcd started beforehand; the daemons' dial_networks admit loopback)");
 ABSL_FLAG(bool, omit_members, false,
           "Joins ask for answers without the member list (JoinOptions::omit_members)");
 ABSL_FLAG(bool, heartbeat_trace, false,
@@ -200,7 +203,9 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
   Daemons daemons;
   if (!StartDaemons(daemon_count, world_size, &daemons)) return false;
   const std::string group = absl::StrCat("bench-", world_size);
-  const std::string init_method = absl::StrCat("tcp://", daemons.store_address);
+  const std::string init_method = absl::GetFlag(FLAGS_init_method).empty()
+                                      ? absl::StrCat("tcp://", daemons.store_address)
+                                      : absl::GetFlag(FLAGS_init_method);
 
   // Clients connect and open their sessions up front: neither is part of forming the group.
   // A Leave from a group the daemon does not know opens the session and changes nothing.
