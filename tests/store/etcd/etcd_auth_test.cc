@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "store/etcd/etcd_store.h"
 #include "tests/store/etcd/etcd_cluster.h"
+#include "tests/store/etcd/shared_cluster.h"
 #include "tests/store/store_conformance.h"
 #include "tests/testing/daemon_process.h"
 
@@ -132,34 +133,13 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> StartWithAuth(std::vector<std::stri
   return cluster;
 }
 
-// One cluster for the whole test binary, stopped when the tests end.
-std::unique_ptr<EtcdCluster>& Cluster() {
-  static auto* cluster = new std::unique_ptr<EtcdCluster>();
-  return *cluster;
-}
-
+// One cluster for the whole test binary (tests/store/etcd/shared_cluster.h).
 EtcdCluster* SharedCluster() {
-  if (Cluster() == nullptr) {
-    absl::StatusOr<std::unique_ptr<EtcdCluster>> started = StartWithAuth();
-    if (!started.ok()) {
-      ADD_FAILURE() << started.status();
-      return nullptr;
-    }
-    Cluster() = *std::move(started);
-  }
-  return Cluster().get();
+  return testing::SharedCluster([] { return StartWithAuth(); });
 }
 
-class StopCluster : public ::testing::Environment {
- public:
-  void TearDown() override { Cluster().reset(); }
-};
-::testing::Environment* const kStopCluster = ::testing::AddGlobalTestEnvironment(new StopCluster);
-
-std::string FreshPrefix() {
-  static std::atomic<int> next{0};
-  return absl::StrCat(kGrantedPrefix, getpid(), "-", next.fetch_add(1));
-}
+// Under the prefix the test user's role may write.
+std::string FreshPrefix() { return testing::FreshPrefix(kGrantedPrefix); }
 
 EtcdStoreOptions AsUser(const std::string& user, const std::string& password) {
   EtcdStoreOptions options;

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "store/etcd/etcd_store.h"
 #include "tests/store/etcd/etcd_cluster.h"
+#include "tests/store/etcd/shared_cluster.h"
 #include "tests/store/store_conformance.h"
 #include "tests/testing/wait_until.h"
 
@@ -26,33 +27,11 @@ using ::testing::HasSubstr;
 using testing::EtcdBinary;
 using testing::EtcdCluster;
 
-std::unique_ptr<EtcdCluster>& SharedClusterSlot() {
-  static auto* cluster = new std::unique_ptr<EtcdCluster>();
-  return *cluster;
-}
+using testing::FreshPrefix;
 
 // One 3-member cluster for the conformance suite; the fault tests start their own.
 EtcdCluster* SharedCluster() {
-  if (SharedClusterSlot() == nullptr) {
-    absl::StatusOr<std::unique_ptr<EtcdCluster>> started = EtcdCluster::Start(3);
-    if (!started.ok()) {
-      ADD_FAILURE() << started.status();
-      return nullptr;
-    }
-    SharedClusterSlot() = *std::move(started);
-  }
-  return SharedClusterSlot().get();
-}
-
-class StopCluster : public ::testing::Environment {
- public:
-  void TearDown() override { SharedClusterSlot().reset(); }
-};
-::testing::Environment* const kStopCluster = ::testing::AddGlobalTestEnvironment(new StopCluster);
-
-std::string FreshPrefix() {
-  static std::atomic<int> next{0};
-  return absl::StrCat("/tpd-test/", getpid(), "-", next.fetch_add(1));
+  return testing::SharedCluster([] { return EtcdCluster::Start(3); });
 }
 
 std::unique_ptr<EtcdStore> MakeStore(const std::vector<std::string>& endpoints,

@@ -17,6 +17,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/store/etcd/etcd_cluster.h"
+#include "tests/store/etcd/shared_cluster.h"
 #include "tests/store/store_conformance.h"
 
 namespace tpd::store {
@@ -27,34 +28,11 @@ using ::testing::HasSubstr;
 using testing::EtcdBinary;
 using testing::EtcdCluster;
 
-// One single-member cluster for the whole test binary, stopped when the tests end; every
-// store gets a prefix of its own, so each test starts with an empty store.
-std::unique_ptr<EtcdCluster>& Cluster() {
-  static auto* cluster = new std::unique_ptr<EtcdCluster>();
-  return *cluster;
-}
+using testing::FreshPrefix;
 
+// One single-member cluster for the whole test binary (tests/store/etcd/shared_cluster.h).
 EtcdCluster* SharedCluster() {
-  if (Cluster() == nullptr) {
-    absl::StatusOr<std::unique_ptr<EtcdCluster>> started = EtcdCluster::Start(1);
-    if (!started.ok()) {
-      ADD_FAILURE() << started.status();
-      return nullptr;
-    }
-    Cluster() = *std::move(started);
-  }
-  return Cluster().get();
-}
-
-class StopCluster : public ::testing::Environment {
- public:
-  void TearDown() override { Cluster().reset(); }
-};
-::testing::Environment* const kStopCluster = ::testing::AddGlobalTestEnvironment(new StopCluster);
-
-std::string FreshPrefix() {
-  static std::atomic<int> next{0};
-  return absl::StrCat("/tpd-test/", getpid(), "-", next.fetch_add(1));
+  return testing::SharedCluster([] { return EtcdCluster::Start(1); });
 }
 
 std::unique_ptr<EtcdStore> MakeStore(const std::vector<std::string>& endpoints,

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "store/etcd/etcd_store.h"
 #include "tests/store/etcd/etcd_cluster.h"
+#include "tests/store/etcd/shared_cluster.h"
 #include "tests/store/store_conformance.h"
 #include "tests/testing/daemon_process.h"
 
@@ -152,10 +153,7 @@ class StopCluster : public ::testing::Environment {
 };
 ::testing::Environment* const kStopCluster = ::testing::AddGlobalTestEnvironment(new StopCluster);
 
-std::string FreshPrefix() {
-  static std::atomic<int> next{0};
-  return absl::StrCat("/tpd-test/", getpid(), "-", next.fetch_add(1));
-}
+using testing::FreshPrefix;
 
 // TLS with the test CA and its client certificate.
 EtcdStoreOptions WithClientCertificate(const TestPki& pki) {
