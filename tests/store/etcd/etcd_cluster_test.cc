@@ -28,18 +28,11 @@ using testing::EtcdBinary;
 using testing::EtcdCluster;
 
 using testing::FreshPrefix;
+using testing::MakeStore;
 
 // One 3-member cluster for the conformance suite; the fault tests start their own.
 EtcdCluster* SharedCluster() {
   return testing::SharedCluster([] { return EtcdCluster::Start(3); });
-}
-
-std::unique_ptr<EtcdStore> MakeStore(const std::vector<std::string>& endpoints,
-                                     const std::string& prefix, EtcdStoreOptions options = {}) {
-  absl::StatusOr<std::unique_ptr<EtcdStore>> store =
-      EtcdStore::Create(endpoints, prefix, std::move(options));
-  EXPECT_TRUE(store.ok()) << store.status();
-  return store.ok() ? *std::move(store) : nullptr;
 }
 
 class ThreeMemberUnderTest : public StoreUnderTest {

@@ -29,18 +29,11 @@ using testing::EtcdBinary;
 using testing::EtcdCluster;
 
 using testing::FreshPrefix;
+using testing::MakeStore;
 
 // One single-member cluster for the whole test binary (tests/store/etcd/shared_cluster.h).
 EtcdCluster* SharedCluster() {
   return testing::SharedCluster([] { return EtcdCluster::Start(1); });
-}
-
-std::unique_ptr<EtcdStore> MakeStore(const std::vector<std::string>& endpoints,
-                                     const std::string& prefix, EtcdStoreOptions options = {}) {
-  absl::StatusOr<std::unique_ptr<EtcdStore>> store =
-      EtcdStore::Create(endpoints, prefix, std::move(options));
-  EXPECT_TRUE(store.ok()) << store.status();
-  return store.ok() ? *std::move(store) : nullptr;
 }
 
 class EtcdUnderTest : public StoreUnderTest {

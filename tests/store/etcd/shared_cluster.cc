@@ -43,4 +43,12 @@ std::string FreshPrefix(absl::string_view root) {
   return absl::StrCat(root, getpid(), "-", next.fetch_add(1));
 }
 
+std::unique_ptr<EtcdStore> MakeStore(const std::vector<std::string>& endpoints,
+                                     const std::string& prefix, EtcdStoreOptions options) {
+  absl::StatusOr<std::unique_ptr<EtcdStore>> store =
+      EtcdStore::Create(endpoints, prefix, std::move(options));
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? *std::move(store) : nullptr;
+}
+
 }  // namespace tpd::store::testing

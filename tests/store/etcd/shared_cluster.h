@@ -10,9 +10,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "store/etcd/etcd_store.h"
 #include "tests/store/etcd/etcd_cluster.h"
 
 namespace tpd::store::testing {
@@ -25,6 +27,10 @@ EtcdCluster* SharedCluster(
 
 // A key prefix no other store of this process uses: `root` + "<pid>-<n>".
 std::string FreshPrefix(absl::string_view root = "/tpd-test/");
+
+// EtcdStore::Create, failing the test (and returning nullptr) on an error.
+std::unique_ptr<EtcdStore> MakeStore(const std::vector<std::string>& endpoints,
+                                     const std::string& prefix, EtcdStoreOptions options = {});
 
 }  // namespace tpd::store::testing
 
