@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/cuda_export.h"
 #include "proto/shm/doorbell.h"
 #include "proto/shm/heap.h"
 #include "proto/shm/message.h"
@@ -129,6 +130,13 @@ class Link {
       : segment_(std::move(segment)),
         tx("tx heap", segment_->layout().tx_heap),
         submissions(segment_->base(), segment_->layout().submission, "submission ring") {}
+  // The receive pools go with the last view into them (the engine holds the link too).
+  ~Link() {
+    if (pools.empty()) return;
+    absl::StatusOr<CudaExporter*> exporter = CudaExporter::Get();
+    if (!exporter.ok()) return;
+    for (const auto& [device, pool] : pools) (*exporter)->FreePool(pool);
+  }
 
   uint8_t* base() const { return segment_->base(); }
   const shm::Layout& layout() const { return segment_->layout(); }
@@ -176,11 +184,13 @@ class Link {
   // Tells the daemon it may reuse the rx block at `rx_offset` of `bytes` (no-op once
   // closed). On a thread that defers releases (defer_releases_of) a small block's release
   // waits for the next push instead of ringing the daemon now.
-  void SendRelease(uint64_t rx_offset, uint64_t bytes) {
+  // `device_pool`: 0 for an rx block, 1 + d for a block of the receive pool on cuda:d.
+  void SendRelease(uint64_t rx_offset, uint64_t bytes, uint64_t device_pool = 0) {
     shm::Descriptor d{};
     d.op = static_cast<uint8_t>(shm::Op::kRelease);
     d.call_id = 1;
     d.payload_offset = rx_offset;
+    d.device_pool = device_pool;
     absl::MutexLock lock(&mu);
     if (!open) return;
     if (defer_releases_of == this && bytes <= kDeferredReleaseMaxBytes &&
@@ -214,12 +224,18 @@ class Link {
   // blocks its tensor table pointed at.
   void OnReleased(uint64_t tx_offset) {
     std::vector<std::shared_ptr<ArenaBlock>> unpinned;  // freed after the lock (they lock it)
+    std::vector<std::shared_ptr<EventLease>> returned;   // the daemon has waited on them
     absl::MutexLock lock(&mu);
     (void)tx.Free(tx_offset);  // a release naming no live block is the daemon's bug: ignored
     auto it = pinned.find(tx_offset);
     if (it != pinned.end()) {
       unpinned = std::move(it->second);
       pinned.erase(it);
+    }
+    auto lease = leases.find(tx_offset);
+    if (lease != leases.end()) {
+      returned = std::move(lease->second);
+      leases.erase(lease);
     }
   }
 
@@ -234,6 +250,7 @@ class Link {
     absl::MutexLock lock(&mu);
     open = false;
     unpinned.swap(pinned);
+    leases.clear();
   }
 
  private:
@@ -250,6 +267,11 @@ class Link {
   // Message block → the arena blocks its tensor table points at. Never destroy an entry's
   // blocks under `mu` (ArenaBlock's destructor takes it).
   std::map<uint64_t, std::vector<std::shared_ptr<ArenaBlock>>> pinned ABSL_GUARDED_BY(mu);
+  // Message block → the IPC events its CUDA tensors were recorded on.
+  std::map<uint64_t, std::vector<std::shared_ptr<EventLease>>> leases ABSL_GUARDED_BY(mu);
+  // Receive pools lent to the daemon, by device. Written under the engine's pool_mu_ only
+  // before the daemon accepted them (so before any view points into them); read by the reader.
+  std::map<int, DevicePool> pools ABSL_GUARDED_BY(mu);
 
   std::atomic<uint64_t> bytes_copied_in{0};
   std::atomic<uint64_t> tensors_copied_in{0};
@@ -258,6 +280,9 @@ class Link {
   std::atomic<uint64_t> rx_blocks_held{0};
   std::atomic<uint64_t> releases_deferred{0};
   std::atomic<uint64_t> release_flushes{0};
+  std::atomic<uint64_t> cuda_tensors_sent{0};
+  std::atomic<uint64_t> cuda_tensors_received{0};
+  std::atomic<uint64_t> cuda_pool_blocks_held{0};
 };
 
 struct ArenaBlock {
@@ -279,6 +304,21 @@ struct RxBlock {
   const std::shared_ptr<Link> link;
   const uint64_t offset;
   const uint64_t bytes;  // at least: the message's payload and tensor table
+};
+
+// A block of a receive pool a received CUDA tensor lies in; released when its views go.
+struct PoolBlock {
+  PoolBlock(std::shared_ptr<Link> link, int device, uint64_t offset)
+      : link(std::move(link)), device(device), offset(offset) {
+    ++this->link->cuda_pool_blocks_held;
+  }
+  ~PoolBlock() {
+    link->SendRelease(offset, 0, static_cast<uint64_t>(device) + 1);
+    --link->cuda_pool_blocks_held;
+  }
+  const std::shared_ptr<Link> link;
+  const int device;
+  const uint64_t offset;
 };
 
 struct CallState {
@@ -303,7 +343,11 @@ struct CallState {
 
 using calls_internal::ArenaBlock;
 using calls_internal::CallState;
+using calls_internal::CudaExporter;
+using calls_internal::DevicePool;
+using calls_internal::EventLease;
 using calls_internal::Link;
+using calls_internal::PoolBlock;
 using calls_internal::RxBlock;
 
 // --- Device, Tensor ---
@@ -337,7 +381,24 @@ Tensor Tensor::Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* 
   return tensor;
 }
 
+Tensor Tensor::Cuda(shm::DType dtype, std::vector<int64_t> shape, uint64_t device_pointer,
+                    int device, void* stream) {
+  Tensor tensor;
+  tensor.dtype_ = dtype;
+  tensor.shape_ = std::move(shape);
+  tensor.storage_ = TensorStorage::kBorrowed;
+  tensor.device_ = Device{shm::DeviceType::kCuda, device};
+  tensor.data_ = reinterpret_cast<char*>(device_pointer);
+  tensor.stream_ = stream;
+  const uint64_t item = shm::ItemBytes(static_cast<uint8_t>(dtype));
+  uint64_t bytes = item;
+  for (int64_t dim : tensor.shape_) bytes *= dim < 0 ? 0 : static_cast<uint64_t>(dim);
+  tensor.size_ = bytes;  // Submit checks the shape and dtype again, with overflow
+  return tensor;
+}
+
 Tensor Tensor::Clone() const {
+  if (is_cuda()) return *this;
   Tensor copy(dtype_, shape_, std::string(data()));
   copy.device_ = device_;
   return copy;
@@ -687,9 +748,17 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
       return absl::InvalidArgumentError(absl::StrCat(what, ": shape and dtype need ", *bytes,
                                                      " bytes, data has ", tensor.size_));
     }
-    if (!(tensor.device_ == Device{})) {
-      return absl::UnimplementedError(absl::StrCat(what, " is on ", tensor.device_.ToString(),
-                                                   ": only cpu tensors travel in this build"));
+    if (tensor.is_cuda()) {
+      if (tensor.device_.index < 0 ||
+          tensor.device_.index >= static_cast<int>(shm::kMaxCudaDevices)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": device ", tensor.device_.ToString(), " does not exist"));
+      }
+      if (*bytes > 0) {
+        at[i] = total;  // its export record
+        total += shm::AlignUp(sizeof(shm::CudaExport));
+      }
+      continue;
     }
     if (tensor.storage_ == TensorStorage::kArena && tensor.arena_ != nullptr &&
         tensor.arena_->link == link_) {
@@ -715,6 +784,8 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
   shm::WriteMessagePrefix(out, code, n0, n1, n2, n3);
   if (!payload.empty()) std::memcpy(out + prefix, payload.data(), payload.size());
   uint64_t in_place = 0;
+  uint64_t cuda_sent = 0;
+  std::vector<std::shared_ptr<EventLease>> leases;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& tensor = tensors[i];
     shm::TensorEntry entry{};
@@ -722,6 +793,32 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
     entry.ndim = static_cast<uint8_t>(tensor.shape_.size());
     for (size_t k = 0; k < tensor.shape_.size(); ++k) entry.shape[k] = tensor.shape_[k];
     entry.length = tensor.size_;
+    if (tensor.is_cuda()) {
+      entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCuda);
+      entry.device_index = static_cast<uint32_t>(tensor.device_.index);
+      if (entry.length > 0) {
+        absl::StatusOr<CudaExporter*> exporter = CudaExporter::Get();
+        shm::CudaExport record;
+        absl::StatusOr<uint64_t> offset =
+            exporter.ok() ? (*exporter)->Export(tensor.device_pointer(), tensor.size_,
+                                                tensor.device_.index, tensor.stream_, &record,
+                                                &leases)
+                          : exporter.status();
+        if (!offset.ok()) {
+          absl::MutexLock lock(&link_->mu);
+          (void)link_->tx.Free(*block);
+          return absl::Status(offset.status().code(),
+                              absl::StrCat("tensor ", i, " (", tensor.device_.ToString(),
+                                           "): ", offset.status().message()));
+        }
+        std::memcpy(out + *at[i], &record, sizeof(record));
+        entry.offset = *offset;
+        entry.device_handle = *block + *at[i];
+        ++cuda_sent;
+      }
+      std::memcpy(out + table + i * sizeof(entry), &entry, sizeof(entry));
+      continue;
+    }
     if (entry.length > 0) {
       if (at[i].has_value()) {
         entry.offset = *block + *at[i];
@@ -745,6 +842,7 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
   absl::MutexLock lock(&link_->mu);
   // Pinned before the push: the release for this block can only come after it.
   if (!pins.empty()) link_->pinned[*block] = std::move(pins);
+  if (!leases.empty()) link_->leases[*block] = std::move(leases);
   absl::Status pushed = link_->open ? link_->Push(&d)
                                     : absl::UnavailableError("the client's shared memory is detached");
   if (!pushed.ok()) {
@@ -754,8 +852,14 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
       pins = std::move(it->second);  // freed after the lock, as declared before it
       link_->pinned.erase(it);
     }
+    auto lease = link_->leases.find(*block);
+    if (lease != link_->leases.end()) {
+      leases = std::move(lease->second);  // returned after the lock (they take another)
+      link_->leases.erase(lease);
+    }
     return pushed;
   }
+  link_->cuda_tensors_sent += cuda_sent;
   link_->bytes_copied_in += copied;
   link_->tensors_copied_in += tensors.size() - in_place;
   link_->tensors_in_place += in_place;
@@ -847,6 +951,7 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
     message = entries.status();
   } else if (!error) {
     Message in;
+    absl::Status misplaced;
     in.payload.assign(reinterpret_cast<const char*>(base + parsed->body_offset),
                       parsed->body_length);
     link_->bytes_copied_out += parsed->body_length;
@@ -855,6 +960,38 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
       tensor.dtype_ = static_cast<shm::DType>(entry.dtype);
       tensor.shape_.assign(entry.shape, entry.shape + entry.ndim);
       tensor.storage_ = TensorStorage::kReceived;
+      if (entry.device_type == static_cast<uint8_t>(shm::DeviceType::kCuda)) {
+        const int device = static_cast<int>(entry.device_index);
+        tensor.device_ = Device{shm::DeviceType::kCuda, device};
+        if (entry.length == 0) {
+          in.tensors.push_back(std::move(tensor));
+          continue;
+        }
+        uint64_t pool_base = 0;
+        uint64_t pool_bytes = 0;
+        {
+          absl::MutexLock lock(&link_->mu);
+          auto pool = link_->pools.find(device);
+          if (pool != link_->pools.end()) {
+            pool_base = pool->second.base;
+            pool_bytes = pool->second.bytes;
+          }
+        }
+        // The daemon's block of our pool: released even when the message is refused.
+        auto held = std::make_shared<PoolBlock>(link_, device, entry.offset);
+        if (pool_base == 0 || entry.offset > pool_bytes ||
+            entry.length > pool_bytes - entry.offset) {
+          misplaced = absl::InternalError(absl::StrCat(
+              "the daemon placed a tensor outside this client's receive pool on cuda:", device));
+          break;
+        }
+        tensor.keep_ = std::move(held);
+        tensor.data_ = reinterpret_cast<char*>(pool_base + entry.offset);
+        tensor.size_ = entry.length;
+        ++link_->cuda_tensors_received;
+        in.tensors.push_back(std::move(tensor));
+        continue;
+      }
       if (entry.length > 0) {
         tensor.keep_ = block;
         tensor.data_ = reinterpret_cast<char*>(base + entry.offset);
@@ -862,7 +999,11 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
       }
       in.tensors.push_back(std::move(tensor));
     }
-    message = std::move(in);
+    if (misplaced.ok()) {
+      message = std::move(in);
+    } else {
+      message = misplaced;
+    }
   }
   // `block` (when no tensor holds it) is released on the way out, after the caller or the
   // handler has its message: on this thread the release waits for the next push.
@@ -1039,6 +1180,72 @@ void ReleaseCallEngine(std::shared_ptr<CallEngine> engine) {
   std::thread([engine = std::move(engine)]() mutable { engine.reset(); }).detach();
 }
 
+absl::Status CallEngine::LendDevicePool(int device, uint64_t bytes) {
+  const std::string what = absl::StrCat("receive pool of ", bytes, " bytes on cuda:", device);
+  absl::MutexLock lend(&lend_mu_);
+  {
+    absl::MutexLock lock(&link_->mu);
+    if (link_->pools.count(device) > 0) return absl::OkStatus();
+  }
+  absl::StatusOr<CudaExporter*> exporter = CudaExporter::Get();
+  absl::StatusOr<DevicePool> pool =
+      exporter.ok() ? (*exporter)->AllocatePool(device, bytes) : exporter.status();
+  if (!pool.ok()) {
+    return absl::Status(pool.status().code(), absl::StrCat(what, ": ", pool.status().message()));
+  }
+  {
+    // Known before the daemon can place anything in it.
+    absl::MutexLock lock(&link_->mu);
+    link_->pools[device] = *pool;
+  }
+  auto state = std::make_shared<CallState>();
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_call_id_++;
+    state->call_id = id;
+    Outgoing& call = waiting_[id];
+    call.state = state;
+    call.worker = "(the daemon)";
+    call.method = "lend a device pool";
+    call.give_up = absl::Now() + kRingWait;
+  }
+  absl::Status sent;
+  {
+    absl::MutexLock lock(&link_->mu);
+    absl::StatusOr<uint64_t> block =
+        link_->open ? link_->tx.Allocate(sizeof(pool->record))
+                    : absl::UnavailableError("the client's shared memory is detached");
+    if (block.ok()) {
+      std::memcpy(link_->base() + *block, &pool->record, sizeof(pool->record));
+      shm::Descriptor d{};
+      d.op = static_cast<uint8_t>(shm::Op::kDevicePool);
+      d.call_id = id;
+      d.payload_offset = *block;
+      d.payload_length = sizeof(pool->record);
+      sent = link_->Push(&d);
+      if (!sent.ok()) (void)link_->tx.Free(*block);
+    } else {
+      sent = block.status();
+    }
+  }
+  if (!sent.ok()) {
+    absl::MutexLock lock(&mu_);
+    Finish(id, sent);
+  }
+  CallFuture future(state);
+  absl::Status lent = future.Wait().status();
+  if (!lent.ok()) {
+    {
+      absl::MutexLock lock(&link_->mu);
+      link_->pools.erase(device);
+    }
+    (*exporter)->FreePool(*pool);
+    return absl::Status(lent.code(), absl::StrCat(what, ": ", lent.message()));
+  }
+  return absl::OkStatus();
+}
+
 CallEngineStats CallEngine::Stats() {
   CallEngineStats stats;
   {
@@ -1055,6 +1262,9 @@ CallEngineStats CallEngine::Stats() {
   stats.rx_blocks_held = link_->rx_blocks_held;
   stats.releases_deferred = link_->releases_deferred;
   stats.release_flushes = link_->release_flushes;
+  stats.cuda_tensors_sent = link_->cuda_tensors_sent;
+  stats.cuda_tensors_received = link_->cuda_tensors_received;
+  stats.cuda_pool_blocks_held = link_->cuda_pool_blocks_held;
   absl::MutexLock lock(&mu_);
   stats.handler_threads = static_cast<int>(pool_.size());
   stats.handlers_running = handlers_running_;

@@ -50,14 +50,14 @@
 namespace tpd {
 
 namespace calls_internal {
+class EventLease;   // an IPC event a sent CUDA tensor was recorded on (cuda_export.h)
 class Link;         // the engine's half of a segment: tx heap allocator, submission ring
 struct ArenaBlock;  // a block of the tx heap (an arena tensor's bytes)
 struct RxBlock;     // a block of the rx heap; released to the daemon when it goes
 struct CallState;   // one call's result, shared by the engine and its CallFutures
 }  // namespace calls_internal
 
-// Where a tensor lives. Only "cpu" today; CUDA tensors will set type and index (the wire's
-// TensorEntry has device_type, device_index and device_handle for them).
+// Where a tensor lives: "cpu" or "cuda:N".
 struct Device {
   shm::DeviceType type = shm::DeviceType::kCpu;
   int index = 0;
@@ -70,9 +70,10 @@ struct Device {
 // Where a Tensor's bytes are.
 enum class TensorStorage {
   kOwned,     // a std::string the Tensor owns (shared by its copies); copied once when sent
-  kBorrowed,  // the caller's memory, not owned; copied once when sent
+  kBorrowed,  // the caller's memory, not owned (host, or CUDA device memory: Tensor::Cuda)
   kArena,     // a block of the shared arena (AllocateTensor); sent with no copy
-  kReceived,  // a view into the rx heap (a request or reply that arrived); read-only
+  kReceived,  // a view into the rx heap, or into this client's receive pool on a CUDA
+              // device (a request or reply that arrived); read-only
 };
 
 // A dense tensor: dtype, shape and product(shape) * item size bytes. Copies share the bytes
@@ -92,16 +93,33 @@ class Tensor {
   // outlives the handler there.
   static Tensor Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* data,
                        size_t size);
+  // Refers to CUDA device memory of this process: `device_pointer` (a CUdeviceptr, or a
+  // torch tensor's data_ptr()) on cuda:`device`, written on `stream` (a CUstream or
+  // cudaStream_t; null: the legacy default stream). Not copied when sent: the daemon copies
+  // it straight to where the group's device map sends it, after the work queued on `stream`
+  // before the call (an IPC event orders it). Keep the memory unchanged until the call's
+  // future is ready. Any memory from cudaMalloc/cuMemAlloc (PyTorch's allocator included).
+  static Tensor Cuda(shm::DType dtype, std::vector<int64_t> shape, uint64_t device_pointer,
+                     int device, void* stream = nullptr);
 
   shm::DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
   const Device& device() const { return device_; }
   TensorStorage storage() const { return storage_; }
 
-  // The bytes, valid while this Tensor (or a copy) lives.
-  std::string_view data() const { return std::string_view(data_, size_); }
+  // The host bytes, valid while this Tensor (or a copy) lives; empty for a CUDA tensor.
+  std::string_view data() const {
+    return is_cuda() ? std::string_view() : std::string_view(data_, size_);
+  }
   size_t size() const { return size_; }
-  // Writable bytes of an owned or arena tensor; nullptr for borrowed and received ones.
+  bool is_cuda() const { return device_.type == shm::DeviceType::kCuda; }
+  // A CUDA tensor's device pointer (a received one's stays valid while this Tensor, or a
+  // copy, lives: its block of the receive pool is released then); 0 for a CPU tensor. A
+  // received CUDA tensor's bytes are in place when the message arrives (the daemon posts it
+  // after its copy completed), so any stream may read them at once.
+  uint64_t device_pointer() const { return is_cuda() ? reinterpret_cast<uint64_t>(data_) : 0; }
+  void* stream() const { return stream_; }
+  // Writable bytes of an owned or arena tensor; nullptr for borrowed, received and CUDA ones.
   // Writing into an arena tensor while a call that carries it is in flight changes what the
   // daemon may read.
   char* mutable_data() {
@@ -109,7 +127,8 @@ class Tensor {
                                                                                    : nullptr;
   }
 
-  // An owned copy of the bytes (releases nothing: this Tensor keeps what it holds).
+  // An owned copy of the bytes (releases nothing: this Tensor keeps what it holds). A CUDA
+  // tensor is not copied: the result is this tensor (sharing its device memory).
   Tensor Clone() const;
 
  private:
@@ -122,8 +141,9 @@ class Tensor {
   // What keeps the bytes alive: the owned string, the rx block, or the arena block.
   std::shared_ptr<void> keep_;
   std::shared_ptr<calls_internal::ArenaBlock> arena_;  // kArena only
-  char* data_ = nullptr;
+  char* data_ = nullptr;  // a device pointer for a CUDA tensor
   size_t size_ = 0;
+  void* stream_ = nullptr;  // a CUDA tensor's stream
 };
 
 // A request or a reply.
@@ -201,6 +221,9 @@ struct CallEngineStats {
   // such releases on their own (none rode along within the release delay).
   uint64_t releases_deferred = 0;
   uint64_t release_flushes = 0;
+  uint64_t cuda_tensors_sent = 0;      // exported to the daemon (never copied here)
+  uint64_t cuda_tensors_received = 0;  // views into a receive pool
+  uint64_t cuda_pool_blocks_held = 0;  // receive pool blocks not yet released (views alive)
 };
 
 // The client's call machinery on one attached segment.
@@ -229,6 +252,10 @@ class CallEngine {
   void Handle(const std::string& method, Handler handler);
   // Grows the handler pool to at least `threads` (never shrinks).
   void EnsureHandlerThreads(int threads);
+  // Lends the daemon a receive pool of `bytes` on cuda:`device` (once per device; later calls
+  // for that device return OK): CUDA tensors sent to this client's workers land there.
+  // Errors: the driver's (no GPU, cuMemAlloc failed), the daemon's refusal.
+  absl::Status LendDevicePool(int device, uint64_t bytes);
 
   // A tensor whose bytes are a fresh block of the tx heap (contents unspecified).
   // INVALID_ARGUMENT for a bad dtype or shape; RESOURCE_EXHAUSTED naming the arena's size,
@@ -338,6 +365,7 @@ class CallEngine {
   // work is queued again; 0 otherwise.
   int64_t pool_idle_since_ns_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<size_t> queued_{0};
+  absl::Mutex lend_mu_;  // one LendDevicePool at a time
   uint64_t handoffs_to_spinner_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t handoffs_woken_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread reader_;

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/socket_path.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -245,6 +247,7 @@ absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
   if (!segment.ok()) return segment.status();
   std::shared_ptr<CallEngine> old;  // stopped outside the lock: its handlers may call
   std::shared_ptr<CallEngine> calls;
+  std::set<int> devices;
   {
     absl::MutexLock lock(&data_mu_);
     if (calls_ != nullptr && calls_segment_ == *segment) return calls_;
@@ -253,8 +256,12 @@ absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
     calls_segment_ = *segment;
     for (const auto& [method, handler] : handlers_) calls_->Handle(method, handler);
     calls = calls_;
+    devices = cuda_devices_;
   }
   ReleaseCallEngine(std::move(old));
+  // A new session: the pools go to its daemon side again. A failure here was reported by the
+  // Join that asked for the device; calls into it name the missing pool.
+  for (int device : devices) (void)calls->LendDevicePool(device, options_.cuda_pool_bytes);
   return calls;
 }
 
@@ -386,17 +393,42 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
     joined_[options.group] = {options.name,
                               absl::Milliseconds(response.group().rpc_timeout_ms())};
   }
+  std::vector<int> devices;
+  for (const std::string& device : response.negotiated().devices()) {
+    int index = -1;
+    if (absl::StartsWith(device, "cuda:") &&
+        absl::SimpleAtoi(absl::string_view(device).substr(5), &index) && index >= 0) {
+      devices.push_back(index);
+    }
+  }
   std::shared_ptr<CallEngine> calls;
   {
     absl::MutexLock lock(&data_mu_);
     handler_threads_ = std::max(handler_threads_, threads);
+    if (options_.cuda_pool_bytes > 0) cuda_devices_.insert(devices.begin(), devices.end());
     calls = calls_;
   }
+  absl::Status lent;
   if (calls != nullptr) {
     calls->EnsureHandlerThreads(threads);
     calls->Rejoined(options.group, options.name);
+  } else if (!devices.empty() && options_.cuda_pool_bytes > 0) {
+    // Lent now rather than at the first call: a worker may be called before it calls.
+    absl::StatusOr<std::shared_ptr<CallEngine>> started = Engine();
+    lent = started.status();
+    if (started.ok()) calls = *std::move(started);
+  }
+  if (calls != nullptr && options_.cuda_pool_bytes > 0) {
+    for (int device : devices) {
+      if (!lent.ok()) break;
+      lent = calls->LendDevicePool(device, options_.cuda_pool_bytes);
+    }
   }
   ReleaseCallEngine(std::move(calls));
+  if (!lent.ok()) {
+    return absl::Status(lent.code(), absl::StrCat("joined group '", options.group, "' as '",
+                                                  options.name, "', but ", lent.message()));
+  }
   return response;
 }
 

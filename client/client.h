@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,6 +77,10 @@ struct ClientOptions {
   absl::Duration call_timeout = absl::Seconds(30);
   // Store namespace of every store call (the daemon keeps namespaces apart).
   std::string name_space;
+  // The receive pool this client lends the daemon on each CUDA device a Join's negotiation
+  // gives its worker (JoinResponse.negotiated.devices): CUDA tensors sent to its workers land
+  // there, and stay while the received Tensors live. 0: none (CUDA tensors sent to it fail).
+  uint64_t cuda_pool_bytes = uint64_t{256} << 20;
 };
 
 class Client {
@@ -111,7 +116,10 @@ class Client {
   // open while the Client lives: when the process exits, its members leave at once.
   //
   // Join records the group's negotiated num_worker_threads (handler pool) and rpc_timeout
-  // (default call timeout) from its response.
+  // (default call timeout) from its response, and lends the daemon a receive pool
+  // (ClientOptions::cuda_pool_bytes) on each CUDA device negotiation gave the worker. An
+  // error lending one is returned (the worker has joined all the same: CUDA tensors sent to
+  // it on that device then fail, naming the missing pool).
   absl::StatusOr<v1::JoinResponse> Join(const JoinOptions& options);
   // Graceful: when this client's call engine runs, Leave first refuses new calls to the
   // worker (UNAVAILABLE "worker 'w' is leaving group 'g'") and from it (FAILED_PRECONDITION),
@@ -247,6 +255,8 @@ class Client {
   std::map<std::string, Handler> handlers_ ABSL_GUARDED_BY(data_mu_);
   // The largest num_worker_threads of the groups joined: the handler pool's size.
   int handler_threads_ ABSL_GUARDED_BY(data_mu_) = 0;
+  // CUDA devices the joins gave this client's workers: each engine lends a pool on each.
+  std::set<int> cuda_devices_ ABSL_GUARDED_BY(data_mu_);
   absl::Mutex joined_mu_;  // never held with data_mu_
   std::map<std::string, Joined> joined_ ABSL_GUARDED_BY(joined_mu_);  // by group
 };

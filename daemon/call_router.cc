@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/logging.h"
 #include "daemon/tensor_wire.h"
@@ -131,6 +133,8 @@ void CallRouter::Shutdown() {
   }
   if (timer_.joinable()) timer_.join();
   for (const std::string& id : ids) Detach(id);
+  // Continuations of copies still in flight call into this router: let them run first.
+  if (options_.cuda != nullptr) options_.cuda->Flush();
 }
 
 void CallRouter::Attach(const std::string& session_id, std::shared_ptr<shm::Segment> segment) {
@@ -149,6 +153,7 @@ void CallRouter::Attach(const std::string& session_id, std::shared_ptr<shm::Segm
         absl::StrCat("rx heap of session ", session_id), layout.rx_heap);
   }
   session->segment = std::move(segment);
+  if (options_.cuda != nullptr) session->cuda = options_.cuda->NewSession(session_id);
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
   session->thread = std::thread([this, session] { Serve(session); });
@@ -218,6 +223,7 @@ std::vector<SessionCallStats> CallRouter::Stats() {
       session->mu.Unlock();
     }
     stats.rx_heap_used = session->rx_used_seen.load();
+    if (session->cuda != nullptr) stats.cuda = options_.cuda->SessionStats(*session->cuda);
     out.push_back(std::move(stats));
   }
   return out;
@@ -266,7 +272,10 @@ void CallRouter::Serve(std::shared_ptr<Session> session) {
 
 void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
   const shm::Layout& layout = session->segment->layout();
-  const bool call = d.op == static_cast<uint8_t>(shm::Op::kCall) && d.call_id != 0;
+  // A device pool is answered like a call.
+  const bool call = (d.op == static_cast<uint8_t>(shm::Op::kCall) ||
+                     d.op == static_cast<uint8_t>(shm::Op::kDevicePool)) &&
+                    d.call_id != 0;
   // Every call is answered exactly once, and every answer posted counts it down (Post).
   if (call) ++session->calls_in_flight;
   absl::Status valid = shm::ValidateDescriptor(d, layout, shm::Direction::kSubmission);
@@ -296,6 +305,15 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
       HandleReply(session, d);
       break;
     case shm::Op::kRelease: {
+      if (d.device_pool != 0) {
+        absl::Status freed =
+            session->cuda == nullptr
+                ? absl::FailedPreconditionError("no CUDA on this node: nothing was lent")
+                : options_.cuda->FreePool(*session->cuda, static_cast<int>(d.device_pool - 1),
+                                          d.payload_offset);
+        if (!freed.ok()) DaemonLog().warn("[session {}] release: {}", session->id, freed.ToString());
+        break;
+      }
       absl::MutexLock lock(&session->mu);
       absl::Status freed = session->rx->Free(d.payload_offset);
       if (!freed.ok()) DaemonLog().warn("[session {}] release: {}", session->id, freed.ToString());
@@ -304,7 +322,199 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
     case shm::Op::kCancel:
       HandleCancel(session, d);
       break;
+    case shm::Op::kDevicePool:
+      HandleDevicePool(session, d);
+      break;
   }
+}
+
+void CallRouter::HandleDevicePool(const std::shared_ptr<Session>& session,
+                                  const shm::Descriptor& d) {
+  shm::DevicePoolRecord record;
+  // ValidateDescriptor checked the payload is one record inside the tx heap.
+  std::memcpy(&record, session->segment->base() + d.payload_offset, sizeof(record));
+  Release(session, d.payload_offset);
+  absl::Status lent = session->cuda == nullptr
+                          ? absl::FailedPreconditionError(absl::StrCat(
+                                "receive pool on cuda:", record.device, " refused: ",
+                                options_.no_cuda))
+                          : options_.cuda->AddPool(*session->cuda, record);
+  if (!lent.ok()) {
+    CudaLog().warn("[session {}] {}", session->id, lent.ToString());
+  }
+  Fail(session, d.call_id, lent);
+}
+
+absl::StatusOr<std::vector<CallRouter::Place>> CallRouter::PlaceTensors(
+    const std::string& group, const std::string& from, const std::string& to, bool reply,
+    const std::vector<shm::TensorEntry>& tensors) {
+  if (tensors.empty()) return std::vector<Place>{};
+  std::optional<v1::DeviceMap> map =
+      options_.device_map ? options_.device_map(group, from, to, reply) : std::nullopt;
+  bool on_device = false;
+  std::vector<Place> places(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const shm::TensorEntry& entry = tensors[i];
+    const bool cuda = entry.device_type == static_cast<uint8_t>(shm::DeviceType::kCuda);
+    const std::string device = cuda ? absl::StrCat("cuda:", entry.device_index) : "cpu";
+    std::optional<std::string> target;
+    if (map) {
+      auto it = map->devices().find(device);
+      if (it != map->devices().end()) target = it->second;
+    }
+    if (!target) {
+      if (!cuda) continue;  // a cpu tensor with no cpu entry stays on the cpu
+      // PyTorch's wording (tensorpipe_utils.cpp, getDevicesForTensors).
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TensorPipe RPC backend only supports CPU tensors by default, please move your "
+          "tensors to CPU before sending them over RPC, or call `set_device_map` on "
+          "`TensorPipeRpcBackendOptions` to explicitly configure device mapping. Request "
+          "device mapping is not available for destination ",
+          to, " for device ", device, " but received a tensor on that device."));
+    }
+    on_device = true;
+    if (*target == "cpu") continue;
+    int index = -1;
+    if (!absl::StartsWith(*target, "cuda:") ||
+        !absl::SimpleAtoi(absl::string_view(*target).substr(5), &index) || index < 0) {
+      return absl::InternalError(absl::StrCat("group ", group, ": negotiated device map of ",
+                                              from, " names device ", *target));
+    }
+    places[i].device = index;
+  }
+  if (!on_device) return std::vector<Place>{};
+  return places;
+}
+
+void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std::string& prefix0,
+                                const std::string& prefix1, const std::string& prefix2,
+                                const std::string& prefix3, uint32_t code, uint64_t body_offset,
+                                uint64_t body_length,
+                                const std::vector<shm::TensorEntry>& tensors,
+                                const std::vector<Place>& places,
+                                const std::shared_ptr<Session>& to, shm::Op op,
+                                uint64_t call_id, uint16_t flags, int64_t deadline_ns,
+                                std::function<void(absl::Status)> after) {
+  CudaCopies* const cuda = options_.cuda;
+  if (cuda == nullptr || from->cuda == nullptr || to->cuda == nullptr) {
+    after(absl::FailedPreconditionError(absl::StrCat(
+        "a message with CUDA tensors or device maps cannot be delivered: ", options_.no_cuda)));
+    return;
+  }
+  // Sources: the exported allocations opened (once per session), host bytes where they lie.
+  const size_t n = tensors.size();
+  std::vector<CopyEnd> sources(n);
+  std::vector<void*> waits(n, nullptr);
+  uint8_t* const in = from->segment->base();
+  for (size_t i = 0; i < n; ++i) {
+    const shm::TensorEntry& entry = tensors[i];
+    if (entry.length == 0) continue;
+    if (entry.device_type != static_cast<uint8_t>(shm::DeviceType::kCuda)) {
+      sources[i] = CopyEnd{reinterpret_cast<uint64_t>(in + entry.offset), -1};
+      continue;
+    }
+    shm::CudaExport record;
+    std::memcpy(&record, in + entry.device_handle, sizeof(record));  // validated in the tx heap
+    absl::StatusOr<CudaCopies::Source> source =
+        cuda->Resolve(*from->cuda, entry, record, static_cast<uint32_t>(i));
+    if (!source.ok()) {
+      after(source.status());
+      return;
+    }
+    sources[i] = source->end;
+    waits[i] = source->event;
+  }
+  std::vector<uint64_t> host_bytes(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (places[i].device < 0) host_bytes[i] = tensors[i].length;
+  }
+  const BlockPlan plan = PlanBlock(
+      shm::MessagePrefixBytes(prefix0.size(), prefix1.size(), prefix2.size(), prefix3.size()),
+      body_length, host_bytes);
+  std::vector<std::pair<int, uint64_t>> pool_blocks;  // (device, offset)
+  std::vector<CudaCopies::Copy> copies;
+  uint64_t block = 0;
+  {
+    absl::MutexLock lock(&to->mu);
+    absl::Status placed = to->broken ? absl::UnavailableError(absl::StrCat("session ", to->id,
+                                                                           " ended"))
+                                     : absl::OkStatus();
+    if (placed.ok()) {
+      absl::StatusOr<uint64_t> allocated = to->rx->Allocate(plan.total);
+      if (allocated.ok()) block = *allocated;
+      placed = allocated.status();
+    }
+    uint8_t* const out = to->segment->base() + block;
+    for (size_t i = 0; i < n && placed.ok(); ++i) {
+      shm::TensorEntry entry = tensors[i];
+      entry.device_handle = 0;
+      if (places[i].device >= 0) {
+        entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCuda);
+        entry.device_index = static_cast<uint32_t>(places[i].device);
+        entry.offset = 0;
+        if (entry.length > 0) {
+          absl::StatusOr<uint64_t> pool =
+              cuda->AllocatePool(*to->cuda, places[i].device, entry.length);
+          absl::StatusOr<CopyEnd> dst =
+              pool.ok() ? cuda->PoolAddress(*to->cuda, places[i].device, *pool) : pool.status();
+          if (!dst.ok()) {
+            if (pool.ok()) (void)cuda->FreePool(*to->cuda, places[i].device, *pool);
+            placed = dst.status();
+            break;
+          }
+          pool_blocks.push_back({places[i].device, *pool});
+          entry.offset = *pool;
+          copies.push_back({*dst, sources[i], entry.length, waits[i]});
+        }
+      } else {
+        entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCpu);
+        entry.device_index = 0;
+        entry.offset = entry.length == 0 ? 0 : block + plan.at[i];
+        if (entry.length > 0) {
+          if (sources[i].device < 0) {
+            std::memcpy(out + plan.at[i], in + tensors[i].offset, entry.length);
+          } else {
+            copies.push_back({CopyEnd{reinterpret_cast<uint64_t>(out + plan.at[i]), -1},
+                              sources[i], entry.length, waits[i]});
+          }
+        }
+      }
+      std::memcpy(out + plan.table + i * sizeof(entry), &entry, sizeof(entry));
+    }
+    if (!placed.ok()) {
+      if (block != 0) (void)to->rx->Free(block);
+      for (const auto& [device, offset] : pool_blocks) (void)cuda->FreePool(*to->cuda, device, offset);
+      after(placed);
+      return;
+    }
+    shm::WriteMessagePrefix(out, code, prefix0, prefix1, prefix2, prefix3);
+    if (body_length > 0) std::memcpy(out + plan.prefix, in + body_offset, body_length);
+  }
+  shm::Descriptor posted{};
+  posted.op = static_cast<uint8_t>(op);
+  posted.flags = flags;
+  posted.tensor_count = static_cast<uint32_t>(n);
+  posted.call_id = call_id;
+  posted.deadline_unix_ns = deadline_ns;
+  posted.payload_offset = block;
+  posted.payload_length = plan.payload;
+  posted.tensor_table_offset = n == 0 ? 0 : block + plan.table;
+  std::vector<std::shared_ptr<void>> keep = {from->cuda, to->cuda, from->segment, to->segment};
+  cuda->Run(std::move(copies), std::move(keep),
+            [this, to, posted, pool_blocks, after = std::move(after)](absl::Status copied) {
+              absl::Status status = copied;
+              {
+                absl::MutexLock lock(&to->mu);
+                if (status.ok()) status = Post(*to, posted);
+                if (!status.ok()) {
+                  if (!to->broken) (void)to->rx->Free(posted.payload_offset);
+                  for (const auto& [device, offset] : pool_blocks) {
+                    (void)options_.cuda->FreePool(*to->cuda, device, offset);
+                  }
+                }
+              }
+              after(status);
+            });
 }
 
 void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
@@ -339,12 +549,30 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
              "' on this daemon: a caller must have joined the group it calls into")));
     return;
   }
+  absl::StatusOr<std::vector<Place>> places =
+      PlaceTensors(group, from, worker, /*reply=*/false, call->tensors);
+  if (!places.ok()) {
+    Release(session, d.payload_offset);
+    Fail(session, d.call_id,
+         absl::Status(places.status().code(), absl::StrCat(CallName(worker, method), ": ",
+                                                           places.status().message())));
+    return;
+  }
   std::optional<std::string> target = options_.lookup(group, worker);
   std::shared_ptr<Session> callee = target ? Find(*target) : nullptr;
   if (callee == nullptr) {
     std::optional<v1::Member> member =
         target ? std::nullopt : options_.member(group, worker);
     if (member && member->node() != options_.node) {
+      if (!places->empty()) {
+        Release(session, d.payload_offset);
+        Fail(session, d.call_id,
+             absl::UnimplementedError(absl::StrCat(
+                 CallName(worker, method), " on node ", member->node(),
+                 ": CUDA tensors and device maps are carried between workers of one node "
+                 "only in this version; move the tensors to the cpu for calls across nodes")));
+        return;
+      }
       CallRemote(session, d, *call, *member);
       return;
     }
@@ -364,6 +592,8 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   pending.caller = session->id;
   pending.caller_call_id = d.call_id;
   pending.callee = callee->id;
+  pending.group = group;
+  pending.from = from;
   pending.worker = worker;
   pending.method = method;
   if (d.deadline_unix_ns != 0) pending.deadline = absl::FromUnixNanos(d.deadline_unix_ns);
@@ -373,6 +603,29 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
     if (pending.deadline != absl::InfiniteFuture()) AddDeadline(pending.deadline, id);
     pending_by_caller_[{session->id, d.call_id}] = id;
     pending_[id] = pending;
+  }
+  if (!places->empty()) {
+    const uint64_t tx = d.payload_offset;
+    const uint64_t caller_call_id = d.call_id;
+    DeliverDevices(session, group, worker, method, from, 0, message.body_offset,
+                   message.body_length, call->tensors, *places, callee, shm::Op::kCall, id, 0,
+                   d.deadline_unix_ns,
+                   [this, session, tx, id, caller_call_id, worker, method](absl::Status delivered) {
+                     Release(session, tx);
+                     if (delivered.ok()) return;
+                     std::optional<Pending> ours;
+                     {
+                       absl::MutexLock lock(&mu_);
+                       ours = TakePending(id);
+                     }
+                     if (ours) {
+                       Fail(session, caller_call_id,
+                            absl::Status(delivered.code(),
+                                         absl::StrCat(CallName(worker, method), ": ",
+                                                      delivered.message())));
+                     }
+                   });
+    return;
   }
   absl::Status delivered =
       Deliver(*session, group, worker, method, from, 0, message.body_offset, message.body_length,
@@ -586,6 +839,8 @@ void CallRouter::OnRemoteRequest(agent::InboundRequest request) {
   Pending pending;
   pending.remote = request.reply_to;
   pending.callee = callee->id;
+  pending.group = header.group();
+  pending.from = header.source_worker();
   pending.worker = header.target_worker();
   pending.method = header.method();
   pending.deadline = request.deadline;
@@ -660,9 +915,33 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
     delivered = MalformedReply(pending->worker, pending->method, reply.status());
   } else {
     const shm::ParsedMessage& message = reply->message;
-    delivered = Deliver(*session, "", "", message.names[2], "", message.code,
-                        message.body_offset, message.body_length, reply->tensors, *caller,
-                        shm::Op::kReply, pending->caller_call_id, d.flags & shm::kFlagError, 0);
+    absl::StatusOr<std::vector<Place>> places =
+        PlaceTensors(pending->group, pending->worker, pending->from, /*reply=*/true,
+                     reply->tensors);
+    if (!places.ok()) {
+      delivered = places.status();
+    } else if (!places->empty()) {
+      const uint64_t tx = d.payload_offset;
+      const Pending answered = *pending;
+      DeliverDevices(session, "", "", message.names[2], "", message.code, message.body_offset,
+                     message.body_length, reply->tensors, *places, caller, shm::Op::kReply,
+                     pending->caller_call_id, d.flags & shm::kFlagError, 0,
+                     [this, session, caller, tx, answered](absl::Status delivered) {
+                       Release(session, tx);
+                       if (delivered.ok()) return;
+                       Fail(caller, answered.caller_call_id,
+                            absl::Status(delivered.code(),
+                                         absl::StrCat("reply of worker '", answered.worker,
+                                                      "' to method '", answered.method,
+                                                      "': ", delivered.message())));
+                     });
+      return;
+    } else {
+      delivered = Deliver(*session, "", "", message.names[2], "", message.code,
+                          message.body_offset, message.body_length, reply->tensors, *caller,
+                          shm::Op::kReply, pending->caller_call_id, d.flags & shm::kFlagError,
+                          0);
+    }
   }
   Release(session, d.payload_offset);
   if (!delivered.ok()) {
@@ -679,6 +958,19 @@ void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const sh
   if (!reply.ok()) {
     Release(session, d.payload_offset);
     RespondError(*pending.remote, MalformedReply(pending.worker, pending.method, reply.status()));
+    return;
+  }
+  absl::StatusOr<std::vector<Place>> places =
+      PlaceTensors(pending.group, pending.worker, pending.from, /*reply=*/true, reply->tensors);
+  if (!places.ok() || !places->empty()) {
+    Release(session, d.payload_offset);
+    RespondError(*pending.remote,
+                 !places.ok() ? places.status()
+                              : absl::UnimplementedError(absl::StrCat(
+                                    "reply of worker '", pending.worker, "' to method '",
+                                    pending.method,
+                                    "': CUDA tensors and device maps are carried between "
+                                    "workers of one node only in this version")));
     return;
   }
   agent::Message response;
@@ -837,6 +1129,7 @@ void CallRouter::FlushReleases(Session& to) {
 
 void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
                       const absl::Status& status) {
+  // An OK status posts an empty reply (a lent device pool's answer).
   if (to == nullptr) return;
   const std::string message(status.message());
   const uint64_t bytes = shm::MessagePrefixBytes(0, 0, message.size());
@@ -852,7 +1145,7 @@ void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
                           "", message);
   shm::Descriptor d{};
   d.op = static_cast<uint8_t>(shm::Op::kReply);
-  d.flags = shm::kFlagError;
+  d.flags = status.ok() ? 0 : shm::kFlagError;
   d.call_id = call_id;
   d.payload_offset = *block;
   d.payload_length = bytes;

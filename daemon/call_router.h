@@ -48,6 +48,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/agent.h"
+#include "daemon/cuda_copies.h"
 #include "proto/control.pb.h"
 #include "proto/shm/descriptor.h"
 #include "proto/shm/heap.h"
@@ -77,6 +78,15 @@ struct CallRouterOptions {
   std::function<void(const std::string& session_id, const std::string& why)> end_session;
   // Calls one session may have waiting for their replies; one more is RESOURCE_EXHAUSTED.
   int64_t max_calls_in_flight = 1024;
+  // Member `from`'s negotiated device map toward member `to` of `group` (its reverse map,
+  // which replies follow, when `reverse`), if it has one.
+  std::function<std::optional<v1::DeviceMap>(const std::string& group, const std::string& from,
+                                              const std::string& to, bool reverse)>
+      device_map;
+  // Copies of CUDA tensors on this node; null without a usable driver, and `no_cuda` says why
+  // (calls that need a copy are then FAILED_PRECONDITION with it).
+  CudaCopies* cuda = nullptr;
+  std::string no_cuda;
 };
 
 // What Admin.Status shows per session.
@@ -86,6 +96,7 @@ struct SessionCallStats {
   uint64_t rx_heap_bytes = 0;
   uint64_t rx_heap_used = 0;     // the daemon's blocks in its rx heap not yet released (may
                                  // lag while the session's lock is held)
+  SessionCudaStats cuda;         // its receive pools and the IPC mappings the daemon holds
 };
 
 class CallRouter {
@@ -127,6 +138,13 @@ class CallRouter {
     std::deque<uint64_t> unposted_releases ABSL_GUARDED_BY(mu);
     std::atomic<bool> stop{false};
     std::thread thread;
+    // Its receive pools and the CUDA memory it exported (null without CUDA); shared with the
+    // copies in flight from or into it.
+    std::shared_ptr<SessionMemory> cuda;
+  };
+  // Where one tensor of a message lands: host memory, or a CUDA device (by the sender's map).
+  struct Place {
+    int device = -1;  // -1: cpu
   };
   // A call delivered to a local callee session, by the id the callee sees.
   struct Pending {
@@ -135,6 +153,8 @@ class CallRouter {
     uint64_t caller_call_id = 0;
     std::optional<agent::ReplyTo> remote;
     std::string callee;
+    std::string group;
+    std::string from;  // the calling worker
     std::string worker;
     std::string method;
     absl::Time deadline = absl::InfiniteFuture();
@@ -157,6 +177,25 @@ class CallRouter {
   void HandleCall(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   void HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   void HandleCancel(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
+  // A receive pool lent by the client (kDevicePool), answered by a reply.
+  void HandleDevicePool(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
+  // Where the tensors of a message from worker `from` to worker `to` of `group` land, by
+  // from's device map toward `to` (its reverse map for a reply): PyTorch's
+  // getDevicesForTensors, with its error. Empty when every tensor stays in host memory.
+  absl::StatusOr<std::vector<Place>> PlaceTensors(const std::string& group,
+                                                  const std::string& from, const std::string& to,
+                                                  bool reply,
+                                                  const std::vector<shm::TensorEntry>& tensors);
+  // Deliver for a message with tensors on or for CUDA devices: host parts copied now, device
+  // copies issued on CudaCopies; the message is posted to `to` once they completed, and
+  // `after` runs then (on the copy thread) with the result, or at once on an error.
+  void DeliverDevices(const std::shared_ptr<Session>& from, const std::string& prefix0,
+                      const std::string& prefix1, const std::string& prefix2,
+                      const std::string& prefix3, uint32_t code, uint64_t body_offset,
+                      uint64_t body_length, const std::vector<shm::TensorEntry>& tensors,
+                      const std::vector<Place>& places, const std::shared_ptr<Session>& to,
+                      shm::Op op, uint64_t call_id, uint16_t flags, int64_t deadline_ns,
+                      std::function<void(absl::Status)> after);
   // A call whose target `member` is on another node.
   void CallRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
                   const Submitted& call, const v1::Member& member);

@@ -100,12 +100,6 @@ class WithoutReflection : public grpc::ServerBuilderOption {
   }
 };
 
-// The "cuda" component's logger (InitLogging registers it); the daemon's before that.
-spdlog::logger& CudaLog() {
-  std::shared_ptr<spdlog::logger> logger = spdlog::get("cuda");
-  return logger != nullptr ? *logger : DaemonLog();
-}
-
 // CUDA devices this node reports to groups: the configured count, or the driver's (0 without
 // a driver).
 int64_t CudaDeviceCount(const GroupConfig& config, const cuda::GpuDiscovery& gpus) {
@@ -397,6 +391,31 @@ absl::Status Daemon::ServeData() {
     return DialableAgentUrls(address, networks);
   };
   calls.max_calls_in_flight = config_.data.max_calls_in_flight;
+  calls.device_map = [groups](const std::string& group, const std::string& from,
+                              const std::string& to, bool reverse) {
+    return groups->DeviceMapOf(group, from, to, reverse);
+  };
+  if (gpus_.gpus.empty()) {
+    cuda_unavailable_ = absl::StrCat("node ", groups->node().name, " has no GPUs (",
+                                     gpus_.unavailable_reason.empty()
+                                         ? "the driver reports none"
+                                         : gpus_.unavailable_reason,
+                                     ")");
+  } else {
+    absl::StatusOr<const cuda::Driver*> driver = cuda::Driver::Load();
+    absl::StatusOr<std::unique_ptr<CudaCopies>> copies =
+        driver.ok() ? CudaCopies::Start(*driver, static_cast<int>(gpus_.gpus.size()))
+                    : driver.status();
+    if (copies.ok()) {
+      cuda_copies_ = *std::move(copies);
+    } else {
+      cuda_unavailable_ = absl::StrCat("CUDA copies on node ", groups->node().name,
+                                       " did not start: ", copies.status().message());
+      CudaLog().warn("[node] {}", cuda_unavailable_);
+    }
+  }
+  calls.cuda = cuda_copies_.get();
+  calls.no_cuda = cuda_unavailable_;
   calls.end_session = [control](const std::string& id, const std::string& why) {
     control->EndSession(id, absl::StrCat("the session's shared memory was misused: ", why));
   };

@@ -97,6 +97,9 @@ class Daemon {
   std::unique_ptr<AdminService> admin_service_;
   // Started before the gRPC server, stopped after it; kept until destruction so late
   // session-end hooks find it (a no-op then).
+  // Copies of CUDA tensors; null without GPUs (cuda_unavailable_ says why). Outlives calls_.
+  std::unique_ptr<CudaCopies> cuda_copies_;
+  std::string cuda_unavailable_;
   // Calls between this daemon's sessions; outlives data_socket_, which detaches into it.
   std::unique_ptr<CallRouter> calls_;
   // Carries calls to other daemons; null without a peer port. Stopped (reset) after calls_

@@ -29,6 +29,11 @@ absl::Status InitLogging(const std::string& level) {
   return absl::OkStatus();
 }
 
+spdlog::logger& CudaLog() {
+  std::shared_ptr<spdlog::logger> logger = spdlog::get("cuda");
+  return logger != nullptr ? *logger : DaemonLog();
+}
+
 spdlog::logger& DaemonLog() {
   std::shared_ptr<spdlog::logger> logger = spdlog::get("daemon");
   if (logger != nullptr) return *logger;

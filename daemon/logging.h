@@ -19,6 +19,8 @@ absl::Status InitLogging(const std::string& level);
 
 // The daemon component's logger; valid after InitLogging (before it, a default stderr one).
 spdlog::logger& DaemonLog();
+// The "cuda" component's logger (InitLogging registers it); the daemon's before that.
+spdlog::logger& CudaLog();
 
 }  // namespace tpd
 

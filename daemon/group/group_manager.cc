@@ -179,6 +179,14 @@ std::optional<v1::Member> GroupManager::MemberNamed(const std::string& group,
   return tracker->MemberNamed(name);
 }
 
+std::optional<v1::DeviceMap> GroupManager::DeviceMapOf(const std::string& group,
+                                                       const std::string& from,
+                                                       const std::string& to, bool reverse) {
+  std::shared_ptr<GroupTracker> tracker = Known(group);
+  if (tracker == nullptr) return std::nullopt;
+  return tracker->DeviceMapOf(from, to, reverse);
+}
+
 std::shared_ptr<GroupTracker> GroupManager::Known(const std::string& group) {
   absl::MutexLock lock(&mu_);
   auto it = trackers_.find(GroupName(group));

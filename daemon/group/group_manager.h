@@ -86,6 +86,9 @@ class GroupManager {
   std::optional<std::string> SessionOf(const std::string& group, const std::string& name);
   // Member `name` of `group` as this daemon last read it, if the group is followed and has it.
   std::optional<v1::Member> MemberNamed(const std::string& group, const std::string& name);
+  // GroupTracker::DeviceMapOf of a followed group.
+  std::optional<v1::DeviceMap> DeviceMapOf(const std::string& group, const std::string& from,
+                                           const std::string& to, bool reverse);
   // Other nodes seen in this daemon's groups, with when their heartbeat last changed.
   std::map<std::string, absl::Time> PeerHeartbeats();
 

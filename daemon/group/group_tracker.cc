@@ -418,6 +418,18 @@ std::optional<v1::Member> GroupTracker::MemberNamed(const std::string& name) {
   return latest_.view().members(it->second);
 }
 
+std::optional<v1::DeviceMap> GroupTracker::DeviceMapOf(const std::string& from,
+                                                       const std::string& to, bool reverse) {
+  absl::MutexLock lock(&mu_);
+  auto it = negotiated_index_.find(from);
+  if (it == negotiated_index_.end()) return std::nullopt;
+  const v1::NegotiatedMember& member = latest_.view().negotiated(it->second);
+  const auto& maps = reverse ? member.reverse_device_maps() : member.device_maps();
+  auto map = maps.find(to);
+  if (map == maps.end()) return std::nullopt;
+  return map->second;
+}
+
 bool GroupTracker::Holds(const std::string& session_id) {
   absl::MutexLock lock(&mu_);
   if (joins_in_flight_.count(session_id) > 0) return true;
@@ -804,6 +816,10 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
       member_index_.clear();
       for (int i = 0; i < latest_.view().members_size(); ++i) {
         member_index_[latest_.view().members(i).name()] = i;
+      }
+      negotiated_index_.clear();
+      for (int i = 0; i < latest_.view().negotiated_size(); ++i) {
+        negotiated_index_[latest_.view().negotiated(i).name()] = i;
       }
       event.set_kind(snapshot ? "SNAPSHOT" : latest_.change());
       event.set_detail(latest_.change_detail());

@@ -130,6 +130,10 @@ class GroupTracker : public WorkerTask {
   std::optional<std::string> SessionOf(const std::string& name);
   // Member `name` in the newest version this daemon has seen, if it is one.
   std::optional<v1::Member> MemberNamed(const std::string& name);
+  // In the newest version: member `from`'s negotiated device map toward member `to` (its
+  // reverse map when `reverse`: the one its replies to `to` follow), if it has one.
+  std::optional<v1::DeviceMap> DeviceMapOf(const std::string& from, const std::string& to,
+                                           bool reverse);
   // `session_id` holds a member here, or has a join on its way.
   bool Holds(const std::string& session_id);
   // Other nodes of the group and when this daemon last saw their heartbeat change.
@@ -211,6 +215,7 @@ class GroupTracker : public WorkerTask {
   v1::GroupRecord latest_ ABSL_GUARDED_BY(mu_);
   // Index of latest_'s members by name (calls look their target up here).
   absl::flat_hash_map<std::string, int> member_index_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> negotiated_index_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, LocalMember> local_ ABSL_GUARDED_BY(mu_);
   // Sessions that ended while a join of theirs was in flight: that join is undone once it
   // lands. An entry goes when the session's last in-flight join is settled.

@@ -60,6 +60,26 @@ std::vector<Entry> Entries(DriverApi* api) {
       {"cuIpcGetMemHandle", Slot(&api->ipc_get_mem_handle), false},
       {"cuIpcOpenMemHandle_v2", Slot(&api->ipc_open_mem_handle), false},
       {"cuIpcCloseMemHandle", Slot(&api->ipc_close_mem_handle), false},
+      {"cuCtxGetCurrent", Slot(&api->ctx_get_current), false},
+      {"cuCtxEnablePeerAccess", Slot(&api->ctx_enable_peer_access), false},
+      {"cuMemAlloc_v2", Slot(&api->mem_alloc), false},
+      {"cuMemFree_v2", Slot(&api->mem_free), false},
+      {"cuMemGetAddressRange_v2", Slot(&api->mem_get_address_range), false},
+      {"cuPointerGetAttribute", Slot(&api->pointer_get_attribute), false},
+      {"cuMemcpyAsync", Slot(&api->memcpy_async), false},
+      {"cuMemcpyHtoD_v2", Slot(&api->memcpy_htod), false},
+      {"cuMemcpyDtoH_v2", Slot(&api->memcpy_dtoh), false},
+      {"cuMemsetD8_v2", Slot(&api->memset_d8), false},
+      {"cuStreamCreate", Slot(&api->stream_create), false},
+      {"cuStreamDestroy_v2", Slot(&api->stream_destroy), false},
+      {"cuStreamWaitEvent", Slot(&api->stream_wait_event), false},
+      {"cuStreamSynchronize", Slot(&api->stream_synchronize), false},
+      {"cuEventCreate", Slot(&api->event_create), false},
+      {"cuEventRecord", Slot(&api->event_record), false},
+      {"cuEventSynchronize", Slot(&api->event_synchronize), false},
+      {"cuEventDestroy_v2", Slot(&api->event_destroy), false},
+      {"cuIpcGetEventHandle", Slot(&api->ipc_get_event_handle), false},
+      {"cuIpcOpenEventHandle", Slot(&api->ipc_open_event_handle), false},
   };
 }
 
@@ -121,6 +141,18 @@ std::string Driver::ErrorText(CUresult result) const {
 absl::Status Driver::Check(CUresult result, absl::string_view what) const {
   if (result == CUDA_SUCCESS) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(what, " failed: ", ErrorText(result)));
+}
+
+absl::Status Driver::HasCopyApi() const {
+  DriverApi api = api_;
+  for (const Entry& entry : Entries(&api)) {
+    if (*entry.slot == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(library_, " lacks ", entry.symbol,
+                       ": calls with CUDA tensors need a driver for CUDA 11.4 or newer"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 #else  // !TPD_HAVE_CUDA_H

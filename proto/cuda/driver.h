@@ -57,7 +57,7 @@ struct DriverApi {
   decltype(&::cuDeviceCanAccessPeer) device_can_access_peer = nullptr;
   decltype(&::cuDeviceGetUuid) device_get_uuid = nullptr;  // cuDeviceGetUuid_v2
 
-  // Optional: what CUDA IPC and copies will need (issue 8), resolved now because it is free.
+  // Optional: contexts and CUDA IPC of memory.
   decltype(&::cuDevicePrimaryCtxRetain) device_primary_ctx_retain = nullptr;
   decltype(&::cuDevicePrimaryCtxRelease) device_primary_ctx_release = nullptr;  // _v2
   decltype(&::cuCtxSetCurrent) ctx_set_current = nullptr;
@@ -65,6 +65,28 @@ struct DriverApi {
   decltype(&::cuIpcGetMemHandle) ipc_get_mem_handle = nullptr;
   decltype(&::cuIpcOpenMemHandle) ipc_open_mem_handle = nullptr;  // cuIpcOpenMemHandle_v2
   decltype(&::cuIpcCloseMemHandle) ipc_close_mem_handle = nullptr;
+
+  // Optional: what calls with CUDA tensors use (HasCopyApi says whether all are there).
+  decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
+  decltype(&::cuCtxEnablePeerAccess) ctx_enable_peer_access = nullptr;
+  decltype(&::cuMemAlloc) mem_alloc = nullptr;                        // cuMemAlloc_v2
+  decltype(&::cuMemFree) mem_free = nullptr;                          // cuMemFree_v2
+  decltype(&::cuMemGetAddressRange) mem_get_address_range = nullptr;  // _v2
+  decltype(&::cuPointerGetAttribute) pointer_get_attribute = nullptr;
+  decltype(&::cuMemcpyAsync) memcpy_async = nullptr;
+  decltype(&::cuMemcpyHtoD) memcpy_htod = nullptr;  // cuMemcpyHtoD_v2
+  decltype(&::cuMemcpyDtoH) memcpy_dtoh = nullptr;  // cuMemcpyDtoH_v2
+  decltype(&::cuMemsetD8) memset_d8 = nullptr;      // cuMemsetD8_v2
+  decltype(&::cuStreamCreate) stream_create = nullptr;
+  decltype(&::cuStreamDestroy) stream_destroy = nullptr;  // cuStreamDestroy_v2
+  decltype(&::cuStreamWaitEvent) stream_wait_event = nullptr;
+  decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
+  decltype(&::cuEventCreate) event_create = nullptr;
+  decltype(&::cuEventRecord) event_record = nullptr;
+  decltype(&::cuEventSynchronize) event_synchronize = nullptr;
+  decltype(&::cuEventDestroy) event_destroy = nullptr;  // cuEventDestroy_v2
+  decltype(&::cuIpcGetEventHandle) ipc_get_event_handle = nullptr;
+  decltype(&::cuIpcOpenEventHandle) ipc_open_event_handle = nullptr;
 };
 
 #else
@@ -110,6 +132,10 @@ class Driver {
   // OK for CUDA_SUCCESS, else FAILED_PRECONDITION "<what> failed: <ErrorText>", where `what`
   // names the call and its object ("cuDeviceGetName(cuda:1)").
   absl::Status Check(CUresult result, absl::string_view what) const;
+  // OK when every entry point that calls with CUDA tensors use (IPC of memory and events,
+  // contexts, streams, events, copies) was found; else FAILED_PRECONDITION naming the first
+  // missing one.
+  absl::Status HasCopyApi() const;
 #endif
 
  private:

@@ -97,6 +97,8 @@ absl::string_view OpName(uint8_t op) {
       return "release";
     case Op::kCancel:
       return "cancel";
+    case Op::kDevicePool:
+      return "device pool";
   }
   return "unknown";
 }
@@ -104,11 +106,23 @@ absl::string_view OpName(uint8_t op) {
 absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direction direction) {
   const Refuser refuse(direction, d);
   const Op op = static_cast<Op>(d.op);
-  if (op != Op::kCall && op != Op::kReply && op != Op::kRelease && op != Op::kCancel) {
-    return refuse("op", d.op, "is not an op (call 1, reply 2, release 3, cancel 4)");
+  if (op != Op::kCall && op != Op::kReply && op != Op::kRelease && op != Op::kCancel &&
+      op != Op::kDevicePool) {
+    return refuse("op", d.op,
+                  "is not an op (call 1, reply 2, release 3, cancel 4, device pool 5)");
+  }
+  if (op == Op::kDevicePool && direction != Direction::kSubmission) {
+    return refuse("op", d.op, "(device pool) only goes from the client to the daemon");
   }
   if (d.reserved0 != 0) return refuse("reserved0", d.reserved0, "must be 0");
-  if (d.reserved1 != 0) return refuse("reserved1", d.reserved1, "must be 0");
+  if (d.device_pool != 0 && (op != Op::kRelease || direction != Direction::kSubmission)) {
+    return refuse("device_pool", d.device_pool, "must be 0 except in a client's release");
+  }
+  if (d.device_pool > kMaxCudaDevices) {
+    return refuse("device_pool", d.device_pool,
+                  absl::StrCat("names no CUDA device (1 + an index below ", kMaxCudaDevices,
+                               ")"));
+  }
   if (d.reserved2 != 0) return refuse("reserved2", d.reserved2, "must be 0");
   if ((d.flags & ~kKnownFlags) != 0) {
     return refuse("flags", d.flags, absl::StrCat("has unknown bits (known: ", kKnownFlags, ")"));
@@ -132,6 +146,15 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
     }
     if (op == Op::kCancel) {
       if (d.payload_offset != 0) return refuse("payload_offset", d.payload_offset, "must be 0");
+      return absl::OkStatus();
+    }
+    if (d.device_pool != 0) {
+      // An offset in the client's receive pool: the daemon's pool allocator checks it.
+      if (d.payload_offset == 0 || d.payload_offset % kHeapAlignment != 0) {
+        return refuse("payload_offset", d.payload_offset,
+                      absl::StrCat("is not a block start of a receive pool (blocks are ",
+                                   kHeapAlignment, "-byte aligned)"));
+      }
       return absl::OkStatus();
     }
     const Region& heap = ReleaseHeap(layout, direction);
@@ -170,6 +193,13 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
     return refuse("tensor_table_offset", d.tensor_table_offset,
                   absl::StrCat("is not ", alignof(TensorEntry), "-byte aligned"));
   }
+  if (op == Op::kDevicePool) {
+    if (d.payload_length != sizeof(DevicePoolRecord)) {
+      return refuse("payload_length", d.payload_length,
+                    absl::StrCat("must be ", sizeof(DevicePoolRecord), " (a device pool record)"));
+    }
+    if (d.tensor_count != 0) return refuse("tensor_count", d.tensor_count, "must be 0");
+  }
   return absl::OkStatus();
 }
 
@@ -186,14 +216,19 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
     return refuse("ndim", e.ndim, absl::StrCat("exceeds ", int{kMaxTensorDims}));
   }
   if (e.reserved0 != 0) return refuse("reserved0", e.reserved0, "must be 0");
-  if (e.device_type != static_cast<uint8_t>(DeviceType::kCpu)) {
-    return refuse("device_type", e.device_type,
-                  e.device_type == static_cast<uint8_t>(DeviceType::kCuda)
-                      ? "(cuda) is not supported yet: only cpu (0) tensors travel in the arena"
-                      : "is not a device type (cpu 0)");
+  const bool cuda = e.device_type == static_cast<uint8_t>(DeviceType::kCuda);
+  if (!cuda && e.device_type != static_cast<uint8_t>(DeviceType::kCpu)) {
+    return refuse("device_type", e.device_type, "is not a device type (cpu 0, cuda 1)");
   }
-  if (e.device_index != 0) return refuse("device_index", e.device_index, "must be 0 for cpu");
-  if (e.device_handle != 0) return refuse("device_handle", e.device_handle, "must be 0 for cpu");
+  if (!cuda) {
+    if (e.device_index != 0) return refuse("device_index", e.device_index, "must be 0 for cpu");
+    if (e.device_handle != 0) {
+      return refuse("device_handle", e.device_handle, "must be 0 for cpu");
+    }
+  } else if (e.device_index >= kMaxCudaDevices) {
+    return refuse("device_index", e.device_index,
+                  absl::StrCat("is not below ", kMaxCudaDevices));
+  }
   uint64_t expected = item;
   for (int dim = 0; dim < kMaxTensorDims; ++dim) {
     const std::string field = absl::StrCat("shape[", dim, "]");
@@ -216,6 +251,28 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
   const char* heap_name = SendHeapName(direction);
   if (e.length == 0) {
     if (e.offset != 0) return refuse("offset", e.offset, "must be 0 when length is 0");
+    if (e.device_handle != 0) {
+      return refuse("device_handle", e.device_handle, "must be 0 when length is 0");
+    }
+    return absl::OkStatus();
+  }
+  if (cuda) {
+    if (e.offset % item != 0) {
+      return refuse("offset", e.offset,
+                    absl::StrCat("is not aligned to the dtype's ", item, "-byte items"));
+    }
+    if (direction == Direction::kCompletion) {
+      if (e.device_handle != 0) {
+        return refuse("device_handle", e.device_handle, "must be 0 in a completion");
+      }
+      return absl::OkStatus();
+    }
+    if (e.device_handle % alignof(CudaExport) != 0 || !heap.Contains(e.device_handle, 0) ||
+        !heap.Contains(e.device_handle, sizeof(CudaExport))) {
+      return refuse("device_handle", e.device_handle,
+                    absl::StrCat("is not an aligned CUDA export record inside the ", heap_name,
+                                 " ", DescribeRegion(heap)));
+    }
     return absl::OkStatus();
   }
   if (!heap.Contains(e.offset, 0) || e.offset == heap.end()) {

@@ -36,6 +36,9 @@ enum class Op : uint8_t {
   kReply = 2,    // the answer to a call, matched by call_id
   kRelease = 3,  // the sender is done with the other side's heap block at payload_offset
   kCancel = 4,   // the call call_id is cancelled
+  // Submission only: the client lends the daemon a receive pool on a CUDA device (payload: a
+  // DevicePoolRecord); answered by a kReply with the same call_id (an error, or empty).
+  kDevicePool = 5,
 };
 
 // Descriptor::flags.
@@ -60,7 +63,9 @@ struct Descriptor {
   uint64_t payload_offset;  // kRelease: the block released; 0 when payload_length is 0
   uint64_t payload_length;  // kRelease: 0
   uint64_t tensor_table_offset;  // tensor_count TensorEntry; 0 when tensor_count is 0
-  uint64_t reserved1;            // must be 0
+  // kRelease by the client only: 0 releases a block of the rx heap; 1 + d a block of its
+  // receive pool on cuda:d, payload_offset then being the offset in that pool. Else 0.
+  uint64_t device_pool;
   uint64_t reserved2;            // must be 0
 };
 static_assert(std::is_trivially_copyable_v<Descriptor>);
@@ -68,6 +73,8 @@ static_assert(std::is_standard_layout_v<Descriptor>);
 static_assert(sizeof(Descriptor) == kDescriptorBytes);
 
 inline constexpr uint32_t kMaxTensorsPerMessage = 4096;
+// CUDA device indices a message may name: device_index < kMaxCudaDevices.
+inline constexpr uint32_t kMaxCudaDevices = 64;
 inline constexpr uint8_t kMaxTensorDims = 8;
 
 enum class DType : uint8_t {
@@ -87,25 +94,59 @@ enum class DType : uint8_t {
 
 enum class DeviceType : uint8_t {
   kCpu = 0,
-  kCuda = 1,  // reserved: refused until the CUDA path lands (device_index, device_handle)
+  kCuda = 1,
 };
 
-// One tensor of a message: contiguous bytes in the sender's heap.
+// One tensor of a message: contiguous bytes in the sender's heap, or in CUDA device memory.
+//
+// A CUDA tensor (device_type kCuda, device_index d) in a submission lies in an allocation
+// the client exports with CUDA IPC: `offset` is the tensor's byte offset in that allocation
+// and `device_handle` the segment offset of a CudaExport record in the tx heap naming it (0
+// when length is 0). In a completion it lies in the receiving client's receive pool on
+// cuda:d (kDevicePool): `offset` is the offset in the pool, device_handle is 0, and the
+// bytes are there when the descriptor is (the daemon posts it after its copy completed).
 struct TensorEntry {
   uint8_t dtype;          // DType
   uint8_t ndim;           // <= kMaxTensorDims
-  uint8_t device_type;    // DeviceType; kCpu only for now
+  uint8_t device_type;    // DeviceType
   uint8_t reserved0;      // must be 0
-  uint32_t device_index;  // 0 for kCpu
+  uint32_t device_index;  // 0 for kCpu; < kMaxCudaDevices for kCuda
   uint64_t offset;        // aligned to the dtype's item size; 0 when length is 0
   uint64_t length;        // == product(shape[0..ndim)) * item size
   int64_t shape[kMaxTensorDims];   // >= 0; dims past ndim must be 0
-  uint64_t device_handle;          // reserved for CUDA (an index into an IPC handle table); 0
+  uint64_t device_handle;          // see above; 0 for kCpu
 };
 static_assert(std::is_trivially_copyable_v<TensorEntry>);
 static_assert(std::is_standard_layout_v<TensorEntry>);
 static_assert(sizeof(TensorEntry) == kTensorEntryBytes);
 static_assert(alignof(TensorEntry) == 8);
+
+// The size of a CUDA IPC handle (CU_IPC_HANDLE_SIZE), so this header needs no cuda.h.
+inline constexpr size_t kCudaIpcHandleBytes = 64;
+inline constexpr uint64_t kCudaExportHasEvent = 1u << 0;
+
+// Where a submitted CUDA tensor's bytes are, in the tx heap (TensorEntry::device_handle).
+// Untrusted like everything else: the daemon opens `memory` with the driver, which says the
+// allocation's device and size; the tensor must lie inside it.
+struct CudaExport {
+  uint8_t memory[kCudaIpcHandleBytes];  // CUipcMemHandle of the allocation's base
+  uint8_t event[kCudaIpcHandleBytes];   // CUipcEventHandle recorded after the last write
+  uint64_t flags;                       // kCudaExportHasEvent: `event` is set
+  uint64_t reserved;                    // must be 0
+};
+static_assert(std::is_trivially_copyable_v<CudaExport>);
+static_assert(sizeof(CudaExport) == 144);
+
+// The payload of a kDevicePool submission: device memory of the client's (cuMemAlloc) that
+// the daemon may copy CUDA tensors into for it; it stays lent for the session's life.
+struct DevicePoolRecord {
+  uint8_t memory[kCudaIpcHandleBytes];  // CUipcMemHandle of the pool's allocation
+  uint32_t device;                      // the CUDA device index it lies on
+  uint32_t reserved;                    // must be 0
+  uint64_t bytes;                       // the pool's size, at most the allocation's
+};
+static_assert(std::is_trivially_copyable_v<DevicePoolRecord>);
+static_assert(sizeof(DevicePoolRecord) == 80);
 
 // Bytes per element of `dtype`, 0 for a code that is not a DType.
 uint64_t ItemBytes(uint8_t dtype);
@@ -121,9 +162,11 @@ absl::Status ValidateDescriptor(const Descriptor& descriptor, const Layout& layo
                                 Direction direction);
 
 // Checks a private copy of the `index`-th tensor entry of a message: dtype known, ndim
-// bounded, unused dims zero, CPU device, shape × item size == length (checked arithmetic),
-// offset aligned to the item size and [offset, offset + length) inside the heap `direction`
-// allows. INVALID_ARGUMENT naming the tensor index, the field and its value.
+// bounded, unused dims zero, shape × item size == length (checked arithmetic), offset
+// aligned to the item size; a CPU tensor's [offset, offset + length) inside the heap
+// `direction` allows; a CUDA tensor's device index below kMaxCudaDevices and, in a
+// submission, its CudaExport record inside the tx heap (what lies in device memory only the
+// driver can check). INVALID_ARGUMENT naming the tensor index, the field and its value.
 absl::Status ValidateTensorEntry(const TensorEntry& entry, uint32_t index, const Layout& layout,
                                  Direction direction);
 

@@ -575,7 +575,7 @@ TEST_F(ShmHostileTest, AFloodOfSubmissions) {
           shm::Descriptor d{};
           d.op = static_cast<uint8_t>(shm::Op::kCall);
           d.call_id = id;
-          d.reserved1 = 1;
+          d.device_pool = 1;  // only a release may name a device pool
           pushed = bad->submit->TryPush(d).value_or(false);
           break;
         }

@@ -92,6 +92,37 @@ TEST(DescriptorTest, GoodDescriptorsOfEveryOpPass) {
   EXPECT_TRUE(ValidateDescriptor(release, layout, Direction::kCompletion).ok());
 }
 
+TEST(DescriptorTest, DevicePoolsGoOnlyFromTheClient) {
+  const Layout layout = SmallLayout();
+  Descriptor lend{};
+  lend.op = static_cast<uint8_t>(Op::kDevicePool);
+  lend.call_id = 3;
+  lend.payload_offset = layout.tx_heap.offset + 64;
+  lend.payload_length = sizeof(DevicePoolRecord);
+  EXPECT_TRUE(ValidateDescriptor(lend, layout, Direction::kSubmission).ok());
+  lend.payload_offset = layout.rx_heap.offset + 64;
+  const absl::Status back = ValidateDescriptor(lend, layout, Direction::kCompletion);
+  EXPECT_THAT(back.message(), HasSubstr("only goes from the client to the daemon"));
+
+  // A release of a block of the client's pool on cuda:1 names its offset in that pool.
+  Descriptor release{};
+  release.op = static_cast<uint8_t>(Op::kRelease);
+  release.call_id = 1;
+  release.device_pool = 2;
+  release.payload_offset = 64 * 1000;
+  EXPECT_TRUE(ValidateDescriptor(release, layout, Direction::kSubmission).ok());
+  release.payload_offset = 65;
+  EXPECT_THAT(ValidateDescriptor(release, layout, Direction::kSubmission).message(),
+              HasSubstr("is not a block start of a receive pool"));
+  release.payload_offset = 64;
+  release.device_pool = kMaxCudaDevices + 1;
+  EXPECT_THAT(ValidateDescriptor(release, layout, Direction::kSubmission).message(),
+              HasSubstr("names no CUDA device"));
+  release.device_pool = 1;
+  EXPECT_THAT(ValidateDescriptor(release, layout, Direction::kCompletion).message(),
+              HasSubstr("device_pool 1 must be 0 except in a client's release"));
+}
+
 TEST(DescriptorTest, EveryBadDescriptorIsRefusedNamingTheFieldAndValue) {
   const Layout layout = SmallLayout();
   const uint64_t tx = layout.tx_heap.offset;
@@ -104,10 +135,16 @@ TEST(DescriptorTest, EveryBadDescriptorIsRefusedNamingTheFieldAndValue) {
   const auto as = [](Op op) { return static_cast<uint8_t>(op); };
   const std::vector<Case> cases = {
       {[](Descriptor* d) { d->op = 0; }, "op 0 is not an op"},
-      {[](Descriptor* d) { d->op = 5; }, "op 5 is not an op"},
+      {[](Descriptor* d) { d->op = 6; }, "op 6 is not an op"},
       {[](Descriptor* d) { d->op = 255; }, "op 255"},
       {[](Descriptor* d) { d->reserved0 = 1; }, "reserved0 1 must be 0"},
-      {[](Descriptor* d) { d->reserved1 = 9; }, "reserved1 9 must be 0"},
+      {[](Descriptor* d) { d->device_pool = 9; },
+       "device_pool 9 must be 0 except in a client's release"},
+      {[](Descriptor* d) {
+         d->op = static_cast<uint8_t>(Op::kDevicePool);
+         d->deadline_unix_ns = 0;
+       },
+       "payload_length 100 must be 80 (a device pool record)"},
       {[](Descriptor* d) { d->reserved2 = 1; }, "reserved2 1 must be 0"},
       {[](Descriptor* d) { d->flags = 0x8000; }, "flags 32768 has unknown bits"},
       {[](Descriptor* d) { d->flags = kFlagError; }, "flags 1 has the error bit"},
@@ -234,6 +271,24 @@ TEST(TensorEntryTest, GoodEntriesPass) {
   EXPECT_TRUE(ValidateTensorEntry(eight_dims, 3, layout, Direction::kSubmission).ok());
 }
 
+TEST(TensorEntryTest, CudaEntriesPointAtAnExportRecordOrAPoolBlock) {
+  const Layout layout = SmallLayout();
+  TensorEntry cuda = Tensor(layout);
+  cuda.device_type = static_cast<uint8_t>(DeviceType::kCuda);
+  cuda.device_index = 1;
+  cuda.offset = 1 << 30;  // in the exported allocation: only the driver can check it
+  cuda.device_handle = layout.tx_heap.offset + 8192;
+  EXPECT_TRUE(ValidateTensorEntry(cuda, 0, layout, Direction::kSubmission).ok());
+  // In a completion it lies in the receiver's pool and carries no record.
+  EXPECT_THAT(ValidateTensorEntry(cuda, 0, layout, Direction::kCompletion).message(),
+              HasSubstr("device_handle"));
+  cuda.device_handle = 0;
+  EXPECT_TRUE(ValidateTensorEntry(cuda, 0, layout, Direction::kCompletion).ok());
+  cuda.offset = 2;
+  EXPECT_THAT(ValidateTensorEntry(cuda, 0, layout, Direction::kCompletion).message(),
+              HasSubstr("is not aligned to the dtype's 4-byte items"));
+}
+
 TEST(TensorEntryTest, EveryBadEntryIsRefusedNamingTheFieldAndValue) {
   const Layout layout = SmallLayout();
   const uint64_t tx = layout.tx_heap.offset;
@@ -246,8 +301,24 @@ TEST(TensorEntryTest, EveryBadEntryIsRefusedNamingTheFieldAndValue) {
       {[](TensorEntry* e) { e->dtype = 13; }, "dtype 13 is not a dtype code"},
       {[](TensorEntry* e) { e->ndim = 9; }, "ndim 9 exceeds 8"},
       {[](TensorEntry* e) { e->reserved0 = 2; }, "reserved0 2 must be 0"},
-      {[](TensorEntry* e) { e->device_type = 1; }, "device_type 1 (cuda) is not supported yet"},
       {[](TensorEntry* e) { e->device_type = 7; }, "device_type 7 is not a device type"},
+      {[](TensorEntry* e) {
+         e->device_type = 1;
+         e->device_index = 64;
+       },
+       "device_index 64 is not below 64"},
+      {[](TensorEntry* e) { e->device_type = 1; },
+       "device_handle 0 is not an aligned CUDA export record inside the tx heap"},
+      {[&](TensorEntry* e) {
+         e->device_type = 1;
+         e->device_handle = layout.tx_heap.end() - 8;
+       },
+       "is not an aligned CUDA export record"},
+      {[&](TensorEntry* e) {
+         e->device_type = 1;
+         e->device_handle = tx + 4;
+       },
+       "is not an aligned CUDA export record"},
       {[](TensorEntry* e) { e->device_index = 1; }, "device_index 1 must be 0 for cpu"},
       {[](TensorEntry* e) { e->device_handle = 1; }, "device_handle 1 must be 0 for cpu"},
       {[](TensorEntry* e) { e->shape[1] = -5; }, "shape[1] -5 is negative"},

@@ -1,0 +1,135 @@
+// CUDA tensors in calls on this node (docs/cuda.md, "Calls with CUDA tensors").
+//
+// Clients never map each other's memory: the daemon does every copy. A client exports the
+// allocation holding a CUDA tensor with CUDA IPC (a CudaExport record in its tx heap) and
+// lends the daemon a receive pool on each device it receives on (kDevicePool). The daemon
+// opens each exported allocation once per session (opening costs about a millisecond; later
+// calls from the same allocation reuse the mapping), waits on the sender's IPC event on its
+// own stream, copies device to device (peer access enabled between every pair of GPUs that
+// allows it, so cuda:0 -> cuda:1 goes over NVLink, never through the host), host to device or
+// device to host for maps with `cpu` on one side, records an event, and runs the call's
+// continuation on its copy thread once the event completed. A session's mappings are closed
+// when the session is gone and no copy uses them any more (FAULTS C1: a dead client leaves
+// nothing mapped in the daemon, and nothing was ever mapped in another client).
+//
+// Everything a client sends is checked with the driver, not believed: the exported
+// allocation's device must be the one the tensor names and the tensor must lie inside it;
+// a pool's allocation must be on its device and at least as large as it says.
+//
+// Thread safety: thread-safe. One copy thread ("tpd-cuda") waits for copies and runs their
+// continuations; session threads issue copies. A SessionMemory has its own mutex, never held
+// while calling into another SessionMemory.
+
+#ifndef TPD_DAEMON_CUDA_COPIES_H_
+#define TPD_DAEMON_CUDA_COPIES_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/cuda/driver.h"
+#include "proto/shm/descriptor.h"
+
+namespace tpd {
+
+// What one session lent and exported: its receive pools, the allocations and events of its
+// that the daemon opened. Closed when the last reference goes (the router's session, and
+// each copy in flight from or into it).
+class SessionMemory;
+
+// Counters for Admin.Status.
+struct CudaCopyStats {
+  uint64_t copies = 0;
+  uint64_t bytes_device_to_device = 0;  // same GPU
+  uint64_t bytes_peer = 0;              // across GPUs
+  uint64_t bytes_host_to_device = 0;
+  uint64_t bytes_device_to_host = 0;
+  uint64_t errors = 0;
+};
+
+struct SessionCudaStats {
+  uint64_t open_allocations = 0;  // IPC mappings of its memory held by the daemon
+  uint64_t open_events = 0;
+  struct Pool {
+    int device = 0;
+    uint64_t bytes = 0;
+    uint64_t used = 0;
+  };
+  std::vector<Pool> pools;
+};
+
+// One end of a copy: device memory (a pointer the daemon opened) or host memory.
+struct CopyEnd {
+  uint64_t address = 0;  // a device pointer, or a host pointer cast
+  int device = -1;       // -1: host memory
+};
+
+class CudaCopies {
+ public:
+  // The driver's devices: retains their primary contexts, makes a copy stream on each and
+  // enables peer access between every pair that allows it. FAILED_PRECONDITION naming the
+  // missing entry point or the failing call.
+  static absl::StatusOr<std::unique_ptr<CudaCopies>> Start(const cuda::Driver* driver,
+                                                           int device_count);
+  ~CudaCopies();
+  CudaCopies(const CudaCopies&) = delete;
+  CudaCopies& operator=(const CudaCopies&) = delete;
+
+  int device_count() const;
+
+  std::shared_ptr<SessionMemory> NewSession(const std::string& session_id);
+
+  // A pool lent by the session (kDevicePool): opened, its device and size checked.
+  // INVALID_ARGUMENT naming the problem (no such device, the handle does not open, the
+  // allocation is on another device or smaller than the record says, a second pool on one
+  // device).
+  absl::Status AddPool(SessionMemory& session, const shm::DevicePoolRecord& record);
+  // A block of `bytes` of the session's pool on `device`; FAILED_PRECONDITION when it lent
+  // none there, RESOURCE_EXHAUSTED when it is full. Returns the offset in the pool.
+  absl::StatusOr<uint64_t> AllocatePool(SessionMemory& session, int device, uint64_t bytes);
+  // INVALID_ARGUMENT for a block that is not live.
+  absl::Status FreePool(SessionMemory& session, int device, uint64_t offset);
+  // Where offset `offset` of the session's pool on `device` is, for this daemon.
+  absl::StatusOr<CopyEnd> PoolAddress(SessionMemory& session, int device, uint64_t offset);
+
+  // The submitted CUDA tensor `entry` with its export record: opens the allocation (once per
+  // session) and its event, checks that the tensor lies inside the allocation on its device.
+  // INVALID_ARGUMENT naming the tensor and the problem.
+  struct Source {
+    CopyEnd end;
+    void* event = nullptr;  // the writer's event to wait for; null when none
+  };
+  absl::StatusOr<Source> Resolve(SessionMemory& session, const shm::TensorEntry& entry,
+                                 const shm::CudaExport& record, uint32_t index);
+
+  struct Copy {
+    CopyEnd dst;
+    CopyEnd src;
+    uint64_t bytes = 0;
+    void* wait = nullptr;  // an event of the sender's to wait for first, or null
+  };
+  // Issues `copies` (each after its event), then runs `done` on the copy thread once all of
+  // them completed, with the first error. `keep` holds what the copies read and write (the
+  // sessions' memory) until then.
+  void Run(std::vector<Copy> copies, std::vector<std::shared_ptr<void>> keep,
+           std::function<void(absl::Status)> done);
+
+  // Returns once every copy issued before the call completed and its continuation ran.
+  void Flush();
+
+  CudaCopyStats Stats();
+  SessionCudaStats SessionStats(SessionMemory& session);
+
+ private:
+  struct Impl;
+  explicit CudaCopies(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tpd
+
+#endif  // TPD_DAEMON_CUDA_COPIES_H_
