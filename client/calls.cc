@@ -224,7 +224,7 @@ class Link {
   // blocks its tensor table pointed at.
   void OnReleased(uint64_t tx_offset) {
     std::vector<std::shared_ptr<ArenaBlock>> unpinned;  // freed after the lock (they lock it)
-    std::vector<std::shared_ptr<EventLease>> returned;   // the daemon has waited on them
+    std::vector<std::shared_ptr<void>> returned;  // the daemon is done with them (they lock mu)
     absl::MutexLock lock(&mu);
     (void)tx.Free(tx_offset);  // a release naming no live block is the daemon's bug: ignored
     auto it = pinned.find(tx_offset);
@@ -267,8 +267,9 @@ class Link {
   // Message block → the arena blocks its tensor table points at. Never destroy an entry's
   // blocks under `mu` (ArenaBlock's destructor takes it).
   std::map<uint64_t, std::vector<std::shared_ptr<ArenaBlock>>> pinned ABSL_GUARDED_BY(mu);
-  // Message block → the IPC events its CUDA tensors were recorded on.
-  std::map<uint64_t, std::vector<std::shared_ptr<EventLease>>> leases ABSL_GUARDED_BY(mu);
+  // Message block → what keeps the pool blocks of received CUDA tensors it passes on, until
+  // the daemon released it (its copies done).
+  std::map<uint64_t, std::vector<std::shared_ptr<void>>> leases ABSL_GUARDED_BY(mu);
   // Receive pools lent to the daemon, by device. Written under the engine's pool_mu_ only
   // before the daemon accepted them (so before any view points into them); read by the reader.
   std::map<int, DevicePool> pools ABSL_GUARDED_BY(mu);
@@ -308,17 +309,21 @@ struct RxBlock {
 
 // A block of a receive pool a received CUDA tensor lies in; released when its views go.
 struct PoolBlock {
-  PoolBlock(std::shared_ptr<Link> link, int device, uint64_t offset)
-      : link(std::move(link)), device(device), offset(offset) {
+  PoolBlock(std::shared_ptr<Link> link, int device, uint64_t offset, uint64_t bytes)
+      : link(std::move(link)), device(device), offset(offset), bytes(bytes) {
     ++this->link->cuda_pool_blocks_held;
   }
   ~PoolBlock() {
-    link->SendRelease(offset, 0, static_cast<uint64_t>(device) + 1);
+    // Never deferred by size alone: a pool holds a few large tensors, and the next call may
+    // need this block at once.
+    link->SendRelease(offset, std::max<uint64_t>(bytes, kDeferredReleaseMaxBytes + 1),
+                      static_cast<uint64_t>(device) + 1);
     --link->cuda_pool_blocks_held;
   }
   const std::shared_ptr<Link> link;
   const int device;
   const uint64_t offset;
+  const uint64_t bytes;
 };
 
 struct CallState {
@@ -345,7 +350,6 @@ using calls_internal::ArenaBlock;
 using calls_internal::CallState;
 using calls_internal::CudaExporter;
 using calls_internal::DevicePool;
-using calls_internal::EventLease;
 using calls_internal::Link;
 using calls_internal::PoolBlock;
 using calls_internal::RxBlock;
@@ -785,7 +789,7 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
   if (!payload.empty()) std::memcpy(out + prefix, payload.data(), payload.size());
   uint64_t in_place = 0;
   uint64_t cuda_sent = 0;
-  std::vector<std::shared_ptr<EventLease>> leases;
+  std::vector<std::shared_ptr<void>> leases;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& tensor = tensors[i];
     shm::TensorEntry entry{};
@@ -801,8 +805,7 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
         shm::CudaExport record;
         absl::StatusOr<uint64_t> offset =
             exporter.ok() ? (*exporter)->Export(tensor.device_pointer(), tensor.size_,
-                                                tensor.device_.index, tensor.stream_, &record,
-                                                &leases)
+                                                tensor.device_.index, tensor.stream_, &record)
                           : exporter.status();
         if (!offset.ok()) {
           absl::MutexLock lock(&link_->mu);
@@ -812,6 +815,9 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
                                            "): ", offset.status().message()));
         }
         std::memcpy(out + *at[i], &record, sizeof(record));
+        // A received tensor passed on: its pool block must not go back to the daemon (and be
+        // reused) before the daemon has copied from it.
+        if (tensor.keep_ != nullptr) leases.push_back(tensor.keep_);
         entry.offset = *offset;
         entry.device_handle = *block + *at[i];
         ++cuda_sent;
@@ -978,7 +984,7 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
           }
         }
         // The daemon's block of our pool: released even when the message is refused.
-        auto held = std::make_shared<PoolBlock>(link_, device, entry.offset);
+        auto held = std::make_shared<PoolBlock>(link_, device, entry.offset, entry.length);
         if (pool_base == 0 || entry.offset > pool_bytes ||
             entry.length > pool_bytes - entry.offset) {
           misplaced = absl::InternalError(absl::StrCat(

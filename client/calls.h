@@ -50,7 +50,6 @@
 namespace tpd {
 
 namespace calls_internal {
-class EventLease;   // an IPC event a sent CUDA tensor was recorded on (cuda_export.h)
 class Link;         // the engine's half of a segment: tx heap allocator, submission ring
 struct ArenaBlock;  // a block of the tx heap (an arena tensor's bytes)
 struct RxBlock;     // a block of the rx heap; released to the daemon when it goes

@@ -13,15 +13,24 @@ namespace tpd::calls_internal {
 
 #if TPD_HAVE_CUDA_H
 
+namespace {
+// Allocations whose IPC handles are remembered; past it the cache starts over.
+constexpr size_t kMaxExported = 4096;
+}  // namespace
+
 struct CudaExporter::Impl {
   const cuda::Driver* driver = nullptr;
-  struct Event {
-    CUevent event = nullptr;
-    CUipcEventHandle handle;
-  };
   absl::Mutex mu;
   std::map<int, CUcontext> contexts ABSL_GUARDED_BY(mu);
-  std::map<int, std::vector<Event>> free_events ABSL_GUARDED_BY(mu);
+  // cuIpcGetMemHandle costs far more than a call: handles by allocation base, with the
+  // allocation's process-unique buffer id, so memory freed and allocated again at the same
+  // address gets a new handle.
+  struct Exported {
+    unsigned long long buffer_id = 0;
+    size_t size = 0;
+    CUipcMemHandle handle;
+  };
+  std::map<CUdeviceptr, Exported> exported ABSL_GUARDED_BY(mu);
 
   // Makes `device`'s primary context current on this thread; restores the previous one when
   // the returned guard goes.
@@ -66,21 +75,6 @@ struct CudaExporter::Impl {
   }
 };
 
-class EventLease {
- public:
-  EventLease(CudaExporter::Impl* impl, int device, CudaExporter::Impl::Event event)
-      : impl_(impl), device_(device), event_(event) {}
-  ~EventLease() {
-    absl::MutexLock lock(&impl_->mu);
-    impl_->free_events[device_].push_back(event_);
-  }
-
- private:
-  CudaExporter::Impl* const impl_;  // the process's exporter, never destroyed
-  const int device_;
-  const CudaExporter::Impl::Event event_;
-};
-
 absl::StatusOr<CudaExporter*> CudaExporter::Get() {
   static const absl::StatusOr<CudaExporter*>* const exporter = [] {
     absl::StatusOr<const cuda::Driver*> driver = cuda::Driver::Load();
@@ -99,8 +93,7 @@ CudaExporter::CudaExporter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 
 absl::StatusOr<uint64_t> CudaExporter::Export(uint64_t device_pointer, uint64_t bytes,
                                               int device, void* stream,
-                                              shm::CudaExport* record,
-                                              std::vector<std::shared_ptr<EventLease>>* leases) {
+                                              shm::CudaExport* record) {
   const cuda::Driver* driver = impl_->driver;
   const cuda::DriverApi& api = driver->api();
   absl::StatusOr<std::unique_ptr<Impl::Scope>> scope = impl_->Enter(device);
@@ -120,45 +113,40 @@ absl::StatusOr<uint64_t> CudaExporter::Export(uint64_t device_pointer, uint64_t 
                                                    ") runs past its allocation of ", size,
                                                    " bytes"));
   }
+  unsigned long long buffer_id = 0;
+  if (absl::Status s = driver->Check(
+          api.pointer_get_attribute(&buffer_id, CU_POINTER_ATTRIBUTE_BUFFER_ID, base),
+          "cuPointerGetAttribute(BUFFER_ID)");
+      !s.ok()) {
+    return s;
+  }
   CUipcMemHandle memory;
-  if (absl::Status s = driver->Check(api.ipc_get_mem_handle(&memory, base), "cuIpcGetMemHandle");
+  bool cached = false;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    auto it = impl_->exported.find(base);
+    if (it != impl_->exported.end() && it->second.buffer_id == buffer_id &&
+        it->second.size == size) {
+      memory = it->second.handle;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    if (absl::Status s = driver->Check(api.ipc_get_mem_handle(&memory, base), "cuIpcGetMemHandle");
+        !s.ok()) {
+      return s;
+    }
+    absl::MutexLock lock(&impl_->mu);
+    if (impl_->exported.size() >= kMaxExported) impl_->exported.clear();
+    impl_->exported[base] = Impl::Exported{buffer_id, size, memory};
+  }
+  if (absl::Status s = driver->Check(api.stream_synchronize(static_cast<CUstream>(stream)),
+                                     "cuStreamSynchronize on the tensor's stream");
       !s.ok()) {
     return s;
   }
   std::memset(record, 0, sizeof(*record));
   std::memcpy(record->memory, &memory, sizeof(memory));
-  Impl::Event event;
-  {
-    absl::MutexLock lock(&impl_->mu);
-    std::vector<Impl::Event>& free = impl_->free_events[device];
-    if (!free.empty()) {
-      event = free.back();
-      free.pop_back();
-    }
-  }
-  if (event.event == nullptr) {
-    if (absl::Status s = driver->Check(
-            api.event_create(&event.event, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS),
-            "cuEventCreate");
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = driver->Check(api.ipc_get_event_handle(&event.handle, event.event),
-                                       "cuIpcGetEventHandle");
-        !s.ok()) {
-      (void)api.event_destroy(event.event);
-      return s;
-    }
-  }
-  auto lease = std::make_shared<EventLease>(impl_.get(), device, event);
-  if (absl::Status s = driver->Check(api.event_record(event.event, static_cast<CUstream>(stream)),
-                                     "cuEventRecord on the tensor's stream");
-      !s.ok()) {
-    return s;
-  }
-  std::memcpy(record->event, &event.handle, sizeof(event.handle));
-  record->flags = shm::kCudaExportHasEvent;
-  leases->push_back(std::move(lease));
   return offset;
 }
 
@@ -199,15 +187,14 @@ void CudaExporter::FreePool(const DevicePool& pool) {
 #else  // !TPD_HAVE_CUDA_H
 
 struct CudaExporter::Impl {};
-class EventLease {};
 
 absl::StatusOr<CudaExporter*> CudaExporter::Get() {
   return absl::UnimplementedError(
       "this client library was built without the CUDA toolkit's cuda.h: no CUDA tensors");
 }
 CudaExporter::CudaExporter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-absl::StatusOr<uint64_t> CudaExporter::Export(uint64_t, uint64_t, int, void*, shm::CudaExport*,
-                                              std::vector<std::shared_ptr<EventLease>>*) {
+absl::StatusOr<uint64_t> CudaExporter::Export(uint64_t, uint64_t, int, void*,
+                                              shm::CudaExport*) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 absl::StatusOr<DevicePool> CudaExporter::AllocatePool(int, uint64_t) {

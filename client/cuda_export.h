@@ -25,10 +25,6 @@
 
 namespace tpd::calls_internal {
 
-// An IPC event lent to one message until the daemon released the message's block (it has
-// then enqueued its wait on the event, so the event may be recorded again).
-class EventLease;
-
 // Device memory this client lends the daemon as a receive pool.
 struct DevicePool {
   int device = 0;
@@ -44,11 +40,13 @@ class CudaExporter {
   static absl::StatusOr<CudaExporter*> Get();
 
   // Fills `record` for `bytes` at `device_pointer` on `device`, written on `stream` (a
-  // CUstream; null: the legacy default stream): the allocation's IPC handle, the pointer's
-  // offset in it (returned), and an IPC event recorded on the stream, leased into `leases`.
+  // CUstream; null: the legacy default stream): the allocation's IPC handle (cached per
+  // allocation) and the pointer's offset in it (returned). Waits for the work queued on
+  // `stream` first, so the bytes are final when the daemon reads them: one host-side stream
+  // synchronize, measured at ~2 us on an idle stream, where a cross-process IPC event cost
+  // the call ~400 us (docs/BENCHMARKS.md, B6). The record carries no event.
   absl::StatusOr<uint64_t> Export(uint64_t device_pointer, uint64_t bytes, int device,
-                                  void* stream, shm::CudaExport* record,
-                                  std::vector<std::shared_ptr<EventLease>>* leases);
+                                  void* stream, shm::CudaExport* record);
 
   // `bytes` of fresh device memory on `device` and its IPC handle.
   absl::StatusOr<DevicePool> AllocatePool(int device, uint64_t bytes);

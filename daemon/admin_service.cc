@@ -128,11 +128,29 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
         session->set_calls_in_flight(it->second.calls_in_flight);
         session->set_rx_heap_bytes(it->second.rx_heap_bytes);
         session->set_rx_heap_used(it->second.rx_heap_used);
+        const SessionCudaStats& cuda = it->second.cuda;
+        session->set_cuda_open_allocations(cuda.open_allocations);
+        session->set_cuda_open_events(cuda.open_events);
+        for (const SessionCudaStats::Pool& pool : cuda.pools) {
+          v1::CudaPoolStatus* out = session->add_cuda_pools();
+          out->set_device(absl::StrCat("cuda:", pool.device));
+          out->set_bytes(pool.bytes);
+          out->set_used(pool.used);
+        }
       }
     }
   }
   if (agent_ != nullptr) FillAgent(*agent_, response->mutable_agent());
   if (gpus_ != nullptr) FillGpus(*gpus_, response->mutable_gpus());
+  if (cuda_ != nullptr) {
+    for (const auto& [route, counts] : cuda_->Stats().routes) {
+      v1::CudaCopyCount* out = response->mutable_gpus()->add_copies();
+      out->set_route(route);
+      out->set_copies(counts.copies);
+      out->set_bytes(counts.bytes);
+    }
+  }
+  response->mutable_gpus()->set_copies_unavailable(cuda_unavailable_);
   v1::NodeInfo* node = response->mutable_node();
   node->set_name(groups_->node().name);
   node->set_incarnation(groups_->node().incarnation.load());

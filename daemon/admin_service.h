@@ -16,6 +16,7 @@
 #include "agent/agent.h"
 #include "daemon/call_router.h"
 #include "daemon/call_stats.h"
+#include "daemon/cuda_copies.h"
 #include "daemon/data_socket.h"
 #include "daemon/config.h"
 #include "daemon/group/group_manager.h"
@@ -46,6 +47,11 @@ class AdminService final : public v1::Admin::CallbackService {
   // The node's GPUs, discovered once at start, that Status reports as `gpus`; set before
   // serving, never changed, outlives the gRPC server. Unset: the section stays empty.
   void set_gpus(const cuda::GpuDiscovery* gpus) { gpus_ = gpus; }
+  // `cuda` null: `unavailable` says why calls with CUDA tensors cannot be served.
+  void set_cuda_copies(CudaCopies* cuda, std::string unavailable) {
+    cuda_ = cuda;
+    cuda_unavailable_ = std::move(unavailable);
+  }
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
@@ -66,6 +72,8 @@ class AdminService final : public v1::Admin::CallbackService {
   const agent::Agent* agent_ = nullptr;
   CallRouter* calls_ = nullptr;  // Stats() is not const, but only reads
   const cuda::GpuDiscovery* gpus_ = nullptr;
+  CudaCopies* cuda_ = nullptr;
+  std::string cuda_unavailable_;
 };
 
 }  // namespace tpd

@@ -455,8 +455,12 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
         if (entry.length > 0) {
           absl::StatusOr<uint64_t> pool =
               cuda->AllocatePool(*to->cuda, places[i].device, entry.length);
+          // Mapped in the context of the device that runs the copy: the source's, or the
+          // pool's own for host sources.
+          const int via = sources[i].device >= 0 ? sources[i].device : places[i].device;
           absl::StatusOr<CopyEnd> dst =
-              pool.ok() ? cuda->PoolAddress(*to->cuda, places[i].device, *pool) : pool.status();
+              pool.ok() ? cuda->PoolAddress(*to->cuda, places[i].device, *pool, via)
+                        : pool.status();
           if (!dst.ok()) {
             if (pool.ok()) (void)cuda->FreePool(*to->cuda, places[i].device, *pool);
             placed = dst.status();

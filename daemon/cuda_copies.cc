@@ -52,11 +52,8 @@ struct CudaCopies::Impl {
   bool stop ABSL_GUARDED_BY(mu) = false;
   std::thread thread;
 
-  std::atomic<uint64_t> copies{0};
-  std::atomic<uint64_t> bytes_d2d{0};
-  std::atomic<uint64_t> bytes_peer{0};
-  std::atomic<uint64_t> bytes_h2d{0};
-  std::atomic<uint64_t> bytes_d2h{0};
+  // By (source, destination) device, -1 for host memory.
+  std::map<std::pair<int, int>, CudaCopyStats::Route> routes ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> errors{0};
 
   absl::Status Current(int device) const {
@@ -109,8 +106,10 @@ class SessionMemory {
       (void)api.ipc_close_mem_handle(opened.base);
     }
     for (const auto& [device, pool] : pools_) {
-      (void)api.ctx_set_current(contexts_[device]);
-      (void)api.ipc_close_mem_handle(pool.base);
+      for (const auto& [via, base] : pool.bases) {
+        (void)api.ctx_set_current(contexts_[via]);
+        (void)api.ipc_close_mem_handle(base);
+      }
     }
     for (const auto& [key, event] : events_) (void)api.event_destroy(event);
     if (!allocations_.empty() || !pools_.empty()) {
@@ -126,7 +125,9 @@ class SessionMemory {
     int device = 0;
   };
   struct Pool {
-    CUdeviceptr base = 0;
+    CUipcMemHandle handle;
+    // Its mapping in each device's context that copied into it; bases[device] first.
+    std::map<int, CUdeviceptr> bases;
     uint64_t bytes = 0;
     std::unique_ptr<shm::HeapAllocator> heap;
   };
@@ -259,7 +260,8 @@ absl::Status CudaCopies::AddPool(SessionMemory& session, const shm::DevicePoolRe
         ", not ", record.bytes, " bytes on cuda:", device));
   }
   SessionMemory::Pool& pool = session.pools_[device];
-  pool.base = base;
+  pool.handle = handle;
+  pool.bases[device] = base;
   pool.bytes = record.bytes;
   // Offsets start at one alignment unit so that 0 never names a block.
   const uint64_t usable = (record.bytes / shm::kHeapAlignment - 1) * shm::kHeapAlignment;
@@ -294,13 +296,27 @@ absl::Status CudaCopies::FreePool(SessionMemory& session, int device, uint64_t o
 }
 
 absl::StatusOr<CopyEnd> CudaCopies::PoolAddress(SessionMemory& session, int device,
-                                                uint64_t offset) {
+                                                uint64_t offset, int via) {
   absl::MutexLock lock(&session.mu_);
   auto it = session.pools_.find(device);
   if (it == session.pools_.end()) {
     return absl::FailedPreconditionError(absl::StrCat("no receive pool on cuda:", device));
   }
-  return CopyEnd{it->second.base + offset, device};
+  SessionMemory::Pool& pool = it->second;
+  auto mapped = pool.bases.find(via);
+  if (mapped == pool.bases.end()) {
+    if (absl::Status s = impl_->Current(via); !s.ok()) return s;
+    CUdeviceptr base = 0;
+    if (absl::Status s = impl_->driver->Check(
+            impl_->driver->api().ipc_open_mem_handle(&base, pool.handle,
+                                                     CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+            absl::StrCat("cuIpcOpenMemHandle(pool of cuda:", device, " in cuda:", via, ")"));
+        !s.ok()) {
+      return s;
+    }
+    mapped = pool.bases.emplace(via, base).first;
+  }
+  return CopyEnd{mapped->second + offset, device};
 }
 
 absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory& session,
@@ -414,16 +430,10 @@ void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<void>
       break;
     }
     used[device] = true;
-    ++impl_->copies;
-    if (copy.src.device < 0) {
-      impl_->bytes_h2d += copy.bytes;
-    } else if (copy.dst.device < 0) {
-      impl_->bytes_d2h += copy.bytes;
-    } else if (copy.src.device == copy.dst.device) {
-      impl_->bytes_d2d += copy.bytes;
-    } else {
-      impl_->bytes_peer += copy.bytes;
-    }
+    absl::MutexLock lock(&impl_->mu);
+    CudaCopyStats::Route& route = impl_->routes[{copy.src.device, copy.dst.device}];
+    ++route.copies;
+    route.bytes += copy.bytes;
   }
   for (size_t d = 0; d < used.size(); ++d) {
     if (!used[d]) continue;
@@ -466,12 +476,12 @@ void CudaCopies::Flush() {
 }
 
 CudaCopyStats CudaCopies::Stats() {
+  auto name = [](int device) { return device < 0 ? std::string("cpu") : absl::StrCat("cuda:", device); };
   CudaCopyStats stats;
-  stats.copies = impl_->copies;
-  stats.bytes_device_to_device = impl_->bytes_d2d;
-  stats.bytes_peer = impl_->bytes_peer;
-  stats.bytes_host_to_device = impl_->bytes_h2d;
-  stats.bytes_device_to_host = impl_->bytes_d2h;
+  absl::MutexLock lock(&impl_->mu);
+  for (const auto& [route, counts] : impl_->routes) {
+    stats.routes[absl::StrCat(name(route.first), "->", name(route.second))] = counts;
+  }
   stats.errors = impl_->errors;
   return stats;
 }
@@ -483,6 +493,7 @@ SessionCudaStats CudaCopies::SessionStats(SessionMemory& session) {
   stats.open_events = session.events_.size();
   for (const auto& [device, pool] : session.pools_) {
     stats.pools.push_back({device, pool.bytes, pool.heap->GetStats().used_bytes});
+    stats.open_allocations += pool.bases.size();
   }
   return stats;
 }
@@ -508,7 +519,7 @@ absl::StatusOr<uint64_t> CudaCopies::AllocatePool(SessionMemory&, int, uint64_t)
 absl::Status CudaCopies::FreePool(SessionMemory&, int, uint64_t) {
   return absl::UnimplementedError("no CUDA in this build");
 }
-absl::StatusOr<CopyEnd> CudaCopies::PoolAddress(SessionMemory&, int, uint64_t) {
+absl::StatusOr<CopyEnd> CudaCopies::PoolAddress(SessionMemory&, int, uint64_t, int) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory&, const shm::TensorEntry&,

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,13 +42,13 @@ namespace tpd {
 // each copy in flight from or into it).
 class SessionMemory;
 
-// Counters for Admin.Status.
+// Counters for Admin.Status: copies and bytes by route, "cuda:0->cuda:1", "cpu->cuda:0".
 struct CudaCopyStats {
-  uint64_t copies = 0;
-  uint64_t bytes_device_to_device = 0;  // same GPU
-  uint64_t bytes_peer = 0;              // across GPUs
-  uint64_t bytes_host_to_device = 0;
-  uint64_t bytes_device_to_host = 0;
+  struct Route {
+    uint64_t copies = 0;
+    uint64_t bytes = 0;
+  };
+  std::map<std::string, Route> routes;
   uint64_t errors = 0;
 };
 
@@ -93,8 +94,11 @@ class CudaCopies {
   absl::StatusOr<uint64_t> AllocatePool(SessionMemory& session, int device, uint64_t bytes);
   // INVALID_ARGUMENT for a block that is not live.
   absl::Status FreePool(SessionMemory& session, int device, uint64_t offset);
-  // Where offset `offset` of the session's pool on `device` is, for this daemon.
-  absl::StatusOr<CopyEnd> PoolAddress(SessionMemory& session, int device, uint64_t offset);
+  // Where offset `offset` of the session's pool on `device` is, for a copy run by device
+  // `via` (the pool is mapped into that device's context on first use: a peer copy is then a
+  // copy within one context, over NVLink, never staged through the host).
+  absl::StatusOr<CopyEnd> PoolAddress(SessionMemory& session, int device, uint64_t offset,
+                                      int via);
 
   // The submitted CUDA tensor `entry` with its export record: opens the allocation (once per
   // session) and its event, checks that the tensor lies inside the allocation on its device.

@@ -435,6 +435,7 @@ absl::Status Daemon::ServeData() {
   admin_service_->set_agent(agent_.get());
   admin_service_->set_call_router(router);
   admin_service_->set_gpus(&gpus_);
+  admin_service_->set_cuda_copies(cuda_copies_.get(), cuda_unavailable_);
   control->set_session_end_hook([socket](const std::string& id) { socket->EndSession(id); });
   return absl::OkStatus();
 }

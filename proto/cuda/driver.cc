@@ -80,6 +80,8 @@ std::vector<Entry> Entries(DriverApi* api) {
       {"cuEventDestroy_v2", Slot(&api->event_destroy), false},
       {"cuIpcGetEventHandle", Slot(&api->ipc_get_event_handle), false},
       {"cuIpcOpenEventHandle", Slot(&api->ipc_open_event_handle), false},
+      {"cuMemHostAlloc", Slot(&api->mem_host_alloc), false},
+      {"cuMemFreeHost", Slot(&api->mem_free_host), false},
   };
 }
 

@@ -87,6 +87,8 @@ struct DriverApi {
   decltype(&::cuEventDestroy) event_destroy = nullptr;  // cuEventDestroy_v2
   decltype(&::cuIpcGetEventHandle) ipc_get_event_handle = nullptr;
   decltype(&::cuIpcOpenEventHandle) ipc_open_event_handle = nullptr;
+  decltype(&::cuMemHostAlloc) mem_host_alloc = nullptr;
+  decltype(&::cuMemFreeHost) mem_free_host = nullptr;
 };
 
 #else

@@ -1,0 +1,237 @@
+// B6 (../shared/BENCHMARKS.md, docs/BENCHMARKS.md): CUDA tensors in calls on one node, beside
+// raw driver copies measured in the same run by this process.
+//
+//   raw d2d        cuMemcpyAsync cuda:0 -> cuda:0, synchronized
+//   raw peer       cuMemcpyAsync cuda:0 -> cuda:1 with peer access, synchronized
+//   raw h2d / d2h  pinned host (cuMemHostAlloc) <-> cuda:0
+//   tpd oneway     Call from a client on cuda:0 to a worker whose map sends cuda:0 -> cuda:1
+//                  (cuda:0 -> cuda:0 with one GPU); the handler answers nothing
+//   tpd echo       the same, the handler returning the tensor (back by the reverse map)
+//   tpd cpu        the same size as a CPU arena tensor (the small-call comparison), and one
+//                  event record + synchronize (what a CUDA call adds at least)
+//
+// GB/s = bytes / p50 round trip. The torch side of B6 is bench/torch_cuda_rpc_bench.py, run
+// in the same device session.
+//
+// The daemon runs as its own process (--tpd, default: `tpd` next to this binary), as in
+// production: CUDA IPC cannot open a handle in the process that exported it.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "proto/cuda/driver.h"
+
+ABSL_FLAG(std::string, sizes, "0,4096,1048576,67108864,268435456", "tensor bytes, comma-separated");
+ABSL_FLAG(int, iters, 30, "measured round trips per size (at least 5 for the largest)");
+ABSL_FLAG(std::string, tpd, "", "the tpd binary (default: tpd next to this binary)");
+
+namespace {
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1))];
+}
+
+int Iters(uint64_t bytes) {
+  const int iters = absl::GetFlag(FLAGS_iters);
+  return bytes >= (uint64_t{64} << 20) ? std::max(5, iters / 3) : iters;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // rows show as they are measured
+  absl::StatusOr<const tpd::cuda::Driver*> loaded = tpd::cuda::Driver::Load();
+  if (!loaded.ok()) {
+    std::printf("no GPU: %s\n", loaded.status().ToString().c_str());
+    return 0;
+  }
+  const tpd::cuda::Driver* driver = *loaded;
+  const tpd::cuda::DriverApi& api = driver->api();
+  int count = 0;
+  api.device_get_count(&count);
+  const int target = count >= 2 ? 1 : 0;
+  std::vector<CUcontext> contexts(count);
+  for (int d = 0; d < count; ++d) {
+    CUdevice device;
+    api.device_get(&device, d);
+    api.device_primary_ctx_retain(&contexts[d], device);
+  }
+  if (target == 1) {
+    api.ctx_set_current(contexts[0]);
+    (void)api.ctx_enable_peer_access(contexts[1], 0);
+    api.ctx_set_current(contexts[1]);
+    (void)api.ctx_enable_peer_access(contexts[0], 0);
+  }
+  std::vector<uint64_t> sizes;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',')) {
+    uint64_t n = 0;
+    if (absl::SimpleAtoi(s, &n)) sizes.push_back(n);
+  }
+  const uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
+
+  char dir_pattern[] = "/tmp/tpd-cuda-bench-XXXXXX";
+  const char* dir = mkdtemp(dir_pattern);
+  if (dir == nullptr) return 1;
+  const std::string socket = absl::StrCat(dir, "/tpd.sock");
+  const std::string config = absl::StrCat(dir, "/tpd.toml");
+  std::ofstream(config) << "[daemon]\nlog_level = \"warn\"\n[peer]\nlisten_address = \"127.0.0.1:0\"\n"
+                           "token = \"bench\"\nnode_name = \"cuda-bench\"\n"
+                           "[data]\narena_bytes = 67108864\n";
+  std::string tpd_path = absl::GetFlag(FLAGS_tpd);
+  if (tpd_path.empty()) {
+    char self[4096] = {};
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    tpd_path = std::string(self, n > 0 ? static_cast<size_t>(n) : 0);
+    tpd_path = tpd_path.substr(0, tpd_path.rfind('/') + 1) + "tpd";
+  }
+  const pid_t daemon = fork();
+  if (daemon == 0) {
+    execl(tpd_path.c_str(), "tpd", "--socket", socket.c_str(), "--config", config.c_str(),
+          nullptr);
+    std::fprintf(stderr, "cannot run %s\n", tpd_path.c_str());
+    _exit(127);
+  }
+  tpd::ClientOptions options;
+  options.cuda_pool_bytes = 2 * largest + (uint64_t{16} << 20);
+  options.connect_timeout = absl::Seconds(20);
+  absl::StatusOr<std::unique_ptr<tpd::Client>> connected;
+  for (int i = 0; i < 200 && !connected.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    if (access(socket.c_str(), F_OK) == 0) connected = tpd::Client::Connect(socket, options);
+  }
+  if (!connected.ok()) {
+    std::fprintf(stderr, "no daemon on %s\n", socket.c_str());
+    kill(daemon, SIGKILL);
+    return 1;
+  }
+  std::unique_ptr<tpd::Client> a = *std::move(connected);
+  std::unique_ptr<tpd::Client> b = *tpd::Client::Connect(socket, options);
+  std::fprintf(stderr, "daemon %d on %s\n", static_cast<int>(daemon), socket.c_str());
+  tpd::JoinOptions join;
+  join.group = "bench";
+  join.init_method = absl::StrCat("tcp://", a->Status()->peer_address());
+  join.name = "a";
+  (*(*join.options.mutable_device_maps())["b"].mutable_devices())["cuda:0"] =
+      absl::StrCat("cuda:", target);
+  if (absl::Status s = a->Join(join).status(); !s.ok()) {
+    std::fprintf(stderr, "join a: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  join.name = "b";
+  join.options.clear_device_maps();
+  if (absl::Status s = b->Join(join).status(); !s.ok()) {
+    std::fprintf(stderr, "join b: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  (void)b->Handle("oneway", [](const tpd::Message&) -> absl::StatusOr<tpd::Message> {
+    return tpd::Message{};
+  });
+  (void)b->Handle("echo", [](const tpd::Message& request) -> absl::StatusOr<tpd::Message> {
+    return request;
+  });
+
+  api.ctx_set_current(contexts[0]);
+  CUdeviceptr src = 0, same = 0, peer = 0;
+  void* pinned = nullptr;
+  api.mem_alloc(&src, std::max<uint64_t>(largest, 1));
+  api.mem_alloc(&same, std::max<uint64_t>(largest, 1));
+  api.memset_d8(src, 7, std::max<uint64_t>(largest, 1));
+  api.mem_host_alloc(&pinned, std::max<uint64_t>(largest, 1), 0);
+  api.ctx_set_current(contexts[target]);
+  api.mem_alloc(&peer, std::max<uint64_t>(largest, 1));
+  api.ctx_set_current(contexts[0]);
+  CUstream stream;
+  api.stream_create(&stream, CU_STREAM_NON_BLOCKING);
+  CUevent event;
+  api.event_create(&event, CU_EVENT_DISABLE_TIMING);
+
+  auto raw = [&](CUdeviceptr dst, CUdeviceptr from, uint64_t bytes) {
+    std::vector<double> us;
+    for (int i = 0; i < Iters(bytes) + 3; ++i) {
+      const absl::Time start = absl::Now();
+      api.memcpy_async(dst, from, bytes, stream);
+      api.stream_synchronize(stream);
+      if (i >= 3) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    }
+    return Percentile(us, 0.5);
+  };
+  auto call = [&](const std::string& method, const std::vector<tpd::Tensor>& tensors,
+                  uint64_t bytes) {
+    std::vector<double> us;
+    for (int i = 0; i < Iters(bytes) + 3; ++i) {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<tpd::Message> reply =
+          a->Call("bench", "b", method, "", tensors, absl::Seconds(10));
+      if (!reply.ok()) {
+        std::fprintf(stderr, "%s %lu bytes: %s\n", method.c_str(), static_cast<unsigned long>(bytes),
+                     reply.status().ToString().c_str());
+        std::exit(1);
+      }
+      if (i >= 3) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    }
+    return Percentile(us, 0.5);
+  };
+  std::vector<double> event_us;
+  for (int i = 0; i < 203; ++i) {
+    const absl::Time start = absl::Now();
+    api.event_record(event, stream);
+    api.event_synchronize(event);
+    if (i >= 3) event_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+  }
+  std::printf("GPUs: %d, tpd maps cuda:0 -> cuda:%d; one event record + synchronize: %.1f us\n",
+              count, target, Percentile(event_us, 0.5));
+  std::printf("%-12s %10s %10s %9s %10s %9s %10s %9s %10s %9s %8s\n", "bytes", "d2d_us", "peer_us",
+              "peer_GB/s", "h2d_GB/s", "d2h_GB/s", "oneway_us", "GB/s", "echo_us", "cpu_us",
+              "vs_peer");
+  for (uint64_t bytes : sizes) {
+    const double d2d = bytes > 0 ? raw(same, src, bytes) : 0;
+    const double p2p = bytes > 0 ? raw(peer, src, bytes) : 0;
+    const double h2d = bytes > 0 ? raw(src, reinterpret_cast<CUdeviceptr>(pinned), bytes) : 0;
+    const double d2h = bytes > 0 ? raw(reinterpret_cast<CUdeviceptr>(pinned), src, bytes) : 0;
+    const std::vector<tpd::Tensor> cuda = {
+        tpd::Tensor::Cuda(tpd::shm::DType::kUInt8, {static_cast<int64_t>(bytes)}, src, 0)};
+    const double oneway = call("oneway", cuda, bytes);
+    const double echo = call("echo", cuda, bytes);
+    double cpu = 0;
+    if (bytes <= (uint64_t{16} << 20)) {
+      absl::StatusOr<tpd::Tensor> arena =
+          a->AllocateTensor(tpd::shm::DType::kUInt8, {static_cast<int64_t>(bytes)});
+      if (arena.ok()) cpu = call("oneway", {*arena}, bytes);
+    }
+    auto gbps = [&](double us) { return us > 0 ? static_cast<double>(bytes) / us / 1e3 : 0.0; };
+    std::printf("%-12lu %10.1f %10.1f %9.1f %10.1f %9.1f %10.1f %9.1f %10.1f %9.1f %8.2f\n",
+                static_cast<unsigned long>(bytes), d2d, p2p, gbps(p2p), gbps(h2d), gbps(d2h),
+                oneway, gbps(oneway), echo, cpu, p2p > 0 ? p2p / oneway : 0.0);
+  }
+  absl::StatusOr<tpd::v1::StatusResponse> status = a->Status();
+  if (status.ok()) {
+    for (const auto& route : status->gpus().copies()) {
+      std::printf("daemon copies %s: %lu copies, %lu bytes\n", route.route().c_str(),
+                  static_cast<unsigned long>(route.copies()),
+                  static_cast<unsigned long>(route.bytes()));
+    }
+  }
+  a.reset();
+  b.reset();
+  kill(daemon, SIGTERM);
+  waitpid(daemon, nullptr, 0);
+  return 0;
+}
