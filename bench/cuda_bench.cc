@@ -9,6 +9,8 @@
 //   tpd echo       the same, the handler returning the tensor (back by the reverse map)
 //   tpd cpu        the same size as a CPU arena tensor (the small-call comparison), and one
 //                  event record + synchronize (what a CUDA call adds at least)
+//   --remote       the callee on a second daemon: the staged path between nodes, beside the
+//                  pinned H2D / D2H rates
 //
 // GB/s = bytes / p50 round trip. The torch side of B6 is bench/torch_cuda_rpc_bench.py, run
 // in the same device session.
@@ -39,6 +41,9 @@
 ABSL_FLAG(std::string, sizes, "0,4096,1048576,67108864,268435456", "tensor bytes, comma-separated");
 ABSL_FLAG(int, iters, 30, "measured round trips per size (at least 5 for the largest)");
 ABSL_FLAG(std::string, tpd, "", "the tpd binary (default: tpd next to this binary)");
+ABSL_FLAG(bool, remote, false,
+          "put the callee on a second daemon of this host (a stand-in for a second node): the "
+          "staged path, device -> pinned host -> TensorPipe -> pinned host -> device");
 
 namespace {
 
@@ -87,14 +92,6 @@ int main(int argc, char** argv) {
   }
   const uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
 
-  char dir_pattern[] = "/tmp/tpd-cuda-bench-XXXXXX";
-  const char* dir = mkdtemp(dir_pattern);
-  if (dir == nullptr) return 1;
-  const std::string socket = absl::StrCat(dir, "/tpd.sock");
-  const std::string config = absl::StrCat(dir, "/tpd.toml");
-  std::ofstream(config) << "[daemon]\nlog_level = \"warn\"\n[peer]\nlisten_address = \"127.0.0.1:0\"\n"
-                           "token = \"bench\"\nnode_name = \"cuda-bench\"\n"
-                           "[data]\narena_bytes = 67108864\n";
   std::string tpd_path = absl::GetFlag(FLAGS_tpd);
   if (tpd_path.empty()) {
     char self[4096] = {};
@@ -102,29 +99,55 @@ int main(int argc, char** argv) {
     tpd_path = std::string(self, n > 0 ? static_cast<size_t>(n) : 0);
     tpd_path = tpd_path.substr(0, tpd_path.rfind('/') + 1) + "tpd";
   }
-  const pid_t daemon = fork();
-  if (daemon == 0) {
-    execl(tpd_path.c_str(), "tpd", "--socket", socket.c_str(), "--config", config.c_str(),
-          nullptr);
-    std::fprintf(stderr, "cannot run %s\n", tpd_path.c_str());
-    _exit(127);
-  }
   tpd::ClientOptions options;
   options.cuda_pool_bytes = 2 * largest + (uint64_t{16} << 20);
   options.connect_timeout = absl::Seconds(20);
-  absl::StatusOr<std::unique_ptr<tpd::Client>> connected;
-  for (int i = 0; i < 200 && !connected.ok(); ++i) {
-    absl::SleepFor(absl::Milliseconds(50));
-    if (access(socket.c_str(), F_OK) == 0) connected = tpd::Client::Connect(socket, options);
+  std::vector<pid_t> daemons;
+  // Starts a daemon named `node` and connects a client to it.
+  auto start = [&](const std::string& node) -> std::unique_ptr<tpd::Client> {
+    char dir_pattern[] = "/tmp/tpd-cuda-bench-XXXXXX";
+    const char* dir = mkdtemp(dir_pattern);
+    if (dir == nullptr) return nullptr;
+    const std::string socket = absl::StrCat(dir, "/tpd.sock");
+    const std::string config = absl::StrCat(dir, "/tpd.toml");
+    std::ofstream(config) << "[daemon]\nlog_level = \"warn\"\n[peer]\n"
+                             "listen_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n"
+                             "node_name = \"" << node << "\"\n[data]\narena_bytes = 67108864\n";
+    const pid_t daemon = fork();
+    if (daemon == 0) {
+      execl(tpd_path.c_str(), "tpd", "--socket", socket.c_str(), "--config", config.c_str(),
+            nullptr);
+      std::fprintf(stderr, "cannot run %s\n", tpd_path.c_str());
+      _exit(127);
+    }
+    daemons.push_back(daemon);
+    absl::StatusOr<std::unique_ptr<tpd::Client>> connected;
+    for (int i = 0; i < 200 && !connected.ok(); ++i) {
+      absl::SleepFor(absl::Milliseconds(50));
+      if (access(socket.c_str(), F_OK) == 0) connected = tpd::Client::Connect(socket, options);
+    }
+    if (!connected.ok()) {
+      std::fprintf(stderr, "no daemon on %s\n", socket.c_str());
+      return nullptr;
+    }
+    return *std::move(connected);
+  };
+  auto stop = [&] {
+    for (pid_t daemon : daemons) kill(daemon, SIGTERM);
+    for (pid_t daemon : daemons) waitpid(daemon, nullptr, 0);
+  };
+  const bool remote = absl::GetFlag(FLAGS_remote);
+  std::unique_ptr<tpd::Client> a = start("cuda-bench");
+  std::unique_ptr<tpd::Client> b;
+  if (remote) {
+    b = start("cuda-bench-2");
+  } else if (a != nullptr) {
+    b = *tpd::Client::Connect(a->socket_path(), options);
   }
-  if (!connected.ok()) {
-    std::fprintf(stderr, "no daemon on %s\n", socket.c_str());
-    kill(daemon, SIGKILL);
+  if (a == nullptr || b == nullptr) {
+    stop();
     return 1;
   }
-  std::unique_ptr<tpd::Client> a = *std::move(connected);
-  std::unique_ptr<tpd::Client> b = *tpd::Client::Connect(socket, options);
-  std::fprintf(stderr, "daemon %d on %s\n", static_cast<int>(daemon), socket.c_str());
   tpd::JoinOptions join;
   join.group = "bench";
   join.init_method = absl::StrCat("tcp://", a->Status()->peer_address());
@@ -196,8 +219,9 @@ int main(int argc, char** argv) {
     api.event_synchronize(event);
     if (i >= 3) event_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
   }
-  std::printf("GPUs: %d, tpd maps cuda:0 -> cuda:%d; one event record + synchronize: %.1f us\n",
-              count, target, Percentile(event_us, 0.5));
+  std::printf("GPUs: %d, tpd maps cuda:0 -> cuda:%d%s; one event record + synchronize: %.1f us\n",
+              count, target, remote ? " on a second daemon (staged)" : "",
+              Percentile(event_us, 0.5));
   std::printf("%-12s %10s %10s %9s %10s %9s %10s %9s %10s %9s %8s\n", "bytes", "d2d_us", "peer_us",
               "peer_GB/s", "h2d_GB/s", "d2h_GB/s", "oneway_us", "GB/s", "echo_us", "cpu_us",
               "vs_peer");
@@ -231,7 +255,6 @@ int main(int argc, char** argv) {
   }
   a.reset();
   b.reset();
-  kill(daemon, SIGTERM);
-  waitpid(daemon, nullptr, 0);
+  stop();
   return 0;
 }

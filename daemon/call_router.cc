@@ -95,11 +95,35 @@ struct CallRouter::RxBlock {
   BlockPlan plan;
   std::vector<shm::TensorEntry> tensors;  // offsets filled in, once validated
   mutable std::atomic<bool> posted{false};
+  // Tensors bound for a CUDA device of the session (staged from another node): each lands in
+  // pinned staging first (its address here, 0 for others) and is copied into the session's
+  // receive pool (tensors[i] then names the pool block) before the message is posted.
+  CudaCopies* cuda = nullptr;
+  std::vector<uint64_t> staging;
 
   ~RxBlock() {
+    for (size_t i = 0; i < staging.size(); ++i) {
+      if (staging[i] == 0) continue;
+      cuda->FreeStaging(staging[i]);
+      if (!posted) {
+        (void)cuda->FreePool(*session->cuda, static_cast<int>(tensors[i].device_index),
+                             tensors[i].offset);
+      }
+    }
     if (posted || offset == 0) return;
     absl::MutexLock lock(&session->mu);
     if (!session->broken) (void)session->rx->Free(offset);
+  }
+};
+
+// A message staged for another node: its tx block (released when TensorPipe is done) and the
+// pinned staging its CUDA tensors were copied to.
+struct CallRouter::StagedOut {
+  std::shared_ptr<TxBlock> tx;
+  CudaCopies* cuda = nullptr;
+  std::vector<uint64_t> staging;
+  ~StagedOut() {
+    for (uint64_t address : staging) cuda->FreeStaging(address);
   }
 };
 
@@ -503,7 +527,8 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
   posted.payload_offset = block;
   posted.payload_length = plan.payload;
   posted.tensor_table_offset = n == 0 ? 0 : block + plan.table;
-  std::vector<std::shared_ptr<void>> keep = {from->cuda, to->cuda, from->segment, to->segment};
+  std::vector<std::shared_ptr<const void>> keep = {from->cuda, to->cuda, from->segment,
+                                                   to->segment};
   cuda->Run(std::move(copies), std::move(keep),
             [this, to, posted, pool_blocks, after = std::move(after)](absl::Status copied) {
               absl::Status status = copied;
@@ -568,16 +593,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
     std::optional<v1::Member> member =
         target ? std::nullopt : options_.member(group, worker);
     if (member && member->node() != options_.node) {
-      if (!places->empty()) {
-        Release(session, d.payload_offset);
-        Fail(session, d.call_id,
-             absl::UnimplementedError(absl::StrCat(
-                 CallName(worker, method), " on node ", member->node(),
-                 ": CUDA tensors and device maps are carried between workers of one node "
-                 "only in this version; move the tensors to the cpu for calls across nodes")));
-        return;
-      }
-      CallRemote(session, d, *call, *member);
+      CallRemote(session, d, *call, *places, *member);
       return;
     }
     Release(session, d.payload_offset);
@@ -650,7 +666,8 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
 }
 
 void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-                            const Submitted& call, const v1::Member& member) {
+                            const Submitted& call, const std::vector<Place>& places,
+                            const v1::Member& member) {
   const shm::ParsedMessage& message = call.message;
   const std::string& worker = message.names[1];
   const std::string& method = message.names[2];
@@ -669,19 +686,29 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
                                                             address.status().message())));
     return;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    outgoing_[{session->id, d.call_id}] = Outgoing{member.node(), worker, method};
-  }
   agent::Message request;
   v1::AgentMessage& header = request.header;
   header.set_group(message.names[0]);
   header.set_target_worker(worker);
   header.set_method(method);
   header.set_source_worker(message.names[3]);
-  ReferInPlace(session->segment->base(), call, &request);
-  // TensorPipe reads the tx block in place; it goes back to the client when TensorPipe is done.
-  request.keepalive = std::make_shared<TxBlock>(this, session, d.payload_offset);
+  std::vector<CudaCopies::Copy> copies;
+  if (places.empty()) {
+    ReferInPlace(session->segment->base(), call, &request);
+    // TensorPipe reads the tx block in place; back to the client when TensorPipe is done.
+    request.keepalive = std::make_shared<TxBlock>(this, session, d.payload_offset);
+  } else if (absl::Status staged = StageOut(session, d.payload_offset, call, places, &request,
+                                            &copies);
+             !staged.ok()) {
+    Fail(session, d.call_id,
+         absl::Status(staged.code(), absl::StrCat(CallName(worker, method), " on node ",
+                                                  member.node(), ": ", staged.message())));
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    outgoing_[{session->id, d.call_id}] = Outgoing{member.node(), worker, method};
+  }
   const absl::Time deadline = d.deadline_unix_ns == 0 ? absl::InfiniteFuture()
                                                       : absl::FromUnixNanos(d.deadline_unix_ns);
   const uint64_t call_id = d.call_id;
@@ -696,16 +723,87 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
                          error ? static_cast<uint32_t>(reply.status_code()) : 0, payload_size,
                          reply, sizes);
   };
-  options_.agent->Send(
-      agent::PeerId{member.node(), *address}, std::move(request), deadline,
-      // Weak: a caller that went away must not keep its segment mapped while a reply that
-      // has nowhere to go is awaited.
-      [this, weak, call_id](absl::StatusOr<agent::Message> reply) {
-        if (std::shared_ptr<Session> caller = weak.lock()) {
-          OnRemoteReply(caller, call_id, std::move(reply));
-        }
-      },
-      std::move(place_reply));
+  const agent::PeerId peer{member.node(), *address};
+  auto send = [this, weak, call_id, peer, deadline, place_reply](agent::Message request) {
+    options_.agent->Send(
+        peer, std::move(request), deadline,
+        // Weak: a caller that went away must not keep its segment mapped while a reply that
+        // has nowhere to go is awaited.
+        [this, weak, call_id](absl::StatusOr<agent::Message> reply) {
+          if (std::shared_ptr<Session> caller = weak.lock()) {
+            OnRemoteReply(caller, call_id, std::move(reply));
+          }
+        },
+        place_reply);
+  };
+  if (copies.empty()) {
+    send(std::move(request));
+    return;
+  }
+  // Sent once the CUDA tensors are in pinned staging (device to host on the copy thread).
+  auto staged = std::make_shared<agent::Message>(std::move(request));
+  options_.cuda->Run(std::move(copies), {session->cuda},
+                     [this, send, staged, weak, call_id](absl::Status copied) {
+                       if (copied.ok()) {
+                         send(std::move(*staged));
+                         return;
+                       }
+                       std::shared_ptr<Session> caller = weak.lock();
+                       if (caller == nullptr) return;
+                       std::optional<Outgoing> call;
+                       {
+                         absl::MutexLock lock(&mu_);
+                         auto it = outgoing_.find({caller->id, call_id});
+                         if (it != outgoing_.end()) {
+                           call = std::move(it->second);
+                           outgoing_.erase(it);
+                         }
+                       }
+                       if (call) {
+                         Fail(caller, call_id,
+                              absl::Status(copied.code(),
+                                           absl::StrCat(CallName(call->worker, call->method),
+                                                        " on node ", call->node, ": ",
+                                                        copied.message())));
+                       }
+                     });
+}
+
+absl::Status CallRouter::StageOut(const std::shared_ptr<Session>& session, uint64_t tx_offset,
+                                  const Submitted& submitted, const std::vector<Place>& places,
+                                  agent::Message* out, std::vector<CudaCopies::Copy>* copies) {
+  auto staged = std::make_shared<StagedOut>();
+  staged->tx = std::make_shared<TxBlock>(this, session, tx_offset);
+  staged->cuda = options_.cuda;
+  uint8_t* const base = session->segment->base();
+  out->payload = {base + submitted.message.body_offset, submitted.message.body_length};
+  for (size_t i = 0; i < submitted.tensors.size(); ++i) {
+    const shm::TensorEntry& entry = submitted.tensors[i];
+    *out->header.add_tensors() = ToWire(entry, places[i].device);
+    if (entry.length == 0) {
+      out->tensors.push_back({nullptr, 0});
+      continue;
+    }
+    if (entry.device_type != static_cast<uint8_t>(shm::DeviceType::kCuda)) {
+      out->tensors.push_back({base + entry.offset, entry.length});
+      continue;
+    }
+    if (options_.cuda == nullptr || session->cuda == nullptr) {
+      return absl::FailedPreconditionError(options_.no_cuda);
+    }
+    shm::CudaExport record;
+    std::memcpy(&record, base + entry.device_handle, sizeof(record));  // validated in the tx heap
+    absl::StatusOr<CudaCopies::Source> source =
+        options_.cuda->Resolve(*session->cuda, entry, record, static_cast<uint32_t>(i));
+    if (!source.ok()) return source.status();
+    absl::StatusOr<uint64_t> staging = options_.cuda->AllocateStaging(entry.length);
+    if (!staging.ok()) return staging.status();
+    staged->staging.push_back(*staging);
+    copies->push_back({CopyEnd{*staging, -1}, source->end, entry.length, source->event});
+    out->tensors.push_back({reinterpret_cast<void*>(*staging), entry.length});
+  }
+  out->keepalive = std::move(staged);
+  return absl::OkStatus();
 }
 
 void CallRouter::OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
@@ -735,18 +833,19 @@ void CallRouter::OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t 
   posted.payload_length = block->plan.payload;
   posted.tensor_count = static_cast<uint32_t>(block->tensors.size());
   posted.tensor_table_offset = block->tensors.empty() ? 0 : block->offset + block->plan.table;
-  absl::Status status;
-  {
-    absl::MutexLock lock(&caller->mu);
-    status = Post(*caller, posted);
-    if (status.ok()) block->posted = true;
-  }
-  if (!status.ok()) {
-    Fail(caller, call_id,
-         absl::Status(status.code(), absl::StrCat("reply of worker '", call.worker,
-                                                  "' to method '", call.method, "': ",
-                                                  status.message())));
-  }
+  LandOnDevices(block, [this, block, caller, posted, call_id, call](absl::Status status) {
+    if (status.ok()) {
+      absl::MutexLock lock(&caller->mu);
+      status = Post(*caller, posted);
+      if (status.ok()) block->posted = true;
+    }
+    if (!status.ok()) {
+      Fail(caller, call_id,
+           absl::Status(status.code(), absl::StrCat("reply of worker '", call.worker,
+                                                    "' to method '", call.method, "': ",
+                                                    status.message())));
+    }
+  });
 }
 
 absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
@@ -768,11 +867,46 @@ absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
   auto block = std::make_shared<RxBlock>();
   block->session = to;
   std::vector<uint64_t> bytes(tensor_sizes.begin(), tensor_sizes.end());
+  std::vector<int> targets(tensor_sizes.size(), -1);
+  bool on_device = false;
   for (size_t i = 0; i < tensor_sizes.size(); ++i) {
-    absl::StatusOr<shm::TensorEntry> entry =
-        FromWire(header.tensors(static_cast<int>(i)), tensor_sizes[i], static_cast<int>(i));
+    absl::StatusOr<shm::TensorEntry> entry = FromWire(
+        header.tensors(static_cast<int>(i)), tensor_sizes[i], static_cast<int>(i), &targets[i]);
     if (!entry.ok()) return entry.status();
     block->tensors.push_back(*entry);
+    if (targets[i] >= 0) {
+      bytes[i] = 0;  // in the session's receive pool, not its rx heap
+      on_device = true;
+    }
+  }
+  if (on_device) {
+    if (options_.cuda == nullptr || to->cuda == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "CUDA tensors for worker '", header.target_worker(), "': ", options_.no_cuda));
+    }
+    block->cuda = options_.cuda;
+    block->staging.assign(tensor_sizes.size(), 0);
+    // Pool blocks and staging first, outside the session's lock; freed by the block if
+    // anything below fails.
+    for (size_t i = 0; i < tensor_sizes.size(); ++i) {
+      shm::TensorEntry& entry = block->tensors[i];
+      if (targets[i] < 0) continue;
+      entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCuda);
+      entry.device_index = static_cast<uint32_t>(targets[i]);
+      if (entry.length == 0) continue;
+      absl::StatusOr<uint64_t> staging = options_.cuda->AllocateStaging(entry.length);
+      if (!staging.ok()) return staging.status();
+      absl::StatusOr<uint64_t> pool =
+          options_.cuda->AllocatePool(*to->cuda, targets[i], entry.length);
+      if (!pool.ok()) {
+        options_.cuda->FreeStaging(*staging);
+        return absl::Status(pool.status().code(),
+                            absl::StrCat("worker '", header.target_worker(), "': ",
+                                         pool.status().message()));
+      }
+      block->staging[i] = *staging;
+      entry.offset = *pool;
+    }
   }
   block->plan = PlanBlock(shm::MessagePrefixBytes(n0.size(), n1.size(), n2.size(), n3.size()),
                           payload_size, bytes);
@@ -787,6 +921,12 @@ absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
     shm::WriteMessagePrefix(out, code, n0, n1, n2, n3);
     for (size_t i = 0; i < block->tensors.size(); ++i) {
       shm::TensorEntry& entry = block->tensors[i];
+      if (targets[i] >= 0) {
+        std::memcpy(out + block->plan.table + i * sizeof(entry), &entry, sizeof(entry));
+        destination.tensors.push_back(entry.length == 0 ? nullptr
+                                                        : reinterpret_cast<void*>(block->staging[i]));
+        continue;
+      }
       entry.offset = entry.length == 0 ? 0 : *offset + block->plan.at[i];
       std::memcpy(out + block->plan.table + i * sizeof(entry), &entry, sizeof(entry));
       destination.tensors.push_back(entry.length == 0 ? nullptr : out + block->plan.at[i]);
@@ -864,26 +1004,48 @@ void CallRouter::OnRemoteRequest(agent::InboundRequest request) {
   posted.payload_length = block->plan.payload;
   posted.tensor_count = static_cast<uint32_t>(block->tensors.size());
   posted.tensor_table_offset = block->tensors.empty() ? 0 : block->offset + block->plan.table;
-  absl::Status status;
-  {
-    absl::MutexLock lock(&callee->mu);
-    status = Post(*callee, posted);
-    if (status.ok()) block->posted = true;
-  }
-  if (!status.ok()) {
+  const agent::ReplyTo reply_to = request.reply_to;
+  LandOnDevices(block, [this, block, callee, posted, id, reply_to, pending](absl::Status status) {
+    if (status.ok()) {
+      absl::MutexLock lock(&callee->mu);
+      status = Post(*callee, posted);
+      if (status.ok()) block->posted = true;
+    }
+    if (status.ok()) return;
     std::optional<Pending> ours;
     {
       absl::MutexLock lock(&mu_);
       ours = TakePending(id);
     }
     if (ours) {
-      RespondError(request.reply_to,
-                   absl::Status(status.code(), absl::StrCat(CallName(pending.worker,
-                                                                     pending.method),
-                                                            " on node ", options_.node, ": ",
-                                                            status.message())));
+      RespondError(reply_to, absl::Status(status.code(),
+                                          absl::StrCat(CallName(pending.worker, pending.method),
+                                                       " on node ", options_.node, ": ",
+                                                       status.message())));
     }
+  });
+}
+
+void CallRouter::LandOnDevices(const std::shared_ptr<const RxBlock>& block,
+                               std::function<void(absl::Status)> post) {
+  if (block->staging.empty()) {
+    post(absl::OkStatus());
+    return;
   }
+  std::vector<CudaCopies::Copy> copies;
+  for (size_t i = 0; i < block->staging.size(); ++i) {
+    if (block->staging[i] == 0) continue;
+    const shm::TensorEntry& entry = block->tensors[i];
+    const int device = static_cast<int>(entry.device_index);
+    absl::StatusOr<CopyEnd> dst =
+        block->cuda->PoolAddress(*block->session->cuda, device, entry.offset, device);
+    if (!dst.ok()) {
+      post(dst.status());
+      return;
+    }
+    copies.push_back({*dst, CopyEnd{block->staging[i], -1}, entry.length, nullptr});
+  }
+  block->cuda->Run(std::move(copies), {block, block->session->cuda}, std::move(post));
 }
 
 void CallRouter::RespondError(const agent::ReplyTo& to, const absl::Status& status) {
@@ -966,15 +1128,9 @@ void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const sh
   }
   absl::StatusOr<std::vector<Place>> places =
       PlaceTensors(pending.group, pending.worker, pending.from, /*reply=*/true, reply->tensors);
-  if (!places.ok() || !places->empty()) {
+  if (!places.ok()) {
     Release(session, d.payload_offset);
-    RespondError(*pending.remote,
-                 !places.ok() ? places.status()
-                              : absl::UnimplementedError(absl::StrCat(
-                                    "reply of worker '", pending.worker, "' to method '",
-                                    pending.method,
-                                    "': CUDA tensors and device maps are carried between "
-                                    "workers of one node only in this version")));
+    RespondError(*pending.remote, places.status());
     return;
   }
   agent::Message response;
@@ -983,9 +1139,33 @@ void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const sh
     response.header.set_status_code(static_cast<int32_t>(reply->message.code));
     response.header.set_status_message(reply->message.names[2]);
   }
-  ReferInPlace(session->segment->base(), *reply, &response);
-  response.keepalive = std::make_shared<TxBlock>(this, session, d.payload_offset);
-  options_.agent->Respond(*pending.remote, std::move(response));
+  if (places->empty()) {
+    ReferInPlace(session->segment->base(), *reply, &response);
+    response.keepalive = std::make_shared<TxBlock>(this, session, d.payload_offset);
+    options_.agent->Respond(*pending.remote, std::move(response));
+    return;
+  }
+  std::vector<CudaCopies::Copy> copies;
+  if (absl::Status staged =
+          StageOut(session, d.payload_offset, *reply, *places, &response, &copies);
+      !staged.ok()) {
+    RespondError(*pending.remote, absl::Status(staged.code(),
+                                               absl::StrCat("reply of worker '", pending.worker,
+                                                            "' to method '", pending.method,
+                                                            "': ", staged.message())));
+    return;
+  }
+  // Answered once the CUDA tensors are in pinned staging.
+  auto staged = std::make_shared<agent::Message>(std::move(response));
+  const agent::ReplyTo to = *pending.remote;
+  options_.cuda->Run(std::move(copies), {session->cuda},
+                     [this, staged, to](absl::Status copied) {
+                       if (copied.ok()) {
+                         options_.agent->Respond(to, std::move(*staged));
+                       } else {
+                         RespondError(to, copied);
+                       }
+                     });
 }
 
 void CallRouter::HandleCancel(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {

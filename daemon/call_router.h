@@ -171,6 +171,8 @@ class CallRouter {
   struct RxBlock;
   // A block of a session's tx heap TensorPipe reads; released to the client when it goes.
   struct TxBlock;
+  // A message for another node whose CUDA tensors were staged through pinned memory.
+  struct StagedOut;
 
   void Serve(std::shared_ptr<Session> session);
   void Handle(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
@@ -198,7 +200,8 @@ class CallRouter {
                       std::function<void(absl::Status)> after);
   // A call whose target `member` is on another node.
   void CallRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-                  const Submitted& call, const v1::Member& member);
+                  const Submitted& call, const std::vector<Place>& places,
+                  const v1::Member& member);
   // A local callee's reply to a call from another daemon.
   void RespondRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
                      const Pending& pending);
@@ -210,6 +213,17 @@ class CallRouter {
                                                    const v1::AgentMessage& header,
                                                    absl::Span<const size_t> tensor_sizes);
   void OnRemoteRequest(agent::InboundRequest request);
+  // Copies the tensors of `block` that another node staged for a CUDA device of its session
+  // from pinned staging into the session's pool, then runs `post` (on the copy thread); at
+  // once when there are none.
+  void LandOnDevices(const std::shared_ptr<const RxBlock>& block,
+                     std::function<void(absl::Status)> post);
+  // Points `out` at the message `submitted` (tx block `tx_offset` of `session`) for another
+  // node: host tensors in place, CUDA tensors copied (`copies`, to run before sending) into
+  // pinned staging; each tensor's target device (`places`, empty: all cpu) goes with it.
+  absl::Status StageOut(const std::shared_ptr<Session>& session, uint64_t tx_offset,
+                        const Submitted& submitted, const std::vector<Place>& places,
+                        agent::Message* out, std::vector<CudaCopies::Copy>* copies);
   void OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
                      absl::StatusOr<agent::Message> reply);
 

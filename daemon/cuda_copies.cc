@@ -42,7 +42,7 @@ struct CudaCopies::Impl {
   absl::CondVar cv;
   struct Job {
     std::vector<std::pair<int, CUevent>> events;
-    std::vector<std::shared_ptr<void>> keep;
+    std::vector<std::shared_ptr<const void>> keep;
     std::function<void(absl::Status)> done;
     absl::Status status;
   };
@@ -55,6 +55,10 @@ struct CudaCopies::Impl {
   // By (source, destination) device, -1 for host memory.
   std::map<std::pair<int, int>, CudaCopyStats::Route> routes ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> errors{0};
+
+  absl::Mutex staging_mu;
+  void* staging = nullptr ABSL_GUARDED_BY(staging_mu);
+  std::unique_ptr<shm::HeapAllocator> staging_heap ABSL_GUARDED_BY(staging_mu);
 
   absl::Status Current(int device) const {
     return driver->Check(driver->api().ctx_set_current(contexts[device]),
@@ -209,6 +213,8 @@ CudaCopies::~CudaCopies() {
     for (CUevent event : impl_->free_events[d]) (void)api.event_destroy(event);
     (void)api.stream_destroy(impl_->streams[d]);
   }
+  absl::MutexLock staging(&impl_->staging_mu);
+  if (impl_->staging != nullptr) (void)api.mem_free_host(impl_->staging);
 }
 
 int CudaCopies::device_count() const { return static_cast<int>(impl_->contexts.size()); }
@@ -402,7 +408,7 @@ absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory& session,
   return source;
 }
 
-void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<void>> keep,
+void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const void>> keep,
                      std::function<void(absl::Status)> done) {
   const cuda::DriverApi& api = impl_->driver->api();
   Impl::Job job;
@@ -470,6 +476,36 @@ void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<void>
   impl_->cv.SignalAll();  // Flush waits on it too
 }
 
+absl::StatusOr<uint64_t> CudaCopies::AllocateStaging(uint64_t bytes) {
+  absl::MutexLock lock(&impl_->staging_mu);
+  if (impl_->staging == nullptr) {
+    if (absl::Status s = impl_->Current(0); !s.ok()) return s;
+    void* region = nullptr;
+    if (absl::Status s = impl_->driver->Check(
+            impl_->driver->api().mem_host_alloc(&region, kStagingBytes, CU_MEMHOSTALLOC_PORTABLE),
+            absl::StrCat("cuMemHostAlloc(", kStagingBytes, " bytes of staging)"));
+        !s.ok()) {
+      return s;
+    }
+    impl_->staging = region;
+    // Offsets from one alignment unit on, so 0 never names a block.
+    impl_->staging_heap = std::make_unique<shm::HeapAllocator>(
+        "pinned staging of calls between nodes",
+        shm::Region{shm::kHeapAlignment, kStagingBytes - shm::kHeapAlignment});
+    CudaLog().info("[node] {} bytes of pinned staging for CUDA tensors between nodes",
+                   kStagingBytes);
+  }
+  absl::StatusOr<uint64_t> offset = impl_->staging_heap->Allocate(bytes);
+  if (!offset.ok()) return offset.status();
+  return reinterpret_cast<uint64_t>(impl_->staging) + *offset;
+}
+
+void CudaCopies::FreeStaging(uint64_t address) {
+  absl::MutexLock lock(&impl_->staging_mu);
+  if (impl_->staging == nullptr) return;
+  (void)impl_->staging_heap->Free(address - reinterpret_cast<uint64_t>(impl_->staging));
+}
+
 void CudaCopies::Flush() {
   absl::MutexLock lock(&impl_->mu);
   while (!impl_->jobs.empty() || impl_->running) impl_->cv.Wait(&impl_->mu);
@@ -526,10 +562,14 @@ absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory&, const shm
                                                        const shm::CudaExport&, uint32_t) {
   return absl::UnimplementedError("no CUDA in this build");
 }
-void CudaCopies::Run(std::vector<Copy>, std::vector<std::shared_ptr<void>>,
+void CudaCopies::Run(std::vector<Copy>, std::vector<std::shared_ptr<const void>>,
                      std::function<void(absl::Status)> done) {
   done(absl::UnimplementedError("no CUDA in this build"));
 }
+absl::StatusOr<uint64_t> CudaCopies::AllocateStaging(uint64_t) {
+  return absl::UnimplementedError("no CUDA in this build");
+}
+void CudaCopies::FreeStaging(uint64_t) {}
 void CudaCopies::Flush() {}
 CudaCopyStats CudaCopies::Stats() { return {}; }
 SessionCudaStats CudaCopies::SessionStats(SessionMemory&) { return {}; }

@@ -71,6 +71,9 @@ struct CopyEnd {
 
 class CudaCopies {
  public:
+  // The staging region's size: room for a 1 GiB tensor in flight with some to spare.
+  static constexpr uint64_t kStagingBytes = (uint64_t{1} << 30) + (uint64_t{256} << 20);
+
   // The driver's devices: retains their primary contexts, makes a copy stream on each and
   // enables peer access between every pair that allows it. FAILED_PRECONDITION naming the
   // missing entry point or the failing call.
@@ -119,8 +122,14 @@ class CudaCopies {
   // Issues `copies` (each after its event), then runs `done` on the copy thread once all of
   // them completed, with the first error. `keep` holds what the copies read and write (the
   // sessions' memory) until then.
-  void Run(std::vector<Copy> copies, std::vector<std::shared_ptr<void>> keep,
+  void Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const void>> keep,
            std::function<void(absl::Status)> done);
+
+  // Pinned host memory the staged path between nodes copies through: one region of
+  // kStagingBytes, allocated on first use (cuMemHostAlloc takes milliseconds) and kept. Returns
+  // the host address of a block; RESOURCE_EXHAUSTED naming the region when it is full.
+  absl::StatusOr<uint64_t> AllocateStaging(uint64_t bytes);
+  void FreeStaging(uint64_t address);
 
   // Returns once every copy issued before the call completed and its continuation ran.
   void Flush();

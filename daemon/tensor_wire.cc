@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace tpd {
@@ -19,17 +21,18 @@ absl::string_view DTypeName(uint8_t dtype) {
   return dtype < kDTypeNames.size() ? kDTypeNames[dtype] : absl::string_view();
 }
 
-v1::TensorDescriptor ToWire(const shm::TensorEntry& entry) {
+v1::TensorDescriptor ToWire(const shm::TensorEntry& entry, int target_device) {
   v1::TensorDescriptor wire;
   wire.set_dtype(std::string(DTypeName(entry.dtype)));
   for (int dim = 0; dim < entry.ndim; ++dim) wire.add_shape(entry.shape[dim]);
   wire.set_device("cpu");
   wire.set_nbytes(entry.length);
+  if (target_device >= 0) wire.set_target_device(absl::StrCat("cuda:", target_device));
   return wire;
 }
 
 absl::StatusOr<shm::TensorEntry> FromWire(const v1::TensorDescriptor& wire, uint64_t nbytes,
-                                          int index) {
+                                          int index, int* target_device) {
   auto refuse = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", index, " from the peer: ", why));
   };
@@ -42,11 +45,20 @@ absl::StatusOr<shm::TensorEntry> FromWire(const v1::TensorDescriptor& wire, uint
   }
   if (!wire.device().empty() && wire.device() != "cpu") {
     return refuse(absl::StrCat("device '", wire.device().substr(0, 64),
-                               "': only cpu tensors travel between daemons in this build"));
+                               "': tensors travel between daemons as host bytes (cpu)"));
   }
-  if (!wire.target_device().empty() && wire.target_device() != "cpu") {
-    return refuse(absl::StrCat("target device '", wire.target_device().substr(0, 64),
-                               "': only cpu tensors travel between daemons in this build"));
+  *target_device = -1;
+  const std::string& target = wire.target_device();
+  if (!target.empty() && target != "cpu") {
+    uint32_t cuda = 0;
+    if (!absl::StartsWith(target, "cuda:") ||
+        !absl::SimpleAtoi(absl::string_view(target).substr(5), &cuda) ||
+        cuda >= shm::kMaxCudaDevices) {
+      return refuse(absl::StrCat("target device '", target.substr(0, 64),
+                                 "' is neither cpu nor cuda:N with N below ",
+                                 shm::kMaxCudaDevices));
+    }
+    *target_device = static_cast<int>(cuda);
   }
   if (wire.shape_size() > shm::kMaxTensorDims) {
     return refuse(absl::StrCat(wire.shape_size(), " dims exceed ", int{shm::kMaxTensorDims}));

@@ -154,10 +154,23 @@ class CudaCallsTest : public ::testing::Test {
     daemon_ = *std::move(daemon);
   }
 
-  std::unique_ptr<Client> Connect(uint64_t pool_bytes = uint64_t{256} << 20) {
+  // A second daemon on this host standing in for a second node (both see every GPU): calls
+  // between them take the staged path.
+  void StartSecondNode() {
+    second_socket_ = absl::StrCat(second_dir_.path(), "/tpd.sock");
+    const std::string config = second_dir_.WriteFile(
+        "tpd.toml", "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n"
+                    "node_name = \"gpu-node-2\"\n[data]\narena_bytes = 67108864\n");
+    auto daemon = DaemonProcess::Start(second_socket_, {"--config", config});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    second_ = *std::move(daemon);
+  }
+
+  std::unique_ptr<Client> Connect(uint64_t pool_bytes = uint64_t{256} << 20,
+                                  bool second_node = false) {
     ClientOptions options;
     options.cuda_pool_bytes = pool_bytes;
-    auto client = Client::Connect(socket_, options);
+    auto client = Client::Connect(second_node ? second_socket_ : socket_, options);
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? *std::move(client) : nullptr;
   }
@@ -167,7 +180,12 @@ class CudaCallsTest : public ::testing::Test {
   absl::Status Join(Client* client, const std::string& name,
                     const std::map<std::string, std::map<std::string, std::string>>& maps,
                     const std::vector<std::string>& devices = {}) {
-    if (init_method_.empty()) init_method_ = absl::StrCat("tcp://", client->Status()->peer_address());
+    if (init_method_.empty()) {
+      // The first daemon's store, whichever daemon the first joiner is on.
+      auto first = Client::Connect(socket_);
+      if (!first.ok()) return first.status();
+      init_method_ = absl::StrCat("tcp://", (*first)->Status()->peer_address());
+    }
     JoinOptions options;
     options.group = "g";
     options.name = name;
@@ -209,6 +227,9 @@ class CudaCallsTest : public ::testing::Test {
   std::string socket_;
   std::string init_method_;
   std::unique_ptr<DaemonProcess> daemon_;
+  TempDir second_dir_;
+  std::string second_socket_;
+  std::unique_ptr<DaemonProcess> second_;
 };
 
 TEST_F(CudaCallsTest, SameGpuThereAndBackEverySize) {
@@ -333,6 +354,62 @@ TEST_F(CudaCallsTest, CpuAndCudaMixedInOneCallByCpuMaps) {
   EXPECT_EQ(reply->tensors[0].data(), host);
   EXPECT_EQ(reply->tensors[1].device().ToString(), "cuda:0");
   EXPECT_EQ(gpus_->Read(reply->tensors[1]), Pattern(5 << 20, 2));
+}
+
+TEST_F(CudaCallsTest, StagedAcrossTwoDaemonsThereAndBack) {
+  REQUIRE_GPUS(2);
+  StartSecondNode();
+  auto a = Connect();
+  auto b = Connect(uint64_t{512} << 20, /*second_node=*/true);
+  // a's cuda:0 lands on b's cuda:1 and a's cpu tensors on b's cuda:0, through pinned staging
+  // and TensorPipe between the daemons; b's reverse map brings them back.
+  ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}, {"cpu", "cuda:0"}}}}).ok());
+  ASSERT_TRUE(Join(b.get(), "b", {}).ok());
+  HandleEcho(b.get());
+  for (size_t bytes : {size_t{0}, size_t{8}, (size_t{1} << 20) + 3, size_t{64} << 20}) {
+    const CUdeviceptr ptr = gpus_->Alloc(0, bytes, 21);
+    const std::string host = Pattern(bytes / 2, 22);
+    absl::StatusOr<Message> reply = a->Call(
+        "g", "b", "echo", "",
+        {Tensor::Cuda(shm::DType::kUInt8, {static_cast<int64_t>(bytes)}, ptr, 0),
+         Tensor(shm::DType::kUInt8, {static_cast<int64_t>(host.size())}, host)});
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->payload, Expect({{"cuda:1", Pattern(bytes, 21)}, {"cuda:0", host}}))
+        << bytes << " bytes";
+    ASSERT_EQ(reply->tensors.size(), 2u);
+    EXPECT_EQ(reply->tensors[0].device().ToString(), "cuda:0");
+    EXPECT_EQ(gpus_->Read(reply->tensors[0]), Pattern(bytes, 21));
+    EXPECT_EQ(reply->tensors[1].device().ToString(), "cpu");
+    EXPECT_EQ(reply->tensors[1].data(), host);
+    gpus_->Free(ptr);
+  }
+  absl::StatusOr<v1::StatusResponse> status = a->Status();
+  ASSERT_TRUE(status.ok());
+  std::map<std::string, uint64_t> routes;
+  for (const v1::CudaCopyCount& route : status->gpus().copies()) routes[route.route()] = route.bytes();
+  EXPECT_GT(routes["cuda:0->cpu"], 0u) << "a's daemon staged a's tensors to host";
+  EXPECT_GT(routes["cpu->cuda:0"], 0u) << "and landed b's replies on a's cuda:0";
+}
+
+TEST_F(CudaCallsTest, AGibibyteStagedAcrossTwoDaemons) {
+  REQUIRE_GPUS(2);
+  StartSecondNode();
+  auto a = Connect();
+  auto b = Connect((uint64_t{1} << 30) + (1 << 20), /*second_node=*/true);
+  ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}}}}).ok());
+  ASSERT_TRUE(Join(b.get(), "b", {}).ok());
+  ASSERT_TRUE(b->Handle("sum", [this](const Message& request) -> absl::StatusOr<Message> {
+                 const Tensor& t = request.tensors.at(0);
+                 return Message{absl::StrCat(t.device().ToString(), ":",
+                                             std::hash<std::string>()(gpus_->Read(t))),
+                                {}, ""};
+               }).ok());
+  const size_t bytes = size_t{1} << 30;
+  const CUdeviceptr ptr = gpus_->Alloc(0, bytes, 31);
+  absl::StatusOr<Message> reply = a->Call(
+      "g", "b", "sum", "", {Tensor::Cuda(shm::DType::kUInt8, {int64_t{1} << 30}, ptr, 0)});
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->payload, absl::StrCat("cuda:1:", std::hash<std::string>()(Pattern(bytes, 31))));
 }
 
 TEST_F(CudaCallsTest, CallsBothWaysAtOnce) {

@@ -4,6 +4,7 @@
 #include "daemon/agent_address.h"
 
 #include "daemon/tensor_wire.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -69,7 +70,8 @@ TEST(TensorWireTest, RoundTripsAnEntry) {
   const v1::TensorDescriptor wire = ToWire(entry);
   EXPECT_EQ(wire.dtype(), "float32");
   EXPECT_EQ(wire.device(), "cpu");
-  absl::StatusOr<shm::TensorEntry> back = FromWire(wire, 60, 0);
+  int target = 7;
+  absl::StatusOr<shm::TensorEntry> back = FromWire(wire, 60, 0, &target);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->dtype, entry.dtype);
   EXPECT_EQ(back->ndim, 2);
@@ -77,6 +79,10 @@ TEST(TensorWireTest, RoundTripsAnEntry) {
   EXPECT_EQ(back->shape[1], 5);
   EXPECT_EQ(back->length, 60u);
   EXPECT_EQ(back->offset, 0u);  // the receiver places it
+  EXPECT_EQ(target, -1) << "no target device: cpu";
+  // Staged CUDA bytes travel from host memory, to land on the receiver's cuda:3.
+  ASSERT_TRUE(FromWire(ToWire(entry, 3), 60, 0, &target).ok());
+  EXPECT_EQ(target, 3);
 }
 
 TEST(TensorWireTest, RefusesWhatAPeerMustNotSend) {
@@ -84,25 +90,32 @@ TEST(TensorWireTest, RefusesWhatAPeerMustNotSend) {
   wire.set_dtype("float32");
   wire.add_shape(4);
   wire.set_nbytes(16);
-  ASSERT_TRUE(FromWire(wire, 16, 0).ok());
-  EXPECT_THAT(FromWire(wire, 17, 2).status().message(), HasSubstr("tensor 2"));  // size mismatch
+  int target = 0;
+  ASSERT_TRUE(FromWire(wire, 16, 0, &target).ok());
+  EXPECT_THAT(FromWire(wire, 17, 2, &target).status().message(), HasSubstr("tensor 2"));  // size mismatch
 
   v1::TensorDescriptor bad = wire;
   bad.set_dtype("float128");
-  EXPECT_THAT(FromWire(bad, 16, 0).status().message(), HasSubstr("float128"));
+  EXPECT_THAT(FromWire(bad, 16, 0, &target).status().message(), HasSubstr("float128"));
   bad = wire;
   bad.set_shape(0, -4);
-  EXPECT_THAT(FromWire(bad, 16, 0).status().message(), HasSubstr("negative"));
+  EXPECT_THAT(FromWire(bad, 16, 0, &target).status().message(), HasSubstr("negative"));
   bad = wire;
   bad.set_device("cuda:0");
-  EXPECT_THAT(FromWire(bad, 16, 0).status().message(), HasSubstr("cuda:0"));
+  EXPECT_THAT(FromWire(bad, 16, 0, &target).status().message(), HasSubstr("cuda:0"));
+  for (const char* target_device : {"cuda:64", "cuda:-1", "gpu:0", "cuda:", "cuda:1x"}) {
+    bad = wire;
+    bad.set_target_device(target_device);
+    EXPECT_THAT(FromWire(bad, 16, 0, &target).status().message(),
+                HasSubstr(absl::StrCat("target device '", target_device, "'")));
+  }
   bad = wire;
   for (int i = 0; i < 8; ++i) bad.add_shape(1);  // 9 dims
-  EXPECT_THAT(FromWire(bad, 16, 0).status().message(), HasSubstr("dims"));
+  EXPECT_THAT(FromWire(bad, 16, 0, &target).status().message(), HasSubstr("dims"));
   bad = wire;
   bad.set_shape(0, int64_t{1} << 62);  // overflows the byte size
   bad.set_nbytes(0);
-  EXPECT_THAT(FromWire(bad, 0, 0).status().message(), HasSubstr("overflow"));
+  EXPECT_THAT(FromWire(bad, 0, 0, &target).status().message(), HasSubstr("overflow"));
 }
 
 }  // namespace
