@@ -186,6 +186,13 @@ void PrintGpus(const tpd::v1::GpuStatus& gpus, int64_t group_device_count) {
               << ", PCI " << gpu.pci_bus_id() << ", " << gpu.uuid() << "; peer access: "
               << (peers.empty() ? "none" : absl::StrJoin(peers, ", ")) << "\n";
   }
+  if (!gpus.copies_unavailable().empty()) {
+    std::cout << "    calls with CUDA tensors: unavailable: " << gpus.copies_unavailable() << "\n";
+  }
+  for (const tpd::v1::CudaCopyCount& route : gpus.copies()) {
+    std::cout << "    copied " << route.route() << ": " << route.copies() << " copies, "
+              << route.bytes() << " B\n";
+  }
 }
 
 int RunStatus(tpd::Client& client) {
@@ -249,6 +256,15 @@ int RunStatus(tpd::Client& client) {
                 << session.segment_bytes() << " B; " << session.calls_in_flight()
                 << " calls in flight, rx heap " << session.rx_heap_used() << "/"
                 << session.rx_heap_bytes() << " B used\n";
+      if (session.cuda_pools_size() > 0 || session.cuda_open_allocations() > 0) {
+        std::vector<std::string> pools;
+        for (const tpd::v1::CudaPoolStatus& pool : session.cuda_pools()) {
+          pools.push_back(absl::StrCat(pool.device(), " ", pool.used(), "/", pool.bytes(), " B"));
+        }
+        std::cout << "      cuda: pools " << (pools.empty() ? "none" : absl::StrJoin(pools, ", "))
+                  << "; " << session.cuda_open_allocations() << " IPC mappings, "
+                  << session.cuda_open_events() << " events open in the daemon\n";
+      }
     }
   }
   if (status->has_agent()) PrintAgent(status->agent());

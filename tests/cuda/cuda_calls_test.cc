@@ -494,6 +494,59 @@ TEST_F(CudaCallsTest, BadDeviceAndBadPointerAreRefusedNamingThem) {
   EXPECT_EQ(gpus_->Read(fine->tensors.at(0)), Pattern(4096, 9));
 }
 
+TEST_F(CudaCallsTest, MemoryFreedAndAllocatedAgainIsExportedAnew) {
+  REQUIRE_GPUS(1);
+  auto a = Connect();
+  auto b = Connect();
+  ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:0"}}}}).ok());
+  ASSERT_TRUE(Join(b.get(), "b", {}).ok());
+  HandleEcho(b.get());
+  // The daemon keeps each allocation it opened; memory freed and allocated again (often at
+  // the same address) is another allocation, and its bytes are what arrive.
+  for (uint32_t round = 0; round < 4; ++round) {
+    const CUdeviceptr ptr = gpus_->Alloc(0, 1 << 20, 40 + round);
+    absl::StatusOr<Message> reply = a->Call(
+        "g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {1 << 20}, ptr, 0)});
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->payload, Expect({{"cuda:0", Pattern(1 << 20, 40 + round)}})) << round;
+    gpus_->Free(ptr);
+  }
+}
+
+TEST_F(CudaCallsTest, ACallTimingOutMidCopyLeavesNothingHeld) {
+  REQUIRE_GPUS(2);
+  auto a = Connect(uint64_t{1} << 30);
+  auto b = Connect((uint64_t{1} << 30) + (1 << 20));
+  ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}}}}).ok());
+  ASSERT_TRUE(Join(b.get(), "b", {}).ok());
+  HandleEcho(b.get());
+  const CUdeviceptr ptr = gpus_->Alloc(0, size_t{1} << 30, 51);
+  // A 1 GiB peer copy takes milliseconds: a 1 ms deadline passes during it.
+  absl::StatusOr<Message> late = a->Call(
+      "g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {int64_t{1} << 30}, ptr, 0)},
+      absl::Milliseconds(1));
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  // The copy completes, b answers a call nobody waits for, and every pool block goes back.
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        absl::StatusOr<v1::StatusResponse> status = a->Status();
+        if (!status.ok()) return false;
+        for (const v1::AttachedSession& session : status->attached_sessions()) {
+          for (const v1::CudaPoolStatus& pool : session.cuda_pools()) {
+            if (pool.used() != 0) return false;
+          }
+        }
+        return true;
+      },
+      absl::Seconds(10)))
+      << "receive pool blocks still held";
+  absl::StatusOr<Message> next = a->Call(
+      "g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {4096}, ptr, 0)});
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(gpus_->Read(next->tensors.at(0)), Pattern(4096, 51)) << "a prefix of the same bytes";
+}
+
 // Entry point of CallerKilledWhileExported's victim: joins as "victim", sends one call of a
 // 512 MiB CUDA tensor to "b" (whose handler holds it) and waits to be killed.
 TEST(CudaCallsVictim, Run) {

@@ -253,6 +253,77 @@ TEST_F(ShmHostileTest, AGoodCallByHandWorks) {
   EXPECT_EQ(replies[1].first, absl::StatusCode::kOk) << replies[1].second;
 }
 
+// CUDA requests a client can forge: a device pool whose IPC handle is garbage, a CUDA tensor
+// pointing at a garbage export record, a release naming a device pool nothing was lent in.
+// Each is refused with its reason (on this node: no GPUs, or no device map) and the daemon
+// serves on. (On a GPU node the pool is refused because its handle does not open:
+// tests/cuda/cuda_calls_test covers that side.)
+TEST_F(ShmHostileTest, ForgedCudaRequestsAreRefusedNamingWhy) {
+  std::unique_ptr<BadSession> bad = Bad("bad");
+  ASSERT_NE(bad, nullptr);
+  const uint64_t tx = bad->layout.tx_heap.offset;
+  shm::DevicePoolRecord pool{};
+  std::memset(pool.memory, 0xab, sizeof(pool.memory));
+  pool.bytes = uint64_t{1} << 20;
+  std::memcpy(bad->writable + tx, &pool, sizeof(pool));
+  shm::Descriptor lend{};
+  lend.op = static_cast<uint8_t>(shm::Op::kDevicePool);
+  lend.call_id = 1;
+  lend.payload_offset = tx;
+  lend.payload_length = sizeof(pool);
+  ASSERT_TRUE(bad->submit->TryPush(lend).value_or(false));
+  auto replies = bad->Replies(1, absl::Now() + absl::Seconds(10));
+  ASSERT_EQ(replies.count(1), 1u);
+  EXPECT_THAT(replies[1].first, AnyOf(absl::StatusCode::kFailedPrecondition,
+                                      absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(replies[1].second, HasSubstr("receive pool on cuda:0"));
+
+  // A call carrying a CUDA tensor whose export record is garbage, to a worker no map covers.
+  const uint64_t message = tx + 4096;
+  const std::string body = "x";
+  const uint64_t prefix = shm::MessagePrefixBytes(1, 1, 4, 3);
+  const uint64_t table = message + shm::AlignUp(prefix + body.size());
+  const uint64_t record = table + sizeof(shm::TensorEntry);
+  std::memset(bad->writable + record, 0x5a, sizeof(shm::CudaExport));
+  shm::TensorEntry entry{};
+  entry.dtype = static_cast<uint8_t>(shm::DType::kFloat32);
+  entry.ndim = 1;
+  entry.shape[0] = 1024;
+  entry.length = 4096;
+  entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCuda);
+  entry.offset = 1 << 20;
+  entry.device_handle = record;
+  std::memcpy(bad->writable + table, &entry, sizeof(entry));
+  shm::WriteMessagePrefix(bad->writable + message, 0, "g", "b", "echo", "bad");
+  std::memcpy(bad->writable + message + prefix, body.data(), body.size());
+  shm::Descriptor call{};
+  call.op = static_cast<uint8_t>(shm::Op::kCall);
+  call.call_id = 2;
+  call.payload_offset = message;
+  call.payload_length = prefix + body.size();
+  call.tensor_count = 1;
+  call.tensor_table_offset = table;
+  ASSERT_TRUE(bad->submit->TryPush(call).value_or(false));
+  replies = bad->Replies(1, absl::Now() + absl::Seconds(10));
+  ASSERT_EQ(replies.count(2), 1u);
+  EXPECT_EQ(replies[2].first, absl::StatusCode::kInvalidArgument) << replies[2].second;
+  EXPECT_THAT(replies[2].second,
+              HasSubstr("Request device mapping is not available for destination b for device "
+                        "cuda:0"));
+
+  shm::Descriptor release{};
+  release.op = static_cast<uint8_t>(shm::Op::kRelease);
+  release.call_id = 1;
+  release.device_pool = 1;
+  release.payload_offset = 64;
+  ASSERT_TRUE(bad->submit->TryPush(release).value_or(false));
+  ASSERT_TRUE(bad->SubmitCall(tx + 8192, "g", "b", "echo", "bad", "hi", 3));
+  replies = bad->Replies(1, absl::Now() + absl::Seconds(10));
+  ASSERT_EQ(replies.count(3), 1u);
+  EXPECT_EQ(replies[3].first, absl::StatusCode::kOk) << "the session goes on: " << replies[3].second;
+  ExpectServing();
+}
+
 TEST_F(ShmHostileTest, ScribbledSubmissionIndicesEndOnlyThatSession) {
   const int attached = AttachedSessions();
   std::unique_ptr<BadSession> ahead = Bad("bad1");
