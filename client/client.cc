@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/cuda_export.h"
 #include "client/socket_path.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
@@ -393,8 +394,13 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
     joined_[options.group] = {options.name,
                               absl::Milliseconds(response.group().rpc_timeout_ms())};
   }
+  // Receive pools for the worker's CUDA devices; none in a process without a usable NVIDIA
+  // driver (it has no CUDA memory to receive into: negotiation may still name devices, e.g.
+  // under [group] cuda_device_count), where CUDA tensors sent to it fail naming the missing pool.
   std::vector<int> devices;
-  for (const std::string& device : response.negotiated().devices()) {
+  for (const std::string& device : calls_internal::CudaExporter::Get().ok()
+                                       ? response.negotiated().devices()
+                                       : google::protobuf::RepeatedPtrField<std::string>()) {
     int index = -1;
     if (absl::StartsWith(device, "cuda:") &&
         absl::SimpleAtoi(absl::string_view(device).substr(5), &index) && index >= 0) {

@@ -117,9 +117,10 @@ class Client {
   //
   // Join records the group's negotiated num_worker_threads (handler pool) and rpc_timeout
   // (default call timeout) from its response, and lends the daemon a receive pool
-  // (ClientOptions::cuda_pool_bytes) on each CUDA device negotiation gave the worker. An
-  // error lending one is returned (the worker has joined all the same: CUDA tensors sent to
-  // it on that device then fail, naming the missing pool).
+  // (ClientOptions::cuda_pool_bytes) on each CUDA device negotiation gave the worker, when
+  // this process has a usable NVIDIA driver. An error lending one is returned (the worker has
+  // joined all the same: CUDA tensors sent to it on that device then fail, naming the missing
+  // pool).
   absl::StatusOr<v1::JoinResponse> Join(const JoinOptions& options);
   // Graceful: when this client's call engine runs, Leave first refuses new calls to the
   // worker (UNAVAILABLE "worker 'w' is leaving group 'g'") and from it (FAILED_PRECONDITION),

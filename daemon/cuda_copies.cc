@@ -31,6 +31,42 @@ std::string HandleKey(const uint8_t (&bytes)[shm::kCudaIpcHandleBytes]) {
   return std::string(reinterpret_cast<const char*>(bytes), shm::kCudaIpcHandleBytes);
 }
 
+struct Mapping {
+  CUdeviceptr base = 0;
+  size_t size = 0;
+};
+
+// Opens the memory handle `bytes` (a client's) in the current context and asks the driver
+// where it lies: it must be an allocation on `device`. The reason otherwise, the mapping
+// closed again.
+absl::StatusOr<Mapping> OpenOnDevice(const cuda::Driver& driver,
+                                     const uint8_t (&bytes)[shm::kCudaIpcHandleBytes],
+                                     int device) {
+  const cuda::DriverApi& api = driver.api();
+  CUipcMemHandle handle;
+  std::memcpy(&handle, bytes, sizeof(handle));
+  Mapping mapping;
+  const CUresult opened =
+      api.ipc_open_mem_handle(&mapping.base, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  if (opened != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("its IPC memory handle does not open (", driver.ErrorText(opened),
+                     "): a stale or forged handle, or memory already freed"));
+  }
+  int ordinal = -1;
+  CUdeviceptr base = 0;
+  const bool found =
+      api.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, mapping.base) ==
+          CUDA_SUCCESS &&
+      api.mem_get_address_range(&base, &mapping.size, mapping.base) == CUDA_SUCCESS;
+  if (!found || ordinal != device) {
+    (void)api.ipc_close_mem_handle(mapping.base);
+    return absl::InvalidArgumentError(found ? absl::StrCat("its allocation is on cuda:", ordinal)
+                                            : "its handle names no device memory");
+  }
+  return mapping;
+}
+
 }  // namespace
 
 struct CudaCopies::Impl {
@@ -241,33 +277,20 @@ absl::Status CudaCopies::AddPool(SessionMemory& session, const shm::DevicePoolRe
         absl::StrCat("this session lent a receive pool on cuda:", device, " already"));
   }
   if (absl::Status s = impl_->Current(device); !s.ok()) return s;
-  CUipcMemHandle handle;
-  std::memcpy(&handle, record.memory, sizeof(handle));
-  CUdeviceptr base = 0;
-  const CUresult opened =
-      api.ipc_open_mem_handle(&base, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-  if (opened != CUDA_SUCCESS) {
+  absl::StatusOr<Mapping> mapping = OpenOnDevice(*impl_->driver, record.memory, device);
+  if (!mapping.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("receive pool on cuda:", device, ": its IPC handle does not open (",
-                     impl_->driver->ErrorText(opened), ")"));
+        absl::StrCat("receive pool on cuda:", device, ": ", mapping.status().message()));
   }
-  int ordinal = -1;
-  CUdeviceptr alloc_base = 0;
-  size_t alloc_size = 0;
-  const bool found =
-      api.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, base) ==
-          CUDA_SUCCESS &&
-      api.mem_get_address_range(&alloc_base, &alloc_size, base) == CUDA_SUCCESS;
-  if (!found || ordinal != device || alloc_size < record.bytes) {
-    (void)api.ipc_close_mem_handle(base);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "receive pool on cuda:", device, ": its allocation is ",
-        found ? absl::StrCat(alloc_size, " bytes on cuda:", ordinal) : "not device memory",
-        ", not ", record.bytes, " bytes on cuda:", device));
+  if (mapping->size < record.bytes) {
+    (void)api.ipc_close_mem_handle(mapping->base);
+    return absl::InvalidArgumentError(absl::StrCat("receive pool on cuda:", device,
+                                                   ": its allocation is ", mapping->size,
+                                                   " bytes, not ", record.bytes));
   }
   SessionMemory::Pool& pool = session.pools_[device];
-  pool.handle = handle;
-  pool.bases[device] = base;
+  std::memcpy(&pool.handle, record.memory, sizeof(pool.handle));
+  pool.bases[device] = mapping->base;
   pool.bytes = record.bytes;
   // Offsets start at one alignment unit so that 0 never names a block.
   const uint64_t usable = (record.bytes / shm::kHeapAlignment - 1) * shm::kHeapAlignment;
@@ -351,29 +374,11 @@ absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory& session,
           "tensor ", index, ": this session has ", kMaxOpenAllocations,
           " CUDA allocations open in the daemon; send from fewer distinct allocations"));
     }
-    CUipcMemHandle handle;
-    std::memcpy(&handle, record.memory, sizeof(handle));
-    CUdeviceptr base = 0;
-    const CUresult opened =
-        api.ipc_open_mem_handle(&base, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-    if (opened != CUDA_SUCCESS) {
-      return refuse(absl::StrCat("its IPC memory handle does not open (",
-                                 impl_->driver->ErrorText(opened),
-                                 "): a stale or forged handle, or memory already freed"));
-    }
-    int ordinal = -1;
-    CUdeviceptr alloc_base = 0;
-    size_t alloc_size = 0;
-    const bool found =
-        api.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, base) ==
-            CUDA_SUCCESS &&
-        api.mem_get_address_range(&alloc_base, &alloc_size, base) == CUDA_SUCCESS;
-    if (!found || ordinal != device) {
-      (void)api.ipc_close_mem_handle(base);
-      return refuse(found ? absl::StrCat("its allocation is on cuda:", ordinal)
-                          : "its handle names no device memory");
-    }
-    it = session.allocations_.emplace(key, SessionMemory::Opened{base, alloc_size, device}).first;
+    absl::StatusOr<Mapping> mapping = OpenOnDevice(*impl_->driver, record.memory, device);
+    if (!mapping.ok()) return refuse(mapping.status().message());
+    it = session.allocations_
+             .emplace(key, SessionMemory::Opened{mapping->base, mapping->size, device})
+             .first;
   }
   const SessionMemory::Opened& opened = it->second;
   if (opened.device != device) {

@@ -213,6 +213,16 @@ class CudaCallsTest : public ::testing::Test {
                  }).ok());
   }
 
+  // b answers "sum" with its request's first tensor's device and a hash of its bytes.
+  void HandleSum(Client* b) {
+    ASSERT_TRUE(b->Handle("sum", [this](const Message& request) -> absl::StatusOr<Message> {
+                   const Tensor& t = request.tensors.at(0);
+                   return Message{absl::StrCat(t.device().ToString(), ":",
+                                               std::hash<std::string>()(gpus_->Read(t))),
+                                  {}, ""};
+                 }).ok());
+  }
+
   static std::string Expect(const std::vector<std::pair<std::string, std::string>>& tensors) {
     std::string out;
     for (const auto& [device, bytes] : tensors) {
@@ -290,12 +300,7 @@ TEST_F(CudaCallsTest, AGibibyteCrossesGpus) {
   ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}}}}).ok());
   ASSERT_TRUE(Join(b.get(), "b", {}).ok());
   const size_t bytes = size_t{1} << 30;
-  ASSERT_TRUE(b->Handle("sum", [this](const Message& request) -> absl::StatusOr<Message> {
-                 const Tensor& t = request.tensors.at(0);
-                 return Message{absl::StrCat(t.device().ToString(), ":",
-                                             std::hash<std::string>()(gpus_->Read(t))),
-                                {}, ""};
-               }).ok());
+  HandleSum(b.get());
   const CUdeviceptr ptr = gpus_->Alloc(0, bytes, 11);
   absl::StatusOr<Message> reply =
       a->Call("g", "b", "sum", "",
@@ -398,12 +403,7 @@ TEST_F(CudaCallsTest, AGibibyteStagedAcrossTwoDaemons) {
   auto b = Connect((uint64_t{1} << 30) + (1 << 20), /*second_node=*/true);
   ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}}}}).ok());
   ASSERT_TRUE(Join(b.get(), "b", {}).ok());
-  ASSERT_TRUE(b->Handle("sum", [this](const Message& request) -> absl::StatusOr<Message> {
-                 const Tensor& t = request.tensors.at(0);
-                 return Message{absl::StrCat(t.device().ToString(), ":",
-                                             std::hash<std::string>()(gpus_->Read(t))),
-                                {}, ""};
-               }).ok());
+  HandleSum(b.get());
   const size_t bytes = size_t{1} << 30;
   const CUdeviceptr ptr = gpus_->Alloc(0, bytes, 31);
   absl::StatusOr<Message> reply = a->Call(
