@@ -190,7 +190,8 @@ class CallRouter {
                                                   const std::vector<shm::TensorEntry>& tensors);
   // Deliver for a message with tensors on or for CUDA devices: host parts copied now, device
   // copies issued on CudaCopies; the message is posted to `to` once they completed, and
-  // `after` runs then (on the copy thread) with the result, or at once on an error.
+  // `after` runs then (on the thread CudaCopies::Run names) with the result, or at once on an
+  // error.
   void DeliverDevices(const std::shared_ptr<Session>& from, const std::string& prefix0,
                       const std::string& prefix1, const std::string& prefix2,
                       const std::string& prefix3, uint32_t code, uint64_t body_offset,
@@ -214,8 +215,8 @@ class CallRouter {
                                                    absl::Span<const size_t> tensor_sizes);
   void OnRemoteRequest(agent::InboundRequest request);
   // Copies the tensors of `block` that another node staged for a CUDA device of its session
-  // from pinned staging into the session's pool, then runs `post` (on the copy thread); at
-  // once when there are none.
+  // from pinned staging into the session's pool, then runs `post` (as CudaCopies::Run runs
+  // `done`); at once when there are none.
   void LandOnDevices(const std::shared_ptr<const RxBlock>& block,
                      std::function<void(absl::Status)> post);
   // Points `out` at the message `submitted` (tx block `tx_offset` of `session`) for another

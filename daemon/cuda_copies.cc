@@ -101,6 +101,22 @@ struct CudaCopies::Impl {
                          absl::StrCat("cuCtxSetCurrent(cuda:", device, ")"));
   }
 
+  // Waits for `job`'s events (returning them to the pool) and runs its continuation.
+  void Finish(Job& job) {
+    for (const auto& [device, event] : job.events) {
+      absl::Status synced = Current(device);
+      if (synced.ok()) {
+        synced = driver->Check(driver->api().event_synchronize(event),
+                               absl::StrCat("cuEventSynchronize(cuda:", device, ")"));
+      }
+      if (!synced.ok() && job.status.ok()) job.status = synced;
+      absl::MutexLock lock(&mu);
+      free_events[device].push_back(event);
+    }
+    if (!job.status.ok()) ++errors;
+    job.done(job.status);
+  }
+
   void Loop() {
     pthread_setname_np(pthread_self(), "tpd-cuda");
     while (true) {
@@ -113,18 +129,7 @@ struct CudaCopies::Impl {
         jobs.pop_front();
         running = true;
       }
-      for (const auto& [device, event] : job.events) {
-        absl::Status synced = Current(device);
-        if (synced.ok()) {
-          synced = driver->Check(driver->api().event_synchronize(event),
-                                 absl::StrCat("cuEventSynchronize(cuda:", device, ")"));
-        }
-        if (!synced.ok() && job.status.ok()) job.status = synced;
-        absl::MutexLock lock(&mu);
-        free_events[device].push_back(event);
-      }
-      if (!job.status.ok()) ++errors;
-      job.done(job.status);
+      Finish(job);
       job = Job();  // what it kept goes before Flush returns
       absl::MutexLock lock(&mu);
       running = false;
@@ -420,7 +425,9 @@ void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const
   job.keep = std::move(keep);
   job.done = std::move(done);
   std::vector<bool> used(impl_->streams.size(), false);
+  uint64_t total = 0;
   for (const Copy& copy : copies) {
+    total += copy.bytes;
     if (copy.bytes == 0) continue;
     // On the stream of the device that holds the source (the destination's for host
     // sources): a peer copy is pulled or pushed by one engine either way.
@@ -475,6 +482,11 @@ void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const
     if (job.status.ok()) job.status = recorded;
     (void)api.stream_synchronize(impl_->streams[d]);
     if (event != nullptr) (void)api.event_destroy(event);
+  }
+  if (total <= kInlineBytes) {
+    // Done in microseconds: waiting here costs less than waking the copy thread.
+    impl_->Finish(job);
+    return;
   }
   absl::MutexLock lock(&impl_->mu);
   impl_->jobs.push_back(std::move(job));

@@ -5,10 +5,11 @@
 // lends the daemon a receive pool on each device it receives on (kDevicePool). The daemon
 // opens each exported allocation once per session (opening costs about a millisecond; later
 // calls from the same allocation reuse the mapping), waits on the sender's IPC event on its
-// own stream, copies device to device (peer access enabled between every pair of GPUs that
+// own stream when the record carries one (this project's client synchronizes its stream
+// instead), copies device to device (peer access enabled between every pair of GPUs that
 // allows it, so cuda:0 -> cuda:1 goes over NVLink, never through the host), host to device or
 // device to host for maps with `cpu` on one side, records an event, and runs the call's
-// continuation on its copy thread once the event completed. A session's mappings are closed
+// continuation once the event completed: on its copy thread, or inline for small copies. A session's mappings are closed
 // when the session is gone and no copy uses them any more (FAULTS C1: a dead client leaves
 // nothing mapped in the daemon, and nothing was ever mapped in another client).
 //
@@ -16,8 +17,8 @@
 // allocation's device must be the one the tensor names and the tensor must lie inside it;
 // a pool's allocation must be on its device and at least as large as it says.
 //
-// Thread safety: thread-safe. One copy thread ("tpd-cuda") waits for copies and runs their
-// continuations; session threads issue copies. A SessionMemory has its own mutex, never held
+// Thread safety: thread-safe. One copy thread ("tpd-cuda") waits for large copies and runs
+// their continuations; session and TensorPipe threads issue copies (and wait for small ones). A SessionMemory has its own mutex, never held
 // while calling into another SessionMemory.
 
 #ifndef TPD_DAEMON_CUDA_COPIES_H_
@@ -73,6 +74,8 @@ class CudaCopies {
  public:
   // The staging region's size: room for a 1 GiB tensor in flight with some to spare.
   static constexpr uint64_t kStagingBytes = (uint64_t{1} << 30) + (uint64_t{256} << 20);
+  // Copies of at most this many bytes in all are waited for by the thread that issues them.
+  static constexpr uint64_t kInlineBytes = uint64_t{1} << 20;
 
   // The driver's devices: retains their primary contexts, makes a copy stream on each and
   // enables peer access between every pair that allows it. FAILED_PRECONDITION naming the
@@ -119,9 +122,10 @@ class CudaCopies {
     uint64_t bytes = 0;
     void* wait = nullptr;  // an event of the sender's to wait for first, or null
   };
-  // Issues `copies` (each after its event), then runs `done` on the copy thread once all of
-  // them completed, with the first error. `keep` holds what the copies read and write (the
-  // sessions' memory) until then.
+  // Issues `copies` (each after its event), then runs `done` once all of them completed, with
+  // the first error: on the copy thread, or on this thread before Run returns when they move
+  // at most kInlineBytes (a wait of microseconds, cheaper than the hand-off). `keep` holds what
+  // the copies read and write (the sessions' memory) until then.
   void Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const void>> keep,
            std::function<void(absl::Status)> done);
 
