@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "proto/cuda/driver.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/raw_session.h"
 #include "tests/testing/wait_until.h"
 
 namespace tpd {
@@ -29,6 +30,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::DaemonProcess;
+using testing::RawSession;
 using testing::TempDir;
 using testing::WaitUntil;
 
@@ -108,6 +110,14 @@ class Gpus {
     Use(tensor.device().index);
     EXPECT_EQ(api().memcpy_dtoh(out.data(), tensor.device_pointer(), tensor.size()), CUDA_SUCCESS);
     return out;
+  }
+  // The IPC handle of the allocation at `ptr`, as a client would export it.
+  shm::CudaExport Export(CUdeviceptr ptr) const {
+    shm::CudaExport record{};
+    CUipcMemHandle handle;
+    EXPECT_EQ(api().ipc_get_mem_handle(&handle, ptr), CUDA_SUCCESS);
+    std::memcpy(record.memory, &handle, sizeof(handle));
+    return record;
   }
   // Free memory on `device` by the driver (cuMemGetInfo).
   size_t FreeBytes(int device) const {
@@ -545,6 +555,72 @@ TEST_F(CudaCallsTest, ACallTimingOutMidCopyLeavesNothingHeld) {
       "g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {4096}, ptr, 0)});
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(gpus_->Read(next->tensors.at(0)), Pattern(4096, 51)) << "a prefix of the same bytes";
+}
+
+// What a buggy or hostile client can put in its CUDA export records, sent by hand: the daemon
+// asks the driver and refuses each, naming the tensor and why, and serves on.
+TEST_F(CudaCallsTest, ForgedStaleAndMisplacedExportsAreRefusedNamingThem) {
+  REQUIRE_GPUS(1);
+  auto b = Connect();
+  ASSERT_TRUE(Join(b.get(), "b", {}, {"cuda:0"}).ok());
+  HandleEcho(b.get());
+  std::unique_ptr<Client> forger = Connect();
+  ASSERT_TRUE(Join(forger.get(), "forger", {{"b", {{"cuda:0", "cuda:0"}}}}).ok());
+  absl::StatusOr<std::unique_ptr<RawSession>> raw = RawSession::Open(std::move(forger));
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  const uint64_t tx = (*raw)->layout.tx_heap.offset;
+  shm::TensorEntry entry{};
+  entry.dtype = static_cast<uint8_t>(shm::DType::kUInt8);
+  entry.ndim = 1;
+  entry.shape[0] = 4096;
+  entry.length = 4096;
+  entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCuda);
+  auto call = [&](uint64_t id, const shm::TensorEntry& tensor, const shm::CudaExport& record) {
+    EXPECT_TRUE((*raw)->SubmitCall(tx + id * 8192, "g", "b", "echo", "forger", "", id,
+                                   absl::Seconds(5), {tensor}, {record}));
+    auto replies = (*raw)->Replies(1, absl::Now() + absl::Seconds(10));
+    return replies.count(id) > 0 ? replies[id]
+                                 : std::make_pair(absl::StatusCode::kUnknown, "no reply");
+  };
+  shm::CudaExport garbage{};
+  std::memset(garbage.memory, 0x5a, sizeof(garbage.memory));
+  auto [code, why] = call(1, entry, garbage);
+  EXPECT_EQ(code, absl::StatusCode::kInvalidArgument) << why;
+  EXPECT_THAT(why, HasSubstr("tensor 0 (cuda:0): its IPC memory handle does not open"));
+
+  // The handle of memory freed since: stale.
+  const CUdeviceptr gone = gpus_->Alloc(0, 4096, 1);
+  const shm::CudaExport stale = gpus_->Export(gone);
+  gpus_->Free(gone);
+  std::tie(code, why) = call(2, entry, stale);
+  EXPECT_EQ(code, absl::StatusCode::kInvalidArgument) << why;
+  EXPECT_THAT(why, HasSubstr("does not open"));
+
+  // A real allocation of 4096 bytes: a tensor said to lie past it, or on a device that does
+  // not exist.
+  const CUdeviceptr real = gpus_->Alloc(0, 4096, 2);
+  const shm::CudaExport good = gpus_->Export(real);
+  shm::TensorEntry past = entry;
+  past.offset = 4096;
+  std::tie(code, why) = call(3, past, good);
+  EXPECT_EQ(code, absl::StatusCode::kInvalidArgument) << why;
+  EXPECT_THAT(why, HasSubstr("run past its allocation of 4096 bytes"));
+  shm::TensorEntry elsewhere = entry;
+  elsewhere.device_index = static_cast<uint32_t>(gpus_->count());
+  std::tie(code, why) = call(4, elsewhere, good);
+  EXPECT_NE(code, absl::StatusCode::kOk) << why;
+  EXPECT_THAT(why, HasSubstr(absl::StrCat("cuda:", gpus_->count())));
+  // And the real one goes through.
+  std::tie(code, why) = call(5, entry, good);
+  EXPECT_EQ(code, absl::StatusCode::kOk) << why;
+
+  // The daemon serves on: a well-behaved client's CUDA call.
+  auto c = Connect();
+  ASSERT_TRUE(Join(c.get(), "c", {{"b", {{"cuda:0", "cuda:0"}}}}).ok());
+  absl::StatusOr<Message> reply =
+      c->Call("g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {4096}, real, 0)});
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(gpus_->Read(reply->tensors.at(0)), Pattern(4096, 2));
 }
 
 // Entry point of CallerKilledWhileExported's victim: joins as "victim", sends one call of a

@@ -40,6 +40,7 @@
 #include "proto/shm/segment.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/proc_counts.h"
+#include "tests/testing/raw_session.h"
 #include "tests/testing/wait_until.h"
 
 namespace tpd {
@@ -59,69 +60,7 @@ void Scribble(uint8_t* at, size_t n, std::mt19937_64& gen) {
 }
 
 // A session attached by the library whose rings the test drives by hand.
-struct BadSession {
-  std::unique_ptr<Client> client;
-  std::shared_ptr<const shm::Segment> segment;
-  shm::Layout layout;
-  uint8_t* writable = nullptr;  // our own MAP_SHARED, PROT_WRITE mapping of the whole segment
-  size_t size = 0;
-  std::unique_ptr<shm::RingProducer> submit;
-  std::unique_ptr<shm::RingConsumer> complete;
-  uint64_t next_call = 1;
-
-  ~BadSession() {
-    if (writable != nullptr) munmap(writable, size);
-  }
-
-  // Writes a call message (group, worker, method, from this worker) plus `body` at `offset` of
-  // the tx heap and submits it; false when the ring is full.
-  bool SubmitCall(uint64_t offset, const std::string& group, const std::string& worker,
-                  const std::string& method, const std::string& from, const std::string& body,
-                  uint64_t call_id, absl::Duration timeout = absl::Seconds(5)) {
-    const uint64_t prefix =
-        shm::MessagePrefixBytes(group.size(), worker.size(), method.size(), from.size());
-    shm::WriteMessagePrefix(writable + offset, 0, group, worker, method, from);
-    std::memcpy(writable + offset + prefix, body.data(), body.size());
-    shm::Descriptor call{};
-    call.op = static_cast<uint8_t>(shm::Op::kCall);
-    call.call_id = call_id;
-    call.deadline_unix_ns = absl::ToUnixNanos(absl::Now() + timeout);
-    call.payload_offset = offset;
-    call.payload_length = prefix + body.size();
-    absl::StatusOr<bool> pushed = submit->TryPush(call);
-    return pushed.ok() && *pushed;
-  }
-
-  // Pops completions until `until`, or until `want` replies came; replies by call id (their
-  // status code and, for an error, the message), releases skipped.
-  std::map<uint64_t, std::pair<absl::StatusCode, std::string>> Replies(size_t want,
-                                                                       absl::Time until) {
-    std::map<uint64_t, std::pair<absl::StatusCode, std::string>> replies;
-    while (replies.size() < want && absl::Now() < until) {
-      absl::StatusOr<bool> ready =
-          complete->WaitForData(std::min(until, absl::Now() + absl::Milliseconds(50)));
-      if (!ready.ok()) break;
-      shm::Descriptor d{};
-      while (complete->TryPop(&d).value_or(false)) {
-        if (d.op != static_cast<uint8_t>(shm::Op::kReply)) continue;
-        if (!shm::ValidateDescriptor(d, layout, shm::Direction::kCompletion).ok()) {
-          replies[d.call_id] = {absl::StatusCode::kInternal, "invalid descriptor from the daemon"};
-          continue;
-        }
-        auto parsed = shm::ParseMessage(segment->base(), d.payload_offset, d.payload_length);
-        if (!parsed.ok()) {
-          // The daemon wrote it into our rx heap; a test that scribbles that heap may have
-          // overwritten it before we read it.
-          replies[d.call_id] = {absl::StatusCode::kDataLoss,
-                                absl::StrCat("unparsable reply: ", parsed.status().message())};
-          continue;
-        }
-        replies[d.call_id] = {static_cast<absl::StatusCode>(parsed->code), parsed->names[2]};
-      }
-    }
-    return replies;
-  }
-};
+using BadSession = testing::RawSession;
 
 class ShmHostileTest : public ::testing::Test {
  protected:
@@ -189,25 +128,12 @@ class ShmHostileTest : public ::testing::Test {
 
   // A client joined as `name`, attached, with its rings in the test's hands.
   std::unique_ptr<BadSession> Bad(const std::string& name) {
-    auto bad = std::make_unique<BadSession>();
-    bad->client = Connect();
-    if (bad->client == nullptr) return nullptr;
-    EXPECT_TRUE(Join(bad->client.get(), name).ok());
-    auto segment = bad->client->AttachSharedMemory();
-    EXPECT_TRUE(segment.ok()) << segment.status();
-    if (!segment.ok()) return nullptr;
-    bad->segment = *segment;
-    bad->layout = bad->segment->layout();
-    bad->size = bad->segment->size();
-    void* w = mmap(nullptr, bad->size, PROT_READ | PROT_WRITE, MAP_SHARED, bad->segment->fd(), 0);
-    EXPECT_NE(w, MAP_FAILED) << std::strerror(errno);
-    if (w == MAP_FAILED) return nullptr;
-    bad->writable = static_cast<uint8_t*>(w);
-    bad->submit = std::make_unique<shm::RingProducer>(bad->segment->base(), bad->layout.submission,
-                                                      "submission ring");
-    bad->complete = std::make_unique<shm::RingConsumer>(bad->segment->base(),
-                                                        bad->layout.completion, "completion ring");
-    return bad;
+    std::unique_ptr<Client> client = Connect();
+    if (client == nullptr) return nullptr;
+    EXPECT_TRUE(Join(client.get(), name).ok());
+    absl::StatusOr<std::unique_ptr<BadSession>> bad = BadSession::Open(std::move(client));
+    EXPECT_TRUE(bad.ok()) << bad.status();
+    return bad.ok() ? *std::move(bad) : nullptr;
   }
 
   int AttachedSessions() {
@@ -279,12 +205,6 @@ TEST_F(ShmHostileTest, ForgedCudaRequestsAreRefusedNamingWhy) {
   EXPECT_THAT(replies[1].second, HasSubstr("receive pool on cuda:0"));
 
   // A call carrying a CUDA tensor whose export record is garbage, to a worker no map covers.
-  const uint64_t message = tx + 4096;
-  const std::string body = "x";
-  const uint64_t prefix = shm::MessagePrefixBytes(1, 1, 4, 3);
-  const uint64_t table = message + shm::AlignUp(prefix + body.size());
-  const uint64_t record = table + sizeof(shm::TensorEntry);
-  std::memset(bad->writable + record, 0x5a, sizeof(shm::CudaExport));
   shm::TensorEntry entry{};
   entry.dtype = static_cast<uint8_t>(shm::DType::kFloat32);
   entry.ndim = 1;
@@ -292,18 +212,10 @@ TEST_F(ShmHostileTest, ForgedCudaRequestsAreRefusedNamingWhy) {
   entry.length = 4096;
   entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCuda);
   entry.offset = 1 << 20;
-  entry.device_handle = record;
-  std::memcpy(bad->writable + table, &entry, sizeof(entry));
-  shm::WriteMessagePrefix(bad->writable + message, 0, "g", "b", "echo", "bad");
-  std::memcpy(bad->writable + message + prefix, body.data(), body.size());
-  shm::Descriptor call{};
-  call.op = static_cast<uint8_t>(shm::Op::kCall);
-  call.call_id = 2;
-  call.payload_offset = message;
-  call.payload_length = prefix + body.size();
-  call.tensor_count = 1;
-  call.tensor_table_offset = table;
-  ASSERT_TRUE(bad->submit->TryPush(call).value_or(false));
+  shm::CudaExport garbage;
+  std::memset(&garbage, 0x5a, sizeof(garbage));
+  ASSERT_TRUE(bad->SubmitCall(tx + 4096, "g", "b", "echo", "bad", "x", 2, absl::Seconds(5),
+                              {entry}, {garbage}));
   replies = bad->Replies(1, absl::Now() + absl::Seconds(10));
   ASSERT_EQ(replies.count(2), 1u);
   EXPECT_EQ(replies[2].first, absl::StatusCode::kInvalidArgument) << replies[2].second;

@@ -1,0 +1,103 @@
+#include "tests/testing/raw_session.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "proto/shm/message.h"
+
+namespace tpd::testing {
+
+absl::StatusOr<std::unique_ptr<RawSession>> RawSession::Open(std::unique_ptr<Client> client) {
+  auto raw = std::make_unique<RawSession>();
+  raw->client = std::move(client);
+  absl::StatusOr<std::shared_ptr<const shm::Segment>> segment =
+      raw->client->AttachSharedMemory();
+  if (!segment.ok()) return segment.status();
+  raw->segment = *segment;
+  raw->layout = raw->segment->layout();
+  raw->size = raw->segment->size();
+  void* w = mmap(nullptr, raw->size, PROT_READ | PROT_WRITE, MAP_SHARED, raw->segment->fd(), 0);
+  if (w == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("mmap of the segment: ", std::strerror(errno)));
+  }
+  raw->writable = static_cast<uint8_t*>(w);
+  raw->submit = std::make_unique<shm::RingProducer>(raw->segment->base(), raw->layout.submission,
+                                                    "submission ring");
+  raw->complete = std::make_unique<shm::RingConsumer>(raw->segment->base(),
+                                                      raw->layout.completion, "completion ring");
+  return raw;
+}
+
+RawSession::~RawSession() {
+  if (writable != nullptr) munmap(writable, size);
+}
+
+bool RawSession::SubmitCall(uint64_t offset, const std::string& group, const std::string& worker,
+                            const std::string& method, const std::string& from,
+                            const std::string& body, uint64_t call_id, absl::Duration timeout,
+                            std::vector<shm::TensorEntry> tensors,
+                            const std::vector<shm::CudaExport>& records) {
+  const uint64_t prefix =
+      shm::MessagePrefixBytes(group.size(), worker.size(), method.size(), from.size());
+  shm::WriteMessagePrefix(writable + offset, 0, group, worker, method, from);
+  std::memcpy(writable + offset + prefix, body.data(), body.size());
+  shm::Descriptor call{};
+  call.op = static_cast<uint8_t>(shm::Op::kCall);
+  call.call_id = call_id;
+  call.deadline_unix_ns = absl::ToUnixNanos(absl::Now() + timeout);
+  call.payload_offset = offset;
+  call.payload_length = prefix + body.size();
+  if (!tensors.empty()) {
+    const uint64_t table = offset + shm::AlignUp(prefix + body.size());
+    uint64_t record = table + shm::AlignUp(tensors.size() * sizeof(shm::TensorEntry));
+    size_t next = 0;
+    for (shm::TensorEntry& entry : tensors) {
+      if (entry.device_type != static_cast<uint8_t>(shm::DeviceType::kCuda) ||
+          next >= records.size()) {
+        continue;
+      }
+      std::memcpy(writable + record, &records[next++], sizeof(shm::CudaExport));
+      entry.device_handle = record;
+      record += shm::AlignUp(sizeof(shm::CudaExport));
+    }
+    std::memcpy(writable + table, tensors.data(), tensors.size() * sizeof(shm::TensorEntry));
+    call.tensor_count = static_cast<uint32_t>(tensors.size());
+    call.tensor_table_offset = table;
+  }
+  absl::StatusOr<bool> pushed = submit->TryPush(call);
+  return pushed.ok() && *pushed;
+}
+
+std::map<uint64_t, std::pair<absl::StatusCode, std::string>> RawSession::Replies(
+    size_t want, absl::Time until) {
+  std::map<uint64_t, std::pair<absl::StatusCode, std::string>> replies;
+  while (replies.size() < want && absl::Now() < until) {
+    absl::StatusOr<bool> ready =
+        complete->WaitForData(std::min(until, absl::Now() + absl::Milliseconds(50)));
+    if (!ready.ok()) break;
+    shm::Descriptor d{};
+    while (complete->TryPop(&d).value_or(false)) {
+      if (d.op != static_cast<uint8_t>(shm::Op::kReply)) continue;
+      if (!shm::ValidateDescriptor(d, layout, shm::Direction::kCompletion).ok()) {
+        replies[d.call_id] = {absl::StatusCode::kInternal, "invalid descriptor from the daemon"};
+        continue;
+      }
+      auto parsed = shm::ParseMessage(segment->base(), d.payload_offset, d.payload_length);
+      if (!parsed.ok()) {
+        // The daemon wrote it into our rx heap; a test that scribbles that heap may have
+        // overwritten it before we read it.
+        replies[d.call_id] = {absl::StatusCode::kDataLoss,
+                              absl::StrCat("unparsable reply: ", parsed.status().message())};
+        continue;
+      }
+      replies[d.call_id] = {static_cast<absl::StatusCode>(parsed->code), parsed->names[2]};
+    }
+  }
+  return replies;
+}
+
+}  // namespace tpd::testing
