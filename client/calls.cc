@@ -246,11 +246,13 @@ class Link {
 
   // The session is over: no more releases; pinned blocks go.
   void Close() {
+    // Both go after the lock: their destructors take it.
     std::map<uint64_t, std::vector<std::shared_ptr<ArenaBlock>>> unpinned;
+    std::map<uint64_t, std::vector<std::shared_ptr<void>>> unleased;
     absl::MutexLock lock(&mu);
     open = false;
     unpinned.swap(pinned);
-    leases.clear();
+    unleased.swap(leases);
   }
 
  private:

@@ -458,11 +458,11 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
   std::vector<std::pair<int, uint64_t>> pool_blocks;  // (device, offset)
   std::vector<CudaCopies::Copy> copies;
   uint64_t block = 0;
+  absl::Status placed;
   {
     absl::MutexLock lock(&to->mu);
-    absl::Status placed = to->broken ? absl::UnavailableError(absl::StrCat("session ", to->id,
-                                                                           " ended"))
-                                     : absl::OkStatus();
+    placed = to->broken ? absl::UnavailableError(absl::StrCat("session ", to->id, " ended"))
+                        : absl::OkStatus();
     if (placed.ok()) {
       absl::StatusOr<uint64_t> allocated = to->rx->Allocate(plan.total);
       if (allocated.ok()) block = *allocated;
@@ -512,11 +512,14 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
     if (!placed.ok()) {
       if (block != 0) (void)to->rx->Free(block);
       for (const auto& [device, offset] : pool_blocks) (void)cuda->FreePool(*to->cuda, device, offset);
-      after(placed);
-      return;
+    } else {
+      shm::WriteMessagePrefix(out, code, prefix0, prefix1, prefix2, prefix3);
+      if (body_length > 0) std::memcpy(out + plan.prefix, in + body_offset, body_length);
     }
-    shm::WriteMessagePrefix(out, code, prefix0, prefix1, prefix2, prefix3);
-    if (body_length > 0) std::memcpy(out + plan.prefix, in + body_offset, body_length);
+  }
+  if (!placed.ok()) {
+    after(placed);  // outside to's lock: it answers the caller, who may be `to`
+    return;
   }
   shm::Descriptor posted{};
   posted.op = static_cast<uint8_t>(op);

@@ -564,7 +564,10 @@ TEST_F(CudaCallsTest, ForgedStaleAndMisplacedExportsAreRefusedNamingThem) {
   auto b = Connect();
   ASSERT_TRUE(Join(b.get(), "b", {}, {"cuda:0"}).ok());
   HandleEcho(b.get());
-  std::unique_ptr<Client> forger = Connect();
+  HandleSum(b.get());
+  // No receive pool: lending one starts the client's call engine, which would read the ring
+  // this test reads by hand.
+  std::unique_ptr<Client> forger = Connect(/*pool_bytes=*/0);
   ASSERT_TRUE(Join(forger.get(), "forger", {{"b", {{"cuda:0", "cuda:0"}}}}).ok());
   absl::StatusOr<std::unique_ptr<RawSession>> raw = RawSession::Open(std::move(forger));
   ASSERT_TRUE(raw.ok()) << raw.status();
@@ -575,8 +578,9 @@ TEST_F(CudaCallsTest, ForgedStaleAndMisplacedExportsAreRefusedNamingThem) {
   entry.shape[0] = 4096;
   entry.length = 4096;
   entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCuda);
-  auto call = [&](uint64_t id, const shm::TensorEntry& tensor, const shm::CudaExport& record) {
-    EXPECT_TRUE((*raw)->SubmitCall(tx + id * 8192, "g", "b", "echo", "forger", "", id,
+  auto call = [&](uint64_t id, const shm::TensorEntry& tensor, const shm::CudaExport& record,
+                  const std::string& method = "echo") {
+    EXPECT_TRUE((*raw)->SubmitCall(tx + id * 8192, "g", "b", method, "forger", "", id,
                                    absl::Seconds(5), {tensor}, {record}));
     auto replies = (*raw)->Replies(1, absl::Now() + absl::Seconds(10));
     return replies.count(id) > 0 ? replies[id]
@@ -610,9 +614,13 @@ TEST_F(CudaCallsTest, ForgedStaleAndMisplacedExportsAreRefusedNamingThem) {
   std::tie(code, why) = call(4, elsewhere, good);
   EXPECT_NE(code, absl::StatusCode::kOk) << why;
   EXPECT_THAT(why, HasSubstr(absl::StrCat("cuda:", gpus_->count())));
-  // And the real one goes through.
-  std::tie(code, why) = call(5, entry, good);
+  // The real one goes through: b reads it on cuda:0.
+  std::tie(code, why) = call(5, entry, good, "sum");
   EXPECT_EQ(code, absl::StatusCode::kOk) << why;
+  // A reply of CUDA tensors to a client that lent no pool: refused, naming the missing pool.
+  std::tie(code, why) = call(6, entry, good);
+  EXPECT_EQ(code, absl::StatusCode::kFailedPrecondition) << why;
+  EXPECT_THAT(why, HasSubstr("lent no receive pool on cuda:0"));
 
   // The daemon serves on: a well-behaved client's CUDA call.
   auto c = Connect();
