@@ -93,7 +93,7 @@ struct CudaCopies::Impl {
   std::atomic<uint64_t> errors{0};
 
   absl::Mutex staging_mu;
-  void* staging = nullptr ABSL_GUARDED_BY(staging_mu);
+  void* staging ABSL_GUARDED_BY(staging_mu) = nullptr;
   std::unique_ptr<shm::HeapAllocator> staging_heap ABSL_GUARDED_BY(staging_mu);
 
   absl::Status Current(int device) const {
