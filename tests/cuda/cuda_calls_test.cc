@@ -209,6 +209,17 @@ class CudaCallsTest : public ::testing::Test {
     return client->Join(options).status();
   }
 
+  // a (pool `a_pool`) and b (pool `b_pool`, on the second daemon when `b_remote`) in group g,
+  // a's map sending cuda:0 to b's cuda:1. Sets a_ and b_.
+  void CrossGpuPair(uint64_t a_pool, uint64_t b_pool, bool b_remote = false) {
+    a_ = Connect(a_pool);
+    b_ = Connect(b_pool, b_remote);
+    ASSERT_NE(a_, nullptr);
+    ASSERT_NE(b_, nullptr);
+    ASSERT_TRUE(Join(a_.get(), "a", {{"b", {{"cuda:0", "cuda:1"}}}}).ok());
+    ASSERT_TRUE(Join(b_.get(), "b", {}).ok());
+  }
+
   // b answers "echo" with its request's tensors (views into its pools or rx heap, sent on)
   // and, in the payload, each tensor's device and a checksum of its bytes read on b's side.
   void HandleEcho(Client* b) {
@@ -250,6 +261,8 @@ class CudaCallsTest : public ::testing::Test {
   TempDir second_dir_;
   std::string second_socket_;
   std::unique_ptr<DaemonProcess> second_;
+  std::unique_ptr<Client> a_;  // CrossGpuPair's
+  std::unique_ptr<Client> b_;
 };
 
 TEST_F(CudaCallsTest, SameGpuThereAndBackEverySize) {
@@ -284,11 +297,9 @@ TEST_F(CudaCallsTest, SameGpuThereAndBackEverySize) {
 
 TEST_F(CudaCallsTest, Cuda0ToCuda1AndBackByTheReverseMap) {
   REQUIRE_GPUS(2);
-  auto a = Connect(uint64_t{1} << 30);
-  auto b = Connect(uint64_t{1} << 30);
-  ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}}}}).ok());
-  ASSERT_TRUE(Join(b.get(), "b", {}).ok());
-  HandleEcho(b.get());
+  CrossGpuPair(uint64_t{1} << 30, uint64_t{1} << 30);
+  Client* a = a_.get();
+  HandleEcho(b_.get());
   for (size_t bytes : {size_t{0}, size_t{8}, size_t{1} << 20, size_t{256} << 20}) {
     const CUdeviceptr ptr = gpus_->Alloc(0, bytes, 7);
     absl::StatusOr<Message> reply = a->Call(
@@ -305,12 +316,10 @@ TEST_F(CudaCallsTest, Cuda0ToCuda1AndBackByTheReverseMap) {
 
 TEST_F(CudaCallsTest, AGibibyteCrossesGpus) {
   REQUIRE_GPUS(2);
-  auto a = Connect(uint64_t{1} << 30);
-  auto b = Connect((uint64_t{1} << 30) + (1 << 20));
-  ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}}}}).ok());
-  ASSERT_TRUE(Join(b.get(), "b", {}).ok());
+  CrossGpuPair(uint64_t{1} << 30, (uint64_t{1} << 30) + (1 << 20));
+  Client* a = a_.get();
   const size_t bytes = size_t{1} << 30;
-  HandleSum(b.get());
+  HandleSum(b_.get());
   const CUdeviceptr ptr = gpus_->Alloc(0, bytes, 11);
   absl::StatusOr<Message> reply =
       a->Call("g", "b", "sum", "",
@@ -409,11 +418,9 @@ TEST_F(CudaCallsTest, StagedAcrossTwoDaemonsThereAndBack) {
 TEST_F(CudaCallsTest, AGibibyteStagedAcrossTwoDaemons) {
   REQUIRE_GPUS(2);
   StartSecondNode();
-  auto a = Connect();
-  auto b = Connect((uint64_t{1} << 30) + (1 << 20), /*second_node=*/true);
-  ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}}}}).ok());
-  ASSERT_TRUE(Join(b.get(), "b", {}).ok());
-  HandleSum(b.get());
+  CrossGpuPair(uint64_t{256} << 20, (uint64_t{1} << 30) + (1 << 20), /*b_remote=*/true);
+  Client* a = a_.get();
+  HandleSum(b_.get());
   const size_t bytes = size_t{1} << 30;
   const CUdeviceptr ptr = gpus_->Alloc(0, bytes, 31);
   absl::StatusOr<Message> reply = a->Call(
@@ -525,11 +532,9 @@ TEST_F(CudaCallsTest, MemoryFreedAndAllocatedAgainIsExportedAnew) {
 
 TEST_F(CudaCallsTest, ACallTimingOutMidCopyLeavesNothingHeld) {
   REQUIRE_GPUS(2);
-  auto a = Connect(uint64_t{1} << 30);
-  auto b = Connect((uint64_t{1} << 30) + (1 << 20));
-  ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}}}}).ok());
-  ASSERT_TRUE(Join(b.get(), "b", {}).ok());
-  HandleEcho(b.get());
+  CrossGpuPair(uint64_t{1} << 30, (uint64_t{1} << 30) + (1 << 20));
+  Client* a = a_.get();
+  HandleEcho(b_.get());
   const CUdeviceptr ptr = gpus_->Alloc(0, size_t{1} << 30, 51);
   // A 1 GiB peer copy takes milliseconds: a 1 ms deadline passes during it.
   absl::StatusOr<Message> late = a->Call(
