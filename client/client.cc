@@ -397,16 +397,16 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
   // Receive pools for the worker's CUDA devices; none in a process without a usable NVIDIA
   // driver (it has no CUDA memory to receive into: negotiation may still name devices, e.g.
   // under [group] cuda_device_count), where CUDA tensors sent to it fail naming the missing pool.
+  // The driver is asked only then: a CPU-only worker never loads it.
   std::vector<int> devices;
-  for (const std::string& device : calls_internal::CudaExporter::Get().ok()
-                                       ? response.negotiated().devices()
-                                       : google::protobuf::RepeatedPtrField<std::string>()) {
+  for (const std::string& device : response.negotiated().devices()) {
     int index = -1;
     if (absl::StartsWith(device, "cuda:") &&
         absl::SimpleAtoi(absl::string_view(device).substr(5), &index) && index >= 0) {
       devices.push_back(index);
     }
   }
+  if (!devices.empty() && !calls_internal::CudaExporter::Get().ok()) devices.clear();
   std::shared_ptr<CallEngine> calls;
   {
     absl::MutexLock lock(&data_mu_);
