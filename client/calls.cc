@@ -991,7 +991,7 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
             entry.length > pool_bytes - entry.offset) {
           misplaced = absl::InternalError(absl::StrCat(
               "the daemon placed a tensor outside this client's receive pool on cuda:", device));
-          break;
+          continue;  // the later entries' blocks are released too
         }
         tensor.keep_ = std::move(held);
         tensor.data_ = reinterpret_cast<char*>(pool_base + entry.offset);
@@ -1243,15 +1243,21 @@ absl::Status CallEngine::LendDevicePool(int device, uint64_t bytes) {
   }
   CallFuture future(state);
   absl::Status lent = future.Wait().status();
-  if (!lent.ok()) {
+  if (lent.ok()) return absl::OkStatus();
+  // Freed only when the daemon refused it; unanswered (the ring, a timeout), the daemon may
+  // still take it, so it stays lent for the engine's life.
+  const bool refused = lent.code() == absl::StatusCode::kInvalidArgument ||
+                       lent.code() == absl::StatusCode::kFailedPrecondition ||
+                       lent.code() == absl::StatusCode::kAlreadyExists ||
+                       lent.code() == absl::StatusCode::kUnimplemented;
+  if (refused) {
     {
       absl::MutexLock lock(&link_->mu);
       link_->pools.erase(device);
     }
     (*exporter)->FreePool(*pool);
-    return absl::Status(lent.code(), absl::StrCat(what, ": ", lent.message()));
   }
-  return absl::OkStatus();
+  return absl::Status(lent.code(), absl::StrCat(what, ": ", lent.message()));
 }
 
 CallEngineStats CallEngine::Stats() {

@@ -262,8 +262,8 @@ int RunStatus(tpd::Client& client) {
           pools.push_back(absl::StrCat(pool.device(), " ", pool.used(), "/", pool.bytes(), " B"));
         }
         std::cout << "      cuda: pools " << (pools.empty() ? "none" : absl::StrJoin(pools, ", "))
-                  << "; " << session.cuda_open_allocations() << " IPC mappings, "
-                  << session.cuda_open_events() << " events open in the daemon\n";
+                  << "; " << session.cuda_open_allocations() << " IPC mappings open in the "
+                  << "daemon\n";
       }
     }
   }

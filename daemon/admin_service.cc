@@ -130,7 +130,6 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
         session->set_rx_heap_used(it->second.rx_heap_used);
         const SessionCudaStats& cuda = it->second.cuda;
         session->set_cuda_open_allocations(cuda.open_allocations);
-        session->set_cuda_open_events(cuda.open_events);
         for (const SessionCudaStats::Pool& pool : cuda.pools) {
           v1::CudaPoolStatus* out = session->add_cuda_pools();
           out->set_device(absl::StrCat("cuda:", pool.device));

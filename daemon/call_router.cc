@@ -386,8 +386,8 @@ absl::StatusOr<std::vector<CallRouter::Place>> CallRouter::PlaceTensors(
       auto it = map->devices().find(device);
       if (it != map->devices().end()) target = it->second;
     }
-    if (!target) {
-      if (!cuda) continue;  // a cpu tensor with no cpu entry stays on the cpu
+    if (!target || (!cuda && *target == "cpu")) {
+      if (!cuda) continue;  // a cpu tensor with no cpu entry (or cpu -> cpu) stays on the cpu
       // PyTorch's wording (tensorpipe_utils.cpp, getDevicesForTensors).
       return absl::InvalidArgumentError(absl::StrCat(
           "TensorPipe RPC backend only supports CPU tensors by default, please move your "
@@ -428,7 +428,6 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
   // Sources: the exported allocations opened (once per session), host bytes where they lie.
   const size_t n = tensors.size();
   std::vector<CopyEnd> sources(n);
-  std::vector<void*> waits(n, nullptr);
   uint8_t* const in = from->segment->base();
   for (size_t i = 0; i < n; ++i) {
     const shm::TensorEntry& entry = tensors[i];
@@ -446,7 +445,6 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
       return;
     }
     sources[i] = source->end;
-    waits[i] = source->event;
   }
   std::vector<uint64_t> host_bytes(n, 0);
   for (size_t i = 0; i < n; ++i) {
@@ -492,7 +490,7 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
           }
           pool_blocks.push_back({places[i].device, *pool});
           entry.offset = *pool;
-          copies.push_back({*dst, sources[i], entry.length, waits[i]});
+          copies.push_back({*dst, sources[i], entry.length});
         }
       } else {
         entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCpu);
@@ -503,7 +501,7 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
             std::memcpy(out + plan.at[i], in + tensors[i].offset, entry.length);
           } else {
             copies.push_back({CopyEnd{reinterpret_cast<uint64_t>(out + plan.at[i]), -1},
-                              sources[i], entry.length, waits[i]});
+                              sources[i], entry.length});
           }
         }
       }
@@ -802,7 +800,7 @@ absl::Status CallRouter::StageOut(const std::shared_ptr<Session>& session, uint6
     absl::StatusOr<uint64_t> staging = options_.cuda->AllocateStaging(entry.length);
     if (!staging.ok()) return staging.status();
     staged->staging.push_back(*staging);
-    copies->push_back({CopyEnd{*staging, -1}, source->end, entry.length, source->event});
+    copies->push_back({CopyEnd{*staging, -1}, source->end, entry.length});
     out->tensors.push_back({reinterpret_cast<void*>(*staging), entry.length});
   }
   out->keepalive = std::move(staged);
@@ -876,6 +874,7 @@ absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
     absl::StatusOr<shm::TensorEntry> entry = FromWire(
         header.tensors(static_cast<int>(i)), tensor_sizes[i], static_cast<int>(i), &targets[i]);
     if (!entry.ok()) return entry.status();
+    if (code != 0) targets[i] = -1;  // an error's tensors are never read: no pool block for them
     block->tensors.push_back(*entry);
     if (targets[i] >= 0) {
       bytes[i] = 0;  // in the session's receive pool, not its rx heap
@@ -1046,7 +1045,7 @@ void CallRouter::LandOnDevices(const std::shared_ptr<const RxBlock>& block,
       post(dst.status());
       return;
     }
-    copies.push_back({*dst, CopyEnd{block->staging[i], -1}, entry.length, nullptr});
+    copies.push_back({*dst, CopyEnd{block->staging[i], -1}, entry.length});
   }
   block->cuda->Run(std::move(copies), {block, block->session->cuda}, std::move(post));
 }
@@ -1083,6 +1082,8 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
   } else if (!reply.ok()) {
     delivered = MalformedReply(pending->worker, pending->method, reply.status());
   } else {
+    // An error reply's tensors go nowhere: the caller reads only its message.
+    if ((d.flags & shm::kFlagError) != 0) reply->tensors.clear();
     const shm::ParsedMessage& message = reply->message;
     absl::StatusOr<std::vector<Place>> places =
         PlaceTensors(pending->group, pending->worker, pending->from, /*reply=*/true,
@@ -1129,6 +1130,8 @@ void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const sh
     RespondError(*pending.remote, MalformedReply(pending.worker, pending.method, reply.status()));
     return;
   }
+  // An error reply's tensors go nowhere: the caller reads only its message.
+  if ((d.flags & shm::kFlagError) != 0) reply->tensors.clear();
   absl::StatusOr<std::vector<Place>> places =
       PlaceTensors(pending.group, pending.worker, pending.from, /*reply=*/true, reply->tensors);
   if (!places.ok()) {

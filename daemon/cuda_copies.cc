@@ -25,7 +25,6 @@ namespace {
 // the session ends (closing it while a later call reuses it would cost the open again);
 // a client cycling through more allocations than this gets RESOURCE_EXHAUSTED.
 constexpr size_t kMaxOpenAllocations = 1024;
-constexpr size_t kMaxOpenEvents = 1024;
 
 std::string HandleKey(const uint8_t (&bytes)[shm::kCudaIpcHandleBytes]) {
   return std::string(reinterpret_cast<const char*>(bytes), shm::kCudaIpcHandleBytes);
@@ -156,7 +155,6 @@ class SessionMemory {
         (void)api.ipc_close_mem_handle(base);
       }
     }
-    for (const auto& [key, event] : events_) (void)api.event_destroy(event);
     if (!allocations_.empty() || !pools_.empty()) {
       CudaLog().info("[session {}] closed {} CUDA IPC mappings and {} pools", id_,
                      allocations_.size(), pools_.size());
@@ -182,7 +180,6 @@ class SessionMemory {
   const std::string id_;
   absl::Mutex mu_;
   std::map<std::string, Opened> allocations_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, CUevent> events_ ABSL_GUARDED_BY(mu_);
   std::map<int, Pool> pools_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -366,8 +363,11 @@ absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory& session,
   if (device >= device_count()) {
     return refuse(absl::StrCat("this node has ", device_count(), " CUDA devices"));
   }
-  if (record.reserved != 0 || (record.flags & ~shm::kCudaExportHasEvent) != 0) {
-    return refuse("its export record has unknown flags");
+  for (uint8_t byte : record.reserved) {
+    if (byte != 0) {
+      return refuse("its export record's reserved bytes are not zero (the daemon waits on no "
+                    "event of a client's: synchronize the tensor's stream before sending)");
+    }
   }
   absl::MutexLock lock(&session.mu_);
   if (absl::Status s = impl_->Current(device); !s.ok()) return s;
@@ -395,26 +395,6 @@ absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory& session,
   }
   Source source;
   source.end = CopyEnd{opened.base + entry.offset, device};
-  if ((record.flags & shm::kCudaExportHasEvent) != 0) {
-    const std::string event_key = HandleKey(record.event);
-    auto e = session.events_.find(event_key);
-    if (e == session.events_.end()) {
-      if (session.events_.size() >= kMaxOpenEvents) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "tensor ", index, ": this session has ", kMaxOpenEvents, " CUDA events open"));
-      }
-      CUipcEventHandle handle;
-      std::memcpy(&handle, record.event, sizeof(handle));
-      CUevent event = nullptr;
-      const CUresult opened_event = api.ipc_open_event_handle(&event, handle);
-      if (opened_event != CUDA_SUCCESS) {
-        return refuse(absl::StrCat("its IPC event handle does not open (",
-                                   impl_->driver->ErrorText(opened_event), ")"));
-      }
-      e = session.events_.emplace(event_key, event).first;
-    }
-    source.event = e->second;
-  }
   return source;
 }
 
@@ -434,10 +414,6 @@ void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const
     const int device = copy.src.device >= 0 ? copy.src.device : copy.dst.device;
     absl::Status issued = impl_->Current(device);
     CUstream stream = impl_->streams[device];
-    if (issued.ok() && copy.wait != nullptr) {
-      issued = impl_->driver->Check(api.stream_wait_event(stream, static_cast<CUevent>(copy.wait), 0),
-                                    "cuStreamWaitEvent");
-    }
     if (issued.ok()) {
       issued = impl_->driver->Check(api.memcpy_async(copy.dst.address, copy.src.address,
                                                      copy.bytes, stream),
@@ -543,7 +519,6 @@ SessionCudaStats CudaCopies::SessionStats(SessionMemory& session) {
   SessionCudaStats stats;
   absl::MutexLock lock(&session.mu_);
   stats.open_allocations = session.allocations_.size();
-  stats.open_events = session.events_.size();
   for (const auto& [device, pool] : session.pools_) {
     stats.pools.push_back({device, pool.bytes, pool.heap->GetStats().used_bytes});
     stats.open_allocations += pool.bases.size();

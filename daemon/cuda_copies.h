@@ -4,9 +4,7 @@
 // allocation holding a CUDA tensor with CUDA IPC (a CudaExport record in its tx heap) and
 // lends the daemon a receive pool on each device it receives on (kDevicePool). The daemon
 // opens each exported allocation once per session (opening costs about a millisecond; later
-// calls from the same allocation reuse the mapping), waits on the sender's IPC event on its
-// own stream when the record carries one (this project's client synchronizes its stream
-// instead), copies device to device (peer access enabled between every pair of GPUs that
+// calls from the same allocation reuse the mapping), copies device to device (peer access enabled between every pair of GPUs that
 // allows it, so cuda:0 -> cuda:1 goes over NVLink, never through the host), host to device or
 // device to host for maps with `cpu` on one side, records an event, and runs the call's
 // continuation once the event completed: on its copy thread, or inline for small copies. A session's mappings are closed
@@ -55,7 +53,6 @@ struct CudaCopyStats {
 
 struct SessionCudaStats {
   uint64_t open_allocations = 0;  // IPC mappings of its memory held by the daemon
-  uint64_t open_events = 0;
   struct Pool {
     int device = 0;
     uint64_t bytes = 0;
@@ -111,7 +108,6 @@ class CudaCopies {
   // INVALID_ARGUMENT naming the tensor and the problem.
   struct Source {
     CopyEnd end;
-    void* event = nullptr;  // the writer's event to wait for; null when none
   };
   absl::StatusOr<Source> Resolve(SessionMemory& session, const shm::TensorEntry& entry,
                                  const shm::CudaExport& record, uint32_t index);
@@ -120,9 +116,8 @@ class CudaCopies {
     CopyEnd dst;
     CopyEnd src;
     uint64_t bytes = 0;
-    void* wait = nullptr;  // an event of the sender's to wait for first, or null
   };
-  // Issues `copies` (each after its event), then runs `done` once all of them completed, with
+  // Issues `copies`, then runs `done` once all of them completed, with
   // the first error: on the copy thread, or on this thread before Run returns when they move
   // at most kInlineBytes (a wait of microseconds, cheaper than the hand-off). `keep` holds what
   // the copies read and write (the sessions' memory) until then.

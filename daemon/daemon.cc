@@ -477,6 +477,9 @@ void Daemon::Shutdown() {
   data_socket_->Shutdown();
   calls_->Shutdown();
   agent_.reset();
+  // Copies that TensorPipe's last callbacks started finish while the router they call back
+  // into is still there.
+  if (cuda_copies_ != nullptr) cuda_copies_->Flush();
   lock_.reset();
   DaemonLog().info("[socket {}] stopped; socket removed", socket_path_);
 }

@@ -79,14 +79,11 @@ struct DriverApi {
   decltype(&::cuMemsetD8) memset_d8 = nullptr;      // cuMemsetD8_v2
   decltype(&::cuStreamCreate) stream_create = nullptr;
   decltype(&::cuStreamDestroy) stream_destroy = nullptr;  // cuStreamDestroy_v2
-  decltype(&::cuStreamWaitEvent) stream_wait_event = nullptr;
   decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
   decltype(&::cuEventCreate) event_create = nullptr;
   decltype(&::cuEventRecord) event_record = nullptr;
   decltype(&::cuEventSynchronize) event_synchronize = nullptr;
   decltype(&::cuEventDestroy) event_destroy = nullptr;  // cuEventDestroy_v2
-  decltype(&::cuIpcGetEventHandle) ipc_get_event_handle = nullptr;
-  decltype(&::cuIpcOpenEventHandle) ipc_open_event_handle = nullptr;
   decltype(&::cuMemHostAlloc) mem_host_alloc = nullptr;
   decltype(&::cuMemFreeHost) mem_free_host = nullptr;
 };

@@ -123,16 +123,15 @@ static_assert(alignof(TensorEntry) == 8);
 
 // The size of a CUDA IPC handle (CU_IPC_HANDLE_SIZE), so this header needs no cuda.h.
 inline constexpr size_t kCudaIpcHandleBytes = 64;
-inline constexpr uint64_t kCudaExportHasEvent = 1u << 0;
 
 // Where a submitted CUDA tensor's bytes are, in the tx heap (TensorEntry::device_handle).
 // Untrusted like everything else: the daemon opens `memory` with the driver, which says the
-// allocation's device and size; the tensor must lie inside it.
-struct CudaExport {
+// allocation's device and size; the tensor must lie inside it. The bytes must be final when
+// the record is submitted (the client synchronizes the tensor's stream first): the daemon
+// never waits on an event of a client's, which could stall every copy on that device.
+struct alignas(8) CudaExport {
   uint8_t memory[kCudaIpcHandleBytes];  // CUipcMemHandle of the allocation's base
-  uint8_t event[kCudaIpcHandleBytes];   // CUipcEventHandle recorded after the last write
-  uint64_t flags;                       // kCudaExportHasEvent: `event` is set
-  uint64_t reserved;                    // must be 0
+  uint8_t reserved[kCudaIpcHandleBytes + 16];  // must be 0
 };
 static_assert(std::is_trivially_copyable_v<CudaExport>);
 static_assert(sizeof(CudaExport) == 144);
