@@ -669,15 +669,54 @@ absl::StatusOr<WaitId> EtcdStore::WaitAsync(std::vector<std::string> keys, absl:
         }
         ++state.refs;
       }
-      // The wait holds its keys' watches until it ends, however it ends.
+      // The wait holds its keys' watches until it ends, however it ends. Each key has its
+      // own watch, and etcd does not order events across watches: a wait for a and b may see
+      // b's put before a's delete that came first. So a wait the watches complete for several
+      // keys is confirmed by one read at a single revision; a key missing there starts the
+      // wait again.
+      auto self = std::make_shared<WaitId>(0);  // this wait's id, once Add gave it
       id = waiters_.Add(
-          std::move(keys), deadline,
-          [this, unique, done = std::move(done)](
+          keys, deadline,
+          [this, unique, keys, deadline, self, done = std::move(done)](
               absl::StatusOr<std::vector<std::string>> result) mutable {
+            if (result.ok() && unique.size() > 1) {
+              int64_t at = 0;
+              absl::StatusOr<std::vector<std::optional<std::string>>> read =
+                  ReadAtOneRevision(unique, &at);
+              if (!read.ok()) {
+                result = read.status();
+              } else if (std::all_of(read->begin(), read->end(),
+                                     [](const std::optional<std::string>& v) {
+                                       return v.has_value();
+                                     })) {
+                for (size_t k = 0; k < keys.size(); ++k) {
+                  const size_t i =
+                      std::lower_bound(unique.begin(), unique.end(), keys[k]) - unique.begin();
+                  (*result)[k] = *(*read)[i];
+                }
+              } else {
+                // WaitAsync calls its callback only when it started the wait.
+                auto callback = std::make_shared<WaitCallback>(std::move(done));
+                absl::StatusOr<WaitId> again = WaitAsync(
+                    keys, deadline, [callback](absl::StatusOr<std::vector<std::string>> r) {
+                      (*callback)(std::move(r));
+                    });
+                ReleaseKeys(unique);
+                if (!again.ok()) {
+                  (*callback)(again.status());
+                  return;
+                }
+                // CancelWait with the id its caller holds reaches the wait's new self.
+                absl::MutexLock lock(&mu_);
+                restarted_[*self] = *again;
+                return;
+              }
+            }
             ReleaseKeys(unique);
             done(std::move(result));
           },
           [this](const std::string& key) { return LookupHeld(key); }, &completions);
+      if (id.ok()) *self = *id;
       if (id.ok() && waiters_.Contains(*id) && waiters_.NextDeadline() == deadline) {
         timer_cv_.Signal();
       }
@@ -694,6 +733,10 @@ void EtcdStore::CancelWait(WaitId id) {
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
+    for (auto it = restarted_.find(id); it != restarted_.end(); it = restarted_.find(id)) {
+      id = it->second;
+      restarted_.erase(it);
+    }
     waiters_.Cancel(id, &completions);
   }
   WaiterTable::Run(std::move(completions));

@@ -260,6 +260,10 @@ class EtcdStore : public Store {
 
   absl::Mutex mu_;
   WaiterTable waiters_ ABSL_GUARDED_BY(mu_);
+  // Waits started again under a new id (a confirmation read found a key missing), by the id
+  // their callers hold, for CancelWait; an entry stays until it is cancelled (restarts are
+  // rare: they need events of two watches to arrive out of revision order).
+  absl::flat_hash_map<WaitId, WaitId> restarted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, KeyState> key_states_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int64_t, std::string> watch_keys_ ABSL_GUARDED_BY(mu_);  // id -> key
   int64_t next_watch_id_ ABSL_GUARDED_BY(mu_) = 1;
