@@ -53,6 +53,18 @@ double Percentile(std::vector<double> v, double p) {
   return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1))];
 }
 
+// p50 of `iters` timed runs of `once`, after 3 untimed ones, in microseconds.
+template <typename F>
+double TimedP50(int iters, F once) {
+  std::vector<double> us;
+  for (int i = 0; i < iters + 3; ++i) {
+    const absl::Time start = absl::Now();
+    once();
+    if (i >= 3) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+  }
+  return Percentile(us, 0.5);
+}
+
 int Iters(uint64_t bytes) {
   const int iters = absl::GetFlag(FLAGS_iters);
   return bytes >= (uint64_t{64} << 20) ? std::max(5, iters / 3) : iters;
@@ -187,20 +199,14 @@ int main(int argc, char** argv) {
   api.event_create(&event, CU_EVENT_DISABLE_TIMING);
 
   auto raw = [&](CUdeviceptr dst, CUdeviceptr from, uint64_t bytes) {
-    std::vector<double> us;
-    for (int i = 0; i < Iters(bytes) + 3; ++i) {
-      const absl::Time start = absl::Now();
+    return TimedP50(Iters(bytes), [&] {
       api.memcpy_async(dst, from, bytes, stream);
       api.stream_synchronize(stream);
-      if (i >= 3) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
-    }
-    return Percentile(us, 0.5);
+    });
   };
   auto call = [&](const std::string& method, const std::vector<tpd::Tensor>& tensors,
                   uint64_t bytes) {
-    std::vector<double> us;
-    for (int i = 0; i < Iters(bytes) + 3; ++i) {
-      const absl::Time start = absl::Now();
+    return TimedP50(Iters(bytes), [&] {
       absl::StatusOr<tpd::Message> reply =
           a->Call("bench", "b", method, "", tensors, absl::Seconds(10));
       if (!reply.ok()) {
@@ -208,20 +214,14 @@ int main(int argc, char** argv) {
                      reply.status().ToString().c_str());
         std::exit(1);
       }
-      if (i >= 3) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
-    }
-    return Percentile(us, 0.5);
+    });
   };
-  std::vector<double> event_us;
-  for (int i = 0; i < 203; ++i) {
-    const absl::Time start = absl::Now();
+  const double event_us = TimedP50(200, [&] {
     api.event_record(event, stream);
     api.event_synchronize(event);
-    if (i >= 3) event_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
-  }
+  });
   std::printf("GPUs: %d, tpd maps cuda:0 -> cuda:%d%s; one event record + synchronize: %.1f us\n",
-              count, target, remote ? " on a second daemon (staged)" : "",
-              Percentile(event_us, 0.5));
+              count, target, remote ? " on a second daemon (staged)" : "", event_us);
   std::printf("%-12s %10s %10s %9s %10s %9s %10s %9s %10s %9s %8s\n", "bytes", "d2d_us", "peer_us",
               "peer_GB/s", "h2d_GB/s", "d2h_GB/s", "oneway_us", "GB/s", "echo_us", "cpu_us",
               "vs_peer");

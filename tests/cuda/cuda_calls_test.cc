@@ -155,26 +155,24 @@ class CudaCallsTest : public ::testing::Test {
       return;
     }
     gpus_ = *std::move(gpus);
-    socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
-    const std::string config = dir_.WriteFile(
-        "tpd.toml", "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n"
-                    "node_name = \"gpu-node\"\n[data]\narena_bytes = 67108864\n");
-    auto daemon = DaemonProcess::Start(socket_, {"--config", config});
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    daemon_ = *std::move(daemon);
+    StartNode(dir_, "gpu-node", &socket_, &daemon_);
+  }
+
+  // A daemon named `node` with its socket in `dir`.
+  static void StartNode(TempDir& dir, const std::string& node, std::string* socket,
+                        std::unique_ptr<DaemonProcess>* daemon) {
+    *socket = absl::StrCat(dir.path(), "/tpd.sock");
+    const std::string config = dir.WriteFile(
+        "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n"
+                                 "node_name = \"", node, "\"\n[data]\narena_bytes = 67108864\n"));
+    auto started = DaemonProcess::Start(*socket, {"--config", config});
+    ASSERT_TRUE(started.ok()) << started.status();
+    *daemon = *std::move(started);
   }
 
   // A second daemon on this host standing in for a second node (both see every GPU): calls
   // between them take the staged path.
-  void StartSecondNode() {
-    second_socket_ = absl::StrCat(second_dir_.path(), "/tpd.sock");
-    const std::string config = second_dir_.WriteFile(
-        "tpd.toml", "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n"
-                    "node_name = \"gpu-node-2\"\n[data]\narena_bytes = 67108864\n");
-    auto daemon = DaemonProcess::Start(second_socket_, {"--config", config});
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    second_ = *std::move(daemon);
-  }
+  void StartSecondNode() { StartNode(second_dir_, "gpu-node-2", &second_socket_, &second_); }
 
   std::unique_ptr<Client> Connect(uint64_t pool_bytes = uint64_t{256} << 20,
                                   bool second_node = false) {
