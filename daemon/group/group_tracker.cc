@@ -704,6 +704,7 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     }
     next.set_change(change);
     next.set_change_detail(store::JoinSummarized(details, "; "));
+    AnnounceIncarnation(ops, results);
     absl::StatusOr<bool> appended = log_.TryAppend(next);
     if (!appended.ok() || (!*appended && attempt >= 100)) {
       const absl::Status error =
@@ -961,6 +962,23 @@ void GroupTracker::CheckDeadlines() {
   mu_.Unlock();
   for (auto& [done, status] : expired) done(status);
   mu_.Lock();
+}
+
+void GroupTracker::AnnounceIncarnation(const std::vector<Op>& ops,
+                                       const std::vector<absl::Status>& results) {
+  uint64_t incarnation = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].join && results[i].ok()) incarnation = ops[i].join->incarnation;
+  }
+  if (incarnation == 0 || incarnation == announced_incarnation_) return;
+  // Peers judge this node's members by the incarnation in its heartbeat key. Until the
+  // heartbeat thread's next beat, that key may still name this node's previous life (a
+  // daemon restarted under the same name, or one that just took a new incarnation), and a
+  // peer reading it then would evict the members about to be recorded as "restarted".
+  // Counter 0: the heartbeat thread's own beats count from 1, so the value always changes.
+  absl::Status written =
+      root_->Set(HeartbeatKey(node_->name), HeartbeatValue(incarnation, /*counter=*/0));
+  if (written.ok()) announced_incarnation_ = incarnation;
 }
 
 void GroupTracker::CheckHeartbeats() {

@@ -201,6 +201,9 @@ class GroupTracker : public WorkerTask {
   // Logs a failure to read the group (rate-limited); DATA_LOSS marks the group damaged.
   void NoteStoreError(const absl::Status& status);
   void CheckHeartbeats();
+  // Writes this node's heartbeat with the incarnation of the members `ops` are about to
+  // record, once per incarnation, before the version that records them.
+  void AnnounceIncarnation(const std::vector<Op>& ops, const std::vector<absl::Status>& results);
 
   const std::string group_;
   const std::string store_name_;
@@ -253,6 +256,7 @@ class GroupTracker : public WorkerTask {
   // Other nodes' last heartbeat values and when this daemon saw them change.
   std::map<std::string, std::pair<std::string, absl::Time>> heartbeats_ ABSL_GUARDED_BY(mu_);
   absl::Time last_heartbeat_check_ = absl::InfinitePast();  // worker only
+  uint64_t announced_incarnation_ = 0;                       // worker only
 
   GroupWorker* const worker_;
   absl::Time next_tick_ = absl::InfinitePast();  // worker only

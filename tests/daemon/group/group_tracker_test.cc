@@ -3,6 +3,7 @@
 // answers, bounded by a deadline.
 
 #include "daemon/group/group_tracker.h"
+#include "daemon/group/heartbeat.h"
 
 #include <memory>
 #include <optional>
@@ -242,6 +243,34 @@ TEST(GroupTrackerTest, ANodeSilentForTheHeartbeatWindowIsEvictedOnTheTrackersClo
   ASSERT_TRUE(evicted) << "node-b was never evicted";
   const v1::GroupView view = a.tracker->View();
   EXPECT_EQ(view.members(0).name(), "d0");
+}
+
+TEST(GroupTrackerTest, ADaemonRestartedUnderItsNameIsNotEvictedForItsPredecessorsHeartbeat) {
+  store::MemoryStore store;
+  FakeClock clock;
+  FakeDaemon a("node-a", 1, &store, &clock);
+  JoinResult ra;
+  Join(a, Spec("d0", std::nullopt, std::nullopt), &ra);
+  ASSERT_TRUE(ra.Await().ok());
+  // node-b's previous life (incarnation 2) left its last beat; the new one (3) joins before
+  // its heartbeat thread first beats (nothing beats in this test but the trackers).
+  ASSERT_TRUE(store.Set("tpd/node/node-b", "2:57").ok());
+  FakeDaemon b("node-b", 3, &store);
+  JoinResult rb;
+  Join(b, Spec("d1", std::nullopt, std::nullopt), &rb);
+  ASSERT_TRUE(rb.Await().ok());
+  ASSERT_TRUE(AwaitMembers(*a.tracker, 2));
+  // node-a judges node-b's heartbeat for a while, well inside the 1 s window.
+  for (int tick = 0; tick < 20; ++tick) {
+    const int64_t before = a.tracker->steps();
+    clock.Advance(absl::Milliseconds(20));
+    a.worker->Wake(a.tracker.get());
+    ASSERT_TRUE(AwaitStep(*a.tracker, before));
+  }
+  EXPECT_EQ(a.tracker->View().members_size(), 2) << a.tracker->View().reason();
+  absl::StatusOr<std::string> beat = store.Get("tpd/node/node-b", absl::Now());
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_EQ(IncarnationOf(*beat), 3u);
 }
 
 }  // namespace
