@@ -29,9 +29,15 @@ using WaitCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<std::str
 // Identifies a pending wait for CancelWait. Never reused within one store.
 using WaitId = uint64_t;
 
+class Leases;
+
 class Store {
  public:
   virtual ~Store() = default;
+
+  // The store's leases, for backends whose server expires keys itself (etcd); nullptr for
+  // those without (their users prove liveness by writing changing values instead).
+  virtual Leases* leases() { return nullptr; }
 
   // Sets `key` to `value` and wakes every waiter whose keys are now all present.
   virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;
@@ -77,6 +83,28 @@ class Store {
                                                     absl::Time deadline);
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Time deadline);
   absl::Status Wait(const std::vector<std::string>& keys, absl::Time deadline);
+};
+
+// Keys bound to a lease: the store's server deletes them when their writer stops renewing
+// the lease for its TTL, so a process's liveness needs no writes and no judging of silence
+// by others (the key's absence is the verdict, the same for every reader).
+class Leases {
+ public:
+  struct Grant {
+    int64_t id = 0;
+    absl::Duration ttl;  // as granted: the server may raise what was asked
+  };
+
+  virtual ~Leases() = default;
+
+  // A new lease of about `ttl` (whole seconds, rounded up).
+  virtual absl::StatusOr<Grant> GrantLease(absl::Duration ttl) = 0;
+  // Sets `key` to `value`, bound to lease `id`. NOT_FOUND when the lease has expired.
+  virtual absl::Status SetLeased(absl::string_view key, absl::string_view value, int64_t id) = 0;
+  // Renews lease `id` for its TTL. NOT_FOUND when it has expired (its keys are gone).
+  virtual absl::Status KeepLeaseAlive(int64_t id) = 0;
+  // Ends lease `id` now and deletes its keys; OK when it had already expired.
+  virtual absl::Status RevokeLease(int64_t id) = 0;
 };
 
 }  // namespace tpd::store

@@ -14,7 +14,6 @@
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/group/heartbeat.h"
 #include "daemon/logging.h"
 
 namespace tpd::group {
@@ -110,20 +109,18 @@ void GroupManager::ReapLoop() {
   }
 }
 
-void GroupManager::Reincarnate() {
+void GroupManager::Reincarnate(absl::string_view why) {
   const uint64_t incarnation = NewIncarnation();
   node_.incarnation = incarnation;
-  DaemonLog().warn("[node {}] evicted from a group: taking new incarnation {}", node_.name,
+  DaemonLog().warn("[node {}] {}: taking new incarnation {}", node_.name, std::string(why),
                    incarnation);
 }
 
 void GroupManager::HeartbeatTo(StoreEntry* entry) {
-  const std::string key = HeartbeatKey(node_.name);
-  int64_t counter = 0;
   while (!entry->stop.WaitForNotificationWithTimeout(options_.tracker.heartbeat_interval)) {
-    // A lost beat is retried at the next tick; peers only judge silence past the window.
-    (void)entry->store->Set(key, HeartbeatValue(node_.incarnation.load(), ++counter));
+    entry->liveness->Beat();
   }
+  entry->liveness->Stop();
 }
 
 std::string GroupManager::OpenSession(const std::string& client) {
@@ -242,6 +239,10 @@ absl::StatusOr<std::shared_ptr<GroupManager::StoreEntry>> GroupManager::StoreFor
   auto entry = std::make_shared<StoreEntry>();
   entry->name = name;
   entry->store = *std::move(store);
+  entry->liveness = std::make_unique<NodeLiveness>(
+      entry->store.get(), name, node_.name, &node_.incarnation,
+      options_.tracker.heartbeat_timeout,
+      [this] { Reincarnate("its liveness lease expired"); });
   absl::StatusOr<std::unique_ptr<GroupWorker>> worker = GroupWorker::Start(name);
   if (!worker.ok()) return worker.status();
   entry->worker = *std::move(worker);
@@ -286,8 +287,9 @@ absl::StatusOr<std::shared_ptr<GroupTracker>> GroupManager::TrackerFor(
   }
   // The tracker keeps its store open: the deleter holds the entry until the tracker is gone.
   std::shared_ptr<GroupTracker> tracker(
-      new GroupTracker(group, entry->name, entry->store.get(), entry->worker.get(), &node_,
-                       options_.tracker, [this] { Reincarnate(); }),
+      new GroupTracker(group, entry->name, entry->store.get(), entry->liveness.get(),
+                       entry->worker.get(), &node_,
+                       options_.tracker, [this] { Reincarnate("evicted from a group"); }),
       [entry](GroupTracker* doomed) { delete doomed; });
   trackers_[group] = TrackerEntry{tracker, entry->name, absl::Now()};
   return tracker;

@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "daemon/group/group_tracker.h"
+#include "daemon/group/liveness.h"
 #include "proto/control.pb.h"
 #include "store/rendezvous/init_method.h"
 #include "store/rendezvous/store_factory.h"
@@ -104,6 +105,9 @@ class GroupManager {
     ~StoreEntry();
     std::string name;  // "tcp://h:p", "file:///p"
     std::unique_ptr<store::Store> store;
+    // This node's liveness key in `store`, written by `heartbeat` and by the trackers
+    // before they record members (declared after `store`: it goes first).
+    std::unique_ptr<NodeLiveness> liveness;
     // Runs the steps of every group of this store (declared after `store`: it goes first).
     std::unique_ptr<GroupWorker> worker;
     absl::Notification stop;
@@ -132,7 +136,8 @@ class GroupManager {
   void HeartbeatTo(StoreEntry* entry);
   // Releases idle groups, every idle_release / 4, until Shutdown.
   void ReapLoop();
-  void Reincarnate();
+  // Takes a new incarnation; `why` says what the old one lost.
+  void Reincarnate(absl::string_view why);
 
   const GroupManagerOptions options_;
   Node node_;

@@ -28,11 +28,12 @@ constexpr absl::Duration kErrorLogInterval = absl::Seconds(30);
 }  // namespace
 
 GroupTracker::GroupTracker(std::string group, std::string store_name, store::Store* root,
-                           GroupWorker* worker, Node* node, TrackerOptions options,
-                           std::function<void()> on_evicted)
+                           NodeLiveness* liveness, GroupWorker* worker, Node* node,
+                           TrackerOptions options, std::function<void()> on_evicted)
     : group_(group),
       store_name_(std::move(store_name)),
       root_(root),
+      liveness_(liveness),
       group_store_(absl::StrCat("tpd/group/", group), root),
       log_(&group_store_, group),
       node_(node),
@@ -704,8 +705,10 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     }
     next.set_change(change);
     next.set_change_detail(store::JoinSummarized(details, "; "));
-    AnnounceIncarnation(ops, results);
-    absl::StatusOr<bool> appended = log_.TryAppend(next);
+    // Peers judge this node's members by the incarnation its liveness key names.
+    const absl::Status announced = AnnounceIncarnation(ops, results);
+    absl::StatusOr<bool> appended =
+        announced.ok() ? log_.TryAppend(next) : absl::StatusOr<bool>(announced);
     if (!appended.ok() || (!*appended && attempt >= 100)) {
       const absl::Status error =
           !appended.ok()
@@ -964,21 +967,12 @@ void GroupTracker::CheckDeadlines() {
   mu_.Lock();
 }
 
-void GroupTracker::AnnounceIncarnation(const std::vector<Op>& ops,
-                                       const std::vector<absl::Status>& results) {
-  uint64_t incarnation = 0;
+absl::Status GroupTracker::AnnounceIncarnation(const std::vector<Op>& ops,
+                                               const std::vector<absl::Status>& results) {
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].join && results[i].ok()) incarnation = ops[i].join->incarnation;
+    if (ops[i].join && results[i].ok()) return liveness_->Announce(ops[i].join->incarnation);
   }
-  if (incarnation == 0 || incarnation == announced_incarnation_) return;
-  // Peers judge this node's members by the incarnation in its heartbeat key. Until the
-  // heartbeat thread's next beat, that key may still name this node's previous life (a
-  // daemon restarted under the same name, or one that just took a new incarnation), and a
-  // peer reading it then would evict the members about to be recorded as "restarted".
-  // Counter 0: the heartbeat thread's own beats count from 1, so the value always changes.
-  absl::Status written =
-      root_->Set(HeartbeatKey(node_->name), HeartbeatValue(incarnation, /*counter=*/0));
-  if (written.ok()) announced_incarnation_ = incarnation;
+  return absl::OkStatus();
 }
 
 void GroupTracker::CheckHeartbeats() {
@@ -1000,6 +994,10 @@ void GroupTracker::CheckHeartbeats() {
     Enqueue(std::move(op));
   }
   const absl::Time now = options_.clock->Now();
+  if (liveness_->leased()) {
+    CheckLeases(nodes);
+    return;
+  }
   // A daemon that was itself stalled (overloaded, paused, starved of CPU) cannot tell a
   // silent peer from its own deafness: heartbeats may have gone unrecorded or unread. After
   // a stall it restarts every peer's window instead of judging it.
@@ -1052,14 +1050,54 @@ void GroupTracker::CheckHeartbeats() {
     } else {
       continue;
     }
-    DaemonLog().warn("[group {}] evicting members of node {}: {}", group_, node, why);
-    Op op;
-    op.remove = std::move(remove);
-    op.change = "EVICTED";
-    op.why = why;
-    op.remove_done = [](absl::StatusOr<int64_t>) {};
-    Enqueue(std::move(op));
+    Evict(node, why, std::move(remove));
   }
+}
+
+void GroupTracker::CheckLeases(const std::map<std::string, std::set<uint64_t>>& nodes) {
+  // The key's presence is the store's verdict, not this daemon's judgement of time, so a
+  // daemon that was itself stalled reads the same as any other.
+  for (const auto& [node, incarnations] : nodes) {
+    absl::StatusOr<bool> present = root_->Check({HeartbeatKey(node)});
+    if (!present.ok()) return;  // the store is unreachable: no judgement possible
+    std::string value;
+    if (*present) {
+      absl::StatusOr<std::string> got =
+          root_->Get(HeartbeatKey(node), absl::Now() + absl::Seconds(1));
+      if (!got.ok() && !absl::IsDeadlineExceeded(got.status())) return;
+      // DEADLINE_EXCEEDED: the lease expired between the two reads.
+      if (got.ok()) value = *std::move(got);
+      // Untrusted like every store value: not a heartbeat, so no verdict either way.
+      if (value.size() > kMaxHeartbeatBytes) continue;
+    }
+    const uint64_t alive = IncarnationOf(value);
+    if (!value.empty()) {
+      absl::MutexLock lock(&mu_);
+      heartbeats_[node] = {value, options_.clock->Now()};  // Admin.Status: last seen alive
+    }
+    if (value.empty()) {
+      const std::string why =
+          absl::StrCat("node ", node, "'s liveness lease expired (its daemon stopped renewing it)");
+      if (options_.on_node_lost) options_.on_node_lost(node, why);
+      Evict(node, why, [node = node](const v1::Member& m) { return m.node() == node; });
+    } else if (alive != 0 && incarnations.count(alive) != incarnations.size()) {
+      Evict(node, absl::StrCat("node ", node, " restarted (incarnation ", alive, ")"),
+            [node = node, alive](const v1::Member& m) {
+              return m.node() == node && m.incarnation() != alive;
+            });
+    }
+  }
+}
+
+void GroupTracker::Evict(const std::string& node, const std::string& why,
+                         std::function<bool(const v1::Member&)> remove) {
+  DaemonLog().warn("[group {}] evicting members of node {}: {}", group_, node, why);
+  Op op;
+  op.remove = std::move(remove);
+  op.change = "EVICTED";
+  op.why = why;
+  op.remove_done = [](absl::StatusOr<int64_t>) {};
+  Enqueue(std::move(op));
 }
 
 }  // namespace tpd::group

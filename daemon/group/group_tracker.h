@@ -34,6 +34,7 @@
 #include "daemon/group/clock.h"
 #include "daemon/group/group_log.h"
 #include "daemon/group/group_worker.h"
+#include "daemon/group/liveness.h"
 #include "daemon/group/membership.h"
 #include "proto/control.pb.h"
 #include "store/prefix_store.h"
@@ -79,13 +80,14 @@ class GroupTracker : public WorkerTask {
   using JoinDone = absl::AnyInvocable<void(absl::StatusOr<v1::JoinResponse>)>;
   using Done = absl::AnyInvocable<void(absl::Status)>;
 
-  // `root` is the rendezvous store (heartbeats live there); the group's own keys are under
-  // "tpd/group/<group>/" in it. `store_name` names the store in views ("tcp://h:p").
-  // `root` and `node` must outlive the tracker. `on_evicted` runs (on the worker) when this
+  // `root` is the rendezvous store (nodes' liveness keys live there); the group's own keys
+  // are under "tpd/group/<group>/" in it. `store_name` names the store in views ("tcp://h:p").
+  // `liveness` writes this node's liveness key in `root`. `root`, `liveness` and `node` must
+  // outlive the tracker. `on_evicted` runs (on the worker) when this
   // daemon finds its own members evicted, so the daemon can take a new incarnation.
   // `worker` runs the tracker's steps (see GroupWorker); it must outlive the tracker.
   GroupTracker(std::string group, std::string store_name, store::Store* root,
-               GroupWorker* worker, Node* node, TrackerOptions options,
+               NodeLiveness* liveness, GroupWorker* worker, Node* node, TrackerOptions options,
                std::function<void()> on_evicted);
   // Stops; pending joins end with UNAVAILABLE.
   ~GroupTracker() override;
@@ -201,13 +203,21 @@ class GroupTracker : public WorkerTask {
   // Logs a failure to read the group (rate-limited); DATA_LOSS marks the group damaged.
   void NoteStoreError(const absl::Status& status);
   void CheckHeartbeats();
-  // Writes this node's heartbeat with the incarnation of the members `ops` are about to
-  // record, once per incarnation, before the version that records them.
-  void AnnounceIncarnation(const std::vector<Op>& ops, const std::vector<absl::Status>& results);
+  // CheckHeartbeats in a store with leases: `nodes` (other nodes -> their members'
+  // incarnations) are judged by whether their liveness keys exist and what they name.
+  void CheckLeases(const std::map<std::string, std::set<uint64_t>>& nodes);
+  // Queues the eviction of the members of `node` that `remove` selects.
+  void Evict(const std::string& node, const std::string& why,
+             std::function<bool(const v1::Member&)> remove);
+  // Makes this node's liveness key name the incarnation of the members `ops` are about to
+  // record, before the version that records them.
+  absl::Status AnnounceIncarnation(const std::vector<Op>& ops,
+                                   const std::vector<absl::Status>& results);
 
   const std::string group_;
   const std::string store_name_;
   store::Store* const root_;
+  NodeLiveness* const liveness_;
   store::PrefixStore group_store_;
   GroupLog log_;
   Node* const node_;
@@ -256,7 +266,6 @@ class GroupTracker : public WorkerTask {
   // Other nodes' last heartbeat values and when this daemon saw them change.
   std::map<std::string, std::pair<std::string, absl::Time>> heartbeats_ ABSL_GUARDED_BY(mu_);
   absl::Time last_heartbeat_check_ = absl::InfinitePast();  // worker only
-  uint64_t announced_incarnation_ = 0;                       // worker only
 
   GroupWorker* const worker_;
   absl::Time next_tick_ = absl::InfinitePast();  // worker only

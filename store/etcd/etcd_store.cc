@@ -234,6 +234,7 @@ EtcdStore::EtcdStore(std::vector<std::string> endpoints, std::string prefix,
     endpoint.kv = etcdserverpb::KV::NewStub(endpoint.channel);
     endpoint.watch = etcdserverpb::Watch::NewStub(endpoint.channel);
     endpoint.auth = etcdserverpb::Auth::NewStub(endpoint.channel);
+    endpoint.lease = etcdserverpb::Lease::NewStub(endpoint.channel);
     endpoint.address = std::move(address);
     endpoints_.push_back(std::move(endpoint));
   }
@@ -316,7 +317,7 @@ absl::StatusOr<EtcdStore::Token> EtcdStore::GetToken(Endpoint& endpoint, absl::T
   return token_;
 }
 
-absl::Status EtcdStore::CallKv(absl::string_view what, Retry retry, KvCall call) {
+absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall call) {
   const absl::Time deadline = absl::Now() + options_.call_timeout;
   const size_t count = endpoints_.size();
   const size_t first = preferred_endpoint_.load();
@@ -357,7 +358,7 @@ absl::Status EtcdStore::CallKv(absl::string_view what, Retry retry, KvCall call)
         grpc::ClientContext context;
         context.set_deadline(absl::ToChronoTime(deadline));
         Decorate(context, *token);
-        status = call(*endpoint.kv, context);
+        status = call(endpoint, context);
         if (!IsStaleToken(status) || reauthentications == kMaxReauthentications) break;
         Log()->debug("[store {}] {} at {}: the auth token is stale ({}); authenticating again",
                      name_, std::string(what), endpoint.address, Echo(status.error_message()));
@@ -424,10 +425,10 @@ absl::StatusOr<std::vector<std::optional<std::string>>> EtcdStore::ReadAtOneRevi
       if (*revision != 0) range->set_revision(*revision);
     }
     TxnResponse response;
-    absl::Status status = CallKv(
+    absl::Status status = CallEtcd(
         absl::StrCat("read of ", keys.size() == 1 ? "key " : "keys ", JoinEchoed(keys, ", ")),
-        Retry::kIdempotent, [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
-          return kv.Txn(&context, request, &response);
+        Retry::kIdempotent, [&](Endpoint& endpoint, grpc::ClientContext& context) {
+          return endpoint.kv->Txn(&context, request, &response);
         });
     if (!status.ok()) return status;
     if (*revision == 0) *revision = response.header().revision();
@@ -447,9 +448,9 @@ absl::Status EtcdStore::Set(absl::string_view key, absl::string_view value) {
   request.set_value(std::string(value));
   PutResponse response;
   absl::Status status =
-      CallKv(absl::StrCat("set of key ", KeyName(key)), Retry::kIdempotent,
-             [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
-               return kv.Put(&context, request, &response);
+      CallEtcd(absl::StrCat("set of key ", KeyName(key)), Retry::kIdempotent,
+             [&](Endpoint& endpoint, grpc::ClientContext& context) {
+               return endpoint.kv->Put(&context, request, &response);
              });
   if (!status.ok()) return status;
   NoteWrite(std::string(key), std::string(value), response.header().revision());
@@ -471,10 +472,10 @@ absl::Status EtcdStore::MultiSet(const std::vector<std::string>& keys,
     put->set_value(values[i]);
   }
   TxnResponse response;
-  absl::Status status = CallKv(absl::StrCat("multi_set of keys ", JoinEchoed(keys, ", ")),
+  absl::Status status = CallEtcd(absl::StrCat("multi_set of keys ", JoinEchoed(keys, ", ")),
                                Retry::kIdempotent,
-                               [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
-                                 return kv.Txn(&context, request, &response);
+                               [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                                 return endpoint.kv->Txn(&context, request, &response);
                                });
   if (!status.ok()) return status;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -491,9 +492,9 @@ absl::StatusOr<EtcdStore::Update> EtcdStore::ReadModifyWrite(absl::string_view o
   RangeRequest read;
   read.set_key(etcd_key);
   RangeResponse range;
-  absl::Status status = CallKv(what, Retry::kIdempotent,
-                               [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
-                                 return kv.Range(&context, read, &range);
+  absl::Status status = CallEtcd(what, Retry::kIdempotent,
+                               [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                                 return endpoint.kv->Range(&context, read, &range);
                                });
   if (!status.ok()) return status;
   for (int attempt = 0; attempt <= options_.max_conflict_retries; ++attempt) {
@@ -518,9 +519,9 @@ absl::StatusOr<EtcdStore::Update> EtcdStore::ReadModifyWrite(absl::string_view o
     put->set_value(**next);
     txn.add_failure()->mutable_request_range()->set_key(etcd_key);
     TxnResponse response;
-    status = CallKv(what, Retry::kOnlyIfNotSent,
-                    [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
-                      return kv.Txn(&context, txn, &response);
+    status = CallEtcd(what, Retry::kOnlyIfNotSent,
+                    [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                      return endpoint.kv->Txn(&context, txn, &response);
                     });
     if (!status.ok()) return status;
     if (response.succeeded()) {
@@ -597,9 +598,9 @@ absl::StatusOr<bool> EtcdStore::DeleteKey(absl::string_view key) {
   request.set_key(EtcdKey(key));
   DeleteRangeResponse response;
   absl::Status status =
-      CallKv(absl::StrCat("delete of key ", KeyName(key)), Retry::kIdempotent,
-             [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
-               return kv.DeleteRange(&context, request, &response);
+      CallEtcd(absl::StrCat("delete of key ", KeyName(key)), Retry::kIdempotent,
+             [&](Endpoint& endpoint, grpc::ClientContext& context) {
+               return endpoint.kv->DeleteRange(&context, request, &response);
              });
   if (!status.ok()) return status;
   if (response.deleted() == 0) return false;
@@ -614,12 +615,92 @@ absl::StatusOr<int64_t> EtcdStore::NumKeys(absl::string_view prefix) {
   request.set_count_only(true);
   RangeResponse response;
   absl::Status status =
-      CallKv(absl::StrCat("num_keys under ", KeyName(prefix)), Retry::kIdempotent,
-             [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& context) {
-               return kv.Range(&context, request, &response);
+      CallEtcd(absl::StrCat("num_keys under ", KeyName(prefix)), Retry::kIdempotent,
+             [&](Endpoint& endpoint, grpc::ClientContext& context) {
+               return endpoint.kv->Range(&context, request, &response);
              });
   if (!status.ok()) return status;
   return response.count();
+}
+
+absl::StatusOr<Leases::Grant> EtcdStore::GrantLease(absl::Duration ttl) {
+  etcdserverpb::LeaseGrantRequest request;
+  request.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)))));
+  etcdserverpb::LeaseGrantResponse response;
+  // Repeated on another endpoint even if the first may have granted: a lease nobody renews
+  // expires by itself, with no key bound to it.
+  absl::Status status =
+      CallEtcd(absl::StrCat("grant of a ", request.ttl(), " s lease"), Retry::kIdempotent,
+               [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                 return endpoint.lease->LeaseGrant(&context, request, &response);
+               });
+  if (!status.ok()) return status;
+  if (!response.error().empty() || response.id() == 0 || response.ttl() <= 0) {
+    return absl::UnavailableError(absl::StrCat("etcd grant of a ", request.ttl(), " s lease on ",
+                                               name_, " failed: ", Echo(response.error())));
+  }
+  return Grant{response.id(), absl::Seconds(response.ttl())};
+}
+
+absl::Status EtcdStore::SetLeased(absl::string_view key, absl::string_view value, int64_t id) {
+  PutRequest request;
+  request.set_key(EtcdKey(key));
+  request.set_value(std::string(value));
+  request.set_lease(id);
+  PutResponse response;
+  absl::Status status =
+      CallEtcd(absl::StrFormat("set of key %s bound to lease %016x", KeyName(key), id),
+               Retry::kIdempotent, [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                 return endpoint.kv->Put(&context, request, &response);
+               });
+  if (!status.ok()) return status;
+  NoteWrite(std::string(key), std::string(value), response.header().revision());
+  return absl::OkStatus();
+}
+
+absl::Status EtcdStore::KeepLeaseAlive(int64_t id) {
+  const std::string what = absl::StrFormat("keepalive of lease %016x", id);
+  etcdserverpb::LeaseKeepAliveRequest request;
+  request.set_id(id);
+  etcdserverpb::LeaseKeepAliveResponse response;
+  bool answered = false;
+  // One renewal per stream (etcd's stream ends when the client closes its side): renewals
+  // come once per heartbeat interval, and a short stream fails over like any other call.
+  absl::Status status = CallEtcd(
+      what, Retry::kIdempotent, [&](Endpoint& endpoint, grpc::ClientContext& context) {
+        std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
+                                                 etcdserverpb::LeaseKeepAliveResponse>>
+            stream = endpoint.lease->LeaseKeepAlive(&context);
+        if (stream->Write(request) && stream->Read(&response)) {
+          answered = true;
+          stream->WritesDone();
+        }
+        return stream->Finish();
+      });
+  if (!status.ok()) return status;
+  if (!answered) {
+    return absl::UnavailableError(absl::StrCat("etcd ", what, " on ", name_,
+                                               ": the stream closed without an answer"));
+  }
+  // etcd answers an expired (or unknown) lease with a TTL of 0 or less, not an error.
+  if (response.ttl() <= 0) {
+    return absl::NotFoundError(
+        absl::StrCat("etcd ", what, " on ", name_, ": the lease has expired"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EtcdStore::RevokeLease(int64_t id) {
+  etcdserverpb::LeaseRevokeRequest request;
+  request.set_id(id);
+  etcdserverpb::LeaseRevokeResponse response;
+  absl::Status status =
+      CallEtcd(absl::StrFormat("revoke of lease %016x", id), Retry::kIdempotent,
+               [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                 return endpoint.lease->LeaseRevoke(&context, request, &response);
+               });
+  if (absl::IsNotFound(status)) return absl::OkStatus();
+  return status;
 }
 
 absl::StatusOr<WaitId> EtcdStore::WaitAsync(std::vector<std::string> keys, absl::Time deadline,

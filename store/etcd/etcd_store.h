@@ -103,7 +103,7 @@ struct EtcdStoreStats {
   int64_t compactions_seen = 0;
 };
 
-class EtcdStore : public Store {
+class EtcdStore : public Store, public Leases {
  public:
   // A store over the etcd cluster at `endpoints` ("ip:port" or "[ip6]:port", as dialed; the
   // caller has resolved and checked them) keeping its keys under `prefix` + "/" (prefix
@@ -134,6 +134,13 @@ class EtcdStore : public Store {
   absl::StatusOr<WaitId> WaitAsync(std::vector<std::string> keys, absl::Time deadline,
                                    WaitCallback done) override;
   void CancelWait(WaitId id) override;
+  Leases* leases() override { return this; }
+
+  // Leases (etcd's Lease service; a lease lives on the cluster, so it survives a failover).
+  absl::StatusOr<Grant> GrantLease(absl::Duration ttl) override;
+  absl::Status SetLeased(absl::string_view key, absl::string_view value, int64_t id) override;
+  absl::Status KeepLeaseAlive(int64_t id) override;
+  absl::Status RevokeLease(int64_t id) override;
 
   EtcdStoreStats Stats();
 
@@ -147,6 +154,7 @@ class EtcdStore : public Store {
     std::unique_ptr<etcdserverpb::KV::Stub> kv;
     std::unique_ptr<etcdserverpb::Watch::Stub> watch;
     std::unique_ptr<etcdserverpb::Auth::Stub> auth;
+    std::unique_ptr<etcdserverpb::Lease::Stub> lease;
   };
 
   // The auth token calls carry: `token` ("" without a user, or where etcd has authentication
@@ -170,13 +178,13 @@ class EtcdStore : public Store {
   enum class Retry { kIdempotent, kOnlyIfNotSent };
 
   using Completion = WaiterTable::Completion;
-  using KvCall = absl::FunctionRef<grpc::Status(etcdserverpb::KV::Stub&, grpc::ClientContext&)>;
+  using EtcdCall = absl::FunctionRef<grpc::Status(Endpoint&, grpc::ClientContext&)>;
 
   EtcdStore(std::vector<std::string> endpoints, std::string prefix, EtcdStoreOptions options);
 
   // Runs `call` on the endpoint last seen working, then on the others in turn, under one
   // deadline. `what` names the operation and key for messages ("set of key \"k\"").
-  absl::Status CallKv(absl::string_view what, Retry retry, KvCall call);
+  absl::Status CallEtcd(absl::string_view what, Retry retry, EtcdCall call);
 
   // The token to send to `endpoint`, authenticating (at it, by `deadline`) when there is none
   // yet or the current one is no newer than `stale` (the generation a call saw refused).

@@ -466,7 +466,7 @@ TEST(AgentListenGuardTest, MptUvLanesAreGuardedToo) {
   EchoHandler echo(**a);
   std::vector<int> lanes;
   for (const auto& [port, inode] : LoopbackListeners()) {
-    if (!before.count(port) > 0 && port != UvPort(**a)) lanes.push_back(port);
+    if (before.count(port) == 0 && port != UvPort(**a)) lanes.push_back(port);
   }
   ASSERT_EQ(lanes.size(), 2u) << "TestOptions asks for 2 lanes";
   for (int lane : lanes) EXPECT_FALSE(Connects("127.0.0.2", "127.0.0.1", lane)) << lane;

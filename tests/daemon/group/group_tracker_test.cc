@@ -55,10 +55,13 @@ struct FakeDaemon {
     options.heartbeat_timeout = absl::Seconds(1);
     options.clock = clock;
     worker = *GroupWorker::Start(name, clock);
-    tracker = std::make_unique<GroupTracker>("g", "memory", store, worker.get(), &node, options,
-                                             nullptr);
+    liveness = std::make_unique<NodeLiveness>(store, "memory", name, &node.incarnation,
+                                              options.heartbeat_timeout, nullptr);
+    tracker = std::make_unique<GroupTracker>("g", "memory", store, liveness.get(), worker.get(),
+                                             &node, options, nullptr);
   }
   Node node;
+  std::unique_ptr<NodeLiveness> liveness;
   std::unique_ptr<GroupWorker> worker;
   std::unique_ptr<GroupTracker> tracker;  // declared after the worker: destroyed first
 };

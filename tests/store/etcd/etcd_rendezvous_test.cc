@@ -1,8 +1,10 @@
 // etcd:// rendezvous through real daemons: three tpd processes on loopback form groups whose
 // state lives in a real 3-member etcd cluster (Debian's etcd-server) under the URL's prefix,
 // with the same group protocol as over tcp:// (versions by compare_set, followed by waits).
-// A static group of 8 forms with any one etcd member dead; a SIGKILLed daemon's members are
-// evicted (today by heartbeat keys; leases are issue 9's next step). Skips without etcd.
+// A static group of 8 forms with any one etcd member dead. Each daemon's liveness is a key
+// bound to its own etcd lease: renewing it writes nothing, a SIGKILLed daemon's members are
+// evicted when its lease expires, and a daemon stalled past its lease takes a new
+// incarnation when it resumes. Skips without etcd.
 
 #include <signal.h>
 
@@ -106,6 +108,21 @@ class EtcdRendezvousTest : public ::testing::Test {
     return response.count();
   }
 
+  // etcd's revision (it grows with every write), read directly from member `member`.
+  int64_t EtcdRevision(int member) {
+    auto channel =
+        grpc::CreateChannel(cluster_->ClientAddress(member), grpc::InsecureChannelCredentials());
+    auto kv = etcdserverpb::KV::NewStub(channel);
+    grpc::ClientContext context;
+    etcdserverpb::RangeRequest request;
+    request.set_key("/");
+    request.set_count_only(true);
+    etcdserverpb::RangeResponse response;
+    grpc::Status status = kv->Range(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.header().revision();
+  }
+
   TempDir dir_;
   std::unique_ptr<EtcdCluster> cluster_;
   std::string init_method_;
@@ -144,7 +161,7 @@ TEST_F(EtcdRendezvousTest, AGroupFormsWithOneEtcdMemberDead) {
   ExpectFormed(JoinStatic("one-dead", 6), 6);
 }
 
-TEST_F(EtcdRendezvousTest, KilledDaemonsMembersAreEvicted) {
+TEST_F(EtcdRendezvousTest, KilledDaemonsMembersAreEvictedWhenItsLeaseExpires) {
   ExpectFormed(JoinStatic("evict", 3), 3);
   daemon_[2]->Signal(SIGKILL);
   daemon_[2]->WaitExit(absl::Seconds(10));
@@ -157,8 +174,74 @@ TEST_F(EtcdRendezvousTest, KilledDaemonsMembersAreEvicted) {
       },
       absl::Seconds(20)))
       << (view.ok() ? view->DebugString() : view.status().ToString());
-  EXPECT_THAT(view->reason(), HasSubstr("node-c"));
+  EXPECT_THAT(view->reason(), HasSubstr("node-c's liveness lease expired"));
   for (const v1::Member& member : view->members()) EXPECT_NE(member.node(), "node-c");
+}
+
+TEST_F(EtcdRendezvousTest, LivenessWritesNothingWhileTheGroupIsIdle) {
+  ExpectFormed(JoinStatic("idle", 3), 3);
+  // Every daemon renews its lease each 100 ms; none of that is a write to etcd, so etcd's
+  // revision stands still over ten heartbeat intervals.
+  absl::SleepFor(absl::Milliseconds(500));  // joins' last writes settle
+  const int64_t before = EtcdRevision(1);
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_EQ(EtcdRevision(1), before);
+  std::unique_ptr<Client> client = Connect(0);
+  absl::StatusOr<v1::GroupView> view = client->GetGroup("idle", init_method_);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->phase(), "FORMED");
+}
+
+TEST_F(EtcdRendezvousTest, ADaemonStalledPastItsLeaseIsEvictedAndResumesUnderANewIncarnation) {
+  ExpectFormed(JoinStatic("stall", 3), 3);
+  std::unique_ptr<Client> watcher = Connect(0);
+  absl::StatusOr<v1::GroupView> view = watcher->GetGroup("stall", init_method_);
+  ASSERT_TRUE(view.ok()) << view.status();
+  uint64_t old_incarnation = 0;
+  for (const v1::Member& member : view->members()) {
+    if (member.node() == "node-c") old_incarnation = member.incarnation();
+  }
+  daemon_[2]->Signal(SIGSTOP);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        view = watcher->GetGroup("stall", init_method_);
+        return view.ok() && view->phase() == "BROKEN";
+      },
+      absl::Seconds(20)))
+      << (view.ok() ? view->DebugString() : view.status().ToString());
+  EXPECT_THAT(view->reason(), HasSubstr("node-c's liveness lease expired"));
+  daemon_[2]->Signal(SIGCONT);
+  // Resumed, node-c finds its lease gone and rejoins under a new incarnation that its peers
+  // keep (its key names it) for well past a lease's TTL.
+  std::unique_ptr<Client> a = Connect(0);
+  std::unique_ptr<Client> c = Connect(2);
+  absl::StatusOr<v1::JoinResponse> joined;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        JoinOptions options;
+        options.group = "after-stall";
+        options.name = "c";
+        options.init_method = init_method_;
+        joined = c->Join(options);
+        return joined.ok();
+      },
+      absl::Seconds(20), absl::Milliseconds(200)))
+      << joined.status();
+  JoinOptions options;
+  options.group = "after-stall";
+  options.name = "a";
+  options.init_method = init_method_;
+  ASSERT_TRUE(a->Join(options).ok());
+  absl::SleepFor(absl::Seconds(3));
+  view = watcher->GetGroup("after-stall", init_method_);
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_EQ(view->members_size(), 2) << view->DebugString();
+  for (const v1::Member& member : view->members()) {
+    if (member.node() == "node-c") {
+      EXPECT_NE(member.incarnation(), old_incarnation);
+    }
+  }
+  EXPECT_THAT(daemon_[2]->Output(), HasSubstr("its liveness lease expired: taking new incarnation"));
 }
 
 TEST_F(EtcdRendezvousTest, JoinOutsideTheDialNetworksIsPermissionDenied) {

@@ -19,6 +19,7 @@
 #include "tests/store/etcd/etcd_cluster.h"
 #include "tests/store/etcd/shared_cluster.h"
 #include "tests/store/store_conformance.h"
+#include "tests/testing/wait_until.h"
 
 namespace tpd::store {
 namespace {
@@ -188,6 +189,48 @@ TEST_F(EtcdStoreTest, FailsOverToTheNextEndpoint) {
       MakeStore({"127.0.0.1:1", cluster_->ClientAddress(0)}, FreshPrefix());
   ASSERT_TRUE(store->Set("k", "v").ok());
   EXPECT_EQ(store->Get("k", LongDeadline()).value_or(""), "v");
+}
+
+TEST_F(EtcdStoreTest, ALeasedKeyLivesWhileRenewedAndGoesWithItsLease) {
+  const std::string prefix = FreshPrefix();
+  std::unique_ptr<EtcdStore> holder = MakeStore(cluster_->ClientAddresses(), prefix);
+  std::unique_ptr<EtcdStore> reader = MakeStore(cluster_->ClientAddresses(), prefix);
+  ASSERT_NE(holder->leases(), nullptr);
+  absl::StatusOr<Leases::Grant> grant = holder->GrantLease(absl::Milliseconds(1));
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_GE(grant->ttl, absl::Seconds(1));  // whole seconds, at least etcd's minimum
+  ASSERT_TRUE(holder->SetLeased("alive", "1", grant->id).ok());
+  // Renewed for three TTLs: the key stays.
+  const absl::Time until = absl::Now() + 3 * grant->ttl;
+  while (absl::Now() < until) {
+    ASSERT_TRUE(holder->KeepLeaseAlive(grant->id).ok());
+    absl::SleepFor(grant->ttl / 4);
+  }
+  EXPECT_EQ(reader->Check({"alive"}).value_or(false), true);
+  // Revoked: gone at once, for every reader.
+  ASSERT_TRUE(holder->RevokeLease(grant->id).ok());
+  EXPECT_EQ(reader->Check({"alive"}).value_or(true), false);
+  EXPECT_EQ(holder->KeepLeaseAlive(grant->id).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(holder->RevokeLease(grant->id).ok()) << "revoking twice is not an error";
+}
+
+TEST_F(EtcdStoreTest, ALeaseNotRenewedExpiresWithItsKeyAndSaysSo) {
+  const std::string prefix = FreshPrefix();
+  std::unique_ptr<EtcdStore> store = MakeStore(cluster_->ClientAddresses(), prefix);
+  absl::StatusOr<Leases::Grant> grant = store->GrantLease(absl::Seconds(1));
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  ASSERT_TRUE(store->SetLeased("alive", "1", grant->id).ok());
+  // etcd expires leases on its own checks, a little after the TTL.
+  ASSERT_TRUE(tpd::testing::WaitUntil(
+      [&] { return !store->Check({"alive"}).value_or(true); }, grant->ttl + absl::Seconds(10),
+      absl::Milliseconds(50)))
+      << "the key outlived its lease";
+  const absl::Status renewed = store->KeepLeaseAlive(grant->id);
+  EXPECT_EQ(renewed.code(), absl::StatusCode::kNotFound) << renewed;
+  EXPECT_THAT(renewed.message(), HasSubstr("expired"));
+  const absl::Status set = store->SetLeased("alive", "2", grant->id);
+  EXPECT_EQ(set.code(), absl::StatusCode::kNotFound) << set;
+  EXPECT_EQ(store->Check({"alive"}).value_or(true), false);
 }
 
 TEST(EtcdStoreNoServerTest, UnavailableNamesEveryEndpointTried) {

@@ -1,0 +1,93 @@
+#include "daemon/group/liveness.h"
+
+#include <utility>
+
+#include "daemon/group/heartbeat.h"
+#include "daemon/logging.h"
+
+namespace tpd::group {
+
+NodeLiveness::NodeLiveness(store::Store* store, std::string store_name, std::string node,
+                           const std::atomic<uint64_t>* incarnation, absl::Duration ttl,
+                           std::function<void()> on_lease_lost)
+    : store_(store),
+      leases_(store->leases()),
+      store_name_(std::move(store_name)),
+      node_(std::move(node)),
+      incarnation_(incarnation),
+      ttl_(ttl),
+      on_lease_lost_(std::move(on_lease_lost)) {}
+
+absl::Status NodeLiveness::Announce(uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  if (written_ == incarnation) return absl::OkStatus();
+  absl::Status written = WriteLocked(incarnation);
+  if (absl::IsNotFound(written) && leased()) LeaseLostLocked(written);
+  return written;
+}
+
+void NodeLiveness::Beat() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t incarnation = incarnation_->load();
+  if (leased() && lease_ != 0) {
+    absl::Status renewed = leases_->KeepLeaseAlive(lease_);
+    if (absl::IsNotFound(renewed)) {
+      LeaseLostLocked(renewed);
+    } else if (!renewed.ok()) {
+      return;  // the store is unreachable: the next beat tries again, within the TTL
+    } else if (written_ == incarnation) {
+      return;
+    }
+  }
+  // A lost beat is retried at the next tick; peers judge only what outlasts the window.
+  absl::Status written = WriteLocked(incarnation_->load());
+  if (absl::IsNotFound(written) && leased()) LeaseLostLocked(written);
+}
+
+void NodeLiveness::Stop() {
+  absl::MutexLock lock(&mu_);
+  if (!leased() || lease_ == 0) return;
+  absl::Status revoked = leases_->RevokeLease(lease_);
+  if (!revoked.ok()) {
+    DaemonLog().info("[node {}] [store {}] liveness lease {:016x} not revoked ({}); it expires "
+                     "within {}",
+                     node_, store_name_, lease_, revoked.ToString(), absl::FormatDuration(ttl_));
+  }
+  lease_ = 0;
+  written_ = 0;
+}
+
+absl::Status NodeLiveness::WriteLocked(uint64_t incarnation) {
+  if (!leased()) {
+    absl::Status written =
+        store_->Set(HeartbeatKey(node_), HeartbeatValue(incarnation, ++counter_));
+    if (written.ok()) written_ = incarnation;
+    return written;
+  }
+  if (lease_ == 0) {
+    absl::StatusOr<store::Leases::Grant> grant = leases_->GrantLease(ttl_);
+    if (!grant.ok()) return grant.status();
+    lease_ = grant->id;
+    DaemonLog().info("[node {}] [store {}] liveness bound to lease {:016x} (TTL {})", node_,
+                     store_name_, lease_, absl::FormatDuration(grant->ttl));
+  }
+  absl::Status written =
+      leases_->SetLeased(HeartbeatKey(node_), HeartbeatValue(incarnation, 0), lease_);
+  if (written.ok()) written_ = incarnation;
+  return written;
+}
+
+void NodeLiveness::LeaseLostLocked(const absl::Status& why) {
+  DaemonLog().warn("[node {}] [store {}] liveness lease {:016x} expired ({}): peers may have "
+                   "evicted this node's members",
+                   node_, store_name_, lease_, std::string(why.message()));
+  // The incarnation the lost key named is the one peers may have evicted. The node may
+  // have left it already (its trackers saw the eviction first): a second new incarnation
+  // would only disown members that joined under the first.
+  const bool disown = incarnation_->load() == written_;
+  lease_ = 0;
+  written_ = 0;
+  if (disown && on_lease_lost_) on_lease_lost_();
+}
+
+}  // namespace tpd::group

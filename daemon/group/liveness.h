@@ -1,0 +1,78 @@
+// How this node shows the other daemons of a rendezvous store that it lives: its key
+// "tpd/node/<node>" (heartbeat.h) names its current incarnation.
+//
+//  - In a store with leases (etcd): the key is bound to a lease of the heartbeat timeout,
+//    renewed every heartbeat interval and written again only when the incarnation changes,
+//    so liveness costs no writes. When the daemon stops renewing (killed, stalled, cut off),
+//    the store's server deletes the key: its absence is the verdict, the same for every
+//    reader. A lease found expired means peers may have evicted this node's members, so the
+//    node takes a new incarnation (`on_lease_lost`, unless it already left the one the key
+//    named) before it writes its key again.
+//  - Otherwise: the value also carries a counter written every interval; peers judge a
+//    counter that stops changing (GroupTracker::CheckHeartbeats).
+//
+// Thread safety: thread-safe. One mutex orders every write of the key, so a beat that read
+// an older incarnation never lands after an announcement of a newer one.
+
+#ifndef TPD_DAEMON_GROUP_LIVENESS_H_
+#define TPD_DAEMON_GROUP_LIVENESS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "store/store.h"
+
+namespace tpd::group {
+
+class NodeLiveness {
+ public:
+  // `store` and `incarnation` (the node's, changed by whoever reincarnates it) must outlive
+  // this object. `store_name` names the store in logs. `ttl`: the lease's, in a store with
+  // leases (the heartbeat timeout).
+  NodeLiveness(store::Store* store, std::string store_name, std::string node,
+               const std::atomic<uint64_t>* incarnation, absl::Duration ttl,
+               std::function<void()> on_lease_lost);
+
+  // Makes the key name `incarnation` now, unless it already does: called before members of
+  // that incarnation are recorded, so no peer reads a previous life's key beside them and
+  // evicts them as restarted.
+  absl::Status Announce(uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // One heartbeat: renews the lease (taking a new one, and a new incarnation, when it
+  // expired), or writes the next counter.
+  void Beat() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Revokes the lease, so peers see the node gone at once instead of after its TTL.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  bool leased() const { return leases_ != nullptr; }
+
+ private:
+  // Writes the key with `incarnation` (under the current lease, granting one if needed).
+  absl::Status WriteLocked(uint64_t incarnation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lease expired: forget it and leave the incarnation its key named.
+  void LeaseLostLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  store::Store* const store_;
+  store::Leases* const leases_;  // nullptr: a store without leases
+  const std::string store_name_;
+  const std::string node_;
+  const std::atomic<uint64_t>* const incarnation_;
+  const absl::Duration ttl_;
+  const std::function<void()> on_lease_lost_;
+
+  absl::Mutex mu_;
+  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;  // 0: none granted (yet, or since one expired)
+  uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;  // the incarnation the key names
+  int64_t counter_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tpd::group
+
+#endif  // TPD_DAEMON_GROUP_LIVENESS_H_
