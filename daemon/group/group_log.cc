@@ -1,17 +1,24 @@
 #include "daemon/group/group_log.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "daemon/group/membership.h"
 
 namespace tpd::group {
 namespace {
 
 std::string VersionKey(int64_t version) { return absl::StrCat("v/", version); }
+
+// How long a version whose write failed is waited for, in case the write lands late.
+constexpr absl::Duration kLandingWait = absl::Seconds(2);
+// How long a store that does not answer is asked again whether such a write landed.
+constexpr absl::Duration kResolveTimeout = absl::Seconds(15);
 
 }  // namespace
 
@@ -79,12 +86,25 @@ absl::StatusOr<bool> GroupLog::TryAppend(const v1::GroupRecord& next) {
   const std::string bytes = next.SerializeAsString();
   absl::StatusOr<std::string> stored = store_->CompareSet(VersionKey(version), "", bytes);
   if (!stored.ok()) {
-    // The write may have landed although its answer was lost (a remote store's timeout):
-    // read the version back, so a won version is never mistaken for a failure.
-    absl::StatusOr<std::vector<std::string>> back =
-        store_->MultiGet({VersionKey(version)}, absl::Now() + absl::Seconds(2));
-    if (!back.ok()) return stored.status();
-    stored = std::move(back->front());
+    // The write may have landed although its answer was lost (a remote store's timeout, an
+    // etcd leader that died after replicating it): read the version back, so a won version
+    // is never mistaken for a failure. Taken for lost, it would leave a member whose join
+    // was answered with an error in the group, or a member whose leave landed missing as if
+    // evicted. While the store does not answer (an etcd election), the read is retried.
+    const absl::Time give_up = absl::Now() + kResolveTimeout;
+    for (;;) {
+      absl::StatusOr<std::vector<std::string>> back = store_->MultiGet(
+          {VersionKey(version)}, std::min(give_up, absl::Now() + kLandingWait));
+      if (back.ok()) {
+        stored = std::move(back->front());
+        break;
+      }
+      // Absent for the whole wait: the write did not land.
+      if (absl::IsDeadlineExceeded(back.status()) || absl::Now() >= give_up) {
+        return stored.status();
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
   }
   if (*stored != bytes) return false;
   // Best effort: a lost hint or an undeleted old version only costs readers a few probes.

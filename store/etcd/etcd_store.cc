@@ -330,9 +330,12 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
     }
     return absl::StrJoin(listed, ", ");
   };
-  // First the endpoints that are connected or may connect; then, if none answered, those
-  // whose connection was failing, waiting for their next attempt.
+  // First the endpoints that are connected or may connect; then, if none was reachable,
+  // those whose connection was failing, waiting for their next attempt. When a reachable
+  // member refused (no leader: the cluster lost its majority), waiting on dead members
+  // would only delay the answer by connect_timeout each, so the call fails at once.
   std::vector<size_t> failing;
+  bool reached = false;
   for (int pass = 0; pass < 2; ++pass) {
     std::vector<size_t> order;
     if (pass == 0) {
@@ -379,6 +382,8 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
       if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
         if (retry == Retry::kIdempotent || SurelyNotApplied(status)) {
           why[index] = Echo(status.error_message());
+          // An answer of etcd's own ("etcdserver: no leader"), not a broken connection.
+          reached |= absl::StartsWith(status.error_message(), "etcdserver:");
           continue;
         }
         return absl::UnavailableError(absl::StrCat(
@@ -394,7 +399,7 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
       }
       return FromGrpc(status, what, endpoint.address);
     }
-    if (failing.empty()) break;
+    if (failing.empty() || reached) break;
   }
   const std::string listed = tried();
   if (listed.empty()) {

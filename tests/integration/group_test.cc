@@ -25,12 +25,15 @@
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/group_recorder.h"
 #include "tests/testing/wait_until.h"
 
 namespace tpd {
 namespace {
 
 using testing::DaemonProcess;
+using testing::ExpectSameGapFreeVersions;
+using testing::GroupRecorder;
 using ::testing::HasSubstr;
 using testing::RunfilePath;
 using testing::TempDir;
@@ -363,49 +366,11 @@ TEST_F(GroupTest, StaticJoinTimesOutNamingMissingRanksAndFreesItsRank) {
   })) << "the timed-out join's rank was never given back";
 }
 
-// Collects a watch stream's events on a thread.
-class Recorder {
- public:
-  Recorder(Client* client, const std::string& group, const std::string& init_method)
-      : watch_(client->Watch(group, init_method)), thread_([this] {
-          v1::GroupEvent event;
-          while (watch_->Next(&event)) {
-            absl::MutexLock lock(&mu_);
-            events_.push_back(event);
-          }
-        }) {}
-  ~Recorder() {
-    watch_->Cancel();  // the reading thread's Next returns false
-    thread_.join();
-  }
-  std::vector<v1::GroupEvent> events() {
-    absl::MutexLock lock(&mu_);
-    return events_;
-  }
-  // Waits until an event satisfies `pred`; false after `timeout`.
-  bool WaitFor(std::function<bool(const v1::GroupEvent&)> pred, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      for (const v1::GroupEvent& event : events()) {
-        if (pred(event)) return true;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    return false;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<v1::GroupEvent> events_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<GroupWatch> watch_;
-  std::thread thread_;
-};
-
 TEST_F(GroupTest, DynamicChurnGivesEveryWatcherTheSameVersionSequence) {
   auto watcher_a = Connect(0);
   auto watcher_c = Connect(2);
-  Recorder on_a(watcher_a.get(), "churn", init_method_);
-  Recorder on_c(watcher_c.get(), "churn", init_method_);
+  GroupRecorder on_a(watcher_a.get(), "churn", init_method_);
+  GroupRecorder on_c(watcher_c.get(), "churn", init_method_);
   // Six workers over three daemons join and leave repeatedly; w0 stays throughout.
   auto anchor = Connect(0);
   ASSERT_TRUE(anchor->Join(Options("churn", 0, std::nullopt)).ok());
@@ -434,42 +399,14 @@ TEST_F(GroupTest, DynamicChurnGivesEveryWatcherTheSameVersionSequence) {
   ASSERT_EQ(final_view.members_size(), 1);
   EXPECT_EQ(final_view.members(0).name(), "w0");
   const int64_t last = final_view.version();
-  auto reached = [last](const v1::GroupEvent& e) { return e.group().version() >= last; };
-  ASSERT_TRUE(on_a.WaitFor(reached, absl::Seconds(20)));
-  ASSERT_TRUE(on_c.WaitFor(reached, absl::Seconds(20)));
-  // Both watchers: a snapshot, then every version once, in order, identical on both daemons.
-  std::map<int64_t, std::string> seen_a;
-  std::vector<v1::GroupEvent> a = on_a.events();
-  std::vector<v1::GroupEvent> c = on_c.events();
-  auto trace = [](const std::vector<v1::GroupEvent>& events) {
-    std::string out;
-    for (const v1::GroupEvent& e : events)
-      absl::StrAppend(&out, e.group().version(), e.kind(), " ");
-    return out;
-  };
-  SCOPED_TRACE(absl::StrCat("a: ", trace(a), "\nc: ", trace(c)));
-  for (size_t i = 1; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].group().version(), a[i - 1].group().version() + 1) << "gap or reorder on a";
-    seen_a[a[i].group().version()] = a[i].group().SerializeAsString();
-  }
-  for (size_t i = 1; i < c.size(); ++i) {
-    EXPECT_EQ(c[i].group().version(), c[i - 1].group().version() + 1) << "gap or reorder on c";
-    auto it = seen_a.find(c[i].group().version());
-    if (it == seen_a.end()) continue;
-    // The same version carries the same members everywhere (store names differ by node
-    // only when a daemon serves the store itself; here both reach it over tcp or locally).
-    v1::GroupView on_c_view = c[i].group();
-    v1::GroupView on_a_view;
-    on_a_view.ParseFromString(it->second);
-    on_c_view.clear_store();
-    on_a_view.clear_store();
-    EXPECT_EQ(on_c_view.SerializeAsString(), on_a_view.SerializeAsString());
-  }
+  ASSERT_TRUE(on_a.WaitForVersion(last, absl::Seconds(20)));
+  ASSERT_TRUE(on_c.WaitForVersion(last, absl::Seconds(20)));
+  ExpectSameGapFreeVersions({on_a.events(), on_c.events()});
 }
 
 TEST_F(GroupTest, KilledClientLeavesAtOnceAndWatchersAreTold) {
   auto watcher = Connect(0);
-  Recorder events(watcher.get(), "kill-client", init_method_);
+  GroupRecorder events(watcher.get(), "kill-client", init_method_);
   const std::string tpctl = RunfilePath("client/tpctl");
   int in[2];
   ASSERT_EQ(pipe(in), 0);
@@ -501,7 +438,7 @@ TEST_F(GroupTest, KilledClientLeavesAtOnceAndWatchersAreTold) {
 TEST_F(GroupTest, KilledDaemonIsEvictedBreaksStaticGroupAndRejoinsAsNewIncarnation) {
   ExpectFormed(JoinStatic("evict", 3), 3);
   auto watcher = Connect(0);
-  Recorder events(watcher.get(), "evict", init_method_);
+  GroupRecorder events(watcher.get(), "evict", init_method_);
   const uint64_t old_incarnation = Connect(2)->Status()->node().incarnation();
   daemon_[2]->Signal(SIGKILL);
   daemon_[2]->WaitExit(absl::Seconds(10));
@@ -562,9 +499,9 @@ TEST_F(GroupTest, SigtermWithGroupsInUseLeavesExplicitlyAndExitsZero) {
   std::thread barrier_wait(
       [&] { barrier = clients_[1]->Barrier("graceful", "w1", absl::Seconds(60)); });
   auto watcher = Connect(0);
-  Recorder on_a(watcher.get(), "graceful", init_method_);
+  GroupRecorder on_a(watcher.get(), "graceful", init_method_);
   auto b_watch = Connect(1);
-  Recorder on_b(b_watch.get(), "graceful", "");
+  GroupRecorder on_b(b_watch.get(), "graceful", "");
   // The pending join is recorded once node b knows the group and shows its member.
   auto observer = Connect(1);
   ASSERT_TRUE(WaitUntil([&] {

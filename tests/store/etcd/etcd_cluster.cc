@@ -173,14 +173,7 @@ absl::Status EtcdCluster::Launch(int i, bool initial) {
   return absl::OkStatus();
 }
 
-bool EtcdCluster::AwaitServing(int i, absl::Time deadline) {
-  // First the port (etcd opens it once it has a leader), probed with plain connects: a gRPC
-  // channel refused before that backs off for seconds.
-  while (!AcceptsConnections(members_[i].client_port)) {
-    if (ReapExited() >= 0) return false;
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+std::shared_ptr<grpc::Channel> EtcdCluster::Channel(int i) const {
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!options_.cert_file.empty()) {
     grpc::SslCredentialsOptions tls;
@@ -189,8 +182,40 @@ bool EtcdCluster::AwaitServing(int i, absl::Time deadline) {
     tls.pem_private_key = options_.probe_private_key;
     credentials = grpc::SslCredentials(tls);
   }
-  auto channel = grpc::CreateChannel(ClientAddress(i), credentials);
-  auto kv = etcdserverpb::KV::NewStub(channel);
+  return grpc::CreateChannel(ClientAddress(i), credentials);
+}
+
+absl::StatusOr<int> EtcdCluster::Leader(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    for (int i = 0; i < size(); ++i) {
+      if (!Running(i)) continue;
+      auto maintenance = etcdserverpb::Maintenance::NewStub(Channel(i));
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+      etcdserverpb::StatusRequest request;
+      etcdserverpb::StatusResponse response;
+      if (maintenance->Status(&context, request, &response).ok() && response.leader() != 0 &&
+          response.leader() == response.header().member_id()) {
+        return i;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("no running member of the etcd cluster says it leads after ",
+                   absl::FormatDuration(timeout)));
+}
+
+bool EtcdCluster::AwaitServing(int i, absl::Time deadline) {
+  // First the port (etcd opens it once it has a leader), probed with plain connects: a gRPC
+  // channel refused before that backs off for seconds.
+  while (!AcceptsConnections(members_[i].client_port)) {
+    if (ReapExited() >= 0) return false;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  auto kv = etcdserverpb::KV::NewStub(Channel(i));
   while (absl::Now() < deadline) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
 #include "tests/testing/daemon_process.h"
 
 namespace tpd::store::testing {
@@ -68,6 +69,10 @@ class EtcdCluster {
   // "127.0.0.1:a,127.0.0.1:b,..." for an etcd:// URL.
   std::string UrlHosts() const;
 
+  // The index of the member that leads the cluster now (etcd's Maintenance.Status), waiting
+  // up to `timeout` for one.
+  absl::StatusOr<int> Leader(absl::Duration timeout = absl::Seconds(10)) const;
+
   // SIGKILLs member `i` and reaps it.
   void Kill(int i);
   // Starts member `i` again on its data and ports (after Kill); does not wait for it to
@@ -90,6 +95,8 @@ class EtcdCluster {
   static absl::StatusOr<std::unique_ptr<EtcdCluster>> StartOnce(
       int members, absl::Duration timeout, const EtcdClusterOptions& options);
   absl::Status Launch(int i, bool initial);
+  // A channel to member `i`'s client port (TLS with the probe's credentials when set).
+  std::shared_ptr<grpc::Channel> Channel(int i) const;
   // Whether a linearizable Range through member `i` succeeds before `deadline`; false at once
   // when a member exits.
   bool AwaitServing(int i, absl::Time deadline);

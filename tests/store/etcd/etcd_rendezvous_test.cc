@@ -8,12 +8,16 @@
 
 #include <signal.h>
 
+#include <atomic>
+#include <iostream>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
@@ -22,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "tests/store/etcd/etcd_cluster.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/group_recorder.h"
 #include "tests/testing/wait_until.h"
 
 namespace tpd {
@@ -242,6 +247,192 @@ TEST_F(EtcdRendezvousTest, ADaemonStalledPastItsLeaseIsEvictedAndResumesUnderANe
     }
   }
   EXPECT_THAT(daemon_[2]->Output(), HasSubstr("its liveness lease expired: taking new incarnation"));
+}
+
+JoinOptions Dynamic(const std::string& group, const std::string& name,
+                    const std::string& init_method) {
+  JoinOptions options;
+  options.group = group;
+  options.name = name;
+  options.init_method = init_method;
+  options.timeout = absl::Seconds(60);
+  return options;
+}
+
+bool HasMember(const v1::GroupView& view, const std::string& name) {
+  for (const v1::Member& member : view.members()) {
+    if (member.name() == name) return true;
+  }
+  return false;
+}
+
+// What one churning worker saw.
+struct Tally {
+  int joins = 0;   // acknowledged
+  int leaves = 0;  // acknowledged
+  std::vector<int64_t> join_versions;  // the version each acknowledged join answered with
+  std::vector<std::string> errors;
+};
+
+// FAULTS S1: the etcd leader is killed while six workers on three daemons join and leave.
+// Calls fail briefly (UNAVAILABLE or a deadline, nothing else), then go on; every
+// acknowledged join is in the version it answered with, every worker that was acknowledged
+// leaving is gone, and every daemon's watcher saw the same versions without a gap.
+TEST_F(EtcdRendezvousTest, KillingTheEtcdLeaderUnderChurnLosesNothingAcknowledged) {
+  std::unique_ptr<Client> watchers[kNodes];
+  std::unique_ptr<testing::GroupRecorder> recorders[kNodes];
+  for (int i = 0; i < kNodes; ++i) {
+    watchers[i] = Connect(i);
+    recorders[i] =
+        std::make_unique<testing::GroupRecorder>(watchers[i].get(), "churn", init_method_);
+  }
+  std::unique_ptr<Client> anchor = Connect(0);
+  ASSERT_TRUE(anchor->Join(Dynamic("churn", "w0", init_method_)).ok());
+  constexpr int kWorkers = 6;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> killed{false};
+  std::atomic<int> rounds_after_kill{0};
+  std::vector<Tally> tallies(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      std::unique_ptr<Client> client = Connect(w % kNodes);
+      const std::string name = absl::StrCat("w", w + 1);
+      Tally& tally = tallies[w];
+      while (!stop.load()) {
+        absl::StatusOr<v1::JoinResponse> joined = client->Join(Dynamic("churn", name, init_method_));
+        if (!joined.ok()) {
+          tally.errors.push_back(joined.status().ToString());
+          absl::SleepFor(absl::Milliseconds(50));
+          continue;
+        }
+        ++tally.joins;
+        tally.join_versions.push_back(joined->group().version());
+        if (!HasMember(joined->group(), name)) tally.errors.push_back("joined view lacks " + name);
+        // Leaving is retried until acknowledged: the worker must not stay behind.
+        for (int attempt = 0;; ++attempt) {
+          absl::Status left = client->Leave("churn", name);
+          if (left.ok()) break;
+          tally.errors.push_back(left.ToString());
+          if (attempt == 100) return;
+          absl::SleepFor(absl::Milliseconds(100));
+        }
+        ++tally.leaves;
+        if (killed.load()) ++rounds_after_kill;
+      }
+    });
+  }
+  absl::SleepFor(absl::Seconds(1));
+  absl::StatusOr<int> leader = cluster_->Leader();
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  cluster_->Kill(*leader);
+  killed = true;
+  // Work goes on under the new leader.
+  const bool went_on = WaitUntil([&] { return rounds_after_kill.load() >= 12; },
+                                 absl::Seconds(40), absl::Milliseconds(20));
+  stop = true;
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_TRUE(went_on) << "fewer than 12 join/leave rounds after the leader was killed";
+  int errors = 0;
+  for (int w = 0; w < kWorkers; ++w) {
+    const Tally& tally = tallies[w];
+    EXPECT_EQ(tally.joins, tally.leaves) << "w" << w + 1 << " never got its leave acknowledged";
+    for (const std::string& error : tally.errors) {
+      ++errors;
+      EXPECT_TRUE(absl::StartsWith(error, "UNAVAILABLE") ||
+                  absl::StartsWith(error, "DEADLINE_EXCEEDED"))
+          << "w" << w + 1 << ": " << error;
+    }
+  }
+  std::cout << "[          ] failed calls around the leader's death: " << errors << "\n";
+  // Every acknowledged leave took effect: only w0 is left.
+  absl::StatusOr<v1::GroupView> view;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        view = anchor->GetGroup("churn");
+        return view.ok() && view->members_size() == 1;
+      },
+      absl::Seconds(20)))
+      << (view.ok() ? view->DebugString() : view.status().ToString());
+  EXPECT_EQ(view->members(0).name(), "w0");
+  std::vector<std::vector<v1::GroupEvent>> recordings;
+  for (int i = 0; i < kNodes; ++i) {
+    ASSERT_TRUE(recorders[i]->WaitForVersion(view->version(), absl::Seconds(20)))
+        << "node " << i << "'s watcher never saw version " << view->version();
+    recordings.push_back(recorders[i]->events());
+  }
+  testing::ExpectSameGapFreeVersions(recordings);
+  // Every acknowledged join is in the version it answered with, as every watcher saw it.
+  std::map<int64_t, v1::GroupView> seen;
+  for (const v1::GroupEvent& event : recordings[0]) seen[event.group().version()] = event.group();
+  for (int w = 0; w < kWorkers; ++w) {
+    for (int64_t version : tallies[w].join_versions) {
+      auto it = seen.find(version);
+      if (it == seen.end()) continue;  // before the watcher's snapshot
+      EXPECT_TRUE(HasMember(it->second, absl::StrCat("w", w + 1)))
+          << "w" << w + 1 << "'s acknowledged join is not in version " << version;
+    }
+  }
+}
+
+// FAULTS S2: two of three etcd members stopped. Joins fail fast naming the endpoints; calls
+// between members already joined go on; nobody is evicted (no daemon can judge, and etcd
+// extends leases when it elects a leader again); once the members are back the same daemons
+// take joins again without a restart.
+TEST_F(EtcdRendezvousTest, WithoutQuorumJoinsFailFastLocalWorkGoesOnAndAllRecovers) {
+  std::unique_ptr<Client> a = Connect(0);
+  std::unique_ptr<Client> b = Connect(1);
+  std::unique_ptr<Client> c = Connect(2);
+  ASSERT_TRUE(b->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
+                 Message reply = request;
+                 reply.payload += "|";
+                 return reply;
+               }).ok());
+  ASSERT_TRUE(a->Join(Dynamic("quorum", "a", init_method_)).ok());
+  ASSERT_TRUE(b->Join(Dynamic("quorum", "b", init_method_)).ok());
+  ASSERT_TRUE(WaitUntil([&] {
+    absl::StatusOr<Message> reply = a->Call("quorum", "b", "echo", "before");
+    return reply.ok();
+  }));
+
+  cluster_->Kill(0);
+  cluster_->Kill(1);
+  // The survivor refuses at once ("no leader") once its election timeout (500 ms here) has
+  // passed without a majority; before that it holds requests until etcd's own timeout.
+  absl::SleepFor(absl::Seconds(2));
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::JoinResponse> refused = c->Join(Dynamic("quorum", "c", init_method_));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  for (int i = 0; i < kNodes; ++i) {
+    EXPECT_THAT(refused.status().message(), HasSubstr(cluster_->ClientAddress(i)));
+  }
+  std::cout << "[          ] a join without quorum failed after " << took << "\n";
+  EXPECT_LT(took, absl::Seconds(10)) << "within one store call timeout, not the join's 60 s";
+
+  // Local work goes on, for longer than a lease's TTL.
+  for (int i = 0; i < 20; ++i) {
+    absl::StatusOr<Message> reply = a->Call("quorum", "b", "echo", absl::StrCat("during ", i));
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->payload, absl::StrCat("during ", i, "|"));
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+
+  ASSERT_TRUE(cluster_->Restart(0).ok());
+  ASSERT_TRUE(cluster_->Restart(1).ok());
+  absl::StatusOr<v1::JoinResponse> joined;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        joined = c->Join(Dynamic("quorum", "c", init_method_));
+        return joined.ok();
+      },
+      absl::Seconds(60), absl::Milliseconds(200)))
+      << joined.status();
+  EXPECT_TRUE(HasMember(joined->group(), "a") && HasMember(joined->group(), "b"))
+      << "a member was lost over the outage: " << joined->group().DebugString();
+  absl::StatusOr<Message> reply = c->Call("quorum", "b", "echo", "after");
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->payload, "after|");
 }
 
 TEST_F(EtcdRendezvousTest, JoinOutsideTheDialNetworksIsPermissionDenied) {
