@@ -12,6 +12,9 @@
 //
 //   baseline  one Store.Set on the rank's own daemon: what the harness itself costs (N
 //             threads waking, N unary calls over N connections on shared cores);
+//   etcd      with an etcd:// --init_method only: one put per rank into that etcd, through
+//             one EtcdStore per daemon shared by its ranks (as each daemon has one): the
+//             cost of writing to the group's store once per rank;
 //   join      Join(group "bench-<N>", name "w<r>", rank r, world_size N).
 //
 // Formation time runs from the barrier's release to the return of the last Join, each of
@@ -50,6 +53,8 @@
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/logging.h"
+#include "store/etcd/etcd_store.h"
+#include "store/rendezvous/init_method.h"
 
 ABSL_FLAG(std::vector<std::string>, ranks, std::vector<std::string>({"1000", "4000"}),
           "world sizes to form, one row each");
@@ -187,9 +192,34 @@ bool StartDaemons(int count, int world_size, Daemons* out) {
   return true;
 }
 
+// One EtcdStore per daemon on the etcd of `init_method`, or none when it is not etcd://.
+std::vector<std::unique_ptr<tpd::store::EtcdStore>> EtcdStores(const std::string& init_method,
+                                                              int count) {
+  std::vector<std::unique_ptr<tpd::store::EtcdStore>> stores;
+  absl::StatusOr<tpd::store::InitMethod> parsed =
+      tpd::store::ParseInitMethod(init_method, std::nullopt, std::nullopt, {});
+  if (!parsed.ok() || parsed->scheme != tpd::store::InitMethodScheme::kEtcd) return stores;
+  std::vector<std::string> endpoints;
+  for (const tpd::store::InitMethodEndpoint& endpoint : parsed->endpoints) {
+    endpoints.push_back(absl::StrCat(endpoint.host, ":", endpoint.port));
+  }
+  for (int d = 0; d < count; ++d) {
+    absl::StatusOr<std::unique_ptr<tpd::store::EtcdStore>> store =
+        tpd::store::EtcdStore::Create(endpoints, absl::StrCat(parsed->path, "-baseline"));
+    if (!store.ok()) {
+      std::fprintf(stderr, "cannot open the etcd baseline store: %s\n",
+                   store.status().ToString().c_str());
+      std::_Exit(1);
+    }
+    stores.push_back(*std::move(store));
+  }
+  return stores;
+}
+
 struct Result {
   double formation_s = 0;
   double baseline_s = 0;
+  double etcd_baseline_s = -1;  // with an etcd:// store: one put per rank
   std::vector<double> join_ms;
   std::vector<double> set_ms;
   int64_t version = 0;
@@ -206,6 +236,8 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
   const std::string init_method = absl::GetFlag(FLAGS_init_method).empty()
                                       ? absl::StrCat("tcp://", daemons.store_address)
                                       : absl::GetFlag(FLAGS_init_method);
+  std::vector<std::unique_ptr<tpd::store::EtcdStore>> etcd =
+      EtcdStores(init_method, daemon_count);
 
   // Clients connect and open their sessions up front: neither is part of forming the group.
   // A Leave from a group the daemon does not know opens the session and changes nothing.
@@ -279,9 +311,9 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
     });
   }
 
-  // Phases: 1 warm-up Set (untimed), 2 baseline Set, 3 Join.
+  // Phases: 1 warm-up Set (untimed), 2 baseline Set, 3 etcd put (etcd:// only), 4 Join.
   StartBarrier barrier(world_size);
-  std::vector<absl::Time> set_end(world_size), join_end(world_size);
+  std::vector<absl::Time> set_end(world_size), etcd_end(world_size), join_end(world_size);
   std::vector<absl::Status> set_status(world_size);
   // What each rank's Join returned, summarized in its thread: a JoinResponse holds the whole
   // group (N members), so keeping all N of them would hold O(N^2) memory, which no real rank
@@ -309,6 +341,12 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
         set_end[r] = absl::Now();
         if (!warm.ok()) set_status[r] = warm;
         result->set_ms[r] = absl::ToDoubleMilliseconds(set_end[r] - t0);
+        barrier.Arrive(3);
+        if (!etcd.empty()) {
+          absl::Status put = etcd[r % daemon_count]->Set(key, "baseline");
+          etcd_end[r] = absl::Now();
+          if (!put.ok() && set_status[r].ok()) set_status[r] = put;
+        }
         tpd::JoinOptions options;
         options.group = group;
         options.name = absl::StrCat("w", r);
@@ -317,7 +355,7 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
         options.init_method = init_method;
         options.timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
         options.omit_members = absl::GetFlag(FLAGS_omit_members);
-        barrier.Arrive(3);
+        barrier.Arrive(4);
         t0 = absl::Now();
         absl::StatusOr<tpd::v1::JoinResponse> response = client->Join(options);
         join_end[r] = absl::Now();
@@ -350,7 +388,8 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
   }
   barrier.Release(1);
   const absl::Time baseline_start = barrier.Release(2);
-  const absl::Time join_start = barrier.Release(3);
+  const absl::Time etcd_start = barrier.Release(3);
+  const absl::Time join_start = barrier.Release(4);
   const double join_start_mono = MonotonicSeconds();
   for (std::thread& thread : threads) thread.join();
   const absl::Time joined_all = absl::Now();
@@ -392,6 +431,10 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
 
   result->baseline_s = Seconds(*std::max_element(set_end.begin(), set_end.end()) - baseline_start);
   result->formation_s = Seconds(*std::max_element(join_end.begin(), join_end.end()) - join_start);
+  if (!etcd.empty()) {
+    result->etcd_baseline_s =
+        Seconds(*std::max_element(etcd_end.begin(), etcd_end.end()) - etcd_start);
+  }
   result->version = joined[0].version;
   result->response_bytes = joined[0].bytes;
 
@@ -458,17 +501,24 @@ int main(int argc, char** argv) {
   }
   RaiseFileLimit(*std::max_element(sizes.begin(), sizes.end()));
 
-  std::printf("%7s %7s %11s %11s %7s %9s %9s %9s %9s %8s\n", "ranks", "daemons", "formation_s",
-              "baseline_s", "ratio", "join_p50", "join_p99", "set_p50", "set_p99", "version");
+  std::printf("%7s %7s %11s %11s %7s %9s %9s %9s %9s %8s %12s %10s\n", "ranks", "daemons",
+              "formation_s", "baseline_s", "ratio", "join_p50", "join_p99", "set_p50",
+              "set_p99", "version", "etcd_put_s", "etcd_ratio");
   std::fflush(stdout);
   for (int world_size : sizes) {
     Result result;
     if (!RunRow(world_size, daemon_count, &result)) return 1;
-    std::printf("%7d %7d %11.3f %11.3f %7.1f %7.0fms %7.0fms %7.1fms %7.1fms %8lld\n", world_size,
+    std::printf("%7d %7d %11.3f %11.3f %7.1f %7.0fms %7.0fms %7.1fms %7.1fms %8lld", world_size,
                 daemon_count, result.formation_s, result.baseline_s,
                 result.formation_s / result.baseline_s, Percentile(result.join_ms, 0.50),
                 Percentile(result.join_ms, 0.99), Percentile(result.set_ms, 0.50),
                 Percentile(result.set_ms, 0.99), static_cast<long long>(result.version));
+    if (result.etcd_baseline_s > 0) {
+      std::printf(" %12.3f %10.1f\n", result.etcd_baseline_s,
+                  result.formation_s / result.etcd_baseline_s);
+    } else {
+      std::printf(" %12s %10s\n", "-", "-");
+    }
     std::fflush(stdout);
   }
   return 0;

@@ -19,6 +19,9 @@
 // callbacks have run, on this thread or on the watch thread), so this store's waits complete
 // as promptly as a MemoryStore's.
 //
+// Leases (store::Leases) are etcd's: granted, bound to keys, renewed (one LeaseKeepAlive
+// stream per renewal) and revoked through the same failover, deadlines and token as KV calls.
+//
 // With credentials (EtcdCredentials), every channel is TLS and/or every call and the watch
 // stream carry an auth token, renewed when etcd answers that it is stale; neither the
 // password nor the token is ever logged.
