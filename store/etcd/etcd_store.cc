@@ -117,6 +117,13 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what,
   if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
     hint = "; the etcd user's roles must grant readwrite on the store's key prefix";
   }
+  if (absl::StrContains(status.error_message(), "request is too large") ||
+      status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    // etcd answers INVALID_ARGUMENT, but nothing is wrong with the request but its size.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "etcd ", what, " at ", address, ": ", Echo(status.error_message()),
+        "; etcd takes requests up to its --max-request-bytes (1.5 MiB by default)"));
+  }
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       absl::StrCat("etcd ", what, " at ", address, ": ",
                                    Echo(status.error_message()), hint));

@@ -435,6 +435,50 @@ TEST_F(EtcdRendezvousTest, WithoutQuorumJoinsFailFastLocalWorkGoesOnAndAllRecove
   EXPECT_EQ(reply->payload, "after|");
 }
 
+// A group whose record outgrows what etcd takes in one request (--max-request-bytes, 1.5 MiB
+// by default; 4 KiB here) refuses the join that would cross it, naming the limit, and keeps
+// every member it had; the daemon goes on serving.
+TEST(EtcdRecordLimitTest, AJoinPastEtcdsRequestLimitFailsNamingItAndTheGroupStays) {
+  if (EtcdBinary().empty()) GTEST_SKIP() << store::testing::kNoEtcdMessage;
+  store::testing::EtcdClusterOptions small;
+  small.extra_flags = {"--max-request-bytes", "4096"};
+  absl::StatusOr<std::unique_ptr<EtcdCluster>> cluster =
+      EtcdCluster::Start(1, absl::Seconds(30), small);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  TempDir dir;
+  const std::string socket = absl::StrCat(dir.path(), "/tpd.sock");
+  const std::string config = dir.WriteFile(
+      "tpd.toml", "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n");
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
+      DaemonProcess::Start(socket, {"--config", config});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  const std::string init_method = absl::StrCat("etcd://", (*cluster)->UrlHosts(), "/limit");
+  std::vector<std::unique_ptr<Client>> clients;
+  absl::Status refused;
+  int joined = 0;
+  for (int i = 0; i < 200 && refused.ok(); ++i) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket);
+    ASSERT_TRUE(client.ok()) << client.status();
+    absl::StatusOr<v1::JoinResponse> answer =
+        (*client)->Join(Dynamic("big", absl::StrCat("worker-with-a-long-name-", i), init_method));
+    clients.push_back(*std::move(client));
+    if (answer.ok()) {
+      ++joined;
+    } else {
+      refused = answer.status();
+    }
+  }
+  ASSERT_FALSE(refused.ok()) << "200 members never crossed a 4 KiB request limit";
+  std::cout << "[          ] member " << joined << " refused: " << refused << "\n";
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("--max-request-bytes"));
+  EXPECT_GT(joined, 0);
+  absl::StatusOr<v1::GroupView> view = clients.front()->GetGroup("big", init_method);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->members_size(), joined);
+  EXPECT_TRUE(clients.front()->Status().ok()) << "the daemon stopped serving";
+}
+
 TEST_F(EtcdRendezvousTest, JoinOutsideTheDialNetworksIsPermissionDenied) {
   std::unique_ptr<Client> client = Connect(0);
   JoinOptions options;
