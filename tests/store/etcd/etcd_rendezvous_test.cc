@@ -95,37 +95,35 @@ class EtcdRendezvousTest : public ::testing::Test {
     return results;
   }
 
-  // Keys etcd holds under `prefix`, read directly from member `member`.
-  int64_t EtcdKeysUnder(const std::string& prefix, int member) {
+  // A Range read directly from member `member`, beside the daemons.
+  etcdserverpb::RangeResponse RawRange(const etcdserverpb::RangeRequest& request, int member) {
     auto channel =
         grpc::CreateChannel(cluster_->ClientAddress(member), grpc::InsecureChannelCredentials());
     auto kv = etcdserverpb::KV::NewStub(channel);
     grpc::ClientContext context;
+    etcdserverpb::RangeResponse response;
+    grpc::Status status = kv->Range(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response;
+  }
+
+  // Keys etcd holds under `prefix`.
+  int64_t EtcdKeysUnder(const std::string& prefix, int member) {
     etcdserverpb::RangeRequest request;
     request.set_key(prefix);
     std::string end = prefix;
     end.back() = static_cast<char>(end.back() + 1);
     request.set_range_end(end);
     request.set_count_only(true);
-    etcdserverpb::RangeResponse response;
-    grpc::Status status = kv->Range(&context, request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return response.count();
+    return RawRange(request, member).count();
   }
 
-  // etcd's revision (it grows with every write), read directly from member `member`.
+  // etcd's revision (it grows with every write).
   int64_t EtcdRevision(int member) {
-    auto channel =
-        grpc::CreateChannel(cluster_->ClientAddress(member), grpc::InsecureChannelCredentials());
-    auto kv = etcdserverpb::KV::NewStub(channel);
-    grpc::ClientContext context;
     etcdserverpb::RangeRequest request;
     request.set_key("/");
     request.set_count_only(true);
-    etcdserverpb::RangeResponse response;
-    grpc::Status status = kv->Range(&context, request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return response.header().revision();
+    return RawRange(request, member).header().revision();
   }
 
   TempDir dir_;
