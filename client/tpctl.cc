@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "google/protobuf/util/json_util.h"
@@ -245,6 +246,26 @@ int RunStatus(tpd::Client& client) {
     }
     std::cout << "  groups:  " << status->groups_size() << " tracked; calls "
               << absl::StrJoin(calls, " ") << "\n";
+  }
+  const absl::Time now = absl::Now();
+  for (const tpd::v1::RendezvousStoreInfo& store : status->rendezvous_stores()) {
+    std::cout << "    store " << store.name() << ": liveness by " << store.liveness();
+    if (store.liveness() == "lease") {
+      std::cout << " " << (store.lease_id().empty() ? "(none held)" : store.lease_id()) << " TTL "
+                << absl::FormatDuration(absl::Milliseconds(store.lease_ttl_ms()));
+    }
+    std::cout << ", last "
+              << (store.last_beat_unix_ms() == 0
+                      ? std::string("never")
+                      : absl::StrCat(absl::FormatDuration(absl::Trunc(
+                                         now - absl::FromUnixMillis(store.last_beat_unix_ms()),
+                                         absl::Milliseconds(1))),
+                                     " ago"));
+    if (store.failed_beats() > 0) {
+      std::cout << "; " << store.failed_beats() << " failed, last: " << store.last_error();
+    }
+    if (store.leases_lost() > 0) std::cout << "; " << store.leases_lost() << " leases lost";
+    std::cout << "\n";
   }
   if (!status->data_socket().empty()) {
     std::cout << "  data:    " << status->data_socket() << ", "

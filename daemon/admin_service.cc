@@ -160,6 +160,19 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
     peer->set_node(name);
     peer->set_last_heartbeat_unix_ms(absl::ToUnixMillis(seen));
   }
+  for (const auto& [name, liveness] : groups_->RendezvousStores()) {
+    v1::RendezvousStoreInfo* store = response->add_rendezvous_stores();
+    store->set_name(name);
+    store->set_liveness(liveness.leased ? "lease" : "heartbeat");
+    if (liveness.lease != 0) store->set_lease_id(absl::StrFormat("%016x", liveness.lease));
+    store->set_lease_ttl_ms(absl::ToInt64Milliseconds(liveness.lease_ttl));
+    if (liveness.last_beat != absl::InfinitePast()) {
+      store->set_last_beat_unix_ms(absl::ToUnixMillis(liveness.last_beat));
+    }
+    store->set_failed_beats(liveness.failed_beats);
+    store->set_last_error(liveness.last_error);
+    store->set_leases_lost(liveness.leases_lost);
+  }
 
   v1::ConfigSummary* config = response->mutable_config();
   config->set_config_path(config_->config_path);

@@ -428,6 +428,22 @@ std::vector<v1::GroupView> GroupManager::ListGroups() {
   return views;
 }
 
+std::map<std::string, LivenessStats> GroupManager::RendezvousStores() {
+  std::vector<std::shared_ptr<StoreEntry>> entries;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, weak] : stores_) {
+      if (std::shared_ptr<StoreEntry> entry = weak.lock()) entries.push_back(std::move(entry));
+    }
+  }
+  // Outside mu_: a liveness's mutex is held across its store calls.
+  std::map<std::string, LivenessStats> stores;
+  for (const std::shared_ptr<StoreEntry>& entry : entries) {
+    stores[entry->name] = entry->liveness->Stats();
+  }
+  return stores;
+}
+
 std::map<std::string, absl::Time> GroupManager::PeerHeartbeats() {
   std::map<std::string, absl::Time> peers;
   for (const std::shared_ptr<GroupTracker>& tracker : AllTrackers()) {

@@ -83,6 +83,8 @@ class GroupManager {
   absl::StatusOr<std::shared_ptr<GroupTracker>> Tracker(const std::string& group,
                                                         const std::string& init_method);
   std::vector<v1::GroupView> ListGroups();
+  // The rendezvous stores in use, by name, with this node's liveness in each.
+  std::map<std::string, LivenessStats> RendezvousStores();
   // The session holding worker `name` of `group` on this daemon, if any.
   std::optional<std::string> SessionOf(const std::string& group, const std::string& name);
   // Member `name` of `group` as this daemon last read it, if the group is followed and has it.

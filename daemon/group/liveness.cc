@@ -22,6 +22,7 @@ absl::Status NodeLiveness::Announce(uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
   if (written_ == incarnation) return absl::OkStatus();
   absl::Status written = WriteLocked(incarnation);
+  NoteBeatLocked(written);
   if (absl::IsNotFound(written) && leased()) LeaseLostLocked(written);
   return written;
 }
@@ -34,14 +35,35 @@ void NodeLiveness::Beat() {
     if (absl::IsNotFound(renewed)) {
       LeaseLostLocked(renewed);
     } else if (!renewed.ok()) {
-      return;  // the store is unreachable: the next beat tries again, within the TTL
+      NoteBeatLocked(renewed);  // the store is unreachable: the next beat tries again
+      return;
     } else if (written_ == incarnation) {
+      NoteBeatLocked(renewed);
       return;
     }
   }
   // A lost beat is retried at the next tick; peers judge only what outlasts the window.
   absl::Status written = WriteLocked(incarnation_->load());
+  NoteBeatLocked(written);
   if (absl::IsNotFound(written) && leased()) LeaseLostLocked(written);
+}
+
+LivenessStats NodeLiveness::Stats() {
+  absl::MutexLock lock(&stats_mu_);
+  LivenessStats stats = stats_;
+  stats.leased = leased();
+  return stats;
+}
+
+void NodeLiveness::NoteBeatLocked(const absl::Status& status) {
+  absl::MutexLock lock(&stats_mu_);
+  stats_.lease = lease_;
+  if (status.ok()) {
+    stats_.last_beat = absl::Now();
+  } else {
+    ++stats_.failed_beats;
+    stats_.last_error = status.ToString();
+  }
 }
 
 void NodeLiveness::Stop() {
@@ -55,6 +77,8 @@ void NodeLiveness::Stop() {
   }
   lease_ = 0;
   written_ = 0;
+  absl::MutexLock stats_lock(&stats_mu_);
+  stats_.lease = 0;
 }
 
 absl::Status NodeLiveness::WriteLocked(uint64_t incarnation) {
@@ -68,6 +92,8 @@ absl::Status NodeLiveness::WriteLocked(uint64_t incarnation) {
     absl::StatusOr<store::Leases::Grant> grant = leases_->GrantLease(ttl_);
     if (!grant.ok()) return grant.status();
     lease_ = grant->id;
+    absl::MutexLock stats_lock(&stats_mu_);
+    stats_.lease_ttl = grant->ttl;
     DaemonLog().info("[node {}] [store {}] liveness bound to lease {:016x} (TTL {})", node_,
                      store_name_, lease_, absl::FormatDuration(grant->ttl));
   }
@@ -87,6 +113,11 @@ void NodeLiveness::LeaseLostLocked(const absl::Status& why) {
   const bool disown = incarnation_->load() == written_;
   lease_ = 0;
   written_ = 0;
+  {
+    absl::MutexLock lock(&stats_mu_);
+    ++stats_.leases_lost;
+    stats_.lease = 0;
+  }
   if (disown && on_lease_lost_) on_lease_lost_();
 }
 

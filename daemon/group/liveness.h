@@ -30,6 +30,17 @@
 
 namespace tpd::group {
 
+// What Admin.Status shows of a node's liveness in one store.
+struct LivenessStats {
+  bool leased = false;
+  int64_t lease = 0;  // 0: none held (not yet granted, or expired and not yet replaced)
+  absl::Duration lease_ttl;
+  absl::Time last_beat = absl::InfinitePast();  // last write or renewal that succeeded
+  int64_t failed_beats = 0;
+  std::string last_error;
+  int64_t leases_lost = 0;
+};
+
 class NodeLiveness {
  public:
   // `store` and `incarnation` (the node's, changed by whoever reincarnates it) must outlive
@@ -52,12 +63,15 @@ class NodeLiveness {
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   bool leased() const { return leases_ != nullptr; }
+  LivenessStats Stats() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // Writes the key with `incarnation` (under the current lease, granting one if needed).
   absl::Status WriteLocked(uint64_t incarnation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lease expired: forget it and leave the incarnation its key named.
   void LeaseLostLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a beat's outcome for Stats.
+  void NoteBeatLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   store::Store* const store_;
   store::Leases* const leases_;  // nullptr: a store without leases
@@ -71,6 +85,10 @@ class NodeLiveness {
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;  // 0: none granted (yet, or since one expired)
   uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;  // the incarnation the key names
   int64_t counter_ ABSL_GUARDED_BY(mu_) = 0;
+  // Apart from mu_, which store calls hold for up to their timeout: Admin.Status must answer
+  // while the store does not. Order: mu_ before stats_mu_.
+  absl::Mutex stats_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  LivenessStats stats_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace tpd::group

@@ -645,6 +645,13 @@ TEST_F(GroupTest, StatusShowsGroupsMembersAndPeers) {
   EXPECT_EQ(status->groups(0).phase(), "FORMED");
   EXPECT_EQ(status->groups(0).negotiated_size(), 3);
   EXPECT_EQ(status->peers_size(), 2);
+  // Its liveness in the group's store: a counter it writes (a tcp:// store has no leases).
+  ASSERT_EQ(status->rendezvous_stores_size(), 1);
+  const v1::RendezvousStoreInfo& store = status->rendezvous_stores(0);
+  EXPECT_EQ(store.name(), status->groups(0).store());
+  EXPECT_EQ(store.liveness(), "heartbeat");
+  EXPECT_TRUE(store.lease_id().empty());
+  EXPECT_GT(store.last_beat_unix_ms(), 0);
   // Control calls are counted apart from store calls.
   EXPECT_GE(status->control_calls().at("Join"), 1);
   EXPECT_EQ(status->store().calls().count("Join"), 0);

@@ -199,6 +199,17 @@ TEST_F(EtcdRendezvousTest, LivenessWritesNothingWhileTheGroupIsIdle) {
   absl::StatusOr<v1::GroupView> view = client->GetGroup("idle", init_method_);
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_EQ(view->phase(), "FORMED");
+  // Operators see the lease in Admin.Status (tpctl status).
+  absl::StatusOr<v1::StatusResponse> status = client->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->rendezvous_stores_size(), 1);
+  const v1::RendezvousStoreInfo& store = status->rendezvous_stores(0);
+  EXPECT_EQ(store.name(), view->store());
+  EXPECT_EQ(store.liveness(), "lease");
+  EXPECT_EQ(store.lease_id().size(), 16u) << store.lease_id();
+  EXPECT_EQ(store.lease_ttl_ms(), 1000);
+  EXPECT_GT(store.last_beat_unix_ms(), absl::ToUnixMillis(absl::Now() - absl::Seconds(5)));
+  EXPECT_EQ(store.leases_lost(), 0);
 }
 
 TEST_F(EtcdRendezvousTest, ADaemonStalledPastItsLeaseIsEvictedAndResumesUnderANewIncarnation) {
@@ -251,6 +262,10 @@ TEST_F(EtcdRendezvousTest, ADaemonStalledPastItsLeaseIsEvictedAndResumesUnderANe
     }
   }
   EXPECT_THAT(daemon_[2]->Output(), HasSubstr("its liveness lease expired: taking new incarnation"));
+  absl::StatusOr<v1::StatusResponse> status = c->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->rendezvous_stores_size(), 1);
+  EXPECT_EQ(status->rendezvous_stores(0).leases_lost(), 1);
 }
 
 JoinOptions Dynamic(const std::string& group, const std::string& name,
