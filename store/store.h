@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/strings/cord.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -28,6 +29,18 @@ using WaitCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<std::str
 
 // Identifies a pending wait for CancelWait. Never reused within one store.
 using WaitId = uint64_t;
+
+// What a store adds to a failed call's status when it knows nothing was applied (the server
+// refused it, or it was never sent). A failed write without it may have been applied: its
+// answer was lost (a timeout, a connection or a leader lost after sending).
+inline constexpr absl::string_view kNotAppliedPayload = "tpd.store/not-applied";
+inline absl::Status NotApplied(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kNotAppliedPayload, absl::Cord("1"));
+  return status;
+}
+inline bool SurelyNotApplied(const absl::Status& status) {
+  return status.GetPayload(kNotAppliedPayload).has_value();
+}
 
 class Leases;
 

@@ -1,6 +1,5 @@
 #include "daemon/group/group_log.h"
 
-#include <algorithm>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -9,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/group/membership.h"
+#include "store/store.h"
 
 namespace tpd::group {
 namespace {
@@ -19,6 +19,21 @@ std::string VersionKey(int64_t version) { return absl::StrCat("v/", version); }
 constexpr absl::Duration kLandingWait = absl::Seconds(2);
 // How long a store that does not answer is asked again whether such a write landed.
 constexpr absl::Duration kResolveTimeout = absl::Seconds(15);
+
+// Whether a failed write may have been applied: its answer was lost, and the store does not
+// know it refused it or never sent it.
+bool MaybeApplied(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+      return !store::SurelyNotApplied(status);
+    default:
+      return false;  // refused: too large, not permitted, invalid, ...
+  }
+}
 
 }  // namespace
 
@@ -85,27 +100,31 @@ absl::StatusOr<bool> GroupLog::TryAppend(const v1::GroupRecord& next) {
   const int64_t version = next.view().version();
   const std::string bytes = next.SerializeAsString();
   absl::StatusOr<std::string> stored = store_->CompareSet(VersionKey(version), "", bytes);
-  if (!stored.ok()) {
+  if (!stored.ok() && MaybeApplied(stored.status())) {
     // The write may have landed although its answer was lost (a remote store's timeout, an
     // etcd leader that died after replicating it): read the version back, so a won version
     // is never mistaken for a failure. Taken for lost, it would leave a member whose join
     // was answered with an error in the group, or a member whose leave landed missing as if
-    // evicted. While the store does not answer (an etcd election), the read is retried.
-    const absl::Time give_up = absl::Now() + kResolveTimeout;
+    // evicted. Absent for kLandingWait, it did not land; while the store does not answer
+    // (an etcd election), it is asked again up to kResolveTimeout.
+    const absl::Time start = absl::Now();
     for (;;) {
-      absl::StatusOr<std::vector<std::string>> back = store_->MultiGet(
-          {VersionKey(version)}, std::min(give_up, absl::Now() + kLandingWait));
-      if (back.ok()) {
-        stored = std::move(back->front());
-        break;
-      }
-      // Absent for the whole wait: the write did not land.
-      if (absl::IsDeadlineExceeded(back.status()) || absl::Now() >= give_up) {
+      absl::StatusOr<bool> there = store_->Check({VersionKey(version)});
+      if (there.ok() && *there) {
+        absl::StatusOr<std::vector<std::string>> back =
+            store_->MultiGet({VersionKey(version)}, absl::Now() + kLandingWait);
+        if (back.ok()) {
+          stored = std::move(back->front());
+          break;
+        }
+      } else if (there.ok() && absl::Now() - start >= kLandingWait) {
         return stored.status();
       }
+      if (absl::Now() - start >= kResolveTimeout) return stored.status();
       absl::SleepFor(absl::Milliseconds(100));
     }
   }
+  if (!stored.ok()) return stored.status();
   if (*stored != bytes) return false;
   // Best effort: a lost hint or an undeleted old version only costs readers a few probes.
   (void)store_->Set("head", absl::StrCat(version));

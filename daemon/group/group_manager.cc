@@ -109,9 +109,9 @@ void GroupManager::ReapLoop() {
   }
 }
 
-void GroupManager::Reincarnate(absl::string_view why) {
+void GroupManager::Reincarnate(uint64_t lost, absl::string_view why) {
   const uint64_t incarnation = NewIncarnation();
-  node_.incarnation = incarnation;
+  if (!node_.incarnation.compare_exchange_strong(lost, incarnation)) return;
   DaemonLog().warn("[node {}] {}: taking new incarnation {}", node_.name, std::string(why),
                    incarnation);
 }
@@ -242,7 +242,7 @@ absl::StatusOr<std::shared_ptr<GroupManager::StoreEntry>> GroupManager::StoreFor
   entry->liveness = std::make_unique<NodeLiveness>(
       entry->store.get(), name, node_.name, &node_.incarnation,
       options_.tracker.heartbeat_timeout,
-      [this] { Reincarnate("its liveness lease expired"); });
+      [this](uint64_t lost) { Reincarnate(lost, "its liveness lease expired"); });
   absl::StatusOr<std::unique_ptr<GroupWorker>> worker = GroupWorker::Start(name);
   if (!worker.ok()) return worker.status();
   entry->worker = *std::move(worker);
@@ -289,7 +289,8 @@ absl::StatusOr<std::shared_ptr<GroupTracker>> GroupManager::TrackerFor(
   std::shared_ptr<GroupTracker> tracker(
       new GroupTracker(group, entry->name, entry->store.get(), entry->liveness.get(),
                        entry->worker.get(), &node_,
-                       options_.tracker, [this] { Reincarnate("evicted from a group"); }),
+                       options_.tracker,
+                       [this](uint64_t lost) { Reincarnate(lost, "evicted from a group"); }),
       [entry](GroupTracker* doomed) { delete doomed; });
   trackers_[group] = TrackerEntry{tracker, entry->name, absl::Now()};
   return tracker;

@@ -138,8 +138,9 @@ class GroupManager {
   void HeartbeatTo(StoreEntry* entry);
   // Releases idle groups, every idle_release / 4, until Shutdown.
   void ReapLoop();
-  // Takes a new incarnation; `why` says what the old one lost.
-  void Reincarnate(absl::string_view why);
+  // Takes a new incarnation unless the node already left `lost` (two findings of one loss
+  // must not disown members that joined under the first new one); `why` says what was lost.
+  void Reincarnate(uint64_t lost, absl::string_view why);
 
   const GroupManagerOptions options_;
   Node node_;

@@ -29,7 +29,8 @@ constexpr absl::Duration kErrorLogInterval = absl::Seconds(30);
 
 GroupTracker::GroupTracker(std::string group, std::string store_name, store::Store* root,
                            NodeLiveness* liveness, GroupWorker* worker, Node* node,
-                           TrackerOptions options, std::function<void()> on_evicted)
+                           TrackerOptions options,
+                           std::function<void(uint64_t incarnation)> on_evicted)
     : group_(group),
       store_name_(std::move(store_name)),
       root_(root),
@@ -443,7 +444,9 @@ bool GroupTracker::Holds(const std::string& session_id) {
 std::map<std::string, absl::Time> GroupTracker::PeerHeartbeats() {
   absl::MutexLock lock(&mu_);
   std::map<std::string, absl::Time> out;
-  for (const auto& [node, seen] : heartbeats_) out[node] = seen.second;
+  for (const auto& [node, seen] : heartbeats_) {
+    if (!seen.first.empty()) out[node] = seen.second;  // empty: its key was never seen
+  }
   return out;
 }
 
@@ -657,8 +660,9 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
       absl::MutexLock lock(&mu_);
       stale = StaleOwnMembers(base);
     }
+    // One incarnation for the whole attempt: its members must all match the key announced.
+    const uint64_t incarnation = node_->incarnation.load();
     if (!stale.empty()) {
-      const uint64_t incarnation = node_->incarnation.load();
       RemoveMembers(
           &next,
           [&](const v1::Member& m) {
@@ -672,7 +676,7 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
       Op& op = ops[i];
       if (op.join) {
         // The incarnation in force when the member is recorded, not when it was asked for.
-        op.join->incarnation = node_->incarnation.load();
+        op.join->incarnation = incarnation;
         absl::StatusOr<int64_t> rank = AddMember(&next, *op.join);
         results[i] = rank.status();
         if (rank.ok()) {
@@ -707,6 +711,7 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     next.set_change_detail(store::JoinSummarized(details, "; "));
     // Peers judge this node's members by the incarnation its liveness key names.
     const absl::Status announced = AnnounceIncarnation(ops, results);
+    if (absl::IsAborted(announced) && attempt < 100) continue;  // a new incarnation: redo
     absl::StatusOr<bool> appended =
         announced.ok() ? log_.TryAppend(next) : absl::StatusOr<bool>(announced);
     if (!appended.ok() || (!*appended && attempt >= 100)) {
@@ -809,7 +814,7 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
   bool answers = false;
   v1::GroupEvent event;
   std::vector<Op> removals;
-  bool evicted = false;
+  std::optional<uint64_t> evicted;  // the incarnation whose members were evicted
   {
     absl::MutexLock lock(&mu_);
     // An empty record only re-settles pending joins against the current version.
@@ -841,7 +846,9 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
                            latest_.view().version(), latest_.change_detail());
           // Only losing members of the current incarnation calls for a new one; members of an
           // older incarnation are gone because this node already took a new one.
-          evicted |= it->second.incarnation == node_->incarnation.load();
+          if (it->second.incarnation == node_->incarnation.load()) {
+            evicted = it->second.incarnation;
+          }
           it = local_.erase(it);
         } else {
           ++it;
@@ -920,7 +927,7 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
     if (auto it = own.find(join.name); it != own.end()) *response.mutable_negotiated() = it->second;
     join.done(std::move(response));
   }
-  if (evicted && on_evicted_) on_evicted_();
+  if (evicted && on_evicted_) on_evicted_(*evicted);
 }
 
 void GroupTracker::CheckDeadlines() {
@@ -1057,6 +1064,7 @@ void GroupTracker::CheckHeartbeats() {
 void GroupTracker::CheckLeases(const std::map<std::string, std::set<uint64_t>>& nodes) {
   // The key's presence is the store's verdict, not this daemon's judgement of time, so a
   // daemon that was itself stalled reads the same as any other.
+  const absl::Time now = options_.clock->Now();
   for (const auto& [node, incarnations] : nodes) {
     absl::StatusOr<bool> present = root_->Check({HeartbeatKey(node)});
     if (!present.ok()) return;  // the store is unreachable: no judgement possible
@@ -1064,18 +1072,33 @@ void GroupTracker::CheckLeases(const std::map<std::string, std::set<uint64_t>>& 
     if (*present) {
       absl::StatusOr<std::string> got =
           root_->Get(HeartbeatKey(node), absl::Now() + absl::Seconds(1));
-      if (!got.ok() && !absl::IsDeadlineExceeded(got.status())) return;
-      // DEADLINE_EXCEEDED: the lease expired between the two reads.
-      if (got.ok()) value = *std::move(got);
+      if (got.ok()) {
+        value = *std::move(got);
+      } else {
+        // Gone since the check (the lease expired), or the store stopped answering (a timed
+        // out call reads DEADLINE_EXCEEDED too): only a check that answers decides.
+        present = root_->Check({HeartbeatKey(node)});
+        if (!present.ok() || *present) return;
+      }
       // Untrusted like every store value: not a heartbeat, so no verdict either way.
       if (value.size() > kMaxHeartbeatBytes) continue;
     }
-    const uint64_t alive = IncarnationOf(value);
     if (!value.empty()) {
       absl::MutexLock lock(&mu_);
-      heartbeats_[node] = {value, options_.clock->Now()};  // Admin.Status: last seen alive
+      heartbeats_[node] = {value, now};  // Admin.Status: last seen alive
     }
+    const uint64_t alive = IncarnationOf(value);
     if (value.empty()) {
+      {
+        // One eviction attempt per heartbeat window while the key stays gone.
+        absl::MutexLock lock(&mu_);
+        auto [it, inserted] = heartbeats_.try_emplace(node, "", now);
+        if (!inserted && it->second.first.empty() &&
+            now - it->second.second < options_.heartbeat_timeout) {
+          continue;
+        }
+        it->second = {"", now};
+      }
       const std::string why =
           absl::StrCat("node ", node, "'s liveness lease expired (its daemon stopped renewing it)");
       if (options_.on_node_lost) options_.on_node_lost(node, why);

@@ -83,12 +83,12 @@ class GroupTracker : public WorkerTask {
   // `root` is the rendezvous store (nodes' liveness keys live there); the group's own keys
   // are under "tpd/group/<group>/" in it. `store_name` names the store in views ("tcp://h:p").
   // `liveness` writes this node's liveness key in `root`. `root`, `liveness` and `node` must
-  // outlive the tracker. `on_evicted` runs (on the worker) when this
-  // daemon finds its own members evicted, so the daemon can take a new incarnation.
-  // `worker` runs the tracker's steps (see GroupWorker); it must outlive the tracker.
+  // outlive the tracker. `on_evicted` runs (on the worker) with the incarnation whose members
+  // this daemon finds evicted, so the daemon can leave it for a new one. `worker` runs the
+  // tracker's steps (see GroupWorker); it must outlive the tracker.
   GroupTracker(std::string group, std::string store_name, store::Store* root,
                NodeLiveness* liveness, GroupWorker* worker, Node* node, TrackerOptions options,
-               std::function<void()> on_evicted);
+               std::function<void(uint64_t incarnation)> on_evicted);
   // Stops; pending joins end with UNAVAILABLE.
   ~GroupTracker() override;
 
@@ -222,7 +222,7 @@ class GroupTracker : public WorkerTask {
   GroupLog log_;
   Node* const node_;
   const TrackerOptions options_;
-  const std::function<void()> on_evicted_;
+  const std::function<void(uint64_t incarnation)> on_evicted_;
 
   absl::Mutex mu_;
   v1::GroupRecord latest_ ABSL_GUARDED_BY(mu_);

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "daemon/group/heartbeat.h"
 #include "daemon/logging.h"
 
@@ -9,7 +11,7 @@ namespace tpd::group {
 
 NodeLiveness::NodeLiveness(store::Store* store, std::string store_name, std::string node,
                            const std::atomic<uint64_t>* incarnation, absl::Duration ttl,
-                           std::function<void()> on_lease_lost)
+                           std::function<void(uint64_t incarnation)> on_lease_lost)
     : store_(store),
       leases_(store->leases()),
       store_name_(std::move(store_name)),
@@ -20,32 +22,107 @@ NodeLiveness::NodeLiveness(store::Store* store, std::string store_name, std::str
 
 absl::Status NodeLiveness::Announce(uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
+  if (leased() && lease_ != 0 && absl::Now() - last_renewed_ > ttl_ / 4) {
+    // Not renewed lately (this daemon was stalled, or its beats fail): the lease may have
+    // expired, and members recorded under it would be evicted at once. Find out first.
+    (void)RenewLocked();
+  }
+  if (incarnation != incarnation_->load()) {
+    // Writing it would undo a newer incarnation's key, and peers would evict that one's
+    // members as restarted.
+    return absl::AbortedError(absl::StrCat("node ", node_, " took a new incarnation while ",
+                                           "members of the previous one were being recorded"));
+  }
   if (written_ == incarnation) return absl::OkStatus();
   absl::Status written = WriteLocked(incarnation);
   NoteBeatLocked(written);
-  if (absl::IsNotFound(written) && leased()) LeaseLostLocked(written);
+  if (absl::IsNotFound(written) && leased()) {
+    LeaseLostLocked(written);
+    return absl::AbortedError(absl::StrCat("node ", node_, "'s liveness lease expired while ",
+                                           "members were being recorded"));
+  }
   return written;
 }
 
 void NodeLiveness::Beat() {
   absl::MutexLock lock(&mu_);
-  const uint64_t incarnation = incarnation_->load();
   if (leased() && lease_ != 0) {
-    absl::Status renewed = leases_->KeepLeaseAlive(lease_);
-    if (absl::IsNotFound(renewed)) {
-      LeaseLostLocked(renewed);
-    } else if (!renewed.ok()) {
-      NoteBeatLocked(renewed);  // the store is unreachable: the next beat tries again
-      return;
-    } else if (written_ == incarnation) {
-      NoteBeatLocked(renewed);
-      return;
-    }
+    absl::Status renewed = RenewLocked();
+    // Unreachable: the next beat tries again, within the TTL.
+    if (!renewed.ok() && !absl::IsNotFound(renewed)) return;
+    if (renewed.ok() && written_ == incarnation_->load()) return;
   }
   // A lost beat is retried at the next tick; peers judge only what outlasts the window.
   absl::Status written = WriteLocked(incarnation_->load());
   NoteBeatLocked(written);
   if (absl::IsNotFound(written) && leased()) LeaseLostLocked(written);
+}
+
+void NodeLiveness::Stop() {
+  absl::MutexLock lock(&mu_);
+  if (!leased() || lease_ == 0) return;
+  absl::Status revoked = leases_->RevokeLease(lease_);
+  if (!revoked.ok()) {
+    DaemonLog().info("[node {}] [store {}] liveness lease {:016x} not revoked ({}); it expires "
+                     "within {}",
+                     node_, store_name_, lease_, revoked.ToString(), absl::FormatDuration(ttl_));
+  }
+  lease_ = 0;
+  written_ = 0;
+  absl::MutexLock stats_lock(&stats_mu_);
+  stats_.lease = 0;
+}
+
+absl::Status NodeLiveness::RenewLocked() {
+  absl::Status renewed = leases_->KeepLeaseAlive(lease_);
+  if (absl::IsNotFound(renewed)) {
+    LeaseLostLocked(renewed);
+    return renewed;
+  }
+  if (renewed.ok()) last_renewed_ = absl::Now();
+  NoteBeatLocked(renewed);
+  return renewed;
+}
+
+absl::Status NodeLiveness::WriteLocked(uint64_t incarnation) {
+  if (!leased()) {
+    absl::Status written =
+        store_->Set(HeartbeatKey(node_), HeartbeatValue(incarnation, ++counter_));
+    if (written.ok()) written_ = incarnation;
+    return written;
+  }
+  if (lease_ == 0) {
+    absl::StatusOr<store::Leases::Grant> grant = leases_->GrantLease(ttl_);
+    if (!grant.ok()) return grant.status();
+    lease_ = grant->id;
+    last_renewed_ = absl::Now();
+    DaemonLog().info("[node {}] [store {}] liveness bound to lease {:016x} (TTL {})", node_,
+                     store_name_, lease_, absl::FormatDuration(grant->ttl));
+    absl::MutexLock stats_lock(&stats_mu_);
+    stats_.lease_ttl = grant->ttl;
+  }
+  absl::Status written =
+      leases_->SetLeased(HeartbeatKey(node_), HeartbeatValue(incarnation, 0), lease_);
+  if (written.ok()) written_ = incarnation;
+  return written;
+}
+
+void NodeLiveness::LeaseLostLocked(const absl::Status& why) {
+  DaemonLog().warn("[node {}] [store {}] liveness lease {:016x} expired ({}): peers may have "
+                   "evicted this node's members",
+                   node_, store_name_, lease_, std::string(why.message()));
+  // The incarnation the lost key named is the one peers may have evicted: leave it, unless
+  // the node already did (its trackers saw the eviction first; GroupManager::Reincarnate
+  // takes a new one only from `lost`).
+  const uint64_t lost = written_;
+  lease_ = 0;
+  written_ = 0;
+  {
+    absl::MutexLock lock(&stats_mu_);
+    ++stats_.leases_lost;
+    stats_.lease = 0;
+  }
+  if (lost != 0 && on_lease_lost_) on_lease_lost_(lost);
 }
 
 LivenessStats NodeLiveness::Stats() {
@@ -64,61 +141,6 @@ void NodeLiveness::NoteBeatLocked(const absl::Status& status) {
     ++stats_.failed_beats;
     stats_.last_error = status.ToString();
   }
-}
-
-void NodeLiveness::Stop() {
-  absl::MutexLock lock(&mu_);
-  if (!leased() || lease_ == 0) return;
-  absl::Status revoked = leases_->RevokeLease(lease_);
-  if (!revoked.ok()) {
-    DaemonLog().info("[node {}] [store {}] liveness lease {:016x} not revoked ({}); it expires "
-                     "within {}",
-                     node_, store_name_, lease_, revoked.ToString(), absl::FormatDuration(ttl_));
-  }
-  lease_ = 0;
-  written_ = 0;
-  absl::MutexLock stats_lock(&stats_mu_);
-  stats_.lease = 0;
-}
-
-absl::Status NodeLiveness::WriteLocked(uint64_t incarnation) {
-  if (!leased()) {
-    absl::Status written =
-        store_->Set(HeartbeatKey(node_), HeartbeatValue(incarnation, ++counter_));
-    if (written.ok()) written_ = incarnation;
-    return written;
-  }
-  if (lease_ == 0) {
-    absl::StatusOr<store::Leases::Grant> grant = leases_->GrantLease(ttl_);
-    if (!grant.ok()) return grant.status();
-    lease_ = grant->id;
-    absl::MutexLock stats_lock(&stats_mu_);
-    stats_.lease_ttl = grant->ttl;
-    DaemonLog().info("[node {}] [store {}] liveness bound to lease {:016x} (TTL {})", node_,
-                     store_name_, lease_, absl::FormatDuration(grant->ttl));
-  }
-  absl::Status written =
-      leases_->SetLeased(HeartbeatKey(node_), HeartbeatValue(incarnation, 0), lease_);
-  if (written.ok()) written_ = incarnation;
-  return written;
-}
-
-void NodeLiveness::LeaseLostLocked(const absl::Status& why) {
-  DaemonLog().warn("[node {}] [store {}] liveness lease {:016x} expired ({}): peers may have "
-                   "evicted this node's members",
-                   node_, store_name_, lease_, std::string(why.message()));
-  // The incarnation the lost key named is the one peers may have evicted. The node may
-  // have left it already (its trackers saw the eviction first): a second new incarnation
-  // would only disown members that joined under the first.
-  const bool disown = incarnation_->load() == written_;
-  lease_ = 0;
-  written_ = 0;
-  {
-    absl::MutexLock lock(&stats_mu_);
-    ++stats_.leases_lost;
-    stats_.lease = 0;
-  }
-  if (disown && on_lease_lost_) on_lease_lost_();
 }
 
 }  // namespace tpd::group

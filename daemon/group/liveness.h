@@ -6,13 +6,14 @@
 //    so liveness costs no writes. When the daemon stops renewing (killed, stalled, cut off),
 //    the store's server deletes the key: its absence is the verdict, the same for every
 //    reader. A lease found expired means peers may have evicted this node's members, so the
-//    node takes a new incarnation (`on_lease_lost`, unless it already left the one the key
-//    named) before it writes its key again.
+//    node leaves the incarnation the key named (`on_lease_lost`) before it writes its key
+//    again.
 //  - Otherwise: the value also carries a counter written every interval; peers judge a
 //    counter that stops changing (GroupTracker::CheckHeartbeats).
 //
-// Thread safety: thread-safe. One mutex orders every write of the key, so a beat that read
-// an older incarnation never lands after an announcement of a newer one.
+// Thread safety: thread-safe. One mutex orders every write of the key, and the key is only
+// ever written with the node's current incarnation, read under that mutex: a beat or an
+// announcement never puts back an incarnation the node has left.
 
 #ifndef TPD_DAEMON_GROUP_LIVENESS_H_
 #define TPD_DAEMON_GROUP_LIVENESS_H_
@@ -46,13 +47,16 @@ class NodeLiveness {
   // `store` and `incarnation` (the node's, changed by whoever reincarnates it) must outlive
   // this object. `store_name` names the store in logs. `ttl`: the lease's, in a store with
   // leases (the heartbeat timeout).
+  // `on_lease_lost` gets the incarnation the expired lease's key named.
   NodeLiveness(store::Store* store, std::string store_name, std::string node,
                const std::atomic<uint64_t>* incarnation, absl::Duration ttl,
-               std::function<void()> on_lease_lost);
+               std::function<void(uint64_t incarnation)> on_lease_lost);
 
   // Makes the key name `incarnation` now, unless it already does: called before members of
   // that incarnation are recorded, so no peer reads a previous life's key beside them and
-  // evicts them as restarted.
+  // evicts them as restarted. A lease not renewed for a quarter of its TTL is renewed first.
+  // ABORTED when `incarnation` is no longer the node's (it took a new one meanwhile, maybe
+  // because the lease had expired): record the members under the new one instead.
   absl::Status Announce(uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
 
   // One heartbeat: renews the lease (taking a new one, and a new incarnation, when it
@@ -68,6 +72,8 @@ class NodeLiveness {
  private:
   // Writes the key with `incarnation` (under the current lease, granting one if needed).
   absl::Status WriteLocked(uint64_t incarnation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Renews the lease held; NOT_FOUND (after LeaseLostLocked) when it had expired.
+  absl::Status RenewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lease expired: forget it and leave the incarnation its key named.
   void LeaseLostLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a beat's outcome for Stats.
@@ -79,11 +85,12 @@ class NodeLiveness {
   const std::string node_;
   const std::atomic<uint64_t>* const incarnation_;
   const absl::Duration ttl_;
-  const std::function<void()> on_lease_lost_;
+  const std::function<void(uint64_t incarnation)> on_lease_lost_;
 
   absl::Mutex mu_;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;  // 0: none granted (yet, or since one expired)
   uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;  // the incarnation the key names
+  absl::Time last_renewed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // or granted
   int64_t counter_ ABSL_GUARDED_BY(mu_) = 0;
   // Apart from mu_, which store calls hold for up to their timeout: Admin.Status must answer
   // while the store does not. Order: mu_ before stats_mu_.

@@ -57,7 +57,7 @@ std::string PrefixEnd(std::string prefix) {
 
 // Whether an UNAVAILABLE surely came before etcd applied anything: the connection failed, or
 // the member refused for want of a leader (it proposes nothing then).
-bool SurelyNotApplied(const grpc::Status& status) {
+bool GrpcSurelyNotApplied(const grpc::Status& status) {
   const std::string& message = status.error_message();
   for (absl::string_view sign : {"etcdserver: no leader", "etcdserver: not capable",
                                  "failed to connect", "Connection refused",
@@ -118,7 +118,8 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what,
     hint = "; the etcd user's roles must grant readwrite on the store's key prefix";
   }
   if (absl::StrContains(status.error_message(), "request is too large") ||
-      status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+       absl::StrContains(status.error_message(), "larger than max"))) {
     // etcd answers INVALID_ARGUMENT, but nothing is wrong with the request but its size.
     return absl::ResourceExhaustedError(absl::StrCat(
         "etcd ", what, " at ", address, ": ", Echo(status.error_message()),
@@ -343,6 +344,9 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
   // would only delay the answer by connect_timeout each, so the call fails at once.
   std::vector<size_t> failing;
   bool reached = false;
+  // An endpoint may have applied the call before its answer was lost (a repeatable call is
+  // repeated elsewhere then): the call's failure must not be marked NotApplied.
+  bool maybe_applied = false;
   for (int pass = 0; pass < 2; ++pass) {
     std::vector<size_t> order;
     if (pass == 0) {
@@ -376,8 +380,8 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
       }
       if (!token.ok()) {
         if (token.status().code() == absl::StatusCode::kUnauthenticated) {
-          return absl::UnauthenticatedError(
-              absl::StrCat("etcd ", what, ": ", token.status().message()));
+          return NotApplied(absl::UnauthenticatedError(
+              absl::StrCat("etcd ", what, ": ", token.status().message())));
         }
         why[index] = std::string(token.status().message());
         continue;
@@ -387,10 +391,11 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
         return absl::OkStatus();
       }
       if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-        if (retry == Retry::kIdempotent || SurelyNotApplied(status)) {
+        if (retry == Retry::kIdempotent || GrpcSurelyNotApplied(status)) {
           why[index] = Echo(status.error_message());
           // An answer of etcd's own ("etcdserver: no leader"), not a broken connection.
           reached |= absl::StartsWith(status.error_message(), "etcdserver:");
+          maybe_applied |= !GrpcSurelyNotApplied(status);
           continue;
         }
         return absl::UnavailableError(absl::StrCat(
@@ -404,7 +409,8 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
             "etcd ", what, " on ", name_, ": no answer within the store call timeout ",
             absl::FormatDuration(options_.call_timeout), "; tried ", tried()));
       }
-      return FromGrpc(status, what, endpoint.address);
+      // etcd refused it: nothing was applied.
+      return NotApplied(FromGrpc(status, what, endpoint.address));
     }
     if (failing.empty() || reached) break;
   }
@@ -414,13 +420,14 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
         absl::StrCat("etcd ", what, " on ", name_, ": no answer within the store call timeout ",
                      absl::FormatDuration(options_.call_timeout)));
   }
-  return absl::UnavailableError(absl::StrCat(
+  absl::Status unavailable = absl::UnavailableError(absl::StrCat(
       "etcd ", what, " failed: no endpoint of ", name_, " answered; tried ", listed,
       options_.credentials.tls()
           ? " (over TLS, a connection also fails when a member's certificate is not signed "
             "by [etcd] ca_file or does not name the endpoint, or when the member requires a "
             "client certificate that [etcd] cert_file does not give or its CA does not trust)"
           : ""));
+  return maybe_applied ? unavailable : NotApplied(std::move(unavailable));
 }
 
 absl::StatusOr<std::vector<std::optional<std::string>>> EtcdStore::ReadAtOneRevision(
@@ -508,7 +515,7 @@ absl::StatusOr<EtcdStore::Update> EtcdStore::ReadModifyWrite(absl::string_view o
                                [&](Endpoint& endpoint, grpc::ClientContext& context) {
                                  return endpoint.kv->Range(&context, read, &range);
                                });
-  if (!status.ok()) return status;
+  if (!status.ok()) return NotApplied(status);  // a read: nothing was written
   for (int attempt = 0; attempt <= options_.max_conflict_retries; ++attempt) {
     Update update;
     int64_t mod_revision = 0;  // etcd compares a missing key's mod revision as 0
@@ -517,7 +524,7 @@ absl::StatusOr<EtcdStore::Update> EtcdStore::ReadModifyWrite(absl::string_view o
       mod_revision = range.kvs(0).mod_revision();
     }
     absl::StatusOr<std::optional<std::string>> next = decide(update.before);
-    if (!next.ok()) return next.status();
+    if (!next.ok()) return NotApplied(next.status());
     if (!next->has_value()) return update;
 
     TxnRequest txn;
@@ -544,9 +551,9 @@ absl::StatusOr<EtcdStore::Update> EtcdStore::ReadModifyWrite(absl::string_view o
     // Another writer came between the read and the transaction: retry on what it left.
     range = response.responses(0).response_range();
   }
-  return absl::AbortedError(absl::StrCat("etcd ", what, ": another writer changed the key ",
-                                         options_.max_conflict_retries + 1,
-                                         " times in a row between read and write; retry later"));
+  return NotApplied(absl::AbortedError(absl::StrCat(
+      "etcd ", what, ": another writer changed the key ", options_.max_conflict_retries + 1,
+      " times in a row between read and write; retry later")));
 }
 
 absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view key, int64_t delta) {
@@ -680,6 +687,8 @@ absl::Status EtcdStore::KeepLeaseAlive(int64_t id) {
   // come once per heartbeat interval, and a short stream fails over like any other call.
   absl::Status status = CallEtcd(
       what, Retry::kIdempotent, [&](Endpoint& endpoint, grpc::ClientContext& context) {
+        answered = false;  // this attempt's answer only (the call may be repeated)
+        response.Clear();
         std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
                                                  etcdserverpb::LeaseKeepAliveResponse>>
             stream = endpoint.lease->LeaseKeepAlive(&context);

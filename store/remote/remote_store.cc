@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -99,8 +100,24 @@ std::unique_ptr<grpc::ClientContext> RemoteStore::Context(
 
 absl::Status RemoteStore::FromGrpc(const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat("store at ", address_, ": ", status.error_message()));
+  absl::Status converted(static_cast<absl::StatusCode>(status.error_code()),
+                         absl::StrCat("store at ", address_, ": ", status.error_message()));
+  switch (status.error_code()) {
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::INTERNAL:
+      return converted;  // the answer may have been lost after the write was applied
+    case grpc::StatusCode::UNAVAILABLE:
+      // Applied only if it was sent: a connection that never came up sent nothing.
+      for (absl::string_view sign : {"failed to connect", "Connection refused",
+                                     "connections to all backends failing"}) {
+        if (absl::StrContains(status.error_message(), sign)) return store::NotApplied(converted);
+      }
+      return converted;
+    default:
+      return store::NotApplied(converted);  // the store refused it
+  }
 }
 
 absl::Status RemoteStore::Set(absl::string_view key, absl::string_view value) {

@@ -183,7 +183,7 @@ TEST_F(EtcdRendezvousTest, KilledDaemonsMembersAreEvictedWhenItsLeaseExpires) {
   // The lease's TTL (1 s) plus etcd's expiry sweep (every 500 ms) and one check (100 ms),
   // with room for a loaded machine; far below the 20 s waited.
   std::cout << "[          ] evicted " << took << " after the SIGKILL (lease TTL 1 s)\n";
-  EXPECT_LT(took, absl::Seconds(6));
+  EXPECT_LT(took, absl::Seconds(10));
   for (const v1::Member& member : view->members()) EXPECT_NE(member.node(), "node-c");
 }
 
