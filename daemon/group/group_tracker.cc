@@ -565,7 +565,17 @@ absl::Time GroupTracker::Step() {
   }
   if (!ops.empty()) ApplyOps(std::move(ops));
   if (options_.clock->Now() >= next_tick_) {
-    CatchUp();
+    bool waiting;
+    {
+      absl::MutexLock lock(&mu_);
+      waiting = wait_armed_;
+    }
+    // The version wait brings every new version; reading the newest as well (four reads) is
+    // a safety net, needed each tick only while no wait is armed (the store refused one).
+    if (!waiting || options_.clock->Now() >= next_catch_up_) {
+      CatchUp();
+      next_catch_up_ = options_.clock->Now() + kVersionWaitSlice;
+    }
     CheckDeadlines();
     CheckHeartbeats();
     next_tick_ = options_.clock->Now() + options_.heartbeat_interval;

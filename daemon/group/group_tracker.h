@@ -269,6 +269,7 @@ class GroupTracker : public WorkerTask {
 
   GroupWorker* const worker_;
   absl::Time next_tick_ = absl::InfinitePast();  // worker only
+  absl::Time next_catch_up_ = absl::InfinitePast();  // worker only
   std::atomic<int64_t> steps_{0};
 };
 
