@@ -23,6 +23,7 @@
 #include "proto/cuda/driver.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/raw_session.h"
+#include "tests/testing/test_bytes.h"
 #include "tests/testing/wait_until.h"
 
 namespace tpd {
@@ -30,21 +31,12 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::DaemonProcess;
+using testing::Pattern;
 using testing::RawSession;
 using testing::TempDir;
 using testing::WaitUntil;
 
 #if TPD_HAVE_CUDA_H
-
-std::string Pattern(size_t n, uint32_t seed) {
-  std::string s(n, '\0');
-  uint32_t x = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x = x * 1664525u + 1013904223u;
-    s[i] = static_cast<char>(x >> 24);
-  }
-  return s;
-}
 
 // The test's own use of the GPUs, through the driver API: allocate, fill, read back.
 // Thread-safe.

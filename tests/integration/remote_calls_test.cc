@@ -33,30 +33,17 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/proc_counts.h"
+#include "tests/testing/test_bytes.h"
 
 namespace tpd {
 namespace {
 
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
+using testing::Checksum;
 using testing::DaemonProcess;
+using testing::Pattern;
 using testing::TempDir;
-
-uint64_t Checksum(std::string_view bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-std::string Pattern(size_t n, uint32_t seed) {
-  std::string s(n, '\0');
-  uint32_t x = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x = x * 1664525u + 1013904223u;
-    s[i] = static_cast<char>(x >> 24);
-  }
-  return s;
-}
 
 // Replies with the request's payload, "|", each tensor's checksum, and the tensors themselves.
 absl::StatusOr<Message> Echo(const Message& request) {
