@@ -241,7 +241,7 @@ absl::StatusOr<std::shared_ptr<GroupManager::StoreEntry>> GroupManager::StoreFor
   entry->store = *std::move(store);
   entry->liveness = std::make_unique<NodeLiveness>(
       entry->store.get(), name, node_.name, &node_.incarnation,
-      options_.tracker.heartbeat_timeout,
+      options_.tracker.heartbeat_timeout, options_.tracker.heartbeat_interval / 2,
       [this](uint64_t lost) { Reincarnate(lost, "its liveness lease expired"); });
   absl::StatusOr<std::unique_ptr<GroupWorker>> worker = GroupWorker::Start(name);
   if (!worker.ok()) return worker.status();

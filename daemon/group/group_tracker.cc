@@ -33,7 +33,6 @@ GroupTracker::GroupTracker(std::string group, std::string store_name, store::Sto
                            std::function<void(uint64_t incarnation)> on_evicted)
     : group_(group),
       store_name_(std::move(store_name)),
-      root_(root),
       liveness_(liveness),
       group_store_(absl::StrCat("tpd/group/", group), root),
       log_(&group_store_, group),
@@ -1029,16 +1028,11 @@ void GroupTracker::CheckHeartbeats() {
     return;
   }
   for (const auto& [node, incarnations] : nodes) {
-    std::string value;
-    absl::StatusOr<bool> present = root_->Check({HeartbeatKey(node)});
-    if (!present.ok()) return;  // the store is unreachable: no judgement possible
-    if (*present) {
-      absl::StatusOr<std::string> got = root_->Get(HeartbeatKey(node), now + absl::Seconds(5));
-      if (!got.ok()) return;
-      value = *std::move(got);
-      // Untrusted like every store value: a heartbeat is two numbers, never kilobytes kept.
-      if (value.size() > kMaxHeartbeatBytes) value.clear();
-    }
+    absl::StatusOr<std::optional<std::string>> read = liveness_->ReadPeer(node);
+    if (!read.ok()) return;  // the store is unreachable: no judgement possible
+    std::string value = read->value_or("");
+    // Untrusted like every store value: a heartbeat is two numbers, never kilobytes kept.
+    if (value.size() > kMaxHeartbeatBytes) value.clear();
     absl::Time changed;
     {
       absl::MutexLock lock(&mu_);
@@ -1076,29 +1070,17 @@ void GroupTracker::CheckLeases(const std::map<std::string, std::set<uint64_t>>& 
   // daemon that was itself stalled reads the same as any other.
   const absl::Time now = options_.clock->Now();
   for (const auto& [node, incarnations] : nodes) {
-    absl::StatusOr<bool> present = root_->Check({HeartbeatKey(node)});
-    if (!present.ok()) return;  // the store is unreachable: no judgement possible
-    std::string value;
-    if (*present) {
-      absl::StatusOr<std::string> got =
-          root_->Get(HeartbeatKey(node), absl::Now() + absl::Seconds(1));
-      if (got.ok()) {
-        value = *std::move(got);
-      } else {
-        // Gone since the check (the lease expired), or the store stopped answering (a timed
-        // out call reads DEADLINE_EXCEEDED too): only a check that answers decides.
-        present = root_->Check({HeartbeatKey(node)});
-        if (!present.ok() || *present) return;
-      }
-      // Untrusted like every store value: not a heartbeat, so no verdict either way.
-      if (value.size() > kMaxHeartbeatBytes) continue;
-    }
-    if (!value.empty()) {
+    absl::StatusOr<std::optional<std::string>> read = liveness_->ReadPeer(node);
+    if (!read.ok()) return;  // the store is unreachable: no judgement possible
+    const std::string value = read->value_or("");
+    // Untrusted like every store value: not a heartbeat, so no verdict either way.
+    if (read->has_value() && (value.empty() || value.size() > kMaxHeartbeatBytes)) continue;
+    if (read->has_value()) {
       absl::MutexLock lock(&mu_);
       heartbeats_[node] = {value, now};  // Admin.Status: last seen alive
     }
     const uint64_t alive = IncarnationOf(value);
-    if (value.empty()) {
+    if (!read->has_value()) {
       {
         // One eviction attempt per heartbeat window while the key stays gone.
         absl::MutexLock lock(&mu_);

@@ -216,7 +216,6 @@ class GroupTracker : public WorkerTask {
 
   const std::string group_;
   const std::string store_name_;
-  store::Store* const root_;
   NodeLiveness* const liveness_;
   store::PrefixStore group_store_;
   GroupLog log_;

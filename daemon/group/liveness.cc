@@ -8,9 +8,16 @@
 #include "daemon/logging.h"
 
 namespace tpd::group {
+namespace {
+
+// Past this many remembered peers, stale reads are dropped before a new one is kept.
+constexpr size_t kMaxPeersRemembered = 1024;
+
+}  // namespace
 
 NodeLiveness::NodeLiveness(store::Store* store, std::string store_name, std::string node,
                            const std::atomic<uint64_t>* incarnation, absl::Duration ttl,
+                           absl::Duration peer_reads_fresh_for,
                            std::function<void(uint64_t incarnation)> on_lease_lost)
     : store_(store),
       leases_(store->leases()),
@@ -18,6 +25,7 @@ NodeLiveness::NodeLiveness(store::Store* store, std::string store_name, std::str
       node_(std::move(node)),
       incarnation_(incarnation),
       ttl_(ttl),
+      peer_reads_fresh_for_(peer_reads_fresh_for),
       on_lease_lost_(std::move(on_lease_lost)) {}
 
 absl::Status NodeLiveness::Announce(uint64_t incarnation) {
@@ -123,6 +131,42 @@ void NodeLiveness::LeaseLostLocked(const absl::Status& why) {
     stats_.lease = 0;
   }
   if (lost != 0 && on_lease_lost_) on_lease_lost_(lost);
+}
+
+absl::StatusOr<std::optional<std::string>> NodeLiveness::ReadPeer(const std::string& node) {
+  const absl::Time now = absl::Now();
+  {
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peers_.find(node);
+    if (it != peers_.end() && now - it->second.at < peer_reads_fresh_for_) {
+      return it->second.value;
+    }
+  }
+  const std::string key = HeartbeatKey(node);
+  absl::StatusOr<bool> present = store_->Check({key});
+  if (!present.ok()) return present.status();
+  std::optional<std::string> value;
+  if (*present) {
+    absl::StatusOr<std::string> got = store_->Get(key, absl::Now() + absl::Seconds(1));
+    if (got.ok()) {
+      value = *std::move(got);
+    } else {
+      // Gone since the check (an expired lease), or the store stopped answering (a timed
+      // out call reads DEADLINE_EXCEEDED too): only a check that answers decides.
+      present = store_->Check({key});
+      if (!present.ok()) return present.status();
+      if (*present) return got.status();
+    }
+  }
+  absl::MutexLock lock(&peers_mu_);
+  if (peers_.size() >= kMaxPeersRemembered) {
+    // Nodes that left every group of the store: forget what is no longer fresh.
+    absl::erase_if(peers_, [&](const auto& entry) {
+      return now - entry.second.at >= peer_reads_fresh_for_;
+    });
+  }
+  peers_[node] = PeerRead{value, now};
+  return value;
 }
 
 LivenessStats NodeLiveness::Stats() {

@@ -21,9 +21,12 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -47,9 +50,11 @@ class NodeLiveness {
   // `store` and `incarnation` (the node's, changed by whoever reincarnates it) must outlive
   // this object. `store_name` names the store in logs. `ttl`: the lease's, in a store with
   // leases (the heartbeat timeout).
-  // `on_lease_lost` gets the incarnation the expired lease's key named.
+  // `on_lease_lost` gets the incarnation the expired lease's key named. Other nodes' keys
+  // read less than `peer_reads_fresh_for` ago are not read again (ReadPeer).
   NodeLiveness(store::Store* store, std::string store_name, std::string node,
                const std::atomic<uint64_t>* incarnation, absl::Duration ttl,
+               absl::Duration peer_reads_fresh_for,
                std::function<void(uint64_t incarnation)> on_lease_lost);
 
   // Makes the key name `incarnation` now, unless it already does: called before members of
@@ -65,6 +70,12 @@ class NodeLiveness {
 
   // Revokes the lease, so peers see the node gone at once instead of after its TTL.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Another node's liveness key in this store: its value, nullopt when it is absent, an
+  // error when the store did not answer (no verdict). Every group of the store judges the
+  // same nodes each heartbeat interval; they share one read per key and interval.
+  absl::StatusOr<std::optional<std::string>> ReadPeer(const std::string& node)
+      ABSL_LOCKS_EXCLUDED(peers_mu_);
 
   bool leased() const { return leases_ != nullptr; }
   LivenessStats Stats() ABSL_LOCKS_EXCLUDED(mu_);
@@ -85,6 +96,7 @@ class NodeLiveness {
   const std::string node_;
   const std::atomic<uint64_t>* const incarnation_;
   const absl::Duration ttl_;
+  const absl::Duration peer_reads_fresh_for_;
   const std::function<void(uint64_t incarnation)> on_lease_lost_;
 
   absl::Mutex mu_;
@@ -96,6 +108,13 @@ class NodeLiveness {
   // while the store does not. Order: mu_ before stats_mu_.
   absl::Mutex stats_mu_ ABSL_ACQUIRED_AFTER(mu_);
   LivenessStats stats_ ABSL_GUARDED_BY(stats_mu_);
+
+  struct PeerRead {
+    std::optional<std::string> value;
+    absl::Time at;
+  };
+  absl::Mutex peers_mu_;  // never held across a store call
+  absl::flat_hash_map<std::string, PeerRead> peers_ ABSL_GUARDED_BY(peers_mu_);
 };
 
 }  // namespace tpd::group

@@ -56,7 +56,9 @@ struct FakeDaemon {
     options.clock = clock;
     worker = *GroupWorker::Start(name, clock);
     liveness = std::make_unique<NodeLiveness>(store, "memory", name, &node.incarnation,
-                                              options.heartbeat_timeout, nullptr);
+                                              options.heartbeat_timeout,
+                                              /*peer_reads_fresh_for=*/absl::ZeroDuration(),
+                                              nullptr);
     tracker = std::make_unique<GroupTracker>("g", "memory", store, liveness.get(), worker.get(),
                                              &node, options, nullptr);
   }

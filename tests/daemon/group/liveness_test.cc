@@ -72,6 +72,8 @@ class LeasedMemoryStore : public store::MemoryStore, public store::Leases {
   int64_t renewals_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+constexpr absl::Duration kFresh = absl::Seconds(10);
+
 uint64_t KeyIncarnation(store::Store& store) {
   absl::StatusOr<bool> present = store.Check({HeartbeatKey("n")});
   if (!present.ok() || !*present) return 0;
@@ -81,7 +83,7 @@ uint64_t KeyIncarnation(store::Store& store) {
 TEST(NodeLivenessTest, WithoutLeasesEveryBeatWritesANewValue) {
   store::MemoryStore store;
   std::atomic<uint64_t> incarnation{7};
-  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5), nullptr);
+  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5), kFresh, nullptr);
   EXPECT_FALSE(liveness.leased());
   liveness.Beat();
   const std::string first = *store.Get(HeartbeatKey("n"), absl::Now());
@@ -94,7 +96,7 @@ TEST(NodeLivenessTest, WithoutLeasesEveryBeatWritesANewValue) {
 TEST(NodeLivenessTest, ALeasedKeyIsWrittenOnceAndThenOnlyRenewed) {
   LeasedMemoryStore store;
   std::atomic<uint64_t> incarnation{7};
-  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5), nullptr);
+  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5), kFresh, nullptr);
   ASSERT_TRUE(liveness.leased());
   ASSERT_TRUE(liveness.Announce(7).ok());
   const std::string written = *store.Get(HeartbeatKey("n"), absl::Now());
@@ -107,7 +109,7 @@ TEST(NodeLivenessTest, ALeasedKeyIsWrittenOnceAndThenOnlyRenewed) {
 TEST(NodeLivenessTest, AnnouncingAnIncarnationTheNodeLeftIsAbortedAndWritesNothing) {
   LeasedMemoryStore store;
   std::atomic<uint64_t> incarnation{7};
-  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5), nullptr);
+  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5), kFresh, nullptr);
   ASSERT_TRUE(liveness.Announce(7).ok());
   incarnation = 8;  // another finding took a new incarnation
   liveness.Beat();
@@ -121,7 +123,7 @@ TEST(NodeLivenessTest, ALostLeaseLeavesTheIncarnationItsKeyNamedAndTakesANewLeas
   LeasedMemoryStore store;
   std::atomic<uint64_t> incarnation{7};
   std::vector<uint64_t> lost;
-  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5),
+  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5), kFresh,
                         [&](uint64_t left) {
                           lost.push_back(left);
                           incarnation = 9;  // as GroupManager::Reincarnate does
@@ -141,7 +143,7 @@ TEST(NodeLivenessTest, AnAnnouncementAfterAStallFindsTheExpiredLeaseBeforeRecord
   std::atomic<uint64_t> incarnation{7};
   std::vector<uint64_t> lost;
   // A TTL so short that any announcement comes "long" after the last renewal.
-  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Nanoseconds(4),
+  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Nanoseconds(4), kFresh,
                         [&](uint64_t left) {
                           lost.push_back(left);
                           incarnation = 9;
@@ -156,10 +158,31 @@ TEST(NodeLivenessTest, AnAnnouncementAfterAStallFindsTheExpiredLeaseBeforeRecord
   EXPECT_EQ(KeyIncarnation(store), 9u);
 }
 
+TEST(NodeLivenessTest, PeersKeysAreReadOncePerFreshnessWindowForEveryGroup) {
+  store::MemoryStore store;
+  std::atomic<uint64_t> incarnation{7};
+  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5), kFresh, nullptr);
+  ASSERT_TRUE(store.Set(HeartbeatKey("other"), "3:1").ok());
+  absl::StatusOr<std::optional<std::string>> first = liveness.ReadPeer("other");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->value_or(""), "3:1");
+  // A second group asking within the window gets the same read, not a new one.
+  ASSERT_TRUE(store.Set(HeartbeatKey("other"), "3:2").ok());
+  EXPECT_EQ(liveness.ReadPeer("other")->value_or(""), "3:1");
+  // A key never written reads as absent.
+  absl::StatusOr<std::optional<std::string>> absent = liveness.ReadPeer("nobody");
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_FALSE(absent->has_value());
+  // With no window, every read goes to the store.
+  NodeLiveness fresh(&store, "memory", "n", &incarnation, absl::Seconds(5),
+                     absl::ZeroDuration(), nullptr);
+  EXPECT_EQ(fresh.ReadPeer("other")->value_or(""), "3:2");
+}
+
 TEST(NodeLivenessTest, StopRevokesTheLeaseSoPeersSeeTheNodeGoneAtOnce) {
   LeasedMemoryStore store;
   std::atomic<uint64_t> incarnation{7};
-  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5), nullptr);
+  NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5), kFresh, nullptr);
   ASSERT_TRUE(liveness.Announce(7).ok());
   liveness.Stop();
   EXPECT_EQ(KeyIncarnation(store), 0u);
