@@ -652,6 +652,10 @@ TEST_F(GroupTest, StatusShowsGroupsMembersAndPeers) {
   EXPECT_EQ(store.liveness(), "heartbeat");
   EXPECT_TRUE(store.lease_id().empty());
   EXPECT_GT(store.last_beat_unix_ms(), 0);
+  testing::ProcessResult printed =
+      testing::RunProcess({RunfilePath("client/tpctl"), "--socket", socket_[1], "status"});
+  EXPECT_THAT(printed.output,
+              HasSubstr(absl::StrCat("store ", store.name(), ": liveness by heartbeat, last ")));
   // Control calls are counted apart from store calls.
   EXPECT_GE(status->control_calls().at("Join"), 1);
   EXPECT_EQ(status->store().calls().count("Join"), 0);
