@@ -250,8 +250,10 @@ int RunStatus(tpd::Client& client) {
   const absl::Time now = absl::Now();
   for (const tpd::v1::RendezvousStoreInfo& store : status->rendezvous_stores()) {
     std::cout << "    store " << store.name() << ": liveness by " << store.liveness();
-    if (store.liveness() == "lease") {
-      std::cout << " " << (store.lease_id().empty() ? "(none held)" : store.lease_id()) << " TTL "
+    if (store.liveness() == "lease" && store.lease_id().empty()) {
+      std::cout << " (none held)";
+    } else if (store.liveness() == "lease") {
+      std::cout << " " << store.lease_id() << " TTL "
                 << absl::FormatDuration(absl::Milliseconds(store.lease_ttl_ms()));
     }
     std::cout << ", last "

@@ -627,8 +627,8 @@ void GroupTracker::NoteStoreError(const absl::Status& status) {
     ++errors_suppressed_;
     return;
   }
-  DaemonLog().warn("[group {}] [store {}] following versions: {}{}", group_, store_name_,
-                   status.ToString(),
+  DaemonLog().warn("[group {}] [store {}] following versions: {}: {}{}", group_, store_name_,
+                   absl::StatusCodeToString(status.code()), std::string(status.message()),
                    errors_suppressed_ > 0
                        ? absl::StrCat(" (", errors_suppressed_, " repeats not logged)")
                        : std::string());

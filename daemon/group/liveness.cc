@@ -13,6 +13,11 @@ namespace {
 // Past this many remembered peers, stale reads are dropped before a new one is kept.
 constexpr size_t kMaxPeersRemembered = 1024;
 
+// Code and message; not ToString(), which would show the store's internal payloads.
+std::string Describe(const absl::Status& status) {
+  return absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+}
+
 }  // namespace
 
 NodeLiveness::NodeLiveness(store::Store* store, std::string store_name, std::string node,
@@ -73,7 +78,7 @@ void NodeLiveness::Stop() {
   if (!revoked.ok()) {
     DaemonLog().info("[node {}] [store {}] liveness lease {:016x} not revoked ({}); it expires "
                      "within {}",
-                     node_, store_name_, lease_, revoked.ToString(), absl::FormatDuration(ttl_));
+                     node_, store_name_, lease_, Describe(revoked), absl::FormatDuration(ttl_));
   }
   lease_ = 0;
   written_ = 0;
@@ -183,7 +188,7 @@ void NodeLiveness::NoteBeatLocked(const absl::Status& status) {
     stats_.last_beat = absl::Now();
   } else {
     ++stats_.failed_beats;
-    stats_.last_error = status.ToString();
+    stats_.last_error = Describe(status);
   }
 }
 

@@ -354,11 +354,15 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
     } else {
       order = failing;
     }
+    // The failing endpoints share one connect_timeout: a failing channel reports no new
+    // state until it connects, so each would otherwise be waited for in full, in turn.
+    const absl::Time failing_by = std::min(deadline, absl::Now() + options_.connect_timeout);
     for (size_t index : order) {
       Endpoint& endpoint = endpoints_[index];
       const absl::Time now = absl::Now();
       if (now >= deadline) break;
-      const absl::Time connect_by = std::min(deadline, now + options_.connect_timeout);
+      const absl::Time connect_by =
+          pass == 0 ? std::min(deadline, now + options_.connect_timeout) : failing_by;
       if (!Connect(*endpoint.channel, connect_by, /*wait_if_failing=*/pass == 1)) {
         if (pass == 0) failing.push_back(index);
         why[index] = absl::StrCat("not connected: ",
@@ -413,7 +417,13 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
       return NotApplied(FromGrpc(status, what, endpoint.address));
     }
     if (failing.empty() || reached) break;
+    // A call that just waited for the failing members in vain: the next ones fail at once,
+    // for connect_timeout, instead of each waiting again.
+    if (absl::Now() - absl::FromUnixNanos(unreachable_since_.load()) < options_.connect_timeout) {
+      break;
+    }
   }
+  if (!reached && !failing.empty()) unreachable_since_.store(absl::ToUnixNanos(absl::Now()));
   const std::string listed = tried();
   if (listed.empty()) {
     return absl::DeadlineExceededError(

@@ -252,6 +252,8 @@ class EtcdStore : public Store, public Leases {
   std::vector<Endpoint> endpoints_;
   // The endpoint that answered last; calls start there.
   std::atomic<size_t> preferred_endpoint_{0};
+  // When a call last found no member reachable (Unix ns; 0: never).
+  std::atomic<int64_t> unreachable_since_{0};
 
   // Held while authenticating, so that concurrent calls refused for one stale token
   // authenticate once. Order: auth_mu_ before token_mu_; neither with mu_ or write_mu_.
