@@ -1282,19 +1282,24 @@ absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d) {
   // 50 ms). One wake-up less per call on each side.
   const bool quiet =
       d.op == static_cast<uint8_t>(shm::Op::kRelease) && to.calls_in_flight.load() > 0;
+  // A reply ends its call before the client can see it: a client that asks Admin.Status
+  // right after its call returned finds it no longer in flight.
+  const bool reply = d.op == static_cast<uint8_t>(shm::Op::kReply);
+  if (reply) --to.calls_in_flight;
   absl::StatusOr<bool> pushed = to.completions->TryPush(d, /*wake=*/!quiet);
   if (!pushed.ok()) {
+    if (reply) ++to.calls_in_flight;
     // The client broke its ring: nothing more goes to it, and its own thread ends the session.
     to.broken = true;
     to.ring_error = std::string(pushed.status().message());
     return absl::UnavailableError(to.ring_error);
   }
   if (!*pushed) {
+    if (reply) ++to.calls_in_flight;
     return absl::ResourceExhaustedError(
         absl::StrCat("the completion ring of session ", to.id, " is full (its client is not "
                      "reading its completions)"));
   }
-  if (d.op == static_cast<uint8_t>(shm::Op::kReply)) --to.calls_in_flight;
   return absl::OkStatus();
 }
 

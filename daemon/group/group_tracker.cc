@@ -19,8 +19,6 @@ namespace {
 // resynchronization after a gap (versions deleted while this daemon was stopped) can come.
 constexpr absl::Duration kVersionWaitSlice = absl::Seconds(2);
 
-// Longest heartbeat value kept ("<incarnation>:<counter>" is at most 41 bytes).
-constexpr size_t kMaxHeartbeatBytes = 64;
 
 // The same store error is logged at most once per this interval per group.
 constexpr absl::Duration kErrorLogInterval = absl::Seconds(30);
@@ -567,10 +565,11 @@ absl::Time GroupTracker::Step() {
     bool waiting;
     {
       absl::MutexLock lock(&mu_);
-      waiting = wait_armed_;
+      waiting = wait_armed_ && load_error_.ok() && damaged_.ok();
     }
     // The version wait brings every new version; reading the newest as well (four reads) is
-    // a safety net, needed each tick only while no wait is armed (the store refused one).
+    // a safety net, needed each tick only while no wait is armed (the store refused one) or
+    // the group's read failed (a successful CatchUp is what clears that).
     if (!waiting || options_.clock->Now() >= next_catch_up_) {
       CatchUp();
       next_catch_up_ = options_.clock->Now() + kVersionWaitSlice;
@@ -1030,9 +1029,7 @@ void GroupTracker::CheckHeartbeats() {
   for (const auto& [node, incarnations] : nodes) {
     absl::StatusOr<std::optional<std::string>> read = liveness_->ReadPeer(node);
     if (!read.ok()) return;  // the store is unreachable: no judgement possible
-    std::string value = read->value_or("");
-    // Untrusted like every store value: a heartbeat is two numbers, never kilobytes kept.
-    if (value.size() > kMaxHeartbeatBytes) value.clear();
+    const std::string value = read->value_or("");
     absl::Time changed;
     {
       absl::MutexLock lock(&mu_);
@@ -1044,11 +1041,13 @@ void GroupTracker::CheckHeartbeats() {
     std::string why;
     std::function<bool(const v1::Member&)> remove;
     if (alive != 0 && incarnations.count(alive) != incarnations.size()) {
+      if (!FreshReadAgrees(node, *read)) continue;
       why = absl::StrCat("node ", node, " restarted (incarnation ", alive, ")");
       remove = [node = node, alive](const v1::Member& m) {
         return m.node() == node && m.incarnation() != alive;
       };
     } else if (now - changed > options_.heartbeat_timeout) {
+      if (!FreshReadAgrees(node, *read)) continue;
       why = absl::StrCat("node ", node, " sent no heartbeat for ",
                          absl::FormatDuration(absl::Trunc(now - changed, absl::Milliseconds(1))));
       remove = [node = node](const v1::Member& m) { return m.node() == node; };
@@ -1073,14 +1072,15 @@ void GroupTracker::CheckLeases(const std::map<std::string, std::set<uint64_t>>& 
     absl::StatusOr<std::optional<std::string>> read = liveness_->ReadPeer(node);
     if (!read.ok()) return;  // the store is unreachable: no judgement possible
     const std::string value = read->value_or("");
-    // Untrusted like every store value: not a heartbeat, so no verdict either way.
-    if (read->has_value() && (value.empty() || value.size() > kMaxHeartbeatBytes)) continue;
+    // Not a heartbeat (ReadPeer empties one too long), so no verdict either way.
+    if (read->has_value() && value.empty()) continue;
     if (read->has_value()) {
       absl::MutexLock lock(&mu_);
       heartbeats_[node] = {value, now};  // Admin.Status: last seen alive
     }
     const uint64_t alive = IncarnationOf(value);
     if (!read->has_value()) {
+      if (!FreshReadAgrees(node, *read)) continue;
       {
         // One eviction attempt per heartbeat window while the key stays gone.
         absl::MutexLock lock(&mu_);
@@ -1096,12 +1096,22 @@ void GroupTracker::CheckLeases(const std::map<std::string, std::set<uint64_t>>& 
       if (options_.on_node_lost) options_.on_node_lost(node, why);
       Evict(node, why, [node = node](const v1::Member& m) { return m.node() == node; });
     } else if (alive != 0 && incarnations.count(alive) != incarnations.size()) {
+      if (!FreshReadAgrees(node, *read)) continue;
       Evict(node, absl::StrCat("node ", node, " restarted (incarnation ", alive, ")"),
             [node = node, alive](const v1::Member& m) {
               return m.node() == node && m.incarnation() != alive;
             });
     }
   }
+}
+
+bool GroupTracker::FreshReadAgrees(const std::string& node,
+                                   const std::optional<std::string>& judged) {
+  // The shared read may predate a version this daemon just observed (a node restarted and
+  // announced its new incarnation before recording the member seen here): an eviction
+  // stands only on a read made now.
+  absl::StatusOr<std::optional<std::string>> now = liveness_->ReadPeer(node, /*fresh=*/true);
+  return now.ok() && *now == judged;
 }
 
 void GroupTracker::Evict(const std::string& node, const std::string& why,

@@ -206,6 +206,9 @@ class GroupTracker : public WorkerTask {
   // CheckHeartbeats in a store with leases: `nodes` (other nodes -> their members'
   // incarnations) are judged by whether their liveness keys exist and what they name.
   void CheckLeases(const std::map<std::string, std::set<uint64_t>>& nodes);
+  // Whether `node`'s liveness key, read again bypassing the shared reads, still reads
+  // `judged`: the condition of every eviction.
+  bool FreshReadAgrees(const std::string& node, const std::optional<std::string>& judged);
   // Queues the eviction of the members of `node` that `remove` selects.
   void Evict(const std::string& node, const std::string& why,
              std::function<bool(const v1::Member&)> remove);

@@ -5,6 +5,7 @@
 #ifndef TPD_DAEMON_GROUP_HEARTBEAT_H_
 #define TPD_DAEMON_GROUP_HEARTBEAT_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -17,6 +18,10 @@
 namespace tpd::group {
 
 inline std::string HeartbeatKey(absl::string_view node) { return absl::StrCat("tpd/node/", node); }
+
+// Longest heartbeat value kept ("<incarnation>:<counter>" is at most 41 bytes): a longer one
+// is not a heartbeat, and is never kept.
+inline constexpr size_t kMaxHeartbeatBytes = 64;
 
 inline std::string HeartbeatValue(uint64_t incarnation, int64_t counter) {
   return absl::StrCat(incarnation, ":", counter);

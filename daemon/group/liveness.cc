@@ -138,9 +138,10 @@ void NodeLiveness::LeaseLostLocked(const absl::Status& why) {
   if (lost != 0 && on_lease_lost_) on_lease_lost_(lost);
 }
 
-absl::StatusOr<std::optional<std::string>> NodeLiveness::ReadPeer(const std::string& node) {
+absl::StatusOr<std::optional<std::string>> NodeLiveness::ReadPeer(const std::string& node,
+                                                                  bool fresh) {
   const absl::Time now = absl::Now();
-  {
+  if (!fresh) {
     absl::MutexLock lock(&peers_mu_);
     auto it = peers_.find(node);
     if (it != peers_.end() && now - it->second.at < peer_reads_fresh_for_) {
@@ -154,7 +155,8 @@ absl::StatusOr<std::optional<std::string>> NodeLiveness::ReadPeer(const std::str
   if (*present) {
     absl::StatusOr<std::string> got = store_->Get(key, absl::Now() + absl::Seconds(1));
     if (got.ok()) {
-      value = *std::move(got);
+      // Untrusted like every store value: a heartbeat is two numbers, never kilobytes kept.
+      value = got->size() > kMaxHeartbeatBytes ? std::string() : *std::move(got);
     } else {
       // Gone since the check (an expired lease), or the store stopped answering (a timed
       // out call reads DEADLINE_EXCEEDED too): only a check that answers decides.

@@ -71,10 +71,11 @@ class NodeLiveness {
   // Revokes the lease, so peers see the node gone at once instead of after its TTL.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Another node's liveness key in this store: its value, nullopt when it is absent, an
-  // error when the store did not answer (no verdict). Every group of the store judges the
-  // same nodes each heartbeat interval; they share one read per key and interval.
-  absl::StatusOr<std::optional<std::string>> ReadPeer(const std::string& node)
+  // Another node's liveness key in this store: its value ("" for one longer than
+  // kMaxHeartbeatBytes: not a heartbeat), nullopt when it is absent, an error when the store
+  // did not answer (no verdict). Every group of the store judges the same nodes each
+  // heartbeat interval; they share one read per key and half interval, unless `fresh`.
+  absl::StatusOr<std::optional<std::string>> ReadPeer(const std::string& node, bool fresh = false)
       ABSL_LOCKS_EXCLUDED(peers_mu_);
 
   bool leased() const { return leases_ != nullptr; }

@@ -347,6 +347,7 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
   // An endpoint may have applied the call before its answer was lost (a repeatable call is
   // repeated elsewhere then): the call's failure must not be marked NotApplied.
   bool maybe_applied = false;
+  bool waited_for_failing = false;
   for (int pass = 0; pass < 2; ++pass) {
     std::vector<size_t> order;
     if (pass == 0) {
@@ -357,6 +358,7 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
     // The failing endpoints share one connect_timeout: a failing channel reports no new
     // state until it connects, so each would otherwise be waited for in full, in turn.
     const absl::Time failing_by = std::min(deadline, absl::Now() + options_.connect_timeout);
+    waited_for_failing |= pass == 1;
     for (size_t index : order) {
       Endpoint& endpoint = endpoints_[index];
       const absl::Time now = absl::Now();
@@ -423,7 +425,9 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
       break;
     }
   }
-  if (!reached && !failing.empty()) unreachable_since_.store(absl::ToUnixNanos(absl::Now()));
+  // Only a call that waited marks the outage: calls that skipped the wait must not extend it,
+  // or no call would wait again while the members come back.
+  if (waited_for_failing) unreachable_since_.store(absl::ToUnixNanos(absl::Now()));
   const std::string listed = tried();
   if (listed.empty()) {
     return absl::DeadlineExceededError(
