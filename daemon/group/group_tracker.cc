@@ -670,6 +670,7 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     }
     // One incarnation for the whole attempt: its members must all match the key announced.
     const uint64_t incarnation = node_->incarnation.load();
+    bool joining = false;  // some join of this batch adds a member
     if (!stale.empty()) {
       RemoveMembers(
           &next,
@@ -688,6 +689,7 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
         absl::StatusOr<int64_t> rank = AddMember(&next, *op.join);
         results[i] = rank.status();
         if (rank.ok()) {
+          joining = true;
           ranks[i] = *rank;
           changes.emplace_back(next.change(), next.change_detail());
         }
@@ -718,7 +720,8 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     next.set_change(change);
     next.set_change_detail(store::JoinSummarized(details, "; "));
     // Peers judge this node's members by the incarnation its liveness key names.
-    const absl::Status announced = AnnounceIncarnation(ops, results);
+    const absl::Status announced =
+        joining ? liveness_->Announce(incarnation) : absl::OkStatus();
     if (absl::IsAborted(announced) && attempt < 100) continue;  // a new incarnation: redo
     absl::StatusOr<bool> appended =
         announced.ok() ? log_.TryAppend(next) : absl::StatusOr<bool>(announced);
@@ -980,14 +983,6 @@ void GroupTracker::CheckDeadlines() {
   mu_.Unlock();
   for (auto& [done, status] : expired) done(status);
   mu_.Lock();
-}
-
-absl::Status GroupTracker::AnnounceIncarnation(const std::vector<Op>& ops,
-                                               const std::vector<absl::Status>& results) {
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].join && results[i].ok()) return liveness_->Announce(ops[i].join->incarnation);
-  }
-  return absl::OkStatus();
 }
 
 void GroupTracker::CheckHeartbeats() {

@@ -212,10 +212,6 @@ class GroupTracker : public WorkerTask {
   // Queues the eviction of the members of `node` that `remove` selects.
   void Evict(const std::string& node, const std::string& why,
              std::function<bool(const v1::Member&)> remove);
-  // Makes this node's liveness key name the incarnation of the members `ops` are about to
-  // record, before the version that records them.
-  absl::Status AnnounceIncarnation(const std::vector<Op>& ops,
-                                   const std::vector<absl::Status>& results);
 
   const std::string group_;
   const std::string store_name_;

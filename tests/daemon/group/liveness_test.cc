@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -74,6 +75,16 @@ class LeasedMemoryStore : public store::MemoryStore, public store::Leases {
 
 constexpr absl::Duration kFresh = absl::Seconds(10);
 
+// The callback of a lost lease: records the incarnation left and takes 9, as
+// GroupManager::Reincarnate takes a new one.
+std::function<void(uint64_t)> Reincarnate(std::vector<uint64_t>* lost,
+                                          std::atomic<uint64_t>* incarnation) {
+  return [lost, incarnation](uint64_t left) {
+    lost->push_back(left);
+    *incarnation = 9;
+  };
+}
+
 uint64_t KeyIncarnation(store::Store& store) {
   absl::StatusOr<bool> present = store.Check({HeartbeatKey("n")});
   if (!present.ok() || !*present) return 0;
@@ -124,10 +135,7 @@ TEST(NodeLivenessTest, ALostLeaseLeavesTheIncarnationItsKeyNamedAndTakesANewLeas
   std::atomic<uint64_t> incarnation{7};
   std::vector<uint64_t> lost;
   NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Seconds(5), kFresh,
-                        [&](uint64_t left) {
-                          lost.push_back(left);
-                          incarnation = 9;  // as GroupManager::Reincarnate does
-                        });
+                        Reincarnate(&lost, &incarnation));
   ASSERT_TRUE(liveness.Announce(7).ok());
   store.Expire(liveness.Stats().lease);
   EXPECT_EQ(KeyIncarnation(store), 0u);
@@ -144,10 +152,7 @@ TEST(NodeLivenessTest, AnAnnouncementAfterAStallFindsTheExpiredLeaseBeforeRecord
   std::vector<uint64_t> lost;
   // A TTL so short that any announcement comes "long" after the last renewal.
   NodeLiveness liveness(&store, "memory", "n", &incarnation, absl::Nanoseconds(4), kFresh,
-                        [&](uint64_t left) {
-                          lost.push_back(left);
-                          incarnation = 9;
-                        });
+                        Reincarnate(&lost, &incarnation));
   ASSERT_TRUE(liveness.Announce(7).ok());
   store.Expire(liveness.Stats().lease);  // stalled past the TTL; no beat has run since
   absl::SleepFor(absl::Microseconds(10));
