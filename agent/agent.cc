@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -43,9 +44,55 @@ struct Agent::Conn {
   // What the peer offered in its hello (transport and channel names), for Stats. (mu_)
   std::vector<std::string> peer_transports;
   std::vector<std::string> peer_channels;
+  // Messages read from this pipe whose chunks are still arriving, by call id. (mu_)
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Incoming>> incoming;
   // Handshake.
   std::string challenge_nonce;
   PipeTranscript transcript;
+};
+
+// A message being read: from its descriptor until it is delivered (or its pipe failed). Set
+// up before its reads start; the fields marked (mu_) change as its parts land.
+struct Agent::Incoming {
+  std::shared_ptr<v1::AgentMessage> header;
+  std::shared_ptr<Message> message;
+  // A request that is refused is answered with this (its bytes are read and dropped).
+  absl::Status refused;
+  std::shared_ptr<const Handler> handler;
+  std::function<void(size_t, uint64_t, uint64_t)> on_chunk;  // the destination's
+  absl::Time received;
+  // Chunked messages only.
+  uint64_t timer_id = 0;                      // its chunk_timeout, in deadlines_
+  std::vector<std::vector<bool>> chunk_seen;  // (mu_) per tensor; empty for unchunked ones
+  uint64_t chunks_left = 0;                   // (mu_) chunks not read yet
+  bool main_read = false;                     // (mu_) the message itself was read
+  bool finished = false;                      // (mu_) handed on (or dropped)
+  absl::Status chunk_error;                   // (mu_) a chunk its sender could not produce
+};
+
+// The writes of one message (itself and its chunks): `done` runs once, when the last ended,
+// with the first error.
+class Agent::Writes {
+ public:
+  Writes(size_t count, absl::AnyInvocable<void(absl::Status)> done)
+      : left_(count), done_(std::move(done)) {}
+
+  void End(const absl::Status& status) {
+    absl::Status outcome;
+    {
+      absl::MutexLock lock(&mu_);
+      if (first_error_.ok()) first_error_ = status;
+      if (--left_ > 0) return;
+      outcome = first_error_;
+    }
+    done_(std::move(outcome));
+  }
+
+ private:
+  absl::Mutex mu_;
+  size_t left_ ABSL_GUARDED_BY(mu_);
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  absl::AnyInvocable<void(absl::Status)> done_;
 };
 
 // One call from Send until its `done` is taken. All fields (mu_).
@@ -217,6 +264,33 @@ absl::Status CheckDestination(const Destination& destination, size_t payload_siz
   return absl::OkStatus();
 }
 
+// How many chunks a chunked tensor travels in.
+uint64_t ChunkCount(const v1::TensorDescriptor& descriptor) {
+  return (descriptor.nbytes() + descriptor.chunk_bytes() - 1) / descriptor.chunk_bytes();
+}
+
+// One chunk of an outgoing message.
+struct Chunk {
+  size_t tensor = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  void* data = nullptr;  // the tensor's buffer at offset
+};
+
+// The chunks of a prepared message's chunked tensors, tensor by tensor, in order.
+std::vector<Chunk> ChunksOf(const Message& msg) {
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < msg.tensors.size(); ++i) {
+    const uint64_t step = msg.header.tensors(static_cast<int>(i)).chunk_bytes();
+    if (step == 0) continue;
+    for (uint64_t offset = 0; offset < msg.tensors[i].size; offset += step) {
+      chunks.push_back({i, offset, std::min(step, msg.tensors[i].size - offset),
+                        static_cast<char*>(msg.tensors[i].data) + offset});
+    }
+  }
+  return chunks;
+}
+
 uint64_t MessageBytes(const Message& msg) {
   uint64_t total = msg.payload.size;
   for (const Buffer& tensor : msg.tensors) total += tensor.size;
@@ -236,11 +310,33 @@ absl::Status PrepareHeader(Message& msg, uint64_t max_bytes) {
   if (msg.payload.size > 0 && msg.payload.data == nullptr) {
     return absl::InvalidArgumentError("the payload has a size but no data");
   }
+  uint64_t chunks = 0;
   for (size_t i = 0; i < msg.tensors.size(); ++i) {
     if (msg.tensors[i].size > 0 && msg.tensors[i].data == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " has a size but no data"));
     }
-    msg.header.mutable_tensors(static_cast<int>(i))->set_nbytes(msg.tensors[i].size);
+    v1::TensorDescriptor& descriptor = *msg.header.mutable_tensors(static_cast<int>(i));
+    descriptor.set_nbytes(msg.tensors[i].size);
+    if (descriptor.chunk_bytes() == 0) continue;
+    if (msg.tensors[i].size == 0) {
+      descriptor.clear_chunk_bytes();  // nothing to send in chunks
+      continue;
+    }
+    if (descriptor.chunk_bytes() < kMinChunkBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", i, "'s chunks of ",
+                                                     descriptor.chunk_bytes(),
+                                                     " bytes are below the minimum of ",
+                                                     kMinChunkBytes));
+    }
+    chunks += ChunkCount(descriptor);
+  }
+  if (chunks > kMaxChunksPerMessage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the message's tensors make ", chunks, " chunks, more than ", kMaxChunksPerMessage));
+  }
+  if (chunks > 0 && (!msg.when_chunk_ready || msg.keepalive == nullptr)) {
+    return absl::InvalidArgumentError(
+        "tensors sent in chunks need when_chunk_ready and a keepalive");
   }
   const uint64_t bytes = MessageBytes(msg);
   if (bytes > max_bytes) {
@@ -258,10 +354,12 @@ tensorpipe::Message ToTensorPipe(const Message& msg) {
   if (msg.payload.size > 0) {
     out.payloads.push_back({msg.payload.data, msg.payload.size, ""});
   }
-  for (const Buffer& tensor : msg.tensors) {
+  for (size_t i = 0; i < msg.tensors.size(); ++i) {
+    // A chunked tensor's bytes follow in CHUNK messages; an empty tensor holds its place.
+    const bool chunked = msg.header.tensors(static_cast<int>(i)).chunk_bytes() > 0;
     tensorpipe::Message::Tensor t;
-    t.buffer = tensorpipe::CpuBuffer{OrEmpty(tensor.data)};
-    t.length = tensor.size;
+    t.buffer = tensorpipe::CpuBuffer{chunked ? kEmpty : OrEmpty(msg.tensors[i].data)};
+    t.length = chunked ? 0 : msg.tensors[i].size;
     out.tensors.push_back(std::move(t));
   }
   return out;
@@ -570,6 +668,7 @@ void Agent::TimerLoop() {
     }
     std::vector<std::function<void()>> run;
     std::vector<std::pair<std::shared_ptr<Conn>, absl::Status>> late_handshakes;
+    std::vector<std::tuple<std::shared_ptr<Conn>, PeerId, std::string>> stalled;
     for (uint64_t id : deadlines_.PopDue(now)) {
       if (auto it = calls_.find(id); it != calls_.end()) {
         Call& call = *it->second;
@@ -588,6 +687,14 @@ void Agent::TimerLoop() {
           queued.erase(std::remove(queued.begin(), queued.end(), id), queued.end());
         }
         TakeDoneIfFinished(call, &run);
+      } else if (auto timer = chunk_timers_.find(id); timer != chunk_timers_.end()) {
+        std::shared_ptr<Conn> conn = timer->second.first.lock();
+        const uint64_t call_id = timer->second.second;
+        chunk_timers_.erase(timer);
+        if (conn == nullptr || conn->state == PipeState::kFailed) continue;
+        stalled.emplace_back(conn, conn->peer, absl::StrCat("the chunks of message ", call_id,
+                                                " stopped coming: none for ",
+                                                absl::FormatDuration(options_.chunk_timeout)));
       } else if (auto conn_it = conns_.find(id); conn_it != conns_.end()) {
         const std::shared_ptr<Conn>& conn = conn_it->second;
         if (conn->state != PipeState::kConnecting) continue;
@@ -600,9 +707,10 @@ void Agent::TimerLoop() {
                       absl::FormatDuration(options_.handshake_timeout))));
       }
     }
-    if (run.empty() && late_handshakes.empty()) continue;
+    if (run.empty() && late_handshakes.empty() && stalled.empty()) continue;
     mu_.Unlock();
     for (auto& fn : run) fn();
+    for (auto& [conn, peer, why] : stalled) ClosePipe(conn, peer, why);
     for (auto& [conn, status] : late_handshakes) {
       if (!conn->outbound) LogAuthFailure("unknown peer", std::string(status.message()));
       FailConn(conn, status);
@@ -1100,6 +1208,8 @@ void Agent::Send(const PeerId& peer, Message msg, absl::Time deadline, Callback 
 void Agent::WriteCall(const std::shared_ptr<Conn>& conn, uint64_t call_id) {
   tensorpipe::Message message;
   std::shared_ptr<const void> keepalive;
+  size_t chunk_count = 0;
+  Message chunked;  // what WriteChunks needs of a message with chunks
   {
     absl::MutexLock lock(&mu_);
     auto it = calls_.find(call_id);
@@ -1113,17 +1223,62 @@ void Agent::WriteCall(const std::shared_ptr<Conn>& conn, uint64_t call_id) {
     }
     message = ToTensorPipe(call.msg);
     keepalive = call.msg.keepalive;
+    chunk_count = ChunksOf(call.msg).size();
+    if (chunk_count > 0) {
+      chunked.header = call.msg.header;
+      chunked.tensors = call.msg.tensors;
+      chunked.when_chunk_ready = call.msg.when_chunk_ready;
+    }
   }
-  conn->pipe->write(std::move(message),
-                    [this, call_id, conn, keepalive](const tensorpipe::Error& error) {
-                      absl::Status status;
-                      if (error) {
-                        status = TensorPipeErrorToStatus(
-                            error, absl::StrCat("pipe to ", conn->peer.ToString(), " failed"));
-                      }
-                      OnCallWritten(call_id, status);
-                      if (!status.ok()) FailConn(conn, status);
-                    });
+  auto writes = std::make_shared<Writes>(
+      1 + chunk_count, [this, call_id](absl::Status status) { OnCallWritten(call_id, status); });
+  conn->pipe->write(std::move(message), [this, conn, keepalive, writes](
+                                            const tensorpipe::Error& error) {
+    absl::Status status;
+    if (error) {
+      status = TensorPipeErrorToStatus(error,
+                                       absl::StrCat("pipe to ", conn->peer.ToString(), " failed"));
+      FailConn(conn, status);
+    }
+    writes->End(status);
+  });
+  if (chunk_count > 0) WriteChunks(conn, call_id, chunked, std::move(keepalive), writes);
+}
+
+void Agent::WriteChunks(const std::shared_ptr<Conn>& conn, uint64_t call_id, const Message& msg,
+                        std::shared_ptr<const void> keepalive, std::shared_ptr<Writes> writes) {
+  for (const Chunk& chunk : ChunksOf(msg)) {
+    msg.when_chunk_ready(chunk.tensor, chunk.offset, chunk.length,
+               [this, conn, call_id, chunk, keepalive, writes](absl::Status ready) {
+                 v1::AgentMessage header;
+                 header.set_kind(v1::AgentMessage::CHUNK);
+                 header.set_call_id(call_id);
+                 header.set_chunk_tensor(static_cast<uint32_t>(chunk.tensor));
+                 header.set_chunk_offset(chunk.offset);
+                 tensorpipe::Message message;
+                 if (ready.ok()) {
+                   tensorpipe::Message::Tensor t;
+                   t.buffer = tensorpipe::CpuBuffer{chunk.data};
+                   t.length = chunk.length;
+                   message.tensors.push_back(std::move(t));
+                 } else {
+                   header.set_status_code(static_cast<int32_t>(ready.code()));
+                   header.set_status_message(std::string(ready.message()));
+                 }
+                 message.metadata = header.SerializeAsString();
+                 conn->pipe->write(std::move(message), [this, conn, keepalive, writes](
+                                                           const tensorpipe::Error& error) {
+                   absl::Status status;
+                   if (error) {
+                     status = TensorPipeErrorToStatus(
+                         error, absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
+                                             conn->peer.ToString(), " failed"));
+                     FailConn(conn, status);
+                   }
+                   writes->End(status);
+                 });
+               });
+  }
 }
 
 void Agent::OnCallWritten(uint64_t call_id, const absl::Status& status) {
@@ -1223,22 +1378,28 @@ void Agent::Respond(const ReplyTo& to, Message response, SentCallback sent) {
     return;
   }
   const uint64_t bytes = MessageBytes(response);
-  auto shared_sent = std::make_shared<SentCallback>(std::move(sent));
-  std::shared_ptr<const void> keepalive = response.keepalive;
   const std::string node = to.node_;
-  conn->pipe->write(
-      ToTensorPipe(response),
-      [this, conn, shared_sent, keepalive, bytes, node](const tensorpipe::Error& error) {
-        absl::Status status;
-        if (error) {
-          status = TensorPipeErrorToStatus(error, absl::StrCat("pipe from ", node, " failed"));
-        } else {
+  const size_t chunk_count = ChunksOf(response).size();
+  auto writes = std::make_shared<Writes>(
+      1 + chunk_count, [this, sent = std::move(sent), bytes, node](absl::Status status) mutable {
+        if (status.ok()) {
           absl::MutexLock lock(&mu_);
           Counters(node).bytes_sent += bytes;
         }
-        if (*shared_sent) (*shared_sent)(status);
-        if (!status.ok()) FailConn(conn, status);
+        if (sent) sent(std::move(status));
       });
+  std::shared_ptr<const void> keepalive = response.keepalive;
+  conn->pipe->write(ToTensorPipe(response),
+                    [this, conn, keepalive, node, writes](const tensorpipe::Error& error) {
+                      absl::Status status;
+                      if (error) {
+                        status = TensorPipeErrorToStatus(
+                            error, absl::StrCat("pipe from ", node, " failed"));
+                        FailConn(conn, status);
+                      }
+                      writes->End(status);
+                    });
+  if (chunk_count > 0) WriteChunks(conn, to.call_id_, response, std::move(keepalive), writes);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1262,6 +1423,13 @@ void Agent::ReadNext(const std::shared_ptr<Conn>& conn) {
       });
 }
 
+void Agent::ClosePipe(const std::shared_ptr<Conn>& conn, const PeerId& peer,
+                      const std::string& why) {
+  AgentLog().error("[agent {}] [peer {}] closing the pipe: {}", options_.id, peer.ToString(), why);
+  FailConn(conn, absl::UnavailableError(absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
+                                                     peer.ToString(), " closed: ", why)));
+}
+
 void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
                          const tensorpipe::Descriptor& descriptor) {
   PeerId peer;
@@ -1270,15 +1438,14 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
     peer = conn->peer;
   }
   const std::string node = CountersKey(peer);
-  auto protocol_error = [&](const std::string& why) {
-    AgentLog().error("[agent {}] [peer {}] closing the pipe: {}", options_.id, peer.ToString(),
-                     why);
-    FailConn(conn, absl::UnavailableError(absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
-                                                       peer.ToString(), " closed: ", why)));
-  };
+  auto protocol_error = [&](const std::string& why) { ClosePipe(conn, peer, why); };
   auto header = std::make_shared<v1::AgentMessage>();
   if (!header->ParseFromString(descriptor.metadata)) {
     protocol_error("it sent a message whose header is not an AgentMessage");
+    return;
+  }
+  if (header->kind() == v1::AgentMessage::CHUNK) {
+    OnChunk(conn, peer, *header, descriptor);
     return;
   }
   // The sizes come from TensorPipe's descriptor; the header must agree with them.
@@ -1300,45 +1467,62 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
   }
   std::vector<size_t> tensor_sizes;
   uint64_t total = payload_size;
+  uint64_t chunks = 0;
   for (size_t i = 0; i < descriptor.tensors.size(); ++i) {
+    const v1::TensorDescriptor& described = header->tensors(static_cast<int>(i));
+    // A chunked tensor's bytes follow in CHUNK messages: an empty tensor holds its place.
     const size_t length = descriptor.tensors[i].length;
-    if (length != header->tensors(static_cast<int>(i)).nbytes() ||
-        descriptor.tensors[i].sourceDevice.type != tensorpipe::kCpuDeviceType) {
+    const uint64_t expected = described.chunk_bytes() > 0 ? 0 : described.nbytes();
+    if (length != expected || descriptor.tensors[i].sourceDevice.type != tensorpipe::kCpuDeviceType) {
       protocol_error(absl::StrCat("tensor ", i, " of a message is ", length,
-                                  " bytes, its header says ",
-                                  header->tensors(static_cast<int>(i)).nbytes()));
+                                  " bytes, its header says ", expected));
       return;
     }
-    tensor_sizes.push_back(length);
-    total += length;
+    if (described.chunk_bytes() > 0) {
+      if (described.chunk_bytes() < kMinChunkBytes || described.nbytes() == 0) {
+        protocol_error(absl::StrCat("tensor ", i, " of a message comes in chunks of ",
+                                    described.chunk_bytes(), " bytes (at least ", kMinChunkBytes,
+                                    ", and only a tensor with bytes)"));
+        return;
+      }
+      chunks += ChunkCount(described);
+    }
+    tensor_sizes.push_back(described.nbytes());
+    total += described.nbytes();
   }
   if (total > options_.max_message_bytes) {
     protocol_error(absl::StrCat("it sent a message of ", total, " bytes, more than ",
                                 options_.max_message_bytes, " (max_message_bytes)"));
     return;
   }
+  if (chunks > kMaxChunksPerMessage) {
+    protocol_error(absl::StrCat("it sent a message in ", chunks, " chunks, more than ",
+                                kMaxChunksPerMessage));
+    return;
+  }
 
   // Where the bytes go, and what happens once they are in.
   absl::StatusOr<Destination> destination;
-  absl::Status refused;  // a refused request is answered with this
-  std::shared_ptr<const Handler> handler;
+  auto in = std::make_shared<Incoming>();
+  in->header = header;
   const v1::AgentMessage::Kind kind = header->kind();
   if (kind == v1::AgentMessage::REQUEST) {
     {
       absl::MutexLock lock(&mu_);
-      handler = handler_;
+      in->handler = handler_;
       ++Counters(node).calls_received;
     }
-    if (handler == nullptr || !handler->deliver) {
-      refused = absl::UnavailableError(
+    if (in->handler == nullptr || !in->handler->deliver) {
+      in->refused = absl::UnavailableError(
           absl::StrCat("agent ", options_.id, " serves no requests yet (no handler)"));
     } else {
-      destination = handler->allocate ? handler->allocate(*header, payload_size, tensor_sizes)
-                                      : HeapDestination(payload_size, tensor_sizes);
+      destination = in->handler->allocate
+                        ? in->handler->allocate(*header, payload_size, tensor_sizes)
+                        : HeapDestination(payload_size, tensor_sizes);
       if (destination.ok()) {
-        refused = CheckDestination(*destination, payload_size, tensor_sizes);
+        in->refused = CheckDestination(*destination, payload_size, tensor_sizes);
       } else {
-        refused = destination.status();
+        in->refused = destination.status();
       }
     }
   } else if (kind == v1::AgentMessage::RESPONSE || kind == v1::AgentMessage::ERROR) {
@@ -1375,7 +1559,7 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
   }
   // Bytes that nobody takes are still read (a pipe cannot skip them), into a block dropped
   // right after.
-  if (!destination.ok() || !refused.ok()) {
+  if (!destination.ok() || !in->refused.ok()) {
     destination = HeapDestination(payload_size, tensor_sizes);
     if (!destination.ok()) {
       protocol_error(std::string(destination.status().message()));
@@ -1384,58 +1568,238 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
   }
   tensorpipe::Allocation allocation;
   if (!descriptor.payloads.empty()) allocation.payloads.push_back({OrEmpty(destination->payload)});
-  for (void* tensor : destination->tensors) {
-    allocation.tensors.push_back({tensorpipe::CpuBuffer{OrEmpty(tensor)}});
-  }
-  auto message = std::make_shared<Message>();
-  message->payload = Buffer{destination->payload, payload_size};
   for (size_t i = 0; i < tensor_sizes.size(); ++i) {
-    message->tensors.push_back(Buffer{destination->tensors[i], tensor_sizes[i]});
+    const bool chunked = header->tensors(static_cast<int>(i)).chunk_bytes() > 0;
+    allocation.tensors.push_back(
+        {tensorpipe::CpuBuffer{chunked ? kEmpty : OrEmpty(destination->tensors[i])}});
   }
-  message->keepalive = std::move(destination->keepalive);
-  const absl::Time received = absl::Now();
-  conn->pipe->read(std::move(allocation), [this, conn, header, message, refused, handler, total,
-                                           node, peer, received](const tensorpipe::Error& error) {
+  in->message = std::make_shared<Message>();
+  in->message->payload = Buffer{destination->payload, payload_size};
+  for (size_t i = 0; i < tensor_sizes.size(); ++i) {
+    in->message->tensors.push_back(Buffer{destination->tensors[i], tensor_sizes[i]});
+  }
+  in->message->keepalive = std::move(destination->keepalive);
+  in->on_chunk = std::move(destination->on_chunk);
+  in->received = absl::Now();
+  if (chunks > 0) {
+    // Registered before the read starts: the first chunk's descriptor may come before this
+    // message's read completes.
+    for (int i = 0; i < header->tensors_size(); ++i) {
+      const v1::TensorDescriptor& described = header->tensors(i);
+      in->chunk_seen.emplace_back(described.chunk_bytes() > 0 ? ChunkCount(described) : 0, false);
+    }
+    bool duplicate;
+    {
+      absl::MutexLock lock(&mu_);
+      if (conn->state == PipeState::kFailed) return;
+      duplicate = !conn->incoming.emplace(header->call_id(), in).second;
+      if (!duplicate) {
+        in->chunks_left = chunks;
+        in->timer_id = next_id_++;
+        chunk_timers_[in->timer_id] = {conn, header->call_id()};
+        AddDeadline(in->timer_id, in->received + options_.chunk_timeout);
+      }
+    }
+    if (duplicate) {
+      protocol_error(absl::StrCat("it sent message ", header->call_id(),
+                                  " again before all chunks of the first came"));
+      return;
+    }
+  }
+  const uint64_t main_bytes = payload_size + [&] {
+    uint64_t sum = 0;
+    for (const auto& t : descriptor.tensors) sum += t.length;
+    return sum;
+  }();
+  conn->pipe->read(std::move(allocation),
+                   [this, conn, in, main_bytes, node, peer](const tensorpipe::Error& error) {
+                     if (error) {
+                       FailConn(conn, TensorPipeErrorToStatus(
+                                          error, absl::StrCat("pipe ",
+                                                              conn->outbound ? "to " : "from ",
+                                                              peer.ToString(), " failed")));
+                       return;
+                     }
+                     bool last;
+                     {
+                       absl::MutexLock lock(&mu_);
+                       Counters(node).bytes_received += main_bytes;
+                       last = PartRead(conn, *in, /*main=*/true);
+                     }
+                     if (last) Finish(conn, peer, *in);
+                   });
+  ReadNext(conn);
+}
+
+void Agent::OnChunk(const std::shared_ptr<Conn>& conn, const PeerId& peer,
+                    const v1::AgentMessage& header, const tensorpipe::Descriptor& descriptor) {
+  auto protocol_error = [&](const std::string& why) { ClosePipe(conn, peer, why); };
+  const uint64_t call_id = header.call_id();
+  const bool failed = header.status_code() != 0;
+  if (!descriptor.payloads.empty() || descriptor.tensors.size() != (failed ? 0u : 1u)) {
+    protocol_error(absl::StrCat("a chunk of message ", call_id, " carries ",
+                                descriptor.payloads.size(), " payloads and ",
+                                descriptor.tensors.size(), " tensors"));
+    return;
+  }
+  std::shared_ptr<Incoming> in;
+  std::string bad;
+  uint64_t length = 0;
+  const size_t tensor = header.chunk_tensor();
+  const uint64_t offset = header.chunk_offset();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = conn->incoming.find(call_id);
+    if (it == conn->incoming.end()) {
+      bad = absl::StrCat("it sent a chunk of message ", call_id,
+                         ", which is not waiting for chunks on this pipe");
+    } else if (tensor >= it->second->chunk_seen.size() ||
+               it->second->chunk_seen[tensor].empty()) {
+      bad = absl::StrCat("it sent a chunk of tensor ", tensor, " of message ", call_id,
+                         ", which is not sent in chunks");
+    } else {
+      in = it->second;
+      const v1::TensorDescriptor& described = in->header->tensors(static_cast<int>(tensor));
+      const uint64_t index = offset / described.chunk_bytes();
+      length = std::min(described.chunk_bytes(), described.nbytes() - std::min(offset, described.nbytes()));
+      if (offset % described.chunk_bytes() != 0 || offset >= described.nbytes()) {
+        bad = absl::StrCat("it sent a chunk of tensor ", tensor, " of message ", call_id,
+                           " at offset ", offset, ", not a chunk boundary inside its ",
+                           described.nbytes(), " bytes");
+      } else if (in->chunk_seen[tensor][index]) {
+        bad = absl::StrCat("it sent chunk ", index, " of tensor ", tensor, " of message ",
+                           call_id, " twice");
+      } else if (!failed && (descriptor.tensors[0].length != length ||
+                             descriptor.tensors[0].sourceDevice.type !=
+                                 tensorpipe::kCpuDeviceType)) {
+        bad = absl::StrCat("chunk ", index, " of tensor ", tensor, " of message ", call_id,
+                           " is ", descriptor.tensors[0].length, " bytes, not ", length);
+      } else {
+        in->chunk_seen[tensor][index] = true;
+        deadlines_.Remove(in->timer_id);
+        AddDeadline(in->timer_id, absl::Now() + options_.chunk_timeout);
+      }
+    }
+  }
+  if (!bad.empty()) {
+    protocol_error(bad);
+    return;
+  }
+  if (failed) {
+    // The sender could not produce these bytes: the message fails with its reason (a code it
+    // names outside absl's range reads as UNKNOWN).
+    const int code = header.status_code();
+    const absl::StatusCode status_code =
+        code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+            ? static_cast<absl::StatusCode>(code)
+            : absl::StatusCode::kUnknown;
+    absl::Status error(status_code, absl::StrCat("the sender could not send tensor ", tensor,
+                                                 ": ", header.status_message().substr(0, 1024)));
+    // Even a message with nothing to read must be read before the pipe gives the next one.
+    conn->pipe->read(tensorpipe::Allocation{}, [this, conn, in, error,
+                                                peer](const tensorpipe::Error& read_error) {
+      if (read_error) {
+        FailConn(conn, TensorPipeErrorToStatus(
+                           read_error, absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
+                                                    peer.ToString(), " failed")));
+        return;
+      }
+      bool last;
+      {
+        absl::MutexLock lock(&mu_);
+        if (in->chunk_error.ok()) in->chunk_error = error;
+        last = PartRead(conn, *in, /*main=*/false);
+      }
+      if (last) Finish(conn, peer, *in);
+    });
+    ReadNext(conn);
+    return;
+  }
+  tensorpipe::Allocation allocation;
+  allocation.tensors.push_back(
+      {tensorpipe::CpuBuffer{static_cast<char*>(in->message->tensors[tensor].data) + offset}});
+  const std::string node = CountersKey(peer);
+  conn->pipe->read(std::move(allocation), [this, conn, in, tensor, offset, length, node,
+                                           peer](const tensorpipe::Error& error) {
     if (error) {
       FailConn(conn, TensorPipeErrorToStatus(
                          error, absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
                                              peer.ToString(), " failed")));
       return;
     }
+    if (in->on_chunk && in->refused.ok()) in->on_chunk(tensor, offset, length);
+    bool last;
     {
       absl::MutexLock lock(&mu_);
-      Counters(node).bytes_received += total;
+      Counters(node).bytes_received += length;
+      last = PartRead(conn, *in, /*main=*/false);
     }
-    message->header = std::move(*header);
-    if (message->header.kind() != v1::AgentMessage::REQUEST) {
-      const uint64_t call_id = message->header.call_id();
-      CompleteCall(call_id, std::move(*message));
-      return;
-    }
-    ReplyTo reply_to;
-    reply_to.conn_ = conn;
-    reply_to.call_id_ = message->header.call_id();
-    reply_to.node_ = peer.node;
-    reply_to.method_ = message->header.method();
-    if (message->header.timeout_us() > 0) {
-      reply_to.deadline_ = received + absl::Microseconds(message->header.timeout_us());
-    }
-    if (!refused.ok()) {
-      Message answer;
-      answer.header.set_kind(v1::AgentMessage::ERROR);
-      answer.header.set_status_code(static_cast<int>(refused.code()));
-      answer.header.set_status_message(std::string(refused.message()));
-      Respond(reply_to, std::move(answer));
-      return;
-    }
-    InboundRequest request;
-    request.node = peer.node;
-    request.deadline = reply_to.deadline_;
-    request.message = std::move(*message);
-    request.reply_to = std::move(reply_to);
-    handler->deliver(std::move(request));
+    if (last) Finish(conn, peer, *in);
   });
   ReadNext(conn);
+}
+
+bool Agent::PartRead(const std::shared_ptr<Conn>& conn, Incoming& in, bool main) {
+  if (main) {
+    in.main_read = true;
+  } else {
+    --in.chunks_left;
+  }
+  if (!in.main_read || in.chunks_left > 0 || in.finished) return false;
+  in.finished = true;
+  if (in.timer_id != 0) {
+    deadlines_.Remove(in.timer_id);
+    chunk_timers_.erase(in.timer_id);
+    auto it = conn->incoming.find(in.header->call_id());
+    if (it != conn->incoming.end() && it->second.get() == &in) conn->incoming.erase(it);
+  }
+  return true;
+}
+
+void Agent::Finish(const std::shared_ptr<Conn>& conn, const PeerId& peer, Incoming& in) {
+  Message& message = *in.message;
+  message.header = std::move(*in.header);
+  absl::Status chunk_error;
+  {
+    absl::MutexLock lock(&mu_);
+    chunk_error = in.chunk_error;
+  }
+  if (message.header.kind() != v1::AgentMessage::REQUEST) {
+    const uint64_t call_id = message.header.call_id();
+    if (!chunk_error.ok()) {
+      CompleteCall(call_id, absl::Status(chunk_error.code(),
+                                         absl::StrCat("the reply to method \"",
+                                                      message.header.method(), "\" from ",
+                                                      peer.ToString(), " failed: ",
+                                                      chunk_error.message())));
+      return;
+    }
+    CompleteCall(call_id, std::move(message));
+    return;
+  }
+  ReplyTo reply_to;
+  reply_to.conn_ = conn;
+  reply_to.call_id_ = message.header.call_id();
+  reply_to.node_ = peer.node;
+  reply_to.method_ = message.header.method();
+  if (message.header.timeout_us() > 0) {
+    reply_to.deadline_ = in.received + absl::Microseconds(message.header.timeout_us());
+  }
+  const absl::Status refused = in.refused.ok() ? chunk_error : in.refused;
+  if (!refused.ok()) {
+    Message answer;
+    answer.header.set_kind(v1::AgentMessage::ERROR);
+    answer.header.set_status_code(static_cast<int>(refused.code()));
+    answer.header.set_status_message(std::string(refused.message()));
+    Respond(reply_to, std::move(answer));
+    return;
+  }
+  InboundRequest request;
+  request.node = peer.node;
+  request.deadline = reply_to.deadline_;
+  request.message = std::move(message);
+  request.reply_to = std::move(reply_to);
+  in.handler->deliver(std::move(request));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1443,6 +1807,8 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
 
 void Agent::FailConn(const std::shared_ptr<Conn>& conn, const absl::Status& status) {
   std::vector<std::function<void()>> run;
+  // Messages whose chunks will never come: their memory is let go after mu_.
+  std::vector<std::shared_ptr<Incoming>> dropped;
   std::shared_ptr<tensorpipe::Pipe> pipe;
   bool closing;
   bool was_ready;
@@ -1482,6 +1848,13 @@ void Agent::FailConn(const std::shared_ptr<Conn>& conn, const absl::Status& stat
     }
     conn->pending.clear();
     conn->queued.clear();
+    for (auto& [call_id, in] : conn->incoming) {
+      deadlines_.Remove(in->timer_id);
+      chunk_timers_.erase(in->timer_id);
+      in->finished = true;
+      dropped.push_back(std::move(in));
+    }
+    conn->incoming.clear();
   }
   if (!closing && (conn->outbound || was_ready)) {
     AgentLog().info("[agent {}] {}", options_.id, std::string(status.message()));

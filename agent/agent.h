@@ -95,6 +95,10 @@ struct AgentOptions {
   int mpt_lanes = 4;
   // How long a pipe may take from open/accept to the end of its handshake.
   absl::Duration handshake_timeout = absl::Seconds(10);
+  // How long a message's chunks may pause (from its header to the first chunk, and between
+  // chunks) before the pipe is closed: the sender promised them and holds the receiver's
+  // memory until they come.
+  absl::Duration chunk_timeout = absl::Seconds(30);
   // Largest payload plus tensors of one message, either way. Sending more is
   // INVALID_ARGUMENT; a peer that sends more has its pipe closed (the bytes cannot be
   // skipped, only read).
@@ -130,6 +134,16 @@ struct Buffer {
   size_t size = 0;
 };
 
+// Tensors sent in chunks after their message (TensorDescriptor.chunk_bytes). Chunks are for
+// bytes that are not final when the message is sent, such as device memory still being copied
+// to pinned host memory: each chunk goes on the wire as soon as it is ready, and the receiver
+// uses each as it lands (Destination::on_chunk), so copies on both sides overlap the transfer.
+inline constexpr uint64_t kMinChunkBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kMaxChunksPerMessage = 4096;
+// Called once with OK when the chunk's bytes are final, or with why they never will be (the
+// receiver then fails the message with that status). Any thread; must not block.
+using ChunkReady = absl::AnyInvocable<void(absl::Status)>;
+
 // One message: a header, payload bytes and tensors.
 struct Message {
   // The agent sets call_id, kind (REQUEST for Send, RESPONSE for Respond unless ERROR is
@@ -147,6 +161,13 @@ struct Message {
   // Incoming: owns the memory the buffers point into (the allocator's keepalive, or the
   // agent's heap block).
   std::shared_ptr<const void> keepalive;
+  // Outgoing, required when a tensor's descriptor sets chunk_bytes (and then so is
+  // keepalive): once the message is written, the agent calls this for each chunk of each such
+  // tensor, in order, and writes the chunk from tensors[tensor] at `offset` when `ready` runs.
+  // Runs on the thread that writes the message (inside Send or Respond, or a TensorPipe
+  // thread); must not block.
+  std::function<void(size_t tensor, uint64_t offset, uint64_t length, ChunkReady ready)>
+      when_chunk_ready;
 };
 
 // Where an incoming message's bytes go. `payload` has room for payload_size bytes and
@@ -156,6 +177,10 @@ struct Destination {
   void* payload = nullptr;
   std::vector<void*> tensors;
   std::shared_ptr<const void> keepalive;
+  // Optional: runs after each chunk of a chunked tensor landed in tensors[tensor] at `offset`,
+  // before the message is delivered (every chunk's call returns first). A TensorPipe thread;
+  // must not block. Not called for a message that is refused or no longer wanted.
+  std::function<void(size_t tensor, uint64_t offset, uint64_t length)> on_chunk;
 };
 
 // Chooses where an incoming message goes, given its header and sizes. Runs on a TensorPipe
@@ -302,6 +327,8 @@ class Agent {
  private:
   struct Call;
   struct Conn;
+  struct Incoming;
+  class Writes;
   // What Stats() reports per node, kept while the agent lives.
   struct PeerCounters {
     std::string address;
@@ -357,6 +384,22 @@ class Agent {
   void ReadNext(const std::shared_ptr<Conn>& conn);
   void OnDescriptor(const std::shared_ptr<Conn>& conn, const tensorpipe::Descriptor& descriptor);
   void WriteCall(const std::shared_ptr<Conn>& conn, uint64_t call_id);
+  // Asks for each chunk of `msg`, written on `conn` as `call_id`, (Message::when_chunk_ready)
+  // and writes it once ready; each write ends in `writes`.
+  void WriteChunks(const std::shared_ptr<Conn>& conn, uint64_t call_id, const Message& msg,
+                   std::shared_ptr<const void> keepalive, std::shared_ptr<Writes> writes);
+  // A CHUNK message's descriptor: checked against the message it belongs to, then read.
+  void OnChunk(const std::shared_ptr<Conn>& conn, const PeerId& peer,
+               const v1::AgentMessage& header, const tensorpipe::Descriptor& descriptor);
+  // Marks one part of `in` (the message itself, or a chunk) read; true when it was the last,
+  // and then `in` is no longer registered on its pipe.
+  bool PartRead(const std::shared_ptr<Conn>& conn, Incoming& in, bool main)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands on a message read whole: a response to its call, a request to the handler (or its
+  // refusal to the caller).
+  void Finish(const std::shared_ptr<Conn>& conn, const PeerId& peer, Incoming& in);
+  // Closes a pipe whose peer broke the protocol, logging why.
+  void ClosePipe(const std::shared_ptr<Conn>& conn, const PeerId& peer, const std::string& why);
   void WriteMessage(const std::shared_ptr<Conn>& conn, Message msg,
                     std::function<void(const tensorpipe::Error&)> on_written);
   void OnCallWritten(uint64_t call_id, const absl::Status& status);
@@ -407,8 +450,11 @@ class Agent {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
   // Calls from Send until `done` is taken.
   absl::flat_hash_map<uint64_t, std::unique_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
-  // Deadlines of calls and handshakes (ids share one counter, next_id_).
+  // Deadlines of calls, handshakes and chunk timeouts (ids share one counter, next_id_).
   DeadlineQueue deadlines_ ABSL_GUARDED_BY(mu_);
+  // Chunk timeouts: the pipe and the call id of the message waiting for chunks.
+  absl::flat_hash_map<uint64_t, std::pair<std::weak_ptr<Conn>, uint64_t>> chunk_timers_
+      ABSL_GUARDED_BY(mu_);
   std::map<std::string, PeerCounters> counters_ ABSL_GUARDED_BY(mu_);
   uint64_t auth_failures_ ABSL_GUARDED_BY(mu_) = 0;
   bool timer_stop_ ABSL_GUARDED_BY(mu_) = false;
