@@ -100,6 +100,9 @@ struct CallRouter::RxBlock {
   // receive pool (tensors[i] then names the pool block) before the message is posted.
   CudaCopies* cuda = nullptr;
   std::vector<uint64_t> staging;
+  // Per tensor: whether it comes in chunks (each copied on as it lands, Landing counts them).
+  std::vector<bool> chunked;
+  std::shared_ptr<Landing> landing;
 
   ~RxBlock() {
     for (size_t i = 0; i < staging.size(); ++i) {
@@ -116,15 +119,102 @@ struct CallRouter::RxBlock {
   }
 };
 
+// The copies into a session's receive pools of a message staged from another node: one per
+// chunk as it lands, then the rest once the message is complete; `then` runs when all are done.
+struct CallRouter::Landing {
+  void Add() {
+    absl::MutexLock lock(&mu);
+    ++in_flight;
+  }
+  void Done(const absl::Status& status) {
+    std::function<void(absl::Status)> run;
+    absl::Status outcome;
+    {
+      absl::MutexLock lock(&mu);
+      if (first_error.ok()) first_error = status;
+      if (--in_flight > 0 || !then) return;
+      run = std::move(then);
+      outcome = first_error;
+    }
+    run(outcome);
+  }
+  // REQUIRES: an Add() not Done() yet (the last copies), so `f` runs after them.
+  void Then(std::function<void(absl::Status)> f) {
+    absl::MutexLock lock(&mu);
+    then = std::move(f);
+  }
+
+  absl::Mutex mu;
+  int in_flight ABSL_GUARDED_BY(mu) = 0;
+  absl::Status first_error ABSL_GUARDED_BY(mu);
+  std::function<void(absl::Status)> then ABSL_GUARDED_BY(mu);
+};
+
 // A message staged for another node: its tx block (released when TensorPipe is done) and the
-// pinned staging its CUDA tensors were copied to.
+// pinned staging its CUDA tensors were copied to. Tensors larger than CudaCopies::kChunkBytes go
+// in chunks: each chunk's device-to-host copy runs on its own (StartChunks), and the agent
+// writes a chunk once its copy completed (WhenReady).
 struct CallRouter::StagedOut {
-  std::shared_ptr<TxBlock> tx;
-  CudaCopies* cuda = nullptr;
-  std::vector<uint64_t> staging;
+  struct Chunk {
+    CudaCopies::Copy copy;
+    bool done = false;
+    absl::Status status;
+    agent::ChunkReady waiting;  // the agent's, if it asked before the copy completed
+  };
+
   ~StagedOut() {
     for (uint64_t address : staging) cuda->FreeStaging(address);
   }
+
+  // Issues every chunk's copy (after the message's other copies: a stream runs in order).
+  static void StartChunks(const std::shared_ptr<StagedOut>& self) {
+    std::vector<std::pair<std::pair<size_t, uint64_t>, CudaCopies::Copy>> copies;
+    {
+      absl::MutexLock lock(&self->mu);
+      for (const auto& [key, chunk] : self->chunks) copies.emplace_back(key, chunk.copy);
+    }
+    for (const auto& [key, copy] : copies) {
+      self->cuda->Run(
+          {copy}, {self, self->source},
+          [self, key = key](absl::Status status) {
+            agent::ChunkReady ready;
+            {
+              absl::MutexLock lock(&self->mu);
+              Chunk& chunk = self->chunks[key];
+              chunk.done = true;
+              chunk.status = status;
+              ready = std::move(chunk.waiting);
+            }
+            if (ready) ready(std::move(status));
+          },
+          CudaCopies::Waiter::kCopyThread);
+    }
+  }
+
+  void WhenReady(size_t tensor, uint64_t offset, agent::ChunkReady ready) {
+    absl::Status status;
+    {
+      absl::MutexLock lock(&mu);
+      auto it = chunks.find({tensor, offset});
+      if (it == chunks.end()) {
+        status = absl::InternalError(
+            absl::StrCat("no staged chunk of tensor ", tensor, " at offset ", offset));
+      } else if (!it->second.done) {
+        it->second.waiting = std::move(ready);
+        return;
+      } else {
+        status = it->second.status;
+      }
+    }
+    ready(std::move(status));
+  }
+
+  std::shared_ptr<TxBlock> tx;
+  CudaCopies* cuda = nullptr;
+  std::shared_ptr<SessionMemory> source;  // the sender's exported memory, mapped while copied
+  std::vector<uint64_t> staging;
+  absl::Mutex mu;
+  std::map<std::pair<size_t, uint64_t>, Chunk> chunks ABSL_GUARDED_BY(mu);  // (tensor, offset)
 };
 
 struct CallRouter::TxBlock {
@@ -694,12 +784,13 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
   header.set_method(method);
   header.set_source_worker(message.names[3]);
   std::vector<CudaCopies::Copy> copies;
+  std::shared_ptr<StagedOut> chunked;
   if (places.empty()) {
     ReferInPlace(session->segment->base(), call, &request);
     // TensorPipe reads the tx block in place; back to the client when TensorPipe is done.
     request.keepalive = std::make_shared<TxBlock>(this, session, d.payload_offset);
   } else if (absl::Status staged = StageOut(session, d.payload_offset, call, places, &request,
-                                            &copies);
+                                            &copies, &chunked);
              !staged.ok()) {
     Fail(session, d.call_id,
          absl::Status(staged.code(), absl::StrCat(CallName(worker, method), " on node ",
@@ -739,9 +830,11 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
   };
   if (copies.empty()) {
     send(std::move(request));
+    if (chunked != nullptr) StagedOut::StartChunks(chunked);
     return;
   }
-  // Sent once the CUDA tensors are in pinned staging (device to host on the copy thread).
+  // Sent once the unchunked CUDA tensors are in pinned staging (device to host on the copy
+  // thread); chunks follow as their copies, issued after those, complete.
   auto staged = std::make_shared<agent::Message>(std::move(request));
   options_.cuda->Run(std::move(copies), {session->cuda},
                      [this, send, staged, weak, call_id](absl::Status copied) {
@@ -768,14 +861,17 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
                                                         copied.message())));
                        }
                      });
+  if (chunked != nullptr) StagedOut::StartChunks(chunked);
 }
 
 absl::Status CallRouter::StageOut(const std::shared_ptr<Session>& session, uint64_t tx_offset,
                                   const Submitted& submitted, const std::vector<Place>& places,
-                                  agent::Message* out, std::vector<CudaCopies::Copy>* copies) {
+                                  agent::Message* out, std::vector<CudaCopies::Copy>* copies,
+                                  std::shared_ptr<StagedOut>* chunked) {
   auto staged = std::make_shared<StagedOut>();
   staged->tx = std::make_shared<TxBlock>(this, session, tx_offset);
   staged->cuda = options_.cuda;
+  staged->source = session->cuda;
   uint8_t* const base = session->segment->base();
   out->payload = {base + submitted.message.body_offset, submitted.message.body_length};
   for (size_t i = 0; i < submitted.tensors.size(); ++i) {
@@ -800,9 +896,25 @@ absl::Status CallRouter::StageOut(const std::shared_ptr<Session>& session, uint6
     absl::StatusOr<uint64_t> staging = options_.cuda->AllocateStaging(entry.length);
     if (!staging.ok()) return staging.status();
     staged->staging.push_back(*staging);
-    copies->push_back({CopyEnd{*staging, -1}, source->end, entry.length});
     out->tensors.push_back({reinterpret_cast<void*>(*staging), entry.length});
+    if (entry.length <= CudaCopies::kChunkBytes) {
+      copies->push_back({CopyEnd{*staging, -1}, source->end, entry.length});
+      continue;
+    }
+    out->header.mutable_tensors(static_cast<int>(i))->set_chunk_bytes(CudaCopies::kChunkBytes);
+    absl::MutexLock lock(&staged->mu);
+    for (uint64_t offset = 0; offset < entry.length; offset += CudaCopies::kChunkBytes) {
+      const uint64_t length = std::min(CudaCopies::kChunkBytes, entry.length - offset);
+      staged->chunks[{i, offset}].copy = {CopyEnd{*staging + offset, -1},
+                                          CopyEnd{source->end.address + offset, source->end.device},
+                                          length};
+    }
   }
+  out->when_chunk_ready = [staged](size_t tensor, uint64_t offset, uint64_t,
+                                   agent::ChunkReady ready) {
+    staged->WhenReady(tensor, offset, std::move(ready));
+  };
+  *chunked = staged;
   out->keepalive = std::move(staged);
   return absl::OkStatus();
 }
@@ -888,6 +1000,8 @@ absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
     }
     block->cuda = options_.cuda;
     block->staging.assign(tensor_sizes.size(), 0);
+    block->chunked.assign(tensor_sizes.size(), false);
+    block->landing = std::make_shared<Landing>();
     // Pool blocks and staging first, outside the session's lock; freed by the block if
     // anything below fails.
     for (size_t i = 0; i < tensor_sizes.size(); ++i) {
@@ -907,6 +1021,7 @@ absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
                                          pool.status().message()));
       }
       block->staging[i] = *staging;
+      block->chunked[i] = header.tensors(static_cast<int>(i)).chunk_bytes() > 0;
       entry.offset = *pool;
     }
   }
@@ -934,6 +1049,28 @@ absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
       destination.tensors.push_back(entry.length == 0 ? nullptr : out + block->plan.at[i]);
     }
     destination.payload = payload_size == 0 ? nullptr : out + block->plan.prefix;
+  }
+  if (on_device) {
+    // Each chunk bound for a device goes on into the pool as soon as it is in staging.
+    std::shared_ptr<const RxBlock> landing_block = block;
+    destination.on_chunk = [landing_block](size_t tensor, uint64_t offset, uint64_t length) {
+      const RxBlock& b = *landing_block;
+      if (tensor >= b.staging.size() || b.staging[tensor] == 0) return;  // host memory
+      const shm::TensorEntry& entry = b.tensors[tensor];
+      const int device = static_cast<int>(entry.device_index);
+      b.landing->Add();
+      absl::StatusOr<CopyEnd> dst =
+          b.cuda->PoolAddress(*b.session->cuda, device, entry.offset + offset, device);
+      if (!dst.ok()) {
+        b.landing->Done(dst.status());
+        return;
+      }
+      std::shared_ptr<Landing> landing = b.landing;
+      b.cuda->Run({{*dst, CopyEnd{b.staging[tensor] + offset, -1}, length}},
+                  {landing_block, b.session->cuda},
+                  [landing](absl::Status status) { landing->Done(status); },
+                  CudaCopies::Waiter::kCopyThread);
+    };
   }
   destination.keepalive = std::move(block);
   return destination;
@@ -1034,20 +1171,31 @@ void CallRouter::LandOnDevices(const std::shared_ptr<const RxBlock>& block,
     post(absl::OkStatus());
     return;
   }
+  // The chunks' copies were issued as they landed; the rest go now, and `post` runs once all
+  // of them completed.
   std::vector<CudaCopies::Copy> copies;
+  absl::Status placed;
   for (size_t i = 0; i < block->staging.size(); ++i) {
-    if (block->staging[i] == 0) continue;
+    if (block->staging[i] == 0 || block->chunked[i]) continue;
     const shm::TensorEntry& entry = block->tensors[i];
     const int device = static_cast<int>(entry.device_index);
     absl::StatusOr<CopyEnd> dst =
         block->cuda->PoolAddress(*block->session->cuda, device, entry.offset, device);
     if (!dst.ok()) {
-      post(dst.status());
-      return;
+      placed = dst.status();
+      break;
     }
     copies.push_back({*dst, CopyEnd{block->staging[i], -1}, entry.length});
   }
-  block->cuda->Run(std::move(copies), {block, block->session->cuda}, std::move(post));
+  std::shared_ptr<Landing> landing = block->landing;
+  landing->Add();
+  landing->Then(std::move(post));
+  if (!placed.ok()) {
+    landing->Done(placed);
+    return;
+  }
+  block->cuda->Run(std::move(copies), {block, block->session->cuda},
+                   [landing](absl::Status status) { landing->Done(status); });
 }
 
 void CallRouter::RespondError(const agent::ReplyTo& to, const absl::Status& status) {
@@ -1152,8 +1300,9 @@ void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const sh
     return;
   }
   std::vector<CudaCopies::Copy> copies;
+  std::shared_ptr<StagedOut> chunked;
   if (absl::Status staged =
-          StageOut(session, d.payload_offset, *reply, *places, &response, &copies);
+          StageOut(session, d.payload_offset, *reply, *places, &response, &copies, &chunked);
       !staged.ok()) {
     RespondError(*pending.remote, absl::Status(staged.code(),
                                                absl::StrCat("reply of worker '", pending.worker,
@@ -1161,17 +1310,22 @@ void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const sh
                                                             "': ", staged.message())));
     return;
   }
-  // Answered once the CUDA tensors are in pinned staging.
+  // Answered once the unchunked CUDA tensors are in pinned staging; chunks follow.
   auto staged = std::make_shared<agent::Message>(std::move(response));
   const agent::ReplyTo to = *pending.remote;
-  options_.cuda->Run(std::move(copies), {session->cuda},
-                     [this, staged, to](absl::Status copied) {
-                       if (copied.ok()) {
-                         options_.agent->Respond(to, std::move(*staged));
-                       } else {
-                         RespondError(to, copied);
-                       }
-                     });
+  auto respond = [this, staged, to](absl::Status copied) {
+    if (copied.ok()) {
+      options_.agent->Respond(to, std::move(*staged));
+    } else {
+      RespondError(to, copied);
+    }
+  };
+  if (copies.empty()) {
+    respond(absl::OkStatus());
+  } else {
+    options_.cuda->Run(std::move(copies), {session->cuda}, std::move(respond));
+  }
+  StagedOut::StartChunks(chunked);
 }
 
 void CallRouter::HandleCancel(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {

@@ -173,6 +173,8 @@ class CallRouter {
   struct TxBlock;
   // A message for another node whose CUDA tensors were staged through pinned memory.
   struct StagedOut;
+  // The copies of an incoming message's staged tensors into a session's receive pools.
+  struct Landing;
 
   void Serve(std::shared_ptr<Session> session);
   void Handle(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
@@ -220,11 +222,14 @@ class CallRouter {
   void LandOnDevices(const std::shared_ptr<const RxBlock>& block,
                      std::function<void(absl::Status)> post);
   // Points `out` at the message `submitted` (tx block `tx_offset` of `session`) for another
-  // node: host tensors in place, CUDA tensors copied (`copies`, to run before sending) into
-  // pinned staging; each tensor's target device (`places`, empty: all cpu) goes with it.
+  // node: host tensors in place, CUDA tensors copied into pinned staging, those up to
+  // CudaCopies::kChunkBytes by `copies` (to run before sending), larger ones in chunks
+  // (`chunked`: StagedOut::StartChunks after running `copies`, whether or not the message is
+  // sent); each tensor's target device (`places`, empty: all cpu) goes with it.
   absl::Status StageOut(const std::shared_ptr<Session>& session, uint64_t tx_offset,
                         const Submitted& submitted, const std::vector<Place>& places,
-                        agent::Message* out, std::vector<CudaCopies::Copy>* copies);
+                        agent::Message* out, std::vector<CudaCopies::Copy>* copies,
+                        std::shared_ptr<StagedOut>* chunked);
   void OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
                      absl::StatusOr<agent::Message> reply);
 

@@ -399,7 +399,7 @@ absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory& session,
 }
 
 void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const void>> keep,
-                     std::function<void(absl::Status)> done) {
+                     std::function<void(absl::Status)> done, Waiter waiter) {
   const cuda::DriverApi& api = impl_->driver->api();
   Impl::Job job;
   job.keep = std::move(keep);
@@ -459,7 +459,7 @@ void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const
     (void)api.stream_synchronize(impl_->streams[d]);
     if (event != nullptr) (void)api.event_destroy(event);
   }
-  if (total <= kInlineBytes) {
+  if (waiter == Waiter::kCallerIfSmall && total <= kInlineBytes) {
     // Done in microseconds: waiting here costs less than waking the copy thread.
     impl_->Finish(job);
     return;
@@ -555,7 +555,7 @@ absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory&, const shm
   return absl::UnimplementedError("no CUDA in this build");
 }
 void CudaCopies::Run(std::vector<Copy>, std::vector<std::shared_ptr<const void>>,
-                     std::function<void(absl::Status)> done) {
+                     std::function<void(absl::Status)> done, Waiter) {
   done(absl::UnimplementedError("no CUDA in this build"));
 }
 absl::StatusOr<uint64_t> CudaCopies::AllocateStaging(uint64_t) {

@@ -73,6 +73,10 @@ class CudaCopies {
   static constexpr uint64_t kStagingBytes = (uint64_t{1} << 30) + (uint64_t{256} << 20);
   // Copies of at most this many bytes in all are waited for by the thread that issues them.
   static constexpr uint64_t kInlineBytes = uint64_t{1} << 20;
+  // Staged tensors larger than this travel between nodes in chunks of this size
+  // (TensorDescriptor.chunk_bytes): the sender's device-to-host copy of one chunk, TensorPipe
+  // carrying another and the receiver's host-to-device copy of a third overlap.
+  static constexpr uint64_t kChunkBytes = uint64_t{4} << 20;
 
   // The driver's devices: retains their primary contexts, makes a copy stream on each and
   // enables peer access between every pair that allows it. FAILED_PRECONDITION naming the
@@ -117,12 +121,15 @@ class CudaCopies {
     CopyEnd src;
     uint64_t bytes = 0;
   };
-  // Issues `copies`, then runs `done` once all of them completed, with
-  // the first error: on the copy thread, or on this thread before Run returns when they move
-  // at most kInlineBytes (a wait of microseconds, cheaper than the hand-off). `keep` holds what
-  // the copies read and write (the sessions' memory) until then.
+  // Who waits for a Run's copies: this thread when they move at most kInlineBytes (a wait of
+  // microseconds, cheaper than the hand-off), or the copy thread whatever their size (for
+  // copies queued behind others on their stream: waiting here would wait for those too).
+  enum class Waiter { kCallerIfSmall, kCopyThread };
+  // Issues `copies`, then runs `done` once all of them completed, with the first error: on
+  // the copy thread, or on this thread before Run returns (see Waiter). `keep` holds what the
+  // copies read and write (the sessions' memory) until then.
   void Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const void>> keep,
-           std::function<void(absl::Status)> done);
+           std::function<void(absl::Status)> done, Waiter waiter = Waiter::kCallerIfSmall);
 
   // Pinned host memory the staged path between nodes copies through: one region of
   // kStagingBytes, allocated on first use (cuMemHostAlloc takes milliseconds) and kept. Returns
