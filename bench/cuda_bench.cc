@@ -10,7 +10,9 @@
 //   tpd cpu        the same size as a CPU arena tensor (the small-call comparison), and one
 //                  event record + synchronize (what a CUDA call adds at least)
 //   --remote       the callee on a second daemon: the staged path between nodes, beside the
-//                  pinned H2D / D2H rates
+//                  pinned H2D / D2H rates and the same bytes as a host tensor at every size
+//                  (TensorPipe's CPU channel between the daemons, which the staged path rides);
+//                  --chunk_bytes sets the daemons' [agent] cuda_chunk_bytes (0: unchunked)
 //
 // GB/s = bytes / p50 round trip. The torch side of B6 is bench/torch_cuda_rpc_bench.py, run
 // in the same device session.
@@ -41,6 +43,8 @@
 ABSL_FLAG(std::string, sizes, "0,4096,1048576,67108864,268435456", "tensor bytes, comma-separated");
 ABSL_FLAG(int, iters, 30, "measured round trips per size (at least 5 for the largest)");
 ABSL_FLAG(std::string, tpd, "", "the tpd binary (default: tpd next to this binary)");
+ABSL_FLAG(int64_t, chunk_bytes, -1,
+          "the daemons' [agent] cuda_chunk_bytes (0: staged tensors whole; -1: the default)");
 ABSL_FLAG(bool, remote, false,
           "put the callee on a second daemon of this host (a stand-in for a second node): the "
           "staged path, device -> pinned host -> TensorPipe -> pinned host -> device");
@@ -115,6 +119,13 @@ int main(int argc, char** argv) {
   options.cuda_pool_bytes = 2 * largest + (uint64_t{16} << 20);
   options.connect_timeout = absl::Seconds(20);
   std::vector<pid_t> daemons;
+  const bool remote = absl::GetFlag(FLAGS_remote);
+  const int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  // Between daemons the same bytes also go as a host tensor (TensorPipe's CPU channel alone,
+  // what the staged path is limited by): the arena must hold the largest.
+  const uint64_t arena_bytes =
+      remote ? std::max<uint64_t>(uint64_t{64} << 20, 2 * largest + (uint64_t{16} << 20))
+             : uint64_t{64} << 20;
   // Starts a daemon named `node` and connects a client to it.
   auto start = [&](const std::string& node) -> std::unique_ptr<tpd::Client> {
     char dir_pattern[] = "/tmp/tpd-cuda-bench-XXXXXX";
@@ -124,7 +135,11 @@ int main(int argc, char** argv) {
     const std::string config = absl::StrCat(dir, "/tpd.toml");
     std::ofstream(config) << "[daemon]\nlog_level = \"warn\"\n[peer]\n"
                              "listen_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n"
-                             "node_name = \"" << node << "\"\n[data]\narena_bytes = 67108864\n";
+                             "node_name = \"" << node << "\"\n[data]\narena_bytes = "
+                          << arena_bytes << "\n"
+                          << (chunk_bytes >= 0
+                                  ? absl::StrCat("[agent]\ncuda_chunk_bytes = ", chunk_bytes, "\n")
+                                  : "");
     const pid_t daemon = fork();
     if (daemon == 0) {
       execl(tpd_path.c_str(), "tpd", "--socket", socket.c_str(), "--config", config.c_str(),
@@ -148,7 +163,6 @@ int main(int argc, char** argv) {
     for (pid_t daemon : daemons) kill(daemon, SIGTERM);
     for (pid_t daemon : daemons) waitpid(daemon, nullptr, 0);
   };
-  const bool remote = absl::GetFlag(FLAGS_remote);
   std::unique_ptr<tpd::Client> a = start("cuda-bench");
   std::unique_ptr<tpd::Client> b;
   if (remote) {
@@ -222,9 +236,9 @@ int main(int argc, char** argv) {
   });
   std::printf("GPUs: %d, tpd maps cuda:0 -> cuda:%d%s; one event record + synchronize: %.1f us\n",
               count, target, remote ? " on a second daemon (staged)" : "", event_us);
-  std::printf("%-12s %10s %10s %9s %10s %9s %10s %9s %10s %9s %8s\n", "bytes", "d2d_us", "peer_us",
-              "peer_GB/s", "h2d_GB/s", "d2h_GB/s", "oneway_us", "GB/s", "echo_us", "cpu_us",
-              "vs_peer");
+  std::printf("%-12s %10s %10s %9s %10s %9s %10s %9s %10s %9s %8s %8s\n", "bytes", "d2d_us",
+              "peer_us", "peer_GB/s", "h2d_GB/s", "d2h_GB/s", "oneway_us", "GB/s", "echo_us",
+              "cpu_us", "vs_peer", "vs_cpu");
   for (uint64_t bytes : sizes) {
     const double d2d = bytes > 0 ? raw(same, src, bytes) : 0;
     const double p2p = bytes > 0 ? raw(peer, src, bytes) : 0;
@@ -235,15 +249,18 @@ int main(int argc, char** argv) {
     const double oneway = call("oneway", cuda, bytes);
     const double echo = call("echo", cuda, bytes);
     double cpu = 0;
-    if (bytes <= (uint64_t{16} << 20)) {
+    if (remote || bytes <= (uint64_t{16} << 20)) {
       absl::StatusOr<tpd::Tensor> arena =
           a->AllocateTensor(tpd::shm::DType::kUInt8, {static_cast<int64_t>(bytes)});
       if (arena.ok()) cpu = call("oneway", {*arena}, bytes);
     }
     auto gbps = [&](double us) { return us > 0 ? static_cast<double>(bytes) / us / 1e3 : 0.0; };
-    std::printf("%-12lu %10.1f %10.1f %9.1f %10.1f %9.1f %10.1f %9.1f %10.1f %9.1f %8.2f\n",
+    // vs_cpu: the CUDA call's time over the same bytes' host-tensor call (1.0: moving them
+    // from and to device memory costs nothing beyond the call itself).
+    std::printf("%-12lu %10.1f %10.1f %9.1f %10.1f %9.1f %10.1f %9.1f %10.1f %9.1f %8.2f %8.2f\n",
                 static_cast<unsigned long>(bytes), d2d, p2p, gbps(p2p), gbps(h2d), gbps(d2h),
-                oneway, gbps(oneway), echo, cpu, p2p > 0 ? p2p / oneway : 0.0);
+                oneway, gbps(oneway), echo, cpu, p2p > 0 ? p2p / oneway : 0.0,
+                cpu > 0 ? oneway / cpu : 0.0);
   }
   absl::StatusOr<tpd::v1::StatusResponse> status = a->Status();
   if (status.ok()) {

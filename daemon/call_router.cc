@@ -151,8 +151,8 @@ struct CallRouter::Landing {
 };
 
 // A message staged for another node: its tx block (released when TensorPipe is done) and the
-// pinned staging its CUDA tensors were copied to. Tensors larger than CudaCopies::kChunkBytes go
-// in chunks: each chunk's device-to-host copy runs on its own (StartChunks), and the agent
+// pinned staging its CUDA tensors were copied to. Tensors larger than cuda_chunk_bytes go in
+// chunks: each chunk's device-to-host copy runs on its own (StartChunks), and the agent
 // writes a chunk once its copy completed (WhenReady).
 struct CallRouter::StagedOut {
   struct Chunk {
@@ -897,14 +897,15 @@ absl::Status CallRouter::StageOut(const std::shared_ptr<Session>& session, uint6
     if (!staging.ok()) return staging.status();
     staged->staging.push_back(*staging);
     out->tensors.push_back({reinterpret_cast<void*>(*staging), entry.length});
-    if (entry.length <= CudaCopies::kChunkBytes) {
+    const uint64_t step = options_.cuda_chunk_bytes;
+    if (step == 0 || entry.length <= step) {
       copies->push_back({CopyEnd{*staging, -1}, source->end, entry.length});
       continue;
     }
-    out->header.mutable_tensors(static_cast<int>(i))->set_chunk_bytes(CudaCopies::kChunkBytes);
+    out->header.mutable_tensors(static_cast<int>(i))->set_chunk_bytes(step);
     absl::MutexLock lock(&staged->mu);
-    for (uint64_t offset = 0; offset < entry.length; offset += CudaCopies::kChunkBytes) {
-      const uint64_t length = std::min(CudaCopies::kChunkBytes, entry.length - offset);
+    for (uint64_t offset = 0; offset < entry.length; offset += step) {
+      const uint64_t length = std::min(step, entry.length - offset);
       staged->chunks[{i, offset}].copy = {CopyEnd{*staging + offset, -1},
                                           CopyEnd{source->end.address + offset, source->end.device},
                                           length};

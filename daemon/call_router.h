@@ -87,6 +87,8 @@ struct CallRouterOptions {
   // (calls that need a copy are then FAILED_PRECONDITION with it).
   CudaCopies* cuda = nullptr;
   std::string no_cuda;
+  // CUDA tensors larger than this go to other nodes in chunks of this size; 0: whole.
+  uint64_t cuda_chunk_bytes = 0;
 };
 
 // What Admin.Status shows per session.
@@ -223,7 +225,7 @@ class CallRouter {
                      std::function<void(absl::Status)> post);
   // Points `out` at the message `submitted` (tx block `tx_offset` of `session`) for another
   // node: host tensors in place, CUDA tensors copied into pinned staging, those up to
-  // CudaCopies::kChunkBytes by `copies` (to run before sending), larger ones in chunks
+  // cuda_chunk_bytes by `copies` (to run before sending), larger ones in chunks
   // (`chunked`: StagedOut::StartChunks after running `copies`, whether or not the message is
   // sent); each tensor's target device (`places`, empty: all cpu) goes with it.
   absl::Status StageOut(const std::shared_ptr<Session>& session, uint64_t tx_offset,

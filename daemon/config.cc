@@ -245,6 +245,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.StringList("channels", &config.agent.channels),
           reader.Int("mpt_lanes", &config.agent.mpt_lanes),
           reader.Int("max_message_bytes", &config.agent.max_message_bytes),
+          reader.Int("cuda_chunk_bytes", &config.agent.cuda_chunk_bytes),
           reader.StringList("accept_networks", &accept_networks),
           reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
@@ -326,6 +327,14 @@ absl::Status ValidateClientLimits(const Config& config) {
   }
   for (const std::string& dir : g.file_rendezvous_dirs) {
     if (absl::Status status = store::ValidateRendezvousDir(dir); !status.ok()) return status;
+  }
+  if (config.agent.cuda_chunk_bytes != 0 &&
+      (config.agent.cuda_chunk_bytes < (int64_t{1} << 20) ||
+       config.agent.cuda_chunk_bytes > (int64_t{1} << 30))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "agent.cuda_chunk_bytes must be 0 (whole tensors) or 1048576 (1 MiB)..1073741824 "
+        "(1 GiB), got ",
+        config.agent.cuda_chunk_bytes));
   }
   if (config.data.arena_bytes < (int64_t{64} << 10) || config.data.arena_bytes > (int64_t{16} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -136,6 +136,11 @@ struct AgentConfig {
   int64_t mpt_lanes = 4;
   // Largest payload plus tensors of one message either way (a peer sending more is cut off).
   int64_t max_message_bytes = int64_t{2} << 30;
+  // CUDA tensors larger than this go to other nodes in chunks of this size, so that the
+  // device-to-host copy of one chunk, the transfer of another and the host-to-device copy on
+  // the receiver of a third overlap (docs/cuda.md, "Between nodes"); 0 sends each tensor
+  // whole. 0 or 1 MiB..1 GiB.
+  int64_t cuda_chunk_bytes = int64_t{4} << 20;
   // Networks (CIDRs or single addresses, as peer.dial_networks) whose hosts may open a TCP
   // connection to the agent's ports (uv's and each mpt_uv lane's): the kernel drops every
   // other host's SYN (agent/listen_guard.h), because Debian's TensorPipe aborts the daemon on

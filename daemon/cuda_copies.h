@@ -73,10 +73,6 @@ class CudaCopies {
   static constexpr uint64_t kStagingBytes = (uint64_t{1} << 30) + (uint64_t{256} << 20);
   // Copies of at most this many bytes in all are waited for by the thread that issues them.
   static constexpr uint64_t kInlineBytes = uint64_t{1} << 20;
-  // Staged tensors larger than this travel between nodes in chunks of this size
-  // (TensorDescriptor.chunk_bytes): the sender's device-to-host copy of one chunk, TensorPipe
-  // carrying another and the receiver's host-to-device copy of a third overlap.
-  static constexpr uint64_t kChunkBytes = uint64_t{4} << 20;
 
   // The driver's devices: retains their primary contexts, makes a copy stream on each and
   // enables peer access between every pair that allows it. FAILED_PRECONDITION naming the

@@ -416,6 +416,7 @@ absl::Status Daemon::ServeData() {
   }
   calls.cuda = cuda_copies_.get();
   calls.no_cuda = cuda_unavailable_;
+  calls.cuda_chunk_bytes = static_cast<uint64_t>(config_.agent.cuda_chunk_bytes);
   calls.end_session = [control](const std::string& id, const std::string& why) {
     control->EndSession(id, absl::StrCat("the session's shared memory was misused: ", why));
   };

@@ -730,6 +730,17 @@ TEST(ConfigTest, DataTableHasTheDocumentedDefaultsAndIsRead) {
   EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
 }
 
+TEST(ConfigTest, CudaChunkBytesDefaultsToFourMiBAndZeroSendsWholeTensors) {
+  EXPECT_EQ(Config().agent.cuda_chunk_bytes, 4 << 20);
+  for (const char* text : {"[agent]\ncuda_chunk_bytes = 0\n",
+                           "[agent]\ncuda_chunk_bytes = 1048576\n",
+                           "[agent]\ncuda_chunk_bytes = 1073741824\n"}) {
+    absl::StatusOr<Config> config = ParseConfig(text, "c.toml");
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_TRUE(ValidateConfig(*config).ok()) << text << ValidateConfig(*config);
+  }
+}
+
 TEST(ConfigTest, ClientLimitsOutOfRangeNameTheField) {
   struct Case {
     const char* text;
@@ -757,6 +768,9 @@ TEST(ConfigTest, ClientLimitsOutOfRangeNameTheField) {
       {"[data]\nmax_sessions = 0\n", "data.max_sessions"},
       {"[data]\nmax_sessions = 65537\n", "data.max_sessions"},
       {"[data]\nsessions = 1\n", "sessions"},
+      {"[agent]\ncuda_chunk_bytes = 1048575\n", "agent.cuda_chunk_bytes"},
+      {"[agent]\ncuda_chunk_bytes = 1073741825\n", "agent.cuda_chunk_bytes"},
+      {"[agent]\ncuda_chunk_bytes = -1\n", "agent.cuda_chunk_bytes"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<Config> config = ParseConfig(c.text, "l.toml");
