@@ -12,7 +12,8 @@
 //   --remote       the callee on a second daemon: the staged path between nodes, beside the
 //                  pinned H2D / D2H rates and the same bytes as a host tensor at every size
 //                  (TensorPipe's CPU channel between the daemons, which the staged path rides);
-//                  --chunk_bytes sets the daemons' [agent] cuda_chunk_bytes (0: unchunked)
+//                  --chunk_bytes sets the daemons' [agent] cuda_chunk_bytes (0: unchunked),
+//                  --channels their [agent] channels (which TensorPipe channel carries them)
 //
 // GB/s = bytes / p50 round trip. The torch side of B6 is bench/torch_cuda_rpc_bench.py, run
 // in the same device session.
@@ -35,6 +36,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
@@ -45,6 +47,8 @@ ABSL_FLAG(int, iters, 30, "measured round trips per size (at least 5 for the lar
 ABSL_FLAG(std::string, tpd, "", "the tpd binary (default: tpd next to this binary)");
 ABSL_FLAG(int64_t, chunk_bytes, -1,
           "the daemons' [agent] cuda_chunk_bytes (0: staged tensors whole; -1: the default)");
+ABSL_FLAG(std::string, channels, "",
+          "the daemons' [agent] channels, comma-separated (empty: every one this build has)");
 ABSL_FLAG(bool, remote, false,
           "put the callee on a second daemon of this host (a stand-in for a second node): the "
           "staged path, device -> pinned host -> TensorPipe -> pinned host -> device");
@@ -121,6 +125,7 @@ int main(int argc, char** argv) {
   std::vector<pid_t> daemons;
   const bool remote = absl::GetFlag(FLAGS_remote);
   const int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  const std::string channels = absl::GetFlag(FLAGS_channels);
   // Between daemons the same bytes also go as a host tensor (TensorPipe's CPU channel alone,
   // what the staged path is limited by): the arena must hold the largest.
   const uint64_t arena_bytes =
@@ -137,9 +142,14 @@ int main(int argc, char** argv) {
                              "listen_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n"
                              "node_name = \"" << node << "\"\n[data]\narena_bytes = "
                           << arena_bytes << "\n"
+                          << "[agent]\n"
                           << (chunk_bytes >= 0
-                                  ? absl::StrCat("[agent]\ncuda_chunk_bytes = ", chunk_bytes, "\n")
-                                  : "");
+                                  ? absl::StrCat("cuda_chunk_bytes = ", chunk_bytes, "\n")
+                                  : "")
+                          << (channels.empty() ? ""
+                                               : absl::StrCat("channels = [\"",
+                                                              absl::StrJoin(absl::StrSplit(channels, ','), "\", \""),
+                                                              "\"]\n"));
     const pid_t daemon = fork();
     if (daemon == 0) {
       execl(tpd_path.c_str(), "tpd", "--socket", socket.c_str(), "--config", config.c_str(),
@@ -264,6 +274,10 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<tpd::v1::StatusResponse> status = a->Status();
   if (status.ok()) {
+    for (const auto& peer : status->agent().peers()) {
+      std::printf("daemon pipe to %s: transport %s, channel %s\n", peer.node().c_str(),
+                  peer.transport().c_str(), peer.channel().c_str());
+    }
     for (const auto& route : status->gpus().copies()) {
       std::printf("daemon copies %s: %lu copies, %lu bytes\n", route.route().c_str(),
                   static_cast<unsigned long>(route.copies()),
