@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -234,6 +235,7 @@ class AgentHostileTest : public ::testing::Test {
   void SetUp() override {
     AgentOptions options = TestOptions("node-a", {"uv"}, {"basic"});
     options.handshake_timeout = handshake_timeout_;
+    options.chunk_timeout = chunk_timeout_;
     auto a = Agent::Create(options);
     ASSERT_TRUE(a.ok()) << a.status();
     a_ = *std::move(a);
@@ -283,6 +285,7 @@ class AgentHostileTest : public ::testing::Test {
   }
 
   absl::Duration handshake_timeout_ = absl::Seconds(2);
+  absl::Duration chunk_timeout_ = absl::Seconds(1);
   std::unique_ptr<Agent> a_;
   std::unique_ptr<EchoHandler> echo_;
   int port_ = -1;
@@ -622,6 +625,144 @@ TEST_F(AgentHostileTest, RawPipesThatStaySilentAreClosedAtTheHandshakeTimeout) {
     ExpectServesGoodCallsOnly();
   }
   ExpectBackToBaseline(fds, threads);
+}
+
+// ---- Authenticated peers that break the chunk protocol (a daemon holding the token, buggy or
+// taken over): each has its pipe closed, naming what it did, and nothing reaches the handler.
+
+// Completes the handshake on `pipe` (dialed at `url`) as connector "node-m" with the test
+// token; false if the agent did not prove itself back.
+bool Authenticate(tensorpipe::Pipe& pipe, const std::string& url) {
+  absl::StatusOr<std::string> metadata = ReadMetadata(pipe);
+  v1::PipeHello challenge;
+  if (!metadata.ok() || !challenge.ParseFromString(*metadata)) return false;
+  PipeTranscript transcript;
+  transcript.challenge_nonce = challenge.nonce();
+  transcript.answer_nonce = NewPipeNonce();
+  transcript.acceptor_id = challenge.agent_id();
+  transcript.acceptor_urls.assign(challenge.urls().begin(), challenge.urls().end());
+  transcript.dialed_url = url;
+  transcript.connector_id = "node-m";
+  transcript.connector_urls = {"uv://127.0.0.1:1"};
+  v1::PipeHello answer;
+  answer.set_version(std::string(kPipeAuthVersion));
+  answer.set_step(v1::PipeHello::ANSWER);
+  answer.set_nonce(transcript.answer_nonce);
+  answer.set_agent_id(transcript.connector_id);
+  answer.add_urls(transcript.connector_urls[0]);
+  answer.set_dialed_url(url);
+  answer.set_mac(ComputePipeMac(testing::kTestToken, PipeMacRole::kAnswer, transcript));
+  Write(pipe, answer.SerializeAsString());
+  v1::PipeHello proof;
+  metadata = ReadMetadata(pipe);
+  return metadata.ok() && proof.ParseFromString(*metadata) &&
+         VerifyPipeMac(testing::kTestToken, PipeMacRole::kProof, transcript, proof.mac());
+}
+
+// A request whose one tensor of `nbytes` comes in chunks of `chunk_bytes` (none sent yet).
+std::string ChunkedRequest(uint64_t call_id, uint64_t nbytes, uint64_t chunk_bytes) {
+  v1::AgentMessage request;
+  request.set_kind(v1::AgentMessage::REQUEST);
+  request.set_call_id(call_id);
+  request.set_method("echo");
+  v1::TensorDescriptor* tensor = request.add_tensors();
+  tensor->set_dtype("uint8");
+  tensor->set_device("cpu");
+  tensor->set_nbytes(nbytes);
+  tensor->set_chunk_bytes(chunk_bytes);
+  return request.SerializeAsString();
+}
+
+std::string ChunkHeader(uint64_t call_id, uint32_t tensor, uint64_t offset) {
+  v1::AgentMessage chunk;
+  chunk.set_kind(v1::AgentMessage::CHUNK);
+  chunk.set_call_id(call_id);
+  chunk.set_chunk_tensor(tensor);
+  chunk.set_chunk_offset(offset);
+  return chunk.SerializeAsString();
+}
+
+TEST_F(AgentHostileTest, PeersThatBreakTheChunkProtocolHaveTheirPipesClosed) {
+  ExpectServesGoodCallsOnly();
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const std::string one_mib(kMiB, 'c');
+  {
+    RawContext raw;
+    const std::string url = absl::StrCat("uv://127.0.0.1:", port_);
+    auto attack = [&](const std::string& what,
+                      const std::function<void(tensorpipe::Pipe&)>& send) {
+      std::shared_ptr<tensorpipe::Pipe> pipe = raw.context().connect(url);
+      ASSERT_TRUE(Authenticate(*pipe, url)) << what;
+      send(*pipe);
+      EXPECT_FALSE(ReadMetadata(*pipe).ok()) << what << ": no answer but the pipe closing";
+      pipe->close();
+      ExpectServesGoodCallsOnly();
+    };
+    attack("a chunk of a message never sent", [&](tensorpipe::Pipe& pipe) {
+      Write(pipe, ChunkHeader(7, 0, 0), {}, {one_mib});
+    });
+    attack("a chunk off a chunk boundary", [&](tensorpipe::Pipe& pipe) {
+      Write(pipe, ChunkedRequest(1, 2 * kMiB, kMiB), {}, {""});
+      Write(pipe, ChunkHeader(1, 0, 12345), {}, {one_mib});
+    });
+    attack("the same chunk twice", [&](tensorpipe::Pipe& pipe) {
+      Write(pipe, ChunkedRequest(1, 2 * kMiB, kMiB), {}, {""});
+      Write(pipe, ChunkHeader(1, 0, 0), {}, {one_mib});
+      Write(pipe, ChunkHeader(1, 0, 0), {}, {one_mib});
+    });
+    attack("a chunk of the wrong length", [&](tensorpipe::Pipe& pipe) {
+      Write(pipe, ChunkedRequest(1, 2 * kMiB, kMiB), {}, {""});
+      Write(pipe, ChunkHeader(1, 0, kMiB), {}, {std::string(100, 'c')});
+    });
+    attack("a chunk of a tensor not sent in chunks", [&](tensorpipe::Pipe& pipe) {
+      Write(pipe, ChunkedRequest(1, 2 * kMiB, kMiB), {}, {""});
+      Write(pipe, ChunkHeader(1, 3, 0), {}, {one_mib});
+    });
+    attack("chunks below the minimum", [&](tensorpipe::Pipe& pipe) {
+      Write(pipe, ChunkedRequest(1, 2 * kMiB, 4096), {}, {""});
+    });
+    attack("a chunked tensor whose bytes also came with the message", [&](tensorpipe::Pipe& pipe) {
+      Write(pipe, ChunkedRequest(1, kMiB, kMiB), {}, {one_mib});
+    });
+    attack("a chunked tensor past max_message_bytes", [&](tensorpipe::Pipe& pipe) {
+      Write(pipe, ChunkedRequest(1, uint64_t{3} << 30, uint64_t{1} << 30), {}, {""});
+    });
+    attack("a message sent again before its chunks came", [&](tensorpipe::Pipe& pipe) {
+      Write(pipe, ChunkedRequest(1, 2 * kMiB, kMiB), {}, {""});
+      Write(pipe, ChunkedRequest(1, 2 * kMiB, kMiB), {}, {""});
+    });
+    // Chunks promised and never sent hold the agent's memory only until chunk_timeout.
+    const absl::Time start = absl::Now();
+    attack("chunks that never come", [&](tensorpipe::Pipe& pipe) {
+      Write(pipe, ChunkedRequest(1, 2 * kMiB, kMiB), {}, {""});
+      Write(pipe, ChunkHeader(1, 0, 0), {}, {one_mib});
+    });
+    EXPECT_LT(absl::Now() - start, chunk_timeout_ + absl::Seconds(5));
+  }
+  // A chunk its sender says it could not produce fails only that request: answered ERROR
+  // with the sender's reason, the pipe kept.
+  RawContext raw;
+  const std::string url = absl::StrCat("uv://127.0.0.1:", port_);
+  std::shared_ptr<tensorpipe::Pipe> pipe = raw.context().connect(url);
+  ASSERT_TRUE(Authenticate(*pipe, url));
+  Write(*pipe, ChunkedRequest(1, 2 * kMiB, kMiB), {}, {""});
+  Write(*pipe, ChunkHeader(1, 0, 0), {}, {one_mib});
+  v1::AgentMessage failed;
+  failed.ParseFromString(ChunkHeader(1, 0, kMiB));
+  failed.set_status_code(999);  // not a status code: read as UNKNOWN
+  failed.set_status_message("device copy failed");
+  Write(*pipe, failed.SerializeAsString());
+  absl::StatusOr<std::string> answer = ReadMetadata(*pipe);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  v1::AgentMessage error;
+  ASSERT_TRUE(error.ParseFromString(*answer));
+  EXPECT_EQ(error.kind(), v1::AgentMessage::ERROR);
+  EXPECT_EQ(error.call_id(), 1u);
+  EXPECT_EQ(error.status_code(), static_cast<int>(absl::StatusCode::kUnknown));
+  EXPECT_THAT(error.status_message(),
+              ::testing::HasSubstr("could not send tensor 0: device copy failed"));
+  pipe->close();
+  ExpectServesGoodCallsOnly();
 }
 
 }  // namespace
