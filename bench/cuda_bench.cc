@@ -9,6 +9,9 @@
 //   tpd echo       the same, the handler returning the tensor (back by the reverse map)
 //   tpd cpu        the same size as a CPU arena tensor (the small-call comparison), and one
 //                  event record + synchronize (what a CUDA call adds at least)
+//   dcopy          the daemon's own time for a oneway call's copies (its Admin.Status busy_us
+//                  for cuda:0 -> cuda:1, cuda:0 -> cpu with --remote), mean per call: the call's
+//                  cost beyond its copies is oneway - dcopy
 //   --remote       the callee on a second daemon: the staged path between nodes, beside the
 //                  pinned H2D / D2H rates and the same bytes as a host tensor at every size
 //                  (TensorPipe's CPU channel between the daemons, which the staged path rides);
@@ -240,15 +243,27 @@ int main(int argc, char** argv) {
       }
     });
   };
+  // The daemon's own time for the copies of one call (issue to completion seen, summed over
+  // the call's copies by route: CudaCopyCount.busy_us), the mean over every call of `once`.
+  const std::string route =
+      remote ? std::string("cuda:0->cpu") : absl::StrCat("cuda:0->cuda:", target);
+  auto busy_us = [&]() -> uint64_t {
+    absl::StatusOr<tpd::v1::StatusResponse> status = a->Status();
+    if (!status.ok()) return 0;
+    for (const auto& counts : status->gpus().copies()) {
+      if (counts.route() == route) return counts.busy_us();
+    }
+    return 0;
+  };
   const double event_us = TimedP50(200, [&] {
     api.event_record(event, stream);
     api.event_synchronize(event);
   });
   std::printf("GPUs: %d, tpd maps cuda:0 -> cuda:%d%s; one event record + synchronize: %.1f us\n",
               count, target, remote ? " on a second daemon (staged)" : "", event_us);
-  std::printf("%-12s %10s %10s %9s %10s %9s %10s %9s %10s %9s %8s %8s\n", "bytes", "d2d_us",
-              "peer_us", "peer_GB/s", "h2d_GB/s", "d2h_GB/s", "oneway_us", "GB/s", "echo_us",
-              "cpu_us", "vs_peer", "vs_cpu");
+  std::printf("%-12s %10s %10s %9s %10s %9s %10s %9s %10s %10s %9s %8s %8s\n", "bytes",
+              "d2d_us", "peer_us", "peer_GB/s", "h2d_GB/s", "d2h_GB/s", "oneway_us", "GB/s",
+              "dcopy_us", "echo_us", "cpu_us", "vs_peer", "vs_cpu");
   for (uint64_t bytes : sizes) {
     const double d2d = bytes > 0 ? raw(same, src, bytes) : 0;
     const double p2p = bytes > 0 ? raw(peer, src, bytes) : 0;
@@ -256,7 +271,10 @@ int main(int argc, char** argv) {
     const double d2h = bytes > 0 ? raw(reinterpret_cast<CUdeviceptr>(pinned), src, bytes) : 0;
     const std::vector<tpd::Tensor> cuda = {
         tpd::Tensor::Cuda(tpd::shm::DType::kUInt8, {static_cast<int64_t>(bytes)}, src, 0)};
+    const uint64_t busy_before = busy_us();
     const double oneway = call("oneway", cuda, bytes);
+    const double copy_us =
+        static_cast<double>(busy_us() - busy_before) / static_cast<double>(Iters(bytes) + 3);
     const double echo = call("echo", cuda, bytes);
     double cpu = 0;
     if (remote || bytes <= (uint64_t{16} << 20)) {
@@ -267,10 +285,11 @@ int main(int argc, char** argv) {
     auto gbps = [&](double us) { return us > 0 ? static_cast<double>(bytes) / us / 1e3 : 0.0; };
     // vs_cpu: the CUDA call's time over the same bytes' host-tensor call (1.0: moving them
     // from and to device memory costs nothing beyond the call itself).
-    std::printf("%-12lu %10.1f %10.1f %9.1f %10.1f %9.1f %10.1f %9.1f %10.1f %9.1f %8.2f %8.2f\n",
-                static_cast<unsigned long>(bytes), d2d, p2p, gbps(p2p), gbps(h2d), gbps(d2h),
-                oneway, gbps(oneway), echo, cpu, p2p > 0 ? p2p / oneway : 0.0,
-                cpu > 0 ? oneway / cpu : 0.0);
+    std::printf(
+        "%-12lu %10.1f %10.1f %9.1f %10.1f %9.1f %10.1f %9.1f %10.1f %10.1f %9.1f %8.2f %8.2f\n",
+        static_cast<unsigned long>(bytes), d2d, p2p, gbps(p2p), gbps(h2d), gbps(d2h), oneway,
+        gbps(oneway), copy_us, echo, cpu, p2p > 0 ? p2p / oneway : 0.0,
+        cpu > 0 ? oneway / cpu : 0.0);
   }
   absl::StatusOr<tpd::v1::StatusResponse> status = a->Status();
   if (status.ok()) {

@@ -192,7 +192,13 @@ void PrintGpus(const tpd::v1::GpuStatus& gpus, int64_t group_device_count) {
   }
   for (const tpd::v1::CudaCopyCount& route : gpus.copies()) {
     std::cout << "    copied " << route.route() << ": " << route.copies() << " copies, "
-              << route.bytes() << " B\n";
+              << route.bytes() << " B";
+    if (route.busy_us() > 0) {
+      std::cout << " in " << route.busy_us() << " us ("
+                << static_cast<double>(route.bytes()) / static_cast<double>(route.busy_us()) / 1e3
+                << " GB/s)";
+    }
+    std::cout << "\n";
   }
 }
 

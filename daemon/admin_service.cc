@@ -147,6 +147,7 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
       out->set_route(route);
       out->set_copies(counts.copies);
       out->set_bytes(counts.bytes);
+      out->set_busy_us(counts.busy_us);
     }
   }
   response->mutable_gpus()->set_copies_unavailable(cuda_unavailable_);

@@ -80,6 +80,9 @@ struct CudaCopies::Impl {
     std::vector<std::shared_ptr<const void>> keep;
     std::function<void(absl::Status)> done;
     absl::Status status;
+    // For the routes' busy time: when the copies were issued, and their bytes by route.
+    absl::Time issued;
+    std::vector<std::pair<std::pair<int, int>, uint64_t>> route_bytes;
   };
   std::deque<Job> jobs ABSL_GUARDED_BY(mu);
   bool running ABSL_GUARDED_BY(mu) = false;  // a job taken off `jobs` is being finished
@@ -113,6 +116,16 @@ struct CudaCopies::Impl {
       free_events[device].push_back(event);
     }
     if (!job.status.ok()) ++errors;
+    const double busy_us = absl::ToDoubleMicroseconds(absl::Now() - job.issued);
+    uint64_t total = 0;
+    for (const auto& [route, bytes] : job.route_bytes) total += bytes;
+    if (total > 0) {
+      absl::MutexLock lock(&mu);
+      for (const auto& [route, bytes] : job.route_bytes) {
+        routes[route].busy_us += static_cast<uint64_t>(busy_us * static_cast<double>(bytes) /
+                                                       static_cast<double>(total));
+      }
+    }
     job.done(job.status);
   }
 
@@ -404,6 +417,7 @@ void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const
   Impl::Job job;
   job.keep = std::move(keep);
   job.done = std::move(done);
+  job.issued = absl::Now();
   std::vector<bool> used(impl_->streams.size(), false);
   uint64_t total = 0;
   for (const Copy& copy : copies) {
@@ -424,6 +438,7 @@ void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const
       break;
     }
     used[device] = true;
+    job.route_bytes.push_back({{copy.src.device, copy.dst.device}, copy.bytes});
     absl::MutexLock lock(&impl_->mu);
     CudaCopyStats::Route& route = impl_->routes[{copy.src.device, copy.dst.device}];
     ++route.copies;
