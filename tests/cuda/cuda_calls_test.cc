@@ -419,6 +419,75 @@ TEST_F(CudaCallsTest, AGibibyteStagedAcrossTwoDaemons) {
   EXPECT_EQ(reply->payload, absl::StrCat("cuda:1:", std::hash<std::string>()(Pattern(bytes, 31))));
 }
 
+TEST_F(CudaCallsTest, StagedSwappedDevicesManyTensorsSomeInChunks) {
+  REQUIRE_GPUS(2);
+  StartSecondNode();
+  auto a = Connect();
+  auto b = Connect(uint64_t{256} << 20, /*second_node=*/true);
+  ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}, {"cuda:1", "cuda:0"}}}}).ok());
+  ASSERT_TRUE(Join(b.get(), "b", {}).ok());
+  HandleEcho(b.get());
+  // 64 tensors alternating devices; every 16th is 9 MiB + a few bytes, so it crosses in chunks
+  // of 4 MiB ([agent] cuda_chunk_bytes) with a short last one, among whole small tensors.
+  std::vector<Tensor> tensors;
+  std::vector<std::pair<std::string, std::string>> expected;
+  for (int i = 0; i < 64; ++i) {
+    const int device = i % 2;
+    const size_t bytes = i % 16 == 0 ? (size_t{9} << 20) + 4 * static_cast<size_t>(i + 1)
+                                     : 1000 + 4 * static_cast<size_t>(i);
+    const CUdeviceptr ptr = gpus_->Alloc(device, bytes, 300 + i);
+    tensors.push_back(
+        Tensor::Cuda(shm::DType::kInt32, {static_cast<int64_t>(bytes / 4)}, ptr, device));
+    expected.push_back({device == 0 ? "cuda:1" : "cuda:0", Pattern(bytes, 300 + i)});
+  }
+  absl::StatusOr<Message> reply = a->Call("g", "b", "echo", "", tensors);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->payload, Expect(expected));
+  ASSERT_EQ(reply->tensors.size(), 64u);
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_EQ(reply->tensors[i].device().index, i % 2) << "tensor " << i << " came home";
+    EXPECT_EQ(gpus_->Read(reply->tensors[i]), expected[i].second) << "tensor " << i;
+  }
+}
+
+TEST_F(CudaCallsTest, StagedCallsBothWaysAtOnceInChunks) {
+  REQUIRE_GPUS(2);
+  StartSecondNode();
+  auto a = Connect(uint64_t{512} << 20);
+  auto b = Connect(uint64_t{512} << 20, /*second_node=*/true);
+  ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}}}}).ok());
+  ASSERT_TRUE(Join(b.get(), "b", {{"a", {{"cuda:1", "cuda:0"}}}}).ok());
+  HandleEcho(a.get());
+  HandleEcho(b.get());
+  // 20 calls each way at once, each with a tensor of two chunks and a short one: chunks of
+  // many messages interleave on both daemons' pipes, requests and replies alike.
+  constexpr size_t kLarge = (size_t{6} << 20) + 7;
+  auto run = [&](Client* from, const std::string& to, int device, int other, uint32_t seed) {
+    std::vector<CallFuture> futures;
+    for (int i = 0; i < 20; ++i) {
+      const CUdeviceptr large = gpus_->Alloc(device, kLarge, seed + 2 * i);
+      const CUdeviceptr small = gpus_->Alloc(device, 4096, seed + 2 * i + 1);
+      futures.push_back(from->CallAsync(
+          "g", to, "echo", "",
+          {Tensor::Cuda(shm::DType::kUInt8, {static_cast<int64_t>(kLarge)}, large, device),
+           Tensor::Cuda(shm::DType::kUInt8, {4096}, small, device)}));
+    }
+    for (int i = 0; i < 20; ++i) {
+      const absl::StatusOr<Message>& reply = futures[i].Wait();
+      ASSERT_TRUE(reply.ok()) << reply.status();
+      const std::string device_name = absl::StrCat("cuda:", other);
+      EXPECT_EQ(reply->payload, Expect({{device_name, Pattern(kLarge, seed + 2 * i)},
+                                        {device_name, Pattern(4096, seed + 2 * i + 1)}}));
+      ASSERT_EQ(reply->tensors.size(), 2u);
+      EXPECT_EQ(gpus_->Read(reply->tensors[0]), Pattern(kLarge, seed + 2 * i));
+      EXPECT_EQ(gpus_->Read(reply->tensors[1]), Pattern(4096, seed + 2 * i + 1));
+    }
+  };
+  std::thread there([&] { run(a.get(), "b", 0, 1, 7000); });
+  run(b.get(), "a", 1, 0, 9000);
+  there.join();
+}
+
 TEST_F(CudaCallsTest, CallsBothWaysAtOnce) {
   REQUIRE_GPUS(2);
   auto a = Connect();
