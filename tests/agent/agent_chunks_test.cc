@@ -203,10 +203,15 @@ class AgentChunksTest : public ::testing::Test {
  protected:
   void SetUp() override { Start(absl::Seconds(30)); }
 
-  void Start(absl::Duration chunk_timeout) {
-    echo_.reset();
-    b_.reset();
+  // Agents go before the handler they call into (~Agent joins their threads).
+  void TearDown() override {
     a_.reset();
+    b_.reset();
+    echo_.reset();
+  }
+
+  void Start(absl::Duration chunk_timeout) {
+    TearDown();
     auto a = Agent::Create(TestOptions("node-a"));
     ASSERT_TRUE(a.ok()) << a.status();
     AgentOptions options = TestOptions("node-b");
