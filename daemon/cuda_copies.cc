@@ -367,7 +367,6 @@ absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory& session,
                                                        const shm::TensorEntry& entry,
                                                        const shm::CudaExport& record,
                                                        uint32_t index) {
-  const cuda::DriverApi& api = impl_->driver->api();
   const int device = static_cast<int>(entry.device_index);
   auto refuse = [&](absl::string_view why) {
     return absl::InvalidArgumentError(

@@ -56,14 +56,17 @@ class ChunkGate {
     return [this](size_t tensor, uint64_t offset, uint64_t length, ChunkReady ready) {
       absl::MutexLock lock(&mu_);
       pending_.push_back({tensor, offset, length, std::move(ready)});
+      cv_.SignalAll();
     };
   }
 
-  // Waits until `count` chunks were asked for and takes them.
+  // Waits (up to 30 s) until `count` chunks were asked for and takes them.
   std::vector<Pending> Take(size_t count) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
     absl::MutexLock lock(&mu_);
-    auto enough = [this, count] { return pending_.size() >= count; };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
+    while (pending_.size() < count && absl::Now() < deadline) {
+      cv_.WaitWithDeadline(&mu_, deadline);
+    }
     std::vector<Pending> out = std::move(pending_);
     pending_.clear();
     return out;
@@ -71,6 +74,7 @@ class ChunkGate {
 
  private:
   absl::Mutex mu_;
+  absl::CondVar cv_;
   std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
 };
 
