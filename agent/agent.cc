@@ -365,6 +365,11 @@ tensorpipe::Message ToTensorPipe(const Message& msg) {
   return out;
 }
 
+// "pipe to node-b (uv://...) failed", for an error TensorPipe reported on a pipe.
+std::string PipeFailed(bool outbound, const PeerId& peer) {
+  return absl::StrCat("pipe ", outbound ? "to " : "from ", peer.ToString(), " failed");
+}
+
 std::string ClaimedPeer(const v1::PipeHello& hello, const std::string& remote_name) {
   std::string claimed = hello.agent_id().empty() ? "?" : hello.agent_id().substr(0, kMaxIdBytes);
   if (hello.urls_size() > 0) {
@@ -1270,9 +1275,7 @@ void Agent::WriteChunks(const std::shared_ptr<Conn>& conn, uint64_t call_id, con
                                                            const tensorpipe::Error& error) {
                    absl::Status status;
                    if (error) {
-                     status = TensorPipeErrorToStatus(
-                         error, absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
-                                             conn->peer.ToString(), " failed"));
+                     status = TensorPipeErrorToStatus(error, PipeFailed(conn->outbound, conn->peer));
                      FailConn(conn, status);
                    }
                    writes->End(status);
@@ -1414,9 +1417,7 @@ void Agent::ReadNext(const std::shared_ptr<Conn>& conn) {
             absl::MutexLock lock(&mu_);
             peer = conn->peer;
           }
-          FailConn(conn, TensorPipeErrorToStatus(
-                             error, absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
-                                                 peer.ToString(), " failed")));
+          FailConn(conn, TensorPipeErrorToStatus(error, PipeFailed(conn->outbound, peer)));
           return;
         }
         OnDescriptor(conn, descriptor);
@@ -1612,21 +1613,8 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
     return sum;
   }();
   conn->pipe->read(std::move(allocation),
-                   [this, conn, in, main_bytes, node, peer](const tensorpipe::Error& error) {
-                     if (error) {
-                       FailConn(conn, TensorPipeErrorToStatus(
-                                          error, absl::StrCat("pipe ",
-                                                              conn->outbound ? "to " : "from ",
-                                                              peer.ToString(), " failed")));
-                       return;
-                     }
-                     bool last;
-                     {
-                       absl::MutexLock lock(&mu_);
-                       Counters(node).bytes_received += main_bytes;
-                       last = PartRead(conn, *in, /*main=*/true);
-                     }
-                     if (last) Finish(conn, peer, *in);
+                   [this, conn, in, main_bytes, peer](const tensorpipe::Error& error) {
+                     OnPartRead(conn, peer, *in, error, main_bytes, /*main=*/true);
                    });
   ReadNext(conn);
 }
@@ -1696,47 +1684,39 @@ void Agent::OnChunk(const std::shared_ptr<Conn>& conn, const PeerId& peer,
     absl::Status error(status_code, absl::StrCat("the sender could not send tensor ", tensor,
                                                  ": ", header.status_message().substr(0, 1024)));
     // Even a message with nothing to read must be read before the pipe gives the next one.
-    conn->pipe->read(tensorpipe::Allocation{}, [this, conn, in, error,
-                                                peer](const tensorpipe::Error& read_error) {
-      if (read_error) {
-        FailConn(conn, TensorPipeErrorToStatus(
-                           read_error, absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
-                                                    peer.ToString(), " failed")));
-        return;
-      }
-      bool last;
-      {
-        absl::MutexLock lock(&mu_);
-        if (in->chunk_error.ok()) in->chunk_error = error;
-        last = PartRead(conn, *in, /*main=*/false);
-      }
-      if (last) Finish(conn, peer, *in);
-    });
+    conn->pipe->read(tensorpipe::Allocation{},
+                     [this, conn, in, error, peer](const tensorpipe::Error& read_error) {
+                       OnPartRead(conn, peer, *in, read_error, 0, /*main=*/false, error);
+                     });
     ReadNext(conn);
     return;
   }
   tensorpipe::Allocation allocation;
   allocation.tensors.push_back(
       {tensorpipe::CpuBuffer{static_cast<char*>(in->message->tensors[tensor].data) + offset}});
-  const std::string node = CountersKey(peer);
-  conn->pipe->read(std::move(allocation), [this, conn, in, tensor, offset, length, node,
+  conn->pipe->read(std::move(allocation), [this, conn, in, tensor, offset, length,
                                            peer](const tensorpipe::Error& error) {
-    if (error) {
-      FailConn(conn, TensorPipeErrorToStatus(
-                         error, absl::StrCat("pipe ", conn->outbound ? "to " : "from ",
-                                             peer.ToString(), " failed")));
-      return;
-    }
-    if (in->on_chunk && in->refused.ok()) in->on_chunk(tensor, offset, length);
-    bool last;
-    {
-      absl::MutexLock lock(&mu_);
-      Counters(node).bytes_received += length;
-      last = PartRead(conn, *in, /*main=*/false);
-    }
-    if (last) Finish(conn, peer, *in);
+    if (!error && in->on_chunk) in->on_chunk(tensor, offset, length);
+    OnPartRead(conn, peer, *in, error, length, /*main=*/false);
   });
   ReadNext(conn);
+}
+
+void Agent::OnPartRead(const std::shared_ptr<Conn>& conn, const PeerId& peer, Incoming& in,
+                       const tensorpipe::Error& error, uint64_t bytes, bool main,
+                       const absl::Status& chunk_error) {
+  if (error) {
+    FailConn(conn, TensorPipeErrorToStatus(error, PipeFailed(conn->outbound, peer)));
+    return;
+  }
+  bool last;
+  {
+    absl::MutexLock lock(&mu_);
+    Counters(CountersKey(peer)).bytes_received += bytes;
+    if (in.chunk_error.ok()) in.chunk_error = chunk_error;
+    last = PartRead(conn, in, main);
+  }
+  if (last) Finish(conn, peer, in);
 }
 
 bool Agent::PartRead(const std::shared_ptr<Conn>& conn, Incoming& in, bool main) {

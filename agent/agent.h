@@ -391,6 +391,12 @@ class Agent {
   // A CHUNK message's descriptor: checked against the message it belongs to, then read.
   void OnChunk(const std::shared_ptr<Conn>& conn, const PeerId& peer,
                const v1::AgentMessage& header, const tensorpipe::Descriptor& descriptor);
+  // A read of one part of `in` (the message itself, or a chunk of `bytes`) ended: fails the
+  // pipe on `error`, else counts it (with the error of a chunk its sender could not produce)
+  // and hands the message on if it was the last part.
+  void OnPartRead(const std::shared_ptr<Conn>& conn, const PeerId& peer, Incoming& in,
+                  const tensorpipe::Error& error, uint64_t bytes, bool main,
+                  const absl::Status& chunk_error = absl::OkStatus());
   // Marks one part of `in` (the message itself, or a chunk) read; true when it was the last,
   // and then `in` is no longer registered on its pipe.
   bool PartRead(const std::shared_ptr<Conn>& conn, Incoming& in, bool main)

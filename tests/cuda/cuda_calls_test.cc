@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -234,6 +235,30 @@ class CudaCallsTest : public ::testing::Test {
                  }).ok());
   }
 
+  // From `a` to worker b (which echoes, and whose map swaps cuda:0 and cuda:1 with a's): 64
+  // tensors alternating cuda:0 and cuda:1, tensor i of `bytes(i)` bytes filled from seed + i.
+  // Each must reach b on the other device and come home with its bytes.
+  void EchoSwapped(Client* a, const std::function<size_t(int)>& bytes, uint32_t seed) {
+    std::vector<Tensor> tensors;
+    std::vector<std::pair<std::string, std::string>> expected;
+    for (int i = 0; i < 64; ++i) {
+      const int device = i % 2;
+      const size_t size = bytes(i);
+      const CUdeviceptr ptr = gpus_->Alloc(device, size, seed + i);
+      tensors.push_back(
+          Tensor::Cuda(shm::DType::kInt32, {static_cast<int64_t>(size / 4)}, ptr, device));
+      expected.push_back({device == 0 ? "cuda:1" : "cuda:0", Pattern(size, seed + i)});
+    }
+    absl::StatusOr<Message> reply = a->Call("g", "b", "echo", "", tensors);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->payload, Expect(expected));
+    ASSERT_EQ(reply->tensors.size(), 64u);
+    for (int i = 0; i < 64; ++i) {
+      EXPECT_EQ(reply->tensors[i].device().index, i % 2) << "tensor " << i << " came home";
+      EXPECT_EQ(gpus_->Read(reply->tensors[i]), expected[i].second) << "tensor " << i;
+    }
+  }
+
   static std::string Expect(const std::vector<std::pair<std::string, std::string>>& tensors) {
     std::string out;
     for (const auto& [device, bytes] : tensors) {
@@ -326,24 +351,7 @@ TEST_F(CudaCallsTest, SwappedDevicesAndManyTensors) {
   ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}, {"cuda:1", "cuda:0"}}}}).ok());
   ASSERT_TRUE(Join(b.get(), "b", {}).ok());
   HandleEcho(b.get());
-  std::vector<Tensor> tensors;
-  std::vector<std::pair<std::string, std::string>> expected;
-  for (int i = 0; i < 64; ++i) {
-    const int device = i % 2;
-    const size_t bytes = 1000 + 4 * static_cast<size_t>(i);
-    const CUdeviceptr ptr = gpus_->Alloc(device, bytes, 100 + i);
-    tensors.push_back(
-        Tensor::Cuda(shm::DType::kInt32, {static_cast<int64_t>(bytes / 4)}, ptr, device));
-    expected.push_back({device == 0 ? "cuda:1" : "cuda:0", Pattern(bytes, 100 + i)});
-  }
-  absl::StatusOr<Message> reply = a->Call("g", "b", "echo", "", tensors);
-  ASSERT_TRUE(reply.ok()) << reply.status();
-  EXPECT_EQ(reply->payload, Expect(expected));
-  ASSERT_EQ(reply->tensors.size(), 64u);
-  for (int i = 0; i < 64; ++i) {
-    EXPECT_EQ(reply->tensors[i].device().index, i % 2) << "tensor " << i << " came home";
-    EXPECT_EQ(gpus_->Read(reply->tensors[i]), expected[i].second) << "tensor " << i;
-  }
+  EchoSwapped(a.get(), [](int i) { return 1000 + 4 * static_cast<size_t>(i); }, 100);
 }
 
 TEST_F(CudaCallsTest, CpuAndCudaMixedInOneCallByCpuMaps) {
@@ -427,27 +435,15 @@ TEST_F(CudaCallsTest, StagedSwappedDevicesManyTensorsSomeInChunks) {
   ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}, {"cuda:1", "cuda:0"}}}}).ok());
   ASSERT_TRUE(Join(b.get(), "b", {}).ok());
   HandleEcho(b.get());
-  // 64 tensors alternating devices; every 16th is 9 MiB + a few bytes, so it crosses in chunks
-  // of 4 MiB ([agent] cuda_chunk_bytes) with a short last one, among whole small tensors.
-  std::vector<Tensor> tensors;
-  std::vector<std::pair<std::string, std::string>> expected;
-  for (int i = 0; i < 64; ++i) {
-    const int device = i % 2;
-    const size_t bytes = i % 16 == 0 ? (size_t{9} << 20) + 4 * static_cast<size_t>(i + 1)
-                                     : 1000 + 4 * static_cast<size_t>(i);
-    const CUdeviceptr ptr = gpus_->Alloc(device, bytes, 300 + i);
-    tensors.push_back(
-        Tensor::Cuda(shm::DType::kInt32, {static_cast<int64_t>(bytes / 4)}, ptr, device));
-    expected.push_back({device == 0 ? "cuda:1" : "cuda:0", Pattern(bytes, 300 + i)});
-  }
-  absl::StatusOr<Message> reply = a->Call("g", "b", "echo", "", tensors);
-  ASSERT_TRUE(reply.ok()) << reply.status();
-  EXPECT_EQ(reply->payload, Expect(expected));
-  ASSERT_EQ(reply->tensors.size(), 64u);
-  for (int i = 0; i < 64; ++i) {
-    EXPECT_EQ(reply->tensors[i].device().index, i % 2) << "tensor " << i << " came home";
-    EXPECT_EQ(gpus_->Read(reply->tensors[i]), expected[i].second) << "tensor " << i;
-  }
+  // Every 16th tensor is 9 MiB + a few bytes, so it crosses in chunks of 4 MiB ([agent]
+  // cuda_chunk_bytes) with a short last one, among whole small tensors.
+  EchoSwapped(
+      a.get(),
+      [](int i) {
+        return i % 16 == 0 ? (size_t{9} << 20) + 4 * static_cast<size_t>(i + 1)
+                           : 1000 + 4 * static_cast<size_t>(i);
+      },
+      300);
 }
 
 TEST_F(CudaCallsTest, StagedCallsBothWaysAtOnceInChunks) {
