@@ -71,28 +71,32 @@ struct Agent::Incoming {
 };
 
 // The writes of one message (itself and its chunks): `done` runs once, when the last ended,
-// with the first error.
+// with the first error and the bytes of chunks sent as errors instead of their bytes.
 class Agent::Writes {
  public:
-  Writes(size_t count, absl::AnyInvocable<void(absl::Status)> done)
+  Writes(size_t count, absl::AnyInvocable<void(absl::Status, uint64_t unsent)> done)
       : left_(count), done_(std::move(done)) {}
 
-  void End(const absl::Status& status) {
+  void End(const absl::Status& status, uint64_t unsent = 0) {
     absl::Status outcome;
+    uint64_t total_unsent;
     {
       absl::MutexLock lock(&mu_);
       if (first_error_.ok()) first_error_ = status;
+      unsent_ += unsent;
       if (--left_ > 0) return;
       outcome = first_error_;
+      total_unsent = unsent_;
     }
-    done_(std::move(outcome));
+    done_(std::move(outcome), total_unsent);
   }
 
  private:
   absl::Mutex mu_;
   size_t left_ ABSL_GUARDED_BY(mu_);
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
-  absl::AnyInvocable<void(absl::Status)> done_;
+  uint64_t unsent_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::AnyInvocable<void(absl::Status, uint64_t)> done_;
 };
 
 // One call from Send until its `done` is taken. All fields (mu_).
@@ -115,6 +119,9 @@ struct Agent::Call {
 namespace {
 
 constexpr size_t kMaxHelloBytes = 64 * 1024;
+// Messages one pipe may have waiting for their chunks at once (each holds memory placed for
+// its tensors until they came).
+constexpr size_t kMaxChunkedMessagesPerPipe = 1024;
 constexpr size_t kMaxIdBytes = 256;
 constexpr int kMaxUrls = 16;
 constexpr size_t kTensorAlignment = 64;
@@ -266,7 +273,9 @@ absl::Status CheckDestination(const Destination& destination, size_t payload_siz
 
 // How many chunks a chunked tensor travels in.
 uint64_t ChunkCount(const v1::TensorDescriptor& descriptor) {
-  return (descriptor.nbytes() + descriptor.chunk_bytes() - 1) / descriptor.chunk_bytes();
+  // Not (n + c - 1) / c: a peer's n and c may be anything, and that sum can wrap.
+  return descriptor.nbytes() / descriptor.chunk_bytes() +
+         (descriptor.nbytes() % descriptor.chunk_bytes() != 0 ? 1 : 0);
 }
 
 // One chunk of an outgoing message.
@@ -1215,6 +1224,8 @@ void Agent::WriteCall(const std::shared_ptr<Conn>& conn, uint64_t call_id) {
   std::shared_ptr<const void> keepalive;
   size_t chunk_count = 0;
   Message chunked;  // what WriteChunks needs of a message with chunks
+  std::string node;
+  uint64_t bytes = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = calls_.find(call_id);
@@ -1228,6 +1239,8 @@ void Agent::WriteCall(const std::shared_ptr<Conn>& conn, uint64_t call_id) {
     }
     message = ToTensorPipe(call.msg);
     keepalive = call.msg.keepalive;
+    node = CountersKey(call.peer);
+    bytes = call.bytes;
     chunk_count = ChunksOf(call.msg).size();
     if (chunk_count > 0) {
       chunked.header = call.msg.header;
@@ -1236,7 +1249,15 @@ void Agent::WriteCall(const std::shared_ptr<Conn>& conn, uint64_t call_id) {
     }
   }
   auto writes = std::make_shared<Writes>(
-      1 + chunk_count, [this, call_id](absl::Status status) { OnCallWritten(call_id, status); });
+      1 + chunk_count, [this, call_id, node, bytes](absl::Status status, uint64_t unsent) {
+        if (status.ok()) {
+          // Counted here, not in OnCallWritten: the call may have its answer (and be gone)
+          // before its last write ends.
+          absl::MutexLock lock(&mu_);
+          Counters(node).bytes_sent += bytes - unsent;
+        }
+        OnCallWritten(call_id, status);
+      });
   conn->pipe->write(std::move(message), [this, conn, keepalive, writes](
                                             const tensorpipe::Error& error) {
     absl::Status status;
@@ -1271,14 +1292,15 @@ void Agent::WriteChunks(const std::shared_ptr<Conn>& conn, uint64_t call_id, con
                    header.set_status_message(std::string(ready.message()));
                  }
                  message.metadata = header.SerializeAsString();
-                 conn->pipe->write(std::move(message), [this, conn, keepalive, writes](
+                 const uint64_t unsent = ready.ok() ? 0 : chunk.length;
+                 conn->pipe->write(std::move(message), [this, conn, keepalive, writes, unsent](
                                                            const tensorpipe::Error& error) {
                    absl::Status status;
                    if (error) {
                      status = TensorPipeErrorToStatus(error, PipeFailed(conn->outbound, conn->peer));
                      FailConn(conn, status);
                    }
-                   writes->End(status);
+                   writes->End(status, unsent);
                  });
                });
   }
@@ -1292,9 +1314,7 @@ void Agent::OnCallWritten(uint64_t call_id, const absl::Status& status) {
     if (it == calls_.end()) return;  // `done` ran already (the message had a keepalive)
     Call& call = *it->second;
     call.write_finished = true;
-    if (status.ok()) {
-      Counters(CountersKey(call.peer)).bytes_sent += call.bytes;
-    } else if (!call.outcome.has_value()) {
+    if (!status.ok() && !call.outcome.has_value()) {
       call.outcome = absl::Status(status.code(), absl::StrCat("method \"", call.method,
                                                               "\": ", status.message()));
       if (call.conn != nullptr) call.conn->pending.erase(call_id);
@@ -1384,10 +1404,11 @@ void Agent::Respond(const ReplyTo& to, Message response, SentCallback sent) {
   const std::string node = to.node_;
   const size_t chunk_count = ChunksOf(response).size();
   auto writes = std::make_shared<Writes>(
-      1 + chunk_count, [this, sent = std::move(sent), bytes, node](absl::Status status) mutable {
+      1 + chunk_count,
+      [this, sent = std::move(sent), bytes, node](absl::Status status, uint64_t unsent) mutable {
         if (status.ok()) {
           absl::MutexLock lock(&mu_);
-          Counters(node).bytes_sent += bytes;
+          Counters(node).bytes_sent += bytes - unsent;
         }
         if (sent) sent(std::move(status));
       });
@@ -1469,8 +1490,23 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
   std::vector<size_t> tensor_sizes;
   uint64_t total = payload_size;
   uint64_t chunks = 0;
+  // Sizes are summed only while the sum stays within max_message_bytes: a chunked tensor's
+  // nbytes is the peer's word alone (no TensorPipe length backs it), and a sum that wrapped
+  // would place the message in a block far smaller than its chunks.
+  auto too_large = [&](uint64_t more) {
+    protocol_error(absl::StrCat("it sent a message of more than ", options_.max_message_bytes,
+                                " bytes (max_message_bytes): ", total, " + ", more));
+  };
+  if (total > options_.max_message_bytes) {
+    too_large(0);
+    return;
+  }
   for (size_t i = 0; i < descriptor.tensors.size(); ++i) {
     const v1::TensorDescriptor& described = header->tensors(static_cast<int>(i));
+    if (described.nbytes() > options_.max_message_bytes - total) {
+      too_large(described.nbytes());
+      return;
+    }
     // A chunked tensor's bytes follow in CHUNK messages: an empty tensor holds its place.
     const size_t length = descriptor.tensors[i].length;
     const uint64_t expected = described.chunk_bytes() > 0 ? 0 : described.nbytes();
@@ -1490,11 +1526,6 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
     }
     tensor_sizes.push_back(described.nbytes());
     total += described.nbytes();
-  }
-  if (total > options_.max_message_bytes) {
-    protocol_error(absl::StrCat("it sent a message of ", total, " bytes, more than ",
-                                options_.max_message_bytes, " (max_message_bytes)"));
-    return;
   }
   if (chunks > kMaxChunksPerMessage) {
     protocol_error(absl::StrCat("it sent a message in ", chunks, " chunks, more than ",
@@ -1590,20 +1621,24 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
       in->chunk_seen.emplace_back(described.chunk_bytes() > 0 ? ChunkCount(described) : 0, false);
     }
     bool duplicate;
+    bool too_many;
     {
       absl::MutexLock lock(&mu_);
       if (conn->state == PipeState::kFailed) return;
-      duplicate = !conn->incoming.emplace(header->call_id(), in).second;
-      if (!duplicate) {
+      too_many = conn->incoming.size() >= kMaxChunkedMessagesPerPipe;
+      duplicate = !too_many && !conn->incoming.emplace(header->call_id(), in).second;
+      if (!duplicate && !too_many) {
         in->chunks_left = chunks;
         in->timer_id = next_id_++;
         chunk_timers_[in->timer_id] = {conn, header->call_id()};
         AddDeadline(in->timer_id, in->received + options_.chunk_timeout);
       }
     }
-    if (duplicate) {
-      protocol_error(absl::StrCat("it sent message ", header->call_id(),
-                                  " again before all chunks of the first came"));
+    if (duplicate || too_many) {
+      protocol_error(too_many ? absl::StrCat("it has ", kMaxChunkedMessagesPerPipe,
+                                             " messages waiting for their chunks on this pipe")
+                              : absl::StrCat("it sent message ", header->call_id(),
+                                             " again before all chunks of the first came"));
       return;
     }
   }

@@ -1195,8 +1195,11 @@ void CallRouter::LandOnDevices(const std::shared_ptr<const RxBlock>& block,
     landing->Done(placed);
     return;
   }
+  // Never waited for here (a TensorPipe thread, serving every pipe): these copies may queue
+  // behind chunks' copies on their streams.
   block->cuda->Run(std::move(copies), {block, block->session->cuda},
-                   [landing](absl::Status status) { landing->Done(status); });
+                   [landing](absl::Status status) { landing->Done(status); },
+                   CudaCopies::Waiter::kCopyThread);
 }
 
 void CallRouter::RespondError(const agent::ReplyTo& to, const absl::Status& status) {

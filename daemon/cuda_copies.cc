@@ -92,6 +92,8 @@ struct CudaCopies::Impl {
 
   // By (source, destination) device, -1 for host memory.
   std::map<std::pair<int, int>, CudaCopyStats::Route> routes ABSL_GUARDED_BY(mu);
+  // Per device: when a job with copies on its stream was last seen complete.
+  std::vector<absl::Time> last_completion ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> errors{0};
 
   absl::Mutex staging_mu;
@@ -116,11 +118,20 @@ struct CudaCopies::Impl {
       free_events[device].push_back(event);
     }
     if (!job.status.ok()) ++errors;
-    const double busy_us = absl::ToDoubleMicroseconds(absl::Now() - job.issued);
     uint64_t total = 0;
     for (const auto& [route, bytes] : job.route_bytes) total += bytes;
     if (total > 0) {
+      // A job's copies ran from when they were issued or, queued behind earlier jobs on the
+      // same streams, from when those completed: jobs issued together (a tensor's chunks)
+      // count their copies once, not each the wait for all those ahead of it.
+      const absl::Time now = absl::Now();
       absl::MutexLock lock(&mu);
+      absl::Time start = job.issued;
+      for (const auto& [device, event] : job.events) {
+        start = std::max(start, last_completion[device]);
+        last_completion[device] = now;
+      }
+      const double busy_us = std::max(0.0, absl::ToDoubleMicroseconds(now - start));
       for (const auto& [route, bytes] : job.route_bytes) {
         routes[route].busy_us += static_cast<uint64_t>(busy_us * static_cast<double>(bytes) /
                                                        static_cast<double>(total));
@@ -242,6 +253,7 @@ absl::StatusOr<std::unique_ptr<CudaCopies>> CudaCopies::Start(const cuda::Driver
   {
     absl::MutexLock lock(&impl->mu);
     impl->free_events.resize(device_count);
+    impl->last_completion.assign(device_count, absl::InfinitePast());
   }
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Loop(); });

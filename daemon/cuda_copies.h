@@ -46,7 +46,7 @@ struct CudaCopyStats {
   struct Route {
     uint64_t copies = 0;
     uint64_t bytes = 0;
-    uint64_t busy_us = 0;  // issue to completion seen, summed (CudaCopyCount.busy_us)
+    uint64_t busy_us = 0;  // time the copies ran, summed (CudaCopyCount.busy_us)
   };
   std::map<std::string, Route> routes;
   uint64_t errors = 0;

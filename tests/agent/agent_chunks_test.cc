@@ -327,6 +327,10 @@ TEST_F(AgentChunksTest, AChunkItsSenderCannotProduceFailsOnlyThatMessage) {
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(TensorSums(*good), TruthSums(next));
   EXPECT_EQ(a_->Stats().peers[0].state, PipeState::kReady);
+  // The chunk sent as an error counts in no peer's bytes: (100 + 2 MiB) each call.
+  EXPECT_TRUE(tpd::testing::WaitUntil(
+      [&] { return a_->Stats().peers[0].bytes_sent == 2 * (100 + 2 * kChunk); }))
+      << a_->Stats().peers[0].bytes_sent;
 }
 
 TEST_F(AgentChunksTest, ChunksThatStopComingCloseThePipeAtChunkTimeoutAndTheNextCallWorks) {

@@ -727,6 +727,16 @@ TEST_F(AgentHostileTest, PeersThatBreakTheChunkProtocolHaveTheirPipesClosed) {
     attack("a chunked tensor past max_message_bytes", [&](tensorpipe::Pipe& pipe) {
       Write(pipe, ChunkedRequest(1, uint64_t{3} << 30, uint64_t{1} << 30), {}, {""});
     });
+    attack("chunked sizes whose sum wraps to 4 KiB", [&](tensorpipe::Pipe& pipe) {
+      // 2^63 + (2^63 + 4096) is 4096 in 64 bits: summed naively, the message would be placed
+      // in 4 KiB and its first chunk (2^62 bytes) written past it.
+      v1::AgentMessage request;
+      request.ParseFromString(ChunkedRequest(1, uint64_t{1} << 63, uint64_t{1} << 62));
+      *request.add_tensors() = request.tensors(0);
+      request.mutable_tensors(1)->set_nbytes((uint64_t{1} << 63) + 4096);
+      Write(pipe, request.SerializeAsString(), {}, {"", ""});
+      Write(pipe, ChunkHeader(1, 0, 0), {}, {one_mib});
+    });
     attack("a message sent again before its chunks came", [&](tensorpipe::Pipe& pipe) {
       Write(pipe, ChunkedRequest(1, 2 * kMiB, kMiB), {}, {""});
       Write(pipe, ChunkedRequest(1, 2 * kMiB, kMiB), {}, {""});
