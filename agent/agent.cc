@@ -63,6 +63,7 @@ struct Agent::Incoming {
   absl::Time received;
   // Chunked messages only.
   uint64_t timer_id = 0;                      // its chunk_timeout, in deadlines_
+  absl::Time complete_by;                     // every chunk in by then (min_chunk_rate)
   std::vector<std::vector<bool>> chunk_seen;  // (mu_) per tensor; empty for unchunked ones
   uint64_t chunks_left = 0;                   // (mu_) chunks not read yet
   bool main_read = false;                     // (mu_) the message itself was read
@@ -706,9 +707,19 @@ void Agent::TimerLoop() {
         const uint64_t call_id = timer->second.second;
         chunk_timers_.erase(timer);
         if (conn == nullptr || conn->state == PipeState::kFailed) continue;
-        stalled.emplace_back(conn, conn->peer, absl::StrCat("the chunks of message ", call_id,
-                                                " stopped coming: none for ",
-                                                absl::FormatDuration(options_.chunk_timeout)));
+        auto waiting = conn->incoming.find(call_id);
+        const bool too_slow = waiting != conn->incoming.end() &&
+                              now >= waiting->second->complete_by;
+        stalled.emplace_back(
+            conn, conn->peer,
+            too_slow ? absl::StrCat("the chunks of message ", call_id, " did not all come within ",
+                                    absl::FormatDuration(absl::Trunc(
+                                        waiting->second->complete_by - waiting->second->received,
+                                        absl::Milliseconds(1))),
+                                    " (chunk_timeout plus their bytes at min_chunk_rate, ",
+                                    options_.min_chunk_rate, " B/s)")
+                     : absl::StrCat("the chunks of message ", call_id, " stopped coming: none for ",
+                                    absl::FormatDuration(options_.chunk_timeout)));
       } else if (auto conn_it = conns_.find(id); conn_it != conns_.end()) {
         const std::shared_ptr<Conn>& conn = conn_it->second;
         if (conn->state != PipeState::kConnecting) continue;
@@ -1490,6 +1501,7 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
   std::vector<size_t> tensor_sizes;
   uint64_t total = payload_size;
   uint64_t chunks = 0;
+  uint64_t chunked_bytes = 0;
   // Sizes are summed only while the sum stays within max_message_bytes: a chunked tensor's
   // nbytes is the peer's word alone (no TensorPipe length backs it), and a sum that wrapped
   // would place the message in a block far smaller than its chunks.
@@ -1523,6 +1535,7 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
         return;
       }
       chunks += ChunkCount(described);
+      chunked_bytes += described.nbytes();
     }
     tensor_sizes.push_back(described.nbytes());
     total += described.nbytes();
@@ -1630,8 +1643,13 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
       if (!duplicate && !too_many) {
         in->chunks_left = chunks;
         in->timer_id = next_id_++;
+        in->complete_by = in->received + options_.chunk_timeout +
+                          absl::Seconds(static_cast<double>(chunked_bytes) /
+                                        static_cast<double>(std::max<uint64_t>(
+                                            options_.min_chunk_rate, 1)));
         chunk_timers_[in->timer_id] = {conn, header->call_id()};
-        AddDeadline(in->timer_id, in->received + options_.chunk_timeout);
+        AddDeadline(in->timer_id,
+                    std::min(in->received + options_.chunk_timeout, in->complete_by));
       }
     }
     if (duplicate || too_many) {
@@ -1700,7 +1718,8 @@ void Agent::OnChunk(const std::shared_ptr<Conn>& conn, const PeerId& peer,
       } else {
         in->chunk_seen[tensor][index] = true;
         deadlines_.Remove(in->timer_id);
-        AddDeadline(in->timer_id, absl::Now() + options_.chunk_timeout);
+        AddDeadline(in->timer_id,
+                    std::min(absl::Now() + options_.chunk_timeout, in->complete_by));
       }
     }
   }

@@ -99,6 +99,10 @@ struct AgentOptions {
   // chunks) before the pipe is closed: the sender promised them and holds the receiver's
   // memory until they come.
   absl::Duration chunk_timeout = absl::Seconds(30);
+  // The slowest a message's chunks may come on the whole: all of them must be in within
+  // chunk_timeout plus their bytes at this rate, however they are spaced (a peer cannot hold
+  // the memory placed for a message by dripping a chunk every chunk_timeout). Bytes/second.
+  uint64_t min_chunk_rate = uint64_t{10} << 20;
   // Largest payload plus tensors of one message, either way. Sending more is
   // INVALID_ARGUMENT; a peer that sends more has its pipe closed (the bytes cannot be
   // skipped, only read).

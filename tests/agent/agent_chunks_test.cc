@@ -214,12 +214,13 @@ class AgentChunksTest : public ::testing::Test {
     echo_.reset();
   }
 
-  void Start(absl::Duration chunk_timeout) {
+  void Start(absl::Duration chunk_timeout, uint64_t min_chunk_rate = AgentOptions().min_chunk_rate) {
     TearDown();
     auto a = Agent::Create(TestOptions("node-a"));
     ASSERT_TRUE(a.ok()) << a.status();
     AgentOptions options = TestOptions("node-b");
     options.chunk_timeout = chunk_timeout;
+    options.min_chunk_rate = min_chunk_rate;
     auto b = Agent::Create(options);
     ASSERT_TRUE(b.ok()) << b.status();
     a_ = *std::move(a);
@@ -352,6 +353,27 @@ TEST_F(AgentChunksTest, ChunksThatStopComingCloseThePipeAtChunkTimeoutAndTheNext
   absl::StatusOr<Message> good = SendReleasingInReverse(next, 2);
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(TensorSums(*good), TruthSums(next));
+}
+
+TEST_F(AgentChunksTest, ChunksDrippedWithinChunkTimeoutStillMustAllComeByTheRateBound) {
+  // Each gap (500 ms) is far inside chunk_timeout (2 s), but 6 MiB at 1 GB/s plus 2 s is
+  // about 2 s in all, and the drip takes 3 s: the receiver closes the pipe.
+  Start(absl::Seconds(2), uint64_t{1} << 30);
+  ChunkedMessage source = MakeChunked({6 * kChunk}, {0}, 17);
+  ChunkGate gate;
+  source.message.when_chunk_ready = gate.Hook();
+  std::thread dripper([&] {
+    for (ChunkGate::Pending& chunk : gate.Take(6)) {
+      absl::SleepFor(absl::Milliseconds(500));
+      Release(chunk, source);
+    }
+  });
+  absl::StatusOr<Message> reply =
+      CallAndWait(*a_, PeerOf(*b_), source.message, absl::Seconds(20));
+  dripper.join();
+  ASSERT_FALSE(reply.ok());
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnavailable) << reply.status();
+  EXPECT_TRUE(echo_->delivered().empty());
 }
 
 TEST_F(AgentChunksTest, ASenderMustGiveChunksOfAtLeastTheMinimumAndAWayToKnowTheyAreReady) {
