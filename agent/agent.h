@@ -32,7 +32,11 @@
 // Buffers. A Message's payload and tensors are plain pointers: TensorPipe reads them in place
 // (no copy) and the agent never frees them. See Message::keepalive for how long they must live.
 // Incoming bytes go where the handler's (or the call's reply) allocator says, so the daemon can
-// receive a tensor straight into a client's shared-memory arena.
+// receive a tensor straight into a client's shared-memory arena. A tensor whose bytes are not
+// final yet can follow its message in chunks (TensorDescriptor.chunk_bytes): each is written
+// once Message::when_chunk_ready says it is ready, and the receiver sees each land
+// (Destination::on_chunk) before the message is delivered; docs/data_plane.md, "Tensors in
+// chunks".
 //
 // Thread safety: every public method is thread-safe. Callbacks (done, the handler, allocators)
 // run on TensorPipe's threads, on the agent's timer thread, or on a thread inside a call to
