@@ -186,8 +186,7 @@ struct CallRouter::StagedOut {
               ready = std::move(chunk.waiting);
             }
             if (ready) ready(std::move(status));
-          },
-          CudaCopies::Waiter::kCopyThread);
+          });
     }
   }
 
@@ -828,39 +827,38 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
         },
         place_reply);
   };
+  // Sent once the unchunked CUDA tensors are in pinned staging; chunks follow as their
+  // copies, issued after those, complete.
   if (copies.empty()) {
     send(std::move(request));
-    if (chunked != nullptr) StagedOut::StartChunks(chunked);
-    return;
-  }
-  // Sent once the unchunked CUDA tensors are in pinned staging (device to host on the copy
-  // thread); chunks follow as their copies, issued after those, complete.
-  auto staged = std::make_shared<agent::Message>(std::move(request));
-  options_.cuda->Run(std::move(copies), {session->cuda},
-                     [this, send, staged, weak, call_id](absl::Status copied) {
-                       if (copied.ok()) {
-                         send(std::move(*staged));
-                         return;
-                       }
-                       std::shared_ptr<Session> caller = weak.lock();
-                       if (caller == nullptr) return;
-                       std::optional<Outgoing> call;
-                       {
-                         absl::MutexLock lock(&mu_);
-                         auto it = outgoing_.find({caller->id, call_id});
-                         if (it != outgoing_.end()) {
-                           call = std::move(it->second);
-                           outgoing_.erase(it);
+  } else {
+    auto staged = std::make_shared<agent::Message>(std::move(request));
+    options_.cuda->Run(std::move(copies), {session->cuda},
+                       [this, send, staged, weak, call_id](absl::Status copied) {
+                         if (copied.ok()) {
+                           send(std::move(*staged));
+                           return;
                          }
-                       }
-                       if (call) {
-                         Fail(caller, call_id,
-                              absl::Status(copied.code(),
-                                           absl::StrCat(CallName(call->worker, call->method),
-                                                        " on node ", call->node, ": ",
-                                                        copied.message())));
-                       }
-                     });
+                         std::shared_ptr<Session> caller = weak.lock();
+                         if (caller == nullptr) return;
+                         std::optional<Outgoing> call;
+                         {
+                           absl::MutexLock lock(&mu_);
+                           auto it = outgoing_.find({caller->id, call_id});
+                           if (it != outgoing_.end()) {
+                             call = std::move(it->second);
+                             outgoing_.erase(it);
+                           }
+                         }
+                         if (call) {
+                           Fail(caller, call_id,
+                                absl::Status(copied.code(),
+                                             absl::StrCat(CallName(call->worker, call->method),
+                                                          " on node ", call->node, ": ",
+                                                          copied.message())));
+                         }
+                       });
+  }
   if (chunked != nullptr) StagedOut::StartChunks(chunked);
 }
 
@@ -1069,8 +1067,7 @@ absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
       std::shared_ptr<Landing> landing = b.landing;
       b.cuda->Run({{*dst, CopyEnd{b.staging[tensor] + offset, -1}, length}},
                   {landing_block, b.session->cuda},
-                  [landing](absl::Status status) { landing->Done(status); },
-                  CudaCopies::Waiter::kCopyThread);
+                  [landing](absl::Status status) { landing->Done(status); });
     };
   }
   destination.keepalive = std::move(block);
@@ -1195,11 +1192,8 @@ void CallRouter::LandOnDevices(const std::shared_ptr<const RxBlock>& block,
     landing->Done(placed);
     return;
   }
-  // Never waited for here (a TensorPipe thread, serving every pipe): these copies may queue
-  // behind chunks' copies on their streams.
   block->cuda->Run(std::move(copies), {block, block->session->cuda},
-                   [landing](absl::Status status) { landing->Done(status); },
-                   CudaCopies::Waiter::kCopyThread);
+                   [landing](absl::Status status) { landing->Done(status); });
 }
 
 void CallRouter::RespondError(const agent::ReplyTo& to, const absl::Status& status) {
@@ -1317,18 +1311,14 @@ void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const sh
   // Answered once the unchunked CUDA tensors are in pinned staging; chunks follow.
   auto staged = std::make_shared<agent::Message>(std::move(response));
   const agent::ReplyTo to = *pending.remote;
-  auto respond = [this, staged, to](absl::Status copied) {
-    if (copied.ok()) {
-      options_.agent->Respond(to, std::move(*staged));
-    } else {
-      RespondError(to, copied);
-    }
-  };
-  if (copies.empty()) {
-    respond(absl::OkStatus());
-  } else {
-    options_.cuda->Run(std::move(copies), {session->cuda}, std::move(respond));
-  }
+  options_.cuda->Run(std::move(copies), {session->cuda},
+                     [this, staged, to](absl::Status copied) {
+                       if (copied.ok()) {
+                         options_.agent->Respond(to, std::move(*staged));
+                       } else {
+                         RespondError(to, copied);
+                       }
+                     });
   StagedOut::StartChunks(chunked);
 }
 

@@ -83,6 +83,8 @@ struct CudaCopies::Impl {
     // For the routes' busy time: when the copies were issued, and their bytes by route.
     absl::Time issued;
     std::vector<std::pair<std::pair<int, int>, uint64_t>> route_bytes;
+    // Its bytes on each device's stream (counted in stream_bytes until it is finished).
+    std::vector<uint64_t> stream_bytes;
   };
   std::deque<Job> jobs ABSL_GUARDED_BY(mu);
   bool running ABSL_GUARDED_BY(mu) = false;  // a job taken off `jobs` is being finished
@@ -94,6 +96,8 @@ struct CudaCopies::Impl {
   std::map<std::pair<int, int>, CudaCopyStats::Route> routes ABSL_GUARDED_BY(mu);
   // Per device: when a job with copies on its stream was last seen complete.
   std::vector<absl::Time> last_completion ABSL_GUARDED_BY(mu);
+  // Per device: bytes of copies issued on its stream by jobs not finished yet.
+  std::vector<uint64_t> stream_bytes ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> errors{0};
 
   absl::Mutex staging_mu;
@@ -118,6 +122,10 @@ struct CudaCopies::Impl {
       free_events[device].push_back(event);
     }
     if (!job.status.ok()) ++errors;
+    {
+      absl::MutexLock lock(&mu);
+      for (size_t d = 0; d < job.stream_bytes.size(); ++d) stream_bytes[d] -= job.stream_bytes[d];
+    }
     uint64_t total = 0;
     for (const auto& [route, bytes] : job.route_bytes) total += bytes;
     if (total > 0) {
@@ -254,6 +262,7 @@ absl::StatusOr<std::unique_ptr<CudaCopies>> CudaCopies::Start(const cuda::Driver
     absl::MutexLock lock(&impl->mu);
     impl->free_events.resize(device_count);
     impl->last_completion.assign(device_count, absl::InfinitePast());
+    impl->stream_bytes.assign(device_count, 0);
   }
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Loop(); });
@@ -423,20 +432,30 @@ absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory& session,
 }
 
 void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const void>> keep,
-                     std::function<void(absl::Status)> done, Waiter waiter) {
+                     std::function<void(absl::Status)> done) {
   const cuda::DriverApi& api = impl_->driver->api();
   Impl::Job job;
   job.keep = std::move(keep);
   job.done = std::move(done);
   job.issued = absl::Now();
+  // On the stream of the device that holds the source (the destination's for host sources):
+  // a peer copy is pulled or pushed by one engine either way.
+  auto stream_of = [](const Copy& copy) {
+    return copy.src.device >= 0 ? copy.src.device : copy.dst.device;
+  };
+  job.stream_bytes.assign(impl_->streams.size(), 0);
+  for (const Copy& copy : copies) job.stream_bytes[stream_of(copy)] += copy.bytes;
+  {
+    // Counted before they are issued, so a Run deciding whether to wait sees them.
+    absl::MutexLock lock(&impl_->mu);
+    for (size_t d = 0; d < job.stream_bytes.size(); ++d) {
+      impl_->stream_bytes[d] += job.stream_bytes[d];
+    }
+  }
   std::vector<bool> used(impl_->streams.size(), false);
-  uint64_t total = 0;
   for (const Copy& copy : copies) {
-    total += copy.bytes;
     if (copy.bytes == 0) continue;
-    // On the stream of the device that holds the source (the destination's for host
-    // sources): a peer copy is pulled or pushed by one engine either way.
-    const int device = copy.src.device >= 0 ? copy.src.device : copy.dst.device;
+    const int device = stream_of(copy);
     absl::Status issued = impl_->Current(device);
     CUstream stream = impl_->streams[device];
     if (issued.ok()) {
@@ -485,14 +504,19 @@ void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const
     (void)api.stream_synchronize(impl_->streams[d]);
     if (event != nullptr) (void)api.event_destroy(event);
   }
-  if (waiter == Waiter::kCallerIfSmall && total <= kInlineBytes) {
-    // Done in microseconds: waiting here costs less than waking the copy thread.
-    impl_->Finish(job);
-    return;
+  bool small = true;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    for (size_t d = 0; d < used.size(); ++d) {
+      if (used[d] && impl_->stream_bytes[d] > kInlineBytes) small = false;
+    }
+    if (!small) {
+      impl_->jobs.push_back(std::move(job));
+      impl_->cv.SignalAll();  // Flush waits on it too
+    }
   }
-  absl::MutexLock lock(&impl_->mu);
-  impl_->jobs.push_back(std::move(job));
-  impl_->cv.SignalAll();  // Flush waits on it too
+  // Done in microseconds: waiting here costs less than waking the copy thread.
+  if (small) impl_->Finish(job);
 }
 
 absl::StatusOr<uint64_t> CudaCopies::AllocateStaging(uint64_t bytes) {
@@ -581,7 +605,7 @@ absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory&, const shm
   return absl::UnimplementedError("no CUDA in this build");
 }
 void CudaCopies::Run(std::vector<Copy>, std::vector<std::shared_ptr<const void>>,
-                     std::function<void(absl::Status)> done, Waiter) {
+                     std::function<void(absl::Status)> done) {
   done(absl::UnimplementedError("no CUDA in this build"));
 }
 absl::StatusOr<uint64_t> CudaCopies::AllocateStaging(uint64_t) {

@@ -7,7 +7,7 @@
 // calls from the same allocation reuse the mapping), copies device to device (peer access enabled between every pair of GPUs that
 // allows it, so cuda:0 -> cuda:1 goes over NVLink, never through the host), host to device or
 // device to host for maps with `cpu` on one side, records an event, and runs the call's
-// continuation once the event completed: on its copy thread, or inline for small copies. A session's mappings are closed
+// continuation once the event completed: on its copy thread, or inline when little is queued. A session's mappings are closed
 // when the session is gone and no copy uses them any more (FAULTS C1: a dead client leaves
 // nothing mapped in the daemon, and nothing was ever mapped in another client).
 //
@@ -16,7 +16,7 @@
 // a pool's allocation must be on its device and at least as large as it says.
 //
 // Thread safety: thread-safe. One copy thread ("tpd-cuda") waits for large copies and runs
-// their continuations; session and TensorPipe threads issue copies (and wait for small ones). A SessionMemory has its own mutex, never held
+// their continuations; session and TensorPipe threads issue copies (and wait for theirs when their streams hold at most kInlineBytes). A SessionMemory has its own mutex, never held
 // while calling into another SessionMemory.
 
 #ifndef TPD_DAEMON_CUDA_COPIES_H_
@@ -72,7 +72,8 @@ class CudaCopies {
  public:
   // The staging region's size: room for a 1 GiB tensor in flight with some to spare.
   static constexpr uint64_t kStagingBytes = (uint64_t{1} << 30) + (uint64_t{256} << 20);
-  // Copies of at most this many bytes in all are waited for by the thread that issues them.
+  // A Run is waited for by the thread that issues it when the streams its copies go on hold at
+  // most this many bytes of copies in all (its own and any not finished yet).
   static constexpr uint64_t kInlineBytes = uint64_t{1} << 20;
 
   // The driver's devices: retains their primary contexts, makes a copy stream on each and
@@ -118,15 +119,13 @@ class CudaCopies {
     CopyEnd src;
     uint64_t bytes = 0;
   };
-  // Who waits for a Run's copies: this thread when they move at most kInlineBytes (a wait of
-  // microseconds, cheaper than the hand-off), or the copy thread whatever their size (for
-  // copies queued behind others on their stream: waiting here would wait for those too).
-  enum class Waiter { kCallerIfSmall, kCopyThread };
   // Issues `copies`, then runs `done` once all of them completed, with the first error: on
-  // the copy thread, or on this thread before Run returns (see Waiter). `keep` holds what the
-  // copies read and write (the sessions' memory) until then.
+  // this thread before Run returns when their streams hold at most kInlineBytes of copies (a
+  // wait of microseconds, cheaper than the hand-off), else on the copy thread (a wait here
+  // would also wait for every copy queued ahead on those streams, a staged tensor's chunks
+  // say). `keep` holds what the copies read and write (the sessions' memory) until then.
   void Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const void>> keep,
-           std::function<void(absl::Status)> done, Waiter waiter = Waiter::kCallerIfSmall);
+           std::function<void(absl::Status)> done);
 
   // Pinned host memory the staged path between nodes copies through: one region of
   // kStagingBytes, allocated on first use (cuMemHostAlloc takes milliseconds) and kept. Returns
