@@ -1016,7 +1016,12 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
   // `block` (when no tensor holds it) is released on the way out, after the caller or the
   // handler has its message: on this thread the release waits for the next push.
   if (d.op == static_cast<uint8_t>(shm::Op::kReply)) {
-    if (entries.ok() && error) {
+    if (error && d.payload_length == 0) {
+      // The daemon answers even when this session's rx heap has no room for the message.
+      message = absl::ResourceExhaustedError(absl::StrCat(
+          "the daemon could not place the answer to this call: this session's receive heap "
+          "(data.arena_bytes) was full; release received messages and tensors sooner"));
+    } else if (entries.ok() && error) {
       const auto code = static_cast<absl::StatusCode>(parsed->code);
       message = absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
                              parsed->names[2]);

@@ -86,42 +86,13 @@ Client::~Client() {
   if (session_reader_.joinable()) session_reader_.join();
 }
 
-absl::StatusOr<std::string> Client::Session() {
-  absl::MutexLock lock(&session_mu_);
-  if (!session_id_.empty()) return session_id_;
-  // A session that ended (the daemon restarted) is replaced by a new one.
-  if (session_reader_.joinable()) session_reader_.join();
-  session_context_ = std::make_unique<grpc::ClientContext>();
-  v1::OpenSessionRequest request;
-  request.set_client(absl::StrCat("pid ", getpid()));
-  std::shared_ptr<grpc::ClientReader<v1::SessionEvent>> reader(
-      control_->OpenSession(session_context_.get(), request).release());
-  v1::SessionEvent event;
-  if (!reader->Read(&event)) {
-    absl::Status status = FromGrpc(reader->Finish());
-    session_context_.reset();
-    return status.ok() ? absl::UnavailableError("the daemon closed the session at once") : status;
-  }
-  session_id_ = event.session_id();
-  data_socket_ = event.data_socket();
-  // The stream carries nothing more today; reading it keeps it open and notices its end.
-  session_reader_ = std::thread([this, reader] {
-    v1::SessionEvent ignored;
-    while (reader->Read(&ignored)) {
-    }
-    reader->Finish();
-    // Members of this session are gone with it; the next group call opens a new session.
-    absl::MutexLock lock(&session_mu_);
-    session_id_.clear();
-  });
-  return session_id_;
-}
-
 namespace {
 
-// Connects to the data socket at `path` and runs the attach exchange; the segment's memfd.
-absl::StatusOr<int> AttachOver(int fd, const std::string& path, const std::string& session_id,
-                               absl::Duration timeout) {
+// Connects to the data socket at `path`, sends `request` (an attach or an identify request)
+// and reads the reply; the fd that came with an OK reply (-1: none came).
+absl::StatusOr<int> ExchangeOver(int fd, const std::string& path,
+                                 const std::array<uint8_t, shm::kAttachRequestBytes>& request,
+                                 absl::Duration timeout) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -138,11 +109,8 @@ absl::StatusOr<int> AttachOver(int fd, const std::string& path, const std::strin
     return absl::UnavailableError(
         absl::StrCat("cannot connect to the tpd data socket ", path, ": ", std::strerror(errno)));
   }
-  absl::StatusOr<std::array<uint8_t, shm::kAttachRequestBytes>> request =
-      shm::EncodeAttachRequest(session_id);
-  if (!request.ok()) return request.status();
-  if (send(fd, request->data(), request->size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(request->size())) {
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
     return absl::UnavailableError(
         absl::StrCat("cannot send the attach request to ", path, ": ", std::strerror(errno)));
   }
@@ -181,9 +149,6 @@ absl::StatusOr<int> AttachOver(int fd, const std::string& path, const std::strin
   }
   absl::StatusOr<shm::AttachReply> decoded = shm::DecodeAttachReply(reply);
   absl::Status status = decoded.ok() ? decoded->status : decoded.status();
-  if (status.ok() && memfd < 0) {
-    status = absl::InternalError("the attach reply came without the segment's fd");
-  }
   if (!status.ok()) {
     if (memfd >= 0) close(memfd);
     return status;
@@ -191,7 +156,65 @@ absl::StatusOr<int> AttachOver(int fd, const std::string& path, const std::strin
   return memfd;
 }
 
+// Binds `session_id` to this process's user on the daemon's data socket `path`.
+absl::Status Identify(const std::string& path, const std::string& session_id,
+                      absl::Duration timeout) {
+  absl::StatusOr<std::array<uint8_t, shm::kAttachRequestBytes>> request =
+      shm::EncodeIdentifyRequest(session_id);
+  if (!request.ok()) return request.status();
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  absl::StatusOr<int> none = ExchangeOver(fd, path, *request, timeout);
+  close(fd);
+  if (none.ok() && *none >= 0) close(*none);
+  return none.status();
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> Client::Session() {
+  absl::MutexLock lock(&session_mu_);
+  if (!session_id_.empty()) return session_id_;
+  // A session that ended (the daemon restarted) is replaced by a new one.
+  if (session_reader_.joinable()) session_reader_.join();
+  session_context_ = std::make_unique<grpc::ClientContext>();
+  v1::OpenSessionRequest request;
+  request.set_client(absl::StrCat("pid ", getpid()));
+  std::shared_ptr<grpc::ClientReader<v1::SessionEvent>> reader(
+      control_->OpenSession(session_context_.get(), request).release());
+  v1::SessionEvent event;
+  if (!reader->Read(&event)) {
+    absl::Status status = FromGrpc(reader->Finish());
+    session_context_.reset();
+    return status.ok() ? absl::UnavailableError("the daemon closed the session at once") : status;
+  }
+  // Before anything uses the session, bind it to this process's user (docs/security.md, "Who
+  // may join a group"): its joins are this uid's, and no other uid can attach it.
+  const std::string path =
+      event.data_socket().empty() ? shm::DataSocketPath(socket_path_) : event.data_socket();
+  absl::Status identified = CheckDataSocketOwner(path, socket_path_);
+  if (identified.ok()) identified = Identify(path, event.session_id(), options_.connect_timeout);
+  if (!identified.ok()) {
+    session_context_->TryCancel();
+    reader->Finish();
+    session_context_.reset();
+    return identified;
+  }
+  session_id_ = event.session_id();
+  data_socket_ = event.data_socket();
+  // The stream carries nothing more today; reading it keeps it open and notices its end.
+  session_reader_ = std::thread([this, reader] {
+    v1::SessionEvent ignored;
+    while (reader->Read(&ignored)) {
+    }
+    reader->Finish();
+    // Members of this session are gone with it; the next group call opens a new session.
+    absl::MutexLock lock(&session_mu_);
+    session_id_.clear();
+  });
+  return session_id_;
+}
+
 
 absl::StatusOr<std::shared_ptr<const shm::Segment>> Client::AttachSharedMemory() {
   absl::MutexLock data_lock(&data_mu_);
@@ -212,7 +235,14 @@ absl::StatusOr<std::shared_ptr<const shm::Segment>> Client::AttachSharedMemory()
   segment_.reset();
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  absl::StatusOr<int> memfd = AttachOver(fd, path, *session, options_.connect_timeout);
+  absl::StatusOr<std::array<uint8_t, shm::kAttachRequestBytes>> request =
+      shm::EncodeAttachRequest(*session);
+  absl::StatusOr<int> memfd = request.ok()
+                                  ? ExchangeOver(fd, path, *request, options_.connect_timeout)
+                                  : request.status();
+  if (memfd.ok() && *memfd < 0) {
+    memfd = absl::InternalError("the attach reply came without the segment's fd");
+  }
   if (!memfd.ok()) {
     close(fd);
     return memfd.status();
@@ -370,6 +400,7 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
   if (options.rank) request.set_rank(*options.rank);
   if (options.world_size) request.set_world_size(*options.world_size);
   request.set_init_method(options.init_method);
+  request.set_secret(options.secret);
   if (options.env.empty()) {
     for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"}) {
       if (const char* value = std::getenv(name)) (*request.mutable_env())[name] = value;

@@ -50,6 +50,9 @@ struct JoinOptions {
   // environment.
   std::map<std::string, std::string> env;
   v1::BackendOptions options;
+  // The group's secret (docs/security.md, "Who may join a group"): the member that starts the
+  // group sets it, every later one must bring it. Empty: none.
+  std::string secret;
   absl::Duration timeout = absl::ZeroDuration();  // 0: the daemon's default
   // The answer's group without its member list (JoinRequest.omit_members): for groups of
   // thousands of ranks, where every rank receiving every member costs O(N^2). GetGroup has it.

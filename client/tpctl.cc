@@ -278,13 +278,24 @@ int RunStatus(tpd::Client& client) {
   if (!status->data_socket().empty()) {
     std::cout << "  data:    " << status->data_socket() << ", "
               << status->attached_session_count() << " sessions attached (max "
-              << status->config().data_max_sessions() << ")\n";
+              << status->config().data_max_sessions() << "), " << status->open_session_count()
+              << " sessions open (max " << status->config().data_max_open_sessions() << ")\n";
+    for (const tpd::v1::UidUse& use : status->uid_use()) {
+      std::cout << "    uid " << use.uid() << ": " << use.attached_sessions()
+                << " sessions attached (max " << status->config().data_max_sessions_per_uid()
+                << "), " << use.segment_bytes() << " B of segments, " << use.pending_connections()
+                << " connections not attached yet\n";
+    }
     for (const tpd::v1::AttachedSession& session : status->attached_sessions()) {
-      std::cout << "    pid " << session.pid() << " uid " << session.uid() << " gid "
-                << session.gid() << ": arena " << session.arena_bytes() << " B x 2, segment "
-                << session.segment_bytes() << " B; " << session.calls_in_flight()
-                << " calls in flight, rx heap " << session.rx_heap_used() << "/"
-                << session.rx_heap_bytes() << " B used\n";
+      std::cout << "    session " << session.handle() << ": pid " << session.pid() << " uid "
+                << session.uid() << " gid " << session.gid() << ": arena "
+                << session.arena_bytes() << " B x 2, segment " << session.segment_bytes()
+                << " B; " << session.calls_in_flight() << " calls in flight, rx heap "
+                << session.rx_heap_used() << "/" << session.rx_heap_bytes() << " B used";
+      if (session.unposted_completions() > 0) {
+        std::cout << ", " << session.unposted_completions() << " completions waiting for room";
+      }
+      std::cout << "\n";
       if (session.cuda_pools_size() > 0 || session.cuda_open_allocations() > 0) {
         std::vector<std::string> pools;
         for (const tpd::v1::CudaPoolStatus& pool : session.cuda_pools()) {

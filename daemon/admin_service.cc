@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_format.h"
+#include "daemon/session_handle.h"
 #include "daemon/version.h"
 
 namespace tpd {
@@ -100,6 +101,7 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   response->set_serving_status(serving_->load() ? "SERVING" : "NOT_SERVING");
   response->set_calls_in_flight(in_flight_->count());
   response->set_peer_address(peer_address_);
+  response->set_open_session_count(groups_->SessionCount());
   if (data_socket_ != nullptr) {
     response->set_data_socket(data_socket_->path());
     std::vector<DataSocket::SessionInfo> sessions = data_socket_->Sessions();
@@ -107,6 +109,13 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
       return a.attached_at < b.attached_at;
     });
     response->set_attached_session_count(static_cast<int64_t>(sessions.size()));
+    for (const auto& [uid, use] : data_socket_->UsePerUid()) {
+      v1::UidUse* out = response->add_uid_use();
+      out->set_uid(uid);
+      out->set_attached_sessions(use.sessions);
+      out->set_segment_bytes(use.segment_bytes);
+      out->set_pending_connections(use.pending);
+    }
     // Joined by session id here only: the id never leaves the daemon.
     std::map<std::string, SessionCallStats> calls;
     if (calls_ != nullptr) {
@@ -123,9 +132,11 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
       session->set_arena_bytes(static_cast<uint64_t>(config_->data.arena_bytes));
       session->set_segment_bytes(info.segment_bytes);
       session->set_attached_unix_ms(absl::ToUnixMillis(info.attached_at));
+      session->set_handle(SessionHandle(info.session_id));
       // A session attached a moment ago may not have reached the router yet: zeros then.
       if (auto it = calls.find(info.session_id); it != calls.end()) {
         session->set_calls_in_flight(it->second.calls_in_flight);
+        session->set_unposted_completions(it->second.unposted);
         session->set_rx_heap_bytes(it->second.rx_heap_bytes);
         session->set_rx_heap_used(it->second.rx_heap_used);
         const SessionCudaStats& cuda = it->second.cuda;
@@ -187,6 +198,8 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   config->set_shutdown_grace_ms(absl::ToInt64Milliseconds(config_->shutdown_grace));
   config->set_data_arena_bytes(config_->data.arena_bytes);
   config->set_data_max_sessions(config_->data.max_sessions);
+  config->set_data_max_sessions_per_uid(config_->data.max_sessions_per_uid);
+  config->set_data_max_open_sessions(config_->data.max_open_sessions);
 
   const store::MemoryStoreStats stats = store_->Stats();
   v1::StoreStats* store = response->mutable_store();

@@ -9,7 +9,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/log_limiter.h"
 #include "daemon/logging.h"
+#include "daemon/session_handle.h"
 #include "daemon/tensor_wire.h"
 
 namespace tpd {
@@ -24,11 +26,17 @@ struct Submitted {
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
+// How soon a session thread looks again at a completion ring that had no room for what it
+// must post: its client is reading (or will be ended past max_unposted), so not long.
+constexpr absl::Duration kBacklogInterval = absl::Milliseconds(1);
 // How a session thread waits for its client's submissions: the client library's window
 // (client/calls.cc). With the doorbell's default 50 µs cap a round trip near it made every hop
 // sleep, and sleeping hops kept it there.
 constexpr shm::SpinOptions kSessionSpin{absl::Microseconds(2), absl::Microseconds(100),
                                         absl::Microseconds(1)};
+// How long a request from another daemon may wait for this daemon to read the version of its
+// group in which its caller joined, before it is refused.
+constexpr absl::Duration kCatchUpWait = absl::Seconds(5);
 // The longest the call timer sleeps with deadlines pending later than that (see TimerLoop).
 constexpr absl::Duration kTimerHorizon = absl::Seconds(1);
 
@@ -250,27 +258,38 @@ void CallRouter::Shutdown() {
   if (options_.cuda != nullptr) options_.cuda->Flush();
 }
 
-void CallRouter::Attach(const std::string& session_id, std::shared_ptr<shm::Segment> segment) {
+absl::Status CallRouter::Attach(const std::string& session_id,
+                               std::shared_ptr<shm::Segment> segment) {
   auto session = std::make_shared<Session>();
   session->id = session_id;
+  session->handle = SessionHandle(session_id);
   const shm::Layout& layout = segment->layout();
   session->submissions = std::make_unique<shm::RingConsumer>(
-      segment->base(), layout.submission, absl::StrCat("submission ring of session ", session_id),
-      kSessionSpin);
+      segment->base(), layout.submission,
+      absl::StrCat("submission ring of session ", session->handle), kSessionSpin);
   {
     absl::MutexLock lock(&session->mu);
     session->completions = std::make_unique<shm::RingProducer>(
         segment->base(), layout.completion,
-        absl::StrCat("completion ring of session ", session_id));
+        absl::StrCat("completion ring of session ", session->handle));
     session->rx = std::make_unique<shm::HeapAllocator>(
-        absl::StrCat("rx heap of session ", session_id), layout.rx_heap);
+        absl::StrCat("rx heap of session ", session->handle), layout.rx_heap);
   }
   session->segment = std::move(segment);
-  if (options_.cuda != nullptr) session->cuda = options_.cuda->NewSession(session_id);
+  if (options_.cuda != nullptr) session->cuda = options_.cuda->NewSession(session->handle);
   absl::MutexLock lock(&mu_);
-  if (stopping_) return;
-  session->thread = std::thread([this, session] { Serve(session); });
+  if (stopping_) return StoppingError();
+  // Past a pids limit (or RLIMIT_NPROC) the start throws; the daemon refuses this session and
+  // keeps serving the others.
+  try {
+    session->thread = std::thread([this, session] { Serve(session); });
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot start a thread for session ", session->handle, ": ", e.what(),
+        " (a tasks or pids limit of the daemon's service reached?)"));
+  }
   sessions_[session_id] = std::move(session);
+  return absl::OkStatus();
 }
 
 void CallRouter::Detach(const std::string& session_id) {
@@ -329,6 +348,7 @@ std::vector<SessionCallStats> CallRouter::Stats() {
     SessionCallStats stats;
     stats.session_id = session->id;
     stats.calls_in_flight = session->calls_in_flight.load();
+    stats.unposted = session->unposted_count.load();
     stats.rx_heap_bytes = session->segment->layout().rx_heap.bytes;
     // Status never waits on a session's lock: it shows the last value read when busy.
     if (session->mu.TryLock()) {
@@ -361,23 +381,25 @@ void CallRouter::Serve(std::shared_ptr<Session> session) {
   pthread_setname_np(pthread_self(), "tpd-session");
   shm::Descriptor batch[64];
   while (!session->stop) {
-    absl::StatusOr<bool> ready = session->submissions->WaitForData(absl::Now() + kPollInterval);
+    // What waits for room on the completion ring is retried soon: the client that made room
+    // does not ring the daemon.
+    const absl::Duration wait =
+        session->unposted_count.load() > 0 ? kBacklogInterval : kPollInterval;
+    absl::StatusOr<bool> ready = session->submissions->WaitForData(absl::Now() + wait);
     absl::StatusOr<size_t> n = ready.ok() ? session->submissions->TryPopBatch(batch) : ready.status();
     if (!n.ok()) {
-      DaemonLog().warn("[session {}] {}; ending the session", session->id, n.status().ToString());
-      options_.end_session(session->id, std::string(n.status().message()));
+      EndSession(*session, n.status().ToString());
       break;
     }
     for (size_t i = 0; i < *n && !session->stop; ++i) Handle(session, batch[i]);
     std::string ring_error;
     {
       absl::MutexLock lock(&session->mu);
-      FlushReleases(*session);
+      FlushUnposted(*session);
       ring_error = session->ring_error;
     }
     if (!ring_error.empty()) {
-      DaemonLog().warn("[session {}] {}; ending the session", session->id, ring_error);
-      options_.end_session(session->id, ring_error);
+      EndSession(*session, ring_error);
       break;
     }
   }
@@ -397,9 +419,8 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
       Fail(session, d.call_id, valid);
       return;
     }
-    DaemonLog().warn("[session {}] {}; ending the session", session->id, valid.ToString());
     session->stop = true;
-    options_.end_session(session->id, std::string(valid.message()));
+    EndSession(*session, valid.ToString());
     return;
   }
   switch (static_cast<shm::Op>(d.op)) {
@@ -424,12 +445,12 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
                 ? absl::FailedPreconditionError("no CUDA on this node: nothing was lent")
                 : options_.cuda->FreePool(*session->cuda, static_cast<int>(d.device_pool - 1),
                                           d.payload_offset);
-        if (!freed.ok()) DaemonLog().warn("[session {}] release: {}", session->id, freed.ToString());
+        if (!freed.ok()) Warn(*session, "release", freed);
         break;
       }
       absl::MutexLock lock(&session->mu);
       absl::Status freed = session->rx->Free(d.payload_offset);
-      if (!freed.ok()) DaemonLog().warn("[session {}] release: {}", session->id, freed.ToString());
+      if (!freed.ok()) Warn(*session, "release", freed);
       break;
     }
     case shm::Op::kCancel:
@@ -452,9 +473,7 @@ void CallRouter::HandleDevicePool(const std::shared_ptr<Session>& session,
                                 "receive pool on cuda:", record.device, " refused: ",
                                 options_.no_cuda))
                           : options_.cuda->AddPool(*session->cuda, record);
-  if (!lent.ok()) {
-    CudaLog().warn("[session {}] {}", session->id, lent.ToString());
-  }
+  if (!lent.ok()) Warn(*session, "receive pool", lent);
   Fail(session, d.call_id, lent);
 }
 
@@ -548,8 +567,7 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
   absl::Status placed;
   {
     absl::MutexLock lock(&to->mu);
-    placed = to->broken ? absl::UnavailableError(absl::StrCat("session ", to->id, " ended"))
-                        : absl::OkStatus();
+    placed = to->broken ? EndedError(*to) : absl::OkStatus();
     if (placed.ok()) {
       absl::StatusOr<uint64_t> allocated = to->rx->Allocate(plan.total);
       if (allocated.ok()) block = *allocated;
@@ -681,7 +699,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   std::shared_ptr<Session> callee = target ? Find(*target) : nullptr;
   if (callee == nullptr) {
     std::optional<v1::Member> member =
-        target ? std::nullopt : options_.member(group, worker);
+        target ? std::nullopt : options_.member(group, worker, nullptr);
     if (member && member->node() != options_.node) {
       CallRemote(session, d, *call, *places, *member);
       return;
@@ -782,6 +800,14 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
   header.set_target_worker(worker);
   header.set_method(method);
   header.set_source_worker(message.names[3]);
+  // Who calls, as this daemon knows it (HandleCall checked the caller holds this member): the
+  // callee's daemon serves the call only if its own view agrees.
+  int64_t version = 0;
+  if (std::optional<v1::Member> source = options_.member(message.names[0], message.names[3],
+                                                         &version)) {
+    header.set_source_incarnation(source->incarnation());
+  }
+  header.set_group_version(version);
   std::vector<CudaCopies::Copy> copies;
   std::shared_ptr<StagedOut> chunked;
   if (places.empty()) {
@@ -1029,7 +1055,7 @@ absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
   agent::Destination destination;
   {
     absl::MutexLock lock(&to->mu);
-    if (to->broken) return absl::UnavailableError(absl::StrCat("session ", to->id, " ended"));
+    if (to->broken) return EndedError(*to);
     absl::StatusOr<uint64_t> offset = to->rx->Allocate(block->plan.total);
     if (!offset.ok()) return offset.status();
     block->offset = *offset;
@@ -1102,18 +1128,58 @@ agent::Handler CallRouter::AgentHandler() {
   return handler;
 }
 
+absl::Status CallRouter::CheckRemoteCaller(const v1::AgentMessage& header,
+                                           const std::string& node, int64_t* version_read) {
+  int64_t version = 0;
+  std::optional<v1::Member> source =
+      options_.member(header.group(), header.source_worker(), &version);
+  if (version_read != nullptr) *version_read = version;
+  if (source && source->node() == node && source->incarnation() == header.source_incarnation()) {
+    return absl::OkStatus();
+  }
+  std::string known;
+  if (!source) {
+    known = absl::StrCat("its version ", version, " has no such member");
+  } else if (source->node() != node) {
+    known = absl::StrCat("it has that worker on node ", source->node());
+  } else {
+    known = absl::StrCat("it has that worker in incarnation ", source->incarnation(), ", not ",
+                         header.source_incarnation());
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "worker '", header.source_worker(), "' of node ", node, " is not a member of group '",
+      header.group(), "' as node ", options_.node, " knows the group (", known,
+      "): a worker serves only members of its own group"));
+}
+
 void CallRouter::OnRemoteRequest(agent::InboundRequest request) {
+  // The peer is an authenticated daemon, but what it says of the group comes from the store
+  // it reads, which a client may have chosen: only this daemon's own view of the group admits
+  // the caller (docs/security.md, "Who may call a worker").
+  const v1::AgentMessage& header = request.message.header;
+  int64_t have = 0;
+  absl::Status admitted = CheckRemoteCaller(header, request.node, &have);
+  if (admitted.ok() || header.group_version() <= have || !options_.when_version) {
+    ServeRemoteRequest(std::move(request), admitted);
+    return;
+  }
+  // The caller's daemon has read a version this one has not (the caller may have just
+  // joined): decide once this daemon has read it too, or when the wait ends.
+  auto held = std::make_shared<agent::InboundRequest>(std::move(request));
+  const absl::Time until = std::min(held->deadline, absl::Now() + kCatchUpWait);
+  const std::string group = held->message.header.group();
+  const int64_t version = held->message.header.group_version();
+  options_.when_version(group, version, until, [this, held](bool) {
+    const absl::Status checked = CheckRemoteCaller(held->message.header, held->node, nullptr);
+    ServeRemoteRequest(std::move(*held), checked);
+  });
+}
+
+void CallRouter::ServeRemoteRequest(agent::InboundRequest request, const absl::Status& admitted) {
   const v1::AgentMessage& header = request.message.header;
   auto block = std::static_pointer_cast<const RxBlock>(request.message.keepalive);
-  // The peer is an authenticated daemon; the worker it calls for must not be another node's.
-  // (One this daemon does not know yet may have joined in a version not read here yet.)
-  std::optional<v1::Member> source = options_.member(header.group(), header.source_worker());
-  if (source && source->node() != request.node) {
-    RespondError(request.reply_to,
-                 absl::PermissionDeniedError(absl::StrCat(
-                     "worker '", header.source_worker(), "' is not a member of group '",
-                     header.group(), "' on node ", request.node, ": node ", options_.node,
-                     " has it on node ", source->node())));
+  if (!admitted.ok()) {
+    RespondError(request.reply_to, admitted);
     return;
   }
   const std::shared_ptr<Session>& callee = block->session;
@@ -1388,7 +1454,7 @@ absl::Status CallRouter::Deliver(const Session& from, const std::string& prefix0
       shm::MessagePrefixBytes(prefix0.size(), prefix1.size(), prefix2.size(), prefix3.size()),
       body_length, bytes);
   absl::MutexLock lock(&to.mu);
-  if (to.broken) return absl::UnavailableError(absl::StrCat("session ", to.id, " ended"));
+  if (to.broken) return EndedError(to);
   absl::StatusOr<uint64_t> block = to.rx->Allocate(plan.total);
   if (!block.ok()) return block.status();
   uint8_t* out = to.segment->base() + *block;
@@ -1419,12 +1485,13 @@ absl::Status CallRouter::Deliver(const Session& from, const std::string& prefix0
   return status;
 }
 
-absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d) {
-  if (to.broken) {
-    return absl::UnavailableError(to.ring_error.empty()
-                                      ? absl::StrCat("session ", to.id, " ended")
-                                      : to.ring_error);
-  }
+absl::Status CallRouter::EndedError(const Session& to) {
+  return absl::UnavailableError(to.ring_error.empty()
+                                    ? absl::StrCat("session ", to.handle, " ended")
+                                    : to.ring_error);
+}
+
+absl::StatusOr<bool> CallRouter::Push(Session& to, const shm::Descriptor& d) {
   // A release for a session with calls awaiting replies goes without a wake-up: the reply
   // (or the call's failure) rings and the client reads both (its reader also polls every
   // 50 ms). One wake-up less per call on each side.
@@ -1435,39 +1502,61 @@ absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d) {
   const bool reply = d.op == static_cast<uint8_t>(shm::Op::kReply);
   if (reply) --to.calls_in_flight;
   absl::StatusOr<bool> pushed = to.completions->TryPush(d, /*wake=*/!quiet);
+  if (reply && !(pushed.ok() && *pushed)) ++to.calls_in_flight;
   if (!pushed.ok()) {
-    if (reply) ++to.calls_in_flight;
     // The client broke its ring: nothing more goes to it, and its own thread ends the session.
     to.broken = true;
     to.ring_error = std::string(pushed.status().message());
-    return absl::UnavailableError(to.ring_error);
+    return EndedError(to);
   }
-  if (!*pushed) {
-    if (reply) ++to.calls_in_flight;
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the completion ring of session ", to.id, " is full (its client is not "
-                     "reading its completions)"));
+  return *pushed;
+}
+
+absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d) {
+  if (to.broken) return EndedError(to);
+  if (d.op == static_cast<uint8_t>(shm::Op::kCall)) {
+    // A call waits behind the session's own answers: callers that keep its ring full must
+    // not starve the replies to its calls.
+    FlushUnposted(to);
+    absl::StatusOr<bool> pushed = to.unposted.empty() ? Push(to, d) : false;
+    if (!pushed.ok()) return pushed.status();
+    if (!*pushed) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the completion ring of session ", to.handle,
+                       " is full (its client is not reading its completions)"));
+    }
+    return absl::OkStatus();
   }
+  if (to.unposted.size() >= options_.max_unposted) {
+    to.broken = true;
+    to.ring_error = absl::StrCat(
+        "its client left ", to.unposted.size(),
+        " answers and releases unread for want of room on its completion ring (at most ",
+        options_.max_unposted, " may wait)");
+    return EndedError(to);
+  }
+  to.unposted.push_back(d);
+  FlushUnposted(to);
   return absl::OkStatus();
+}
+
+void CallRouter::FlushUnposted(Session& to) {
+  while (!to.unposted.empty() && !to.broken) {
+    absl::StatusOr<bool> pushed = Push(to, to.unposted.front());
+    if (!pushed.ok() || !*pushed) break;  // full: the session's thread retries soon
+    to.unposted.pop_front();
+  }
+  to.unposted_count = static_cast<int64_t>(to.unposted.size());
 }
 
 void CallRouter::Release(const std::shared_ptr<Session>& to, uint64_t tx_offset) {
   if (to == nullptr || tx_offset == 0) return;
+  shm::Descriptor d{};
+  d.op = static_cast<uint8_t>(shm::Op::kRelease);
+  d.call_id = 1;
+  d.payload_offset = tx_offset;
   absl::MutexLock lock(&to->mu);
-  // Releases keep their order: none overtakes one still waiting for ring space.
-  to->unposted_releases.push_back(tx_offset);
-  FlushReleases(*to);
-}
-
-void CallRouter::FlushReleases(Session& to) {
-  while (!to.unposted_releases.empty() && !to.broken) {
-    shm::Descriptor d{};
-    d.op = static_cast<uint8_t>(shm::Op::kRelease);
-    d.call_id = 1;
-    d.payload_offset = to.unposted_releases.front();
-    if (!Post(to, d).ok()) return;  // full: the session's thread retries at its next wake
-    to.unposted_releases.pop_front();
-  }
+  (void)Post(*to, d);  // fails only for a session that ended: nothing is owed to it
 }
 
 void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
@@ -1476,23 +1565,39 @@ void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
   if (to == nullptr) return;
   const std::string message(status.message());
   const uint64_t bytes = shm::MessagePrefixBytes(0, 0, message.size());
-  absl::MutexLock lock(&to->mu);
-  if (to->broken) return;
-  absl::StatusOr<uint64_t> block = to->rx->Allocate(bytes);
-  if (!block.ok()) {
-    DaemonLog().warn("[session {}] cannot answer call {} ({}): {}", to->id, call_id,
-                     status.ToString(), block.status().ToString());
-    return;
-  }
-  shm::WriteMessagePrefix(to->segment->base() + *block, static_cast<uint32_t>(status.code()), "",
-                          "", message);
   shm::Descriptor d{};
   d.op = static_cast<uint8_t>(shm::Op::kReply);
   d.flags = status.ok() ? 0 : shm::kFlagError;
   d.call_id = call_id;
-  d.payload_offset = *block;
-  d.payload_length = bytes;
-  if (!Post(*to, d).ok()) (void)to->rx->Free(*block);
+  absl::MutexLock lock(&to->mu);
+  if (to->broken) return;
+  absl::StatusOr<uint64_t> block = to->rx->Allocate(bytes);
+  if (block.ok()) {
+    shm::WriteMessagePrefix(to->segment->base() + *block, static_cast<uint32_t>(status.code()),
+                            "", "", message);
+    d.payload_offset = *block;
+    d.payload_length = bytes;
+  } else {
+    // Still answered: an error reply without a message, which the client reads as its rx
+    // heap being full (client/calls.cc).
+    d.flags = shm::kFlagError;
+    Warn(*to, absl::StrCat("answer to call ", call_id),
+         absl::Status(status.code(), absl::StrCat(status.message(), "; sent without its message: ",
+                                                  block.status().message())));
+  }
+  if (!Post(*to, d).ok() && block.ok()) (void)to->rx->Free(*block);
+}
+
+void CallRouter::Warn(const Session& session, absl::string_view what, const absl::Status& status) {
+  int64_t held = 0;
+  if (!warnings_.Admit(session.handle, &held)) return;
+  DaemonLog().warn("[session {}] {}: {}{}", session.handle, std::string(what), status.ToString(),
+                   HeldBack(held, warnings_.interval()));
+}
+
+void CallRouter::EndSession(const Session& session, const std::string& why) {
+  DaemonLog().warn("[session {}] {}; ending the session", session.handle, why);
+  options_.end_session(session.id, why);
 }
 
 std::optional<CallRouter::Pending> CallRouter::TakePending(uint64_t id) {

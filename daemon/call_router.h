@@ -11,7 +11,15 @@
 //
 // Replies are matched to calls by id, exactly once: the reply, the deadline (one timer
 // thread), a cancel, the callee's session ending, or the callee's node being lost
-// (FailNode), whichever comes first, answers the caller; anything later is dropped.
+// (FailNode), whichever comes first, answers the caller; anything later is dropped. An answer
+// is never lost on the way: one that finds its caller's completion ring full waits, in order
+// with the session's releases, until the client makes room (a call into a full ring is refused
+// instead, and calls wait behind a session's answers), and one that finds its rx heap full
+// goes as an error reply without a message (the client reads RESOURCE_EXHAUSTED). A session
+// whose client leaves more than `max_unposted` of them unread is ended.
+//
+// Sessions are named by their handle (daemon/session_handle.h) in every log line and error:
+// their ids are credentials.
 //
 // Every descriptor is copied out of the ring and validated (ValidateDescriptor,
 // ReadTensorTable, ParseMessage) before use, and everything a peer daemon sends is validated
@@ -22,7 +30,8 @@
 // data.max_sessions) reads its submission ring with bounded waits; one timer thread
 // ("tpd-call-timer") answers calls past their deadline; the agent's callbacks run on
 // TensorPipe's threads. No thread waits for ring space: a call into a full completion ring is
-// RESOURCE_EXHAUSTED at once, a release waits in a queue. A session's completion ring and rx heap
+// RESOURCE_EXHAUSTED at once, answers and releases wait in the session's queue, which its own
+// thread flushes. A session's completion ring and rx heap
 // allocator are guarded by that session's mutex; no two session mutexes are held at once, and
 // no router lock is held while calling into the agent.
 
@@ -48,6 +57,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/agent.h"
+#include "base/log_limiter.h"
 #include "daemon/cuda_copies.h"
 #include "proto/control.pb.h"
 #include "proto/shm/descriptor.h"
@@ -66,9 +76,16 @@ struct CallRouterOptions {
   // The session holding worker `worker` of `group` on this daemon, if any.
   std::function<std::optional<std::string>(const std::string& group, const std::string& worker)>
       lookup;
-  // Member `worker` of `group` as this daemon last read the group (any node), if any.
-  std::function<std::optional<v1::Member>(const std::string& group, const std::string& worker)>
+  // Member `worker` of `group` as this daemon last read the group (any node), if any, and
+  // the number of the version read (0: the group is not followed here).
+  std::function<std::optional<v1::Member>(const std::string& group, const std::string& worker,
+                                          int64_t* version)>
       member;
+  // Runs `done(reached)` once this daemon has read `version` of `group`, or at `deadline`
+  // (GroupManager::WhenVersion). Never called under a router lock.
+  std::function<void(const std::string& group, int64_t version, absl::Time deadline,
+                     std::function<void(bool reached)> done)>
+      when_version;
   // The agent carrying calls to other daemons; null: calls stay on this node.
   agent::Agent* agent = nullptr;
   // The URLs to dial for a member's agent_address (read from the store, so untrusted), or
@@ -78,6 +95,9 @@ struct CallRouterOptions {
   std::function<void(const std::string& session_id, const std::string& why)> end_session;
   // Calls one session may have waiting for their replies; one more is RESOURCE_EXHAUSTED.
   int64_t max_calls_in_flight = 1024;
+  // Answers and releases one session may leave waiting for room on its completion ring; one
+  // more ends the session (its client has stopped reading).
+  size_t max_unposted = 8192;
   // Member `from`'s negotiated device map toward member `to` of `group` (its reverse map,
   // which replies follow, when `reverse`), if it has one.
   std::function<std::optional<v1::DeviceMap>(const std::string& group, const std::string& from,
@@ -94,6 +114,7 @@ struct CallRouterOptions {
 // What Admin.Status shows per session.
 struct SessionCallStats {
   std::string session_id;
+  int64_t unposted = 0;         // answers and releases waiting for room on its completion ring
   int64_t calls_in_flight = 0;  // its calls awaiting replies
   uint64_t rx_heap_bytes = 0;
   uint64_t rx_heap_used = 0;     // the daemon's blocks in its rx heap not yet released (may
@@ -107,7 +128,8 @@ class CallRouter {
   ~CallRouter();
 
   // The router keeps `segment` mapped while anything (TensorPipe included) still uses it.
-  void Attach(const std::string& session_id, std::shared_ptr<shm::Segment> segment);
+  // RESOURCE_EXHAUSTED when the session's thread cannot be started (the daemon keeps serving).
+  absl::Status Attach(const std::string& session_id, std::shared_ptr<shm::Segment> segment);
   // Stops the session's thread; calls it was serving are answered UNAVAILABLE.
   void Detach(const std::string& session_id);
   // The agent's handler for requests from other daemons. Install after construction.
@@ -126,6 +148,7 @@ class CallRouter {
  private:
   struct Session {
     std::string id;
+    std::string handle;  // what logs and errors show (SessionHandle(id))
     std::shared_ptr<shm::Segment> segment;
     std::unique_ptr<shm::RingConsumer> submissions;  // its thread only
     std::atomic<int64_t> calls_in_flight{0};
@@ -136,8 +159,9 @@ class CallRouter {
     bool broken ABSL_GUARDED_BY(mu) = false;
     // Why its completion ring cannot be written (the client broke it); its thread ends it.
     std::string ring_error ABSL_GUARDED_BY(mu);
-    // tx blocks to release once its completion ring has room, oldest first.
-    std::deque<uint64_t> unposted_releases ABSL_GUARDED_BY(mu);
+    // Answers and releases waiting for room on its completion ring, oldest first.
+    std::deque<shm::Descriptor> unposted ABSL_GUARDED_BY(mu);
+    std::atomic<int64_t> unposted_count{0};  // unposted.size(), for Stats and Serve
     std::atomic<bool> stop{false};
     std::thread thread;
     // Its receive pools and the CUDA memory it exported (null without CUDA); shared with the
@@ -218,6 +242,14 @@ class CallRouter {
                                                    const v1::AgentMessage& header,
                                                    absl::Span<const size_t> tensor_sizes);
   void OnRemoteRequest(agent::InboundRequest request);
+  // OK when this daemon's own view of the request's group has its calling worker on `node`
+  // in the incarnation the sender named; else PERMISSION_DENIED saying what it knows. The
+  // number of the version it looked at goes to `*version_read` (when not null).
+  absl::Status CheckRemoteCaller(const v1::AgentMessage& header, const std::string& node,
+                                 int64_t* version_read);
+  // A request from another daemon once its caller was checked (`admitted`): delivered to its
+  // callee, or answered with the refusal.
+  void ServeRemoteRequest(agent::InboundRequest request, const absl::Status& admitted);
   // Copies the tensors of `block` that another node staged for a CUDA device of its session
   // from pinned staging into the session's pool, then runs `post` (as CudaCopies::Run runs
   // `done`); at once when there are none.
@@ -246,11 +278,23 @@ class CallRouter {
                        uint64_t call_id, uint16_t flags, int64_t deadline_ns);
   // Posts an error reply to `to` for its call `call_id`.
   void Fail(const std::shared_ptr<Session>& to, uint64_t call_id, const absl::Status& status);
-  // Posts `d` on `to`'s completion ring; RESOURCE_EXHAUSTED at once when it is full (no thread
-  // here ever waits for a client to read).
+  // Posts `d` on `to`'s completion ring; no thread here ever waits for a client to read. A
+  // call is RESOURCE_EXHAUSTED at once when the ring is full or answers wait for it; an
+  // answer or a release joins the session's queue when it cannot go now (OK: it is posted
+  // later, and its block is the session's). UNAVAILABLE once the session is broken or ended.
   absl::Status Post(Session& to, const shm::Descriptor& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
-  // Posts the session's queued releases, in order, while its ring has room.
-  void FlushReleases(Session& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
+  // One push on `to`'s completion ring: false when it is full; a broken ring breaks the
+  // session. A reply counts its call down.
+  absl::StatusOr<bool> Push(Session& to, const shm::Descriptor& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
+  // Posts the session's queued answers and releases, in order, while its ring has room.
+  void FlushUnposted(Session& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
+  // Logs a warning about what `session`'s client did, at most once per 10 s per session.
+  void Warn(const Session& session, absl::string_view what, const absl::Status& status);
+  // Logs why and ends the session (its members leave, its stream closes).
+  void EndSession(const Session& session, const std::string& why);
+  // UNAVAILABLE naming the session and why it ended.
+  static absl::Status EndedError(const Session& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
   // Returns tx block `tx_offset` to its client; queued while its completion ring is full.
   void Release(const std::shared_ptr<Session>& to, uint64_t tx_offset);
   // Answers a remote caller's request with an error.
@@ -265,6 +309,7 @@ class CallRouter {
   absl::Status StoppingError() const;
 
   const CallRouterOptions options_;
+  LogLimiter warnings_{absl::Seconds(10)};
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by routed call id

@@ -231,6 +231,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
          {reader.String("socket", &config.data.socket_path),
           reader.Int("arena_bytes", &config.data.arena_bytes),
           reader.Int("max_sessions", &config.data.max_sessions),
+          reader.Int("max_sessions_per_uid", &config.data.max_sessions_per_uid),
+          reader.Int("max_open_sessions", &config.data.max_open_sessions),
           reader.Int("max_calls_in_flight", &config.data.max_calls_in_flight),
           reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
@@ -315,6 +317,8 @@ absl::Status ValidateClientLimits(const Config& config) {
       {"group.max_env_entries", g.max_env_entries, 4096},
       {"group.max_option_bytes", g.max_option_bytes, 65536},
       {"data.max_sessions", config.data.max_sessions, 65536},
+      {"data.max_sessions_per_uid", config.data.max_sessions_per_uid, 65536},
+      {"data.max_open_sessions", config.data.max_open_sessions, 1 << 20},
       {"data.max_calls_in_flight", config.data.max_calls_in_flight, 1 << 20},
       {"agent.mpt_lanes", config.agent.mpt_lanes, 64},
       {"agent.max_message_bytes", config.agent.max_message_bytes, int64_t{1} << 40},

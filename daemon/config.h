@@ -115,6 +115,11 @@ struct DataConfig {
   int64_t arena_bytes = int64_t{64} << 20;
   // Sessions attached at once; one more is refused RESOURCE_EXHAUSTED naming this setting.
   int64_t max_sessions = 256;
+  // Sessions one uid may have attached at once (and so the segment memory it makes the daemon
+  // hold: this many segments of about 2 * arena_bytes); one more is RESOURCE_EXHAUSTED.
+  int64_t max_sessions_per_uid = 32;
+  // Control.OpenSession streams open at once, attached or not; one more is RESOURCE_EXHAUSTED.
+  int64_t max_open_sessions = 4096;
   // Calls one session may have waiting for replies; one more is RESOURCE_EXHAUSTED.
   int64_t max_calls_in_flight = 1024;
 };

@@ -95,6 +95,11 @@ absl::Status CheckJoinRequest(const v1::JoinRequest& request, const GroupConfig&
       !status.ok()) {
     return status;
   }
+  if (request.secret().size() > kMaxGroupSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("JoinRequest.secret is ",
+                                                   request.secret().size(), " bytes; at most ",
+                                                   kMaxGroupSecretBytes, " are accepted"));
+  }
   if (request.env_size() > limits.max_env_entries) {
     return TooMany("JoinRequest.env", request.env_size(), "max_env_entries",
                    limits.max_env_entries);

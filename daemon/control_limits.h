@@ -23,6 +23,8 @@ namespace tpd {
 inline constexpr size_t kMaxInitMethodBytes = 4096;
 // Longest OpenSessionRequest.client kept for logs and status; longer text is cut.
 inline constexpr size_t kMaxClientDescriptionBytes = 256;
+// Longest JoinRequest.secret (a group's secret; 32 random bytes are plenty).
+inline constexpr size_t kMaxGroupSecretBytes = 1024;
 
 absl::Status CheckJoinRequest(const v1::JoinRequest& request, const GroupConfig& limits);
 absl::Status CheckLeaveRequest(const v1::LeaveRequest& request);

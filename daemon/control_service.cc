@@ -6,6 +6,7 @@
 #include "daemon/control_limits.h"
 #include "daemon/grpc_status.h"
 #include "daemon/logging.h"
+#include "daemon/session_handle.h"
 #include "daemon/stream_reactor.h"
 
 namespace tpd {
@@ -26,8 +27,8 @@ const grpc::Status kShuttingDown(grpc::StatusCode::UNAVAILABLE, "the tpd daemon 
 }  // namespace
 
 ControlService::ControlService(group::GroupManager* groups, CallStats* stats,
-                               const GroupConfig& limits)
-    : groups_(groups), stats_(stats), limits_(limits) {}
+                               const GroupConfig& limits, int64_t max_open_sessions)
+    : groups_(groups), stats_(stats), limits_(limits), max_open_sessions_(max_open_sessions) {}
 
 void ControlService::CloseStreams() {
   std::map<int64_t, std::function<void()>> streams;
@@ -74,7 +75,20 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
   // Free text from the client: cut and escaped before it reaches logs and status.
   const std::string client =
       ClientDescription(request->client().empty() ? context->peer() : request->client());
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closed_ && static_cast<int64_t>(sessions_.size()) >= max_open_sessions_) {
+      const absl::Status full = absl::ResourceExhaustedError(absl::StrCat(
+          "data.max_open_sessions (", max_open_sessions_,
+          ") sessions are open on this daemon; end some of them or raise the setting"));
+      stats_->Record("OpenSession", full);
+      auto* refused = new StreamReactor<v1::SessionEvent>(sink, nullptr, nullptr);
+      sink->Close(ToGrpcStatus(full));
+      return refused;
+    }
+  }
   const std::string id = groups_->OpenSession(client);
+  const std::string handle = SessionHandle(id);
   int64_t stream;
   bool closed;
   {
@@ -98,16 +112,17 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
     if (ended && session_end_hook_) session_end_hook_(id);
   };
   auto* reactor = new StreamReactor<v1::SessionEvent>(
-      sink, end, [this, end, id, stream, client] {
+      sink, end, [this, end, handle, stream, client] {
         end();
-        DaemonLog().info("[session {}] ended ({})", id, client);
+        DaemonLog().info("[session {}] ended ({})", handle, client);
         absl::MutexLock lock(&mu_);
         streams_.erase(stream);
       });
-  DaemonLog().info("[session {}] opened by {}", id, client);
+  DaemonLog().info("[session {}] opened by {}", handle, client);
   v1::SessionEvent event;
   event.set_session_id(id);
   event.set_data_socket(data_socket_);
+  event.set_session_handle(handle);
   sink->Send(std::move(event));
   if (closed) sink->Close(kShuttingDown);
   stats_->Record("OpenSession", absl::OkStatus());

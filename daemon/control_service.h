@@ -23,8 +23,10 @@ namespace tpd {
 class ControlService final : public v1::Control::CallbackService {
  public:
   // `groups` and `stats` must outlive the service. Requests past `limits` (names, world
-  // size, option lists: daemon/control_limits.h) are refused before `groups` sees them.
-  ControlService(group::GroupManager* groups, CallStats* stats, const GroupConfig& limits);
+  // size, option lists: daemon/control_limits.h) are refused before `groups` sees them, and
+  // a session past `max_open_sessions` open at once is RESOURCE_EXHAUSTED.
+  ControlService(group::GroupManager* groups, CallStats* stats, const GroupConfig& limits,
+                 int64_t max_open_sessions);
 
   // Ends every open session and watch stream with UNAVAILABLE (daemon shutdown), so no
   // stream holds the drain of in-flight calls for the whole grace period.
@@ -71,6 +73,7 @@ class ControlService final : public v1::Control::CallbackService {
   group::GroupManager* const groups_;
   CallStats* const stats_;
   const GroupConfig limits_;
+  const int64_t max_open_sessions_;
 
   absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

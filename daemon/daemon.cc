@@ -322,7 +322,8 @@ absl::Status Daemon::Serve() {
   groups.tracker.heartbeat_timeout = config_.peer.heartbeat_timeout;
   groups_ = std::make_unique<group::GroupManager>(std::move(groups));
   control_service_ =
-      std::make_unique<ControlService>(groups_.get(), &control_calls_, config_.group);
+      std::make_unique<ControlService>(groups_.get(), &control_calls_, config_.group,
+                                       config_.data.max_open_sessions);
   admin_service_ = std::make_unique<AdminService>(&config_, socket_path_, start_time_, &serving_,
                                                   &store_, &store_calls_, &control_calls_,
                                                   &in_flight_, peer_address_, groups_.get());
@@ -369,19 +370,26 @@ absl::Status Daemon::ServeData() {
   options.limits.tx_heap_bytes = static_cast<uint64_t>(config_.data.arena_bytes);
   options.limits.rx_heap_bytes = static_cast<uint64_t>(config_.data.arena_bytes);
   options.max_sessions = config_.data.max_sessions;
+  options.max_sessions_per_uid = config_.data.max_sessions_per_uid;
   ControlService* control = control_service_.get();
   options.session_open = [control](const std::string& id) { return control->SessionOpen(id); };
   options.end_session = [control](const std::string& id) {
     control->EndSession(id, "the session's data connection closed; open a new session");
   };
   group::GroupManager* groups = groups_.get();
+  options.bind_uid = [groups](const std::string& id, uid_t uid) {
+    return groups->BindSessionUid(id, uid);
+  };
   CallRouterOptions calls;
   calls.node = groups->node().name;
   calls.lookup = [groups](const std::string& group, const std::string& worker) {
     return groups->SessionOf(group, worker);
   };
-  calls.member = [groups](const std::string& group, const std::string& worker) {
-    return groups->MemberNamed(group, worker);
+  calls.member = [groups](const std::string& group, const std::string& worker,
+                          int64_t* version) { return groups->MemberNamed(group, worker, version); };
+  calls.when_version = [groups](const std::string& group, int64_t version, absl::Time deadline,
+                                std::function<void(bool)> done) {
+    groups->WhenVersion(group, version, deadline, std::move(done));
   };
   calls.agent = agent_.get();
   absl::StatusOr<store::NetworkList> networks =
@@ -391,6 +399,10 @@ absl::Status Daemon::ServeData() {
     return DialableAgentUrls(address, networks);
   };
   calls.max_calls_in_flight = config_.data.max_calls_in_flight;
+  // Room for every call's answer and a release each for its request and its reply, twice
+  // over: a client that reads its completions never comes near it.
+  calls.max_unposted = static_cast<size_t>(4 * config_.data.max_calls_in_flight) +
+                       options.limits.completion_slots;
   calls.device_map = [groups](const std::string& group, const std::string& from,
                               const std::string& to, bool reverse) {
     return groups->DeviceMapOf(group, from, to, reverse);
@@ -423,7 +435,7 @@ absl::Status Daemon::ServeData() {
   calls_ = std::make_unique<CallRouter>(std::move(calls));
   CallRouter* router = calls_.get();
   options.on_attach = [router](const std::string& id, std::shared_ptr<shm::Segment> segment) {
-    router->Attach(id, std::move(segment));
+    return router->Attach(id, std::move(segment));
   };
   if (agent_ != nullptr) agent_->SetHandler(router->AgentHandler());
   options.on_detach = [router](const std::string& id) { router->Detach(id); };

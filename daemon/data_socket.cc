@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/logging.h"
+#include "daemon/session_handle.h"
 #include "proto/shm/attach.h"
 
 namespace tpd {
@@ -183,8 +184,13 @@ absl::Duration DataSocket::CloseSlowRequests() {
     }
   }
   for (uint64_t id : late) {
-    LogRefusal(absl::StrCat("connection ", id, " sent no attach request within ",
-                            absl::FormatDuration(options_.request_timeout), "; closed"));
+    uid_t uid;
+    {
+      absl::MutexLock lock(&mu_);
+      uid = connections_.at(id).uid;
+    }
+    LogRefusal(uid, absl::StrCat("connection ", id, " sent no attach request within ",
+                                 absl::FormatDuration(options_.request_timeout), "; closed"));
     Close(id, false);
   }
   return next;
@@ -243,7 +249,7 @@ void DataSocket::Accept() {
         epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
         accept_paused_until_ = absl::Now() + absl::Milliseconds(100);
       }
-      LogRefusal(absl::StrCat("accept: ", std::strerror(error),
+      LogRefusal(static_cast<uid_t>(-1), absl::StrCat("accept: ", std::strerror(error),
                               error == EMFILE || error == ENFILE ? "; accepting again in 100 ms"
                                                                  : ""));
       return;
@@ -258,9 +264,16 @@ void DataSocket::Accept() {
     {
       absl::MutexLock lock(&mu_);
       const int64_t pending = static_cast<int64_t>(connections_.size() - attached_.size());
-      if (pending >= options_.max_pending) {
-        LogRefusal(absl::StrCat(pending, " connections have not attached yet; closed one more "
-                                "from pid ", cred.pid, " uid ", cred.uid));
+      // Per uid first: one user holding its share of the places leaves the rest to others.
+      const int64_t pending_of_uid = CountOf(cred.uid, /*attached=*/false);
+      if (pending_of_uid >= options_.max_pending_per_uid || pending >= options_.max_pending) {
+        LogRefusal(cred.uid,
+                   absl::StrCat(pending_of_uid >= options_.max_pending_per_uid
+                                    ? absl::StrCat(pending_of_uid, " connections of uid ",
+                                                   cred.uid)
+                                    : absl::StrCat(pending, " connections"),
+                                " have not attached yet; closed one more from pid ", cred.pid,
+                                " uid ", cred.uid));
         close(fd);
         continue;
       }
@@ -307,7 +320,7 @@ void DataSocket::OnReadable(uint64_t id) {
   }
   request.append(buffer, static_cast<size_t>(got));
   if (request.size() > shm::kAttachRequestBytes) {
-    LogRefusal(absl::StrCat("connection ", id, " sent more than an attach request; closed"));
+    LogRefusal(UidOf(id), absl::StrCat("connection ", id, " sent more than an attach request; closed"));
     Close(id, false);
     return;
   }
@@ -316,38 +329,74 @@ void DataSocket::OnReadable(uint64_t id) {
     connections_.at(id).request = std::move(request);
     return;
   }
-  absl::StatusOr<std::string> session_id = shm::DecodeAttachRequest(request);
-  if (!session_id.ok()) {
-    LogRefusal(absl::StrCat("connection ", id, ": ", session_id.status().message(), "; closed"));
+  absl::StatusOr<shm::DataRequest> decoded = shm::DecodeDataRequest(request);
+  if (!decoded.ok()) {
+    LogRefusal(UidOf(id), absl::StrCat("connection ", id, ": ", decoded.status().message(), "; closed"));
     Close(id, false);
     return;
   }
-  Attach(id, *session_id);
+  if (decoded->kind == shm::DataRequest::Kind::kIdentify) {
+    Identify(id, decoded->session_id);
+  } else {
+    Attach(id, decoded->session_id);
+  }
 }
 
-void DataSocket::Attach(uint64_t id, const std::string& session_id) {
-  absl::Status refused;
+absl::Status DataSocket::OpenAndBound(const std::string& session_id, uid_t uid) {
   if (!options_.session_open(session_id)) {
-    refused = absl::NotFoundError(
+    return absl::NotFoundError(
         "no open session with this id: open one with Control.OpenSession, keep its stream "
         "open and send the id it gave");
   }
+  return options_.bind_uid ? options_.bind_uid(session_id, uid) : absl::OkStatus();
+}
+
+void DataSocket::Identify(uint64_t id, const std::string& session_id) {
+  int fd;
+  uid_t uid;
+  pid_t pid;
+  {
+    absl::MutexLock lock(&mu_);
+    const Connection& connection = connections_.at(id);
+    fd = connection.fd;
+    uid = connection.uid;
+    pid = connection.pid;
+  }
+  shm::AttachReply reply;
+  reply.status = OpenAndBound(session_id, uid);
+  if (!reply.status.ok()) {
+    LogRefusal(uid, absl::StrCat("identify from pid ", pid, " uid ", uid,
+                                 " refused: ", reply.status.ToString()));
+  }
+  SendReply(fd, reply, -1);
+  Close(id, false);
+}
+
+void DataSocket::Attach(uint64_t id, const std::string& session_id) {
   int fd = -1;
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
   {
     absl::MutexLock lock(&mu_);
-    Connection& connection = connections_.at(id);
+    const Connection& connection = connections_.at(id);
     fd = connection.fd;
     pid = connection.pid;
     uid = connection.uid;
     gid = connection.gid;
+  }
+  absl::Status refused = OpenAndBound(session_id, uid);
+  {
+    absl::MutexLock lock(&mu_);
     if (refused.ok() && attached_.count(session_id) != 0) {
       const Connection& holder = connections_.at(attached_.at(session_id));
       refused = absl::AlreadyExistsError(absl::StrCat(
-          "session ", session_id, " is attached already (by pid ", holder.pid,
+          "session ", SessionHandle(session_id), " is attached already (by pid ", holder.pid,
           "); a session attaches once"));
+    } else if (refused.ok() && CountOf(uid, /*attached=*/true) >= options_.max_sessions_per_uid) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "data.max_sessions_per_uid (", options_.max_sessions_per_uid,
+          ") sessions of uid ", uid, " are attached to shared memory; end some of them"));
     } else if (refused.ok() && static_cast<int64_t>(attached_.size()) >= options_.max_sessions) {
       refused = absl::ResourceExhaustedError(absl::StrCat(
           "data.max_sessions (", options_.max_sessions,
@@ -379,7 +428,18 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       }
       // The router serves the session before its client learns it is attached, so a call
       // made right after the reply finds it; a failed send detaches it again (Close).
-      if (options_.on_attach) options_.on_attach(session_id, std::move(attached_segment));
+      absl::Status served = options_.on_attach
+                                ? options_.on_attach(session_id, std::move(attached_segment))
+                                : absl::OkStatus();
+      if (!served.ok()) {
+        LogRefusal(uid, absl::StrCat("attach from pid ", pid, " uid ", uid,
+                                     " refused: ", served.ToString()));
+        reply = shm::AttachReply{};
+        reply.status = served;
+        SendReply(fd, reply, -1);
+        Close(id, false);  // detached: the router has no such session, on_detach is a no-op
+        return;
+      }
       if (!SendReply(fd, reply, memfd)) {
         Close(id, false);
         return;
@@ -389,34 +449,53 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
         connections_.at(id).segment->CloseFd();
       }
       DaemonLog().info("[session {}] attached to shared memory by pid {} uid {} gid {} ({} bytes)",
-                       session_id, pid, uid, gid, reply.segment_bytes);
+                       SessionHandle(session_id), pid, uid, gid, reply.segment_bytes);
       // The stream may have ended between the check above and now; then EndSession found
       // nothing to close, so close here.
       if (!options_.session_open(session_id)) EndSession(session_id);
       return;
     }
   }
-  LogRefusal(absl::StrCat("attach from pid ", pid, " uid ", uid, " refused: ", refused.ToString()));
+  LogRefusal(uid, absl::StrCat("attach from pid ", pid, " uid ", uid, " refused: ", refused.ToString()));
   shm::AttachReply reply;
   reply.status = refused;
   SendReply(fd, reply, -1);
   Close(id, false);
 }
 
-void DataSocket::LogRefusal(const std::string& what) {
-  const absl::Time now = absl::Now();
-  if (now - last_refusal_log_ < absl::Seconds(1)) {
-    ++refusals_unlogged_;
-    return;
+void DataSocket::LogRefusal(uid_t uid, const std::string& what) {
+  int64_t held = 0;
+  if (!refusals_.Admit(absl::StrCat(uid), &held)) return;
+  DaemonLog().warn("[data {}] {}{}", path_, what, HeldBack(held, refusals_.interval()));
+}
+
+uid_t DataSocket::UidOf(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = connections_.find(id);
+  return it == connections_.end() ? static_cast<uid_t>(-1) : it->second.uid;
+}
+
+int64_t DataSocket::CountOf(uid_t uid, bool attached) const {
+  int64_t n = 0;
+  for (const auto& [id, connection] : connections_) {
+    if (connection.uid == uid && connection.session_id.empty() != attached) ++n;
   }
-  if (refusals_unlogged_ > 0) {
-    DaemonLog().warn("[data {}] {} ({} more refused connections not logged)", path_, what,
-                     refusals_unlogged_);
-  } else {
-    DaemonLog().warn("[data {}] {}", path_, what);
+  return n;
+}
+
+std::map<uid_t, DataSocket::UidUse> DataSocket::UsePerUid() const {
+  absl::MutexLock lock(&mu_);
+  std::map<uid_t, UidUse> use;
+  for (const auto& [id, connection] : connections_) {
+    UidUse& of = use[connection.uid];
+    if (connection.session_id.empty()) {
+      ++of.pending;
+    } else {
+      ++of.sessions;
+      of.segment_bytes += connection.segment ? connection.segment->size() : 0;
+    }
   }
-  last_refusal_log_ = now;
-  refusals_unlogged_ = 0;
+  return use;
 }
 
 void DataSocket::Close(uint64_t id, bool end) {
@@ -435,7 +514,7 @@ void DataSocket::Close(uint64_t id, bool end) {
   if (options_.on_detach) options_.on_detach(connection.session_id);
   connection.segment.reset();  // unmapped here unless a transfer still reads it
   DaemonLog().info("[session {}] data connection of pid {} closed; segment freed",
-                   connection.session_id, connection.pid);
+                   SessionHandle(connection.session_id), connection.pid);
   if (end) options_.end_session(connection.session_id);
 }
 

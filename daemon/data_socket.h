@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/log_limiter.h"
 #include "daemon/socket_lock.h"
 #include "proto/shm/layout.h"
 #include "proto/shm/segment.h"
@@ -47,10 +48,14 @@ struct DataSocketOptions {
   std::string group;
   // Sizes of each session's segment.
   shm::SegmentLimits limits;
-  // Sessions attached at once ([data] max_sessions).
+  // Sessions attached at once ([data] max_sessions), and by one uid ([data]
+  // max_sessions_per_uid, which also bounds the segment memory one uid makes the daemon hold).
   int64_t max_sessions = 256;
-  // Connections that have not sent their request yet; past it new ones are closed at once.
+  int64_t max_sessions_per_uid = 32;
+  // Connections that have not sent their request yet, in all and from one uid; past it new
+  // ones are closed at once.
   int64_t max_pending = 64;
+  int64_t max_pending_per_uid = 8;
   // How long a connection may take to send its request before it is closed, so idle
   // connections cannot hold the max_pending places.
   absl::Duration request_timeout = absl::Seconds(5);
@@ -58,10 +63,16 @@ struct DataSocketOptions {
   std::function<bool(const std::string& session_id)> session_open;
   // Called when an attached session's data connection closed first. Required.
   std::function<void(const std::string& session_id)> end_session;
-  // Optional: a session attached. The socket lets go of its segment after on_detach(session_id)
+  // Binds the session to the uid of the connection that identifies or attaches it (an error,
+  // such as PERMISSION_DENIED for a session bound to another uid, refuses the request).
+  // Optional: without it nothing is bound.
+  std::function<absl::Status(const std::string& session_id, uid_t uid)> bind_uid;
+  // Optional: a session attached; an error refuses the attach (the client gets it). The
+  // socket lets go of its segment after on_detach(session_id)
   // returns (called on the loop thread, and at Shutdown); the mapping goes with the last
   // reference, so the call router can keep it while TensorPipe still reads from it.
-  std::function<void(const std::string& session_id, std::shared_ptr<shm::Segment> segment)>
+  std::function<absl::Status(const std::string& session_id,
+                             std::shared_ptr<shm::Segment> segment)>
       on_attach;
   std::function<void(const std::string& session_id)> on_detach;
 };
@@ -96,6 +107,15 @@ class DataSocket {
   // The attached sessions, by session id.
   std::vector<SessionInfo> Sessions() const;
 
+  // What one uid holds: attached sessions and their segments' bytes, and connections that
+  // have not attached yet.
+  struct UidUse {
+    int64_t sessions = 0;
+    uint64_t segment_bytes = 0;
+    int64_t pending = 0;
+  };
+  std::map<uid_t, UidUse> UsePerUid() const;
+
   const std::string& path() const { return path_; }
 
  private:
@@ -121,10 +141,19 @@ class DataSocket {
   void OnReadable(uint64_t id);
   // Attaches the connection `id` to `session_id` or answers why not.
   void Attach(uint64_t id, const std::string& session_id);
+  // Binds `session_id` to the uid of connection `id`, answers and closes it.
+  void Identify(uint64_t id, const std::string& session_id);
+  // NOT_FOUND unless `session_id` is open; else what bind_uid says for `uid`.
+  absl::Status OpenAndBound(const std::string& session_id, uid_t uid);
   // Closes the connection `id`, frees its segment; ends its session when `end` is set.
   void Close(uint64_t id, bool end);
-  // Logs a refused connection, at most once a second, counting the ones left out.
-  void LogRefusal(const std::string& what);
+  // Logs a refused connection of `uid`, at most once a second per uid, counting the ones
+  // left out.
+  void LogRefusal(uid_t uid, const std::string& what);
+  // The uid of connection `id` (-1 once it is gone).
+  uid_t UidOf(uint64_t id) const;
+  // How many connections of `uid` are pending (attached == false) or attached.
+  int64_t CountOf(uid_t uid, bool attached) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DataSocketOptions options_;
   const std::string path_;
@@ -145,9 +174,8 @@ class DataSocket {
   // Out of fds (EMFILE, ENFILE): the listener leaves the epoll set until then, so the loop
   // does not spin on a connection it cannot accept (loop only).
   absl::Time accept_paused_until_ = absl::InfinitePast();
-  // Refusals of malformed or excess connections are logged at most once a second (loop only).
-  absl::Time last_refusal_log_ = absl::InfinitePast();
-  int64_t refusals_unlogged_ = 0;
+  // Refusals of malformed or excess connections: at most one line a second per uid.
+  LogLimiter refusals_{absl::Seconds(1)};
 };
 
 }  // namespace tpd

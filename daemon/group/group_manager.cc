@@ -15,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/logging.h"
+#include "daemon/session_handle.h"
 
 namespace tpd::group {
 namespace {
@@ -141,8 +142,24 @@ std::string GroupManager::OpenSession(const std::string& client) {
   const std::string id =
       absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(bytes), sizeof(bytes)));
   absl::MutexLock lock(&mu_);
-  sessions_[id] = client;
+  sessions_[id] = SessionEntry{client, std::nullopt};
   return id;
+}
+
+absl::Status GroupManager::BindSessionUid(const std::string& session_id, int64_t uid) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("session ", SessionHandle(session_id), " is not open"));
+  }
+  std::optional<int64_t>& bound = it->second.uid;
+  if (bound && *bound != uid) {
+    return absl::PermissionDeniedError(absl::StrCat("session ", SessionHandle(session_id),
+                                                    " belongs to another user; uid ", uid,
+                                                    " may not use it"));
+  }
+  bound = uid;
+  return absl::OkStatus();
 }
 
 void GroupManager::EndSession(const std::string& session_id) {
@@ -170,10 +187,21 @@ std::optional<std::string> GroupManager::SessionOf(const std::string& group,
 }
 
 std::optional<v1::Member> GroupManager::MemberNamed(const std::string& group,
-                                                    const std::string& name) {
+                                                    const std::string& name, int64_t* version) {
+  if (version != nullptr) *version = 0;
   std::shared_ptr<GroupTracker> tracker = Known(group);
   if (tracker == nullptr) return std::nullopt;
-  return tracker->MemberNamed(name);
+  return tracker->MemberNamed(name, version);
+}
+
+void GroupManager::WhenVersion(const std::string& group, int64_t version, absl::Time deadline,
+                               GroupTracker::VersionDone done) {
+  std::shared_ptr<GroupTracker> tracker = Known(group);
+  if (tracker == nullptr) {
+    done(false);
+    return;
+  }
+  tracker->WhenVersion(version, deadline, std::move(done));
 }
 
 std::optional<v1::DeviceMap> GroupManager::DeviceMapOf(const std::string& group,
@@ -182,6 +210,11 @@ std::optional<v1::DeviceMap> GroupManager::DeviceMapOf(const std::string& group,
   std::shared_ptr<GroupTracker> tracker = Known(group);
   if (tracker == nullptr) return std::nullopt;
   return tracker->DeviceMapOf(from, to, reverse);
+}
+
+int64_t GroupManager::SessionCount() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(sessions_.size());
 }
 
 std::shared_ptr<GroupTracker> GroupManager::Known(const std::string& group) {
@@ -329,6 +362,20 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
     done(status);
     return;
   }
+  JoinSpec spec;
+  {
+    absl::MutexLock lock(&mu_);
+    auto session = sessions_.find(request.session_id());
+    if (session != sessions_.end() && session->second.uid) spec.uid = *session->second.uid;
+  }
+  if (spec.uid < 0) {
+    done(absl::FailedPreconditionError(absl::StrCat(
+        "session ", SessionHandle(request.session_id()),
+        " has not identified its user on the data socket, so it may join no group (the tpd "
+        "client library does this when it opens a session)")));
+    return;
+  }
+
   absl::StatusOr<store::InitMethod> method = store::ParseInitMethod(
       request.init_method(),
       request.has_rank() ? std::optional<int64_t>(request.rank()) : std::nullopt,
@@ -365,7 +412,7 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
     done(tracker.status());
     return;
   }
-  JoinSpec spec;
+  spec.secret_verifier = SecretVerifier(GroupName(request.group()), request.secret());
   spec.name = request.name();
   spec.rank = method->rank;
   spec.world_size = method->world_size;

@@ -68,6 +68,12 @@ class GroupManager {
   std::string OpenSession(const std::string& client);
   // Removes every member the session held, at once.
   void EndSession(const std::string& session_id);
+  // Sessions open now.
+  int64_t SessionCount();
+  // Binds the session to `uid`, the user its data connection came from (docs/security.md, "Who
+  // may join a group"): its joins are that uid's. NOT_FOUND for no such session,
+  // PERMISSION_DENIED when it is bound to another uid already.
+  absl::Status BindSessionUid(const std::string& session_id, int64_t uid);
 
   void Join(const v1::JoinRequest& request, GroupTracker::JoinDone done);
   // The Join `request` was cancelled by its client (gone, or past its deadline).
@@ -88,7 +94,12 @@ class GroupManager {
   // The session holding worker `name` of `group` on this daemon, if any.
   std::optional<std::string> SessionOf(const std::string& group, const std::string& name);
   // Member `name` of `group` as this daemon last read it, if the group is followed and has it.
-  std::optional<v1::Member> MemberNamed(const std::string& group, const std::string& name);
+  // `*version` (when not null) is the number of the version read, 0 for a group not followed.
+  std::optional<v1::Member> MemberNamed(const std::string& group, const std::string& name,
+                                        int64_t* version = nullptr);
+  // GroupTracker::WhenVersion of a followed group; `done(false)` at once for another.
+  void WhenVersion(const std::string& group, int64_t version, absl::Time deadline,
+                   GroupTracker::VersionDone done);
   // GroupTracker::DeviceMapOf of a followed group.
   std::optional<v1::DeviceMap> DeviceMapOf(const std::string& group, const std::string& from,
                                            const std::string& to, bool reverse);
@@ -146,7 +157,11 @@ class GroupManager {
   Node node_;
 
   absl::Mutex mu_;
-  std::map<std::string, std::string> sessions_ ABSL_GUARDED_BY(mu_);  // id -> client
+  struct SessionEntry {
+    std::string client;
+    std::optional<int64_t> uid;  // bound by the data socket (BindSessionUid)
+  };
+  std::map<std::string, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);  // by id
   std::map<std::string, std::weak_ptr<StoreEntry>> stores_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, TrackerEntry> trackers_ ABSL_GUARDED_BY(mu_);  // by group name
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

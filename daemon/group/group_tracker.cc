@@ -88,6 +88,7 @@ void GroupTracker::Stop() {
     view_waiters_.clear();
     stopped_ = true;
   }
+  SettleVersionWaiters();  // stop_ is set: every waiter is answered
   const absl::Status stopping = absl::UnavailableError("the tpd daemon is stopping");
   for (PendingJoin& join : joins) join.done(stopping);
   for (BarrierOp& barrier : barriers) barrier.done(stopping);
@@ -410,11 +411,48 @@ std::optional<std::string> GroupTracker::SessionOf(const std::string& name) {
   return it->second.session_id;
 }
 
-std::optional<v1::Member> GroupTracker::MemberNamed(const std::string& name) {
+std::optional<v1::Member> GroupTracker::MemberNamed(const std::string& name, int64_t* version) {
   absl::MutexLock lock(&mu_);
+  if (version != nullptr) *version = latest_.view().version();
   auto it = member_index_.find(name);
   if (it == member_index_.end()) return std::nullopt;
   return latest_.view().members(it->second);
+}
+
+void GroupTracker::WhenVersion(int64_t version, absl::Time deadline, VersionDone done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (latest_.view().version() < version && !stop_ &&
+        version_waiters_.size() < kMaxVersionWaiters) {
+      version_waiters_.emplace(version, VersionWaiter{deadline, std::move(done)});
+      return;
+    }
+  }
+  int64_t have;
+  {
+    absl::MutexLock lock(&mu_);
+    have = latest_.view().version();
+  }
+  done(have >= version);
+}
+
+void GroupTracker::SettleVersionWaiters() {
+  std::vector<std::pair<VersionDone, bool>> settled;
+  {
+    absl::MutexLock lock(&mu_);
+    const int64_t have = latest_.view().version();
+    const absl::Time now = options_.clock->Now();
+    for (auto it = version_waiters_.begin(); it != version_waiters_.end();) {
+      const bool reached = it->first <= have;
+      if (reached || it->second.deadline <= now || stop_) {
+        settled.emplace_back(std::move(it->second.done), reached);
+        it = version_waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& [done, reached] : settled) done(reached);
 }
 
 std::optional<v1::DeviceMap> GroupTracker::DeviceMapOf(const std::string& from,
@@ -578,6 +616,7 @@ absl::Time GroupTracker::Step() {
     CheckHeartbeats();
     next_tick_ = options_.clock->Now() + options_.heartbeat_interval;
   }
+  SettleVersionWaiters();
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::InfiniteFuture();
   // Work queued by this step itself (removals after a failed formation, undone joins) or

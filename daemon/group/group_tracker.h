@@ -130,8 +130,16 @@ class GroupTracker : public WorkerTask {
   bool Idle();
   // The session holding local member `name`, if this daemon holds it.
   std::optional<std::string> SessionOf(const std::string& name);
-  // Member `name` in the newest version this daemon has seen, if it is one.
-  std::optional<v1::Member> MemberNamed(const std::string& name);
+  // Member `name` in the newest version this daemon has seen, if it is one, with that
+  // version's number in `*version` (when not null).
+  std::optional<v1::Member> MemberNamed(const std::string& name, int64_t* version = nullptr);
+  // Runs `done(true)` once this daemon has read version `version` of the group (at once when
+  // it has), or `done(false)` at `deadline` (checked every heartbeat interval), when the
+  // tracker stops, or at once when kMaxVersionWaiters wait already. Never under the
+  // tracker's lock.
+  using VersionDone = absl::AnyInvocable<void(bool reached)>;
+  void WhenVersion(int64_t version, absl::Time deadline, VersionDone done);
+  static constexpr size_t kMaxVersionWaiters = 4096;
   // In the newest version: member `from`'s negotiated device map toward member `to` (its
   // reverse map when `reverse`: the one its replies to `to` follow), if it has one.
   std::optional<v1::DeviceMap> DeviceMapOf(const std::string& from, const std::string& to,
@@ -194,6 +202,9 @@ class GroupTracker : public WorkerTask {
   // Takes a new version: updates state, tells watchers, settles joins, detects eviction.
   void Observe(v1::GroupRecord record, bool snapshot);
   void CheckDeadlines();
+  // Answers the version waiters whose version was read or whose deadline passed (all of them
+  // once stopping).
+  void SettleVersionWaiters();
   // Counts this member into its barrier round and waits (without a thread) for the round.
   void EnterBarrier(BarrierOp op);
   v1::GroupView ViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -253,6 +264,12 @@ class GroupTracker : public WorkerTask {
   // The first read's failure (not DATA_LOSS, which damaged_ holds): GetView answers it.
   absl::Status load_error_ ABSL_GUARDED_BY(mu_);
   std::vector<ViewDone> view_waiters_ ABSL_GUARDED_BY(mu_);
+  struct VersionWaiter {
+    absl::Time deadline;
+    VersionDone done;
+  };
+  // WhenVersion's waiters, by the version they wait for.
+  std::multimap<int64_t, VersionWaiter> version_waiters_ ABSL_GUARDED_BY(mu_);
   // Watchers have been sent a SNAPSHOT (the first successful read sends it to those waiting).
   bool snapshot_sent_ ABSL_GUARDED_BY(mu_) = false;
   // Set while the group's newest record in the store is not a valid one (DATA_LOSS naming

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/group/options.h"
+#include "store/remote/peer_mac.h"
 #include "store/summarize.h"
 
 namespace tpd::group {
@@ -121,8 +122,13 @@ absl::Status ValidateGroupRecord(const v1::GroupRecord& record, absl::string_vie
     return bad(absl::StrCat("it says version ", view.version()));
   }
   if (!KnownPhase(view.phase())) return bad("unknown phase");
-  if (view.members_size() > kMaxRecordMembers || record.options_size() > kMaxRecordMembers) {
+  if (view.members_size() > kMaxRecordMembers || record.options_size() > kMaxRecordMembers ||
+      record.node_owner_uids_size() > kMaxRecordMembers) {
     return bad(absl::StrCat("more than ", kMaxRecordMembers, " members"));
+  }
+  if (!record.secret_verifier().empty() && record.secret_verifier().size() != 32) {
+    return bad(absl::StrCat("a secret verifier of ", record.secret_verifier().size(),
+                            " bytes, not 32"));
   }
   if (view.is_static()) {
     if (view.world_size() <= 0 || view.world_size() > kMaxRecordMembers) {
@@ -173,7 +179,39 @@ const v1::Member* FindMember(const v1::GroupRecord& record, absl::string_view na
   return nullptr;
 }
 
+std::string SecretVerifier(absl::string_view group, absl::string_view secret) {
+  if (secret.empty()) return "";
+  return store::HmacSha256(secret, absl::StrCat("tpd-group-secret-v1", group));
+}
+
+namespace {
+
+// PERMISSION_DENIED unless the group whose newest record is `record` admits `spec`'s join.
+absl::Status Admit(const v1::GroupRecord& record, const JoinSpec& spec) {
+  const v1::GroupView& view = record.view();
+  if (view.members().empty()) return absl::OkStatus();  // anyone may start an EMPTY group
+  if (!store::ConstantTimeEquals(record.secret_verifier(), spec.secret_verifier)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "group ", view.group(), " admits only joins that bring its secret, and worker ",
+        spec.name,
+        record.secret_verifier().empty()
+            ? " brought one to a group started without a secret (join without one)"
+            : spec.secret_verifier.empty() ? " brought none (JoinRequest.secret)"
+                                           : " brought another one (JoinRequest.secret)"));
+  }
+  auto owner = record.node_owner_uids().find(spec.node);
+  if (owner != record.node_owner_uids().end() && owner->second != spec.uid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "group ", view.group(), " belongs to uid ", owner->second, " on node ", spec.node,
+        ": uid ", spec.uid, " may not join it there (worker ", spec.name, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec) {
+  if (absl::Status admitted = Admit(*record, spec); !admitted.ok()) return admitted;
   // Every check runs against `current` before anything changes, so a refused join leaves
   // the record as it was without copying it: a static group of N ranks would otherwise copy
   // its whole record (O(N)) for every join, O(N^2) over its formation.
@@ -275,7 +313,11 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
     view->set_world_size(is_static ? *spec.world_size : 0);
     view->set_phase(is_static ? kForming : kDynamic);
     view->clear_reason();
+    // The member that starts the group decides who may join it.
+    next.set_secret_verifier(spec.secret_verifier);
+    next.clear_node_owner_uids();
   }
+  next.mutable_node_owner_uids()->insert({spec.node, spec.uid});
   // Members stay sorted by rank: move the newcomer down to its place.
   auto* members = view->mutable_members();
   *members->Add() = std::move(member);
@@ -330,6 +372,9 @@ int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Memb
   record->set_change(std::string(change));
   record->set_change_detail(absl::StrCat(store::JoinSummarized(removed, ", "), ": ", why));
   if (members->empty()) {
+    // Nobody holds the group any more: whoever starts it next decides who may join.
+    record->clear_secret_verifier();
+    record->clear_node_owner_uids();
     view->set_phase(kEmpty);
     view->clear_formed_version();
     view->clear_reason();

@@ -42,7 +42,15 @@ struct JoinSpec {
   std::vector<std::string> node_transports;
   std::vector<std::string> node_channels;
   v1::BackendOptions options;
+  // Who joins: the uid its session is bound to on `node`, and SecretVerifier of the secret it
+  // brought ("" for none).
+  int64_t uid = -1;
+  std::string secret_verifier;
 };
+
+// The record's form of a group's secret: HMAC-SHA256(secret, "tpd-group-secret-v1" || group);
+// "" for no secret.
+std::string SecretVerifier(absl::string_view group, absl::string_view secret);
 
 // Adds a member to `record` (the newest version; the caller stores the result as the next)
 // and returns its rank. Static groups: a member whose own options are invalid, or the member
@@ -53,6 +61,9 @@ struct JoinSpec {
 // unchanged. INVALID_ARGUMENT for a join that can never fit: static/dynamic or world_size
 // mismatch, rank out of range or taken, name taken, (dynamic) options invalid.
 // FAILED_PRECONDITION for a static group already formed, or broken/failed while members remain.
+// PERMISSION_DENIED for a join the group does not admit (docs/security.md): a group with
+// members admits only joins that bring its secret, and on each node only its owner's uid; the
+// first member of an EMPTY group sets both.
 absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec);
 
 // Removes every member `remove` selects; returns how many. A FORMED static group becomes

@@ -1,6 +1,7 @@
 #include "proto/shm/attach.h"
 
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -8,6 +9,7 @@ namespace tpd::shm {
 namespace {
 
 constexpr char kRequestMagic[8] = {'T', 'P', 'D', 'A', 'T', 'T', 'Q', '1'};
+constexpr char kIdentifyMagic[8] = {'T', 'P', 'D', 'I', 'D', 'N', 'Q', '1'};
 constexpr char kReplyMagic[8] = {'T', 'P', 'D', 'A', 'T', 'T', 'R', '1'};
 
 // Little-endian on every machine tpd runs on; the two sides share one host.
@@ -50,24 +52,46 @@ std::string DataSocketPath(absl::string_view grpc_socket) {
   return absl::StrCat(grpc_socket, ".data");
 }
 
-absl::StatusOr<std::array<uint8_t, kAttachRequestBytes>> EncodeAttachRequest(
-    absl::string_view session_id) {
+absl::StatusOr<std::array<uint8_t, kAttachRequestBytes>> EncodeRequest(
+    const char (&magic)[8], absl::string_view session_id) {
   if (absl::Status status = CheckSessionId(session_id); !status.ok()) return status;
   std::array<uint8_t, kAttachRequestBytes> out{};
-  std::memcpy(out.data(), kRequestMagic, 8);
+  std::memcpy(out.data(), magic, 8);
   Put32(out.data() + 8, kAttachVersion);
   Put32(out.data() + 12, static_cast<uint32_t>(session_id.size()));
   std::memcpy(out.data() + 16, session_id.data(), session_id.size());
   return out;
 }
 
+absl::StatusOr<std::array<uint8_t, kAttachRequestBytes>> EncodeAttachRequest(
+    absl::string_view session_id) {
+  return EncodeRequest(kRequestMagic, session_id);
+}
+
+absl::StatusOr<std::array<uint8_t, kAttachRequestBytes>> EncodeIdentifyRequest(
+    absl::string_view session_id) {
+  return EncodeRequest(kIdentifyMagic, session_id);
+}
+
 absl::StatusOr<std::string> DecodeAttachRequest(absl::string_view bytes) {
+  absl::StatusOr<DataRequest> request = DecodeDataRequest(bytes);
+  if (!request.ok()) return request.status();
+  if (request->kind != DataRequest::Kind::kAttach) {
+    return absl::InvalidArgumentError("attach request: wrong magic (not a tpd client?)");
+  }
+  return std::move(request->session_id);
+}
+
+absl::StatusOr<DataRequest> DecodeDataRequest(absl::string_view bytes) {
   if (bytes.size() != kAttachRequestBytes) {
     return absl::InvalidArgumentError(absl::StrCat("attach request of ", bytes.size(),
                                                    " bytes; exactly ", kAttachRequestBytes,
                                                    " expected"));
   }
-  if (std::memcmp(bytes.data(), kRequestMagic, 8) != 0) {
+  DataRequest request;
+  if (std::memcmp(bytes.data(), kIdentifyMagic, 8) == 0) {
+    request.kind = DataRequest::Kind::kIdentify;
+  } else if (std::memcmp(bytes.data(), kRequestMagic, 8) != 0) {
     return absl::InvalidArgumentError("attach request: wrong magic (not a tpd client?)");
   }
   if (const uint32_t version = Get32(bytes.data() + 8); version != kAttachVersion) {
@@ -85,7 +109,8 @@ absl::StatusOr<std::string> DecodeAttachRequest(absl::string_view bytes) {
   for (char c : bytes.substr(16 + length)) {
     if (c != 0) return absl::InvalidArgumentError("attach request: bytes after the session id");
   }
-  return std::string(id);
+  request.session_id = std::string(id);
+  return request;
 }
 
 std::array<uint8_t, kAttachReplyBytes> EncodeAttachReply(const AttachReply& reply) {

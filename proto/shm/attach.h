@@ -12,6 +12,12 @@
 // one request) makes the daemon close the connection without a reply. After an OK reply the
 // connection stays open, silent, for the session's lifetime: its end is the session's end.
 //
+// The same socket identifies a session's user: an IdentifyRequest (the same layout under
+// another magic) binds the session to the connection's SO_PEERCRED uid, which its joins then
+// carry (docs/security.md, "Who may join a group"); the reply has no fd and the daemon closes
+// the connection. A session is bound once: an identify or attach from another uid is
+// PERMISSION_DENIED.
+//
 // Thread safety: stateless functions and plain values.
 
 #ifndef TPD_PROTO_SHM_ATTACH_H_
@@ -44,6 +50,17 @@ absl::StatusOr<std::array<uint8_t, kAttachRequestBytes>> EncodeAttachRequest(
     absl::string_view session_id);
 // The session id; INVALID_ARGUMENT naming what is wrong with `bytes` (untrusted).
 absl::StatusOr<std::string> DecodeAttachRequest(absl::string_view bytes);
+
+absl::StatusOr<std::array<uint8_t, kAttachRequestBytes>> EncodeIdentifyRequest(
+    absl::string_view session_id);
+
+// Either request, as the daemon reads them.
+struct DataRequest {
+  enum class Kind { kAttach, kIdentify };
+  Kind kind = Kind::kAttach;
+  std::string session_id;
+};
+absl::StatusOr<DataRequest> DecodeDataRequest(absl::string_view bytes);
 
 struct AttachReply {
   absl::Status status;         // the daemon's answer

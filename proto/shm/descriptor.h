@@ -42,7 +42,10 @@ enum class Op : uint8_t {
 };
 
 // Descriptor::flags.
-inline constexpr uint16_t kFlagError = 1u << 0;  // kReply only: the payload holds an error
+// kReply only: the payload holds an error (its code and message). An error reply from the
+// daemon with no payload at all means RESOURCE_EXHAUSTED: the receiver's rx heap had no room
+// for the message, and the call failed rather than go unanswered.
+inline constexpr uint16_t kFlagError = 1u << 0;
 inline constexpr uint16_t kKnownFlags = kFlagError;
 
 // Which ring a descriptor came through; decides which heap its ranges must lie in.

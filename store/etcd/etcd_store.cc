@@ -190,8 +190,18 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(std::vector<std::st
         absl::StrCat("etcd endpoint_hosts names ", options.endpoint_hosts.size(),
                      " hosts for ", endpoints.size(), " endpoints"));
   }
-  return std::unique_ptr<EtcdStore>(
+  std::unique_ptr<EtcdStore> store(
       new EtcdStore(std::move(endpoints), std::move(prefix), std::move(options)));
+  // Past a pids limit a start throws: the join that needed this store fails, the daemon keeps
+  // serving (the destructor stops whichever thread did start).
+  try {
+    store->timer_ = std::thread([raw = store.get()] { raw->TimerLoop(); });
+    store->watcher_ = std::thread([raw = store.get()] { raw->WatchLoop(); });
+  } catch (const std::system_error& error) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot start the threads of the store at ", store->name_, ": ", error.what()));
+  }
+  return store;
 }
 
 EtcdStore::EtcdStore(std::vector<std::string> endpoints, std::string prefix,
@@ -246,8 +256,6 @@ EtcdStore::EtcdStore(std::vector<std::string> endpoints, std::string prefix,
     endpoint.address = std::move(address);
     endpoints_.push_back(std::move(endpoint));
   }
-  timer_ = std::thread([this] { TimerLoop(); });
-  watcher_ = std::thread([this] { WatchLoop(); });
 }
 
 EtcdStore::~EtcdStore() {

@@ -738,7 +738,18 @@ absl::StatusOr<WaitId> FileStore::WaitAsync(std::vector<std::string> keys, absl:
     id = *added;
     if (waiters_.Contains(id)) {
       // Parked: the poller watches the file for it and ends it at its deadline.
-      if (!poller_.joinable()) poller_ = std::thread([this] { PollLoop(); });
+      if (!poller_.joinable()) {
+        try {
+          poller_ = std::thread([this] { PollLoop(); });
+        } catch (const std::system_error& error) {
+          // Past a pids limit: this wait fails, the daemon keeps serving.
+          waiters_.Cancel(id, &completions);
+          completions.clear();  // its callback must not run: the caller gets the error
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "file store \"", absl::CEscape(path_), "\" cannot start its poller: ",
+              error.what()));
+        }
+      }
       poller_cv_.Signal();
     }
   }

@@ -12,7 +12,10 @@ absl::StatusOr<std::unique_ptr<Store>> OpenRemoteRendezvousStore(
   RemoteStoreOptions store = options.store;
   // The certificate is checked against the name the URL gave, not the address it resolved to.
   store.tls_server_name = host;
-  return std::make_unique<RemoteStore>(*std::move(address), std::move(store));
+  absl::StatusOr<std::unique_ptr<RemoteStore>> remote =
+      RemoteStore::Create(*std::move(address), std::move(store));
+  if (!remote.ok()) return remote.status();
+  return std::unique_ptr<Store>(*std::move(remote));
 }
 
 }  // namespace tpd::store

@@ -40,7 +40,20 @@ RemoteStore::RemoteStore(std::string address, RemoteStoreOptions options)
   }
   stub_ = v1::Store::NewStub(
       grpc::CreateCustomChannel(absl::StrCat("dns:///", address_), credentials, args));
-  cq_thread_ = std::thread([this] { DrainCompletions(); });
+}
+
+absl::StatusOr<std::unique_ptr<RemoteStore>> RemoteStore::Create(std::string address,
+                                                                 RemoteStoreOptions options) {
+  std::unique_ptr<RemoteStore> store(new RemoteStore(std::move(address), std::move(options)));
+  // Past a pids limit the start throws: the join that needed this store fails, the daemon
+  // keeps serving.
+  try {
+    store->cq_thread_ = std::thread([raw = store.get()] { raw->DrainCompletions(); });
+  } catch (const std::system_error& error) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot start a thread for the store at ", store->address_, ": ", error.what()));
+  }
+  return store;
 }
 
 void RemoteStore::DrainCompletions() {

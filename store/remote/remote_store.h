@@ -48,9 +48,13 @@ class RemoteStore : public Store {
   // `address` is the serving daemon's peer port, "host:port" (an IP literal when the caller
   // resolved it first, so DNS cannot move it afterwards); it is also the audience every
   // call's MAC names. Connecting is lazy: the first call reports an unreachable daemon.
-  RemoteStore(std::string address, RemoteStoreOptions options);
+  // RESOURCE_EXHAUSTED when its completion thread cannot be started.
+  static absl::StatusOr<std::unique_ptr<RemoteStore>> Create(std::string address,
+                                                             RemoteStoreOptions options);
   // Cancels pending waits (their callbacks run with CANCELLED) and waits for them to end.
   ~RemoteStore() override;
+  RemoteStore(const RemoteStore&) = delete;
+  RemoteStore& operator=(const RemoteStore&) = delete;
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::Status MultiSet(const std::vector<std::string>& keys,
@@ -72,6 +76,7 @@ class RemoteStore : public Store {
   void CancelWait(WaitId id) override;
 
  private:
+  RemoteStore(std::string address, RemoteStoreOptions options);
   struct PendingWait;
 
   // A context for one call of `method` (e.g. "Set") with `request`: the call timeout as

@@ -65,6 +65,8 @@ const std::vector<std::string>& AllOptions() {
       "data.socket",
       "data.arena_bytes",
       "data.max_sessions",
+      "data.max_sessions_per_uid",
+      "data.max_open_sessions",
       "etcd.user",
       "etcd.password_file",
       "etcd.ca_file",
@@ -119,6 +121,8 @@ void ExpectDefaultsExceptPaths(const Config& config) {
   EXPECT_EQ(config.data.socket_path, defaults.data.socket_path);
   EXPECT_EQ(config.data.arena_bytes, defaults.data.arena_bytes);
   EXPECT_EQ(config.data.max_sessions, defaults.data.max_sessions);
+  EXPECT_EQ(config.data.max_sessions_per_uid, defaults.data.max_sessions_per_uid);
+  EXPECT_EQ(config.data.max_open_sessions, defaults.data.max_open_sessions);
   EXPECT_EQ(config.etcd.user, defaults.etcd.user);
   EXPECT_EQ(config.etcd.password_file, defaults.etcd.password_file);
   EXPECT_EQ(config.etcd.ca_file, defaults.etcd.ca_file);
@@ -721,12 +725,18 @@ TEST(ConfigTest, DataTableHasTheDocumentedDefaultsAndIsRead) {
   EXPECT_EQ(defaults.data.socket_path, "");
   EXPECT_EQ(defaults.data.arena_bytes, 64 << 20);
   EXPECT_EQ(defaults.data.max_sessions, 256);
+  EXPECT_EQ(defaults.data.max_sessions_per_uid, 32);
+  EXPECT_EQ(defaults.data.max_open_sessions, 4096);
   absl::StatusOr<Config> config = ParseConfig(
-      "[data]\nsocket = \"/tmp/x/d.sock\"\narena_bytes = 1048576\nmax_sessions = 3\n", "d.toml");
+      "[data]\nsocket = \"/tmp/x/d.sock\"\narena_bytes = 1048576\nmax_sessions = 3\n"
+      "max_sessions_per_uid = 2\nmax_open_sessions = 10\n",
+      "d.toml");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->data.socket_path, "/tmp/x/d.sock");
   EXPECT_EQ(config->data.arena_bytes, 1 << 20);
   EXPECT_EQ(config->data.max_sessions, 3);
+  EXPECT_EQ(config->data.max_sessions_per_uid, 2);
+  EXPECT_EQ(config->data.max_open_sessions, 10);
   EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
 }
 
@@ -767,6 +777,8 @@ TEST(ConfigTest, ClientLimitsOutOfRangeNameTheField) {
       {"[data]\narena_bytes = 17179869185\n", "data.arena_bytes"},
       {"[data]\nmax_sessions = 0\n", "data.max_sessions"},
       {"[data]\nmax_sessions = 65537\n", "data.max_sessions"},
+      {"[data]\nmax_sessions_per_uid = 0\n", "data.max_sessions_per_uid"},
+      {"[data]\nmax_open_sessions = 0\n", "data.max_open_sessions"},
       {"[data]\nsessions = 1\n", "sessions"},
       {"[agent]\ncuda_chunk_bytes = 1048575\n", "agent.cuda_chunk_bytes"},
       {"[agent]\ncuda_chunk_bytes = 1073741825\n", "agent.cuda_chunk_bytes"},

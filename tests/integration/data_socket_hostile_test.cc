@@ -42,6 +42,7 @@
 #include "proto/shm/attach.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/proc_counts.h"
+#include "tests/testing/second_user.h"
 #include "tests/testing/wait_until.h"
 
 namespace tpd {
@@ -172,8 +173,11 @@ class DataSocketHostileTest : public ::testing::Test {
  protected:
   void SetUp() override {
     socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
+    // Open to every user of the machine, so that a second user's connections can be tried.
+    testing::OpenDirToSecondUser(dir_.path());
     const std::string config = dir_.WriteFile(
-        "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
+        "tpd.toml", absl::StrCat("[daemon]\nsocket_mode = \"0666\"\n",
+                                 "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
                                  "node_name = \"hostile\"\n[data]\narena_bytes = ", 1 << 20, "\n"));
     auto daemon = DaemonProcess::Start(socket_, {"--config", config});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
@@ -358,10 +362,18 @@ TEST_F(DataSocketHostileTest, ConnectAndCloseAndCutRequests) {
   ExpectServing();
 }
 
-TEST_F(DataSocketHostileTest, SilentConnectionsDoNotBlockOtherAttaches) {
-  // Fewer than max_pending (64): others attach at once while they wait.
+TEST_F(DataSocketHostileTest, SilentConnectionsOfAnotherUserDoNotBlockAttaches) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  // A second user opens 60 connections and sends nothing: it holds its 8 pending places
+  // (the rest are closed at once), and this user's clients attach at once meanwhile.
+  auto other = testing::SecondUserConnections::Open(data_socket_, 60);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ((*other)->connected(), 60);
+  ExpectServing();
+  // Its connections fill no more than its share: this user may hold 7 of its own 8 places
+  // (6 silent, one with half a request) and still attach.
   std::vector<int> silent;
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 6; ++i) {
     const int fd = ConnectTo(data_socket_);
     ASSERT_GE(fd, 0);
     silent.push_back(fd);
@@ -383,17 +395,17 @@ TEST_F(DataSocketHostileTest, SilentConnectionsDoNotBlockOtherAttaches) {
   ExpectServing();
 }
 
-TEST_F(DataSocketHostileTest, AFullPendingQueueRefusesAttachesUntilItsConnectionsTimeOut) {
-  // Documented limit (docs/security.md): a user holding all 64 pending places makes other
-  // attaches fail for up to the request timeout (5 s), then they work again.
+TEST_F(DataSocketHostileTest, AUserHoldingItsPendingPlacesDelaysOnlyItsOwnAttaches) {
+  // Documented limit (docs/security.md): a user holding its 8 pending places makes its own
+  // further attaches fail for up to the request timeout (5 s), then they work again.
   std::vector<int> silent;
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < 8; ++i) {
     const int fd = ConnectTo(data_socket_);
     ASSERT_GE(fd, 0);
     silent.push_back(fd);
   }
   ASSERT_TRUE(WaitUntil([&] {
-    // The 65th is closed at once.
+    // The 9th is closed at once.
     const int fd = ConnectTo(data_socket_);
     const bool closed = ClosedWithoutReply(fd);
     close(fd);

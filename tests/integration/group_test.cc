@@ -26,6 +26,7 @@
 #include "proto/control.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/group_recorder.h"
+#include "tests/testing/raw_session.h"
 #include "tests/testing/wait_until.h"
 
 namespace tpd {
@@ -534,6 +535,7 @@ TEST_F(GroupTest, JoinAbandonedByItsClientIsWithdrawn) {
   auto session = stub->OpenSession(&session_context, v1::OpenSessionRequest());
   v1::SessionEvent opened;
   ASSERT_TRUE(session->Read(&opened));
+  ASSERT_TRUE(testing::IdentifyRawSession(socket_[1], opened.session_id()).ok());
   v1::JoinRequest request;
   request.set_session_id(opened.session_id());
   request.set_group("abandoned");

@@ -590,8 +590,11 @@ TEST_F(ShmHostileTest, AFloodOfSubmissions) {
         if (d.op != static_cast<uint8_t>(shm::Op::kReply)) continue;
         ++answered;
         auto parsed = shm::ParseMessage(bad->segment->base(), d.payload_offset, d.payload_length);
-        const auto code =
-            parsed.ok() ? static_cast<absl::StatusCode>(parsed->code) : absl::StatusCode::kInternal;
+        // An error reply without a payload: the answer found this session's rx heap full.
+        const bool unplaced = (d.flags & shm::kFlagError) != 0 && d.payload_length == 0;
+        const auto code = unplaced     ? absl::StatusCode::kResourceExhausted
+                          : parsed.ok() ? static_cast<absl::StatusCode>(parsed->code)
+                                        : absl::StatusCode::kInternal;
         // RESOURCE_EXHAUSTED: data.max_calls_in_flight, or this session's own rx heap.
         if (code != absl::StatusCode::kInvalidArgument && code != absl::StatusCode::kNotFound &&
             code != absl::StatusCode::kResourceExhausted) {
@@ -604,6 +607,7 @@ TEST_F(ShmHostileTest, AFloodOfSubmissions) {
           }
         }
         // Give the rx block back, as a client must.
+        if (unplaced) continue;
         shm::Descriptor release{};
         release.op = static_cast<uint8_t>(shm::Op::kRelease);
         release.call_id = 1;

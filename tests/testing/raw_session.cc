@@ -1,12 +1,16 @@
 #include "tests/testing/raw_session.h"
 
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "proto/shm/attach.h"
 #include "proto/shm/message.h"
 
 namespace tpd::testing {
@@ -98,6 +102,30 @@ std::map<uint64_t, std::pair<absl::StatusCode, std::string>> RawSession::Replies
     }
   }
   return replies;
+}
+
+absl::Status IdentifyRawSession(const std::string& grpc_socket, const std::string& session_id) {
+  auto request = shm::EncodeIdentifyRequest(session_id);
+  if (!request.ok()) return request.status();
+  const std::string path = shm::DataSocketPath(grpc_socket);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      send(fd, request->data(), request->size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(request->size())) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot reach the data socket ", path));
+  }
+  std::string reply(shm::kAttachReplyBytes, '\0');
+  const ssize_t got = recv(fd, reply.data(), reply.size(), MSG_WAITALL);
+  close(fd);
+  if (got != static_cast<ssize_t>(reply.size())) {
+    return absl::UnavailableError("the daemon closed the data connection without a reply");
+  }
+  absl::StatusOr<shm::AttachReply> decoded = shm::DecodeAttachReply(reply);
+  return decoded.ok() ? decoded->status : decoded.status();
 }
 
 }  // namespace tpd::testing

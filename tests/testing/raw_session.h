@@ -56,6 +56,11 @@ struct RawSession {
                                                                        absl::Time until);
 };
 
+// The data socket's identify exchange for `session_id` (proto/shm/attach.h), as this process,
+// for tests that open sessions with raw gRPC: the daemon's answer. The client library does
+// this itself when it opens a session; a session must be identified before it joins a group.
+absl::Status IdentifyRawSession(const std::string& grpc_socket, const std::string& session_id);
+
 }  // namespace tpd::testing
 
 #endif  // TPD_TESTS_TESTING_RAW_SESSION_H_

@@ -53,7 +53,12 @@ class ServedRemoteStore : public StoreUnderTest {
     }
     RemoteStoreOptions options;
     options.token = kToken;
-    served->remote_ = std::make_unique<RemoteStore>(status->peer_address(), options);
+    auto remote = RemoteStore::Create(status->peer_address(), options);
+    if (!remote.ok()) {
+      ADD_FAILURE() << remote.status();
+      return nullptr;
+    }
+    served->remote_ = *std::move(remote);
     return served;
   }
 
@@ -96,10 +101,12 @@ class RemoteStoreTest : public ::testing::Test {
     ASSERT_THAT(address_, HasSubstr("127.0.0.1:"));
   }
 
-  RemoteStore Remote(std::string token = kToken) {
+  std::unique_ptr<RemoteStore> Remote(std::string token = kToken) {
     RemoteStoreOptions options;
     options.token = std::move(token);
-    return RemoteStore(address_, options);
+    auto remote = RemoteStore::Create(address_, options);
+    EXPECT_TRUE(remote.ok()) << remote.status();
+    return remote.ok() ? *std::move(remote) : nullptr;
   }
 
   testing::TempDir dir_;
@@ -110,7 +117,9 @@ class RemoteStoreTest : public ::testing::Test {
 };
 
 TEST_F(RemoteStoreTest, WritesThroughThePeerPortAreSeenByLocalClients) {
-  RemoteStore remote = Remote();
+  std::unique_ptr<RemoteStore> remote_owner = Remote();
+  ASSERT_NE(remote_owner, nullptr);
+  RemoteStore& remote = *remote_owner;
   ASSERT_TRUE(remote.Set("k", "v").ok());
   EXPECT_EQ(*local_->Get("k"), "v");
   EXPECT_EQ(*remote.Add("n", 3), 3);
@@ -128,7 +137,9 @@ TEST_F(RemoteStoreTest, WritesThroughThePeerPortAreSeenByLocalClients) {
 }
 
 TEST_F(RemoteStoreTest, PrefixStoreOverRemoteMatchesTheDaemonsNamespaces) {
-  RemoteStore remote = Remote();
+  std::unique_ptr<RemoteStore> remote_owner = Remote();
+  ASSERT_NE(remote_owner, nullptr);
+  RemoteStore& remote = *remote_owner;
   PrefixStore group("group-7", &remote);
   ASSERT_TRUE(group.Set("rank0", "addr").ok());
   ClientOptions options;
@@ -141,7 +152,9 @@ TEST_F(RemoteStoreTest, PrefixStoreOverRemoteMatchesTheDaemonsNamespaces) {
 
 TEST_F(RemoteStoreTest, NumKeysCountsKeysByPrefixNotByNamespace) {
   // The prefix used to be sent as a namespace: "a" counted only "a/..." keys, "/" every key.
-  RemoteStore remote = Remote();
+  std::unique_ptr<RemoteStore> remote_owner = Remote();
+  ASSERT_NE(remote_owner, nullptr);
+  RemoteStore& remote = *remote_owner;
   for (const char* key : {"a/1", "ab", "/x", "b"}) ASSERT_TRUE(remote.Set(key, "v").ok());
   EXPECT_EQ(*remote.NumKeys("a"), 2);
   EXPECT_EQ(*remote.NumKeys("a/"), 1);
@@ -150,14 +163,18 @@ TEST_F(RemoteStoreTest, NumKeysCountsKeysByPrefixNotByNamespace) {
 }
 
 TEST_F(RemoteStoreTest, NumKeysPrefixLongerThanAnyKeyIsInvalidArgumentNamingTheLimit) {
-  RemoteStore remote = Remote();
+  std::unique_ptr<RemoteStore> remote_owner = Remote();
+  ASSERT_NE(remote_owner, nullptr);
+  RemoteStore& remote = *remote_owner;
   absl::StatusOr<int64_t> count = remote.NumKeys(std::string(1 << 20, 'k'));
   EXPECT_EQ(count.status().code(), absl::StatusCode::kInvalidArgument) << count.status();
   EXPECT_THAT(count.status().message(), HasSubstr("store.max_key_bytes"));
 }
 
 TEST_F(RemoteStoreTest, WaitCompletesWhenALocalClientSetsTheKey) {
-  RemoteStore remote = Remote();
+  std::unique_ptr<RemoteStore> remote_owner = Remote();
+  ASSERT_NE(remote_owner, nullptr);
+  RemoteStore& remote = *remote_owner;
   absl::Notification done;
   absl::StatusOr<std::vector<std::string>> result;
   ASSERT_TRUE(remote
@@ -175,7 +192,9 @@ TEST_F(RemoteStoreTest, WaitCompletesWhenALocalClientSetsTheKey) {
 }
 
 TEST_F(RemoteStoreTest, WaitTimeoutIsDeadlineExceededNamingKeyAndPeer) {
-  RemoteStore remote = Remote();
+  std::unique_ptr<RemoteStore> remote_owner = Remote();
+  ASSERT_NE(remote_owner, nullptr);
+  RemoteStore& remote = *remote_owner;
   absl::Status status = remote.Wait({"never"}, absl::Now() + absl::Milliseconds(100));
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(status.message(), HasSubstr("\"never\""));
@@ -183,7 +202,9 @@ TEST_F(RemoteStoreTest, WaitTimeoutIsDeadlineExceededNamingKeyAndPeer) {
 }
 
 TEST_F(RemoteStoreTest, CancelWaitEndsTheWaitAndFreesTheDaemonsWaiter) {
-  RemoteStore remote = Remote();
+  std::unique_ptr<RemoteStore> remote_owner = Remote();
+  ASSERT_NE(remote_owner, nullptr);
+  RemoteStore& remote = *remote_owner;
   absl::Notification done;
   absl::Status status;
   absl::StatusOr<WaitId> id = remote.WaitAsync(
@@ -205,7 +226,9 @@ TEST_F(RemoteStoreTest, CancelWaitEndsTheWaitAndFreesTheDaemonsWaiter) {
 }
 
 TEST_F(RemoteStoreTest, WrongTokenIsUnauthenticatedAndChangesNothing) {
-  RemoteStore intruder = Remote("guess");
+  std::unique_ptr<RemoteStore> intruder_owner = Remote("guess");
+  ASSERT_NE(intruder_owner, nullptr);
+  RemoteStore& intruder = *intruder_owner;
   absl::Status status = intruder.Set("k", "v");
   EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated);
   EXPECT_THAT(status.message(), HasSubstr("bad MAC"));
@@ -214,7 +237,9 @@ TEST_F(RemoteStoreTest, WrongTokenIsUnauthenticatedAndChangesNothing) {
 }
 
 TEST_F(RemoteStoreTest, MissingTokenIsUnauthenticatedForWaitsToo) {
-  RemoteStore intruder = Remote("");
+  std::unique_ptr<RemoteStore> intruder_owner = Remote("");
+  ASSERT_NE(intruder_owner, nullptr);
+  RemoteStore& intruder = *intruder_owner;
   absl::Status status = intruder.Wait({"k"}, absl::Now() + absl::Seconds(5));
   EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated);
   EXPECT_THAT(status.message(), HasSubstr("no MAC"));
@@ -224,8 +249,9 @@ TEST(RemoteStoreUnreachableTest, UnreachableDaemonIsUnavailableNamingTheAddress)
   RemoteStoreOptions options;
   options.token = kToken;
   options.call_timeout = absl::Seconds(5);
-  RemoteStore remote("127.0.0.1:1", options);  // nothing listens on port 1
-  absl::Status status = remote.Set("k", "v");
+  auto remote = RemoteStore::Create("127.0.0.1:1", options);  // nothing listens on port 1
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  absl::Status status = (*remote)->Set("k", "v");
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(status.message(), HasSubstr("127.0.0.1:1"));
 }

@@ -1,0 +1,536 @@
+// Trust on one node (docs/security.md; FAULTS.md B5): what another user of the node, or a
+// process that knows a group's name but not its secret, can make a real daemon do, and what a
+// hostile session can do to other sessions' answers and to the daemon's memory and journal.
+//
+//   - another uid can neither join a group (nor take a departed member's name), nor call its
+//     workers; a process of the owner's uid without the group's secret cannot join either;
+//   - session ids are never printed: the handles that are printed grant nothing, and a
+//     session identified by one uid cannot be attached by another;
+//   - a reply that finds its caller's completion ring full still reaches it, and a session
+//     that never reads its completions is ended past a bound;
+//   - attached sessions and open sessions are bounded per uid and in all, with errors naming
+//     the settings, and tpctl status shows the use per uid;
+//   - warnings a client can cause are rate-limited;
+//   - a thread that cannot start (a pids limit) refuses one attach, and the daemon serves on.
+//
+// The second user is uid 65534 (tests/testing/second_user.h); its cases skip when the test
+// does not run as root.
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "daemon/session_handle.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "proto/control.grpc.pb.h"
+#include "proto/shm/attach.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/raw_session.h"
+#include "tests/testing/second_user.h"
+#include "tests/testing/wait_until.h"
+
+namespace tpd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::DaemonProcess;
+using testing::TempDir;
+using testing::WaitUntil;
+
+// The line "<step>: ..." of the second user's output, or "" when there is none.
+std::string Step(const std::string& output, const std::string& step) {
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
+    if (absl::StartsWith(line, absl::StrCat(step, ": "))) return std::string(line);
+  }
+  return "";
+}
+
+int CountOf(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+class TrustTest : public ::testing::Test {
+ protected:
+  // A daemon open to every user of the machine (socket mode 0666 in a 0711 directory), with
+  // `data` added to its [data] table.
+  void Start(const std::string& data = "") {
+    testing::OpenDirToSecondUser(dir_.path());
+    socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
+    const std::string config = dir_.WriteFile(
+        "tpd.toml",
+        absl::StrCat("[daemon]\nsocket_mode = \"0666\"\n",
+                     "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
+                     "node_name = \"trust\"\n[data]\narena_bytes = ", 4 << 20, "\n", data));
+    auto daemon = DaemonProcess::Start(socket_, {"--config", config});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = *std::move(daemon);
+    std::unique_ptr<Client> probe = Connect();
+    ASSERT_NE(probe, nullptr);
+    init_method_ = absl::StrCat("tcp://", probe->Status()->peer_address());
+  }
+
+  std::unique_ptr<Client> Connect() {
+    auto client = Client::Connect(socket_);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  absl::Status Join(Client* client, const std::string& group, const std::string& name,
+                    const std::string& secret = "") {
+    JoinOptions options;
+    options.group = group;
+    options.name = name;
+    options.init_method = init_method_;
+    options.secret = secret;
+    options.timeout = absl::Seconds(20);
+    return client->Join(options).status();
+  }
+
+  // A client joined to `group` as `name` that echoes method "echo".
+  std::unique_ptr<Client> Echoer(const std::string& group, const std::string& name,
+                                 const std::string& secret = "") {
+    std::unique_ptr<Client> client = Connect();
+    if (client == nullptr) return nullptr;
+    EXPECT_TRUE(Join(client.get(), group, name, secret).ok());
+    EXPECT_TRUE(client
+                    ->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
+                      return request;
+                    })
+                    .ok());
+    return client;
+  }
+
+  testing::ProcessResult AsSecondUser(std::vector<std::string> args) {
+    args.insert(args.begin(), absl::StrCat("--socket=", socket_));
+    testing::ProcessResult result = testing::RunAsSecondUser(dir_.path(), args);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return result;
+  }
+
+  std::string OpenRawSession() {
+    if (control_ == nullptr) {
+      control_ = v1::Control::NewStub(
+          grpc::CreateChannel(absl::StrCat("unix:", socket_), grpc::InsecureChannelCredentials()));
+    }
+    contexts_.push_back(std::make_unique<grpc::ClientContext>());
+    streams_.push_back(control_->OpenSession(contexts_.back().get(), v1::OpenSessionRequest()));
+    v1::SessionEvent event;
+    if (!streams_.back()->Read(&event)) return "";
+    return event.session_id();
+  }
+
+  void TearDown() override {
+    for (auto& context : contexts_) context->TryCancel();
+    streams_.clear();
+    if (daemon_ == nullptr) return;
+    // Whatever happened, the daemon still serves a fresh client.
+    std::unique_ptr<Client> c = Connect();
+    ASSERT_NE(c, nullptr);
+    absl::StatusOr<bool> serving = c->Serving();
+    ASSERT_TRUE(serving.ok()) << serving.status();
+    EXPECT_TRUE(*serving);
+  }
+
+  TempDir dir_;
+  std::string socket_;
+  std::string init_method_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<v1::Control::Stub> control_;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::SessionEvent>>> streams_;
+};
+
+TEST_F(TrustTest, AnotherUserCanNeitherJoinNorCallNorTakeADepartedMembersName) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  Start();
+  std::unique_ptr<Client> a = Echoer("g", "a");
+  std::unique_ptr<Client> b = Echoer("g", "b");
+  ASSERT_TRUE(a && b);
+
+  testing::ProcessResult tried = AsSecondUser(
+      {"--group=g", "--name=x", absl::StrCat("--init_method=", init_method_), "--call=a"});
+  EXPECT_THAT(Step(tried.output, "join"), HasSubstr("PERMISSION_DENIED")) << tried.output;
+  EXPECT_THAT(Step(tried.output, "join"), HasSubstr("uid 65534 may not join"));
+  EXPECT_THAT(Step(tried.output, "call"), Not(HasSubstr("call: OK"))) << tried.output;
+  EXPECT_NE(Step(tried.output, "call"), "") << tried.output;
+
+  // A departed member's name is no one else's to take while the group lives.
+  ASSERT_TRUE(b->Leave("g", "b").ok());
+  tried = AsSecondUser(
+      {"--group=g", "--name=b", absl::StrCat("--init_method=", init_method_), "--call=a"});
+  EXPECT_THAT(Step(tried.output, "join"), HasSubstr("PERMISSION_DENIED")) << tried.output;
+  EXPECT_THAT(Step(tried.output, "call"), Not(HasSubstr("OK")));
+
+  absl::StatusOr<v1::GroupView> view = a->GetGroup("g");
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_EQ(view->members_size(), 1);
+  EXPECT_EQ(view->members(0).name(), "a");
+  // The owner's own processes still join.
+  std::unique_ptr<Client> c = Echoer("g", "c");
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->Call("g", "a", "echo", "hi", {}, absl::Seconds(10)).ok());
+}
+
+TEST_F(TrustTest, AGroupWithASecretAdmitsOnlyJoinsThatBringIt) {
+  Start();
+  std::unique_ptr<Client> first = Echoer("s", "first", "k1");
+  ASSERT_NE(first, nullptr);
+  std::unique_ptr<Client> other = Connect();
+  ASSERT_NE(other, nullptr);
+
+  absl::Status none = Join(other.get(), "s", "none");
+  EXPECT_EQ(none.code(), absl::StatusCode::kPermissionDenied) << none;
+  EXPECT_THAT(none.message(), HasSubstr("brought none"));
+  absl::Status wrong = Join(other.get(), "s", "wrong", "k2");
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kPermissionDenied) << wrong;
+  EXPECT_THAT(wrong.message(), HasSubstr("brought another one"));
+  // A process that did not get in cannot call in either.
+  absl::StatusOr<Message> call = other->Call("s", "first", "echo", "x", {}, absl::Seconds(5));
+  EXPECT_FALSE(call.ok());
+  // The secret never appears in what the daemon shows or logs.
+  EXPECT_THAT(daemon_->Output(), Not(HasSubstr("k1")));
+
+  ASSERT_TRUE(Join(other.get(), "s", "second", "k1").ok());
+  absl::StatusOr<Message> reply = other->Call("s", "first", "echo", "in", {}, absl::Seconds(10));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->payload, "in");
+
+  // A group without a secret takes no join that brings one.
+  std::unique_ptr<Client> open = Echoer("open", "o");
+  ASSERT_NE(open, nullptr);
+  absl::Status brought = Join(other.get(), "open", "p", "k1");
+  EXPECT_EQ(brought.code(), absl::StatusCode::kPermissionDenied) << brought;
+
+  // Once everyone left, whoever starts the group again decides who may join.
+  ASSERT_TRUE(first->Leave("s", "first").ok());
+  ASSERT_TRUE(other->Leave("s", "second").ok());
+  EXPECT_TRUE(Join(other.get(), "s", "again").ok());
+}
+
+TEST_F(TrustTest, AnotherUserWithTheSecretStillCannotJoinOnTheOwnersNode) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  Start();
+  std::unique_ptr<Client> first = Echoer("s", "first", "k1");
+  ASSERT_NE(first, nullptr);
+  testing::ProcessResult tried =
+      AsSecondUser({"--group=s", "--name=x", absl::StrCat("--init_method=", init_method_),
+                    "--secret=k1", "--call=first"});
+  EXPECT_THAT(Step(tried.output, "join"), HasSubstr("PERMISSION_DENIED")) << tried.output;
+  EXPECT_THAT(Step(tried.output, "join"), HasSubstr("belongs to uid 0"));
+}
+
+TEST_F(TrustTest, GroupRecordsCannotBeReadThroughTheStore) {
+  Start();
+  std::unique_ptr<Client> a = Echoer("g", "a", "k1");
+  ASSERT_NE(a, nullptr);
+  absl::StatusOr<std::string> record = a->Get("tpd/group/g/v/1", absl::Seconds(1));
+  EXPECT_EQ(record.status().code(), absl::StatusCode::kPermissionDenied) << record.status();
+}
+
+TEST_F(TrustTest, PrintedHandlesGrantNothingAndIdsAreNeverPrinted) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  Start();
+  std::unique_ptr<Client> a = Echoer("g", "a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->Call("g", "a", "echo", "self", {}, absl::Seconds(10)).ok());
+  absl::StatusOr<v1::StatusResponse> status = a->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->attached_sessions_size(), 1);
+  const std::string handle = status->attached_sessions(0).handle();
+  EXPECT_THAT(handle, ::testing::MatchesRegex("s-[0-9a-f]{12}"));
+
+  // A raw session's id never reaches the log; its handle does.
+  const std::string id = OpenRawSession();
+  ASSERT_EQ(id.size(), 32u);
+  ASSERT_TRUE(WaitUntil([&] {
+    return absl::StrContains(daemon_->Output(), SessionHandle(id));
+  }));
+  EXPECT_THAT(daemon_->Output(), Not(HasSubstr(id)));
+
+  // What is printed gets another user nowhere: the handle is no session id, and the id of a
+  // session identified by root cannot be attached by it.
+  testing::ProcessResult tried =
+      AsSecondUser({absl::StrCat("--raw_session=", handle), "--raw_leave=g:a",
+                    "--raw_barrier=g:a", "--raw_attach"});
+  EXPECT_THAT(Step(tried.output, "raw_leave"), HasSubstr("FAILED_PRECONDITION")) << tried.output;
+  EXPECT_THAT(Step(tried.output, "raw_barrier"), HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(Step(tried.output, "raw_attach"), Not(HasSubstr("OK")));
+
+  // A session root identified (the client library does it when it opens one) is root's: its
+  // id, were it stolen, attaches for no other user.
+  ASSERT_TRUE(testing::IdentifyRawSession(socket_, id).ok());
+  tried = AsSecondUser({absl::StrCat("--raw_session=", id), "--raw_attach"});
+  EXPECT_THAT(Step(tried.output, "raw_attach"), HasSubstr("PERMISSION_DENIED")) << tried.output;
+  EXPECT_THAT(Step(tried.output, "raw_attach"), HasSubstr("belongs to another user"));
+
+  // Nothing of a's changed.
+  absl::StatusOr<v1::GroupView> view = a->GetGroup("g");
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->members_size(), 1);
+  EXPECT_TRUE(a->Call("g", "a", "echo", "still", {}, absl::Seconds(10)).ok());
+}
+
+TEST_F(TrustTest, AReplyReachesItsCallerWhoseCompletionRingIsFull) {
+  // Flooders can fill a session's completion ring by calling it; the reply to that session's
+  // own call must still reach it, and its counts come back down.
+  Start("max_calls_in_flight = 4096\n");
+  std::unique_ptr<Client> e = Echoer("g", "e");
+  ASSERT_NE(e, nullptr);
+  std::unique_ptr<Client> v_client = Connect();
+  ASSERT_NE(v_client, nullptr);
+  ASSERT_TRUE(Join(v_client.get(), "g", "v").ok());
+  auto victim = testing::RawSession::Open(std::move(v_client));
+  ASSERT_TRUE(victim.ok()) << victim.status();
+  testing::RawSession& v = **victim;
+  std::unique_ptr<Client> f = Connect();
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(Join(f.get(), "g", "f").ok());
+
+  // f calls v (which does not read) until v's ring is full.
+  std::vector<CallFuture> flood;
+  bool full = false;
+  for (int i = 0; i < 3000 && !full; ++i) {
+    flood.push_back(f->CallAsync("g", "v", "m", "", {}, absl::Seconds(60)));
+    if (i % 64 == 63 || i > 1000) {
+      for (CallFuture& call : flood) {
+        if (!call.ready()) continue;
+        const absl::StatusOr<Message>& done = call.Wait();
+        if (!done.ok() && absl::StrContains(done.status().message(), "completion ring")) {
+          full = true;
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(full) << "the flood never filled the victim's completion ring";
+
+  // v calls e; e answers at once, into v's full ring.
+  ASSERT_TRUE(v.SubmitCall(v.layout.tx_heap.offset, "g", "e", "echo", "v", "mine", 7,
+                           absl::Seconds(30)));
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        absl::StatusOr<v1::StatusResponse> s = e->Status();
+        if (!s.ok()) return false;
+        for (const v1::AttachedSession& session : s->attached_sessions()) {
+          if (session.unposted_completions() > 0) return true;
+        }
+        return false;
+      },
+      absl::Seconds(10)))
+      << "the reply was not kept for the victim";
+
+  // v reads its completions again: its reply is there.
+  std::map<uint64_t, std::pair<absl::StatusCode, std::string>> replies =
+      v.Replies(1, absl::Now() + absl::Seconds(20));
+  ASSERT_EQ(replies.count(7), 1u) << "the reply to v's call never came";
+  EXPECT_EQ(replies[7].first, absl::StatusCode::kOk) << replies[7].second;
+  // Its call is no longer counted in flight once answered.
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        absl::StatusOr<v1::StatusResponse> s = e->Status();
+        if (!s.ok()) return false;
+        for (const v1::AttachedSession& session : s->attached_sessions()) {
+          if (session.unposted_completions() > 0) return false;
+        }
+        return true;
+      },
+      absl::Seconds(10)));
+}
+
+TEST_F(TrustTest, ASessionThatNeverReadsItsCompletionsIsEndedPastItsBound) {
+  // max_calls_in_flight 16: at most 4 * 16 + 1024 answers and releases may wait.
+  Start("max_calls_in_flight = 16\n");
+  std::unique_ptr<Client> e = Echoer("g", "e");
+  ASSERT_NE(e, nullptr);
+  std::unique_ptr<Client> h_client = Connect();
+  ASSERT_NE(h_client, nullptr);
+  ASSERT_TRUE(Join(h_client.get(), "g", "h").ok());
+  auto hoarder = testing::RawSession::Open(std::move(h_client));
+  ASSERT_TRUE(hoarder.ok()) << hoarder.status();
+  testing::RawSession& h = **hoarder;
+
+  // Calls as fast as its submission ring takes them, never reading a completion.
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  uint64_t id = 0;
+  bool ended = false;
+  while (absl::Now() < until && !ended) {
+    if (!h.SubmitCall(h.layout.tx_heap.offset, "g", "e", "echo", "h", "x", ++id)) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    if (id % 256 == 0) {
+      ended = absl::StrContains(daemon_->Output(), "answers and releases unread");
+    }
+  }
+  ASSERT_TRUE(WaitUntil([&] {
+    return absl::StrContains(daemon_->Output(), "answers and releases unread");
+  })) << "the hoarder was never ended";
+  EXPECT_THAT(daemon_->Output(), HasSubstr("ending the session"));
+  // Its session is gone; the others are served.
+  EXPECT_TRUE(WaitUntil([&] { return e->Status()->attached_session_count() == 1; }));
+  EXPECT_TRUE(e->Call("g", "e", "echo", "fine", {}, absl::Seconds(10)).ok());
+}
+
+TEST_F(TrustTest, WarningsAClientCausesAreRateLimited) {
+  Start();
+  std::unique_ptr<Client> c = Connect();
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(Join(c.get(), "g", "c").ok());
+  auto raw = testing::RawSession::Open(std::move(c));
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  testing::RawSession& r = **raw;
+  // 20000 releases of blocks the daemon never gave it.
+  int sent = 0;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (sent < 20000 && absl::Now() < until) {
+    shm::Descriptor release{};
+    release.op = static_cast<uint8_t>(shm::Op::kRelease);
+    release.call_id = 1;
+    release.payload_offset = r.layout.rx_heap.offset + 64 * (1 + sent % 100);
+    if (r.submit->TryPush(release).value_or(false)) {
+      ++sent;
+    } else {
+      absl::SleepFor(absl::Microseconds(100));
+    }
+  }
+  ASSERT_EQ(sent, 20000);
+  absl::SleepFor(absl::Milliseconds(300));
+  const std::string log = daemon_->Output();
+  // One line in the first 10 s interval, where 20000 would have gone.
+  EXPECT_GE(CountOf(log, "] release: "), 1);
+  EXPECT_LE(CountOf(log, "] release: "), 2);
+}
+
+TEST_F(TrustTest, AttachedAndOpenSessionsAreBoundedPerUserAndInAll) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  Start("max_sessions_per_uid = 3\nmax_open_sessions = 20\n");
+  std::unique_ptr<Client> observer = Connect();
+  ASSERT_NE(observer, nullptr);
+  auto held = std::async(std::launch::async, [&] {
+    return AsSecondUser({"--attach_sessions=5", "--hold_ms=4000"});
+  });
+  // While the second user holds its sessions: 3 attached, shown per uid.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        absl::StatusOr<v1::StatusResponse> s = observer->Status();
+        if (!s.ok()) return false;
+        for (const v1::UidUse& use : s->uid_use()) {
+          if (use.uid() == testing::kSecondUid && use.attached_sessions() == 3) return true;
+        }
+        return false;
+      },
+      absl::Seconds(20)));
+  testing::ProcessResult tpctl = testing::RunProcess(
+      {testing::RunfilePath("client/tpctl"), absl::StrCat("--socket=", socket_), "status"});
+  EXPECT_EQ(tpctl.exit_code, 0) << tpctl.output;
+  EXPECT_THAT(tpctl.output, HasSubstr("uid 65534: 3 sessions attached (max 3)"));
+  // This user's sessions are its own to bound: it attaches meanwhile.
+  std::unique_ptr<Client> mine = Connect();
+  ASSERT_NE(mine, nullptr);
+  EXPECT_TRUE(mine->AttachSharedMemory().ok());
+  testing::ProcessResult result = held.get();
+  EXPECT_THAT(result.output, HasSubstr("attached: 3"));
+  EXPECT_THAT(Step(result.output, "attach_error"), HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(Step(result.output, "attach_error"), HasSubstr("data.max_sessions_per_uid (3)"));
+
+  // Open sessions, all users together: 20 at most.
+  absl::Status refused;
+  for (int i = 0; i < 25 && refused.ok(); ++i) {
+    contexts_.push_back(std::make_unique<grpc::ClientContext>());
+    if (control_ == nullptr) {
+      control_ = v1::Control::NewStub(grpc::CreateChannel(absl::StrCat("unix:", socket_),
+                                                          grpc::InsecureChannelCredentials()));
+    }
+    streams_.push_back(control_->OpenSession(contexts_.back().get(), v1::OpenSessionRequest()));
+    v1::SessionEvent event;
+    if (!streams_.back()->Read(&event)) {
+      grpc::Status finished = streams_.back()->Finish();
+      refused = absl::Status(static_cast<absl::StatusCode>(finished.error_code()),
+                             finished.error_message());
+    }
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("data.max_open_sessions (20)"));
+}
+
+// The pids controller of cgroup v1 or v2, where this machine has one we may write.
+std::string PidsCgroupRoot() {
+  for (const char* root : {"/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
+    std::error_code ignored;
+    if (std::filesystem::exists(absl::StrCat(root, "/cgroup.procs"), ignored) &&
+        (std::filesystem::exists(absl::StrCat(root, "/pids.current"), ignored) ||
+         std::string(root) == "/sys/fs/cgroup/pids")) {
+      return root;
+    }
+  }
+  return "";
+}
+
+bool WriteTo(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+TEST_F(TrustTest, AThreadThatCannotStartRefusesOneAttachAndTheDaemonServesOn) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to put the daemon in a pids cgroup";
+  const std::string root = PidsCgroupRoot();
+  if (root.empty()) GTEST_SKIP() << "no writable pids cgroup controller on this machine";
+  Start();
+  std::unique_ptr<Client> a = Echoer("g", "a");
+  ASSERT_NE(a, nullptr);
+  std::unique_ptr<Client> b = Connect();  // connected (and its session open) before the limit
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(Join(b.get(), "g", "b").ok());
+  const std::string cgroup = absl::StrCat(root, "/tpd-trust-test-", getpid());
+  std::error_code error;
+  std::filesystem::create_directory(cgroup, error);
+  if (error || !WriteTo(absl::StrCat(cgroup, "/cgroup.procs"), std::to_string(daemon_->pid()))) {
+    std::filesystem::remove(cgroup, error);
+    GTEST_SKIP() << "cannot create or join a pids cgroup under " << root;
+  }
+  // No thread more than the daemon has now.
+  std::ifstream current(absl::StrCat(cgroup, "/pids.current"));
+  std::string now;
+  current >> now;
+  ASSERT_TRUE(WriteTo(absl::StrCat(cgroup, "/pids.max"), now)) << now;
+
+  absl::StatusOr<std::shared_ptr<const shm::Segment>> refused = b->AttachSharedMemory();
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("cannot start a thread"));
+
+  ASSERT_TRUE(WriteTo(absl::StrCat(cgroup, "/pids.max"), "max"));
+  WriteTo(absl::StrCat(root, "/cgroup.procs"), std::to_string(daemon_->pid()));
+  std::filesystem::remove(cgroup, error);
+  // The daemon serves on, and the same client attaches now.
+  EXPECT_TRUE(b->AttachSharedMemory().ok());
+  EXPECT_TRUE(b->Call("g", "a", "echo", "after", {}, absl::Seconds(10)).ok());
+}
+
+}  // namespace
+}  // namespace tpd

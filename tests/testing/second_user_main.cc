@@ -1,0 +1,159 @@
+// second_user: what another user of the node tries against a daemon, step by step, for the
+// tests that run it as uid 65534 (tests/testing/second_user.h). Each step prints one line,
+// "<step>: OK" or "<step>: <CODE>: <message>", so a test can assert what was refused and how.
+//
+//   second_user --socket=S --raw_session=ID --raw_leave=g:a     Control.Leave with a given id
+//   second_user --socket=S --raw_session=ID --raw_barrier=g:a   Control.Barrier with it
+//   second_user --socket=S --raw_session=ID --raw_attach        attach its shared memory
+//   second_user --socket=S --group=g --name=x --init_method=tcp://... [--secret=...] --call=a
+//   second_user --socket=S --attach_sessions=40                 attach as many sessions
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/control.grpc.pb.h"
+#include "proto/shm/attach.h"
+
+ABSL_FLAG(std::string, socket, "", "the daemon's gRPC socket");
+ABSL_FLAG(std::string, raw_session, "", "a session id to use in raw requests");
+ABSL_FLAG(std::string, raw_leave, "", "group:name to leave with --raw_session");
+ABSL_FLAG(std::string, raw_barrier, "", "group:name to enter a barrier with --raw_session");
+ABSL_FLAG(bool, raw_attach, false, "attach --raw_session's shared memory");
+ABSL_FLAG(std::string, group, "g", "the group to join");
+ABSL_FLAG(std::string, name, "", "the worker name to join as (nothing joins without one)");
+ABSL_FLAG(std::string, init_method, "", "the group's init_method");
+ABSL_FLAG(std::string, secret, "", "the group's secret to join with");
+ABSL_FLAG(std::string, call, "", "a worker of --group to call method echo on");
+ABSL_FLAG(int, attach_sessions, 0, "sessions to open and attach, one client each");
+ABSL_FLAG(int, hold_ms, 0, "how long to hold what was attached before exiting");
+
+namespace {
+
+void Print(const std::string& step, const absl::Status& status) {
+  std::printf("%s: %s\n", step.c_str(), status.ok() ? "OK" : status.ToString().c_str());
+  std::fflush(stdout);
+}
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+// The data socket's attach exchange with any session id: the daemon's answer.
+absl::Status RawAttach(const std::string& socket, const std::string& session_id) {
+  auto request = tpd::shm::EncodeAttachRequest(session_id);
+  if (!request.ok()) return request.status();
+  const std::string path = tpd::shm::DataSocketPath(socket);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      send(fd, request->data(), request->size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(request->size())) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot reach ", path));
+  }
+  std::string reply(tpd::shm::kAttachReplyBytes, '\0');
+  const ssize_t got = recv(fd, reply.data(), reply.size(), MSG_WAITALL);
+  close(fd);  // with any memfd that came
+  if (got != static_cast<ssize_t>(reply.size())) {
+    return absl::UnavailableError("the daemon closed the data connection without a reply");
+  }
+  absl::StatusOr<tpd::shm::AttachReply> decoded = tpd::shm::DecodeAttachReply(reply);
+  return decoded.ok() ? decoded->status : decoded.status();
+}
+
+void Raw(const std::string& socket) {
+  auto stub = tpd::v1::Control::NewStub(
+      grpc::CreateChannel(absl::StrCat("unix:", socket), grpc::InsecureChannelCredentials()));
+  const std::string session = absl::GetFlag(FLAGS_raw_session);
+  if (!absl::GetFlag(FLAGS_raw_leave).empty()) {
+    std::pair<std::string, std::string> at = absl::StrSplit(absl::GetFlag(FLAGS_raw_leave), ':');
+    tpd::v1::LeaveRequest request;
+    request.set_session_id(session);
+    request.set_group(at.first);
+    request.set_name(at.second);
+    tpd::v1::LeaveResponse response;
+    grpc::ClientContext context;
+    Print("raw_leave", FromGrpc(stub->Leave(&context, request, &response)));
+  }
+  if (!absl::GetFlag(FLAGS_raw_barrier).empty()) {
+    std::pair<std::string, std::string> at =
+        absl::StrSplit(absl::GetFlag(FLAGS_raw_barrier), ':');
+    tpd::v1::BarrierRequest request;
+    request.set_session_id(session);
+    request.set_group(at.first);
+    request.set_name(at.second);
+    request.set_timeout_ms(2000);
+    tpd::v1::BarrierResponse response;
+    grpc::ClientContext context;
+    Print("raw_barrier", FromGrpc(stub->Barrier(&context, request, &response)));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string socket = absl::GetFlag(FLAGS_socket);
+  Raw(socket);
+  if (absl::GetFlag(FLAGS_raw_attach)) {
+    Print("raw_attach", RawAttach(socket, absl::GetFlag(FLAGS_raw_session)));
+  }
+  if (!absl::GetFlag(FLAGS_name).empty()) {
+    absl::StatusOr<std::unique_ptr<tpd::Client>> client = tpd::Client::Connect(socket);
+    if (!client.ok()) {
+      Print("connect", client.status());
+      return 0;
+    }
+    tpd::JoinOptions options;
+    options.group = absl::GetFlag(FLAGS_group);
+    options.name = absl::GetFlag(FLAGS_name);
+    options.init_method = absl::GetFlag(FLAGS_init_method);
+    options.secret = absl::GetFlag(FLAGS_secret);
+    options.timeout = absl::Seconds(10);
+    Print("join", (*client)->Join(options).status());
+    if (!absl::GetFlag(FLAGS_call).empty()) {
+      Print("call", (*client)
+                        ->Call(options.group, absl::GetFlag(FLAGS_call), "echo", "x", {},
+                               absl::Seconds(5))
+                        .status());
+    }
+  }
+  if (const int n = absl::GetFlag(FLAGS_attach_sessions); n > 0) {
+    std::vector<std::unique_ptr<tpd::Client>> clients;
+    int attached = 0;
+    absl::Status first_error;
+    for (int i = 0; i < n; ++i) {
+      absl::StatusOr<std::unique_ptr<tpd::Client>> client = tpd::Client::Connect(socket);
+      absl::Status status = client.status();
+      if (client.ok()) status = (*client)->AttachSharedMemory().status();
+      if (status.ok()) {
+        ++attached;
+        clients.push_back(*std::move(client));
+      } else if (first_error.ok()) {
+        first_error = status;
+      }
+    }
+    std::printf("attached: %d\n", attached);
+    Print("attach_error", first_error);
+    absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_hold_ms)));
+  }
+  return 0;
+}
