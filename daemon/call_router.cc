@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/log_limiter.h"
+#include "daemon/gpu_access.h"
 #include "daemon/logging.h"
 #include "daemon/session_handle.h"
 #include "daemon/tensor_wire.h"
@@ -69,13 +70,21 @@ BlockPlan PlanBlock(uint64_t prefix, uint64_t body, const std::vector<uint64_t>&
 }
 
 // REQUIRES: ValidateDescriptor(d) passed.
-absl::StatusOr<Submitted> ReadSubmitted(const shm::Segment& segment, const shm::Descriptor& d) {
+// Reads the message of `d` out of the tx heap of `segment`; a CUDA tensor in it is refused
+// with `cuda_allowed` when that is not OK (its user may not open the GPUs).
+absl::StatusOr<Submitted> ReadSubmitted(const shm::Segment& segment, const shm::Descriptor& d,
+                                        const absl::Status& cuda_allowed) {
   absl::StatusOr<shm::ParsedMessage> message =
       shm::ParseMessage(segment.base(), d.payload_offset, d.payload_length);
   if (!message.ok()) return message.status();
   absl::StatusOr<std::vector<shm::TensorEntry>> tensors = shm::ReadTensorTable(
       d, segment.base(), segment.layout(), shm::Direction::kSubmission);
   if (!tensors.ok()) return tensors.status();
+  if (!cuda_allowed.ok()) {
+    for (const shm::TensorEntry& entry : *tensors) {
+      if (entry.device_type == static_cast<uint8_t>(shm::DeviceType::kCuda)) return cuda_allowed;
+    }
+  }
   return Submitted{*std::move(message), *std::move(tensors)};
 }
 
@@ -258,11 +267,12 @@ void CallRouter::Shutdown() {
   if (options_.cuda != nullptr) options_.cuda->Flush();
 }
 
-absl::Status CallRouter::Attach(const std::string& session_id,
+absl::Status CallRouter::Attach(const std::string& session_id, uid_t uid,
                                std::shared_ptr<shm::Segment> segment) {
   auto session = std::make_shared<Session>();
   session->id = session_id;
   session->handle = SessionHandle(session_id);
+  session->cuda_allowed = CheckGpuAccess(uid, options_.device_dir);
   const shm::Layout& layout = segment->layout();
   session->submissions = std::make_unique<shm::RingConsumer>(
       segment->base(), layout.submission,
@@ -468,7 +478,8 @@ void CallRouter::HandleDevicePool(const std::shared_ptr<Session>& session,
   // ValidateDescriptor checked the payload is one record inside the tx heap.
   std::memcpy(&record, session->segment->base() + d.payload_offset, sizeof(record));
   Release(session, d.payload_offset);
-  absl::Status lent = session->cuda == nullptr
+  absl::Status lent = !session->cuda_allowed.ok() ? session->cuda_allowed
+                      : session->cuda == nullptr
                           ? absl::FailedPreconditionError(absl::StrCat(
                                 "receive pool on cuda:", record.device, " refused: ",
                                 options_.no_cuda))
@@ -655,7 +666,7 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
 }
 
 void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
-  absl::StatusOr<Submitted> call = ReadSubmitted(*session->segment, d);
+  absl::StatusOr<Submitted> call = ReadSubmitted(*session->segment, d, session->cuda_allowed);
   if (!call.ok()) {
     Release(session, d.payload_offset);
     Fail(session, d.call_id, call.status());
@@ -1287,7 +1298,7 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
     return;
   }
   std::shared_ptr<Session> caller = Find(pending->caller);
-  absl::StatusOr<Submitted> reply = ReadSubmitted(*session->segment, d);
+  absl::StatusOr<Submitted> reply = ReadSubmitted(*session->segment, d, session->cuda_allowed);
   absl::Status delivered;
   if (caller == nullptr) {
     // The caller went away; the reply goes nowhere.
@@ -1336,7 +1347,7 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
 
 void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
                                const Pending& pending) {
-  absl::StatusOr<Submitted> reply = ReadSubmitted(*session->segment, d);
+  absl::StatusOr<Submitted> reply = ReadSubmitted(*session->segment, d, session->cuda_allowed);
   if (!reply.ok()) {
     Release(session, d.payload_offset);
     RespondError(*pending.remote, MalformedReply(pending.worker, pending.method, reply.status()));

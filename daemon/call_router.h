@@ -38,6 +38,8 @@
 #ifndef TPD_DAEMON_CALL_ROUTER_H_
 #define TPD_DAEMON_CALL_ROUTER_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -107,6 +109,8 @@ struct CallRouterOptions {
   // (calls that need a copy are then FAILED_PRECONDITION with it).
   CudaCopies* cuda = nullptr;
   std::string no_cuda;
+  // Where the NVIDIA device nodes are, for CheckGpuAccess ([data] device_dir).
+  std::string device_dir = "/dev";
   // CUDA tensors larger than this go to other nodes in chunks of this size; 0: whole.
   uint64_t cuda_chunk_bytes = 0;
 };
@@ -128,8 +132,11 @@ class CallRouter {
   ~CallRouter();
 
   // The router keeps `segment` mapped while anything (TensorPipe included) still uses it.
+  // `uid` is the user the session's data connection came from: CUDA tensors and receive pools
+  // it names are refused unless that user could open the GPUs itself (daemon/gpu_access.h).
   // RESOURCE_EXHAUSTED when the session's thread cannot be started (the daemon keeps serving).
-  absl::Status Attach(const std::string& session_id, std::shared_ptr<shm::Segment> segment);
+  absl::Status Attach(const std::string& session_id, uid_t uid,
+                      std::shared_ptr<shm::Segment> segment);
   // Stops the session's thread; calls it was serving are answered UNAVAILABLE.
   void Detach(const std::string& session_id);
   // The agent's handler for requests from other daemons. Install after construction.
@@ -149,6 +156,9 @@ class CallRouter {
   struct Session {
     std::string id;
     std::string handle;  // what logs and errors show (SessionHandle(id))
+    // OK when its user could open the GPUs itself; else why the daemon opens no CUDA memory
+    // it names (daemon/gpu_access.h).
+    absl::Status cuda_allowed;
     std::shared_ptr<shm::Segment> segment;
     std::unique_ptr<shm::RingConsumer> submissions;  // its thread only
     std::atomic<int64_t> calls_in_flight{0};

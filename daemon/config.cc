@@ -5,6 +5,8 @@
 #include <string>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "store/file/path_policy.h"
@@ -233,6 +235,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Int("max_sessions", &config.data.max_sessions),
           reader.Int("max_sessions_per_uid", &config.data.max_sessions_per_uid),
           reader.Int("max_open_sessions", &config.data.max_open_sessions),
+          reader.String("device_dir", &config.data.device_dir),
           reader.Int("max_calls_in_flight", &config.data.max_calls_in_flight),
           reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
@@ -381,6 +384,10 @@ absl::Status ValidateEtcd(const EtcdConfig& etcd) {
 
 absl::Status ValidateConfig(const Config& config) {
   if (absl::Status status = ValidateClientLimits(config); !status.ok()) return status;
+  if (!absl::StartsWith(config.data.device_dir, "/")) {
+    return absl::InvalidArgumentError(absl::StrCat("data.device_dir must be an absolute path, got \"",
+                                                   absl::CEscape(config.data.device_dir), "\""));
+  }
   auto positive = [](const char* field, int64_t value) -> absl::Status {
     if (value > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(field, " must be > 0, got ", value));

@@ -120,6 +120,9 @@ struct DataConfig {
   int64_t max_sessions_per_uid = 32;
   // Control.OpenSession streams open at once, attached or not; one more is RESOURCE_EXHAUSTED.
   int64_t max_open_sessions = 4096;
+  // Where the NVIDIA device nodes are (nvidiactl, nvidia<N>): the daemon opens CUDA memory for
+  // a session only if its user could open these itself (docs/security.md). Absolute.
+  std::string device_dir = "/dev";
   // Calls one session may have waiting for replies; one more is RESOURCE_EXHAUSTED.
   int64_t max_calls_in_flight = 1024;
 };

@@ -429,7 +429,7 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       // The router serves the session before its client learns it is attached, so a call
       // made right after the reply finds it; a failed send detaches it again (Close).
       absl::Status served = options_.on_attach
-                                ? options_.on_attach(session_id, std::move(attached_segment))
+                                ? options_.on_attach(session_id, uid, std::move(attached_segment))
                                 : absl::OkStatus();
       if (!served.ok()) {
         LogRefusal(uid, absl::StrCat("attach from pid ", pid, " uid ", uid,

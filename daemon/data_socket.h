@@ -71,7 +71,7 @@ struct DataSocketOptions {
   // socket lets go of its segment after on_detach(session_id)
   // returns (called on the loop thread, and at Shutdown); the mapping goes with the last
   // reference, so the call router can keep it while TensorPipe still reads from it.
-  std::function<absl::Status(const std::string& session_id,
+  std::function<absl::Status(const std::string& session_id, uid_t uid,
                              std::shared_ptr<shm::Segment> segment)>
       on_attach;
   std::function<void(const std::string& session_id)> on_detach;

@@ -67,6 +67,7 @@ const std::vector<std::string>& AllOptions() {
       "data.max_sessions",
       "data.max_sessions_per_uid",
       "data.max_open_sessions",
+      "data.device_dir",
       "etcd.user",
       "etcd.password_file",
       "etcd.ca_file",
@@ -123,6 +124,7 @@ void ExpectDefaultsExceptPaths(const Config& config) {
   EXPECT_EQ(config.data.max_sessions, defaults.data.max_sessions);
   EXPECT_EQ(config.data.max_sessions_per_uid, defaults.data.max_sessions_per_uid);
   EXPECT_EQ(config.data.max_open_sessions, defaults.data.max_open_sessions);
+  EXPECT_EQ(config.data.device_dir, defaults.data.device_dir);
   EXPECT_EQ(config.etcd.user, defaults.etcd.user);
   EXPECT_EQ(config.etcd.password_file, defaults.etcd.password_file);
   EXPECT_EQ(config.etcd.ca_file, defaults.etcd.ca_file);
@@ -779,6 +781,7 @@ TEST(ConfigTest, ClientLimitsOutOfRangeNameTheField) {
       {"[data]\nmax_sessions = 65537\n", "data.max_sessions"},
       {"[data]\nmax_sessions_per_uid = 0\n", "data.max_sessions_per_uid"},
       {"[data]\nmax_open_sessions = 0\n", "data.max_open_sessions"},
+      {"[data]\ndevice_dir = \"dev\"\n", "data.device_dir"},
       {"[data]\nsessions = 1\n", "sessions"},
       {"[agent]\ncuda_chunk_bytes = 1048575\n", "agent.cuda_chunk_bytes"},
       {"[agent]\ncuda_chunk_bytes = 1073741825\n", "agent.cuda_chunk_bytes"},

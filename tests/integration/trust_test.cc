@@ -476,6 +476,30 @@ TEST_F(TrustTest, AttachedAndOpenSessionsAreBoundedPerUserAndInAll) {
   EXPECT_THAT(refused.message(), HasSubstr("data.max_open_sessions (20)"));
 }
 
+TEST_F(TrustTest, CudaTensorsOfAUserWhoCannotOpenTheGpusAreRefusedUnopened) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  // Device nodes as a node restricting its GPUs to a group has them: root:root 0660.
+  const std::string devices = absl::StrCat(dir_.path(), "/dev");
+  std::filesystem::create_directory(devices);
+  for (const char* node : {"nvidiactl", "nvidia0"}) {
+    const std::string path = absl::StrCat(devices, "/", node);
+    std::ofstream(path) << "";
+    chmod(path.c_str(), 0660);
+  }
+  Start(absl::StrCat("device_dir = \"", devices, "\"\n"));
+  // The second user's own group (it may start groups of its own), and a forged CUDA IPC
+  // handle in a call: refused before the daemon opens anything.
+  testing::ProcessResult tried =
+      AsSecondUser({"--group=own", "--name=u", absl::StrCat("--init_method=", init_method_),
+                    "--call=u", "--forged_cuda_call"});
+  EXPECT_THAT(Step(tried.output, "join"), HasSubstr("OK")) << tried.output;
+  EXPECT_THAT(Step(tried.output, "forged_cuda_call"), HasSubstr("PERMISSION_DENIED"))
+      << tried.output;
+  EXPECT_THAT(Step(tried.output, "forged_cuda_call"),
+              HasSubstr("uid 65534 may not open the node's GPUs itself"));
+  EXPECT_THAT(Step(tried.output, "forged_cuda_call"), HasSubstr("nvidia"));
+}
+
 // The pids controller of cgroup v1 or v2, where this machine has one we may write.
 std::string PidsCgroupRoot() {
   for (const char* root : {"/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {

@@ -29,6 +29,8 @@
 #include "grpcpp/security/credentials.h"
 #include "proto/control.grpc.pb.h"
 #include "proto/shm/attach.h"
+#include "proto/shm/descriptor.h"
+#include "tests/testing/raw_session.h"
 
 ABSL_FLAG(std::string, socket, "", "the daemon's gRPC socket");
 ABSL_FLAG(std::string, raw_session, "", "a session id to use in raw requests");
@@ -40,6 +42,8 @@ ABSL_FLAG(std::string, name, "", "the worker name to join as (nothing joins with
 ABSL_FLAG(std::string, init_method, "", "the group's init_method");
 ABSL_FLAG(std::string, secret, "", "the group's secret to join with");
 ABSL_FLAG(std::string, call, "", "a worker of --group to call method echo on");
+ABSL_FLAG(bool, forged_cuda_call, false,
+          "after joining, call --call with a CUDA tensor whose IPC handle is forged");
 ABSL_FLAG(int, attach_sessions, 0, "sessions to open and attach, one client each");
 ABSL_FLAG(int, hold_ms, 0, "how long to hold what was attached before exiting");
 
@@ -129,6 +133,35 @@ int main(int argc, char** argv) {
     options.secret = absl::GetFlag(FLAGS_secret);
     options.timeout = absl::Seconds(10);
     Print("join", (*client)->Join(options).status());
+    if (absl::GetFlag(FLAGS_forged_cuda_call)) {
+      auto raw = tpd::testing::RawSession::Open(*std::move(client));
+      if (!raw.ok()) {
+        Print("forged_cuda_call", raw.status());
+        return 0;
+      }
+      // A CUDA tensor whose export record holds made-up handle bytes: the daemon must not
+      // open it for a user who cannot open the GPUs.
+      tpd::shm::TensorEntry entry{};
+      entry.dtype = static_cast<uint8_t>(tpd::shm::DType::kFloat32);
+      entry.ndim = 1;
+      entry.shape[0] = 1024;
+      entry.length = 4096;
+      entry.device_type = static_cast<uint8_t>(tpd::shm::DeviceType::kCuda);
+      entry.offset = 1 << 20;
+      tpd::shm::CudaExport forged{};
+      for (size_t i = 0; i < sizeof(forged.memory); ++i) forged.memory[i] = static_cast<uint8_t>(i);
+      const uint64_t at = (*raw)->layout.tx_heap.offset;
+      if (!(*raw)->SubmitCall(at, options.group, absl::GetFlag(FLAGS_call), "echo", options.name,
+                              "x", 1, absl::Seconds(5), {entry}, {forged})) {
+        Print("forged_cuda_call", absl::UnavailableError("the submission ring is full"));
+        return 0;
+      }
+      auto replies = (*raw)->Replies(1, absl::Now() + absl::Seconds(10));
+      Print("forged_cuda_call", replies.count(1) == 0
+                                    ? absl::DeadlineExceededError("no answer")
+                                    : absl::Status(replies[1].first, replies[1].second));
+      return 0;
+    }
     if (!absl::GetFlag(FLAGS_call).empty()) {
       Print("call", (*client)
                         ->Call(options.group, absl::GetFlag(FLAGS_call), "echo", "x", {},
