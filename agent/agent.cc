@@ -127,7 +127,6 @@ constexpr size_t kMaxIdBytes = 256;
 constexpr int kMaxUrls = 16;
 constexpr size_t kTensorAlignment = 64;
 constexpr absl::Duration kAuthLogInterval = absl::Seconds(10);
-constexpr size_t kMaxAuthLogKeys = 1024;
 // How soon after a listener failure the agent tries to listen again, and how often while the
 // old listener's port is not free yet.
 constexpr absl::Duration kRelistenDelay = absl::Milliseconds(20);
@@ -1106,30 +1105,10 @@ void Agent::RejectHandshake(const std::shared_ptr<Conn>& conn, const std::string
 }
 
 void Agent::LogAuthFailure(const std::string& claimed, const std::string& why) {
-  const absl::Time now = absl::Now();
-  int64_t suppressed = 0;
-  {
-    absl::MutexLock lock(&log_mu_);
-    auto it = log_.find(claimed);
-    if (it != log_.end() && now - it->second.last_logged < kAuthLogInterval) {
-      ++it->second.suppressed;
-      return;
-    }
-    if (it == log_.end()) {
-      if (log_.size() >= kMaxAuthLogKeys) log_.clear();  // bounded beats exact under a flood
-      it = log_.emplace(claimed, LogState{}).first;
-    }
-    suppressed = it->second.suppressed;
-    it->second = LogState{now, 0};
-  }
-  if (suppressed > 0) {
-    AgentLog().warn("[agent {}] [pipe from/to {}] handshake refused: {} ({} more in the last {})",
-                    options_.id, claimed, why, suppressed,
-                    absl::FormatDuration(kAuthLogInterval));
-  } else {
-    AgentLog().warn("[agent {}] [pipe from/to {}] handshake refused: {}", options_.id, claimed,
-                    why);
-  }
+  int64_t held = 0;
+  if (!auth_log_.Admit(claimed, &held)) return;
+  AgentLog().warn("[agent {}] [pipe from/to {}] handshake refused: {}{}", options_.id, claimed,
+                  why, HeldBack(held, auth_log_.interval()));
 }
 
 void Agent::BecomeReady(const std::shared_ptr<Conn>& conn) {

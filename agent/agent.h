@@ -71,6 +71,7 @@
 #include "agent/deadline_queue.h"
 #include "agent/listen_guard.h"
 #include "agent/registry.h"
+#include "base/log_limiter.h"
 #include "proto/agent.pb.h"
 
 namespace tensorpipe {
@@ -484,12 +485,7 @@ class Agent {
   absl::Time listener_failure_logged_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   // Rate limit of handshake-failure lines, per claimed peer.
-  absl::Mutex log_mu_;
-  struct LogState {
-    absl::Time last_logged;
-    int64_t suppressed = 0;
-  };
-  absl::flat_hash_map<std::string, LogState> log_ ABSL_GUARDED_BY(log_mu_);
+  LogLimiter auth_log_{absl::Seconds(10), 1024};
 
   std::thread timer_;
 };

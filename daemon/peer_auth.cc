@@ -38,7 +38,10 @@ constexpr absl::string_view kTokenHint = "every daemon of the cluster needs the 
 }  // namespace
 
 PeerAuth::PeerAuth(PeerAuthOptions options, absl::Time start)
-    : options_(std::move(options)), port_(options_.port), replays_(options_.max_senders, start) {}
+    : options_(std::move(options)),
+      port_(options_.port),
+      replays_(options_.max_senders, start),
+      log_(options_.log_interval, options_.max_log_hosts) {}
 
 absl::Status PeerAuth::Check(std::optional<absl::string_view> header, absl::string_view method,
                              const google::protobuf::Message& request, absl::Time now) {
@@ -89,36 +92,10 @@ absl::Status PeerAuth::Admit(const grpc::CallbackServerContext& context, absl::s
 }
 
 void PeerAuth::LogRejection(const std::string& peer, const absl::Status& status, absl::Time now) {
-  const std::string host = PeerHost(peer);
-  int64_t suppressed = 0;
-  {
-    absl::MutexLock lock(&log_mu_);
-    auto it = log_.find(host);
-    if (it != log_.end() && now - it->second.last_logged < options_.log_interval) {
-      ++it->second.suppressed;
-      return;
-    }
-    if (it == log_.end()) {
-      if (log_.size() >= options_.max_log_hosts) {
-        // Forget hosts whose interval has passed; if none has, start over (bounded memory
-        // beats a perfect limit under a flood from many addresses).
-        absl::erase_if(log_, [&](const auto& entry) {
-          return now - entry.second.last_logged >= options_.log_interval;
-        });
-        if (log_.size() >= options_.max_log_hosts) log_.clear();
-      }
-      it = log_.emplace(host, LogState{}).first;
-    }
-    suppressed = it->second.suppressed;
-    it->second = LogState{now, 0};
-  }
-  if (suppressed > 0) {
-    DaemonLog().warn("[peer {}] {} ({} more refused calls from this host in the last {})", peer,
-                     std::string(status.message()), suppressed,
-                     absl::FormatDuration(options_.log_interval));
-  } else {
-    DaemonLog().warn("[peer {}] {}", peer, std::string(status.message()));
-  }
+  int64_t held = 0;
+  if (!log_.Admit(PeerHost(peer), &held, now)) return;
+  DaemonLog().warn("[peer {}] {}{}", peer, std::string(status.message()),
+                   HeldBack(held, log_.interval()));
 }
 
 }  // namespace tpd

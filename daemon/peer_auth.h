@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/log_limiter.h"
 #include "daemon/replay_guard.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/server_context.h"
@@ -74,12 +75,7 @@ class PeerAuth {
   std::atomic<int> port_;
   ReplayGuard replays_;
 
-  struct LogState {
-    absl::Time last_logged;
-    int64_t suppressed = 0;
-  };
-  absl::Mutex log_mu_;
-  absl::flat_hash_map<std::string, LogState> log_ ABSL_GUARDED_BY(log_mu_);
+  LogLimiter log_;  // one line per caller host per log_interval
 };
 
 }  // namespace tpd

@@ -280,3 +280,72 @@ TEST(GroupTrackerTest, ADaemonRestartedUnderItsNameIsNotEvictedForItsPredecessor
 
 }  // namespace
 }  // namespace tpd::group
+
+namespace tpd::group {
+namespace {
+
+// A WhenVersion answer, awaited.
+class VersionResult {
+ public:
+  GroupTracker::VersionDone Callback() {
+    return [this](bool reached) {
+      absl::MutexLock lock(&mu_);
+      reached_ = reached;
+    };
+  }
+  std::optional<bool> Await(absl::Duration timeout = kWait) {
+    absl::MutexLock lock(&mu_);
+    auto has = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reached_.has_value(); };
+    mu_.AwaitWithTimeout(absl::Condition(&has), timeout);
+    return reached_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::optional<bool> reached_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(GroupTrackerTest, WhenVersionAnswersOnceAnotherDaemonsVersionIsReadHere) {
+  store::MemoryStore store;
+  FakeDaemon a("node-a", 1, &store);
+  FakeDaemon b("node-b", 2, &store);
+  JoinResult joined;
+  Join(a, Spec("w0", std::nullopt, std::nullopt), &joined);
+  ASSERT_TRUE(joined.Await().ok());
+  AwaitView(*b.tracker);
+  const int64_t have = b.tracker->View().version();
+  // Already read: at once.
+  VersionResult now;
+  b.tracker->WhenVersion(have, absl::Now() + kWait, now.Callback());
+  EXPECT_EQ(now.Await(absl::ZeroDuration()), std::optional<bool>(true));
+  // The next version, written through the other daemon: once b has read it.
+  VersionResult next;
+  b.tracker->WhenVersion(have + 1, absl::Now() + kWait, next.Callback());
+  JoinResult second;
+  Join(a, Spec("w1", std::nullopt, std::nullopt), &second);
+  ASSERT_TRUE(second.Await().ok());
+  EXPECT_EQ(next.Await(), std::optional<bool>(true));
+  EXPECT_GE(b.tracker->View().version(), have + 1);
+}
+
+TEST(GroupTrackerTest, WhenVersionGivesUpAtItsDeadlineOnTheTrackersClock) {
+  store::MemoryStore store;
+  FakeClock clock;
+  FakeDaemon a("node-a", 1, &store, &clock);
+  AwaitView(*a.tracker);
+  VersionResult never;
+  a.tracker->WhenVersion(1000, clock.Now() + absl::Seconds(5), never.Callback());
+  EXPECT_EQ(never.Await(absl::Milliseconds(100)), std::nullopt) << "answered before its deadline";
+  // Ticks of the tracker's clock (a jump would look like a stall of the node itself); each
+  // tick, one step: the waiter is answered false once its deadline passed.
+  for (int tick = 0; tick < 40 && !never.Await(absl::ZeroDuration()).has_value(); ++tick) {
+    const int64_t before = a.tracker->steps();
+    clock.Advance(absl::Milliseconds(200));
+    a.worker->Wake(a.tracker.get());
+    ASSERT_TRUE(AwaitStep(*a.tracker, before));
+  }
+  EXPECT_EQ(never.Await(), std::optional<bool>(false));
+}
+
+}  // namespace
+}  // namespace tpd::group

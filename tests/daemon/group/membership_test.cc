@@ -745,3 +745,79 @@ TEST(FindMemberTest, FindsByNameOrReturnsNull) {
 
 }  // namespace
 }  // namespace tpd::group
+
+namespace tpd::group {
+namespace {
+
+// `spec` from user `uid`, bringing `secret`.
+JoinSpec From(JoinSpec spec, int64_t uid, const std::string& secret = "") {
+  spec.uid = uid;
+  spec.secret_verifier = SecretVerifier("g", secret);
+  return spec;
+}
+
+TEST(MembershipAdmissionTest, TheFirstMemberSetsTheSecretAndLaterJoinsMustBringIt) {
+  v1::GroupRecord record = NewRecord();
+  ASSERT_TRUE(AddMember(&record, From(Spec("a", std::nullopt), 0, "k1")).ok());
+  EXPECT_EQ(record.secret_verifier().size(), 32u);
+  EXPECT_EQ(record.secret_verifier().find("k1"), std::string::npos);  // a MAC, not the secret
+
+  absl::StatusOr<int64_t> none = AddMember(&record, From(Spec("b", std::nullopt), 0));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(none.status().message(), HasSubstr("brought none"));
+  absl::StatusOr<int64_t> wrong = AddMember(&record, From(Spec("b", std::nullopt), 0, "k2"));
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("brought another one"));
+  EXPECT_EQ(record.view().members_size(), 1);  // refusals change nothing
+  EXPECT_TRUE(AddMember(&record, From(Spec("b", std::nullopt), 0, "k1")).ok());
+}
+
+TEST(MembershipAdmissionTest, AGroupWithoutASecretRefusesJoinsThatBringOne) {
+  v1::GroupRecord record = NewRecord();
+  ASSERT_TRUE(AddMember(&record, From(Spec("a", std::nullopt), 0)).ok());
+  absl::StatusOr<int64_t> brought = AddMember(&record, From(Spec("b", std::nullopt), 0, "k"));
+  EXPECT_EQ(brought.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(brought.status().message(), HasSubstr("started without a secret"));
+}
+
+TEST(MembershipAdmissionTest, EachNodeAdmitsOnlyItsOwnersUid) {
+  v1::GroupRecord record = NewRecord();
+  ASSERT_TRUE(AddMember(&record, From(Spec("a", std::nullopt), 1000)).ok());
+  absl::StatusOr<int64_t> other = AddMember(&record, From(Spec("x", std::nullopt), 1001));
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(other.status().message(),
+              HasSubstr("belongs to uid 1000 on node node-a: uid 1001 may not join it there"));
+  // On another node, the first member's uid owns it there: uids of two nodes are unrelated.
+  ASSERT_TRUE(
+      AddMember(&record, From(Spec("b", std::nullopt, std::nullopt, "node-b"), 1001)).ok());
+  EXPECT_EQ(record.node_owner_uids().at("node-a"), 1000);
+  EXPECT_EQ(record.node_owner_uids().at("node-b"), 1001);
+  // A departed member's name stays its owner's while the group lives.
+  ASSERT_EQ(RemoveMembers(&record, Named({"a"}), "LEFT", "bye"), 1);
+  absl::StatusOr<int64_t> taken = AddMember(&record, From(Spec("a", std::nullopt), 1001));
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(AddMember(&record, From(Spec("a", std::nullopt), 1000)).ok());
+}
+
+TEST(MembershipAdmissionTest, AnEmptiedGroupIsStartedAfreshByItsNextFirstMember) {
+  v1::GroupRecord record = NewRecord();
+  ASSERT_TRUE(AddMember(&record, From(Spec("a", std::nullopt), 1000, "k1")).ok());
+  ASSERT_EQ(RemoveMembers(&record, Named({"a"}), "LEFT", "bye"), 1);
+  EXPECT_TRUE(record.secret_verifier().empty());
+  EXPECT_TRUE(record.node_owner_uids().empty());
+  ASSERT_TRUE(AddMember(&record, From(Spec("z", std::nullopt), 1001)).ok());
+  EXPECT_EQ(record.node_owner_uids().at("node-a"), 1001);
+}
+
+TEST(MembershipAdmissionTest, ARecordWithAMalformedVerifierIsDataLoss) {
+  v1::GroupRecord record = NewRecord();
+  ASSERT_TRUE(AddMember(&record, From(Spec("a", std::nullopt), 0, "k1")).ok());
+  record.mutable_view()->set_version(1);
+  record.set_secret_verifier("short");
+  absl::Status status = ValidateGroupRecord(record, "g", 1, "tpd/group/g/v/1");
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("secret verifier of 5 bytes"));
+}
+
+}  // namespace
+}  // namespace tpd::group
