@@ -529,10 +529,18 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& options
   registry_options.channels = options.channels;
   registry_options.host = host;
   registry_options.mpt_lanes = options.mpt_lanes;
+  // The transport's refusals (junk, strangers, silent connections on the agent's ports) are
+  // counted with the pipes' and logged at most once per 10 s.
+  auto refusals = std::make_shared<TransportRefusals>();
+  refusals->id = options.id;
+  registry_options.token = options.cluster_token;
+  registry_options.handshake_timeout = options.handshake_timeout;
+  registry_options.on_refused = [refusals](const std::string& why) { refusals->Refused(why); };
   absl::StatusOr<std::unique_ptr<Registry>> registry = Registry::Create(registry_options);
   if (!registry.ok()) return registry.status();
   IgnoreSigpipe();
   std::unique_ptr<Agent> agent(new Agent(options, *std::move(registry)));
+  agent->transport_refusals_ = std::move(refusals);
   agent->listen_port_ = port;
   agent->listen_host_ = host;
   agent->listen_family_ = family;
@@ -1102,6 +1110,13 @@ void Agent::RejectHandshake(const std::shared_ptr<Conn>& conn, const std::string
     FailConn(conn, absl::UnauthenticatedError(absl::StrCat("pipe from ", claimed,
                                                            " refused: ", why)));
   }
+}
+
+void Agent::TransportRefusals::Refused(const std::string& why) {
+  ++count;
+  int64_t held = 0;
+  if (!log.Admit("transport", &held)) return;
+  AgentLog().warn("[agent {}] {}{}", id, why, HeldBack(held, log.interval()));
 }
 
 void Agent::LogAuthFailure(const std::string& claimed, const std::string& why) {
@@ -1906,7 +1921,7 @@ AgentStats Agent::Stats() const {
   stats.id = options_.id;
   stats.address = address_;
   absl::MutexLock lock(&mu_);
-  stats.auth_failures = auth_failures_;
+  stats.auth_failures = auth_failures_ + transport_refusals_->count.load();
   stats.listener_failures = listener_failures_;
   std::map<std::string, uint64_t> pending;
   for (const auto& [id, call] : calls_) {

@@ -486,6 +486,16 @@ class Agent {
 
   // Rate limit of handshake-failure lines, per claimed peer.
   LogLimiter auth_log_{absl::Seconds(10), 1024};
+  // Connections the transport refused before TensorPipe saw them (agent/auth_tcp.h): counted
+  // in AgentStats::auth_failures, logged at most once per 10 s. Shared with the transport's
+  // thread, which reports them.
+  struct TransportRefusals {
+    void Refused(const std::string& why);
+    std::string id;
+    std::atomic<int64_t> count{0};
+    LogLimiter log{absl::Seconds(10)};
+  };
+  std::shared_ptr<TransportRefusals> transport_refusals_;
 
   std::thread timer_;
 };

@@ -10,6 +10,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "agent/auth_tcp.h"
 #include "store/check.h"
 
 namespace tpd::agent {
@@ -79,6 +80,15 @@ const std::vector<Candidate>& Registry::KnownChannels() {
 
 Registry::Registry(const RegistryOptions& options) : options_(options) {}
 
+std::shared_ptr<tensorpipe::transport::Context> Registry::Tcp() const {
+  if (options_.token.empty()) return tensorpipe::transport::uv::create();
+  AuthTcpOptions tcp;
+  tcp.token = options_.token;
+  tcp.on_refused = options_.on_refused;
+  tcp.handshake_timeout = options_.handshake_timeout;
+  return CreateAuthTcp(std::move(tcp));
+}
+
 absl::StatusOr<std::unique_ptr<Registry>> Registry::Create(const RegistryOptions& options) {
   if (absl::Status s = CheckKnown(options.transports, KnownTransports(), "transport"); !s.ok()) {
     return s;
@@ -103,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Create(const RegistryOptions
       std::shared_ptr<tensorpipe::transport::Context> context;
       std::string not_viable;
       if (candidate.name == "uv") {
-        context = tensorpipe::transport::uv::create();
+        context = registry->Tcp();
         not_viable = "not viable on this node (libuv could not start)";
       } else if (candidate.name == "shm") {
         context = tensorpipe::transport::shm::create();
@@ -116,7 +126,11 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Create(const RegistryOptions
       TPD_DCHECK(context != nullptr);
       if (context->isViable()) {
         candidate.registered = true;
-        if (candidate.name == "uv") candidate.reason = "bootstraps every pipe";
+        if (candidate.name == "uv") {
+          candidate.reason = options.token.empty()
+                                 ? "bootstraps every pipe"
+                                 : "bootstraps every pipe; authenticated TCP (tpd's transport)";
+        }
         if (candidate.name == "shm") candidate.reason = "between agents on one host";
         registry->transport_contexts_.emplace(candidate.name, std::move(context));
       } else {
@@ -156,7 +170,7 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Create(const RegistryOptions
         std::vector<std::shared_ptr<tensorpipe::transport::Listener>> listeners;
         bool lanes_viable = true;
         for (int i = 0; i < options.mpt_lanes; ++i) {
-          lanes.push_back(tensorpipe::transport::uv::create());
+          lanes.push_back(registry->Tcp());
           if (!lanes.back()->isViable()) {
             lanes_viable = false;
             break;

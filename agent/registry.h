@@ -32,11 +32,13 @@
 
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace tensorpipe {
 class Context;
@@ -74,6 +76,13 @@ struct RegistryOptions {
   // mpt_uv's lanes: each is a uv context (one thread) and a listener of its own. PyTorch uses
   // 16; fewer suit small machines. 1..64.
   int mpt_lanes = 4;
+  // The cluster token. Set (the agent always sets it), "uv" and mpt_uv's lanes run on tpd's
+  // authenticating TCP transport (agent/auth_tcp.h) instead of TensorPipe's uv, which is
+  // then told each connection refused (`on_refused`). Empty: TensorPipe's own uv.
+  std::string token;
+  std::function<void(const std::string& why)> on_refused;
+  // How long a connection may take to prove the token before it is closed.
+  absl::Duration handshake_timeout = absl::Seconds(10);
 };
 
 // One name this build knows, and what became of it on this node.
@@ -133,6 +142,9 @@ class Registry {
 
  private:
   explicit Registry(const RegistryOptions& options);
+  // A context of the TCP transport the options call for: tpd's authenticating one with a
+  // token, TensorPipe's uv without.
+  std::shared_ptr<tensorpipe::transport::Context> Tcp() const;
 
   const RegistryOptions options_;
   std::vector<Candidate> transports_;

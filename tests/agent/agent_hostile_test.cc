@@ -53,6 +53,7 @@ using testing::EchoHandler;
 using ::testing::HasSubstr;
 using testing::MakeMessage;
 using testing::PeerOf;
+using testing::RawContext;
 using testing::TestOptions;
 using tpd::testing::WaitUntil;
 
@@ -153,21 +154,6 @@ int Threads() { return CountEntries("/proc/self/task"); }
 // ---------------------------------------------------------------------------------------------
 // Raw TensorPipe, for playing a peer without the token (as agent_test.cc does).
 
-class RawContext {
- public:
-  RawContext() : context_(std::make_shared<tensorpipe::Context>()) {
-    context_->registerTransport(0, "uv", tensorpipe::transport::uv::create());
-    context_->registerChannel(1000, "basic", tensorpipe::channel::basic::create());
-  }
-  ~RawContext() {
-    context_->close();
-    context_->join();
-  }
-  tensorpipe::Context& context() { return *context_; }
-
- private:
-  std::shared_ptr<tensorpipe::Context> context_;
-};
 
 // Reads one message (metadata only, its payloads and tensors into scratch); the metadata, or
 // an error once the pipe fails.
@@ -309,37 +295,44 @@ TEST_F(AgentHostileTest, SilentAndHalfSentConnectionsDoNotBlockGoodCalls) {
   ASSERT_EQ(send(partial, "\x10\x00\x00", 3, MSG_NOSIGNAL), 3);
   silent.push_back(partial);
   ExpectServesGoodCallsOnly();
-  // Past the agent's handshake timeout: TensorPipe holds them (they never became pipes, so the
-  // agent's timeout does not see them), and good calls still go through.
-  absl::SleepFor(handshake_timeout_ + absl::Milliseconds(500));
+  // Past the agent's handshake timeout the transport has closed them all (they never proved
+  // the token, so TensorPipe never saw them): each of ours reads the challenge, then the end.
+  auto closed_by_agent = [](int fd) {
+    char buffer[64];
+    while (true) {
+      const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+      if (n == 0) return true;
+      if (n < 0) return false;  // nothing more yet: still open
+    }
+  };
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        for (int fd : silent) {
+          if (!closed_by_agent(fd)) return false;
+        }
+        return true;
+      },
+      handshake_timeout_ + absl::Seconds(3)));
   ExpectServesGoodCallsOnly();
-  // Known: TensorPipe's listener has no timeout for a connection's first packet, nor a bound on
-  // how many wait for it (ListenerImpl::connectionsWaitingForHello_), so each silent
-  // connection holds an fd here for as long as its sender likes.
-  EXPECT_GE(Fds() - fds, 51) << "fixed? silent connections are no longer held";
-  // Closing them fails TensorPipe's listener (below); the agent listens again.
   for (int fd : silent) close(fd);
   EXPECT_TRUE(WaitUntil([&] { return Fds() <= fds; })) << Fds() << " fds, baseline " << fds;
-  ExpectServesAgainWithin(absl::Seconds(1));
+  EXPECT_EQ(a_->Stats().listener_failures, 0u) << "a stranger reached TensorPipe's listener";
 }
 
-// TensorPipe's listener fails for good when a connection closes before its first packet (see
-// below); the agent listens again on the same URLs, so that costs new peers a moment only.
-TEST_F(AgentHostileTest, AConnectionClosedBeforeItsFirstPacketCostsAMomentOfAccepting) {
+// Connections that close before they proved the token never reach TensorPipe: its listener,
+// which fails for good when a connection closes before its first packet, never sees them.
+TEST_F(AgentHostileTest, AConnectionClosedBeforeItsHandshakeCostsNothing) {
   // A pipe opened before.
   auto before = Agent::Create(TestOptions("node-b", {"uv"}, {"basic"}));
   ASSERT_TRUE(before.ok());
   ASSERT_TRUE(CallAndWait(**before, PeerOf(*a_), MakeMessage("echo", 1, {}, 1)).ok());
   ++good_calls_;
-  for (int i = 0; i < 20; ++i) {
-    ASSERT_TRUE(SendAndClose(port_, ""));
-    ASSERT_TRUE(WaitUntil([&] { return a_->Stats().listener_failures > static_cast<uint64_t>(i); }))
-        << "round " << i;
-    ExpectServesAgainWithin(absl::Seconds(1));  // a new peer, a new pipe
-  }
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(SendAndClose(port_, ""));
   // A truncated length prefix, then a hang-up.
   ASSERT_TRUE(SendAndClose(port_, std::string("\x10\x00\x00", 3)));
-  ExpectServesAgainWithin(absl::Seconds(1));
+  ExpectServesGoodCallsOnly();
+  EXPECT_TRUE(WaitUntil([&] { return a_->Stats().auth_failures >= 21; }));
+  EXPECT_EQ(a_->Stats().listener_failures, 0u);
   // The pipe opened before never noticed.
   EXPECT_TRUE(CallAndWait(**before, PeerOf(*a_), MakeMessage("echo", 1, {}, 2)).ok());
   ++good_calls_;
@@ -347,44 +340,44 @@ TEST_F(AgentHostileTest, AConnectionClosedBeforeItsFirstPacketCostsAMomentOfAcce
   EXPECT_EQ(UvPort(a_->address()), port_) << "the same address";
 }
 
-// The same through TensorPipe's own client: pipes closed right after connect() (a peer agent
-// shutting down, a call failing at once) close their connections before their hello is read.
-TEST_F(AgentHostileTest, PipesClosedRightAfterConnectingCostAMomentOfAccepting) {
+// A peer with the token that closes right after its connection proved it (a peer agent
+// shutting down, a call failing at once) does reach TensorPipe's listener before its first
+// packet, which fails that listener for good: the agent listens again on the same URLs, so that
+// costs new peers a moment only.
+TEST_F(AgentHostileTest, APeerClosingBeforeItsFirstPacketCostsAMomentOfAccepting) {
   ExpectServesGoodCallsOnly();
   const int fds = Fds();
   const int threads = Threads();
+  for (int i = 0; i < 5; ++i) {
+    testing::ConnectProveAndClose(port_);
+    ASSERT_TRUE(WaitUntil([&] { return a_->Stats().listener_failures > static_cast<uint64_t>(i); }))
+        << "round " << i;
+    ExpectServesAgainWithin(absl::Seconds(1));  // a new peer, a new pipe
+  }
   {
     RawContext raw;
     for (int i = 0; i < 10; ++i) raw.context().connect(UvUrl(*a_))->close();
   }
-  ASSERT_TRUE(WaitUntil([&] { return a_->Stats().listener_failures >= 1; }));
   ExpectServesAgainWithin(absl::Seconds(1));
   ExpectBackToBaseline(fds, threads);
+  EXPECT_EQ(UvPort(a_->address()), port_) << "the same address";
 }
 
-// ---- Raw TCP (B3) that stops or kills the agent: known TensorPipe bugs, recorded.
+// ---- Raw TCP (B3) that used to stop or kill the agent: TensorPipe's bugs, kept away.
 //
-// TensorPipe 0.0~git20220513.bb1473a (Debian 12), before any pipe exists:
-//  * core/listener_impl.cc, ListenerImpl::onAccept: the read of a new connection's first
-//    packet is wrapped in the listener's "eager" callbackWrapper_, so an error on that one
-//    connection (EOF, reset) is ListenerImpl::setError: the whole listener fails and closes
-//    every transport listener. One TCP connect-and-close (a port scan) ends all accepting.
-//    The agent guards against this one (Agent::Relisten: it listens again on the same URLs,
-//    counted in AgentStats::listener_failures); AgentHostileTest checks new peers get in again.
-//  * common/stream_read_write_ops.h, StreamReadOperation::readFromLoop: the 8-byte length
-//    prefix goes straight to std::make_unique<char[]>(length): a huge one throws
-//    std::bad_alloc on the TP_UV_loop thread (std::terminate, SIGABRT); one that fits is
-//    zero-filled, so every unauthenticated connection commits as much memory as it claims.
-//  * transport/connection_impl_boilerplate.h:249, readImplFromLoop(AbstractNopHolder&): a body
-//    that is not a valid nop Packet is TP_THROW_ASSERT_IF ("Error reading nop object") on the
-//    loop thread: std::runtime_error, std::terminate, SIGABRT.
-//  * common/nop.h, NopReader::Read: no bounds check (only Ensure has one); a zero-length
-//    frame hands it a null buffer: SIGSEGV in NopHolder<Packet>::read. Short frames read past
-//    their heap buffer.
-// The others never reach the agent's code: they happen inside TensorPipe's listener before it
-// hands the agent a pipe, on TensorPipe's own thread, so no guard in agent/ can catch them.
-// These tests run the attacked agent in a child process (tests/agent/agent_peer) and assert
-// what happens today; one that fails means the bug is gone: turn its expectation around.
+// TensorPipe 0.0~git20220513.bb1473a (Debian 12) reads every new connection's first packet in
+// code that a stranger could break (docs/security.md, "Agent pipes"):
+//  * core/listener_impl.cc, ListenerImpl::onAccept: an error on that one connection (EOF,
+//    reset) fails the whole listener;
+//  * common/stream_read_write_ops.h: the 8-byte length prefix goes straight to
+//    std::make_unique<char[]>(length): std::bad_alloc (SIGABRT) for a huge one, that much
+//    memory committed for one that fits;
+//  * transport/connection_impl_boilerplate.h:249: a body that is not a nop Packet is
+//    TP_THROW_ASSERT_IF (SIGABRT); common/nop.h: a zero-length frame is a null read (SIGSEGV).
+// tpd's transport (agent/auth_tcp.h) runs its handshake on the raw socket first, so none of
+// those bytes reaches TensorPipe: these tests send them to an agent in a child process
+// (tests/agent/agent_peer) and check that it lives, holds no memory for them, and serves. The
+// bugs remain for peers that hold the token.
 
 // The attacked agent in a child process: its pid, its stdin (closing it ends it), its address.
 struct PeerProcess {
@@ -445,11 +438,7 @@ std::unique_ptr<PeerProcess> StartPeer() {
 }
 
 // Sends `bytes` to a fresh child agent and returns how it ended: the signal that killed it
-// within 10 s, or 0 if it still runs.
-// SIGABRT; or, in a sanitizer build, how its runtime ends a process it reports on: ASan aborts
-// (abort_on_error=1), TSan exits with status 66 (returned as -66).
-::testing::Matcher<int> AbortOrSanitizerDeath() { return ::testing::AnyOf(SIGABRT, -66); }
-
+// within 2 s (a sanitizer's exit status, negated), or 0 if it still runs.
 int SignalAfter(const std::string& bytes, bool close_after = true) {
   std::unique_ptr<PeerProcess> peer = StartPeer();
   EXPECT_TRUE(peer != nullptr && !peer->address.empty()) << "agent_peer did not start";
@@ -464,34 +453,31 @@ int SignalAfter(const std::string& bytes, bool close_after = true) {
     sent += n;
   }
   if (close_after) close(fd);
-  const bool died = WaitUntil([&] { return peer->Died(); }, absl::Seconds(10));
+  const bool died = WaitUntil([&] { return peer->Died(); }, absl::Seconds(2));
   if (!close_after) close(fd);
   if (!died) return 0;
   return WIFSIGNALED(peer->status) ? WTERMSIG(peer->status) : -WEXITSTATUS(peer->status);
 }
 
-TEST(KnownTensorPipeBug, RandomBytesAbortTheProcess) {
-  // std::bad_alloc from the length prefix (1 MiB: the same).
-  EXPECT_THAT(SignalAfter(Random(4096, 1)), AbortOrSanitizerDeath());
-  EXPECT_THAT(SignalAfter(Random(1 << 20, 4)), AbortOrSanitizerDeath());
+TEST(AgentPortJunk, RandomBytesCloseOnlyTheirConnection) {
+  EXPECT_EQ(SignalAfter(Random(4096, 1)), 0);
+  EXPECT_EQ(SignalAfter(Random(1 << 20, 4)), 0);
 }
 
-TEST(KnownTensorPipeBug, AHugeLengthPrefixAbortsTheProcess) {
-  EXPECT_THAT(SignalAfter(Frame(~uint64_t{0}, Random(64, 2))), AbortOrSanitizerDeath());
-  EXPECT_THAT(SignalAfter(Frame(uint64_t{1} << 48, "")), AbortOrSanitizerDeath());
+TEST(AgentPortJunk, AHugeLengthPrefixClosesOnlyItsConnection) {
+  EXPECT_EQ(SignalAfter(Frame(~uint64_t{0}, Random(64, 2))), 0);
+  EXPECT_EQ(SignalAfter(Frame(uint64_t{1} << 48, "")), 0);
 }
 
-TEST(KnownTensorPipeBug, AFramedBodyThatIsNotAPacketAbortsTheProcess) {
-  EXPECT_EQ(SignalAfter(Frame(64, Random(64, 3))), SIGABRT);  // "Error reading nop object"
+TEST(AgentPortJunk, AFramedBodyThatIsNotAPacketClosesOnlyItsConnection) {
+  EXPECT_EQ(SignalAfter(Frame(64, Random(64, 3))), 0);
 }
 
-TEST(KnownTensorPipeBug, AZeroLengthFrameCrashesTheProcess) {
-  // NopReader over a null buffer: SIGSEGV (under ASan, which reports it and aborts: SIGABRT).
-  EXPECT_THAT(SignalAfter(std::string(64, '\0')),
-              ::testing::AnyOf(SIGSEGV, AbortOrSanitizerDeath()));
+TEST(AgentPortJunk, AZeroLengthFrameClosesOnlyItsConnection) {
+  EXPECT_EQ(SignalAfter(std::string(64, '\0')), 0);
 }
 
-TEST(KnownTensorPipeBug, ALengthPrefixCommitsThatMuchMemoryBeforeAnyHandshake) {
+TEST(AgentPortJunk, ALengthPrefixCommitsNoMemory) {
   std::unique_ptr<PeerProcess> peer = StartPeer();
   ASSERT_TRUE(peer != nullptr && !peer->address.empty());
   auto rss_kib = [&] {
@@ -512,9 +498,10 @@ TEST(KnownTensorPipeBug, ALengthPrefixCommitsThatMuchMemoryBeforeAnyHandshake) {
   ASSERT_GE(fd, 0);
   const std::string prefix = Frame(uint64_t{256} << 20, "");  // claims 256 MiB, sends none
   ASSERT_EQ(send(fd, prefix.data(), prefix.size(), MSG_NOSIGNAL), 8);
-  EXPECT_TRUE(WaitUntil([&] { return rss_kib() - before > 200 * 1024; }, absl::Seconds(10)))
-      << "fixed? RSS " << before << " KiB -> " << rss_kib() << " KiB";
+  EXPECT_FALSE(WaitUntil([&] { return rss_kib() - before > 200 * 1024; }, absl::Seconds(2)))
+      << "RSS " << before << " KiB -> " << rss_kib() << " KiB";
   close(fd);
+  EXPECT_FALSE(peer->Died());
 }
 
 // ---- A peer with the wrong token (B4).

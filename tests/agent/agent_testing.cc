@@ -4,7 +4,13 @@
 
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "agent/auth_tcp.h"
+#include "tensorpipe/tensorpipe.h"
+#include "tensorpipe/transport/connection.h"
+#include "tensorpipe/transport/context.h"
 
 namespace tpd::agent::testing {
 
@@ -125,6 +131,33 @@ int ThreadCount() {
   }
   closedir(dir);
   return count;
+}
+
+RawContext::RawContext(const std::string& token)
+    : context_(std::make_shared<tensorpipe::Context>()) {
+  AuthTcpOptions tcp;
+  tcp.token = token;
+  context_->registerTransport(0, "uv", CreateAuthTcp(std::move(tcp)));
+  context_->registerChannel(1000, "basic", tensorpipe::channel::basic::create());
+}
+
+RawContext::~RawContext() {
+  context_->close();
+  context_->join();
+}
+
+void ConnectProveAndClose(int port, const std::string& token) {
+  AuthTcpOptions tcp;
+  tcp.token = token;
+  std::shared_ptr<tensorpipe::transport::Context> context = CreateAuthTcp(std::move(tcp));
+  std::shared_ptr<tensorpipe::transport::Connection> connection =
+      context->connect(absl::StrCat("127.0.0.1:", port));
+  // The handshake takes well under a millisecond on loopback; the accepting side then waits
+  // for TensorPipe's first packet, which never comes.
+  absl::SleepFor(absl::Milliseconds(200));
+  connection->close();
+  context->close();
+  context->join();
 }
 
 }  // namespace tpd::agent::testing

@@ -16,6 +16,10 @@
 #include "absl/time/time.h"
 #include "agent/agent.h"
 
+namespace tensorpipe {
+class Context;
+}  // namespace tensorpipe
+
 namespace tpd::agent::testing {
 
 inline constexpr char kTestToken[] = "agent-test-token";
@@ -58,6 +62,24 @@ class EchoHandler {
 
 // Number of threads of this process (/proc/self/task).
 int ThreadCount();
+
+// A TensorPipe context for tests that play a peer by hand (basic channel): its "uv" is tpd's
+// transport (agent/auth_tcp.h) under `token`, the agents' own, so with the test token it gets
+// past an agent's transport handshake and meets the pipe handshake (agent/pipe_auth.h); with
+// another token it is a stranger the transport refuses.
+class RawContext {
+ public:
+  explicit RawContext(const std::string& token = kTestToken);
+  ~RawContext();
+  tensorpipe::Context& context() { return *context_; }
+
+ private:
+  std::shared_ptr<tensorpipe::Context> context_;
+};
+
+// Opens a connection to 127.0.0.1:`port` that proves `token`, and closes it before sending
+// TensorPipe's first packet, as a peer agent shutting down at once does.
+void ConnectProveAndClose(int port, const std::string& token = kTestToken);
 
 }  // namespace tpd::agent::testing
 

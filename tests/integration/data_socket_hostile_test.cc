@@ -598,45 +598,38 @@ std::string AgentUvUrl(Client& client) {
   return "";
 }
 
-TEST_F(DataSocketHostileTest, AgentPortConnectionsClosedEarlyCostAMomentOfAccepting) {
+TEST_F(DataSocketHostileTest, AgentPortConnectionsClosedEarlyCostNothing) {
   const std::string url = AgentUvUrl(*a_);
   ASSERT_FALSE(url.empty()) << "no agent";
+  // Each closes before it proved the token: tpd's transport drops it, TensorPipe never sees it.
   for (int i = 0; i < 20; ++i) {
-    // Each connection closes before its first packet, so TensorPipe drops its listener and the
-    // agent listens again: the next connect gets in within a moment (a refused try in the gap
-    // is expected; so is one that itself closed early and caused another re-listen).
-    ASSERT_TRUE(WaitUntil(
-        [&] {
-          const int fd = ConnectTcp(url);
-          if (fd < 0) return false;
-          close(fd);
-          return true;
-        },
-        absl::Seconds(2)))
-        << "round " << i;
+    const int fd = ConnectTcp(url);
+    ASSERT_GE(fd, 0) << "round " << i;
+    close(fd);
   }
+  // Each was refused by the transport and counted.
+  EXPECT_TRUE(WaitUntil([&] {
+    absl::StatusOr<v1::StatusResponse> now = a_->Status();
+    return now.ok() && now->agent().auth_failures() >= 20;
+  }));
   ExpectServing();
 }
 
-// KNOWN TensorPipe bug (docs/security.md, "Agent pipes"): garbage on the agent's port, before
-// any token is involved, aborts the whole daemon (std::bad_alloc from TensorPipe's length
-// prefix on its loop thread). This records it; it fails the day that is fixed.
-TEST_F(DataSocketHostileTest, KnownTensorPipeBug_GarbageOnTheAgentPortAbortsTheDaemon) {
+// Garbage on the agent's port, before any token is involved, once aborted the whole daemon
+// (std::bad_alloc from TensorPipe's length prefix on its loop thread; docs/security.md, "Agent
+// pipes"). tpd's transport now meets it first: that connection is closed, nothing else.
+TEST_F(DataSocketHostileTest, GarbageOnTheAgentPortClosesOnlyItsConnection) {
   const std::string url = AgentUvUrl(*a_);
   ASSERT_FALSE(url.empty()) << "no agent";
-  const int fd = ConnectTcp(url);
-  ASSERT_GE(fd, 0);
-  const std::string junk = Random(4096, 42);
-  SendAll(fd, junk);
-  close(fd);
-  EXPECT_EQ(daemon_->WaitExit(absl::Seconds(10)), std::nullopt);
-  // std::terminate's line; under --config=asan, ASan's report of the allocation instead.
-  EXPECT_THAT(daemon_->Output(), ::testing::AnyOf(HasSubstr("terminate called"),
-                                                  HasSubstr("allocation-size-too-big")));
-  EXPECT_EQ(kill(daemon_->pid(), 0), -1) << "fixed? the daemon survived garbage on its agent port";
-  a_.reset();
-  b_.reset();
-  daemon_.reset();  // nothing left to check in TearDown
+  for (uint64_t seed : {42, 43, 44}) {
+    const int fd = ConnectTcp(url);
+    ASSERT_GE(fd, 0);
+    SendAll(fd, Random(4096, seed));
+    close(fd);
+  }
+  EXPECT_EQ(daemon_->WaitExit(absl::Seconds(2)), std::nullopt);
+  EXPECT_EQ(kill(daemon_->pid(), 0), 0) << "the daemon died of garbage on its agent port";
+  ExpectServing();
 }
 
 }  // namespace
