@@ -169,8 +169,17 @@ class Loop {
         return;
       }
     }
+    // One at a time; a task that defers another (a callback closing a connection) runs it
+    // in place rather than wait for itself.
+    thread_local bool running_late = false;
+    if (running_late) {
+      fn();
+      return;
+    }
     absl::MutexLock late(&late_mu_);
+    running_late = true;
     fn();
+    running_late = false;
   }
 
   // Loop thread only (or the caller's, once the loop ended: the handler is closed at once).
