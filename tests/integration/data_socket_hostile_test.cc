@@ -42,6 +42,7 @@
 #include "proto/shm/attach.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/proc_counts.h"
+#include "tests/testing/raw_session.h"
 #include "tests/testing/second_user.h"
 #include "tests/testing/wait_until.h"
 
@@ -262,23 +263,13 @@ class DataSocketHostileTest : public ::testing::Test {
 
   // A session opened by hand (its stream kept open in the fixture); its id.
   std::string OpenRawSession() {
-    if (control_ == nullptr) {
-      control_ = v1::Control::NewStub(
-          grpc::CreateChannel(absl::StrCat("unix:", socket_), grpc::InsecureChannelCredentials()));
+    if (raw_sessions_ == nullptr) {
+      raw_sessions_ = std::make_unique<testing::RawSessionStreams>(socket_);
     }
-    contexts_.push_back(std::make_unique<grpc::ClientContext>());
-    streams_.push_back(control_->OpenSession(contexts_.back().get(), v1::OpenSessionRequest()));
-    v1::SessionEvent event;
-    EXPECT_TRUE(streams_.back()->Read(&event));
-    return event.session_id();
+    return raw_sessions_->Open();
   }
+  void CloseRawSessions() { raw_sessions_.reset(); }
 
-  void CloseRawSessions() {
-    for (auto& context : contexts_) context->TryCancel();
-    streams_.clear();
-    contexts_.clear();
-    control_.reset();  // its channel is a connection of ours to the daemon too
-  }
 
   TempDir dir_;
   std::string socket_;
@@ -290,9 +281,7 @@ class DataSocketHostileTest : public ::testing::Test {
   int fresh_ = 0;
   ProcCounts baseline_;
   std::string baseline_threads_;
-  std::unique_ptr<v1::Control::Stub> control_;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
-  std::vector<std::unique_ptr<grpc::ClientReader<v1::SessionEvent>>> streams_;
+  std::unique_ptr<testing::RawSessionStreams> raw_sessions_;
 };
 
 TEST_F(DataSocketHostileTest, GarbageBytesCloseOnlyTheirConnection) {

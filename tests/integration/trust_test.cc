@@ -16,20 +16,15 @@
 // The second user is uid 65534 (tests/testing/second_user.h); its cases skip when the test
 // does not run as root.
 
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -39,11 +34,8 @@
 #include "client/client.h"
 #include "daemon/session_handle.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "proto/control.grpc.pb.h"
-#include "proto/shm/attach.h"
+#include "proto/shm/descriptor.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/raw_session.h"
 #include "tests/testing/second_user.h"
@@ -132,21 +124,27 @@ class TrustTest : public ::testing::Test {
     return result;
   }
 
-  std::string OpenRawSession() {
-    if (control_ == nullptr) {
-      control_ = v1::Control::NewStub(
-          grpc::CreateChannel(absl::StrCat("unix:", socket_), grpc::InsecureChannelCredentials()));
+  std::string OpenRawSession(absl::Status* refused = nullptr) {
+    if (raw_sessions_ == nullptr) {
+      raw_sessions_ = std::make_unique<testing::RawSessionStreams>(socket_);
     }
-    contexts_.push_back(std::make_unique<grpc::ClientContext>());
-    streams_.push_back(control_->OpenSession(contexts_.back().get(), v1::OpenSessionRequest()));
-    v1::SessionEvent event;
-    if (!streams_.back()->Read(&event)) return "";
-    return event.session_id();
+    return raw_sessions_->Open(refused);
+  }
+
+  // Answers and releases waiting for room on the completion rings of all attached sessions.
+  int64_t Unposted(Client* observer) {
+    absl::StatusOr<v1::StatusResponse> status = observer->Status();
+    int64_t unposted = 0;
+    if (status.ok()) {
+      for (const v1::AttachedSession& session : status->attached_sessions()) {
+        unposted += session.unposted_completions();
+      }
+    }
+    return unposted;
   }
 
   void TearDown() override {
-    for (auto& context : contexts_) context->TryCancel();
-    streams_.clear();
+    raw_sessions_.reset();
     if (daemon_ == nullptr) return;
     // Whatever happened, the daemon still serves a fresh client.
     std::unique_ptr<Client> c = Connect();
@@ -160,9 +158,7 @@ class TrustTest : public ::testing::Test {
   std::string socket_;
   std::string init_method_;
   std::unique_ptr<DaemonProcess> daemon_;
-  std::unique_ptr<v1::Control::Stub> control_;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
-  std::vector<std::unique_ptr<grpc::ClientReader<v1::SessionEvent>>> streams_;
+  std::unique_ptr<testing::RawSessionStreams> raw_sessions_;
 };
 
 TEST_F(TrustTest, AnotherUserCanNeitherJoinNorCallNorTakeADepartedMembersName) {
@@ -331,16 +327,7 @@ TEST_F(TrustTest, AReplyReachesItsCallerWhoseCompletionRingIsFull) {
   // v calls e; e answers at once, into v's full ring.
   ASSERT_TRUE(v.SubmitCall(v.layout.tx_heap.offset, "g", "e", "echo", "v", "mine", 7,
                            absl::Seconds(30)));
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        absl::StatusOr<v1::StatusResponse> s = e->Status();
-        if (!s.ok()) return false;
-        for (const v1::AttachedSession& session : s->attached_sessions()) {
-          if (session.unposted_completions() > 0) return true;
-        }
-        return false;
-      },
-      absl::Seconds(10)))
+  ASSERT_TRUE(WaitUntil([&] { return Unposted(e.get()) > 0; }, absl::Seconds(10)))
       << "the reply was not kept for the victim";
 
   // v reads its completions again: its reply is there.
@@ -349,16 +336,7 @@ TEST_F(TrustTest, AReplyReachesItsCallerWhoseCompletionRingIsFull) {
   ASSERT_EQ(replies.count(7), 1u) << "the reply to v's call never came";
   EXPECT_EQ(replies[7].first, absl::StatusCode::kOk) << replies[7].second;
   // Its call is no longer counted in flight once answered.
-  EXPECT_TRUE(WaitUntil(
-      [&] {
-        absl::StatusOr<v1::StatusResponse> s = e->Status();
-        if (!s.ok()) return false;
-        for (const v1::AttachedSession& session : s->attached_sessions()) {
-          if (session.unposted_completions() > 0) return false;
-        }
-        return true;
-      },
-      absl::Seconds(10)));
+  EXPECT_TRUE(WaitUntil([&] { return Unposted(e.get()) == 0; }, absl::Seconds(10)));
 }
 
 TEST_F(TrustTest, ASessionThatNeverReadsItsCompletionsIsEndedPastItsBound) {
@@ -458,20 +436,7 @@ TEST_F(TrustTest, AttachedAndOpenSessionsAreBoundedPerUserAndInAll) {
 
   // Open sessions, all users together: 20 at most.
   absl::Status refused;
-  for (int i = 0; i < 25 && refused.ok(); ++i) {
-    contexts_.push_back(std::make_unique<grpc::ClientContext>());
-    if (control_ == nullptr) {
-      control_ = v1::Control::NewStub(grpc::CreateChannel(absl::StrCat("unix:", socket_),
-                                                          grpc::InsecureChannelCredentials()));
-    }
-    streams_.push_back(control_->OpenSession(contexts_.back().get(), v1::OpenSessionRequest()));
-    v1::SessionEvent event;
-    if (!streams_.back()->Read(&event)) {
-      grpc::Status finished = streams_.back()->Finish();
-      refused = absl::Status(static_cast<absl::StatusCode>(finished.error_code()),
-                             finished.error_message());
-    }
-  }
+  for (int i = 0; i < 25 && refused.ok(); ++i) OpenRawSession(&refused);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("data.max_open_sessions (20)"));
 }

@@ -10,6 +10,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "proto/shm/attach.h"
 #include "proto/shm/message.h"
 
@@ -104,28 +106,57 @@ std::map<uint64_t, std::pair<absl::StatusCode, std::string>> RawSession::Replies
   return replies;
 }
 
-absl::Status IdentifyRawSession(const std::string& grpc_socket, const std::string& session_id) {
-  auto request = shm::EncodeIdentifyRequest(session_id);
-  if (!request.ok()) return request.status();
+absl::Status SendDataRequest(const std::string& grpc_socket,
+                             const std::array<uint8_t, shm::kAttachRequestBytes>& request) {
   const std::string path = shm::DataSocketPath(grpc_socket);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      send(fd, request->data(), request->size(), MSG_NOSIGNAL) !=
-          static_cast<ssize_t>(request->size())) {
+      send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(request.size())) {
     close(fd);
     return absl::UnavailableError(absl::StrCat("cannot reach the data socket ", path));
   }
   std::string reply(shm::kAttachReplyBytes, '\0');
   const ssize_t got = recv(fd, reply.data(), reply.size(), MSG_WAITALL);
-  close(fd);
+  close(fd);  // with any memfd that came
   if (got != static_cast<ssize_t>(reply.size())) {
     return absl::UnavailableError("the daemon closed the data connection without a reply");
   }
   absl::StatusOr<shm::AttachReply> decoded = shm::DecodeAttachReply(reply);
   return decoded.ok() ? decoded->status : decoded.status();
+}
+
+absl::Status IdentifyRawSession(const std::string& grpc_socket, const std::string& session_id) {
+  auto request = shm::EncodeIdentifyRequest(session_id);
+  if (!request.ok()) return request.status();
+  return SendDataRequest(grpc_socket, *request);
+}
+
+std::string RawSessionStreams::Open(absl::Status* refused) {
+  if (control_ == nullptr) {
+    control_ = v1::Control::NewStub(
+        grpc::CreateChannel(absl::StrCat("unix:", socket_), grpc::InsecureChannelCredentials()));
+  }
+  contexts_.push_back(std::make_unique<grpc::ClientContext>());
+  streams_.push_back(control_->OpenSession(contexts_.back().get(), v1::OpenSessionRequest()));
+  v1::SessionEvent event;
+  if (streams_.back()->Read(&event)) return event.session_id();
+  if (refused != nullptr) {
+    const grpc::Status finished = streams_.back()->Finish();
+    *refused = absl::Status(static_cast<absl::StatusCode>(finished.error_code()),
+                            finished.error_message());
+  }
+  return "";
+}
+
+void RawSessionStreams::CloseAll() {
+  for (auto& context : contexts_) context->TryCancel();
+  streams_.clear();
+  contexts_.clear();
+  control_.reset();
 }
 
 }  // namespace tpd::testing

@@ -9,6 +9,7 @@
 #ifndef TPD_TESTS_TESTING_RAW_SESSION_H_
 #define TPD_TESTS_TESTING_RAW_SESSION_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -20,6 +21,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "proto/control.grpc.pb.h"
+#include "proto/shm/attach.h"
 #include "proto/shm/descriptor.h"
 #include "proto/shm/layout.h"
 #include "proto/shm/ring.h"
@@ -56,10 +59,32 @@ struct RawSession {
                                                                        absl::Time until);
 };
 
-// The data socket's identify exchange for `session_id` (proto/shm/attach.h), as this process,
-// for tests that open sessions with raw gRPC: the daemon's answer. The client library does
-// this itself when it opens a session; a session must be identified before it joins a group.
+// One request on the data socket of the daemon serving `grpc_socket` (proto/shm/attach.h),
+// as this process: the daemon's answer (an fd sent with it is closed).
+absl::Status SendDataRequest(const std::string& grpc_socket,
+                             const std::array<uint8_t, shm::kAttachRequestBytes>& request);
+
+// The identify exchange for `session_id`, for tests that open sessions with raw gRPC. The
+// client library does this itself when it opens a session; a session must be identified
+// before it joins a group.
 absl::Status IdentifyRawSession(const std::string& grpc_socket, const std::string& session_id);
+
+// Control.OpenSession streams opened by hand, kept open until CloseAll or destruction.
+class RawSessionStreams {
+ public:
+  explicit RawSessionStreams(std::string grpc_socket) : socket_(std::move(grpc_socket)) {}
+  ~RawSessionStreams() { CloseAll(); }
+  // A new session's id; "" when the daemon refused it, with why in `*refused` (if given).
+  std::string Open(absl::Status* refused = nullptr);
+  // Ends every stream and the channel (a connection of the test's to the daemon too).
+  void CloseAll();
+
+ private:
+  const std::string socket_;
+  std::unique_ptr<v1::Control::Stub> control_;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::SessionEvent>>> streams_;
+};
 
 }  // namespace tpd::testing
 

@@ -7,12 +7,7 @@
 //   second_user --socket=S --raw_session=ID --raw_attach        attach its shared memory
 //   second_user --socket=S --group=g --name=x --init_method=tcp://... [--secret=...] --call=a
 //   second_user --socket=S --attach_sessions=40                 attach as many sessions
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
-
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -58,31 +53,6 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-// The data socket's attach exchange with any session id: the daemon's answer.
-absl::Status RawAttach(const std::string& socket, const std::string& session_id) {
-  auto request = tpd::shm::EncodeAttachRequest(session_id);
-  if (!request.ok()) return request.status();
-  const std::string path = tpd::shm::DataSocketPath(socket);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      send(fd, request->data(), request->size(), MSG_NOSIGNAL) !=
-          static_cast<ssize_t>(request->size())) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot reach ", path));
-  }
-  std::string reply(tpd::shm::kAttachReplyBytes, '\0');
-  const ssize_t got = recv(fd, reply.data(), reply.size(), MSG_WAITALL);
-  close(fd);  // with any memfd that came
-  if (got != static_cast<ssize_t>(reply.size())) {
-    return absl::UnavailableError("the daemon closed the data connection without a reply");
-  }
-  absl::StatusOr<tpd::shm::AttachReply> decoded = tpd::shm::DecodeAttachReply(reply);
-  return decoded.ok() ? decoded->status : decoded.status();
-}
-
 void Raw(const std::string& socket) {
   auto stub = tpd::v1::Control::NewStub(
       grpc::CreateChannel(absl::StrCat("unix:", socket), grpc::InsecureChannelCredentials()));
@@ -118,7 +88,9 @@ int main(int argc, char** argv) {
   const std::string socket = absl::GetFlag(FLAGS_socket);
   Raw(socket);
   if (absl::GetFlag(FLAGS_raw_attach)) {
-    Print("raw_attach", RawAttach(socket, absl::GetFlag(FLAGS_raw_session)));
+    auto request = tpd::shm::EncodeAttachRequest(absl::GetFlag(FLAGS_raw_session));
+    Print("raw_attach", request.ok() ? tpd::testing::SendDataRequest(socket, *request)
+                                     : request.status());
   }
   if (!absl::GetFlag(FLAGS_name).empty()) {
     absl::StatusOr<std::unique_ptr<tpd::Client>> client = tpd::Client::Connect(socket);
