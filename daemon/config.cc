@@ -235,6 +235,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Int("max_sessions", &config.data.max_sessions),
           reader.Int("max_sessions_per_uid", &config.data.max_sessions_per_uid),
           reader.Int("max_open_sessions", &config.data.max_open_sessions),
+          reader.Int("max_open_sessions_per_uid", &config.data.max_open_sessions_per_uid),
+          reader.Millis("session_identify_timeout_ms", &config.data.session_identify_timeout),
           reader.String("device_dir", &config.data.device_dir),
           reader.Int("max_calls_in_flight", &config.data.max_calls_in_flight),
           reader.NoUnknownKeys()}) {
@@ -322,6 +324,7 @@ absl::Status ValidateClientLimits(const Config& config) {
       {"data.max_sessions", config.data.max_sessions, 65536},
       {"data.max_sessions_per_uid", config.data.max_sessions_per_uid, 65536},
       {"data.max_open_sessions", config.data.max_open_sessions, 1 << 20},
+      {"data.max_open_sessions_per_uid", config.data.max_open_sessions_per_uid, 1 << 20},
       {"data.max_calls_in_flight", config.data.max_calls_in_flight, 1 << 20},
       {"agent.mpt_lanes", config.agent.mpt_lanes, 64},
       {"agent.max_message_bytes", config.agent.max_message_bytes, int64_t{1} << 40},
@@ -406,7 +409,9 @@ absl::Status ValidateConfig(const Config& config) {
         positive("group.max_groups", config.group.max_groups),
         positive("group.max_groups_per_session", config.group.max_groups_per_session),
         positive("group.idle_group_release_ms",
-                 absl::ToInt64Milliseconds(config.group.idle_group_release))}) {
+                 absl::ToInt64Milliseconds(config.group.idle_group_release)),
+        positive("data.session_identify_timeout_ms",
+                 absl::ToInt64Milliseconds(config.data.session_identify_timeout))}) {
     if (!status.ok()) return status;
   }
   // gRPC's own message limit is derived from these, so they are capped well below overflow.

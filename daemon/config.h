@@ -120,6 +120,12 @@ struct DataConfig {
   int64_t max_sessions_per_uid = 32;
   // Control.OpenSession streams open at once, attached or not; one more is RESOURCE_EXHAUSTED.
   int64_t max_open_sessions = 4096;
+  // Sessions of one uid open at once (a session's uid is known once it identified itself on
+  // the data socket); one more identify or attach is RESOURCE_EXHAUSTED.
+  int64_t max_open_sessions_per_uid = 256;
+  // A session that has not identified its user by then is ended: it could only hold a place
+  // among max_open_sessions. The client library identifies at once.
+  absl::Duration session_identify_timeout = absl::Seconds(10);
   // Where the NVIDIA device nodes are (nvidiactl, nvidia<N>): the daemon opens CUDA memory for
   // a session only if its user could open these itself (docs/security.md). Absolute.
   std::string device_dir = "/dev";

@@ -292,6 +292,8 @@ absl::Status Daemon::Serve() {
   groups.max_groups = config_.group.max_groups;
   groups.max_groups_per_session = config_.group.max_groups_per_session;
   groups.idle_release = config_.group.idle_group_release;
+  groups.max_sessions_per_uid = config_.data.max_open_sessions_per_uid;
+  groups.identify_timeout = config_.data.session_identify_timeout;
   groups.rendezvous.file_dirs = config_.group.file_rendezvous_dirs;
   // etcd:// stores: [etcd]'s timeouts and credentials (files read once, here; a bad one stops
   // the daemon naming the setting), [store] max_waiters.
@@ -324,6 +326,10 @@ absl::Status Daemon::Serve() {
   control_service_ =
       std::make_unique<ControlService>(groups_.get(), &control_calls_, config_.group,
                                        config_.data.max_open_sessions);
+  ControlService* control = control_service_.get();
+  groups_->set_session_ender([control](const std::string& id, const std::string& why) {
+    control->EndSession(id, why);
+  });
   admin_service_ = std::make_unique<AdminService>(&config_, socket_path_, start_time_, &serving_,
                                                   &store_, &store_calls_, &control_calls_,
                                                   &in_flight_, peer_address_, groups_.get());

@@ -85,12 +85,19 @@ void GroupManager::Shutdown() {
 
 void GroupManager::ReapLoop() {
   const absl::Duration period =
-      std::clamp(options_.idle_release / 4, absl::Milliseconds(10), absl::Seconds(5));
+      std::clamp(std::min(options_.idle_release / 4, options_.identify_timeout / 2),
+                 absl::Milliseconds(10), absl::Seconds(5));
   while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
     std::vector<std::shared_ptr<GroupTracker>> released;
+    std::vector<std::string> unidentified;
     {
       absl::MutexLock lock(&mu_);
       const absl::Time now = absl::Now();
+      for (const auto& [id, session] : sessions_) {
+        if (!session.uid && now - session.opened >= options_.identify_timeout) {
+          unidentified.push_back(id);
+        }
+      }
       for (auto it = trackers_.begin(); it != trackers_.end();) {
         if (now - it->second.last_used >= options_.idle_release && it->second.tracker->Idle()) {
           DaemonLog().info("[group {}] [store {}] released: no local member, watcher or call "
@@ -107,6 +114,13 @@ void GroupManager::ReapLoop() {
     // Stopped outside the lock (a worker may be finishing a store call); freed, with the
     // store once its last group goes, when the last reference is dropped.
     for (const std::shared_ptr<GroupTracker>& tracker : released) tracker->Stop();
+    for (const std::string& id : unidentified) {
+      if (!session_ender_) break;
+      session_ender_(id, absl::StrCat("the session did not identify its user on the data "
+                                      "socket within ",
+                                      absl::FormatDuration(options_.identify_timeout),
+                                      " (data.session_identify_timeout_ms)"));
+    }
   }
 }
 
@@ -142,7 +156,7 @@ std::string GroupManager::OpenSession(const std::string& client) {
   const std::string id =
       absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(bytes), sizeof(bytes)));
   absl::MutexLock lock(&mu_);
-  sessions_[id] = SessionEntry{client, std::nullopt};
+  sessions_[id] = SessionEntry{client, std::nullopt, absl::Now()};
   return id;
 }
 
@@ -157,6 +171,15 @@ absl::Status GroupManager::BindSessionUid(const std::string& session_id, int64_t
     return absl::PermissionDeniedError(absl::StrCat("session ", SessionHandle(session_id),
                                                     " belongs to another user; uid ", uid,
                                                     " may not use it"));
+  }
+  if (!bound) {
+    int64_t of_uid = 0;
+    for (const auto& [id, session] : sessions_) of_uid += session.uid == uid;
+    if (of_uid >= options_.max_sessions_per_uid) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "data.max_open_sessions_per_uid (", options_.max_sessions_per_uid,
+          ") sessions of uid ", uid, " are open; end some of them"));
+    }
   }
   bound = uid;
   return absl::OkStatus();

@@ -57,6 +57,10 @@ struct GroupManagerOptions {
   int64_t max_groups_per_session = 64;
   // How long a group stays after its last local member, watcher or call.
   absl::Duration idle_release = absl::Seconds(60);
+  // Sessions of one uid open at once; BindSessionUid refuses one more.
+  int64_t max_sessions_per_uid = 256;
+  // A session not bound to a uid by then is ended (set_session_ender).
+  absl::Duration identify_timeout = absl::Seconds(10);
 };
 
 class GroupManager {
@@ -72,8 +76,14 @@ class GroupManager {
   int64_t SessionCount();
   // Binds the session to `uid`, the user its data connection came from (docs/security.md, "Who
   // may join a group"): its joins are that uid's. NOT_FOUND for no such session,
-  // PERMISSION_DENIED when it is bound to another uid already.
+  // PERMISSION_DENIED when it is bound to another uid already, RESOURCE_EXHAUSTED when `uid`
+  // has max_sessions_per_uid sessions open.
   absl::Status BindSessionUid(const std::string& session_id, int64_t uid);
+  // How sessions that did not identify within identify_timeout are ended (their stream closed
+  // saying why). Set once, before sessions open.
+  void set_session_ender(std::function<void(const std::string& id, const std::string& why)> end) {
+    session_ender_ = std::move(end);
+  }
 
   void Join(const v1::JoinRequest& request, GroupTracker::JoinDone done);
   // The Join `request` was cancelled by its client (gone, or past its deadline).
@@ -160,7 +170,9 @@ class GroupManager {
   struct SessionEntry {
     std::string client;
     std::optional<int64_t> uid;  // bound by the data socket (BindSessionUid)
+    absl::Time opened;
   };
+  std::function<void(const std::string& id, const std::string& why)> session_ender_;
   std::map<std::string, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);  // by id
   std::map<std::string, std::weak_ptr<StoreEntry>> stores_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, TrackerEntry> trackers_ ABSL_GUARDED_BY(mu_);  // by group name

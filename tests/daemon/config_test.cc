@@ -67,6 +67,8 @@ const std::vector<std::string>& AllOptions() {
       "data.max_sessions",
       "data.max_sessions_per_uid",
       "data.max_open_sessions",
+      "data.max_open_sessions_per_uid",
+      "data.session_identify_timeout_ms",
       "data.device_dir",
       "etcd.user",
       "etcd.password_file",
@@ -124,6 +126,8 @@ void ExpectDefaultsExceptPaths(const Config& config) {
   EXPECT_EQ(config.data.max_sessions, defaults.data.max_sessions);
   EXPECT_EQ(config.data.max_sessions_per_uid, defaults.data.max_sessions_per_uid);
   EXPECT_EQ(config.data.max_open_sessions, defaults.data.max_open_sessions);
+  EXPECT_EQ(config.data.max_open_sessions_per_uid, defaults.data.max_open_sessions_per_uid);
+  EXPECT_EQ(config.data.session_identify_timeout, defaults.data.session_identify_timeout);
   EXPECT_EQ(config.data.device_dir, defaults.data.device_dir);
   EXPECT_EQ(config.etcd.user, defaults.etcd.user);
   EXPECT_EQ(config.etcd.password_file, defaults.etcd.password_file);
@@ -781,6 +785,8 @@ TEST(ConfigTest, ClientLimitsOutOfRangeNameTheField) {
       {"[data]\nmax_sessions = 65537\n", "data.max_sessions"},
       {"[data]\nmax_sessions_per_uid = 0\n", "data.max_sessions_per_uid"},
       {"[data]\nmax_open_sessions = 0\n", "data.max_open_sessions"},
+      {"[data]\nmax_open_sessions_per_uid = 0\n", "data.max_open_sessions_per_uid"},
+      {"[data]\nsession_identify_timeout_ms = 0\n", "data.session_identify_timeout_ms"},
       {"[data]\ndevice_dir = \"dev\"\n", "data.device_dir"},
       {"[data]\nsessions = 1\n", "sessions"},
       {"[agent]\ncuda_chunk_bytes = 1048575\n", "agent.cuda_chunk_bytes"},

@@ -465,6 +465,26 @@ TEST_F(TrustTest, CudaTensorsOfAUserWhoCannotOpenTheGpusAreRefusedUnopened) {
   EXPECT_THAT(Step(tried.output, "forged_cuda_call"), HasSubstr("nvidia"));
 }
 
+TEST_F(TrustTest, OpenSessionsAreBoundedPerUserAndUnidentifiedOnesEnd) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  Start("max_open_sessions_per_uid = 2\nsession_identify_timeout_ms = 500\n");
+  testing::ProcessResult result = AsSecondUser({"--attach_sessions=4"});
+  EXPECT_THAT(result.output, HasSubstr("attached: 2"));
+  EXPECT_THAT(Step(result.output, "attach_error"), HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(Step(result.output, "attach_error"),
+              HasSubstr("data.max_open_sessions_per_uid (2) sessions of uid 65534"));
+  // Another user's sessions are its own to count: root opens and joins.
+  std::unique_ptr<Client> mine = Echoer("g", "mine");
+  ASSERT_NE(mine, nullptr);
+  // A session that never identifies its user holds its place for the timeout only.
+  const int64_t before = mine->Status()->open_session_count();
+  ASSERT_FALSE(OpenRawSession().empty());
+  EXPECT_EQ(mine->Status()->open_session_count(), before + 1);
+  EXPECT_TRUE(WaitUntil([&] { return mine->Status()->open_session_count() == before; },
+                        absl::Seconds(10)))
+      << "the unidentified session was never ended";
+}
+
 // The pids controller of cgroup v1 or v2, where this machine has one we may write.
 std::string PidsCgroupRoot() {
   for (const char* root : {"/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
