@@ -764,7 +764,16 @@ class ListenerImpl final : public Handler, public std::enable_shared_from_this<L
   void OnEvents(uint32_t /*events*/) override {
     while (fd_ >= 0) {
       const int fd = accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN, or out of fds (the next event tries again)
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE) {
+          // Out of fds the listener stays readable: stop watching it until the next tick
+          // rather than spin on a connection it cannot accept.
+          loop_->Modify(fd_, 0);
+          paused_ = true;
+          Refused("out of file descriptors; accepting again in a moment");
+        }
+        return;  // EAGAIN: all accepted
+      }
       if (handshaking_.size() >= options_->max_handshakes) {
         const std::string peer = PeerOf(fd);
         close(fd);
@@ -780,7 +789,12 @@ class ListenerImpl final : public Handler, public std::enable_shared_from_this<L
       });
     }
   }
-  void OnTick(absl::Time /*now*/) override {}
+  void OnTick(absl::Time /*now*/) override {
+    if (paused_ && fd_ >= 0) {
+      paused_ = false;
+      loop_->Modify(fd_, EPOLLIN);
+    }
+  }
   void OnClose() override { Close(MakeError<tensorpipe::transport::ContextClosedError>()); }
 
   void Close(const Error& error) {
@@ -830,6 +844,7 @@ class ListenerImpl final : public Handler, public std::enable_shared_from_this<L
   const std::shared_ptr<Loop> loop_;
   const std::shared_ptr<const AuthTcpOptions> options_;
   int fd_ = -1;
+  bool paused_ = false;  // not watched after running out of fds, until the next tick
   std::string addr_;
   Error error_;
   std::set<std::shared_ptr<Conn>> handshaking_;

@@ -420,20 +420,16 @@ std::optional<v1::Member> GroupTracker::MemberNamed(const std::string& name, int
 }
 
 void GroupTracker::WhenVersion(int64_t version, absl::Time deadline, VersionDone done) {
+  bool reached;
   {
     absl::MutexLock lock(&mu_);
-    if (latest_.view().version() < version && !stop_ &&
-        version_waiters_.size() < kMaxVersionWaiters) {
+    reached = latest_.view().version() >= version;
+    if (!reached && !stop_ && version_waiters_.size() < kMaxVersionWaiters) {
       version_waiters_.emplace(version, VersionWaiter{deadline, std::move(done)});
       return;
     }
   }
-  int64_t have;
-  {
-    absl::MutexLock lock(&mu_);
-    have = latest_.view().version();
-  }
-  done(have >= version);
+  done(reached);
 }
 
 void GroupTracker::SettleVersionWaiters() {

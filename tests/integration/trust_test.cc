@@ -117,6 +117,16 @@ class TrustTest : public ::testing::Test {
     return client;
   }
 
+  // A member `name` of `group` whose session the test drives by hand (RawSession): it reads its
+  // completions only when the test says.
+  std::unique_ptr<testing::RawSession> RawMember(const std::string& group, const std::string& name) {
+    std::unique_ptr<Client> client = Connect();
+    if (client == nullptr || !Join(client.get(), group, name).ok()) return nullptr;
+    auto raw = testing::RawSession::Open(std::move(client));
+    EXPECT_TRUE(raw.ok()) << raw.status();
+    return raw.ok() ? *std::move(raw) : nullptr;
+  }
+
   testing::ProcessResult AsSecondUser(std::vector<std::string> args) {
     args.insert(args.begin(), absl::StrCat("--socket=", socket_));
     testing::ProcessResult result = testing::RunAsSecondUser(dir_.path(), args);
@@ -297,12 +307,9 @@ TEST_F(TrustTest, AReplyReachesItsCallerWhoseCompletionRingIsFull) {
   Start("max_calls_in_flight = 4096\n");
   std::unique_ptr<Client> e = Echoer("g", "e");
   ASSERT_NE(e, nullptr);
-  std::unique_ptr<Client> v_client = Connect();
-  ASSERT_NE(v_client, nullptr);
-  ASSERT_TRUE(Join(v_client.get(), "g", "v").ok());
-  auto victim = testing::RawSession::Open(std::move(v_client));
-  ASSERT_TRUE(victim.ok()) << victim.status();
-  testing::RawSession& v = **victim;
+  std::unique_ptr<testing::RawSession> victim = RawMember("g", "v");
+  ASSERT_NE(victim, nullptr);
+  testing::RawSession& v = *victim;
   std::unique_ptr<Client> f = Connect();
   ASSERT_NE(f, nullptr);
   ASSERT_TRUE(Join(f.get(), "g", "f").ok());
@@ -344,12 +351,9 @@ TEST_F(TrustTest, ASessionThatNeverReadsItsCompletionsIsEndedPastItsBound) {
   Start("max_calls_in_flight = 16\n");
   std::unique_ptr<Client> e = Echoer("g", "e");
   ASSERT_NE(e, nullptr);
-  std::unique_ptr<Client> h_client = Connect();
-  ASSERT_NE(h_client, nullptr);
-  ASSERT_TRUE(Join(h_client.get(), "g", "h").ok());
-  auto hoarder = testing::RawSession::Open(std::move(h_client));
-  ASSERT_TRUE(hoarder.ok()) << hoarder.status();
-  testing::RawSession& h = **hoarder;
+  std::unique_ptr<testing::RawSession> hoarder = RawMember("g", "h");
+  ASSERT_NE(hoarder, nullptr);
+  testing::RawSession& h = *hoarder;
 
   // Calls as fast as its submission ring takes them, never reading a completion.
   const absl::Time until = absl::Now() + absl::Seconds(20);
@@ -374,12 +378,9 @@ TEST_F(TrustTest, ASessionThatNeverReadsItsCompletionsIsEndedPastItsBound) {
 
 TEST_F(TrustTest, WarningsAClientCausesAreRateLimited) {
   Start();
-  std::unique_ptr<Client> c = Connect();
-  ASSERT_NE(c, nullptr);
-  ASSERT_TRUE(Join(c.get(), "g", "c").ok());
-  auto raw = testing::RawSession::Open(std::move(c));
-  ASSERT_TRUE(raw.ok()) << raw.status();
-  testing::RawSession& r = **raw;
+  std::unique_ptr<testing::RawSession> raw = RawMember("g", "c");
+  ASSERT_NE(raw, nullptr);
+  testing::RawSession& r = *raw;
   // 20000 releases of blocks the daemon never gave it.
   int sent = 0;
   const absl::Time until = absl::Now() + absl::Seconds(10);
