@@ -346,6 +346,32 @@ struct CallState {
   const absl::StatusOr<Message>& Result() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return result; }
 };
 
+struct PendingReply {
+  PendingReply(std::weak_ptr<CallEngine> engine, uint64_t call_id, std::string worker,
+               std::string method)
+      : engine(std::move(engine)),
+        call_id(call_id),
+        worker(std::move(worker)),
+        method(std::move(method)) {}
+  // The last Responder went without an answer: the caller hears so now, not at its deadline.
+  ~PendingReply() {
+    if (answered.exchange(true)) return;
+    std::shared_ptr<CallEngine> live = engine.lock();
+    if (live == nullptr) return;
+    (void)live->Answer(call_id, worker, method, /*from_handler=*/false,
+                       absl::InternalError(absl::StrCat(
+                           "the handler of worker '", worker, "' method '", method,
+                           "' dropped the call without answering it")));
+    ReleaseCallEngine(std::move(live));
+  }
+
+  const std::weak_ptr<CallEngine> engine;
+  const uint64_t call_id;
+  const std::string worker;
+  const std::string method;
+  std::atomic<bool> answered{false};
+};
+
 }  // namespace calls_internal
 
 using calls_internal::ArenaBlock;
@@ -353,6 +379,7 @@ using calls_internal::CallState;
 using calls_internal::CudaExporter;
 using calls_internal::DevicePool;
 using calls_internal::Link;
+using calls_internal::PendingReply;
 using calls_internal::PoolBlock;
 using calls_internal::RxBlock;
 
@@ -496,6 +523,31 @@ void CallFuture::Then(CallCallback callback) {
   callback(state_->Result());
 }
 
+// --- Responder ---
+
+absl::Status Responder::Reply(absl::StatusOr<Message> reply) const {
+  if (state_ == nullptr) {
+    return absl::FailedPreconditionError("Reply on a Responder that holds no call");
+  }
+  const PendingReply& call = *state_;
+  if (state_->answered.exchange(true)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the call to worker '", call.worker, "' method '", call.method, "' was answered already"));
+  }
+  std::shared_ptr<CallEngine> engine = call.engine.lock();
+  if (engine == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the call to worker '", call.worker, "' method '", call.method,
+        "' cannot be answered: the client's shared memory was detached (the daemon answered "
+        "its caller)"));
+  }
+  absl::Status sent =
+      engine->Answer(call.call_id, call.worker, call.method, /*from_handler=*/true,
+                     std::move(reply));
+  ReleaseCallEngine(std::move(engine));
+  return sent;
+}
+
 // --- CallEngine ---
 
 CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads)
@@ -544,7 +596,19 @@ CallEngine::~CallEngine() {
   link_->Close();
 }
 
+DeferredHandler AnswerOnReturn(Handler handler) {
+  return [handler = std::move(handler)](Message request, Responder responder) {
+    absl::StatusOr<Message> reply = handler(request);
+    request = Message{};  // its rx blocks' releases ride on the reply
+    (void)responder.Reply(std::move(reply));  // a failure went to the caller instead
+  };
+}
+
 void CallEngine::Handle(const std::string& method, Handler handler) {
+  HandleDeferred(method, AnswerOnReturn(std::move(handler)));
+}
+
+void CallEngine::HandleDeferred(const std::string& method, DeferredHandler handler) {
   absl::MutexLock lock(&mu_);
   handlers_[method] = std::move(handler);
 }
@@ -1106,48 +1170,57 @@ void CallEngine::PoolLoop() {
 }
 
 void CallEngine::Serve(Incoming incoming) {
-  Handler handler;
+  DeferredHandler handler;
   {
     absl::MutexLock lock(&mu_);
     auto it = handlers_.find(incoming.method);
     if (it != handlers_.end()) handler = it->second;
   }
   const std::string& worker = incoming.to.second;
-  absl::StatusOr<Message> reply =
-      handler ? handler(incoming.request)
-              : absl::UnimplementedError(absl::StrCat("worker '", worker,
-                                                      "' has no handler for method '",
-                                                      incoming.method, "' (Client::Handle)"));
-  // The request's rx block goes now, unless the handler kept a view; its release rides on
-  // the reply (one doorbell ring for both).
+  if (!handler) {
+    (void)Answer(incoming.call_id, worker, incoming.method, /*from_handler=*/false,
+                 absl::UnimplementedError(absl::StrCat("worker '", worker,
+                                                       "' has no handler for method '",
+                                                       incoming.method, "' (Client::Handle)")));
+    return;
+  }
+  auto pending =
+      std::make_shared<PendingReply>(weak_from_this(), incoming.call_id, worker, incoming.method);
+  // Releases of the request's rx blocks the handler drops ride on its reply (one doorbell ring
+  // for both) when it answers before it returns.
   defer_releases_of = link_.get();
-  incoming.request = Message{};
+  handler(std::move(incoming.request), Responder(std::move(pending)));
+  defer_releases_of = nullptr;
+  link_->FlushReleases(absl::ZeroDuration());  // when nothing above was pushed
+}
+
+absl::Status CallEngine::Answer(uint64_t id, const std::string& worker,
+                                const std::string& method, bool from_handler,
+                                absl::StatusOr<Message> reply) {
   absl::Status sent;
   if (reply.ok()) {
-    sent = Submit(shm::Op::kReply, incoming.call_id, 0, 0, 0, "", "", "", "", reply->payload,
-                  reply->tensors);
-  } else if (!handler) {
-    ReplyError(incoming.call_id, reply.status());
+    sent = Submit(shm::Op::kReply, id, 0, 0, 0, "", "", "", "", reply->payload, reply->tensors);
+  } else if (!from_handler) {
+    ReplyError(id, reply.status());
   } else {
-    ReplyError(incoming.call_id,
-               absl::Status(reply.status().code(),
-                            absl::StrCat(kRemotePrefix, worker, "' method '", incoming.method,
-                                         "' failed: ", reply.status().message())));
+    ReplyError(id, absl::Status(reply.status().code(),
+                                absl::StrCat(kRemotePrefix, worker, "' method '", method,
+                                             "' failed: ", reply.status().message())));
   }
   if (!sent.ok()) {
     // Too big for the arena, say: tell the caller that instead.
-    ReplyError(incoming.call_id,
-               absl::Status(sent.code(), absl::StrCat("the reply of worker '", worker,
-                                                      "' method '", incoming.method,
-                                                      "' could not be sent: ", sent.message())));
+    sent = absl::Status(sent.code(), absl::StrCat("the reply of worker '", worker, "' method '",
+                                                  method, "' could not be sent: ",
+                                                  sent.message()));
+    ReplyError(id, sent);
   }
-  defer_releases_of = nullptr;
-  link_->FlushReleases(absl::ZeroDuration());  // when nothing above was pushed
+  if (defer_releases_of != link_.get()) link_->FlushReleases(absl::ZeroDuration());
   reply = Message{};
   absl::MutexLock lock(&mu_);
   --handlers_running_;
-  serving_.erase(incoming.call_id);
+  serving_.erase(id);
   idle_cv_.SignalAll();
+  return sent;
 }
 
 void CallEngine::BeginLeave(const std::string& group, const std::string& worker) {

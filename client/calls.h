@@ -54,6 +54,7 @@ class Link;         // the engine's half of a segment: tx heap allocator, submis
 struct ArenaBlock;  // a block of the tx heap (an arena tensor's bytes)
 struct RxBlock;     // a block of the rx heap; released to the daemon when it goes
 struct CallState;   // one call's result, shared by the engine and its CallFutures
+struct PendingReply;  // an incoming call not yet answered, shared by its Responders
 }  // namespace calls_internal
 
 // Where a tensor lives: "cpu" or "cuda:N".
@@ -158,6 +159,42 @@ struct Message {
 // of a Tensor kept past the handler keeps its block from the daemon (Clone() owns the bytes
 // instead). Runs on a handler pool thread.
 using Handler = std::function<absl::StatusOr<Message>(const Message& request)>;
+
+// The answer to one incoming call, given once, from any thread, after the handler that
+// received it returned if it likes (PyTorch's @rpc.functions.async_execution, a C ABI
+// handing requests to another language's threads). Copies share one answer.
+//
+// A call stays in flight until it is answered: Leave's drain waits for it, and
+// CallEngineStats::handlers_running counts it. When the last copy of an unanswered Responder
+// goes, the call is answered INTERNAL naming the worker and method, so a lost Responder
+// never leaves its caller waiting for a deadline.
+//
+// Thread safety: thread-safe.
+class Responder {
+ public:
+  // Answers nothing (valid() false).
+  Responder() = default;
+
+  bool valid() const { return state_ != nullptr; }
+  // Sends `reply` to the caller, as a Handler's return value goes: a message, or an error
+  // marked as the remote handler's. Only the first answer goes: a later one, one on an invalid
+  // Responder and one after the engine went away (the daemon has answered the caller then)
+  // return FAILED_PRECONDITION naming the call. An error sending the reply (too big for the
+  // arena, say) is returned and goes to the caller instead.
+  absl::Status Reply(absl::StatusOr<Message> reply) const;
+
+ private:
+  friend class CallEngine;
+  explicit Responder(std::shared_ptr<calls_internal::PendingReply> state)
+      : state_(std::move(state)) {}
+  std::shared_ptr<calls_internal::PendingReply> state_;
+};
+
+// Receives one request and answers it through `responder`, now or later. Runs on a handler
+// pool thread, which is free again when it returns.
+using DeferredHandler = std::function<void(Message request, Responder responder)>;
+// `handler` as a DeferredHandler that answers with its return value.
+DeferredHandler AnswerOnReturn(Handler handler);
 // Runs once with a call's result (CallFuture::Then).
 using CallCallback = std::function<void(const absl::StatusOr<Message>& result)>;
 
@@ -210,7 +247,7 @@ struct CallEngineStats {
   uint64_t bytes_copied_out = 0;   // bytes copied out of the rx heap (payloads)
   uint64_t rx_blocks_held = 0;     // received blocks not yet released (views alive)
   int handler_threads = 0;
-  int handlers_running = 0;
+  int handlers_running = 0;         // incoming calls taken off the queue and not yet answered
   int workers_leaving = 0;         // BeginLeave'd and not rejoined
   // Work (an incoming call, a future's callbacks) handed to the pool: taken by a pool thread
   // that was spinning for it, or by one woken through the condition variable.
@@ -237,7 +274,7 @@ struct CallEngineStats {
 // reader to a handler and from the reader to the caller without a system call; an idle
 // engine's threads sleep. Releases of rx blocks made on the reader, or by a handler before
 // its reply, ride on the next descriptor pushed (within 200 µs) instead of waking the daemon.
-class CallEngine {
+class CallEngine : public std::enable_shared_from_this<CallEngine> {
  public:
   CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads);
   // Answers calls still waiting CANCELLED (naming each), drops incoming calls not yet
@@ -248,7 +285,10 @@ class CallEngine {
   CallEngine(const CallEngine&) = delete;
   CallEngine& operator=(const CallEngine&) = delete;
 
+  // Registers `handler` for `method`, replacing an earlier one (of either kind). A Handler
+  // answers with its return value; a DeferredHandler through its Responder.
   void Handle(const std::string& method, Handler handler);
+  void HandleDeferred(const std::string& method, DeferredHandler handler);
   // Grows the handler pool to at least `threads` (never shrinks).
   void EnsureHandlerThreads(int threads);
   // Lends the daemon a receive pool of `bytes` on cuda:`device` (once per device; later calls
@@ -336,6 +376,13 @@ class CallEngine {
   void PoolLoop();
   void OnCompletion(const shm::Descriptor& d);
   void Serve(Incoming incoming);
+  // Sends the answer of the incoming call `id` to `worker`'s method `method` and ends it
+  // (Responder::Reply). `from_handler`: an error is the handler's (prefixed as such), not the
+  // engine's own refusal.
+  absl::Status Answer(uint64_t id, const std::string& worker, const std::string& method,
+                      bool from_handler, absl::StatusOr<Message> reply);
+  friend struct calls_internal::PendingReply;
+  friend class Responder;
 
   const std::shared_ptr<calls_internal::Link> link_;
   shm::RingConsumer completions_;  // the reader thread only
@@ -349,7 +396,7 @@ class CallEngine {
   uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Outgoing> waiting_ ABSL_GUARDED_BY(mu_);
   absl::Time next_expire_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::map<std::string, Handler> handlers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, DeferredHandler> handlers_ ABSL_GUARDED_BY(mu_);
   std::deque<Incoming> incoming_ ABSL_GUARDED_BY(mu_);
   std::deque<std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
   // Incoming calls queued or running, by the id the daemon gave them: (worker, deadline).

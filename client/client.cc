@@ -285,7 +285,7 @@ absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
     old = std::move(calls_);
     calls_ = std::make_shared<CallEngine>(*segment, handler_threads_);
     calls_segment_ = *segment;
-    for (const auto& [method, handler] : handlers_) calls_->Handle(method, handler);
+    for (const auto& [method, handler] : handlers_) calls_->HandleDeferred(method, handler);
     calls = calls_;
     devices = cuda_devices_;
   }
@@ -307,13 +307,17 @@ absl::StatusOr<Client::Joined> Client::CallerIn(const std::string& group) {
 }
 
 absl::Status Client::Handle(const std::string& method, Handler handler) {
+  return HandleDeferred(method, AnswerOnReturn(std::move(handler)));
+}
+
+absl::Status Client::HandleDeferred(const std::string& method, DeferredHandler handler) {
   {
     absl::MutexLock lock(&data_mu_);
     handlers_[method] = handler;
   }
   absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
   if (!calls.ok()) return calls.status();
-  (*calls)->Handle(method, std::move(handler));
+  (*calls)->HandleDeferred(method, std::move(handler));
   ReleaseCallEngine(*std::move(calls));
   return absl::OkStatus();
 }

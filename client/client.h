@@ -165,6 +165,9 @@ class Client {
   // shrinks. An engine started before any Join has no handler thread until the first Join
   // (no call can reach a client that holds no member).
   absl::Status Handle(const std::string& method, Handler handler);
+  // As Handle, for a handler that answers through its Responder, possibly after it returned
+  // (calls.h, Responder).
+  absl::Status HandleDeferred(const std::string& method, DeferredHandler handler);
 
   // Calls `method` of `worker` in `group` as the worker this client joined `group` as
   // (latest Join; handlers see it in Message::caller). `timeout`: absent, the group's
@@ -256,7 +259,7 @@ class Client {
   // Started by the first Handle or Call, on the segment attached then.
   std::shared_ptr<CallEngine> calls_ ABSL_GUARDED_BY(data_mu_);
   std::shared_ptr<const shm::Segment> calls_segment_ ABSL_GUARDED_BY(data_mu_);
-  std::map<std::string, Handler> handlers_ ABSL_GUARDED_BY(data_mu_);
+  std::map<std::string, DeferredHandler> handlers_ ABSL_GUARDED_BY(data_mu_);
   // The largest num_worker_threads of the groups joined: the handler pool's size.
   int handler_threads_ ABSL_GUARDED_BY(data_mu_) = 0;
   // CUDA devices the joins gave this client's workers: each engine lends a pool on each.

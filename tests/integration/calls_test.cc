@@ -18,6 +18,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -932,6 +934,103 @@ TEST_F(CallsTest, HandlerMayDetachItsOwnClient) {
                    return Message{"pong", {}, ""};
                  }).ok());
   EXPECT_TRUE(a_->Call("g", "a", "ping", "", {}, absl::Seconds(10)).ok());
+}
+
+
+TEST_F(CallsTest, DeferredHandlerAnswersAfterItReturnedFromAnotherThread) {
+  StartPair();
+  std::mutex mu;
+  std::vector<std::pair<Message, Responder>> parked;
+  ASSERT_TRUE(b_->HandleDeferred("later", [&](Message request, Responder responder) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   parked.emplace_back(std::move(request), std::move(responder));
+                 }).ok());
+  CallFuture first = a_->CallAsync("g", "b", "later", "one", {}, absl::Seconds(20));
+  CallFuture second = a_->CallAsync("g", "b", "later", "two", {}, absl::Seconds(20));
+  ASSERT_TRUE(WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return parked.size() == 2;
+  }));
+  // Both handlers returned; the calls stay in flight until answered.
+  EXPECT_FALSE(first.ready());
+  EXPECT_EQ(b_->GetCallStats()->handlers_running, 2);
+  std::vector<std::pair<Message, Responder>> taken;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    taken.swap(parked);
+  }
+  std::thread answerer([&] {
+    for (auto& [request, responder] : taken) {
+      Message reply;
+      reply.payload = absl::StrCat(request.payload, " answered");
+      EXPECT_TRUE(responder.Reply(std::move(reply)).ok());
+      // Only the first answer goes.
+      absl::Status again = responder.Reply(Message{});
+      EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+      EXPECT_THAT(again.message(), HasSubstr("answered already"));
+    }
+  });
+  answerer.join();
+  std::set<std::string> replies;
+  for (CallFuture* future : {&first, &second}) {
+    ASSERT_TRUE(future->Wait().ok()) << future->Wait().status();
+    replies.insert(future->Wait()->payload);
+  }
+  EXPECT_EQ(replies, (std::set<std::string>{"one answered", "two answered"}));
+  EXPECT_TRUE(WaitUntil([&] { return b_->GetCallStats()->handlers_running == 0; }));
+}
+
+TEST_F(CallsTest, DeferredErrorIsMarkedRemoteAndADroppedResponderAnswersInternal) {
+  StartPair();
+  ASSERT_TRUE(b_->HandleDeferred("fails", [](Message, Responder responder) {
+                   std::thread([responder] {
+                     (void)responder.Reply(absl::NotFoundError("no such parameter 'w3'"));
+                   }).detach();
+                 }).ok());
+  ASSERT_TRUE(b_->HandleDeferred("forgets", [](Message, Responder) {}).ok());
+  absl::StatusOr<Message> failed = a_->Call("g", "b", "fails", "", {}, absl::Seconds(10));
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kNotFound) << failed.status();
+  EXPECT_THAT(failed.status().message(),
+              HasSubstr("remote handler of worker 'b' method 'fails' failed: no such parameter"));
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Message> forgotten = a_->Call("g", "b", "forgets", "", {}, absl::Seconds(20));
+  EXPECT_EQ(forgotten.status().code(), absl::StatusCode::kInternal) << forgotten.status();
+  EXPECT_THAT(forgotten.status().message(),
+              HasSubstr("handler of worker 'b' method 'forgets' dropped the call"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // not the call's deadline
+}
+
+TEST_F(CallsTest, ResponderOutlivingItsClientAnswersFailedPrecondition) {
+  StartPair();
+  std::mutex mu;
+  Responder kept;
+  ASSERT_TRUE(b_->HandleDeferred("keep", [&](Message, Responder responder) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   kept = std::move(responder);
+                 }).ok());
+  CallFuture call = a_->CallAsync("g", "b", "keep", "", {}, absl::Seconds(20));
+  ASSERT_TRUE(WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return kept.valid();
+  }));
+  b_.reset();  // its session ends: the daemon answers the caller
+  EXPECT_EQ(call.Wait().status().code(), absl::StatusCode::kUnavailable) << call.Wait().status();
+  std::lock_guard<std::mutex> lock(mu);
+  absl::Status late = kept.Reply(Message{});
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_THAT(late.message(), HasSubstr("detached"));
+}
+
+TEST_F(CallsTest, TimeoutsBelowAMillisecondAreKept) {
+  StartPair();
+  // 500 µs against a 300 ms handler: the call fails at its own deadline, not a millisecond
+  // one, and the message shows the timeout as given.
+  absl::StatusOr<Message> reply =
+      a_->Call("g", "b", "nap", "x", {}, absl::Microseconds(500));
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kDeadlineExceeded) << reply.status();
+  EXPECT_THAT(reply.status().message(), HasSubstr("timeout 500us"));
+  // A generous µs timeout is not cut short.
+  EXPECT_TRUE(a_->Call("g", "b", "echo", "y", {}, absl::Microseconds(5'000'000)).ok());
 }
 
 }  // namespace
