@@ -437,6 +437,19 @@ Tensor Tensor::Clone() const {
   return copy;
 }
 
+absl::StatusOr<Tensor> Tensor::Reshaped(shm::DType dtype, std::vector<int64_t> shape) const {
+  absl::StatusOr<uint64_t> bytes = ShapeBytes(dtype, shape, "reshaped tensor");
+  if (!bytes.ok()) return bytes.status();
+  if (*bytes != size_) {
+    return absl::InvalidArgumentError(absl::StrCat("reshaped tensor: its dtype and shape make ",
+                                                   *bytes, " bytes, the tensor has ", size_));
+  }
+  Tensor same = *this;
+  same.dtype_ = dtype;
+  same.shape_ = std::move(shape);
+  return same;
+}
+
 // --- CallFuture ---
 
 CallFuture CallFuture::Ready(absl::StatusOr<Message> result) {

@@ -130,6 +130,10 @@ class Tensor {
   // An owned copy of the bytes (releases nothing: this Tensor keeps what it holds). A CUDA
   // tensor is not copied: the result is this tensor (sharing its device memory).
   Tensor Clone() const;
+  // The same bytes (shared, storage kept) as another dtype and shape of the same byte size:
+  // an arena block allocated as bytes sent as the tensor it holds. INVALID_ARGUMENT when the
+  // sizes differ or the dtype or shape is bad.
+  absl::StatusOr<Tensor> Reshaped(shm::DType dtype, std::vector<int64_t> shape) const;
 
  private:
   friend class CallEngine;

@@ -1,0 +1,855 @@
+// The C ABI over the C++ client (tpd_client.h). Each exported function converts its
+// arguments, calls client/client.h, and turns the result into a status code plus a
+// thread-local message; an exception escaping the C++ side becomes INTERNAL here, never an
+// unwind into a C or Python caller.
+
+#include "client/c/tpd_client.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/calls.h"
+#include "client/client.h"
+#include "google/protobuf/util/json_util.h"
+
+// The library's view of one client: the C++ client, the two event queues, and what DLPack
+// views and arena blocks handed out keep.
+struct tpd_client {
+  std::unique_ptr<tpd::Client> client;
+  std::shared_ptr<struct tpd_events> events;
+  absl::Mutex arena_mu;
+  // Live arena blocks by their start (tpd_arena_alloc), so a tensor passed by pointer is sent
+  // where it lies.
+  std::map<const void*, tpd::Tensor> arena ABSL_GUARDED_BY(arena_mu);
+};
+
+// A request to answer, or a call's result.
+struct tpd_event {
+  int kind = 0;
+  uint64_t tag = 0;
+  int code = TPD_OK;
+  std::string status_message;
+  tpd::Message message;  // payload, tensors, caller
+  std::string method;
+  tpd::Responder responder;  // requests only
+  std::shared_ptr<struct tpd_events> events;  // the DLPack policy's counters
+};
+
+// The queues tpd_next_event waits on; shared with the handlers and callbacks that fill them,
+// which may run while the client is being closed.
+struct tpd_events {
+  absl::Mutex mu;
+  absl::CondVar cv;
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+  std::deque<std::unique_ptr<tpd_event>> requests ABSL_GUARDED_BY(mu);
+  std::deque<std::unique_ptr<tpd_event>> replies ABSL_GUARDED_BY(mu);
+  // Bytes of the receive heap held by DLPack views handed out, and the heap's size (known
+  // once the client attached).
+  std::atomic<uint64_t> rx_view_bytes{0};
+  std::atomic<uint64_t> rx_heap_bytes{0};
+
+  // Queues `event`; false (the event not taken) once stopped.
+  bool Push(std::unique_ptr<tpd_event>& event) {
+    absl::MutexLock lock(&mu);
+    if (stopped) return false;
+    (event->kind == TPD_EVENT_REQUEST ? requests : replies).push_back(std::move(event));
+    cv.SignalAll();
+    return true;
+  }
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int Fail(const absl::Status& status) {
+  last_error = std::string(status.message());
+  return status.ok() ? TPD_UNKNOWN : static_cast<int>(status.code());
+}
+
+int Done(const absl::Status& status) {
+  if (status.ok()) {
+    last_error.clear();
+    return TPD_OK;
+  }
+  return Fail(status);
+}
+
+// Runs `body` (returning absl::Status) with every C++ exception turned into INTERNAL.
+template <typename Body>
+int Guarded(const char* function, Body&& body) {
+  try {
+    return Done(body());
+  } catch (const std::exception& e) {
+    return Fail(absl::InternalError(absl::StrCat(function, ": ", e.what())));
+  } catch (...) {
+    return Fail(absl::InternalError(absl::StrCat(function, ": unknown exception")));
+  }
+}
+
+absl::Status Required(const void* p, const char* what) {
+  return p == nullptr ? absl::InvalidArgumentError(absl::StrCat(what, " is NULL"))
+                      : absl::OkStatus();
+}
+
+std::string Str(const char* s) { return s == nullptr ? std::string() : std::string(s); }
+
+char* Copy(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out == nullptr) return nullptr;
+  std::memcpy(out, s.data(), s.size());
+  out[s.size()] = '\0';
+  return out;
+}
+
+absl::Status ToJson(const google::protobuf::Message& message, char** out) {
+  if (out == nullptr) return absl::OkStatus();
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) return absl::InternalError(std::string(status.message()));
+  *out = Copy(json);
+  return absl::OkStatus();
+}
+
+// TPD_TIMEOUT_DEFAULT (any negative): absent; 0: no deadline; else microseconds.
+std::optional<absl::Duration> CallTimeout(int64_t us) {
+  if (us < 0) return std::nullopt;
+  return us == 0 ? tpd::kNoTimeout : absl::Microseconds(us);
+}
+
+// A store wait: negative and zero both mean the daemon's default.
+absl::Duration WaitTimeout(int64_t us) {
+  return us <= 0 ? absl::ZeroDuration() : absl::Microseconds(us);
+}
+
+absl::StatusOr<int64_t> Integer(const char* key, const std::string& value) {
+  int64_t n;
+  if (!absl::SimpleAtoi(value, &n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("join option '", key, "': '", value, "' is not an integer"));
+  }
+  return n;
+}
+
+// `client`: where to look for arena blocks (nullptr: none, every CPU tensor is copied in).
+absl::StatusOr<std::vector<tpd::Tensor>> ToTensors(tpd_client* client, const tpd_tensor* tensors,
+                                                   int n) {
+  if (n < 0 || (n > 0 && tensors == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensors: ", n, " given with no array"));
+  }
+  std::vector<tpd::Tensor> out;
+  out.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    const tpd_tensor& t = tensors[i];
+    const std::string what = absl::StrCat("tensor ", i);
+    if (t.ndim < 0 || t.ndim > 8) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ndim ", t.ndim, " (0 to 8)"));
+    }
+    std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
+    const auto dtype = static_cast<tpd::shm::DType>(t.dtype);
+    if (t.device_type == TPD_CUDA) {
+      if (t.device_index < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": cuda:", t.device_index));
+      }
+      out.push_back(tpd::Tensor::Cuda(dtype, std::move(shape),
+                                      reinterpret_cast<uint64_t>(t.data), t.device_index,
+                                      t.stream));
+      continue;
+    }
+    if (t.device_type != TPD_CPU) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": device type ", t.device_type, " is neither CPU nor CUDA"));
+    }
+    if (t.data == nullptr && t.nbytes > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": NULL data of ", t.nbytes, " bytes"));
+    }
+    tpd::Tensor borrowed = tpd::Tensor::Borrow(dtype, {static_cast<int64_t>(t.nbytes)}, t.data,
+                                               t.nbytes);
+    if (client != nullptr) {
+      absl::MutexLock lock(&client->arena_mu);
+      auto it = client->arena.find(t.data);
+      if (it != client->arena.end() && it->second.size() == t.nbytes) borrowed = it->second;
+    }
+    // The tensor as the caller describes it, over the bytes it gave (checked to match).
+    absl::StatusOr<tpd::Tensor> shaped = borrowed.Reshaped(dtype, std::move(shape));
+    if (!shaped.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", shaped.status().message()));
+    out.push_back(*std::move(shaped));
+  }
+  return out;
+}
+
+std::unique_ptr<tpd_event> ReplyEvent(std::shared_ptr<tpd_events> events, uint64_t tag,
+                                      const absl::StatusOr<tpd::Message>& result) {
+  auto event = std::make_unique<tpd_event>();
+  event->kind = TPD_EVENT_REPLY;
+  event->tag = tag;
+  event->events = std::move(events);
+  if (result.ok()) {
+    event->message = *result;
+  } else {
+    event->code = static_cast<int>(result.status().code());
+    event->status_message = std::string(result.status().message());
+  }
+  return event;
+}
+
+// --- DLPack (the stable "dltensor" capsule ABI, declared here as the DLPack spec lays it out)
+
+struct DLDevice {
+  int32_t device_type;  // kDLCPU 1, kDLCUDA 2
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;  // kDLUInt 1
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // NULL: compact row-major
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor* self);
+};
+
+// What a DLPack tensor handed out holds: a view of the received tensor (its block), or a copy.
+struct DlpackHolder {
+  DLManagedTensor managed{};
+  int64_t shape[1] = {0};
+  tpd::Tensor view;
+  std::unique_ptr<char[]> copy;
+  std::shared_ptr<tpd_events> events;
+  uint64_t counted = 0;  // bytes added to events->rx_view_bytes
+};
+
+void DeleteDlpack(DLManagedTensor* self) {
+  auto* holder = static_cast<DlpackHolder*>(self->manager_ctx);
+  if (holder->counted != 0) holder->events->rx_view_bytes -= holder->counted;
+  delete holder;
+}
+
+}  // namespace
+
+extern "C" {
+
+int tpd_abi_version(void) { return 1; }
+
+const char* tpd_last_error(void) { return last_error.c_str(); }
+
+void tpd_free(void* p) { std::free(p); }
+
+// --- Clients ---
+
+int tpd_client_open(const char* socket_path, const char* store_namespace,
+                    int64_t connect_timeout_us, uint64_t cuda_pool_bytes, tpd_client** out) {
+  return Guarded("tpd_client_open", [&]() -> absl::Status {
+    if (absl::Status s = Required(out, "out"); !s.ok()) return s;
+    *out = nullptr;
+    tpd::ClientOptions options;
+    if (connect_timeout_us >= 0) options.connect_timeout = absl::Microseconds(connect_timeout_us);
+    if (cuda_pool_bytes != 0) options.cuda_pool_bytes = cuda_pool_bytes;
+    options.name_space = Str(store_namespace);
+    auto client = tpd::Client::Connect(Str(socket_path), options);
+    if (!client.ok()) return client.status();
+    auto handle = std::make_unique<tpd_client>();
+    handle->client = *std::move(client);
+    handle->events = std::make_shared<tpd_events>();
+    *out = handle.release();
+    return absl::OkStatus();
+  });
+}
+
+void tpd_client_stop_events(tpd_client* client) {
+  if (client == nullptr) return;
+  std::deque<std::unique_ptr<tpd_event>> dropped;
+  {
+    absl::MutexLock lock(&client->events->mu);
+    client->events->stopped = true;
+    dropped.swap(client->events->requests);
+    for (auto& reply : client->events->replies) dropped.push_back(std::move(reply));
+    client->events->replies.clear();
+    client->events->cv.SignalAll();
+  }
+  for (auto& event : dropped) {
+    if (event->kind == TPD_EVENT_REQUEST) {
+      (void)event->responder.Reply(absl::UnavailableError(
+          "the worker's process stopped serving before it handled the call"));
+    }
+  }
+}
+
+void tpd_client_close(tpd_client* client) {
+  if (client == nullptr) return;
+  tpd_client_stop_events(client);
+  try {
+    delete client;
+  } catch (...) {
+    // Nothing to tell: the client is gone either way.
+  }
+}
+
+// --- Groups ---
+
+struct tpd_join_options {
+  tpd::JoinOptions options;
+};
+
+tpd_join_options* tpd_join_options_new(void) {
+  try {
+    return new tpd_join_options();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void tpd_join_options_free(tpd_join_options* options) { delete options; }
+
+int tpd_join_options_set(tpd_join_options* options, const char* key, const char* value) {
+  return Guarded("tpd_join_options_set", [&]() -> absl::Status {
+    if (absl::Status s = Required(options, "options"); !s.ok()) return s;
+    if (absl::Status s = Required(key, "key"); !s.ok()) return s;
+    if (absl::Status s = Required(value, "value"); !s.ok()) return s;
+    tpd::JoinOptions& o = options->options;
+    const std::string k = key;
+    const std::string v = value;
+    if (k == "group") {
+      o.group = v;
+    } else if (k == "name") {
+      o.name = v;
+    } else if (k == "init_method") {
+      o.init_method = v;
+    } else if (k == "secret") {
+      o.secret = v;
+    } else if (k == "rank" || k == "world_size" || k == "timeout_us" ||
+               k == "num_worker_threads" || k == "rpc_timeout_us" || k == "omit_members") {
+      absl::StatusOr<int64_t> n = Integer(key, v);
+      if (!n.ok()) return n.status();
+      if (k == "rank") o.rank = *n;
+      if (k == "world_size") o.world_size = *n;
+      if (k == "timeout_us") o.timeout = absl::Microseconds(*n);
+      if (k == "num_worker_threads") o.options.set_num_worker_threads(static_cast<int32_t>(*n));
+      if (k == "rpc_timeout_us") {
+        // The daemon negotiates milliseconds; a positive timeout under one keeps 1 ms there
+        // (the caller's own per-call timeouts stay in microseconds).
+        o.options.set_rpc_timeout_ms(*n > 0 && *n < 1000 ? 1 : *n / 1000);
+      }
+      if (k == "omit_members") o.omit_members = *n != 0;
+    } else if (k == "env") {
+      std::pair<std::string, std::string> kv = absl::StrSplit(v, absl::MaxSplits('=', 1));
+      if (kv.first.empty() || v.find('=') == std::string::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("join option 'env': '", v, "' is not NAME=VALUE"));
+      }
+      o.env[kv.first] = kv.second;
+    } else if (k == "device") {
+      o.options.add_devices(v);
+    } else if (k == "transport") {
+      o.options.add_transports(v);
+    } else if (k == "channel") {
+      o.options.add_channels(v);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown join option '", k, "'"));
+    }
+    return absl::OkStatus();
+  });
+}
+
+int tpd_join_options_add_device_map(tpd_join_options* options, const char* worker,
+                                    const char* from, const char* to) {
+  return Guarded("tpd_join_options_add_device_map", [&]() -> absl::Status {
+    if (absl::Status s = Required(options, "options"); !s.ok()) return s;
+    if (worker == nullptr || from == nullptr || to == nullptr) {
+      return absl::InvalidArgumentError("device map: worker, from and to are required");
+    }
+    (*(*options->options.options.mutable_device_maps())[worker].mutable_devices())[from] = to;
+    return absl::OkStatus();
+  });
+}
+
+int tpd_join(tpd_client* client, const tpd_join_options* options, char** response_json) {
+  return Guarded("tpd_join", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(options, "options"); !s.ok()) return s;
+    absl::StatusOr<tpd::v1::JoinResponse> joined = client->client->Join(options->options);
+    if (!joined.ok()) return joined.status();
+    if (auto segment = client->client->AttachSharedMemory(); segment.ok()) {
+      client->events->rx_heap_bytes = (*segment)->layout().rx_heap.bytes;
+    }
+    return ToJson(*joined, response_json);
+  });
+}
+
+int tpd_leave(tpd_client* client, const char* group, const char* name) {
+  return Guarded("tpd_leave", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    return client->client->Leave(Str(group), Str(name));
+  });
+}
+
+int tpd_barrier(tpd_client* client, const char* group, const char* name, int64_t timeout_us) {
+  return Guarded("tpd_barrier", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    return client->client->Barrier(Str(group), Str(name), WaitTimeout(timeout_us));
+  });
+}
+
+int tpd_get_group(tpd_client* client, const char* group, const char* init_method,
+                  char** view_json) {
+  return Guarded("tpd_get_group", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    absl::StatusOr<tpd::v1::GroupView> view = client->client->GetGroup(Str(group),
+                                                                         Str(init_method));
+    if (!view.ok()) return view.status();
+    return ToJson(*view, view_json);
+  });
+}
+
+int tpd_status(tpd_client* client, char** status_json) {
+  return Guarded("tpd_status", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    absl::StatusOr<tpd::v1::StatusResponse> status = client->client->Status();
+    if (!status.ok()) return status.status();
+    return ToJson(*status, status_json);
+  });
+}
+
+// --- Tensors ---
+
+int tpd_arena_alloc(tpd_client* client, uint64_t nbytes, void** data) {
+  return Guarded("tpd_arena_alloc", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(data, "data"); !s.ok()) return s;
+    absl::StatusOr<tpd::Tensor> block =
+        client->client->AllocateTensor(tpd::shm::DType::kUInt8, {static_cast<int64_t>(nbytes)});
+    if (!block.ok()) return block.status();
+    *data = block->mutable_data();
+    absl::MutexLock lock(&client->arena_mu);
+    client->arena[*data] = *std::move(block);
+    return absl::OkStatus();
+  });
+}
+
+void tpd_arena_free(tpd_client* client, void* data) {
+  if (client == nullptr) return;
+  tpd::Tensor block;  // freed after the lock
+  absl::MutexLock lock(&client->arena_mu);
+  auto it = client->arena.find(data);
+  if (it == client->arena.end()) return;
+  block = std::move(it->second);
+  client->arena.erase(it);
+}
+
+// --- Events ---
+
+int tpd_serve(tpd_client* client, const char* method) {
+  return Guarded("tpd_serve", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(method, "method"); !s.ok()) return s;
+    std::shared_ptr<tpd_events> events = client->events;
+    std::string name = method;
+    return client->client->HandleDeferred(
+        name, [events, name](tpd::Message request, tpd::Responder responder) {
+          auto event = std::make_unique<tpd_event>();
+          event->kind = TPD_EVENT_REQUEST;
+          event->message = std::move(request);
+          event->method = name;
+          event->responder = responder;
+          event->events = events;
+          if (!events->Push(event)) {
+            (void)responder.Reply(absl::UnavailableError(
+                "the worker's process stopped serving before it handled the call"));
+          }
+        });
+  });
+}
+
+int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event** out) {
+  return Guarded("tpd_next_event", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(out, "out"); !s.ok()) return s;
+    *out = nullptr;
+    if ((queues & (TPD_QUEUE_REQUESTS | TPD_QUEUE_REPLIES)) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("queues ", queues, " names no queue"));
+    }
+    tpd_events& events = *client->events;
+    const absl::Time deadline =
+        timeout_us < 0 ? absl::InfiniteFuture() : absl::Now() + absl::Microseconds(timeout_us);
+    absl::MutexLock lock(&events.mu);
+    while (true) {
+      if (events.stopped) return absl::CancelledError("the client stopped its events");
+      for (auto* queue : {&events.replies, &events.requests}) {
+        const int mask = queue == &events.replies ? TPD_QUEUE_REPLIES : TPD_QUEUE_REQUESTS;
+        if ((queues & mask) != 0 && !queue->empty()) {
+          *out = queue->front().release();
+          queue->pop_front();
+          return absl::OkStatus();
+        }
+      }
+      if (events.cv.WaitWithDeadline(&events.mu, deadline)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("no event within ", timeout_us, " microseconds"));
+      }
+    }
+  });
+}
+
+void tpd_event_free(tpd_event* event) {
+  if (event == nullptr) return;
+  if (event->kind == TPD_EVENT_REQUEST && event->responder.valid()) {
+    (void)event->responder.Reply(absl::InternalError(absl::StrCat(
+        "the process serving method '", event->method, "' dropped the call unanswered")));
+  }
+  try {
+    delete event;
+  } catch (...) {
+  }
+}
+
+int tpd_event_kind(const tpd_event* event) { return event == nullptr ? 0 : event->kind; }
+
+uint64_t tpd_event_tag(const tpd_event* event) { return event == nullptr ? 0 : event->tag; }
+
+int tpd_event_status(const tpd_event* event, const char** message) {
+  if (event == nullptr) return TPD_INVALID_ARGUMENT;
+  if (message != nullptr) *message = event->status_message.c_str();
+  return event->code;
+}
+
+const char* tpd_event_payload(const tpd_event* event, size_t* size) {
+  if (event == nullptr) {
+    if (size != nullptr) *size = 0;
+    return "";
+  }
+  if (size != nullptr) *size = event->message.payload.size();
+  return event->message.payload.data();
+}
+
+const char* tpd_event_method(const tpd_event* event) {
+  return event == nullptr ? "" : event->method.c_str();
+}
+
+const char* tpd_event_caller(const tpd_event* event) {
+  return event == nullptr ? "" : event->message.caller.c_str();
+}
+
+int tpd_event_num_tensors(const tpd_event* event) {
+  return event == nullptr ? 0 : static_cast<int>(event->message.tensors.size());
+}
+
+int tpd_event_tensor(const tpd_event* event, int i, tpd_tensor* out) {
+  return Guarded("tpd_event_tensor", [&]() -> absl::Status {
+    if (absl::Status s = Required(event, "event"); !s.ok()) return s;
+    if (absl::Status s = Required(out, "out"); !s.ok()) return s;
+    if (i < 0 || i >= static_cast<int>(event->message.tensors.size())) {
+      return absl::OutOfRangeError(absl::StrCat("tensor ", i, " of ",
+                                                event->message.tensors.size()));
+    }
+    const tpd::Tensor& t = event->message.tensors[i];
+    *out = tpd_tensor{};
+    out->dtype = static_cast<int32_t>(t.dtype());
+    out->ndim = static_cast<int32_t>(t.shape().size());
+    for (size_t d = 0; d < t.shape().size() && d < 8; ++d) out->shape[d] = t.shape()[d];
+    out->nbytes = t.size();
+    out->device_type = t.is_cuda() ? TPD_CUDA : TPD_CPU;
+    out->device_index = t.device().index;
+    out->data = t.is_cuda() ? reinterpret_cast<const void*>(t.device_pointer())
+                            : static_cast<const void*>(t.data().data());
+    return absl::OkStatus();
+  });
+}
+
+int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** managed) {
+  return Guarded("tpd_event_tensor_dlpack", [&]() -> absl::Status {
+    if (absl::Status s = Required(event, "event"); !s.ok()) return s;
+    if (absl::Status s = Required(managed, "managed"); !s.ok()) return s;
+    if (i < 0 || i >= static_cast<int>(event->message.tensors.size())) {
+      return absl::OutOfRangeError(absl::StrCat("tensor ", i, " of ",
+                                                event->message.tensors.size()));
+    }
+    const tpd::Tensor& t = event->message.tensors[i];
+    auto holder = std::make_unique<DlpackHolder>();
+    holder->events = event->events;
+    holder->shape[0] = static_cast<int64_t>(t.size());
+    DLTensor& dl = holder->managed.dl_tensor;
+    dl.ndim = 1;
+    dl.dtype = DLDataType{1, 8, 1};
+    dl.shape = holder->shape;
+    if (t.is_cuda()) {
+      holder->view = t;
+      dl.data = reinterpret_cast<void*>(t.device_pointer());
+      dl.device = DLDevice{2, t.device().index};
+    } else {
+      tpd_events& events = *event->events;
+      bool take_copy = copy == 1;
+      if (copy < 0) {
+        const uint64_t heap = events.rx_heap_bytes.load();
+        take_copy = heap == 0 || events.rx_view_bytes.load() + t.size() > heap / 2;
+      }
+      if (take_copy) {
+        holder->copy.reset(new char[t.size() == 0 ? 1 : t.size()]);
+        std::memcpy(holder->copy.get(), t.data().data(), t.size());
+        dl.data = holder->copy.get();
+      } else {
+        holder->view = t;
+        holder->counted = t.size();
+        events.rx_view_bytes += t.size();
+        dl.data = const_cast<char*>(t.data().data());
+      }
+      dl.device = DLDevice{1, 0};
+    }
+    holder->managed.manager_ctx = holder.get();
+    holder->managed.deleter = &DeleteDlpack;
+    *managed = &holder.release()->managed;
+    return absl::OkStatus();
+  });
+}
+
+int tpd_reply(tpd_event* event, const char* payload, size_t size, const tpd_tensor* tensors,
+              int num_tensors) {
+  return Guarded("tpd_reply", [&]() -> absl::Status {
+    if (absl::Status s = Required(event, "event"); !s.ok()) return s;
+    if (event->kind != TPD_EVENT_REQUEST) {
+      return absl::InvalidArgumentError("tpd_reply: the event is not a request");
+    }
+    if (payload == nullptr && size > 0) {
+      return absl::InvalidArgumentError("tpd_reply: NULL payload of non-zero size");
+    }
+    // Arena blocks are the client's, which an event does not know: tensors are copied in.
+    absl::StatusOr<std::vector<tpd::Tensor>> converted = ToTensors(nullptr, tensors, num_tensors);
+    if (!converted.ok()) {
+      // The caller hears why rather than waiting for its deadline.
+      (void)event->responder.Reply(converted.status());
+      event->responder = tpd::Responder();
+      return converted.status();
+    }
+    tpd::Message reply;
+    reply.payload.assign(payload == nullptr ? "" : payload, size);
+    reply.tensors = *std::move(converted);
+    absl::Status sent = event->responder.Reply(std::move(reply));
+    event->responder = tpd::Responder();
+    return sent;
+  });
+}
+
+int tpd_reply_error(tpd_event* event, int code, const char* message) {
+  return Guarded("tpd_reply_error", [&]() -> absl::Status {
+    if (absl::Status s = Required(event, "event"); !s.ok()) return s;
+    if (event->kind != TPD_EVENT_REQUEST) {
+      return absl::InvalidArgumentError("tpd_reply_error: the event is not a request");
+    }
+    if (code <= TPD_OK || code > TPD_UNAUTHENTICATED) code = TPD_UNKNOWN;
+    absl::Status sent = event->responder.Reply(
+        absl::Status(static_cast<absl::StatusCode>(code), Str(message)));
+    event->responder = tpd::Responder();
+    return sent;
+  });
+}
+
+// --- Calls ---
+
+int tpd_call(tpd_client* client, const char* group, const char* worker, const char* method,
+             const char* payload, size_t size, const tpd_tensor* tensors, int num_tensors,
+             int64_t timeout_us, tpd_event** reply) {
+  return Guarded("tpd_call", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(reply, "reply"); !s.ok()) return s;
+    *reply = nullptr;
+    if (payload == nullptr && size > 0) {
+      return absl::InvalidArgumentError("tpd_call: NULL payload of non-zero size");
+    }
+    absl::StatusOr<std::vector<tpd::Tensor>> converted = ToTensors(client, tensors, num_tensors);
+    if (!converted.ok()) return converted.status();
+    absl::StatusOr<tpd::Message> result = client->client->Call(
+        Str(group), Str(worker), Str(method), std::string_view(payload == nullptr ? "" : payload, size),
+        *converted, CallTimeout(timeout_us));
+    *reply = ReplyEvent(client->events, 0, result).release();
+    return result.status();
+  });
+}
+
+int tpd_call_async(tpd_client* client, const char* group, const char* worker,
+                   const char* method, const char* payload, size_t size,
+                   const tpd_tensor* tensors, int num_tensors, int64_t timeout_us,
+                   uint64_t tag) {
+  return Guarded("tpd_call_async", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (payload == nullptr && size > 0) {
+      return absl::InvalidArgumentError("tpd_call_async: NULL payload of non-zero size");
+    }
+    absl::StatusOr<std::vector<tpd::Tensor>> converted = ToTensors(client, tensors, num_tensors);
+    if (!converted.ok()) return converted.status();
+    tpd::CallFuture future = client->client->CallAsync(
+        Str(group), Str(worker), Str(method), std::string_view(payload == nullptr ? "" : payload, size),
+        *converted, CallTimeout(timeout_us));
+    std::shared_ptr<tpd_events> events = client->events;
+    future.Then([events, tag](const absl::StatusOr<tpd::Message>& result) {
+      std::unique_ptr<tpd_event> event = ReplyEvent(events, tag, result);
+      (void)events->Push(event);  // stopped: nobody waits for it any more
+    });
+    return absl::OkStatus();
+  });
+}
+
+// --- The store ---
+
+int tpd_store_set(tpd_client* client, const char* key, const char* value, size_t size) {
+  return Guarded("tpd_store_set", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (value == nullptr && size > 0) return absl::InvalidArgumentError("NULL value");
+    return client->client->Set(Str(key), absl::string_view(value == nullptr ? "" : value, size));
+  });
+}
+
+int tpd_store_get(tpd_client* client, const char* key, int64_t timeout_us, char** value,
+                  size_t* size) {
+  return Guarded("tpd_store_get", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (value == nullptr || size == nullptr) return absl::InvalidArgumentError("NULL out");
+    absl::StatusOr<std::string> got = client->client->Get(Str(key), WaitTimeout(timeout_us));
+    if (!got.ok()) return got.status();
+    *value = Copy(*got);
+    *size = got->size();
+    return absl::OkStatus();
+  });
+}
+
+int tpd_store_add(tpd_client* client, const char* key, int64_t delta, int64_t* result) {
+  return Guarded("tpd_store_add", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(result, "result"); !s.ok()) return s;
+    absl::StatusOr<int64_t> added = client->client->Add(Str(key), delta);
+    if (!added.ok()) return added.status();
+    *result = *added;
+    return absl::OkStatus();
+  });
+}
+
+int tpd_store_compare_set(tpd_client* client, const char* key, const char* expected,
+                          size_t expected_size, const char* desired, size_t desired_size,
+                          char** value, size_t* size) {
+  return Guarded("tpd_store_compare_set", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (value == nullptr || size == nullptr) return absl::InvalidArgumentError("NULL out");
+    if ((expected == nullptr && expected_size > 0) || (desired == nullptr && desired_size > 0)) {
+      return absl::InvalidArgumentError("NULL value");
+    }
+    absl::StatusOr<std::string> now = client->client->CompareSet(
+        Str(key), absl::string_view(expected == nullptr ? "" : expected, expected_size),
+        absl::string_view(desired == nullptr ? "" : desired, desired_size));
+    if (!now.ok()) return now.status();
+    *value = Copy(*now);
+    *size = now->size();
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+absl::StatusOr<std::vector<std::string>> Keys(const char* const* keys, int n) {
+  if (n < 0 || (n > 0 && keys == nullptr)) return absl::InvalidArgumentError("bad key list");
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) {
+    if (keys[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat("key ", i, " is NULL"));
+    out.emplace_back(keys[i]);
+  }
+  return out;
+}
+}  // namespace
+
+int tpd_store_wait(tpd_client* client, const char* const* keys, int num_keys,
+                   int64_t timeout_us) {
+  return Guarded("tpd_store_wait", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    absl::StatusOr<std::vector<std::string>> list = Keys(keys, num_keys);
+    if (!list.ok()) return list.status();
+    return client->client->Wait(*list, WaitTimeout(timeout_us));
+  });
+}
+
+int tpd_store_check(tpd_client* client, const char* const* keys, int num_keys, int* ready) {
+  return Guarded("tpd_store_check", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(ready, "ready"); !s.ok()) return s;
+    absl::StatusOr<std::vector<std::string>> list = Keys(keys, num_keys);
+    if (!list.ok()) return list.status();
+    absl::StatusOr<bool> all = client->client->Check(*list);
+    if (!all.ok()) return all.status();
+    *ready = *all ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+int tpd_store_delete_key(tpd_client* client, const char* key, int* deleted) {
+  return Guarded("tpd_store_delete_key", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(deleted, "deleted"); !s.ok()) return s;
+    absl::StatusOr<bool> gone = client->client->DeleteKey(Str(key));
+    if (!gone.ok()) return gone.status();
+    *deleted = *gone ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+int tpd_store_num_keys(tpd_client* client, int64_t* num_keys) {
+  return Guarded("tpd_store_num_keys", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(num_keys, "num_keys"); !s.ok()) return s;
+    absl::StatusOr<int64_t> n = client->client->NumKeys();
+    if (!n.ok()) return n.status();
+    *num_keys = *n;
+    return absl::OkStatus();
+  });
+}
+
+// --- Counters ---
+
+int tpd_call_stats(tpd_client* client, char** stats_json) {
+  return Guarded("tpd_call_stats", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(stats_json, "stats_json"); !s.ok()) return s;
+    absl::StatusOr<tpd::CallEngineStats> stats = client->client->GetCallStats();
+    if (!stats.ok()) return stats.status();
+    const tpd::CallEngineStats& s = *stats;
+    *stats_json = Copy(absl::StrCat(
+        "{\"arena_bytes\": ", s.arena_bytes, ", \"arena_used_bytes\": ", s.arena_used_bytes,
+        ", \"arena_live_blocks\": ", s.arena_live_blocks,
+        ", \"bytes_copied_in\": ", s.bytes_copied_in,
+        ", \"tensors_copied_in\": ", s.tensors_copied_in,
+        ", \"tensors_in_place\": ", s.tensors_in_place,
+        ", \"rx_blocks_held\": ", s.rx_blocks_held,
+        ", \"handler_threads\": ", s.handler_threads,
+        ", \"handlers_running\": ", s.handlers_running,
+        ", \"cuda_tensors_sent\": ", s.cuda_tensors_sent,
+        ", \"cuda_tensors_received\": ", s.cuda_tensors_received,
+        ", \"cuda_pool_blocks_held\": ", s.cuda_pool_blocks_held,
+        ", \"rx_view_bytes\": ", client->events->rx_view_bytes.load(),
+        ", \"rx_heap_bytes\": ", client->events->rx_heap_bytes.load(), "}"));
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"
