@@ -1,0 +1,205 @@
+"""ctypes bindings of libtpd_client.so (client/c/tpd_client.h).
+
+Only this module touches ctypes. It finds the library, declares each function's signature,
+and turns a failed call into an exception carrying the library's code and message. ctypes
+releases the GIL for every call into the library, so a thread blocked in ``next_event`` or in a
+call lets the interpreter run.
+"""
+
+import ctypes
+import json
+import os
+import pathlib
+import threading
+
+ABI_VERSION = 1
+
+# Status codes (gRPC's).
+OK = 0
+CANCELLED = 1
+UNKNOWN = 2
+INVALID_ARGUMENT = 3
+DEADLINE_EXCEEDED = 4
+NOT_FOUND = 5
+ALREADY_EXISTS = 6
+PERMISSION_DENIED = 7
+RESOURCE_EXHAUSTED = 8
+FAILED_PRECONDITION = 9
+UNIMPLEMENTED = 12
+INTERNAL = 13
+UNAVAILABLE = 14
+
+CODE_NAMES = {
+    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
+    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}
+
+TIMEOUT_DEFAULT = -1
+CPU = 0
+CUDA = 1
+EVENT_REQUEST = 1
+EVENT_REPLY = 2
+QUEUE_REQUESTS = 1
+QUEUE_REPLIES = 2
+
+
+class TpdError(RuntimeError):
+    """A failed library call: ``code`` is the gRPC code, the message the daemon's or library's."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.code_name = CODE_NAMES.get(code, str(code))
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * 8),
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_uint64),
+        ("device_type", ctypes.c_int32),
+        ("device_index", ctypes.c_int32),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _candidates():
+    explicit = os.environ.get("TPD_CLIENT_LIBRARY")
+    if explicit:
+        yield pathlib.Path(explicit)
+        return
+    here = pathlib.Path(__file__).resolve().parent
+    yield here / "_lib" / "libtpd_client.so"  # installed with pip
+    for parent in here.parents:  # a source tree: <repo>/bazel-bin/client/c/
+        yield parent / "bazel-bin" / "client" / "c" / "libtpd_client.so"
+
+
+def library():
+    """The loaded library, loading it on first use (never at import: fork-safe)."""
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for path in _candidates():
+            tried.append(str(path))
+            if path.is_file():
+                lib = ctypes.CDLL(str(path))
+                _declare(lib)
+                if lib.tpd_abi_version() != ABI_VERSION:
+                    raise RuntimeError(
+                        f"{path} has ABI version {lib.tpd_abi_version()}, tpd's Python package "
+                        f"wants {ABI_VERSION}: install matching versions")
+                _lib = lib
+                return lib
+        raise RuntimeError(
+            "libtpd_client.so not found (set TPD_CLIENT_LIBRARY, or build it with "
+            "`bazel build //client/c:libtpd_client.so`); looked at: " + ", ".join(tried))
+
+
+def _declare(lib):
+    c = ctypes
+    p = c.c_void_p
+    pp = c.POINTER(c.c_void_p)
+    s = c.c_char_p
+    i64 = c.c_int64
+    signatures = {
+        "tpd_abi_version": (c.c_int, []),
+        "tpd_last_error": (s, []),
+        "tpd_free": (None, [p]),
+        "tpd_client_open": (c.c_int, [s, s, i64, c.c_uint64, pp]),
+        "tpd_client_close": (None, [p]),
+        "tpd_client_stop_events": (None, [p]),
+        "tpd_join_options_new": (p, []),
+        "tpd_join_options_free": (None, [p]),
+        "tpd_join_options_set": (c.c_int, [p, s, s]),
+        "tpd_join_options_add_device_map": (c.c_int, [p, s, s, s]),
+        "tpd_join": (c.c_int, [p, p, pp]),
+        "tpd_leave": (c.c_int, [p, s, s]),
+        "tpd_barrier": (c.c_int, [p, s, s, i64]),
+        "tpd_get_group": (c.c_int, [p, s, s, pp]),
+        "tpd_status": (c.c_int, [p, pp]),
+        "tpd_arena_alloc": (c.c_int, [p, c.c_uint64, pp]),
+        "tpd_arena_free": (None, [p, p]),
+        "tpd_serve": (c.c_int, [p, s]),
+        "tpd_next_event": (c.c_int, [p, c.c_int, i64, pp]),
+        "tpd_event_free": (None, [p]),
+        "tpd_event_kind": (c.c_int, [p]),
+        "tpd_event_tag": (c.c_uint64, [p]),
+        "tpd_event_status": (c.c_int, [p, c.POINTER(c.c_char_p)]),
+        "tpd_event_payload": (p, [p, c.POINTER(c.c_size_t)]),
+        "tpd_event_method": (s, [p]),
+        "tpd_event_caller": (s, [p]),
+        "tpd_event_num_tensors": (c.c_int, [p]),
+        "tpd_event_tensor": (c.c_int, [p, c.c_int, c.POINTER(Tensor)]),
+        "tpd_event_tensor_dlpack": (c.c_int, [p, c.c_int, c.c_int, pp]),
+        "tpd_reply": (c.c_int, [p, c.c_char_p, c.c_size_t, c.POINTER(Tensor), c.c_int]),
+        "tpd_reply_error": (c.c_int, [p, c.c_int, s]),
+        "tpd_call": (c.c_int, [p, s, s, s, c.c_char_p, c.c_size_t, c.POINTER(Tensor), c.c_int,
+                               i64, pp]),
+        "tpd_call_async": (c.c_int, [p, s, s, s, c.c_char_p, c.c_size_t, c.POINTER(Tensor),
+                                     c.c_int, i64, c.c_uint64]),
+        "tpd_store_set": (c.c_int, [p, s, c.c_char_p, c.c_size_t]),
+        "tpd_store_get": (c.c_int, [p, s, i64, pp, c.POINTER(c.c_size_t)]),
+        "tpd_store_add": (c.c_int, [p, s, i64, c.POINTER(i64)]),
+        "tpd_store_compare_set": (c.c_int, [p, s, c.c_char_p, c.c_size_t, c.c_char_p,
+                                            c.c_size_t, pp, c.POINTER(c.c_size_t)]),
+        "tpd_store_wait": (c.c_int, [p, c.POINTER(c.c_char_p), c.c_int, i64]),
+        "tpd_store_check": (c.c_int, [p, c.POINTER(c.c_char_p), c.c_int,
+                                      c.POINTER(c.c_int)]),
+        "tpd_store_delete_key": (c.c_int, [p, s, c.POINTER(c.c_int)]),
+        "tpd_store_num_keys": (c.c_int, [p, c.POINTER(i64)]),
+        "tpd_call_stats": (c.c_int, [p, pp]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def check(code):
+    """Raises TpdError for a failed call (the message read on this thread, as the ABI says)."""
+    if code != OK:
+        raise TpdError(code, library().tpd_last_error().decode("utf-8", "replace"))
+
+
+def b(text):
+    return None if text is None else str(text).encode("utf-8")
+
+
+def take_string(ptr):
+    """The char* the library returned (freed here) as str."""
+    if not ptr:
+        return ""
+    try:
+        return ctypes.string_at(ptr).decode("utf-8")
+    finally:
+        library().tpd_free(ptr)
+
+
+def take_bytes(ptr, size):
+    if not ptr:
+        return b""
+    try:
+        return ctypes.string_at(ptr, size)
+    finally:
+        library().tpd_free(ptr)
+
+
+def take_json(ptr):
+    return json.loads(take_string(ptr))
+
+
+def timeout_us(seconds):
+    """Seconds (float, None for the default) as the ABI's microseconds."""
+    if seconds is None:
+        return TIMEOUT_DEFAULT
+    return int(round(seconds * 1e6))

@@ -1,0 +1,249 @@
+"""A Python handle on the node's daemon over the C ABI: the layer tpd.rpc and tpd.Store share.
+
+Payloads are bytes; tensors go in as ``_capi.Tensor`` descriptors and come out of events as
+DLPack capsules (``Event.dlpack``), so this module needs nothing beyond the standard library.
+"""
+
+import ctypes
+
+from tpd import _capi
+
+
+class Event:
+    """A request to answer, or a finished call (``_capi.EVENT_*``); frees itself when dropped.
+
+    A request dropped unanswered is answered INTERNAL by the library, so a lost request never
+    leaves its caller waiting for a deadline.
+    """
+
+    __slots__ = ("_ptr", "_lib")
+
+    def __init__(self, ptr):
+        self._lib = _capi.library()
+        self._ptr = ptr
+
+    def __del__(self):
+        self.free()
+
+    def free(self):
+        ptr, self._ptr = self._ptr, None
+        if ptr:
+            self._lib.tpd_event_free(ptr)
+
+    @property
+    def kind(self):
+        return self._lib.tpd_event_kind(self._ptr)
+
+    @property
+    def tag(self):
+        return self._lib.tpd_event_tag(self._ptr)
+
+    def status(self):
+        message = ctypes.c_char_p()
+        code = self._lib.tpd_event_status(self._ptr, ctypes.byref(message))
+        return code, (message.value or b"").decode("utf-8", "replace")
+
+    def payload(self):
+        size = ctypes.c_size_t()
+        ptr = self._lib.tpd_event_payload(self._ptr, ctypes.byref(size))
+        return ctypes.string_at(ptr, size.value) if size.value else b""
+
+    @property
+    def method(self):
+        return self._lib.tpd_event_method(self._ptr).decode("utf-8")
+
+    @property
+    def caller(self):
+        return self._lib.tpd_event_caller(self._ptr).decode("utf-8")
+
+    def num_tensors(self):
+        return self._lib.tpd_event_num_tensors(self._ptr)
+
+    def dlpack(self, i, copy=-1):
+        """The i-th tensor as a "dltensor" capsule of its bytes (uint8, 1-D); ``copy`` as
+        tpd_event_tensor_dlpack's: -1 lets the library keep the receive heap from starving."""
+        managed = ctypes.c_void_p()
+        _capi.check(self._lib.tpd_event_tensor_dlpack(self._ptr, i, copy, ctypes.byref(managed)))
+        return _capsule(managed.value)
+
+    def reply(self, payload, tensors=()):
+        array, n = _tensor_array(tensors)
+        _capi.check(self._lib.tpd_reply(self._ptr, payload, len(payload), array, n))
+
+    def reply_error(self, code, message):
+        _capi.check(self._lib.tpd_reply_error(self._ptr, code, _capi.b(message)))
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def _capsule(managed):
+    # The consumer (torch.utils.dlpack.from_dlpack) renames it "used_dltensor" and calls the
+    # DLManagedTensor's deleter when its tensor goes.
+    return _PyCapsule_New(managed, b"dltensor", None)
+
+
+def _tensor_array(tensors):
+    n = len(tensors)
+    if n == 0:
+        return None, 0
+    array = (_capi.Tensor * n)(*tensors)
+    return array, n
+
+
+class Client:
+    """One connection (and, once it joins or serves, one session) to the node's daemon."""
+
+    def __init__(self, socket_path="", store_namespace="", connect_timeout=None,
+                 cuda_pool_bytes=0):
+        self._lib = _capi.library()
+        handle = ctypes.c_void_p()
+        _capi.check(self._lib.tpd_client_open(
+            _capi.b(socket_path or ""), _capi.b(store_namespace or ""),
+            _capi.timeout_us(connect_timeout), cuda_pool_bytes, ctypes.byref(handle)))
+        self._handle = handle
+
+    def close(self):
+        handle, self._handle = self._handle, None
+        if handle:
+            self._lib.tpd_client_close(handle)
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()
+
+    def stop_events(self):
+        if self._handle:
+            self._lib.tpd_client_stop_events(self._handle)
+
+    # --- groups ---
+
+    def join(self, options, device_maps=None):
+        """``options``: {key: value or [values]} as tpd_join_options_set takes them;
+        ``device_maps``: {worker: {from: to}}. Returns the JoinResponse as a dict."""
+        opts = self._lib.tpd_join_options_new()
+        if not opts:
+            raise MemoryError("tpd_join_options_new")
+        try:
+            for key, value in options.items():
+                for v in value if isinstance(value, (list, tuple)) else [value]:
+                    _capi.check(self._lib.tpd_join_options_set(opts, _capi.b(key), _capi.b(v)))
+            for worker, mapping in (device_maps or {}).items():
+                for src, dst in mapping.items():
+                    _capi.check(self._lib.tpd_join_options_add_device_map(
+                        opts, _capi.b(worker), _capi.b(src), _capi.b(dst)))
+            out = ctypes.c_void_p()
+            _capi.check(self._lib.tpd_join(self._handle, opts, ctypes.byref(out)))
+            return _capi.take_json(out.value)
+        finally:
+            self._lib.tpd_join_options_free(opts)
+
+    def leave(self, group, name):
+        _capi.check(self._lib.tpd_leave(self._handle, _capi.b(group), _capi.b(name)))
+
+    def barrier(self, group, name, timeout=None):
+        _capi.check(self._lib.tpd_barrier(self._handle, _capi.b(group), _capi.b(name),
+                                          _capi.timeout_us(timeout)))
+
+    def group(self, group, init_method=""):
+        out = ctypes.c_void_p()
+        _capi.check(self._lib.tpd_get_group(self._handle, _capi.b(group), _capi.b(init_method),
+                                            ctypes.byref(out)))
+        return _capi.take_json(out.value)
+
+    def status(self):
+        out = ctypes.c_void_p()
+        _capi.check(self._lib.tpd_status(self._handle, ctypes.byref(out)))
+        return _capi.take_json(out.value)
+
+    def call_stats(self):
+        out = ctypes.c_void_p()
+        _capi.check(self._lib.tpd_call_stats(self._handle, ctypes.byref(out)))
+        return _capi.take_json(out.value)
+
+    # --- calls ---
+
+    def serve(self, method):
+        _capi.check(self._lib.tpd_serve(self._handle, _capi.b(method)))
+
+    def next_event(self, queues, timeout=None):
+        """The next event of ``queues``, or None when none came within ``timeout`` seconds.
+        TpdError CANCELLED once events are stopped."""
+        out = ctypes.c_void_p()
+        code = self._lib.tpd_next_event(self._handle, queues, _capi.timeout_us(timeout),
+                                        ctypes.byref(out))
+        if code == _capi.DEADLINE_EXCEEDED:
+            return None
+        _capi.check(code)
+        return Event(out.value)
+
+    def call(self, group, worker, method, payload, tensors=(), timeout_us=_capi.TIMEOUT_DEFAULT):
+        """Calls and waits; returns the reply Event (its status says whether it failed)."""
+        array, n = _tensor_array(tensors)
+        out = ctypes.c_void_p()
+        code = self._lib.tpd_call(self._handle, _capi.b(group), _capi.b(worker),
+                                  _capi.b(method), payload, len(payload), array, n, timeout_us,
+                                  ctypes.byref(out))
+        if not out.value:
+            _capi.check(code)  # refused before the call: bad arguments
+        return Event(out.value)
+
+    def call_async(self, group, worker, method, payload, tensors, timeout_us, tag):
+        array, n = _tensor_array(tensors)
+        _capi.check(self._lib.tpd_call_async(self._handle, _capi.b(group), _capi.b(worker),
+                                             _capi.b(method), payload, len(payload), array, n,
+                                             timeout_us, tag))
+
+    # --- the store ---
+
+    def store_set(self, key, value):
+        _capi.check(self._lib.tpd_store_set(self._handle, _capi.b(key), value, len(value)))
+
+    def store_get(self, key, timeout=None):
+        out = ctypes.c_void_p()
+        size = ctypes.c_size_t()
+        _capi.check(self._lib.tpd_store_get(self._handle, _capi.b(key),
+                                            _capi.timeout_us(timeout), ctypes.byref(out),
+                                            ctypes.byref(size)))
+        return _capi.take_bytes(out.value, size.value)
+
+    def store_add(self, key, delta):
+        result = ctypes.c_int64()
+        _capi.check(self._lib.tpd_store_add(self._handle, _capi.b(key), delta,
+                                            ctypes.byref(result)))
+        return result.value
+
+    def store_compare_set(self, key, expected, desired):
+        out = ctypes.c_void_p()
+        size = ctypes.c_size_t()
+        _capi.check(self._lib.tpd_store_compare_set(self._handle, _capi.b(key), expected,
+                                                    len(expected), desired, len(desired),
+                                                    ctypes.byref(out), ctypes.byref(size)))
+        return _capi.take_bytes(out.value, size.value)
+
+    def _keys(self, keys):
+        encoded = [_capi.b(k) for k in keys]
+        return (ctypes.c_char_p * max(1, len(encoded)))(*encoded), len(encoded)
+
+    def store_wait(self, keys, timeout=None):
+        array, n = self._keys(keys)
+        _capi.check(self._lib.tpd_store_wait(self._handle, array, n, _capi.timeout_us(timeout)))
+
+    def store_check(self, keys):
+        array, n = self._keys(keys)
+        ready = ctypes.c_int()
+        _capi.check(self._lib.tpd_store_check(self._handle, array, n, ctypes.byref(ready)))
+        return bool(ready.value)
+
+    def store_delete_key(self, key):
+        deleted = ctypes.c_int()
+        _capi.check(self._lib.tpd_store_delete_key(self._handle, _capi.b(key),
+                                                   ctypes.byref(deleted)))
+        return bool(deleted.value)
+
+    def store_num_keys(self):
+        n = ctypes.c_int64()
+        _capi.check(self._lib.tpd_store_num_keys(self._handle, ctypes.byref(n)))
+        return n.value

@@ -1,0 +1,110 @@
+"""tpd.Store: a torch.distributed.Store over the node daemon's store.
+
+    store = tpd.Store(namespace="job-42")
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+
+Keys live in the daemon (c10d semantics: proto/store.proto) under ``namespace``; the Store
+survives the processes that use it, not the daemon.
+"""
+
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from tpd import _capi
+from tpd._client import Client
+
+_DEFAULT_TIMEOUT = timedelta(seconds=300)  # torch's Store default
+
+
+def _as_bytes(value):
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(f"store value must be bytes or str, not {type(value).__name__}")
+
+
+def _seconds(timeout):
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    raise TypeError(f"timeout must be a datetime.timedelta, not {type(timeout).__name__}")
+
+
+class Store(dist.Store):
+    """A c10d Store whose keys live in the tpd daemon of this node.
+
+    ``socket_path``: the daemon's socket ("" : the default one). ``namespace``: keeps this
+    store's keys apart from other jobs' (the daemon also bounds each namespace).
+    ``timeout``: how long ``get`` and ``wait`` wait (torch's default 300 s).
+    """
+
+    def __init__(self, socket_path="", namespace="", timeout=_DEFAULT_TIMEOUT):
+        super().__init__()
+        self._timeout = timeout
+        self._client = Client(socket_path, store_namespace=namespace)
+
+    @property
+    def timeout(self):
+        return self._timeout
+
+    def set_timeout(self, timeout):
+        _seconds(timeout)
+        self._timeout = timeout
+
+    def _raise(self, error):
+        # torch's stores raise RuntimeError, with "Timeout" for waits that ran out.
+        if error.code == _capi.DEADLINE_EXCEEDED:
+            raise RuntimeError(f"Socket Timeout: {error}") from None
+        raise RuntimeError(str(error)) from None
+
+    def set(self, key, value):
+        try:
+            self._client.store_set(key, _as_bytes(value))
+        except _capi.TpdError as e:
+            self._raise(e)
+
+    def get(self, key):
+        try:
+            return self._client.store_get(key, _seconds(self._timeout))
+        except _capi.TpdError as e:
+            self._raise(e)
+
+    def add(self, key, value):
+        try:
+            return self._client.store_add(key, int(value))
+        except _capi.TpdError as e:
+            self._raise(e)
+
+    def compare_set(self, key, expected_value, desired_value):
+        try:
+            return self._client.store_compare_set(key, _as_bytes(expected_value),
+                                                  _as_bytes(desired_value))
+        except _capi.TpdError as e:
+            self._raise(e)
+
+    def wait(self, keys, timeout=None):
+        try:
+            self._client.store_wait(list(keys), _seconds(timeout or self._timeout))
+        except _capi.TpdError as e:
+            self._raise(e)
+
+    def check(self, keys):
+        try:
+            return self._client.store_check(list(keys))
+        except _capi.TpdError as e:
+            self._raise(e)
+
+    def delete_key(self, key):
+        try:
+            return self._client.store_delete_key(key)
+        except _capi.TpdError as e:
+            self._raise(e)
+
+    def num_keys(self):
+        try:
+            return self._client.store_num_keys()
+        except _capi.TpdError as e:
+            self._raise(e)

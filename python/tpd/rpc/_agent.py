@@ -1,0 +1,414 @@
+"""The process's RPC agent on tpd: one client of the node's daemon, the threads that serve
+incoming calls and complete outgoing ones, and the RRefs this worker owns.
+
+Every message between workers is one tpd call of method ``tpd.rpc`` whose payload is a pickle
+(``_pickler``) of ``(kind, ...)``; the reply is a pickle of ``(True, value)`` or
+``(False, exception type, message)``. Threads:
+
+- ``num_worker_threads`` "tpd-rpc-worker" threads take requests off the library's request
+  queue (blocked in C with the GIL released) and run them; a call to an
+  ``@async_execution`` function answers when its future completes, from whichever thread
+  completes it;
+- one "tpd-rpc-replies" thread completes the futures of ``rpc_async`` and ``remote`` (their
+  callbacks run there, as torch runs them on its agent's threads).
+"""
+
+import itertools
+import threading
+import time
+import traceback
+
+import torch
+
+from tpd import _capi
+from tpd._client import Client
+from tpd.rpc import _pickler
+
+METHOD = "tpd.rpc"
+
+# Message kinds.
+CALL = 0      # (CALL, func, args, kwargs)
+REMOTE = 1    # (REMOTE, rref_id, func, args, kwargs): run, keep the result as an OwnerRRef
+FETCH = 2     # (FETCH, rref_id): the owner's value, once there
+RREF_ADD = 3  # (RREF_ADD, rref_id): one more user
+RREF_DEL = 4  # (RREF_DEL, rref_id): one user fewer
+
+# How long CUDA tensors of a reply are kept alive after it was sent: the daemon copies them
+# after the reply left, and no completion tells this process when it has.
+_CUDA_REPLY_KEEP_S = 30.0
+
+TIMEOUT_MESSAGE = "RPC ran for more than set timeout ({} ms) and will now be marked with an error"
+
+
+def timeout_error(timeout_s):
+    return RuntimeError(TIMEOUT_MESSAGE.format(int(timeout_s * 1000)))
+
+
+class _Owned:
+    """A value this worker owns for RRefs: its future and how many RRef objects hold it."""
+
+    __slots__ = ("future", "holders")
+
+    def __init__(self, future):
+        self.future = future
+        self.holders = 0
+
+
+def remote_exception_message(worker_info, exc):
+    # torch's wording, which programs and tests match on.
+    return f"On {worker_info}:\n{repr(exc)}\n{traceback.format_exc()}"
+
+
+def raise_remote(exc_type, message):
+    # As torch: the message went through unicode_escape on the way out of the callee.
+    decoded = message.encode("utf-8").decode("unicode_escape")
+    try:
+        exc = exc_type(decoded)
+    except Exception:  # an exception type whose constructor wants more
+        exc = RuntimeError(decoded)
+    raise exc
+
+
+class Agent:
+    def __init__(self, client, group, info, options, world_size, bootstrap_store):
+        self.client = client
+        self.group = group
+        self.info = info
+        self.rpc_timeout = float(options.rpc_timeout)
+        self.world_size = world_size
+        self._bootstrap_store = bootstrap_store  # torch's rendezvous store, kept as torch does
+        self._lock = threading.Lock()
+        self._workers_by_name = {}
+        self._workers_by_id = {}
+        self._tags = itertools.count(1)
+        self._pending = {}       # tag -> (future, tensors kept until done, timeout in s)
+        self._owned = {}         # rref id -> _Owned
+        self._rref_ids = itertools.count(1)
+        self._cuda_keep = []     # (monotonic deadline, tensors) of replies sent
+        self._threads = []
+        self._stopped = False
+        self.num_worker_threads = int(options.num_worker_threads)
+
+    # --- lifecycle ---
+
+    def start(self):
+        self.client.serve(METHOD)
+        for i in range(self.num_worker_threads):
+            self._spawn(self._serve_loop, f"tpd-rpc-worker-{i}")
+        self._spawn(self._reply_loop, "tpd-rpc-replies")
+
+    def _spawn(self, target, name):
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self, join_threads=True):
+        """Stops serving and completing; fails the futures still pending."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            pending, self._pending = self._pending, {}
+        self.client.stop_events()
+        if join_threads:
+            current = threading.current_thread()
+            for thread in self._threads:
+                if thread is not current:
+                    thread.join(timeout=10)
+        for future, _, _ in pending.values():
+            if not future.done():
+                future.set_exception(RuntimeError(
+                    "RPC agent was shut down before the call completed"))
+        self.client.close()
+
+    # --- workers ---
+
+    def learn(self, group_view):
+        from tpd.rpc.api import WorkerInfo
+        with self._lock:
+            for member in group_view.get("members", []):
+                info = WorkerInfo(member["name"], int(member["rank"]))
+                self._workers_by_name[info.name] = info
+                self._workers_by_id[info.id] = info
+
+    def refresh(self):
+        self.learn(self.client.group(self.group))
+
+    def worker_info(self, key):
+        table = self._workers_by_name if isinstance(key, str) else self._workers_by_id
+        with self._lock:
+            info = table.get(key)
+        if info is None:
+            self.refresh()  # a dynamic group's newer member
+            with self._lock:
+                info = table.get(key)
+        if info is None:
+            if isinstance(key, str):
+                raise RuntimeError(f"Unknown destination worker {key}")
+            raise RuntimeError(f"Unknown destination worker id {key}")
+        return info
+
+    def worker_infos(self):
+        self.refresh()
+        with self._lock:
+            return sorted(self._workers_by_id.values(), key=lambda w: w.id)
+
+    # --- calls out ---
+
+    def _timeout_us(self, timeout):
+        # torch: a negative (UNSET) timeout is the agent's; 0 is none.
+        seconds = self.rpc_timeout if timeout is None or timeout < 0 else float(timeout)
+        return seconds, int(round(seconds * 1e6))
+
+    def call_sync(self, to, message, timeout=None):
+        seconds, timeout_us = self._timeout_us(timeout)
+        payload, descriptors, keep = _pickler.dumps(message)
+        event = self.client.call(self.group, to.name, METHOD, payload, descriptors, timeout_us)
+        del keep  # the call completed: the daemon read what it had to
+        return self._result(event, seconds)
+
+    def call_async(self, to, message, timeout=None):
+        seconds, timeout_us = self._timeout_us(timeout)
+        payload, descriptors, keep = _pickler.dumps(message)
+        future = torch.futures.Future()
+        tag = next(self._tags)
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("RPC agent is shut down")
+            self._pending[tag] = (future, keep, seconds)
+        try:
+            self.client.call_async(self.group, to.name, METHOD, payload, descriptors,
+                                   timeout_us, tag)
+        except BaseException:
+            with self._lock:
+                self._pending.pop(tag, None)
+            raise
+        return future
+
+    def _result(self, event, timeout_s):
+        """The value of a reply event, or the exception it stands for (raised)."""
+        code, message = event.status()
+        if code == _capi.DEADLINE_EXCEEDED:
+            raise timeout_error(timeout_s)
+        if code != _capi.OK:
+            raise RuntimeError(message)
+        reply = _pickler.loads(event)
+        if reply[0]:
+            return reply[1]
+        raise_remote(reply[1], reply[2])
+
+    def _reply_loop(self):
+        while True:
+            try:
+                event = self.client.next_event(_capi.QUEUE_REPLIES)
+            except _capi.TpdError:
+                return  # stopped
+            with self._lock:
+                entry = self._pending.pop(event.tag, None)
+            if entry is None:
+                continue  # fire-and-forget (RREF_DEL), or failed already at shutdown
+            future, keep, timeout_s = entry
+            del keep
+            try:
+                value = self._result(event, timeout_s)
+            except Exception as exc:  # the call's error, handed to whoever waits
+                future.set_exception(exc)
+            else:
+                future.set_result(value)
+            finally:
+                event.free()
+
+    # --- calls in ---
+
+    def _serve_loop(self):
+        while True:
+            try:
+                event = self.client.next_event(_capi.QUEUE_REQUESTS)
+            except _capi.TpdError:
+                return  # stopped
+            try:
+                self._serve(event)
+            except Exception:  # never lose the thread: the request was answered or freed
+                traceback.print_exc()
+
+    def _serve(self, event):
+        try:
+            message = _pickler.loads(event)
+        except Exception as exc:
+            self._reply_exception(event, exc)
+            return
+        kind = message[0]
+        if kind == CALL:
+            self._run(event, message[1], message[2], message[3])
+        elif kind == REMOTE:
+            self._remote(event, *message[1:])
+        elif kind == FETCH:
+            self._fetch(event, message[1])
+        elif kind == RREF_ADD:
+            self.hold(message[1], 1)
+            self._reply_value(event, None)
+        elif kind == RREF_DEL:
+            self.hold(message[1], -1)
+            self._reply_value(event, None)
+        else:
+            self._reply_exception(event, ValueError(f"unknown tpd.rpc message kind {kind!r}"))
+
+    def _invoke(self, func, args, kwargs):
+        """Runs func; a torch Future: the result of an @async_execution function."""
+        result = func(*args, **(kwargs or {}))
+        if getattr(func, "_wrapped_async_rpc_function", None) is not None:
+            if not isinstance(result, torch.futures.Future):
+                raise TypeError(
+                    "Functions decorated with @rpc.functions.async_execution must return a "
+                    f"torch.futures.Future object, but got {type(result)}")
+            return result
+        return None if result is None else _Done(result)
+
+    def _run(self, event, func, args, kwargs):
+        try:
+            result = self._invoke(func, args, kwargs)
+        except Exception as exc:
+            self._reply_exception(event, exc)
+            return
+        if isinstance(result, _Done) or result is None:
+            self._reply_value(event, None if result is None else result.value)
+            return
+        result.then(lambda done: self._reply_future(event, done))
+
+    def _reply_future(self, event, done):
+        try:
+            value = done.wait()
+        except Exception as exc:
+            self._reply_exception(event, exc)
+        else:
+            self._reply_value(event, value)
+
+    def _reply_value(self, event, value):
+        try:
+            payload, descriptors, keep = _pickler.dumps((True, value))
+        except Exception as exc:
+            self._reply_exception(event, exc)
+            return
+        try:
+            event.reply(payload, descriptors)
+        except _capi.TpdError:
+            pass  # the caller has its answer (the error) or is gone
+        self._keep_cuda(keep)
+        event.free()
+
+    def _reply_exception(self, event, exc):
+        message = remote_exception_message(self.info, exc)
+        try:
+            payload, descriptors, _ = _pickler.dumps((False, type(exc), message))
+        except Exception:  # an exception type that does not pickle
+            payload, descriptors, _ = _pickler.dumps((False, RuntimeError, message))
+        try:
+            event.reply(payload, descriptors)
+        except _capi.TpdError:
+            pass
+        event.free()
+
+    def _keep_cuda(self, keep):
+        now = time.monotonic()
+        cuda = [t for t in keep if t.is_cuda]
+        with self._lock:
+            while self._cuda_keep and self._cuda_keep[0][0] < now:
+                self._cuda_keep.pop(0)
+            if cuda:
+                self._cuda_keep.append((now + _CUDA_REPLY_KEEP_S, cuda))
+
+    # --- RRefs this worker owns ---
+
+    def new_rref_id(self):
+        return f"{self.info.name}#{next(self._rref_ids)}"
+
+    def own(self, rref_id, future, holders):
+        with self._lock:
+            owned = self._owned.get(rref_id)
+            if owned is None:
+                owned = self._owned[rref_id] = _Owned(future)
+            owned.holders += holders
+            return owned
+
+    def owned(self, rref_id):
+        with self._lock:
+            owned = self._owned.get(rref_id)
+        if owned is None:
+            raise RuntimeError(f"RRef {rref_id} is not owned by {self.info} (deleted?)")
+        return owned
+
+    def hold(self, rref_id, delta):
+        with self._lock:
+            owned = self._owned.get(rref_id)
+            if owned is None:
+                return
+            owned.holders += delta
+            if owned.holders <= 0:
+                del self._owned[rref_id]
+
+    def _remote(self, event, rref_id, func, args, kwargs):
+        future = torch.futures.Future()
+        self.own(rref_id, future, 1)  # the creator's RRef
+        try:
+            result = self._invoke(func, args, kwargs)
+        except Exception as exc:
+            future.set_exception(_RemoteError(type(exc), remote_exception_message(self.info, exc)))
+        else:
+            if isinstance(result, _Done) or result is None:
+                future.set_result(None if result is None else result.value)
+            else:
+                def settle(done):
+                    try:
+                        future.set_result(done.wait())
+                    except Exception as exc:
+                        future.set_exception(
+                            _RemoteError(type(exc), remote_exception_message(self.info, exc)))
+                result.then(settle)
+        self._reply_value(event, None)
+
+    def _fetch(self, event, rref_id):
+        try:
+            owned = self.owned(rref_id)
+        except RuntimeError as exc:
+            self._reply_exception(event, exc)
+            return
+
+        def answer(done):
+            try:
+                value = done.wait()
+            except _RemoteError as exc:
+                self._send_remote_error(event, exc)
+            except Exception as exc:
+                self._reply_exception(event, exc)
+            else:
+                self._reply_value(event, value)
+        owned.future.then(answer)
+
+    def _send_remote_error(self, event, error):
+        payload, descriptors, _ = _pickler.dumps((False, error.exc_type, error.message))
+        try:
+            event.reply(payload, descriptors)
+        except _capi.TpdError:
+            pass
+        event.free()
+
+
+class _Done:
+    """A plain function's result (as opposed to an async_execution future)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+class _RemoteError(Exception):
+    """An exception raised where an RRef's value was computed, kept with torch's text."""
+
+    def __init__(self, exc_type, message):
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.message = message
+
+    def reraise(self):
+        raise_remote(self.exc_type, self.message)

@@ -1,0 +1,111 @@
+"""Pickling of calls and results with their tensors taken out (as torch rpc does).
+
+A message is a pickle plus a list of storages: every strided tensor in the object is pickled
+as (storage index, dtype, size, stride, offset) and its storage's bytes travel as one tpd
+tensor, once per storage however many views share it; sparse COO tensors travel as their
+indices and values. On receipt each storage is one tensor over the received bytes (a view of
+the receive heap, or a copy when views would starve it: tpd_event_tensor_dlpack), and views
+are rebuilt on it, so what arrives shares storage the way what was sent did.
+"""
+
+import copyreg
+import io
+import pickle
+import threading
+
+import torch
+import torch.utils.dlpack
+
+from tpd import _capi
+
+_DTYPES = {
+    torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4, torch.int8: 5,
+    torch.uint8: 6, torch.int16: 7, torch.int32: 8, torch.int64: 9, torch.bool: 10,
+    torch.complex64: 11, torch.complex128: 12,
+}
+
+_received = threading.local()  # the storages of the message being unpickled
+
+
+def _storage(tensor):
+    if hasattr(tensor, "untyped_storage"):
+        storage = tensor.untyped_storage()
+    else:  # torch < 2.0
+        storage = tensor.storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+def _rebuild_tensor(index, dtype, size, stride, offset, requires_grad):
+    base = _received.storages[index]
+    if dtype != torch.uint8:
+        base = base.view(dtype)
+    tensor = torch.as_strided(base, size, stride, offset)
+    if requires_grad:
+        tensor.requires_grad_(True)
+    return tensor
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, buffer):
+        super().__init__(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        self.dispatch_table = copyreg.dispatch_table.copy()
+        self.storages = {}    # (device, data_ptr) -> index
+        self.descriptors = []  # _capi.Tensor per storage
+        self.keep = []         # what keeps each storage's memory alive until sent
+
+    def reducer_override(self, obj):
+        if not isinstance(obj, torch.Tensor):
+            return NotImplemented
+        if obj.is_sparse:
+            return torch.sparse_coo_tensor, (obj._indices(), obj._values(), obj.size())
+        if obj.layout != torch.strided:
+            raise TypeError(f"tensors of layout {obj.layout} cannot be sent over RPC")
+        if obj.dtype not in _DTYPES:
+            raise TypeError(f"tensors of dtype {obj.dtype} cannot be sent over RPC")
+        return _rebuild_tensor, (self._storage_index(obj), obj.dtype, tuple(obj.size()),
+                                 tuple(obj.stride()), obj.storage_offset(), obj.requires_grad)
+
+    def _storage_index(self, tensor):
+        data_ptr, nbytes = _storage(tensor)
+        key = (str(tensor.device), data_ptr)
+        index = self.storages.get(key)
+        if index is not None:
+            return index
+        index = len(self.descriptors)
+        self.storages[key] = index
+        descriptor = _capi.Tensor()
+        descriptor.dtype = 6  # uint8: the storage's bytes; the pickle says what they hold
+        descriptor.ndim = 1
+        descriptor.shape[0] = nbytes
+        descriptor.data = data_ptr or None
+        descriptor.nbytes = nbytes
+        if tensor.is_cuda:
+            descriptor.device_type = _capi.CUDA
+            descriptor.device_index = tensor.device.index
+            # The daemon copies after the work queued on the caller's current stream.
+            descriptor.stream = torch.cuda.current_stream(tensor.device).cuda_stream or None
+        else:
+            descriptor.device_type = _capi.CPU
+        self.descriptors.append(descriptor)
+        self.keep.append(tensor)
+        return index
+
+
+def dumps(obj):
+    """(payload, tensor descriptors, keep-alive list) of ``obj``."""
+    buffer = io.BytesIO()
+    pickler = _Pickler(buffer)
+    pickler.dump(obj)
+    return buffer.getvalue(), pickler.descriptors, pickler.keep
+
+
+def loads(event, copy=-1):
+    """The object an event carries, its tensors rebuilt over the received storages."""
+    storages = [torch.utils.dlpack.from_dlpack(event.dlpack(i, copy))
+                for i in range(event.num_tensors())]
+    previous = getattr(_received, "storages", None)
+    _received.storages = storages
+    try:
+        return pickle.loads(event.payload())
+    finally:
+        _received.storages = previous

@@ -1,0 +1,255 @@
+"""torch.distributed.rpc's public API on tpd (see docs/python.md).
+
+Rendezvous. ``init_method`` keeps torch's meaning: ``env://`` (MASTER_ADDR, MASTER_PORT),
+``tcp://host:port`` and ``file://path`` name a torch store, made by torch's own
+``dist.rendezvous`` with torch's errors. tpd uses it once, to agree on the job's tpd group: the
+first worker to get there proposes a group name, a fresh secret and its daemon's peer port, and
+everyone joins that group through their own node's daemon. ``etcd://...`` and
+``tpd://host:port`` (a daemon's peer port) skip torch's store and join directly, the secret
+then coming from ``TPD_RPC_SECRET``.
+"""
+
+import atexit
+import numbers
+import os
+import secrets
+import threading
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_rpc import WorkerInfo
+from torch.distributed.rpc import BackendType, RpcBackendOptions
+from torch.distributed.rpc import TensorPipeRpcBackendOptions as _TorchOptions
+from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
+
+from tpd import _capi
+from tpd._client import Client
+from tpd.rpc import _agent
+
+__all__ = [
+    "init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
+    "WorkerInfo", "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
+    "get_rpc_timeout",
+]
+
+_state_lock = threading.Lock()
+_current = None       # the Agent while initialized
+_init_counter = 0     # as torch: each init_rpc uses a store prefix of its own
+
+
+class TensorPipeRpcBackendOptions(_TorchOptions):
+    """torch's options (same validation and messages), keeping ``_transports`` and
+    ``_channels`` where tpd can read them."""
+
+    def __init__(self, *args, _transports=None, _channels=None, **kwargs):
+        super().__init__(*args, _transports=_transports, _channels=_channels, **kwargs)
+        self._tpd_transports = list(_transports or [])
+        self._tpd_channels = list(_channels or [])
+
+
+def _require_initialized():
+    agent = _current
+    if agent is None:
+        raise RuntimeError(
+            "RPC has not been initialized. Call torch.distributed.rpc.init_rpc first.")
+    return agent
+
+
+def _agent_or_none():
+    return _current
+
+
+def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
+    """Joins this process to the job's tpd group as worker ``name`` (torch's init_rpc)."""
+    global _current, _init_counter
+    if backend is not None and not isinstance(backend, BackendType):
+        raise TypeError("Argument backend must be a member of BackendType")
+    if rpc_backend_options is not None and not isinstance(rpc_backend_options,
+                                                          RpcBackendOptions):
+        raise TypeError("Argument rpc_backend_options must be an instance of RpcBackendOptions")
+    if backend is not None and backend != BackendType.TENSORPIPE:
+        raise ValueError(f"tpd.rpc runs the TENSORPIPE backend only, not {backend}")
+    options = rpc_backend_options or TensorPipeRpcBackendOptions()
+    for arg, kind in ((name, str), (rank, numbers.Integral),
+                      (world_size, (numbers.Integral, type(None)))):
+        if not isinstance(arg, kind):
+            raise RuntimeError(f"Argument {arg} must be of type {kind} but got type {type(arg)}")
+    if world_size is None and "WORLD_SIZE" in os.environ and options.init_method == "env://":
+        world_size = int(os.environ["WORLD_SIZE"])
+    with _state_lock:
+        if _current is not None:
+            raise RuntimeError("RPC is already initialized")
+        prefix = f"tpd_rpc_{_init_counter}"
+        _init_counter += 1
+    client = Client(os.environ.get("TPD_SOCKET", ""))
+    try:
+        group, init_method, secret, store = _rendezvous(client, options, rank, world_size,
+                                                        prefix)
+        agent = _join(client, name, rank, world_size, options, group, init_method, secret,
+                      store)
+    except BaseException:
+        client.close()
+        raise
+    with _state_lock:
+        _current = agent
+
+
+def _rendezvous(client, options, rank, world_size, prefix):
+    """(group, tpd init method, secret, torch store or None) of this job."""
+    url = options.init_method
+    if url.startswith("etcd://"):
+        return "rpc", url, os.environ.get("TPD_RPC_SECRET", ""), None
+    if url.startswith("tpd://"):
+        return "rpc", "tcp://" + url[len("tpd://"):], os.environ.get("TPD_RPC_SECRET", ""), None
+    if world_size:
+        store, _, _ = next(dist.rendezvous(url, rank=rank, world_size=world_size))
+    else:
+        store = dist._create_store_from_options(options, rank)
+    store = dist.PrefixStore(prefix, store)
+    peer = client.status().get("peer_address", "")
+    proposal = "\n".join([
+        "rpc-" + secrets.token_hex(6),
+        f"tcp://{peer}" if peer else "",
+        secrets.token_hex(16),
+    ])
+    # The first proposal stored wins (c10d compare_set); everyone joins that group.
+    agreed = store.compare_set("tpd/group", "", proposal)
+    if isinstance(agreed, bytes):
+        agreed = agreed.decode("utf-8")
+    group, init_method, secret = agreed.split("\n")
+    return group, init_method, secret, store
+
+
+def _join(client, name, rank, world_size, options, group, init_method, secret, store):
+    join = {
+        "group": group,
+        "name": name,
+        "init_method": init_method,
+        "secret": secret,
+        "num_worker_threads": int(options.num_worker_threads),
+        "rpc_timeout_us": int(round(float(options.rpc_timeout) * 1e6)),
+        "timeout_us": int(round(max(float(options.rpc_timeout), 60.0) * 1e6)),
+        "device": [str(torch.device(d)) for d in (options.devices or [])],
+        "transport": getattr(options, "_tpd_transports", []),
+        "channel": getattr(options, "_tpd_channels", []),
+    }
+    if world_size:
+        join["world_size"] = int(world_size)
+    if rank is not None and rank >= 0:
+        join["rank"] = int(rank)
+    device_maps = {
+        worker: {_device(src): _device(dst) for src, dst in mapping.items()}
+        for worker, mapping in (options.device_maps or {}).items()
+    }
+    try:
+        response = client.join(join, device_maps)
+    except _capi.TpdError as e:
+        raise RuntimeError(str(e)) from None
+    info = WorkerInfo(name, int(response.get("rank", 0)))
+    agent = _agent.Agent(client, group, info, options, world_size, store)
+    agent.learn(response.get("group", {}))
+    agent.start()
+    return agent
+
+
+def _device(device):
+    return str(torch.device(device)) if not isinstance(device, int) else f"cuda:{device}"
+
+
+def shutdown(graceful=True, timeout=0):
+    """Stops this worker. Graceful: waits until every worker of a static group reached its own
+    shutdown (tpd's barrier), and for the calls in flight both ways (tpd's Leave drains them),
+    then leaves; otherwise leaves at once."""
+    global _current
+    with _state_lock:
+        agent = _current
+        if agent is None:
+            return
+        _current = None
+    try:
+        if graceful:
+            if agent.world_size:
+                agent.client.barrier(agent.group, agent.info.name,
+                                     timeout if timeout and timeout > 0 else None)
+            agent.client.leave(agent.group, agent.info.name)
+    except _capi.TpdError as e:
+        raise RuntimeError(f"RPC shutdown failed: {e}") from None
+    finally:
+        agent.stop()
+
+
+@atexit.register
+def _shutdown_at_exit():
+    # A program that forgot shutdown() exits cleanly: its members leave at once.
+    global _current
+    agent = _current
+    _current = None
+    if agent is not None:
+        agent.stop(join_threads=False)
+
+
+def get_worker_info(worker_name=None):
+    agent = _require_initialized()
+    if worker_name is None:
+        return agent.info
+    return agent.worker_info(worker_name)
+
+
+def _get_current_rpc_agent():
+    return _require_initialized()
+
+
+def _to_worker_info(to):
+    if isinstance(to, WorkerInfo):
+        return to
+    if isinstance(to, (str, int)):
+        return _require_initialized().worker_info(to)
+    raise ValueError("Cannot get WorkerInfo from name {}".format(to))
+
+
+def get_rpc_timeout():
+    """The default timeout of calls, in seconds."""
+    return _require_initialized().rpc_timeout
+
+
+def _set_rpc_timeout(rpc_timeout):
+    _require_initialized().rpc_timeout = float(rpc_timeout)
+
+
+def _check_callable(func):
+    if not callable(func):
+        raise TypeError("function should be callable.")
+
+
+def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    agent = _require_initialized()
+    _check_callable(func)
+    info = _to_worker_info(to)
+    return agent.call_sync(info, (_agent.CALL, func, tuple(args or ()), dict(kwargs or {})),
+                           timeout)
+
+
+def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    agent = _require_initialized()
+    _check_callable(func)
+    info = _to_worker_info(to)
+    return agent.call_async(info, (_agent.CALL, func, tuple(args or ()), dict(kwargs or {})),
+                            timeout)
+
+
+def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    from tpd.rpc.rref import RRef
+    agent = _require_initialized()
+    _check_callable(func)
+    info = _to_worker_info(to)
+    rref_id = agent.new_rref_id()
+    rref = RRef._created(agent, info, rref_id)
+    confirmation = agent.call_async(
+        info, (_agent.REMOTE, rref_id, func, tuple(args or ()), dict(kwargs or {})), timeout)
+    rref._confirm_with(confirmation)
+    return rref
+
+
+def _wait_all_workers(timeout=None):
+    agent = _require_initialized()
+    agent.client.barrier(agent.group, agent.info.name, timeout)

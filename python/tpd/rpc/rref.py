@@ -1,0 +1,182 @@
+"""RRef: a reference to a value that lives on one worker (its owner).
+
+Counting. Every RRef object holds one count on its owner's entry (``Agent.own``): the owner
+drops the value when the count reaches 0. ``remote()`` counts the creator's RRef on the
+owner; pickling an RRef (passing it in a call or a reply) adds one for the RRef the receiver
+will build, before the message leaves (a synchronous call to the owner, or a local count on
+the owner itself); an RRef object going away gives its count back (a fire-and-forget call
+from a user).
+"""
+
+import torch
+
+from tpd.rpc import _agent
+from tpd.rpc.constants import UNSET_RPC_TIMEOUT
+
+
+def _current():
+    from tpd.rpc import api
+    return api._require_initialized()
+
+
+class RRef:
+    """torch.distributed.rpc.RRef on tpd. ``RRef(value)`` makes one this worker owns."""
+
+    def __init__(self, value=None, type_hint=None):
+        agent = _current()
+        future = torch.futures.Future()
+        future.set_result(value)
+        self._init(agent, agent.info, agent.new_rref_id(), confirmed=True)
+        agent.own(self._id, future, 1)
+
+    def _init(self, agent, owner, rref_id, confirmed):
+        self._agent = agent
+        self._owner = owner
+        self._id = rref_id
+        self._confirmed = confirmed
+        self._confirmation = None
+        self._counted = True
+
+    @classmethod
+    def _created(cls, agent, owner, rref_id):
+        """The RRef remote() returns (the owner counts it when it runs the REMOTE)."""
+        rref = cls.__new__(cls)
+        rref._init(agent, owner, rref_id, confirmed=False)
+        return rref
+
+    def _confirm_with(self, future):
+        self._confirmation = future
+
+        def confirmed(done):
+            try:
+                done.wait()
+                self._confirmed = True
+            except Exception:  # to_here reports it
+                pass
+        future.then(confirmed)
+
+    # --- what torch's RRef offers ---
+
+    def owner(self):
+        return self._owner
+
+    def owner_name(self):
+        return self._owner.name
+
+    def is_owner(self):
+        return self._owner.name == self._agent.info.name
+
+    def confirmed_by_owner(self):
+        return self._confirmed or self.is_owner()
+
+    def local_value(self):
+        if not self.is_owner():
+            raise RuntimeError(
+                f"For UserRRef(rref_id={self._id}, owner={self._owner}), can't call "
+                f"localValue() on user {self._agent.info}. Call it on owner {self._owner}")
+        self._wait_confirmed(None)
+        return _unwrap(self._agent.owned(self._id).future)
+
+    def to_here(self, timeout=UNSET_RPC_TIMEOUT):
+        if self.is_owner():
+            return self.local_value()
+        self._wait_confirmed(timeout)
+        return self._agent.call_sync(self._owner, (_agent.FETCH, self._id), timeout)
+
+    def _wait_confirmed(self, timeout):
+        if self._confirmation is not None:
+            self._confirmation.wait()  # raises the creation's error (a timeout, say)
+
+    def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
+        return _Proxy(self, "rpc_sync", timeout)
+
+    def rpc_async(self, timeout=UNSET_RPC_TIMEOUT):
+        return _Proxy(self, "rpc_async", timeout)
+
+    def remote(self, timeout=UNSET_RPC_TIMEOUT):
+        return _Proxy(self, "remote", timeout)
+
+    def _get_type(self, timeout=UNSET_RPC_TIMEOUT, blocking=True):
+        from tpd.rpc import api
+        kind = api.rpc_sync(self._owner, _type_of, args=(self,), timeout=timeout)
+        if blocking:
+            return kind
+        future = torch.futures.Future()
+        future.set_result(kind)
+        return future
+
+    def __repr__(self):
+        kind = "OwnerRRef" if self.is_owner() else "UserRRef"
+        return f"{kind}(RRefId = {self._id}, owner = {self._owner})"
+
+    # --- counting ---
+
+    def __reduce__(self):
+        agent = self._agent
+        if self.is_owner():
+            agent.hold(self._id, 1)
+        else:
+            self._wait_confirmed(None)
+            agent.call_sync(self._owner, (_agent.RREF_ADD, self._id))
+        return _rebuild, (self._owner.name, self._owner.id, self._id)
+
+    def __del__(self):
+        if not getattr(self, "_counted", False):
+            return
+        self._counted = False
+        from tpd.rpc import api
+        agent = api._agent_or_none()
+        if agent is None or agent is not self._agent:
+            return  # shut down: the owner's table went with it
+        try:
+            if self.is_owner():
+                agent.hold(self._id, -1)
+            elif self._confirmed:
+                agent.call_async(self._owner, (_agent.RREF_DEL, self._id)).then(_ignore)
+        except Exception:  # the owner or this agent is going away: nothing left to count
+            pass
+
+
+def _ignore(_):
+    pass
+
+
+def _unwrap(future):
+    try:
+        return future.wait()
+    except _agent._RemoteError as error:
+        error.reraise()
+
+
+def _rebuild(owner_name, owner_id, rref_id):
+    from tpd.rpc import api
+    agent = _current()
+    rref = RRef.__new__(RRef)
+    rref._init(agent, api.WorkerInfo(owner_name, owner_id), rref_id, confirmed=True)
+    return rref
+
+
+def _type_of(rref):
+    return type(rref.local_value())
+
+
+def _invoke_method(rref, name, args, kwargs):
+    return getattr(rref.local_value(), name)(*args, **kwargs)
+
+
+class _Proxy:
+    """``rref.rpc_sync().method(...)`` and friends: the method runs on the owner."""
+
+    def __init__(self, rref, how, timeout):
+        self._rref = rref
+        self._how = how
+        self._timeout = timeout
+
+    def __getattr__(self, name):
+        from tpd.rpc import api
+        call = getattr(api, self._how)
+
+        def method(*args, **kwargs):
+            return call(self._rref.owner(), _invoke_method,
+                        args=(self._rref, name, args, kwargs), timeout=self._timeout)
+        return method
