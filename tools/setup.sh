@@ -19,6 +19,9 @@ PACKAGES=(
   iproute2                 # ip netns, for tests/integration/netns_test
   openssl                  # certificates for tests/integration/peer_test's mutual TLS
   etcd-server              # etcd 3.4: the real cluster tests/store/etcd starts on loopback
+  python3-torch            # PyTorch 1.13 (CPU): tpd.rpc runs beside torch.distributed.rpc
+  python3-pytest           # tests/python
+  binutils                 # nm: tests/python checks what libtpd_client.so exports
 )
 
 # etcd's v3 API (.proto files) for store/etcd, from Debian's Go source packages. Installing

@@ -78,6 +78,8 @@ class Agent:
         self.world_size = world_size
         self._bootstrap_store = bootstrap_store  # torch's rendezvous store, kept as torch does
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # signalled when _in_flight drops
+        self._in_flight = 0      # calls this worker made that have not completed
         self._workers_by_name = {}
         self._workers_by_id = {}
         self._tags = itertools.count(1)
@@ -160,10 +162,32 @@ class Agent:
         seconds = self.rpc_timeout if timeout is None or timeout < 0 else float(timeout)
         return seconds, int(round(seconds * 1e6))
 
+    def wait_idle(self, timeout=None):
+        """Waits until no call this worker made is in flight (graceful shutdown)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+
+    def _started(self):
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("RPC agent is shut down")
+            self._in_flight += 1
+
+    def _ended(self):
+        with self._lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.notify_all()
+
     def call_sync(self, to, message, timeout=None):
         seconds, timeout_us = self._timeout_us(timeout)
         payload, descriptors, keep = _pickler.dumps(message)
-        event = self.client.call(self.group, to.name, METHOD, payload, descriptors, timeout_us)
+        self._started()
+        try:
+            event = self.client.call(self.group, to.name, METHOD, payload, descriptors,
+                                     timeout_us)
+        finally:
+            self._ended()
         del keep  # the call completed: the daemon read what it had to
         return self._result(event, seconds)
 
@@ -172,9 +196,8 @@ class Agent:
         payload, descriptors, keep = _pickler.dumps(message)
         future = torch.futures.Future()
         tag = next(self._tags)
+        self._started()
         with self._lock:
-            if self._stopped:
-                raise RuntimeError("RPC agent is shut down")
             self._pending[tag] = (future, keep, seconds)
         try:
             self.client.call_async(self.group, to.name, METHOD, payload, descriptors,
@@ -182,6 +205,7 @@ class Agent:
         except BaseException:
             with self._lock:
                 self._pending.pop(tag, None)
+            self._ended()
             raise
         return future
 
@@ -206,7 +230,8 @@ class Agent:
             with self._lock:
                 entry = self._pending.pop(event.tag, None)
             if entry is None:
-                continue  # fire-and-forget (RREF_DEL), or failed already at shutdown
+                continue  # failed already at shutdown
+            self._ended()
             future, keep, timeout_s = entry
             del keep
             try:
@@ -257,7 +282,7 @@ class Agent:
         """Runs func; a torch Future: the result of an @async_execution function."""
         result = func(*args, **(kwargs or {}))
         if getattr(func, "_wrapped_async_rpc_function", None) is not None:
-            if not isinstance(result, torch.futures.Future):
+            if not isinstance(result, torch._C.Future):  # then() gives the base class
                 raise TypeError(
                     "Functions decorated with @rpc.functions.async_execution must return a "
                     f"torch.futures.Future object, but got {type(result)}")

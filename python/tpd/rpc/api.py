@@ -107,11 +107,12 @@ def _rendezvous(client, options, rank, world_size, prefix):
         store = dist._create_store_from_options(options, rank)
     store = dist.PrefixStore(prefix, store)
     peer = client.status().get("peer_address", "")
-    proposal = "\n".join([
-        "rpc-" + secrets.token_hex(6),
-        f"tcp://{peer}" if peer else "",
-        secrets.token_hex(16),
-    ])
+    if not peer:
+        raise RuntimeError(
+            "the tpd daemon has no peer port ([peer] listen_address), which the job's group "
+            "lives behind: configure one, or use an etcd:// init_method")
+    proposal = "\n".join(["rpc-" + secrets.token_hex(6), f"tcp://{peer}",
+                          secrets.token_hex(16)])
     # The first proposal stored wins (c10d compare_set); everyone joins that group.
     agreed = store.compare_set("tpd/group", "", proposal)
     if isinstance(agreed, bytes):
@@ -157,24 +158,26 @@ def _device(device):
 
 
 def shutdown(graceful=True, timeout=0):
-    """Stops this worker. Graceful: waits until every worker of a static group reached its own
-    shutdown (tpd's barrier), and for the calls in flight both ways (tpd's Leave drains them),
-    then leaves; otherwise leaves at once."""
+    """Stops this worker. Graceful, as torch: waits for the calls this worker made, then until
+    every worker of a static group got there too (tpd's barrier: after it nobody calls anyone),
+    then leaves (tpd's Leave drains the calls still being served); otherwise leaves at once."""
     global _current
     with _state_lock:
         agent = _current
-        if agent is None:
-            return
-        _current = None
+    if agent is None:
+        return
     try:
         if graceful:
+            wait = timeout if timeout and timeout > 0 else None
+            agent.wait_idle(wait)
             if agent.world_size:
-                agent.client.barrier(agent.group, agent.info.name,
-                                     timeout if timeout and timeout > 0 else None)
+                agent.client.barrier(agent.group, agent.info.name, wait)
             agent.client.leave(agent.group, agent.info.name)
     except _capi.TpdError as e:
         raise RuntimeError(f"RPC shutdown failed: {e}") from None
     finally:
+        with _state_lock:
+            _current = None
         agent.stop()
 
 

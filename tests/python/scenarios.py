@@ -1,0 +1,235 @@
+"""Scenarios of tests/python/test_rpc.py, each run by every rank of a job (rpc_workers.run).
+Assertions inside fail the rank, which fails the test with its traceback."""
+
+import os
+import re
+import time
+
+import torch
+
+import rpc_workers as w
+
+
+def _init(rank, world_size, init_method, **kwargs):
+    import tpd.rpc as rpc
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size,
+                 rpc_backend_options=w.options(init_method, **kwargs))
+    return rpc
+
+
+def core(rank, world_size, init_method):
+    rpc = _init(rank, world_size, init_method, rpc_timeout=30)
+    peer = f"worker{(rank + 1) % world_size}"
+    # Worker info.
+    me = rpc.get_worker_info()
+    assert (me.name, me.id) == (f"worker{rank}", rank), me
+    assert rpc.get_worker_info(peer).id == (rank + 1) % world_size
+    assert repr(rpc.get_worker_info("worker0")) == "WorkerInfo(id=0, name=worker0)"
+    # Calls, user functions and builtins.
+    assert rpc.rpc_sync(peer, w.add, args=(2, 3)) == 5
+    assert rpc.rpc_sync(peer, w.add, kwargs={"a": "x", "b": "y"}) == "xy"
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert torch.equal(rpc.rpc_sync(peer, torch.add, args=(t, 1)), t + 1)
+    # Views, non-contiguous tensors and sparse tensors arrive as sent.
+    base = torch.arange(20, dtype=torch.int64)
+    got = rpc.rpc_sync(peer, w.identity, args=((base[2:7], base[::3], t.t()),))
+    assert torch.equal(got[0], base[2:7]) and torch.equal(got[1], base[::3])
+    assert torch.equal(got[2], t.t()) and got[2].stride() == t.t().stride()
+    assert rpc.rpc_sync(peer, w.views_share_storage, args=(base[1:3], base[5:9]))
+    sparse = torch.sparse_coo_tensor([[0, 2], [1, 0]], [3.0, 4.0], (3, 3))
+    assert torch.equal(rpc.rpc_sync(peer, w.identity, args=(sparse,)).to_dense(),
+                       sparse.to_dense())
+    for dtype in (torch.float16, torch.bfloat16, torch.bool, torch.complex64, torch.int8):
+        x = torch.ones(5, dtype=dtype)
+        assert torch.equal(rpc.rpc_sync(peer, w.identity, args=(x,)), x), dtype
+    # Futures: wait_all, collect_all, then.
+    futs = [rpc.rpc_async(peer, w.add, args=(i, i)) for i in range(20)]
+    assert torch.futures.wait_all(futs) == [2 * i for i in range(20)]
+    both = torch.futures.collect_all(futs[:2]).wait()
+    assert [f.wait() for f in both] == [0, 2]
+    assert rpc.rpc_async(peer, w.add, args=(1, 1)).then(lambda f: f.wait() * 10).wait() == 20
+    # Exceptions come back as their type, with torch's "On WorkerInfo" text.
+    try:
+        rpc.rpc_sync(peer, w.raise_value_error, args=("expected failure",))
+        raise AssertionError("no exception")
+    except ValueError as e:
+        assert str(e).startswith(f"On WorkerInfo(id={(rank + 1) % world_size}, name={peer}):")
+        assert "expected failure" in str(e)
+    fut = rpc.rpc_async(peer, w.raise_value_error, args=("async failure",))
+    try:
+        fut.wait()
+        raise AssertionError("no exception")
+    except ValueError as e:
+        assert "async failure" in str(e)
+    # Timeouts, per call and in torch's words; 0 means none.
+    start = time.monotonic()
+    try:
+        rpc.rpc_sync(peer, w.sleep_then, args=(2, 1), timeout=0.2)
+        raise AssertionError("no timeout")
+    except RuntimeError as e:
+        assert re.search("RPC ran for more than set timeout \\(200 ms\\)", str(e)), str(e)
+    assert time.monotonic() - start < 1.5
+    try:
+        rpc.rpc_async(peer, w.sleep_then, args=(2, 1), timeout=0.001).wait()
+        raise AssertionError("no timeout")
+    except RuntimeError as e:
+        assert "RPC ran for more than set timeout (1 ms)" in str(e), str(e)
+    assert rpc.rpc_sync(peer, w.sleep_then, args=(0.3, 7), timeout=0) == 7
+    assert rpc.get_rpc_timeout() == 30
+    # async_execution: the reply waits for the returned future.
+    assert torch.equal(rpc.rpc_sync(peer, w.async_add_later, args=(torch.ones(2), 1)),
+                       torch.full((2,), 2.0))
+    assert rpc.rpc_sync(peer, w.chained_async, args=(f"worker{rank}", 4)) == 10
+    # remote and RRefs.
+    rref = rpc.remote(peer, w.Counter, args=(5,))
+    assert rref.owner().name == peer and rref.owner_name() == peer and not rref.is_owner()
+    assert rref.rpc_sync().increment(2) == 7
+    assert rref.rpc_async().increment(3).wait() == 10
+    assert rref.remote().increment(1).to_here() == 11
+    assert rref.confirmed_by_owner()
+    local = rpc.RRef(torch.ones(3))
+    assert local.is_owner() and torch.equal(local.local_value(), torch.ones(3))
+    # An RRef passed as an argument: the callee fetches from its owner (here, this worker).
+    assert torch.equal(rpc.rpc_sync(peer, w.rref_value_plus, args=(local, 1)),
+                       torch.full((3,), 2.0))
+    value_rref = rpc.remote(peer, w.add, args=(torch.ones(2), 2))
+    assert torch.equal(value_rref.to_here(), torch.full((2,), 3.0))
+    failing = rpc.remote(peer, w.raise_value_error, args=("in remote",))
+    try:
+        failing.to_here()
+        raise AssertionError("no exception")
+    except ValueError as e:
+        assert "in remote" in str(e)
+    try:
+        value_rref.local_value()
+        raise AssertionError("local_value on a user")
+    except RuntimeError as e:
+        assert "Call it on owner" in str(e)
+    rpc.shutdown()
+    return True
+
+
+def bad_arguments(rank, world_size, init_method):
+    import tpd.rpc as rpc
+    errors = []
+
+    def expect(kind, text, fn, *args, **kwargs):
+        try:
+            fn(*args, **kwargs)
+        except kind as e:
+            assert text in str(e), f"{kind.__name__}: {e!r} lacks {text!r}"
+            errors.append(kind.__name__)
+            return
+        raise AssertionError(f"{fn.__name__}{args} raised nothing")
+
+    expect(RuntimeError, "RPC has not been initialized", rpc.rpc_sync, "x", w.add, (1, 2))
+    expect(RuntimeError, "RPC has not been initialized", rpc.get_worker_info)
+    expect(TypeError, "Argument backend must be a member of BackendType", rpc.init_rpc,
+           "a", backend="tensorpipe")
+    expect(TypeError, "rpc_backend_options must be an instance of RpcBackendOptions",
+           rpc.init_rpc, "a", rpc_backend_options={"init_method": "env://"})
+    expect(RuntimeError, "must be of type", rpc.init_rpc, 7, rank=0, world_size=1,
+           rpc_backend_options=w.options(init_method))
+    rpc = _init(rank, world_size, init_method)
+    expect(RuntimeError, "RPC is already initialized", rpc.init_rpc, "again", rank=rank,
+           world_size=world_size, rpc_backend_options=w.options(init_method))
+    expect(TypeError, "function should be callable.", rpc.rpc_sync, "worker0", 3)
+    expect(RuntimeError, "Unknown destination worker nobody", rpc.rpc_sync, "nobody", w.add,
+           (1, 2))
+    expect(ValueError, "Cannot get WorkerInfo from name", rpc.rpc_sync, 3.5, w.add, (1, 2))
+    expect(TypeError, "cannot be sent over RPC", rpc.rpc_sync, "worker0", w.identity,
+           (torch.ones(2).to_mkldnn() if torch.backends.mkldnn.is_available()
+            else torch.ones(2, 2).to_sparse_csr(),))
+    # The worker still serves after every refusal.
+    assert rpc.rpc_sync("worker0", w.add, args=(1, 1)) == 2
+    rpc.shutdown()
+    return errors
+
+
+def many_async(rank, world_size, init_method, calls=1000):
+    rpc = _init(rank, world_size, init_method)
+    peer = f"worker{(rank + 1) % world_size}"
+    futs = [rpc.rpc_async(peer, w.add, args=(torch.full((4,), float(i)), 1)) for i in range(calls)]
+    results = torch.futures.wait_all(futs)
+    assert all(torch.equal(r, torch.full((4,), float(i + 1))) for i, r in enumerate(results))
+    rpc.shutdown()
+    return len(results)
+
+
+def memory_returns(rank, world_size, init_method, calls=10000):
+    import resource
+    rpc = _init(rank, world_size, init_method)
+    from tpd.rpc import api
+    peer = f"worker{(rank + 1) % world_size}"
+    x = torch.ones(1024)
+    for _ in range(200):
+        rpc.rpc_sync(peer, w.add, args=(x, 1))
+    rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kept = []
+    for i in range(calls):
+        y = rpc.rpc_sync(peer, w.add, args=(x, i))
+        if i % 1000 == 0:
+            kept.append(y)  # a program keeps some of what it receives
+    del y
+    stats = api._require_initialized().client.call_stats()
+    rss_growth_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_start
+    held = stats["rx_blocks_held"]
+    rpc.shutdown()
+    # What is held is what the program kept, no more; the process did not grow per call.
+    # (plus a call the peer may have in flight to this worker right now)
+    assert held <= len(kept) + 2, stats
+    assert rss_growth_kb < 64 * 1024, rss_growth_kb
+    return held
+
+
+def received_tensors_do_not_starve_the_heap(rank, world_size, init_method):
+    rpc = _init(rank, world_size, init_method)
+    from tpd.rpc import api
+    peer = f"worker{(rank + 1) % world_size}"
+    kept = [rpc.rpc_sync(peer, torch.ones, args=(1 << 20,)) for _ in range(40)]  # 160 MiB
+    stats = api._require_initialized().client.call_stats()
+    assert stats["rx_view_bytes"] <= stats["rx_heap_bytes"] // 2, stats
+    assert all(float(k.sum()) == (1 << 20) for k in kept)
+    rpc.shutdown()
+    return stats["rx_view_bytes"]
+
+
+def forgets_shutdown(rank, world_size, init_method):
+    rpc = _init(rank, world_size, init_method)
+    assert rpc.rpc_sync(f"worker{(rank + 1) % world_size}", w.add, args=(1, 1)) == 2
+    rpc._wait_all_workers()  # so no peer is still calling this one when it exits
+    return True  # and exits without rpc.shutdown()
+
+
+def caller_of_a_dying_peer(rank, world_size, init_method, daemon_pid=None):
+    """Rank 1 serves; rank 0 calls a slow function, then kills rank 1's process (or, given
+    daemon_pid, rank 1's daemon) mid-call: rank 0 must get an error at once, not at its 60 s
+    timeout."""
+    import signal
+    rpc = _init(rank, world_size, init_method, rpc_timeout=60)
+    if rank == 1:
+        time.sleep(600)  # killed by rank 0
+        return None
+    victim = daemon_pid or rpc.rpc_sync("worker1", w.pid)
+    fut = rpc.rpc_async("worker1", w.sleep_then, args=(300, 1))
+    time.sleep(0.5)
+    start = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    try:
+        fut.wait()
+        raise AssertionError("the call succeeded")
+    except RuntimeError as e:
+        message = str(e)
+    took = time.monotonic() - start
+    # This worker goes on: a call to itself still works.
+    assert rpc.rpc_sync("worker0", w.add, args=(1, 2)) == 3
+    rpc.shutdown(graceful=False)
+    return message, took
+
+
+def shutdown_with_calls_in_flight(rank, world_size, init_method):
+    rpc = _init(rank, world_size, init_method)
+    peer = f"worker{(rank + 1) % world_size}"
+    futs = [rpc.rpc_async(peer, w.sleep_then, args=(0.5, i)) for i in range(5)]
+    rpc.shutdown()  # graceful: waits for them, both ways
+    return [f.wait() for f in futs]

@@ -1,0 +1,128 @@
+"""The C ABI (libtpd_client.so) as any foreign caller sees it, through tpd._client."""
+
+import ctypes
+import os
+import subprocess
+
+import pytest
+import torch
+import torch.utils.dlpack
+
+from tpd import _capi
+from tpd._client import Client
+
+
+def test_the_library_exports_only_the_c_abi():
+    library = _capi.library()._name
+    out = subprocess.run(["nm", "-D", "--defined-only", library], check=True,
+                         capture_output=True, text=True).stdout
+    names = [line.split()[-1] for line in out.splitlines() if line.strip()]
+    assert names, out
+    assert [n for n in names if not n.startswith("tpd_")] == []
+    assert "tpd_call_async" in names and "tpd_next_event" in names
+
+
+def test_no_daemon_is_unavailable_naming_the_socket(workdir):
+    with pytest.raises(_capi.TpdError) as error:
+        Client(os.path.join(workdir, "none.sock"), connect_timeout=0.2)
+    assert error.value.code == _capi.UNAVAILABLE
+    assert "none.sock" in str(error.value)
+
+
+def test_bad_join_options_are_invalid_argument_naming_the_option(daemon):
+    client = Client(daemon.socket)
+    with pytest.raises(_capi.TpdError) as error:
+        client.join({"rank": "two"})
+    assert error.value.code == _capi.INVALID_ARGUMENT and "'rank'" in str(error.value)
+    with pytest.raises(_capi.TpdError, match="unknown join option 'colour'"):
+        client.join({"colour": "blue"})
+    with pytest.raises(_capi.TpdError, match="not NAME=VALUE"):
+        client.join({"env": "MASTER_ADDR"})
+    # An unknown transport: the daemon's own validation, with its code.
+    with pytest.raises(_capi.TpdError) as error:
+        client.join({"group": "g", "name": "a", "world_size": 1, "rank": 0,
+                     "init_method": f"tcp://{daemon.peer_address}", "transport": "carrier-pigeon"})
+    assert error.value.code == _capi.INVALID_ARGUMENT and "carrier-pigeon" in str(error.value)
+    client.close()
+
+
+def test_next_event_times_out_and_stops(daemon):
+    client = Client(daemon.socket)
+    assert client.next_event(_capi.QUEUE_REQUESTS, timeout=0.01) is None
+    client.stop_events()
+    with pytest.raises(_capi.TpdError) as error:
+        client.next_event(_capi.QUEUE_REQUESTS, timeout=1)
+    assert error.value.code == _capi.CANCELLED
+    client.close()
+
+
+def _pair(daemon):
+    a, b = Client(daemon.socket), Client(daemon.socket)
+    for client, name in ((a, "a"), (b, "b")):
+        client.join({"group": "g", "name": name, "timeout_us": 10_000_000,
+                     "init_method": f"tcp://{daemon.peer_address}"})
+    b.serve("echo")
+    return a, b
+
+
+def _bytes_tensor(data):
+    t = _capi.Tensor()
+    t.dtype, t.ndim, t.nbytes, t.device_type = 6, 1, len(data), _capi.CPU
+    t.shape[0] = len(data)
+    t.data = ctypes.cast(data, ctypes.c_void_p)
+    return t
+
+
+def test_requests_answered_later_from_another_thread_with_tensors(daemon):
+    a, b = _pair(daemon)
+    data = ctypes.create_string_buffer(b"tensor bytes", 12)
+    a.call_async("g", "b", "echo", b"hello", [_bytes_tensor(data)], 5_000_000, tag=7)
+    request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
+    assert (request.kind, request.method, request.caller, request.payload()) == (
+        _capi.EVENT_REQUEST, "echo", "a", b"hello")
+    view = torch.utils.dlpack.from_dlpack(request.dlpack(0, copy=0))
+    assert bytes(view.numpy()) == b"tensor bytes"
+    import threading
+    threading.Thread(target=lambda: request.reply(b"later")).start()
+    reply = a.next_event(_capi.QUEUE_REPLIES, timeout=5)
+    assert (reply.kind, reply.tag, reply.status(), reply.payload()) == (
+        _capi.EVENT_REPLY, 7, (0, ""), b"later")
+    # The view outlives its event; its block goes back when the tensor does.
+    del request
+    assert bytes(view.numpy()) == b"tensor bytes"
+    assert b.call_stats()["rx_view_bytes"] == 12
+    del view
+    assert b.call_stats()["rx_view_bytes"] == 0
+    a.close()
+    b.close()
+
+
+def test_a_request_dropped_unanswered_answers_internal_at_once(daemon):
+    a, b = _pair(daemon)
+    a.call_async("g", "b", "echo", b"x", [], 30_000_000, tag=1)
+    b.next_event(_capi.QUEUE_REQUESTS, timeout=5).free()
+    reply = a.next_event(_capi.QUEUE_REPLIES, timeout=5)
+    code, message = reply.status()
+    assert code == _capi.INTERNAL and "dropped the call unanswered" in message
+    # An error reply keeps its code, marked as the remote handler's.
+    a.call_async("g", "b", "echo", b"x", [], 30_000_000, tag=2)
+    b.next_event(_capi.QUEUE_REQUESTS, timeout=5).reply_error(_capi.NOT_FOUND, "no such key")
+    code, message = a.next_event(_capi.QUEUE_REPLIES, timeout=5).status()
+    assert code == _capi.NOT_FOUND and "remote handler of worker 'b'" in message
+    a.close()
+    b.close()
+
+
+def test_bad_tensors_are_refused_before_anything_is_sent(daemon):
+    a, b = _pair(daemon)
+    t = _capi.Tensor()
+    t.dtype, t.ndim, t.nbytes = 1, 1, 8
+    t.shape[0] = 3  # 3 float32 are 12 bytes, not 8
+    t.data = ctypes.cast(ctypes.create_string_buffer(8), ctypes.c_void_p)
+    with pytest.raises(_capi.TpdError, match="12 bytes, the tensor has 8"):
+        a.call("g", "b", "echo", b"", [t])
+    t.ndim = 9
+    with pytest.raises(_capi.TpdError, match="ndim 9"):
+        a.call("g", "b", "echo", b"", [t])
+    a.close()
+    b.close()

@@ -1,0 +1,102 @@
+"""tpd.rpc against real daemons: workers are processes of their own, as in a real job."""
+
+import os
+
+import pytest
+
+import rpc_workers
+import scenarios
+
+
+def file_init(workdir):
+    return f"file://{workdir}/rendezvous"
+
+
+def test_core_api_on_one_node(daemon, workdir):
+    results = rpc_workers.run(scenarios.core, 2, [daemon.socket], file_init(workdir))
+    assert results == {0: True, 1: True}
+
+
+def test_core_api_across_two_daemons(two_daemons, workdir):
+    results = rpc_workers.run(scenarios.core, 2, [d.socket for d in two_daemons],
+                              file_init(workdir))
+    assert results == {0: True, 1: True}
+
+
+def test_env_init_method_with_master_addr_and_port(daemon, workdir, monkeypatch):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    results = rpc_workers.run(scenarios.many_async, 2, [daemon.socket], "env://", calls=10)
+    assert results == {0: 10, 1: 10}
+
+
+def test_env_init_method_without_master_addr_keeps_torchs_error(daemon, monkeypatch):
+    import tpd.rpc as rpc
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("TPD_SOCKET", daemon.socket)
+    with pytest.raises(ValueError, match="MASTER_ADDR expected, but not set"):
+        rpc.init_rpc("w", rank=0, world_size=1,
+                     rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method="env://"))
+
+
+def test_bad_url_keeps_torchs_error(daemon, monkeypatch):
+    import tpd.rpc as rpc
+    monkeypatch.setenv("TPD_SOCKET", daemon.socket)
+    with pytest.raises(RuntimeError, match="No rendezvous handler for foo://"):
+        rpc.init_rpc("w", rank=0, world_size=1,
+                     rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method="foo://x"))
+
+
+def test_bad_arguments_at_every_entry_point(daemon, workdir):
+    results = rpc_workers.run(scenarios.bad_arguments, 1, [daemon.socket], file_init(workdir))
+    assert len(results[0]) == 10
+
+
+def test_a_thousand_concurrent_rpc_async(daemon, workdir):
+    results = rpc_workers.run(scenarios.many_async, 2, [daemon.socket], file_init(workdir))
+    assert results == {0: 1000, 1: 1000}
+
+
+def test_memory_back_to_baseline_after_ten_thousand_calls_with_tensors(daemon, workdir):
+    results = rpc_workers.run(scenarios.memory_returns, 2, [daemon.socket], file_init(workdir),
+                              timeout=300)
+    assert all(held <= 12 for held in results.values()), results
+
+
+def test_tensors_a_program_keeps_never_starve_the_receive_heap(daemon, workdir):
+    results = rpc_workers.run(scenarios.received_tensors_do_not_starve_the_heap, 2,
+                              [daemon.socket], file_init(workdir))
+    assert all(v <= 32 << 20 for v in results.values()), results
+
+
+def test_a_program_that_forgets_shutdown_exits_cleanly(daemon, workdir):
+    results = rpc_workers.run(scenarios.forgets_shutdown, 2, [daemon.socket], file_init(workdir))
+    assert results == {0: True, 1: True}
+
+
+def test_shutdown_waits_for_calls_in_flight(daemon, workdir):
+    results = rpc_workers.run(scenarios.shutdown_with_calls_in_flight, 2, [daemon.socket],
+                              file_init(workdir))
+    assert results == {0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3, 4]}
+
+
+def test_callee_process_killed_mid_call_fails_the_call_at_once(daemon, workdir):
+    results = rpc_workers.run(scenarios.caller_of_a_dying_peer, 2, [daemon.socket],
+                              file_init(workdir), may_die={1})
+    message, took = results[0]
+    assert "worker1" in message, message
+    assert took < 10, (took, message)
+
+
+def test_callee_daemon_killed_mid_call_fails_the_call_naming_it(two_daemons, workdir):
+    results = rpc_workers.run(scenarios.caller_of_a_dying_peer, 2,
+                              [d.socket for d in two_daemons], file_init(workdir), may_die={1},
+                              daemon_pid=two_daemons[1].proc.pid)
+    message, took = results[0]
+    assert "worker1" in message, message
+    assert took < 30, (took, message)
+    assert two_daemons[0].proc.poll() is None  # the caller's daemon serves on
