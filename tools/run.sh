@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools/setup.sh
-bazel build //daemon:tpd //client:tpctl //examples:tensor_calls
+bazel build //daemon:tpd //client:tpctl //examples:tensor_calls //client/c:libtpd_client.so
 
 # Each node's socket, config and log go in a directory of its own, under the directory the
 # daemon itself would choose (proto/socket_path.h): the system one for root, else
@@ -110,6 +110,33 @@ if ((failed)); then
   exit 1
 fi
 echo "example: all $world_size workers passed every check, calling across two daemons"
+
+# The same across the two daemons from Python: examples/python/parameter_server.py, a program
+# written for torch.distributed.rpc with its import changed to tpd.rpc, its ranks spread over
+# the nodes and meeting through env:// (MASTER_ADDR, MASTER_PORT) as any torch job does.
+echo
+echo "python: a parameter server and $((world_size - 1)) trainers (tpd.rpc), across both daemons:"
+master_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+workers=()
+for ((rank = 0; rank < world_size; ++rank)); do
+  node=${nodes[rank * ${#nodes[@]} / world_size]}
+  TPD_SOCKET="$base/$node/tpd.sock" TPD_CLIENT_LIBRARY=bazel-bin/client/c/libtpd_client.so \
+    PYTHONPATH=python MASTER_ADDR=127.0.0.1 MASTER_PORT=$master_port \
+    /usr/bin/python3 examples/python/parameter_server.py --rank "$rank" \
+    --world_size "$world_size" >"$base/python$rank.log" 2>&1 &
+  workers+=($!)
+  children+=($!)
+done
+failed=0
+for ((rank = 0; rank < world_size; ++rank)); do
+  wait "${workers[rank]}" || { failed=$((failed + 1)); cat "$base/python$rank.log"; }
+done
+cat "$base/python0.log"
+if ((failed)); then
+  echo "python example: $failed of $world_size ranks FAILED (their logs above say why)"
+  exit 1
+fi
+echo "python example: passed (examples/python/rl_observer_agent.py is the other one)"
 
 cat <<MSG
 

@@ -134,7 +134,7 @@ def bad_arguments(rank, world_size, init_method):
     expect(RuntimeError, "RPC is already initialized", rpc.init_rpc, "again", rank=rank,
            world_size=world_size, rpc_backend_options=w.options(init_method))
     expect(TypeError, "function should be callable.", rpc.rpc_sync, "worker0", 3)
-    expect(RuntimeError, "Unknown destination worker nobody", rpc.rpc_sync, "nobody", w.add,
+    expect(RuntimeError, "could not find destination name nobody", rpc.rpc_sync, "nobody", w.add,
            (1, 2))
     expect(ValueError, "Cannot get WorkerInfo from name", rpc.rpc_sync, 3.5, w.add, (1, 2))
     expect(TypeError, "cannot be sent over RPC", rpc.rpc_sync, "worker0", w.identity,

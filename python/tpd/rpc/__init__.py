@@ -15,6 +15,7 @@ from tpd.rpc.api import (  # noqa: F401
     _get_current_rpc_agent,
     _set_rpc_timeout,
     _to_worker_info,
+    _wait_all,
     _wait_all_workers,
     get_rpc_timeout,
     get_worker_info,

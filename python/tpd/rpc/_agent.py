@@ -14,6 +14,7 @@ Every message between workers is one tpd call of method ``tpd.rpc`` whose payloa
 """
 
 import itertools
+import sys
 import threading
 import time
 import traceback
@@ -79,6 +80,7 @@ class Agent:
         self._bootstrap_store = bootstrap_store  # torch's rendezvous store, kept as torch does
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # signalled when _in_flight drops
+        self._owned_changed = threading.Condition(self._lock)  # an RRef value registered
         self._in_flight = 0      # calls this worker made that have not completed
         self._workers_by_name = {}
         self._workers_by_id = {}
@@ -145,15 +147,23 @@ class Agent:
             with self._lock:
                 info = table.get(key)
         if info is None:
-            if isinstance(key, str):
-                raise RuntimeError(f"Unknown destination worker {key}")
-            raise RuntimeError(f"Unknown destination worker id {key}")
+            what = "name" if isinstance(key, str) else "id"
+            raise RuntimeError(f"name:{self.info.name},rank:{self.info.id} could not find "
+                               f"destination {what} {key}")
         return info
 
     def worker_infos(self):
         self.refresh()
         with self._lock:
             return sorted(self._workers_by_id.values(), key=lambda w: w.id)
+
+    # torch's RpcAgent methods that programs and torch's tests call on
+    # rpc.api._get_current_rpc_agent().
+    def get_worker_info(self, worker_name=None):
+        return self.info if worker_name is None else self.worker_info(worker_name)
+
+    def get_worker_infos(self):
+        return self.worker_infos()
 
     # --- calls out ---
 
@@ -283,8 +293,8 @@ class Agent:
         result = func(*args, **(kwargs or {}))
         if getattr(func, "_wrapped_async_rpc_function", None) is not None:
             if not isinstance(result, torch._C.Future):  # then() gives the base class
-                raise TypeError(
-                    "Functions decorated with @rpc.functions.async_execution must return a "
+                raise RuntimeError(
+                    "Functions decorated with @rpc.async_function must return a "
                     f"torch.futures.Future object, but got {type(result)}")
             return result
         return None if result is None else _Done(result)
@@ -323,6 +333,7 @@ class Agent:
 
     def _reply_exception(self, event, exc):
         message = remote_exception_message(self.info, exc)
+        print(message, file=sys.stderr)  # as torch's callee logs it
         try:
             payload, descriptors, _ = _pickler.dumps((False, type(exc), message))
         except Exception:  # an exception type that does not pickle
@@ -352,11 +363,16 @@ class Agent:
             owned = self._owned.get(rref_id)
             if owned is None:
                 owned = self._owned[rref_id] = _Owned(future)
+                self._owned_changed.notify_all()
             owned.holders += holders
             return owned
 
     def owned(self, rref_id):
-        with self._lock:
+        # A call through an RRef can overtake the remote() that creates its value (two
+        # messages, served by two threads): wait for the value to be registered.
+        wait = self.rpc_timeout if self.rpc_timeout > 0 else 60.0
+        with self._owned_changed:
+            self._owned_changed.wait_for(lambda: rref_id in self._owned, wait)
             owned = self._owned.get(rref_id)
         if owned is None:
             raise RuntimeError(f"RRef {rref_id} is not owned by {self.info} (deleted?)")

@@ -10,6 +10,7 @@ then coming from ``TPD_RPC_SECRET``.
 """
 
 import atexit
+import contextlib
 import numbers
 import os
 import secrets
@@ -59,6 +60,23 @@ def _agent_or_none():
     return _current
 
 
+_thread_local_var = threading.local()  # future_list while in _wait_all()
+
+
+@contextlib.contextmanager
+def _wait_all():
+    """Collects the futures of rpc_async calls made in the block and waits for them at its end
+    (torch's private helper)."""
+    _thread_local_var.future_list = []
+    try:
+        yield
+    finally:
+        try:
+            torch.futures.wait_all(_thread_local_var.future_list)
+        finally:
+            del _thread_local_var.future_list
+
+
 def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
     """Joins this process to the job's tpd group as worker ``name`` (torch's init_rpc)."""
     global _current, _init_counter
@@ -92,6 +110,9 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         raise
     with _state_lock:
         _current = agent
+    # Requests that arrived since the join waited in the library's queue; their handlers may
+    # call rpc_* now that the agent is current.
+    agent.start()
 
 
 def _rendezvous(client, options, rank, world_size, prefix):
@@ -138,6 +159,8 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
         join["world_size"] = int(world_size)
     if rank is not None and rank >= 0:
         join["rank"] = int(rank)
+    # Serving before joining: a peer may call this worker the moment the group forms.
+    client.serve(_agent.METHOD)
     device_maps = {
         worker: {_device(src): _device(dst) for src, dst in mapping.items()}
         for worker, mapping in (options.device_maps or {}).items()
@@ -149,7 +172,6 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
     info = WorkerInfo(name, int(response.get("rank", 0)))
     agent = _agent.Agent(client, group, info, options, world_size, store)
     agent.learn(response.get("group", {}))
-    agent.start()
     return agent
 
 
@@ -236,8 +258,11 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     agent = _require_initialized()
     _check_callable(func)
     info = _to_worker_info(to)
-    return agent.call_async(info, (_agent.CALL, func, tuple(args or ()), dict(kwargs or {})),
-                            timeout)
+    future = agent.call_async(info, (_agent.CALL, func, tuple(args or ()), dict(kwargs or {})),
+                              timeout)
+    if hasattr(_thread_local_var, "future_list"):
+        _thread_local_var.future_list.append(future)
+    return future
 
 
 def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):

@@ -35,6 +35,7 @@ class RRef:
         self._id = rref_id
         self._confirmed = confirmed
         self._confirmation = None
+        self._type = None
         self._counted = True
 
     @classmethod
@@ -96,6 +97,12 @@ class RRef:
     def remote(self, timeout=UNSET_RPC_TIMEOUT):
         return _Proxy(self, "remote", timeout)
 
+    def _value_type(self, timeout=UNSET_RPC_TIMEOUT):
+        kind = getattr(self, "_type", None)
+        if kind is None:
+            kind = self._type = self._get_type(timeout)
+        return kind
+
     def _get_type(self, timeout=UNSET_RPC_TIMEOUT, blocking=True):
         from tpd.rpc import api
         kind = api.rpc_sync(self._owner, _type_of, args=(self,), timeout=timeout)
@@ -113,10 +120,12 @@ class RRef:
 
     def __reduce__(self):
         agent = self._agent
+        # Counted only once the owner registered the value (a remote() still in flight, even
+        # one to this very worker, has not), or the count would land on nothing.
+        self._wait_confirmed(None)
         if self.is_owner():
             agent.hold(self._id, 1)
         else:
-            self._wait_confirmed(None)
             agent.call_sync(self._owner, (_agent.RREF_ADD, self._id))
         return _rebuild, (self._owner.name, self._owner.id, self._id)
 
@@ -175,6 +184,10 @@ class _Proxy:
     def __getattr__(self, name):
         from tpd.rpc import api
         call = getattr(api, self._how)
+        # As torch: a method the value's type lacks fails here, before any call is made.
+        kind = self._rref._value_type(self._timeout)
+        if not hasattr(kind, name):
+            raise AttributeError(f"'{kind.__name__}' object has no attribute '{name}'")
 
         def method(*args, **kwargs):
             return call(self._rref.owner(), _invoke_method,
