@@ -417,8 +417,9 @@ void PrintGroup(const tpd::v1::GroupView& view) {
   }
 }
 
-// Parses --device_maps "w1:cuda:0=cuda:1,cuda:1=cuda:0;w2:0=1". A device mapped twice toward
-// one worker is refused, naming both targets, rather than keeping the last silently.
+// Parses --device_maps "w1:cuda:0=cuda:1,cuda:1=cuda:0;w2:0=1". The same pair given twice is
+// one pair (as torch's set_device_map takes it); a device mapped toward one worker to two
+// different devices is refused, naming both, rather than keeping the last silently.
 absl::Status ParseDeviceMaps(const std::string& text, tpd::v1::BackendOptions* options) {
   for (absl::string_view worker : absl::StrSplit(text, ';', absl::SkipEmpty())) {
     const size_t colon = worker.find(':');
@@ -436,7 +437,7 @@ absl::Status ParseDeviceMaps(const std::string& text, tpd::v1::BackendOptions* o
             absl::StrCat("\"", pair, "\" toward ", to, ": expected LOCAL=REMOTE"));
       }
       auto [it, inserted] = map.mutable_devices()->insert({kv.first, kv.second});
-      if (!inserted) {
+      if (!inserted && it->second != kv.second) {
         return absl::InvalidArgumentError(absl::StrCat("device ", kv.first, " is mapped twice toward ",
                                                        to, " (to ", it->second, " and to ",
                                                        kv.second, ")"));

@@ -55,6 +55,32 @@ absl::StatusOr<MemberOptions> ToMemberOptions(const v1::Member& member,
   return out;
 }
 
+// A member's own options' error (they do not parse, or do not validate); OK when valid.
+absl::Status OwnOptionsError(const v1::Member& member, const v1::MemberOptionsRecord& options) {
+  absl::StatusOr<MemberOptions> own = ToMemberOptions(member, options);
+  if (!own.ok()) return own.status();
+  return ValidateMemberOptions(*own);
+}
+
+// In a static group whose ranks' own options are not all valid, the error of the first invalid
+// rank in rank order (PyTorch validates the gathered options in that order, so every rank
+// raises that one). It is known once every rank below it has joined: until then a lower rank
+// may still bring invalid options, and this returns OK.
+absl::Status FirstInvalidInRankOrder(const v1::GroupRecord& record) {
+  int64_t expected = 0;
+  for (const v1::Member& member : record.view().members()) {  // sorted by rank
+    if (member.rank() != expected) return absl::OkStatus();  // a lower rank has not joined
+    auto options = record.options().find(member.name());
+    if (options != record.options().end()) {
+      if (absl::Status error = OwnOptionsError(member, options->second); !error.ok()) {
+        return error;
+      }
+    }
+    ++expected;
+  }
+  return absl::OkStatus();
+}
+
 void ToProtoMaps(const std::map<std::string, DeviceMap>& maps,
                  google::protobuf::Map<std::string, v1::DeviceMap>* out) {
   for (const auto& [to, map] : maps) {
@@ -291,16 +317,14 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
   for (const std::string& name : spec.node_channels) options.add_node_channels(name);
 
   // A member's own options are checked before anything else, so it alone is blamed. A
-  // dynamic group refuses the newcomer. A static group cannot form without this rank, so,
-  // as PyTorch raises the same error on every rank, the group FAILS with it: the ranks
-  // already waiting learn why at once instead of timing out.
-  absl::Status own_error;
-  if (absl::StatusOr<MemberOptions> own = ToMemberOptions(member, options); !own.ok()) {
-    own_error = own.status();
-  } else {
-    own_error = ValidateMemberOptions(*own);
+  // dynamic group refuses the newcomer. A static group cannot form without this rank, so it
+  // FAILS, with the error PyTorch raises on every rank: the first invalid rank's in rank
+  // order (FirstInvalidInRankOrder), as soon as that is known, instead of timing out.
+  if (!is_static) {
+    if (absl::Status own_error = OwnOptionsError(member, options); !own_error.ok()) {
+      return own_error;
+    }
   }
-  if (!own_error.ok() && !is_static) return own_error;
 
   // Only a dynamic join can still be refused (by negotiation with the present members): it
   // works on a copy. A static join cannot fail from here on and changes the record in place.
@@ -332,11 +356,11 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
       absl::StrCat(spec.name, " (rank ", rank, ") joined from node ", spec.node));
   if (!is_static) {
     if (absl::Status status = Renegotiate(&next); !status.ok()) return status;
-  } else if (!own_error.ok()) {
+  } else if (absl::Status first = FirstInvalidInRankOrder(next); !first.ok()) {
     view->set_phase(kFailed);
-    view->set_reason(std::string(own_error.message()));
+    view->set_reason(std::string(first.message()));
     next.set_change("FAILED");
-    next.set_change_detail(std::string(own_error.message()));
+    next.set_change_detail(std::string(first.message()));
   } else if (view->members_size() == view->world_size()) {
     if (absl::Status status = Renegotiate(&next); status.ok()) {
       view->set_phase(kFormed);

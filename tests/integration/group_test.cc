@@ -189,6 +189,15 @@ TEST_F(GroupTest, TpctlRefusesADeviceMappedTwiceTowardOneWorker) {
   EXPECT_THAT(result.output, HasSubstr("device 0 is mapped twice toward w1 (to 1 and to 0)"));
 }
 
+TEST_F(GroupTest, TpctlTakesTheSameDevicePairGivenTwice) {
+  // A dynamic group of one: the join goes through, with the pair once.
+  testing::ProcessResult result = testing::RunProcess(
+      {RunfilePath("client/tpctl"), "--socket", socket_[0], "--init_method", init_method_,
+       "--device_maps", "w1:0=1;w1:0=1", "group", "join", "maps_twice", "w0"});
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("device_maps {w1: {")) << result.output;
+}
+
 TEST_F(GroupTest, AStoreThatNeverAnswersStallsNoOtherCall) {
   // A TCP port that accepts connections and never says a word (the kernel completes the
   // handshake for the backlog; nobody reads).

@@ -139,3 +139,11 @@ def run(target, world_size, sockets, init_method, timeout=120, may_die=(), **kwa
 def options(init_method, **kwargs):
     import tpd.rpc as rpc
     return rpc.TensorPipeRpcBackendOptions(init_method=init_method, **kwargs)
+
+
+def device_of(x):
+    return str(x.device)
+
+
+def total(x):
+    return float(x.sum())

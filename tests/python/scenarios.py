@@ -140,6 +140,9 @@ def bad_arguments(rank, world_size, init_method):
     expect(TypeError, "cannot be sent over RPC", rpc.rpc_sync, "worker0", w.identity,
            (torch.ones(2).to_mkldnn() if torch.backends.mkldnn.is_available()
             else torch.ones(2, 2).to_sparse_csr(),))
+    # A tensor larger than the shared arena (64 MiB here): refused, naming the arena.
+    expect(RuntimeError, "arena", rpc.rpc_sync, "worker0", w.identity,
+           (torch.ones(20 << 20),))
     # The worker still serves after every refusal.
     assert rpc.rpc_sync("worker0", w.add, args=(1, 1)) == 2
     rpc.shutdown()
@@ -233,3 +236,59 @@ def shutdown_with_calls_in_flight(rank, world_size, init_method):
     futs = [rpc.rpc_async(peer, w.sleep_then, args=(0.5, i)) for i in range(5)]
     rpc.shutdown()  # graceful: waits for them, both ways
     return [f.wait() for f in futs]
+
+
+def job_with_an_outsider(rank, world_size, init_method, handoff=None):
+    """Ranks form a job and publish its group name in `handoff`; the test, outside the job,
+    tries to join and call; the ranks go on until the test writes `handoff`.done."""
+    rpc = _init(rank, world_size, init_method)
+    from tpd.rpc import api
+    if rank == 0:
+        with open(handoff + ".tmp", "w") as f:
+            f.write(api._require_initialized().group)
+        os.rename(handoff + ".tmp", handoff)
+    while not os.path.exists(handoff + ".done"):
+        time.sleep(0.05)
+    # The job is unharmed.
+    assert rpc.rpc_sync(f"worker{(rank + 1) % world_size}", w.add, args=(1, 1)) == 2
+    members = sorted(wi.name for wi in api._require_initialized().worker_infos())
+    rpc.shutdown()
+    return members
+
+
+def cuda_maps(rank, world_size, init_method):
+    """worker0's cuda:0 is worker1's cuda:1 (and back, by the reverse map); cpu maps too."""
+    import tpd.rpc as rpc
+    options = w.options(init_method)
+    peer = f"worker{1 - rank}"
+    options.set_device_map(peer, {0: 1} if rank == 0 else {1: 0})
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)
+    if rank == 0:
+        x = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
+        # The callee sees the tensor on cuda:1; its answer comes back on cuda:0.
+        assert rpc.rpc_sync(peer, w.device_of, args=(x,)) == "cuda:1"
+        y = rpc.rpc_sync(peer, w.add, args=(x, 1))
+        assert y.device == torch.device("cuda:0"), y.device
+        assert torch.equal(y, x + 1)
+        # Views of one CUDA storage arrive sharing it, on the mapped device.
+        a, b = rpc.rpc_sync(peer, w.identity, args=((x[10:20], x[::1024]),))
+        assert a.device == torch.device("cuda:0") and torch.equal(a, x[10:20])
+        assert torch.equal(b, x[::1024])
+        # Work queued on the caller's current stream before the call is seen by the callee.
+        stream = torch.cuda.Stream(device="cuda:0")
+        with torch.cuda.stream(stream):
+            z = torch.zeros(1 << 22, device="cuda:0")
+            torch.cuda._sleep(10_000_000)
+            z.fill_(3.0)
+            total = rpc.rpc_sync(peer, w.total, args=(z,))
+        assert total == 3.0 * (1 << 22), total
+        # A CUDA tensor many times the callee's receive pool's default fails cleanly.
+        fut = rpc.rpc_async(peer, w.add, args=(torch.ones(80 << 20, device="cuda:0"), 1))
+        try:
+            fut.wait()
+            raise AssertionError("a tensor larger than the callee's receive pool went through")
+        except RuntimeError as e:
+            assert "pool" in str(e), str(e)
+        assert rpc.rpc_sync(peer, w.add, args=(x[:4], 1)).device == torch.device("cuda:0")
+    rpc.shutdown()
+    return True

@@ -53,7 +53,7 @@ def test_bad_url_keeps_torchs_error(daemon, monkeypatch):
 
 def test_bad_arguments_at_every_entry_point(daemon, workdir):
     results = rpc_workers.run(scenarios.bad_arguments, 1, [daemon.socket], file_init(workdir))
-    assert len(results[0]) == 10
+    assert len(results[0]) == 11
 
 
 def test_a_thousand_concurrent_rpc_async(daemon, workdir):
@@ -100,3 +100,37 @@ def test_callee_daemon_killed_mid_call_fails_the_call_naming_it(two_daemons, wor
     assert "worker1" in message, message
     assert took < 30, (took, message)
     assert two_daemons[0].proc.poll() is None  # the caller's daemon serves on
+
+
+def test_a_process_outside_the_job_can_neither_join_nor_call(daemon, workdir):
+    import threading
+    import time
+    from tpd import _capi
+    from tpd._client import Client
+    handoff = os.path.join(workdir, "group")
+    outcome = {}
+    job = threading.Thread(target=lambda: outcome.update(rpc_workers.run(
+        scenarios.job_with_an_outsider, 2, [daemon.socket], file_init(workdir),
+        handoff=handoff)))
+    job.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(handoff):
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.05)
+        group = open(handoff).read()
+        outsider = Client(daemon.socket)
+        init = f"tcp://{daemon.peer_address}"
+        for secret in ("", "guessed"):
+            with pytest.raises(_capi.TpdError) as error:
+                outsider.join({"group": group, "name": "intruder", "init_method": init,
+                               "secret": secret, "timeout_us": 5_000_000})
+            assert error.value.code == _capi.PERMISSION_DENIED, error.value
+        # Not a member: it cannot call the job's workers either.
+        code, message = outsider.call(group, "worker0", "tpd.rpc", b"anything").status()
+        assert code in (_capi.FAILED_PRECONDITION, _capi.PERMISSION_DENIED), message
+        outsider.close()
+    finally:
+        open(handoff + ".done", "w").close()
+        job.join(timeout=120)
+    assert outcome == {0: ["worker0", "worker1"], 1: ["worker0", "worker1"]}

@@ -27,7 +27,8 @@ for _name in ("init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_wo
     setattr(torch_rpc, _name, getattr(tpd_rpc, _name))
 for _name in ("rpc_sync", "rpc_async", "remote", "get_worker_info", "shutdown",
               "_get_current_rpc_agent", "_wait_all_workers", "_to_worker_info",
-              "get_rpc_timeout", "_set_rpc_timeout", "_wait_all", "_thread_local_var"):
+              "get_rpc_timeout", "_set_rpc_timeout", "_wait_all", "_thread_local_var",
+              "_is_current_rpc_agent_set"):
     setattr(torch_rpc_api, _name, getattr(tpd_api, _name))
 torch_rpc.get_rpc_timeout = tpd_api.get_rpc_timeout
 torch_rpc._set_rpc_timeout = tpd_api._set_rpc_timeout
@@ -140,3 +141,53 @@ class TpdRpcTest(TensorPipeRpcAgentTestFixture, rpc_test.RpcTest, MultiProcessTe
 for _name in dir(rpc_test.RpcTest):
     if _name.startswith("test_") and _name not in CORE:
         setattr(TpdRpcTest, _name, None)
+
+
+# torch's CUDA RPC tests that apply to tpd (device maps validated at init, tensors moved by
+# them both ways, cpu in maps, custom streams, RRefs of CUDA values). They skip themselves
+# (torch's skip_if_lt_x_gpu) on machines with fewer than two GPUs, as in CI.
+CUDA = [
+    "test_device_maps_wrong_worker_name",
+    "test_device_maps_invalid_max_local_device",
+    "test_device_maps_invalid_max_remote_device",
+    "test_device_maps_many_to_one",
+    "test_device_maps_one_to_many",
+    "test_device_maps_invalid_min_device",
+    "test_device_maps_gpu",
+    "test_device_map_cpu",
+    "test_device_map_cpu_to_gpu_default",
+    "test_device_map_cpu_to_gpu_non_default",
+    "test_device_map_gpu_to_cpu_default",
+    "test_device_map_gpu_to_cpu_non_default",
+    "test_device_map_gpu_default",
+    "test_device_map_gpu_non_default",
+    "test_device_map_gpu_default_to_non_default",
+    "test_device_map_gpu_non_default_to_default",
+    "test_device_map_gpu_mixed_1",
+    "test_device_map_gpu_mixed_2",
+    "test_device_map_gpu_mixed_3",
+    "test_device_map_gpu_mixed_4",
+    "test_device_maps_multi_gpu",
+    "test_device_maps_return_to_gpu",
+    "test_device_maps_in_options",
+    "test_device_maps_remote",
+    "test_custom_stream",
+    "test_custom_stream_multi",
+    "test_rref_to_here_synchronization1",
+    "test_rref_as_arg_synchronization1",
+]
+
+
+class TpdCudaRpcTest(TensorPipeRpcAgentTestFixture, rpc_test.TensorPipeAgentCudaRpcTest,
+                     MultiProcessTestCase):
+    """torch's TensorPipeAgentCudaRpcTest, its ranks on tpd."""
+
+    def setUp(self):
+        _ensure_daemon()
+        super().setUp()
+        self._spawn_processes()
+
+
+for _name in dir(rpc_test.TensorPipeAgentCudaRpcTest):
+    if _name.startswith("test_") and _name not in CUDA:
+        setattr(TpdCudaRpcTest, _name, None)

@@ -13,6 +13,7 @@ from tpd.rpc.api import (  # noqa: F401
     TensorPipeRpcBackendOptions,
     WorkerInfo,
     _get_current_rpc_agent,
+    _is_current_rpc_agent_set,
     _set_rpc_timeout,
     _to_worker_info,
     _wait_all,

@@ -60,6 +60,10 @@ def _agent_or_none():
     return _current
 
 
+def _is_current_rpc_agent_set():
+    return _current is not None
+
+
 _thread_local_var = threading.local()  # future_list while in _wait_all()
 
 
@@ -168,6 +172,10 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
     try:
         response = client.join(join, device_maps)
     except _capi.TpdError as e:
+        # Options that fail validation (device maps, devices, transports) are torch's
+        # ValueErrors, with its words; anything else a RuntimeError.
+        if e.code == _capi.INVALID_ARGUMENT:
+            raise ValueError(str(e)) from None
         raise RuntimeError(str(e)) from None
     info = WorkerInfo(name, int(response.get("rank", 0)))
     agent = _agent.Agent(client, group, info, options, world_size, store)

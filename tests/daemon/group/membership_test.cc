@@ -23,6 +23,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 // A device map as plain maps, so expectations can spell it: local -> remote, by remote worker.
 using DeviceMaps = std::map<std::string, std::map<std::string, std::string>>;
@@ -364,6 +365,25 @@ TEST(MembershipStaticTest, InvalidOwnOptionsFailTheGroupSoEveryRankLearnsWhy) {
   // Later ranks are told the group failed, and why.
   ExpectRefused(&record, Spec("w2", 2, 2), absl::StatusCode::kFailedPrecondition,
                 {"FAILED", "Unknown transport: tcp"});
+}
+
+TEST(MembershipStaticTest, EveryRankLearnsTheFirstInvalidRankInRankOrderWhateverTheJoinOrder) {
+  v1::GroupRecord record = NewRecord();
+  JoinSpec bad2 = Spec("w2", 2, 3);
+  bad2.options.add_transports("carrier-pigeon");
+  JoinSpec bad1 = Spec("w1", 1, 3);
+  bad1.options.add_devices("gpu7");
+  // Ranks 2 and then 1 bring invalid options while rank 0 has not joined: rank 0 might be
+  // invalid too, and PyTorch would name it first, so the group keeps forming.
+  ASSERT_TRUE(AddMember(&record, bad2).ok());
+  EXPECT_EQ(record.view().phase(), kForming);
+  ASSERT_TRUE(AddMember(&record, bad1).ok());
+  EXPECT_EQ(record.view().phase(), kForming);
+  // Rank 0 is valid: rank 1, the first invalid rank, is the reason, not rank 2 who came first.
+  Join(&record, Spec("w0", 0, 3));
+  EXPECT_EQ(record.view().phase(), kFailed);
+  EXPECT_THAT(record.view().reason(), HasSubstr("gpu7"));
+  EXPECT_THAT(record.view().reason(), Not(HasSubstr("carrier-pigeon")));
 }
 
 TEST(MembershipStaticTest, UnparsableDeviceMapFailsTheGroupNamingWorkerAndNode) {

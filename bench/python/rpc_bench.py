@@ -1,0 +1,213 @@
+"""tpd.rpc beside torch.distributed.rpc, measured in the same run (docs/BENCHMARKS.md, "P").
+
+    python3 bench/python/rpc_bench.py --tpd bazel-bin/daemon/tpd [--cuda] [--quick]
+
+For each backend (torch's own TensorPipe agent, then tpd.rpc) two worker processes are
+started, rank 0 measuring and rank 1 answering, and for tpd both on one daemon ("one node")
+and on two daemons ("two daemons", joined over their peer ports). Rows:
+
+- P1 empty call: rpc_sync of a function returning None, p50 and p99 (µs);
+- P2 rpc_async throughput: calls/s with 64 in flight;
+- P3 CPU tensor round trip of 1, 16 and 256 MiB (the callee returns what it got), median ms;
+- P4 (--cuda, two GPUs) a CUDA tensor cuda:0 -> cuda:1 and back by device maps, median ms.
+
+Every ratio is torch's time over tpd's (above 1: tpd is faster), from the same run.
+
+P0 (--probe, the built bench/python/callback_probe.so): a ctypes callback run by a native
+thread against the same callback on a Python thread, per call, in this process.
+"""
+
+import argparse
+import multiprocessing
+import os
+import secrets
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+
+def noop():
+    return None
+
+
+def echo(x):
+    return x
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _percentile(samples, q):
+    samples = sorted(samples)
+    return samples[min(len(samples) - 1, int(q * len(samples)))]
+
+
+def _measure(rpc, torch, args):
+    peer = "bench1"
+    rows = {}
+    n = 300 if args.quick else 3000
+    for _ in range(200):
+        rpc.rpc_sync(peer, noop)
+    lat = []
+    for _ in range(n):
+        t = time.perf_counter()
+        rpc.rpc_sync(peer, noop)
+        lat.append((time.perf_counter() - t) * 1e6)
+    rows["P1 empty call p50 us"] = _percentile(lat, 0.5)
+    rows["P1 empty call p99 us"] = _percentile(lat, 0.99)
+    calls = 1000 if args.quick else 10000
+    window = 64
+    t = time.perf_counter()
+    futs = []
+    for i in range(calls):
+        futs.append(rpc.rpc_async(peer, noop))
+        if len(futs) >= window:
+            futs.pop(0).wait()
+    for f in futs:
+        f.wait()
+    rows["P2 rpc_async calls/s"] = calls / (time.perf_counter() - t)
+    for mib in (1, 16, 256):
+        x = torch.ones(mib << 18)  # float32: mib MiB
+        reps = 3 if mib == 256 else (5 if args.quick else 20)
+        rpc.rpc_sync(peer, echo, args=(x,))
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            y = rpc.rpc_sync(peer, echo, args=(x,))
+            times.append((time.perf_counter() - t) * 1e3)
+            del y
+        rows[f"P3 CPU {mib} MiB round trip ms"] = statistics.median(times)
+    if args.cuda:
+        for mib in (1, 256):
+            x = torch.ones(mib << 18, device="cuda:0")
+            rpc.rpc_sync(peer, echo, args=(x,))
+            times = []
+            for _ in range(10):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                y = rpc.rpc_sync(peer, echo, args=(x,))
+                torch.cuda.synchronize()
+                times.append((time.perf_counter() - t) * 1e3)
+                del y
+            rows[f"P4 CUDA {mib} MiB cuda:0->cuda:1 round trip ms"] = statistics.median(times)
+    return rows
+
+
+def _worker(rank, backend, init_method, socket_path, args, queue):
+    os.environ["TPD_SOCKET"] = socket_path or ""
+    import torch
+    if backend == "torch":
+        import torch.distributed.rpc as rpc
+    else:
+        import tpd.rpc as rpc
+    options = rpc.TensorPipeRpcBackendOptions(init_method=init_method, rpc_timeout=300,
+                                              num_worker_threads=16)
+    if args.cuda:
+        options.set_device_map("bench1" if rank == 0 else "bench0",
+                               {0: 1} if rank == 0 else {1: 0})
+    rpc.init_rpc(f"bench{rank}", rank=rank, world_size=2, rpc_backend_options=options)
+    rows = _measure(rpc, torch, args) if rank == 0 else None
+    rpc.shutdown()
+    queue.put(rows) if rows is not None else None
+
+
+def run_backend(backend, sockets, args):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [ctx.Process(target=_worker, args=(r, backend, init, sockets[r], args, queue))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    rows = queue.get(timeout=1800)
+    for p in procs:
+        p.join(timeout=120)
+    return rows
+
+
+class Daemon:
+    def __init__(self, binary, root, name, token):
+        d = os.path.join(root, name)
+        os.makedirs(d)
+        self.socket = os.path.join(d, "tpd.sock")
+        config = os.path.join(d, "tpd.toml")
+        with open(config, "w") as f:
+            f.write(f'[daemon]\nsocket = "{self.socket}"\n[peer]\nlisten_address = '
+                    f'"127.0.0.1:0"\ntoken = "{token}"\nnode_name = "{name}"\n'
+                    f'[data]\narena_bytes = {1 << 30}\n')
+        self.log = open(os.path.join(d, "log"), "wb")
+        self.proc = subprocess.Popen([binary, "--config", config], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        for _ in range(200):
+            if os.path.exists(self.socket):
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def probe_callbacks(path, n=200000):
+    import ctypes
+    lib = ctypes.CDLL(path)
+    callback_type = ctypes.CFUNCTYPE(None, ctypes.c_int64)
+    for name in ("probe_native_thread", "probe_this_thread"):
+        getattr(lib, name).restype = ctypes.c_int64
+        getattr(lib, name).argtypes = [callback_type, ctypes.c_int64]
+    callback = callback_type(lambda i: None)
+    native = lib.probe_native_thread(callback, n) / n
+    python_thread = lib.probe_this_thread(callback, n) / n
+    print(f"P0 ctypes callback per call: from a native thread {native:.0f} ns, "
+          f"from a Python thread {python_thread:.0f} ns ({native / python_thread:.1f}x)")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--probe", help="bench/python/callback_probe.so: row P0 only")
+    parser.add_argument("--tpd", help="the tpd binary")
+    parser.add_argument("--cuda", action="store_true", help="also CUDA tensors (two GPUs)")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args()
+    if args.probe:
+        probe_callbacks(args.probe)
+        return
+    root = tempfile.mkdtemp(prefix="tpd-bench-", dir="/tmp")
+    token = secrets.token_hex(8)
+    daemons = [Daemon(args.tpd, root, f"node{i}", token) for i in range(2)]
+    try:
+        results = {
+            "torch": run_backend("torch", [None, None], args),
+            "tpd one node": run_backend("tpd", [daemons[0].socket] * 2, args),
+            "tpd two daemons": run_backend("tpd", [d.socket for d in daemons], args),
+        }
+    finally:
+        for d in daemons:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    torch_rows = results["torch"]
+    print(f"{'row':48} {'torch':>10} {'tpd 1 node':>11} {'ratio':>6} "
+          f"{'tpd 2 daemons':>14} {'ratio':>6}")
+    for row, base in torch_rows.items():
+        one = results["tpd one node"][row]
+        two = results["tpd two daemons"][row]
+        higher_better = "calls/s" in row
+        r1 = one / base if higher_better else base / one
+        r2 = two / base if higher_better else base / two
+        print(f"{row:48} {base:10.1f} {one:11.1f} {r1:6.2f} {two:14.1f} {r2:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
