@@ -415,8 +415,9 @@ Tensor Tensor::Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* 
 }
 
 Tensor Tensor::Cuda(shm::DType dtype, std::vector<int64_t> shape, uint64_t device_pointer,
-                    int device, void* stream) {
+                    int device, void* stream, std::shared_ptr<void> keep) {
   Tensor tensor;
+  tensor.keep_ = std::move(keep);
   tensor.dtype_ = dtype;
   tensor.shape_ = std::move(shape);
   tensor.storage_ = TensorStorage::kBorrowed;

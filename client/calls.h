@@ -99,8 +99,13 @@ class Tensor {
   // it straight to where the group's device map sends it, after the work queued on `stream`
   // before the call (an IPC event orders it). Keep the memory unchanged until the call's
   // future is ready. Any memory from cudaMalloc/cuMemAlloc (PyTorch's allocator included).
+  //
+  // `keep` (optional) is held until the daemon no longer reads the tensor: for a call, until
+  // its future is ready at the latest; for a reply, which has no future, until the daemon
+  // released the reply's message, after its copy. Its deleter is how a caller learns the
+  // memory may change (the C ABI's TPD_EVENT_RELEASED).
   static Tensor Cuda(shm::DType dtype, std::vector<int64_t> shape, uint64_t device_pointer,
-                     int device, void* stream = nullptr);
+                     int device, void* stream = nullptr, std::shared_ptr<void> keep = nullptr);
 
   shm::DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }

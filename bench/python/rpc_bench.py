@@ -106,6 +106,7 @@ def _measure(rpc, torch, args):
 
 def _worker(rank, backend, init_method, socket_path, args, queue):
     os.environ["TPD_SOCKET"] = socket_path or ""
+    os.environ["TPD_CUDA_POOL_BYTES"] = str(1 << 30)  # 256 MiB tensors, both ways
     import torch
     if backend == "torch":
         import torch.distributed.rpc as rpc

@@ -67,6 +67,7 @@ struct tpd_events {
   bool Push(std::unique_ptr<tpd_event>& event) {
     absl::MutexLock lock(&mu);
     if (stopped) return false;
+    // TPD_EVENT_RELEASED rides with the replies: the thread completing calls frees memory.
     (event->kind == TPD_EVENT_REQUEST ? requests : replies).push_back(std::move(event));
     cv.SignalAll();
     return true;
@@ -150,8 +151,9 @@ absl::StatusOr<int64_t> Integer(const char* key, const std::string& value) {
 }
 
 // `client`: where to look for arena blocks (nullptr: none, every CPU tensor is copied in).
+// `keep`: held by every CUDA tensor until the daemon no longer reads it (Tensor::Cuda).
 absl::StatusOr<std::vector<tpd::Tensor>> ToTensors(tpd_client* client, const tpd_tensor* tensors,
-                                                   int n) {
+                                                   int n, std::shared_ptr<void> keep = nullptr) {
   if (n < 0 || (n > 0 && tensors == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat("tensors: ", n, " given with no array"));
   }
@@ -171,7 +173,7 @@ absl::StatusOr<std::vector<tpd::Tensor>> ToTensors(tpd_client* client, const tpd
       }
       out.push_back(tpd::Tensor::Cuda(dtype, std::move(shape),
                                       reinterpret_cast<uint64_t>(t.data), t.device_index,
-                                      t.stream));
+                                      t.stream, keep));
       continue;
     }
     if (t.device_type != TPD_CPU) {
@@ -210,6 +212,22 @@ std::unique_ptr<tpd_event> ReplyEvent(std::shared_ptr<tpd_events> events, uint64
   }
   return event;
 }
+
+// Queues TPD_EVENT_RELEASED with its tag when the last CUDA tensor holding it goes (the daemon
+// released the message that carried them).
+struct ReleaseNotice {
+  ReleaseNotice(std::shared_ptr<tpd_events> events, uint64_t tag)
+      : events(std::move(events)), tag(tag) {}
+  ~ReleaseNotice() {
+    auto done = std::make_unique<tpd_event>();
+    done->kind = TPD_EVENT_RELEASED;
+    done->tag = tag;
+    done->events = events;
+    (void)events->Push(done);  // stopped: nobody waits for it any more
+  }
+  const std::shared_ptr<tpd_events> events;
+  const uint64_t tag;
+};
 
 // --- DLPack (the stable "dltensor" capsule ABI, declared here as the DLPack spec lays it out)
 
@@ -630,7 +648,7 @@ int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** mana
 }
 
 int tpd_reply(tpd_event* event, const char* payload, size_t size, const tpd_tensor* tensors,
-              int num_tensors) {
+              int num_tensors, uint64_t release_tag) {
   return Guarded("tpd_reply", [&]() -> absl::Status {
     if (absl::Status s = Required(event, "event"); !s.ok()) return s;
     if (event->kind != TPD_EVENT_REQUEST) {
@@ -640,7 +658,10 @@ int tpd_reply(tpd_event* event, const char* payload, size_t size, const tpd_tens
       return absl::InvalidArgumentError("tpd_reply: NULL payload of non-zero size");
     }
     // Arena blocks are the client's, which an event does not know: tensors are copied in.
-    absl::StatusOr<std::vector<tpd::Tensor>> converted = ToTensors(nullptr, tensors, num_tensors);
+    std::shared_ptr<void> released;
+    if (release_tag != 0) released = std::make_shared<ReleaseNotice>(event->events, release_tag);
+    absl::StatusOr<std::vector<tpd::Tensor>> converted =
+        ToTensors(nullptr, tensors, num_tensors, std::move(released));
     if (!converted.ok()) {
       // The caller hears why rather than waiting for its deadline.
       (void)event->responder.Reply(converted.status());

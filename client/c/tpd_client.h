@@ -156,6 +156,7 @@ typedef struct tpd_event tpd_event;
 enum {
   TPD_EVENT_REQUEST = 1,  /* a call to one of this client's workers: answer it */
   TPD_EVENT_REPLY = 2,    /* the result of tpd_call, or of tpd_call_async (its tag) */
+  TPD_EVENT_RELEASED = 3, /* the CUDA tensors of a reply sent with this tag may change now */
 };
 /* Queues, by kind: a program may serve requests on some threads and complete calls on
  * another. */
@@ -202,9 +203,12 @@ int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** mana
 
 /* Answers a TPD_EVENT_REQUEST, once: a reply with a payload and tensors, or an error with a
  * code (not TPD_OK) and message, which the caller receives marked as the remote handler's.
- * Can be called after the thread that took the event moved on, from any thread. */
+ * Can be called after the thread that took the event moved on, from any thread.
+ * A reply's CUDA tensors are read by the daemon after tpd_reply returns: with `release_tag`
+ * non-zero, a TPD_EVENT_RELEASED event with that tag arrives on the replies queue once it no
+ * longer reads them (keep them unchanged until then). */
 int tpd_reply(tpd_event* event, const char* payload, size_t size, const tpd_tensor* tensors,
-              int num_tensors);
+              int num_tensors, uint64_t release_tag);
 int tpd_reply_error(tpd_event* event, int code, const char* message);
 
 /* --- Calls --- */

@@ -41,6 +41,7 @@ CPU = 0
 CUDA = 1
 EVENT_REQUEST = 1
 EVENT_REPLY = 2
+EVENT_RELEASED = 3
 QUEUE_REQUESTS = 1
 QUEUE_REPLIES = 2
 
@@ -141,7 +142,8 @@ def _declare(lib):
         "tpd_event_num_tensors": (c.c_int, [p]),
         "tpd_event_tensor": (c.c_int, [p, c.c_int, c.POINTER(Tensor)]),
         "tpd_event_tensor_dlpack": (c.c_int, [p, c.c_int, c.c_int, pp]),
-        "tpd_reply": (c.c_int, [p, c.c_char_p, c.c_size_t, c.POINTER(Tensor), c.c_int]),
+        "tpd_reply": (c.c_int, [p, c.c_char_p, c.c_size_t, c.POINTER(Tensor), c.c_int,
+                                c.c_uint64]),
         "tpd_reply_error": (c.c_int, [p, c.c_int, s]),
         "tpd_call": (c.c_int, [p, s, s, s, c.c_char_p, c.c_size_t, c.POINTER(Tensor), c.c_int,
                                i64, pp]),

@@ -66,9 +66,12 @@ class Event:
         _capi.check(self._lib.tpd_event_tensor_dlpack(self._ptr, i, copy, ctypes.byref(managed)))
         return _capsule(managed.value)
 
-    def reply(self, payload, tensors=()):
+    def reply(self, payload, tensors=(), release_tag=0):
+        """Answers the request; with ``release_tag``, an EVENT_RELEASED with it follows on the
+        replies queue once the daemon no longer reads the reply's CUDA tensors."""
         array, n = _tensor_array(tensors)
-        _capi.check(self._lib.tpd_reply(self._ptr, payload, len(payload), array, n))
+        _capi.check(self._lib.tpd_reply(self._ptr, payload, len(payload), array, n,
+                                        release_tag))
 
     def reply_error(self, code, message):
         _capi.check(self._lib.tpd_reply_error(self._ptr, code, _capi.b(message)))

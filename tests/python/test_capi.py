@@ -126,3 +126,16 @@ def test_bad_tensors_are_refused_before_anything_is_sent(daemon):
         a.call("g", "b", "echo", b"", [t])
     a.close()
     b.close()
+
+
+def test_a_reply_sent_with_a_release_tag_tells_when_its_tensors_may_change(daemon):
+    a, b = _pair(daemon)
+    a.call_async("g", "b", "echo", b"x", [], 5_000_000, tag=3)
+    request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
+    request.reply(b"y", release_tag=41)
+    assert a.next_event(_capi.QUEUE_REPLIES, timeout=5).payload() == b"y"
+    # No CUDA tensor holds the notice here, so the daemon's release is not waited for.
+    released = b.next_event(_capi.QUEUE_REPLIES, timeout=5)
+    assert (released.kind, released.tag) == (_capi.EVENT_RELEASED, 41)
+    a.close()
+    b.close()

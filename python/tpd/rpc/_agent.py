@@ -16,7 +16,6 @@ Every message between workers is one tpd call of method ``tpd.rpc`` whose payloa
 import itertools
 import sys
 import threading
-import time
 import traceback
 
 import torch
@@ -33,10 +32,6 @@ REMOTE = 1    # (REMOTE, rref_id, func, args, kwargs): run, keep the result as a
 FETCH = 2     # (FETCH, rref_id): the owner's value, once there
 RREF_ADD = 3  # (RREF_ADD, rref_id): one more user
 RREF_DEL = 4  # (RREF_DEL, rref_id): one user fewer
-
-# How long CUDA tensors of a reply are kept alive after it was sent: the daemon copies them
-# after the reply left, and no completion tells this process when it has.
-_CUDA_REPLY_KEEP_S = 30.0
 
 TIMEOUT_MESSAGE = "RPC ran for more than set timeout ({} ms) and will now be marked with an error"
 
@@ -88,7 +83,7 @@ class Agent:
         self._pending = {}       # tag -> (future, tensors kept until done, timeout in s)
         self._owned = {}         # rref id -> _Owned
         self._rref_ids = itertools.count(1)
-        self._cuda_keep = []     # (monotonic deadline, tensors) of replies sent
+        self._cuda_replies = {}  # release tag -> CUDA tensors of a reply the daemon still reads
         self._threads = []
         self._stopped = False
         self.num_worker_threads = int(options.num_worker_threads)
@@ -237,6 +232,10 @@ class Agent:
                 event = self.client.next_event(_capi.QUEUE_REPLIES)
             except _capi.TpdError:
                 return  # stopped
+            if event.kind == _capi.EVENT_RELEASED:
+                with self._lock:
+                    self._cuda_replies.pop(event.tag, None)  # their memory may change now
+                continue
             with self._lock:
                 entry = self._pending.pop(event.tag, None)
             if entry is None:
@@ -324,11 +323,17 @@ class Agent:
         except Exception as exc:
             self._reply_exception(event, exc)
             return
+        cuda = [t for t in keep if t.is_cuda]
+        tag = 0
+        if cuda:
+            # The daemon copies them after the reply left: kept until it says it is done.
+            tag = next(self._tags)
+            with self._lock:
+                self._cuda_replies[tag] = cuda
         try:
-            event.reply(payload, descriptors)
+            event.reply(payload, descriptors, release_tag=tag)
         except _capi.TpdError:
             pass  # the caller has its answer (the error) or is gone
-        self._keep_cuda(keep)
         event.free()
 
     def _reply_exception(self, event, exc):
@@ -343,15 +348,6 @@ class Agent:
         except _capi.TpdError:
             pass
         event.free()
-
-    def _keep_cuda(self, keep):
-        now = time.monotonic()
-        cuda = [t for t in keep if t.is_cuda]
-        with self._lock:
-            while self._cuda_keep and self._cuda_keep[0][0] < now:
-                self._cuda_keep.pop(0)
-            if cuda:
-                self._cuda_keep.append((now + _CUDA_REPLY_KEEP_S, cuda))
 
     # --- RRefs this worker owns ---
 

@@ -103,7 +103,10 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             raise RuntimeError("RPC is already initialized")
         prefix = f"tpd_rpc_{_init_counter}"
         _init_counter += 1
-    client = Client(os.environ.get("TPD_SOCKET", ""))
+    # The receive pool lent on each CUDA device a worker gets: CUDA tensors sent to it land
+    # there (docs/python.md, "Tensors, memory and arena_bytes").
+    client = Client(os.environ.get("TPD_SOCKET", ""),
+                    cuda_pool_bytes=int(os.environ.get("TPD_CUDA_POOL_BYTES", "0")))
     try:
         group, init_method, secret, store = _rendezvous(client, options, rank, world_size,
                                                         prefix)

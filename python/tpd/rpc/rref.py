@@ -22,6 +22,9 @@ def _current():
 class RRef:
     """torch.distributed.rpc.RRef on tpd. ``RRef(value)`` makes one this worker owns."""
 
+    # RRef[T] in annotations, as torch's RRef allows.
+    __class_getitem__ = classmethod(lambda cls, item: cls)
+
     def __init__(self, value=None, type_hint=None):
         agent = _current()
         future = torch.futures.Future()
