@@ -54,7 +54,11 @@ struct tpd_event {
 // which may run while the client is being closed.
 struct tpd_events {
   absl::Mutex mu;
-  absl::CondVar cv;
+  // One condition per queue, and one for waiters on both: an event wakes one waiter that can
+  // take it, not every thread of the pool (which would all contend for the caller's GIL).
+  absl::CondVar requests_cv;
+  absl::CondVar replies_cv;
+  absl::CondVar any_cv;
   bool stopped ABSL_GUARDED_BY(mu) = false;
   std::deque<std::unique_ptr<tpd_event>> requests ABSL_GUARDED_BY(mu);
   std::deque<std::unique_ptr<tpd_event>> replies ABSL_GUARDED_BY(mu);
@@ -68,8 +72,10 @@ struct tpd_events {
     absl::MutexLock lock(&mu);
     if (stopped) return false;
     // TPD_EVENT_RELEASED rides with the replies: the thread completing calls frees memory.
-    (event->kind == TPD_EVENT_REQUEST ? requests : replies).push_back(std::move(event));
-    cv.SignalAll();
+    const bool request = event->kind == TPD_EVENT_REQUEST;
+    (request ? requests : replies).push_back(std::move(event));
+    (request ? requests_cv : replies_cv).Signal();
+    any_cv.Signal();
     return true;
   }
 };
@@ -311,7 +317,9 @@ void tpd_client_stop_events(tpd_client* client) {
     dropped.swap(client->events->requests);
     for (auto& reply : client->events->replies) dropped.push_back(std::move(reply));
     client->events->replies.clear();
-    client->events->cv.SignalAll();
+    client->events->requests_cv.SignalAll();
+    client->events->replies_cv.SignalAll();
+    client->events->any_cv.SignalAll();
   }
   for (auto& event : dropped) {
     if (event->kind == TPD_EVENT_REQUEST) {
@@ -518,6 +526,7 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
     const absl::Time deadline =
         timeout_us < 0 ? absl::InfiniteFuture() : absl::Now() + absl::Microseconds(timeout_us);
     absl::MutexLock lock(&events.mu);
+    bool timed_out = false;
     while (true) {
       if (events.stopped) return absl::CancelledError("the client stopped its events");
       for (auto* queue : {&events.replies, &events.requests}) {
@@ -528,10 +537,17 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
           return absl::OkStatus();
         }
       }
-      if (events.cv.WaitWithDeadline(&events.mu, deadline)) {
+      // Checked after the queues: a wait that timed out as it was signalled has consumed the
+      // signal, so it must take the event itself.
+      if (timed_out) {
         return absl::DeadlineExceededError(
             absl::StrCat("no event within ", timeout_us, " microseconds"));
       }
+      const int both = TPD_QUEUE_REQUESTS | TPD_QUEUE_REPLIES;
+      absl::CondVar& cv = (queues & both) == both          ? events.any_cv
+                          : (queues & TPD_QUEUE_REQUESTS) ? events.requests_cv
+                                                           : events.replies_cv;
+      timed_out = cv.WaitWithDeadline(&events.mu, deadline);
     }
   });
 }
