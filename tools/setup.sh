@@ -21,6 +21,7 @@ PACKAGES=(
   etcd-server              # etcd 3.4: the real cluster tests/store/etcd starts on loopback
   python3-torch            # PyTorch 1.13 (CPU): tpd.rpc runs beside torch.distributed.rpc
   python3-pytest           # tests/python
+  python3-pip python3-wheel  # tests/python checks `pip install ./python` works offline
   binutils                 # nm: tests/python checks what libtpd_client.so exports
 )
 

@@ -180,6 +180,14 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
         if e.code == _capi.INVALID_ARGUMENT:
             raise ValueError(str(e)) from None
         raise RuntimeError(str(e)) from None
+    if world_size:
+        # Join returns once the group formed, and each worker then lends the daemon its CUDA
+        # receive pools: a barrier makes sure every worker has, before any may call another
+        # (as torch's init_rpc syncs its workers before returning).
+        try:
+            client.barrier(group, name, float(options.rpc_timeout) or None)
+        except _capi.TpdError as e:
+            raise RuntimeError(str(e)) from None
     info = WorkerInfo(name, int(response.get("rank", 0)))
     agent = _agent.Agent(client, group, info, options, world_size, store)
     agent.learn(response.get("group", {}))
