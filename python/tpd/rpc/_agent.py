@@ -19,6 +19,7 @@ import threading
 import traceback
 
 import torch
+from torch._C._distributed_rpc import WorkerInfo
 
 from tpd import _capi
 from tpd._client import Client
@@ -123,7 +124,6 @@ class Agent:
     # --- workers ---
 
     def learn(self, group_view):
-        from tpd.rpc.api import WorkerInfo
         with self._lock:
             for member in group_view.get("members", []):
                 info = WorkerInfo(member["name"], int(member["rank"]))

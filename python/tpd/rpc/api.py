@@ -25,7 +25,7 @@ from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
 from tpd import _capi
 from tpd._client import Client
-from tpd.rpc import _agent
+from tpd.rpc import _agent, _state, rref
 
 __all__ = [
     "init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
@@ -33,8 +33,6 @@ __all__ = [
     "get_rpc_timeout",
 ]
 
-_state_lock = threading.Lock()
-_current = None       # the Agent while initialized
 _init_counter = 0     # as torch: each init_rpc uses a store prefix of its own
 
 
@@ -48,20 +46,11 @@ class TensorPipeRpcBackendOptions(_TorchOptions):
         self._tpd_channels = list(_channels or [])
 
 
-def _require_initialized():
-    agent = _current
-    if agent is None:
-        raise RuntimeError(
-            "RPC has not been initialized. Call torch.distributed.rpc.init_rpc first.")
-    return agent
-
-
-def _agent_or_none():
-    return _current
+_require_initialized = _state.require_initialized
 
 
 def _is_current_rpc_agent_set():
-    return _current is not None
+    return _state.current is not None
 
 
 _thread_local_var = threading.local()  # future_list while in _wait_all()
@@ -83,7 +72,7 @@ def _wait_all():
 
 def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
     """Joins this process to the job's tpd group as worker ``name`` (torch's init_rpc)."""
-    global _current, _init_counter
+    global _init_counter
     if backend is not None and not isinstance(backend, BackendType):
         raise TypeError("Argument backend must be a member of BackendType")
     if rpc_backend_options is not None and not isinstance(rpc_backend_options,
@@ -98,8 +87,8 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             raise RuntimeError(f"Argument {arg} must be of type {kind} but got type {type(arg)}")
     if world_size is None and "WORLD_SIZE" in os.environ and options.init_method == "env://":
         world_size = int(os.environ["WORLD_SIZE"])
-    with _state_lock:
-        if _current is not None:
+    with _state.lock:
+        if _state.current is not None:
             raise RuntimeError("RPC is already initialized")
         prefix = f"tpd_rpc_{_init_counter}"
         _init_counter += 1
@@ -115,8 +104,8 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
     except BaseException:
         client.close()
         raise
-    with _state_lock:
-        _current = agent
+    with _state.lock:
+        _state.current = agent
     # Requests that arrived since the join waited in the library's queue; their handlers may
     # call rpc_* now that the agent is current.
     agent.start()
@@ -202,9 +191,8 @@ def shutdown(graceful=True, timeout=0):
     """Stops this worker. Graceful, as torch: waits for the calls this worker made, then until
     every worker of a static group got there too (tpd's barrier: after it nobody calls anyone),
     then leaves (tpd's Leave drains the calls still being served); otherwise leaves at once."""
-    global _current
-    with _state_lock:
-        agent = _current
+    with _state.lock:
+        agent = _state.current
     if agent is None:
         return
     try:
@@ -217,17 +205,16 @@ def shutdown(graceful=True, timeout=0):
     except _capi.TpdError as e:
         raise RuntimeError(f"RPC shutdown failed: {e}") from None
     finally:
-        with _state_lock:
-            _current = None
+        with _state.lock:
+            _state.current = None
         agent.stop()
 
 
 @atexit.register
 def _shutdown_at_exit():
     # A program that forgot shutdown() exits cleanly: its members leave at once.
-    global _current
-    agent = _current
-    _current = None
+    agent = _state.current
+    _state.current = None
     if agent is not None:
         agent.stop(join_threads=False)
 
@@ -285,16 +272,10 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
 
 
 def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
-    from tpd.rpc.rref import RRef
     agent = _require_initialized()
     _check_callable(func)
-    info = _to_worker_info(to)
-    rref_id = agent.new_rref_id()
-    rref = RRef._created(agent, info, rref_id)
-    confirmation = agent.call_async(
-        info, (_agent.REMOTE, rref_id, func, tuple(args or ()), dict(kwargs or {})), timeout)
-    rref._confirm_with(confirmation)
-    return rref
+    return rref.create_remote(agent, _to_worker_info(to), func, args or (), kwargs or {},
+                              timeout)
 
 
 def _wait_all_workers(timeout=None):

@@ -9,14 +9,24 @@ from a user).
 """
 
 import torch
+from torch._C._distributed_rpc import WorkerInfo
 
-from tpd.rpc import _agent
+from tpd.rpc import _agent, _state
 from tpd.rpc.constants import UNSET_RPC_TIMEOUT
 
 
 def _current():
-    from tpd.rpc import api
-    return api._require_initialized()
+    return _state.require_initialized()
+
+
+def create_remote(agent, owner, func, args, kwargs, timeout):
+    """remote(): the RRef, at once; the owner runs ``func`` and keeps what it returns."""
+    rref_id = agent.new_rref_id()
+    rref = RRef._created(agent, owner, rref_id)
+    confirmation = agent.call_async(
+        owner, (_agent.REMOTE, rref_id, func, tuple(args), dict(kwargs)), timeout)
+    rref._confirm_with(confirmation)
+    return rref
 
 
 class RRef:
@@ -107,8 +117,7 @@ class RRef:
         return kind
 
     def _get_type(self, timeout=UNSET_RPC_TIMEOUT, blocking=True):
-        from tpd.rpc import api
-        kind = api.rpc_sync(self._owner, _type_of, args=(self,), timeout=timeout)
+        kind = self._agent.call_sync(self._owner, (_agent.CALL, _type_of, (self,), {}), timeout)
         if blocking:
             return kind
         future = torch.futures.Future()
@@ -136,8 +145,7 @@ class RRef:
         if not getattr(self, "_counted", False):
             return
         self._counted = False
-        from tpd.rpc import api
-        agent = api._agent_or_none()
+        agent = _state.current
         if agent is None or agent is not self._agent:
             return  # shut down: the owner's table went with it
         try:
@@ -161,10 +169,9 @@ def _unwrap(future):
 
 
 def _rebuild(owner_name, owner_id, rref_id):
-    from tpd.rpc import api
     agent = _current()
     rref = RRef.__new__(RRef)
-    rref._init(agent, api.WorkerInfo(owner_name, owner_id), rref_id, confirmed=True)
+    rref._init(agent, WorkerInfo(owner_name, owner_id), rref_id, confirmed=True)
     return rref
 
 
@@ -185,14 +192,21 @@ class _Proxy:
         self._timeout = timeout
 
     def __getattr__(self, name):
-        from tpd.rpc import api
-        call = getattr(api, self._how)
+        rref = self._rref
         # As torch: a method the value's type lacks fails here, before any call is made.
-        kind = self._rref._value_type(self._timeout)
+        kind = rref._value_type(self._timeout)
         if not hasattr(kind, name):
             raise AttributeError(f"'{kind.__name__}' object has no attribute '{name}'")
 
         def method(*args, **kwargs):
-            return call(self._rref.owner(), _invoke_method,
-                        args=(self._rref, name, args, kwargs), timeout=self._timeout)
+            call = (rref, name, args, kwargs)
+            if self._how == "rpc_sync":
+                return rref._agent.call_sync(rref.owner(), (_agent.CALL, _invoke_method, call, {}),
+                                             self._timeout)
+            if self._how == "rpc_async":
+                return rref._agent.call_async(rref.owner(),
+                                              (_agent.CALL, _invoke_method, call, {}),
+                                              self._timeout)
+            return create_remote(rref._agent, rref.owner(), _invoke_method, call, {},
+                                 self._timeout)
         return method
