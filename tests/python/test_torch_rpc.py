@@ -8,8 +8,10 @@ own, unchanged; each rank is a process of its own, all on one tpd daemon this mo
 CORE lists the tests that must pass (docs/python.md says why the others do not run).
 """
 
+import atexit
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 
@@ -125,7 +127,13 @@ def _ensure_daemon():
         root = tempfile.mkdtemp(prefix="tpd-torch-", dir="/tmp")
         TpdDaemon.daemon = conftest.Daemon(root, "node0", secrets.token_hex(8))
         os.environ["TPD_SOCKET"] = TpdDaemon.daemon.socket
+        atexit.register(_stop_daemon, root)  # the ranks' processes are gone by then
     return TpdDaemon.daemon
+
+
+def _stop_daemon(root):
+    TpdDaemon.daemon.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 class TpdRpcTest(TensorPipeRpcAgentTestFixture, rpc_test.RpcTest, MultiProcessTestCase):
