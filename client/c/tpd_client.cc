@@ -522,7 +522,10 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
     if ((queues & (TPD_QUEUE_REQUESTS | TPD_QUEUE_REPLIES)) == 0) {
       return absl::InvalidArgumentError(absl::StrCat("queues ", queues, " names no queue"));
     }
-    tpd_events& events = *client->events;
+    // A reference of this call's own: tpd_client_close may free the client while this thread,
+    // woken by it, has yet to leave the wait.
+    const std::shared_ptr<tpd_events> held = client->events;
+    tpd_events& events = *held;
     const absl::Time deadline =
         timeout_us < 0 ? absl::InfiniteFuture() : absl::Now() + absl::Microseconds(timeout_us);
     absl::MutexLock lock(&events.mu);
