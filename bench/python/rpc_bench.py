@@ -15,6 +15,10 @@ Every ratio is torch's time over tpd's (above 1: tpd is faster), from the same r
 
 P0 (--probe, the built bench/python/callback_probe.so): a ctypes callback run by a native
 thread against the same callback on a Python thread, per call, in this process.
+
+--breakdown: where an empty tpd.rpc call's time goes, tpd one node only: the pickling of the
+request and the reply (both ways, in process), one ctypes call into the library, and the
+rest (the daemon's hop and the hand-offs between threads, the callee's Python included).
 """
 
 import argparse
@@ -104,6 +108,38 @@ def _measure(rpc, torch, args):
     return rows
 
 
+def _breakdown(rpc, torch, args):
+    import pickle
+    from tpd import _capi
+    from tpd.rpc import _agent, _pickler
+    n = 2000 if args.quick else 20000
+    lib = _capi.library()
+
+    def per_call_us(fn, count):
+        t = time.perf_counter()
+        for _ in range(count):
+            fn()
+        return (time.perf_counter() - t) / count * 1e6
+
+    request = (_agent.CALL, noop, (), {})
+    reply = (True, None)
+    rows = {
+        "pickle request+reply (dumps, loads) us": per_call_us(
+            lambda: (pickle.loads(_pickler.dumps(request)[0]),
+                     pickle.loads(_pickler.dumps(reply)[0])), n),
+        "one ctypes call (tpd_abi_version) us": per_call_us(lib.tpd_abi_version, n),
+    }
+    for _ in range(200):
+        rpc.rpc_sync("bench1", noop)
+    lat = []
+    for _ in range(n // 4):
+        t = time.perf_counter()
+        rpc.rpc_sync("bench1", noop)
+        lat.append((time.perf_counter() - t) * 1e6)
+    rows["empty rpc_sync p50 us"] = _percentile(lat, 0.5)
+    return rows
+
+
 def _worker(rank, backend, init_method, socket_path, args, queue):
     os.environ["TPD_SOCKET"] = socket_path or ""
     os.environ["TPD_CUDA_POOL_BYTES"] = str(1 << 30)  # 256 MiB tensors, both ways
@@ -118,7 +154,8 @@ def _worker(rank, backend, init_method, socket_path, args, queue):
         options.set_device_map("bench1" if rank == 0 else "bench0",
                                {0: 1} if rank == 0 else {1: 0})
     rpc.init_rpc(f"bench{rank}", rank=rank, world_size=2, rpc_backend_options=options)
-    rows = _measure(rpc, torch, args) if rank == 0 else None
+    measure = _breakdown if args.breakdown else _measure
+    rows = measure(rpc, torch, args) if rank == 0 else None
     rpc.shutdown()
     queue.put(rows) if rows is not None else None
 
@@ -178,6 +215,8 @@ def probe_callbacks(path, n=200000):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--probe", help="bench/python/callback_probe.so: row P0 only")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="where an empty call's time goes (tpd, one node)")
     parser.add_argument("--tpd", help="the tpd binary")
     parser.add_argument("--cuda", action="store_true", help="also CUDA tensors (two GPUs)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -188,6 +227,16 @@ def main():
     root = tempfile.mkdtemp(prefix="tpd-bench-", dir="/tmp")
     token = secrets.token_hex(8)
     daemons = [Daemon(args.tpd, root, f"node{i}", token) for i in range(2)]
+    if args.breakdown:
+        try:
+            rows = run_backend("tpd", [daemons[0].socket] * 2, args)
+        finally:
+            for d in daemons:
+                d.stop()
+            shutil.rmtree(root, ignore_errors=True)
+        for row, value in rows.items():
+            print(f"{row:44} {value:8.2f}")
+        return
     try:
         results = {
             "torch": run_backend("torch", [None, None], args),
