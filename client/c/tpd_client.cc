@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -124,6 +125,21 @@ char* Copy(const std::string& s) {
   return out;
 }
 
+// `size` bytes at `p`, which may be NULL only for none.
+absl::StatusOr<std::string_view> Bytes(const char* p, size_t size, const char* what) {
+  if (p == nullptr && size > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("NULL ", what, " of ", size, " bytes"));
+  }
+  return std::string_view(p == nullptr ? "" : p, size);
+}
+
+// Hands `bytes` to the caller as a tpd_free-able buffer and its size.
+absl::Status TakeBytes(const std::string& bytes, char** out, size_t* size) {
+  *out = Copy(bytes);
+  *size = bytes.size();
+  return absl::OkStatus();
+}
+
 absl::Status ToJson(const google::protobuf::Message& message, char** out) {
   if (out == nullptr) return absl::OkStatus();
   google::protobuf::util::JsonPrintOptions options;
@@ -202,6 +218,14 @@ absl::StatusOr<std::vector<tpd::Tensor>> ToTensors(tpd_client* client, const tpd
     out.push_back(*std::move(shaped));
   }
   return out;
+}
+
+// The i-th tensor of `event`, or OUT_OF_RANGE.
+absl::StatusOr<const tpd::Tensor*> TensorAt(const tpd_event* event, int i) {
+  if (i < 0 || i >= static_cast<int>(event->message.tensors.size())) {
+    return absl::OutOfRangeError(absl::StrCat("tensor ", i, " of ", event->message.tensors.size()));
+  }
+  return &event->message.tensors[i];
 }
 
 std::unique_ptr<tpd_event> ReplyEvent(std::shared_ptr<tpd_events> events, uint64_t tag,
@@ -602,11 +626,9 @@ int tpd_event_tensor(const tpd_event* event, int i, tpd_tensor* out) {
   return Guarded("tpd_event_tensor", [&]() -> absl::Status {
     if (absl::Status s = Required(event, "event"); !s.ok()) return s;
     if (absl::Status s = Required(out, "out"); !s.ok()) return s;
-    if (i < 0 || i >= static_cast<int>(event->message.tensors.size())) {
-      return absl::OutOfRangeError(absl::StrCat("tensor ", i, " of ",
-                                                event->message.tensors.size()));
-    }
-    const tpd::Tensor& t = event->message.tensors[i];
+    absl::StatusOr<const tpd::Tensor*> at = TensorAt(event, i);
+    if (!at.ok()) return at.status();
+    const tpd::Tensor& t = **at;
     *out = tpd_tensor{};
     out->dtype = static_cast<int32_t>(t.dtype());
     out->ndim = static_cast<int32_t>(t.shape().size());
@@ -624,11 +646,9 @@ int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** mana
   return Guarded("tpd_event_tensor_dlpack", [&]() -> absl::Status {
     if (absl::Status s = Required(event, "event"); !s.ok()) return s;
     if (absl::Status s = Required(managed, "managed"); !s.ok()) return s;
-    if (i < 0 || i >= static_cast<int>(event->message.tensors.size())) {
-      return absl::OutOfRangeError(absl::StrCat("tensor ", i, " of ",
-                                                event->message.tensors.size()));
-    }
-    const tpd::Tensor& t = event->message.tensors[i];
+    absl::StatusOr<const tpd::Tensor*> at = TensorAt(event, i);
+    if (!at.ok()) return at.status();
+    const tpd::Tensor& t = **at;
     auto holder = std::make_unique<DlpackHolder>();
     holder->events = event->events;
     holder->shape[0] = static_cast<int64_t>(t.size());
@@ -673,9 +693,8 @@ int tpd_reply(tpd_event* event, const char* payload, size_t size, const tpd_tens
     if (event->kind != TPD_EVENT_REQUEST) {
       return absl::InvalidArgumentError("tpd_reply: the event is not a request");
     }
-    if (payload == nullptr && size > 0) {
-      return absl::InvalidArgumentError("tpd_reply: NULL payload of non-zero size");
-    }
+    absl::StatusOr<std::string_view> bytes = Bytes(payload, size, "payload");
+    if (!bytes.ok()) return bytes.status();
     // Arena blocks are the client's, which an event does not know: tensors are copied in.
     std::shared_ptr<void> released;
     if (release_tag != 0) released = std::make_shared<ReleaseNotice>(event->events, release_tag);
@@ -688,7 +707,7 @@ int tpd_reply(tpd_event* event, const char* payload, size_t size, const tpd_tens
       return converted.status();
     }
     tpd::Message reply;
-    reply.payload.assign(payload == nullptr ? "" : payload, size);
+    reply.payload.assign(*bytes);
     reply.tensors = *std::move(converted);
     absl::Status sent = event->responder.Reply(std::move(reply));
     event->responder = tpd::Responder();
@@ -719,14 +738,12 @@ int tpd_call(tpd_client* client, const char* group, const char* worker, const ch
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
     if (absl::Status s = Required(reply, "reply"); !s.ok()) return s;
     *reply = nullptr;
-    if (payload == nullptr && size > 0) {
-      return absl::InvalidArgumentError("tpd_call: NULL payload of non-zero size");
-    }
+    absl::StatusOr<std::string_view> bytes = Bytes(payload, size, "payload");
+    if (!bytes.ok()) return bytes.status();
     absl::StatusOr<std::vector<tpd::Tensor>> converted = ToTensors(client, tensors, num_tensors);
     if (!converted.ok()) return converted.status();
     absl::StatusOr<tpd::Message> result = client->client->Call(
-        Str(group), Str(worker), Str(method), std::string_view(payload == nullptr ? "" : payload, size),
-        *converted, CallTimeout(timeout_us));
+        Str(group), Str(worker), Str(method), *bytes, *converted, CallTimeout(timeout_us));
     *reply = ReplyEvent(client->events, 0, result).release();
     return result.status();
   });
@@ -738,14 +755,12 @@ int tpd_call_async(tpd_client* client, const char* group, const char* worker,
                    uint64_t tag) {
   return Guarded("tpd_call_async", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
-    if (payload == nullptr && size > 0) {
-      return absl::InvalidArgumentError("tpd_call_async: NULL payload of non-zero size");
-    }
+    absl::StatusOr<std::string_view> bytes = Bytes(payload, size, "payload");
+    if (!bytes.ok()) return bytes.status();
     absl::StatusOr<std::vector<tpd::Tensor>> converted = ToTensors(client, tensors, num_tensors);
     if (!converted.ok()) return converted.status();
     tpd::CallFuture future = client->client->CallAsync(
-        Str(group), Str(worker), Str(method), std::string_view(payload == nullptr ? "" : payload, size),
-        *converted, CallTimeout(timeout_us));
+        Str(group), Str(worker), Str(method), *bytes, *converted, CallTimeout(timeout_us));
     std::shared_ptr<tpd_events> events = client->events;
     future.Then([events, tag](const absl::StatusOr<tpd::Message>& result) {
       std::unique_ptr<tpd_event> event = ReplyEvent(events, tag, result);
@@ -760,8 +775,9 @@ int tpd_call_async(tpd_client* client, const char* group, const char* worker,
 int tpd_store_set(tpd_client* client, const char* key, const char* value, size_t size) {
   return Guarded("tpd_store_set", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
-    if (value == nullptr && size > 0) return absl::InvalidArgumentError("NULL value");
-    return client->client->Set(Str(key), absl::string_view(value == nullptr ? "" : value, size));
+    absl::StatusOr<std::string_view> bytes = Bytes(value, size, "value");
+    if (!bytes.ok()) return bytes.status();
+    return client->client->Set(Str(key), absl::string_view(bytes->data(), bytes->size()));
   });
 }
 
@@ -772,9 +788,7 @@ int tpd_store_get(tpd_client* client, const char* key, int64_t timeout_us, char*
     if (value == nullptr || size == nullptr) return absl::InvalidArgumentError("NULL out");
     absl::StatusOr<std::string> got = client->client->Get(Str(key), WaitTimeout(timeout_us));
     if (!got.ok()) return got.status();
-    *value = Copy(*got);
-    *size = got->size();
-    return absl::OkStatus();
+    return TakeBytes(*got, value, size);
   });
 }
 
@@ -795,16 +809,15 @@ int tpd_store_compare_set(tpd_client* client, const char* key, const char* expec
   return Guarded("tpd_store_compare_set", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
     if (value == nullptr || size == nullptr) return absl::InvalidArgumentError("NULL out");
-    if ((expected == nullptr && expected_size > 0) || (desired == nullptr && desired_size > 0)) {
-      return absl::InvalidArgumentError("NULL value");
-    }
+    absl::StatusOr<std::string_view> was = Bytes(expected, expected_size, "expected value");
+    if (!was.ok()) return was.status();
+    absl::StatusOr<std::string_view> wanted = Bytes(desired, desired_size, "desired value");
+    if (!wanted.ok()) return wanted.status();
     absl::StatusOr<std::string> now = client->client->CompareSet(
-        Str(key), absl::string_view(expected == nullptr ? "" : expected, expected_size),
-        absl::string_view(desired == nullptr ? "" : desired, desired_size));
+        Str(key), absl::string_view(was->data(), was->size()),
+        absl::string_view(wanted->data(), wanted->size()));
     if (!now.ok()) return now.status();
-    *value = Copy(*now);
-    *size = now->size();
-    return absl::OkStatus();
+    return TakeBytes(*now, value, size);
   });
 }
 

@@ -86,6 +86,9 @@ def _candidates():
 def library():
     """The loaded library, loading it on first use (never at import: fork-safe)."""
     global _lib
+    lib = _lib
+    if lib is not None:  # loaded: no lock on the calls' path (every event asks)
+        return lib
     with _lib_lock:
         if _lib is not None:
             return _lib

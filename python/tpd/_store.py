@@ -54,57 +54,37 @@ class Store(dist.Store):
         _seconds(timeout)
         self._timeout = timeout
 
-    def _raise(self, error):
-        # torch's stores raise RuntimeError, with "Timeout" for waits that ran out.
-        if error.code == _capi.DEADLINE_EXCEEDED:
-            raise RuntimeError(f"Socket Timeout: {error}") from None
-        raise RuntimeError(str(error)) from None
+    def _call(self, operation, *args):
+        """The client's store `operation`, its errors as torch's stores raise them:
+        RuntimeError, with "Timeout" for waits that ran out."""
+        try:
+            return operation(*args)
+        except _capi.TpdError as error:
+            if error.code == _capi.DEADLINE_EXCEEDED:
+                raise RuntimeError(f"Socket Timeout: {error}") from None
+            raise RuntimeError(str(error)) from None
 
     def set(self, key, value):
-        try:
-            self._client.store_set(key, _as_bytes(value))
-        except _capi.TpdError as e:
-            self._raise(e)
+        self._call(self._client.store_set, key, _as_bytes(value))
 
     def get(self, key):
-        try:
-            return self._client.store_get(key, _seconds(self._timeout))
-        except _capi.TpdError as e:
-            self._raise(e)
+        return self._call(self._client.store_get, key, _seconds(self._timeout))
 
     def add(self, key, value):
-        try:
-            return self._client.store_add(key, int(value))
-        except _capi.TpdError as e:
-            self._raise(e)
+        return self._call(self._client.store_add, key, int(value))
 
     def compare_set(self, key, expected_value, desired_value):
-        try:
-            return self._client.store_compare_set(key, _as_bytes(expected_value),
-                                                  _as_bytes(desired_value))
-        except _capi.TpdError as e:
-            self._raise(e)
+        return self._call(self._client.store_compare_set, key, _as_bytes(expected_value),
+                          _as_bytes(desired_value))
 
     def wait(self, keys, timeout=None):
-        try:
-            self._client.store_wait(list(keys), _seconds(timeout or self._timeout))
-        except _capi.TpdError as e:
-            self._raise(e)
+        self._call(self._client.store_wait, list(keys), _seconds(timeout or self._timeout))
 
     def check(self, keys):
-        try:
-            return self._client.store_check(list(keys))
-        except _capi.TpdError as e:
-            self._raise(e)
+        return self._call(self._client.store_check, list(keys))
 
     def delete_key(self, key):
-        try:
-            return self._client.store_delete_key(key)
-        except _capi.TpdError as e:
-            self._raise(e)
+        return self._call(self._client.store_delete_key, key)
 
     def num_keys(self):
-        try:
-            return self._client.store_num_keys()
-        except _capi.TpdError as e:
-            self._raise(e)
+        return self._call(self._client.store_num_keys)

@@ -54,7 +54,6 @@ def pid():
 
 
 def async_add_later(a, b):
-    import tpd.rpc as rpc
     future = torch.futures.Future()
 
     def complete():

@@ -17,6 +17,15 @@ def _init(rank, world_size, init_method, **kwargs):
     return rpc
 
 
+def _raises(kind, fn, *args, **kwargs):
+    """The `kind` exception fn(*args, **kwargs) raises; AssertionError when it raises none."""
+    try:
+        fn(*args, **kwargs)
+    except kind as e:
+        return e
+    raise AssertionError(f"{fn} raised no {kind.__name__}")
+
+
 def core(rank, world_size, init_method):
     rpc = _init(rank, world_size, init_method, rpc_timeout=30)
     peer = f"worker{(rank + 1) % world_size}"
@@ -49,31 +58,19 @@ def core(rank, world_size, init_method):
     assert [f.wait() for f in both] == [0, 2]
     assert rpc.rpc_async(peer, w.add, args=(1, 1)).then(lambda f: f.wait() * 10).wait() == 20
     # Exceptions come back as their type, with torch's "On WorkerInfo" text.
-    try:
-        rpc.rpc_sync(peer, w.raise_value_error, args=("expected failure",))
-        raise AssertionError("no exception")
-    except ValueError as e:
-        assert str(e).startswith(f"On WorkerInfo(id={(rank + 1) % world_size}, name={peer}):")
-        assert "expected failure" in str(e)
+    e = _raises(ValueError, rpc.rpc_sync, peer, w.raise_value_error, args=("expected failure",))
+    assert str(e).startswith(f"On WorkerInfo(id={(rank + 1) % world_size}, name={peer}):")
+    assert "expected failure" in str(e)
     fut = rpc.rpc_async(peer, w.raise_value_error, args=("async failure",))
-    try:
-        fut.wait()
-        raise AssertionError("no exception")
-    except ValueError as e:
-        assert "async failure" in str(e)
+    assert "async failure" in str(_raises(ValueError, fut.wait))
     # Timeouts, per call and in torch's words; 0 means none.
     start = time.monotonic()
-    try:
-        rpc.rpc_sync(peer, w.sleep_then, args=(2, 1), timeout=0.2)
-        raise AssertionError("no timeout")
-    except RuntimeError as e:
-        assert re.search("RPC ran for more than set timeout \\(200 ms\\)", str(e)), str(e)
+    e = _raises(RuntimeError, rpc.rpc_sync, peer, w.sleep_then, args=(2, 1), timeout=0.2)
+    assert re.search("RPC ran for more than set timeout \\(200 ms\\)", str(e)), str(e)
     assert time.monotonic() - start < 1.5
-    try:
-        rpc.rpc_async(peer, w.sleep_then, args=(2, 1), timeout=0.001).wait()
-        raise AssertionError("no timeout")
-    except RuntimeError as e:
-        assert "RPC ran for more than set timeout (1 ms)" in str(e), str(e)
+    fut = rpc.rpc_async(peer, w.sleep_then, args=(2, 1), timeout=0.001)
+    e = _raises(RuntimeError, fut.wait)
+    assert "RPC ran for more than set timeout (1 ms)" in str(e), str(e)
     assert rpc.rpc_sync(peer, w.sleep_then, args=(0.3, 7), timeout=0) == 7
     assert rpc.get_rpc_timeout() == 30
     # async_execution: the reply waits for the returned future.
@@ -95,16 +92,8 @@ def core(rank, world_size, init_method):
     value_rref = rpc.remote(peer, w.add, args=(torch.ones(2), 2))
     assert torch.equal(value_rref.to_here(), torch.full((2,), 3.0))
     failing = rpc.remote(peer, w.raise_value_error, args=("in remote",))
-    try:
-        failing.to_here()
-        raise AssertionError("no exception")
-    except ValueError as e:
-        assert "in remote" in str(e)
-    try:
-        value_rref.local_value()
-        raise AssertionError("local_value on a user")
-    except RuntimeError as e:
-        assert "Call it on owner" in str(e)
+    assert "in remote" in str(_raises(ValueError, failing.to_here))
+    assert "Call it on owner" in str(_raises(RuntimeError, value_rref.local_value))
     rpc.shutdown()
     return True
 
@@ -114,13 +103,9 @@ def bad_arguments(rank, world_size, init_method):
     errors = []
 
     def expect(kind, text, fn, *args, **kwargs):
-        try:
-            fn(*args, **kwargs)
-        except kind as e:
-            assert text in str(e), f"{kind.__name__}: {e!r} lacks {text!r}"
-            errors.append(kind.__name__)
-            return
-        raise AssertionError(f"{fn.__name__}{args} raised nothing")
+        e = _raises(kind, fn, *args, **kwargs)
+        assert text in str(e), f"{kind.__name__}: {e!r} lacks {text!r}"
+        errors.append(kind.__name__)
 
     expect(RuntimeError, "RPC has not been initialized", rpc.rpc_sync, "x", w.add, (1, 2))
     expect(RuntimeError, "RPC has not been initialized", rpc.get_worker_info)
@@ -218,11 +203,7 @@ def caller_of_a_dying_peer(rank, world_size, init_method, daemon_pid=None):
     time.sleep(0.5)
     start = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    try:
-        fut.wait()
-        raise AssertionError("the call succeeded")
-    except RuntimeError as e:
-        message = str(e)
+    message = str(_raises(RuntimeError, fut.wait))
     took = time.monotonic() - start
     # This worker goes on: a call to itself still works.
     assert rpc.rpc_sync("worker0", w.add, args=(1, 2)) == 3
@@ -284,11 +265,8 @@ def cuda_maps(rank, world_size, init_method):
         assert total == 3.0 * (1 << 22), total
         # A CUDA tensor many times the callee's receive pool's default fails cleanly.
         fut = rpc.rpc_async(peer, w.add, args=(torch.ones(80 << 20, device="cuda:0"), 1))
-        try:
-            fut.wait()
-            raise AssertionError("a tensor larger than the callee's receive pool went through")
-        except RuntimeError as e:
-            assert "pool" in str(e), str(e)
+        e = _raises(RuntimeError, fut.wait)
+        assert "pool" in str(e), str(e)
         assert rpc.rpc_sync(peer, w.add, args=(x[:4], 1)).device == torch.device("cuda:0")
     rpc.shutdown()
     return True

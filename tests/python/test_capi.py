@@ -3,6 +3,7 @@
 import ctypes
 import os
 import subprocess
+import threading
 
 import pytest
 import torch
@@ -82,8 +83,7 @@ def test_requests_answered_later_from_another_thread_with_tensors(daemon):
         _capi.EVENT_REQUEST, "echo", "a", b"hello")
     view = torch.utils.dlpack.from_dlpack(request.dlpack(0, copy=0))
     assert bytes(view.numpy()) == b"tensor bytes"
-    import threading
-    threading.Thread(target=lambda: request.reply(b"later")).start()
+    threading.Thread(target=request.reply, args=(b"later",)).start()
     reply = a.next_event(_capi.QUEUE_REPLIES, timeout=5)
     assert (reply.kind, reply.tag, reply.status(), reply.payload()) == (
         _capi.EVENT_REPLY, 7, (0, ""), b"later")

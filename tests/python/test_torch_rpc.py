@@ -136,8 +136,8 @@ def _stop_daemon(root):
     shutil.rmtree(root, ignore_errors=True)
 
 
-class TpdRpcTest(TensorPipeRpcAgentTestFixture, rpc_test.RpcTest, MultiProcessTestCase):
-    """torch's RpcTest, its ranks on tpd."""
+class _OnTpd:
+    """Runs a torch test class's ranks as processes on this run's tpd daemon."""
 
     def setUp(self):
         _ensure_daemon()
@@ -145,10 +145,18 @@ class TpdRpcTest(TensorPipeRpcAgentTestFixture, rpc_test.RpcTest, MultiProcessTe
         self._spawn_processes()
 
 
-# Only the listed tests are collected: the rest of RpcTest is listed in docs/python.md.
-for _name in dir(rpc_test.RpcTest):
-    if _name.startswith("test_") and _name not in CORE:
-        setattr(TpdRpcTest, _name, None)
+def _keep_only(cls, torch_tests, kept):
+    # Only the listed tests are collected; docs/python.md says why the others are not.
+    for name in dir(torch_tests):
+        if name.startswith("test_") and name not in kept:
+            setattr(cls, name, None)
+
+
+class TpdRpcTest(_OnTpd, TensorPipeRpcAgentTestFixture, rpc_test.RpcTest, MultiProcessTestCase):
+    """torch's RpcTest, its ranks on tpd."""
+
+
+_keep_only(TpdRpcTest, rpc_test.RpcTest, CORE)
 
 
 # torch's CUDA RPC tests that apply to tpd (device maps validated at init, tensors moved by
@@ -186,16 +194,9 @@ CUDA = [
 ]
 
 
-class TpdCudaRpcTest(TensorPipeRpcAgentTestFixture, rpc_test.TensorPipeAgentCudaRpcTest,
-                     MultiProcessTestCase):
+class TpdCudaRpcTest(_OnTpd, TensorPipeRpcAgentTestFixture,
+                     rpc_test.TensorPipeAgentCudaRpcTest, MultiProcessTestCase):
     """torch's TensorPipeAgentCudaRpcTest, its ranks on tpd."""
 
-    def setUp(self):
-        _ensure_daemon()
-        super().setUp()
-        self._spawn_processes()
 
-
-for _name in dir(rpc_test.TensorPipeAgentCudaRpcTest):
-    if _name.startswith("test_") and _name not in CUDA:
-        setattr(TpdCudaRpcTest, _name, None)
+_keep_only(TpdCudaRpcTest, rpc_test.TensorPipeAgentCudaRpcTest, CUDA)

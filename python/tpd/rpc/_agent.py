@@ -22,7 +22,6 @@ import torch
 from torch._C._distributed_rpc import WorkerInfo
 
 from tpd import _capi
-from tpd._client import Client
 from tpd.rpc import _pickler
 
 METHOD = "tpd.rpc"
@@ -226,12 +225,16 @@ class Agent:
             return reply[1]
         raise_remote(reply[1], reply[2])
 
-    def _reply_loop(self):
+    def _events(self, queue):
+        """The events of `queue`, until the client stops its events."""
         while True:
             try:
-                event = self.client.next_event(_capi.QUEUE_REPLIES)
+                yield self.client.next_event(queue)
             except _capi.TpdError:
                 return  # stopped
+
+    def _reply_loop(self):
+        for event in self._events(_capi.QUEUE_REPLIES):
             if event.kind == _capi.EVENT_RELEASED:
                 with self._lock:
                     self._cuda_replies.pop(event.tag, None)  # their memory may change now
@@ -255,11 +258,7 @@ class Agent:
     # --- calls in ---
 
     def _serve_loop(self):
-        while True:
-            try:
-                event = self.client.next_event(_capi.QUEUE_REQUESTS)
-            except _capi.TpdError:
-                return  # stopped
+        for event in self._events(_capi.QUEUE_REQUESTS):
             try:
                 self._serve(event)
             except Exception:  # never lose the thread: the request was answered or freed
@@ -288,7 +287,8 @@ class Agent:
             self._reply_exception(event, ValueError(f"unknown tpd.rpc message kind {kind!r}"))
 
     def _invoke(self, func, args, kwargs):
-        """Runs func; a torch Future: the result of an @async_execution function."""
+        """Runs func: a torch Future for an @async_execution function, else its result as
+        _Done."""
         result = func(*args, **(kwargs or {}))
         if getattr(func, "_wrapped_async_rpc_function", None) is not None:
             if not isinstance(result, torch._C.Future):  # then() gives the base class
@@ -296,7 +296,7 @@ class Agent:
                     "Functions decorated with @rpc.async_function must return a "
                     f"torch.futures.Future object, but got {type(result)}")
             return result
-        return None if result is None else _Done(result)
+        return _Done(result)
 
     def _run(self, event, func, args, kwargs):
         try:
@@ -304,8 +304,8 @@ class Agent:
         except Exception as exc:
             self._reply_exception(event, exc)
             return
-        if isinstance(result, _Done) or result is None:
-            self._reply_value(event, None if result is None else result.value)
+        if isinstance(result, _Done):
+            self._reply_value(event, result.value)
             return
         result.then(lambda done: self._reply_future(event, done))
 
@@ -330,23 +330,26 @@ class Agent:
             tag = next(self._tags)
             with self._lock:
                 self._cuda_replies[tag] = cuda
-        try:
-            event.reply(payload, descriptors, release_tag=tag)
-        except _capi.TpdError:
-            pass  # the caller has its answer (the error) or is gone
-        event.free()
+        self._send(event, payload, descriptors, release_tag=tag)
 
     def _reply_exception(self, event, exc):
         message = remote_exception_message(self.info, exc)
         print(message, file=sys.stderr)  # as torch's callee logs it
+        self._reply_error(event, type(exc), message)
+
+    def _reply_error(self, event, exc_type, message):
         try:
-            payload, descriptors, _ = _pickler.dumps((False, type(exc), message))
+            payload, descriptors, _ = _pickler.dumps((False, exc_type, message))
         except Exception:  # an exception type that does not pickle
             payload, descriptors, _ = _pickler.dumps((False, RuntimeError, message))
+        self._send(event, payload, descriptors)
+
+    @staticmethod
+    def _send(event, payload, descriptors, release_tag=0):
         try:
-            event.reply(payload, descriptors)
+            event.reply(payload, descriptors, release_tag=release_tag)
         except _capi.TpdError:
-            pass
+            pass  # the caller has its answer (the error) or is gone
         event.free()
 
     # --- RRefs this worker owns ---
@@ -389,17 +392,16 @@ class Agent:
         try:
             result = self._invoke(func, args, kwargs)
         except Exception as exc:
-            future.set_exception(_RemoteError(type(exc), remote_exception_message(self.info, exc)))
+            future.set_exception(self._remote_error(exc))
         else:
-            if isinstance(result, _Done) or result is None:
-                future.set_result(None if result is None else result.value)
+            if isinstance(result, _Done):
+                future.set_result(result.value)
             else:
                 def settle(done):
                     try:
                         future.set_result(done.wait())
                     except Exception as exc:
-                        future.set_exception(
-                            _RemoteError(type(exc), remote_exception_message(self.info, exc)))
+                        future.set_exception(self._remote_error(exc))
                 result.then(settle)
         self._reply_value(event, None)
 
@@ -414,20 +416,15 @@ class Agent:
             try:
                 value = done.wait()
             except _RemoteError as exc:
-                self._send_remote_error(event, exc)
+                self._reply_error(event, exc.exc_type, exc.message)
             except Exception as exc:
                 self._reply_exception(event, exc)
             else:
                 self._reply_value(event, value)
         owned.future.then(answer)
 
-    def _send_remote_error(self, event, error):
-        payload, descriptors, _ = _pickler.dumps((False, error.exc_type, error.message))
-        try:
-            event.reply(payload, descriptors)
-        except _capi.TpdError:
-            pass
-        event.free()
+    def _remote_error(self, exc):
+        return _RemoteError(type(exc), remote_exception_message(self.info, exc))
 
 
 class _Done:

@@ -8,7 +8,6 @@ the receive heap, or a copy when views would starve it: tpd_event_tensor_dlpack)
 are rebuilt on it, so what arrives shares storage the way what was sent did.
 """
 
-import copyreg
 import io
 import pickle
 import threading
@@ -48,7 +47,6 @@ def _rebuild_tensor(index, dtype, size, stride, offset, requires_grad):
 class _Pickler(pickle.Pickler):
     def __init__(self, buffer):
         super().__init__(buffer, protocol=pickle.HIGHEST_PROTOCOL)
-        self.dispatch_table = copyreg.dispatch_table.copy()
         self.storages = {}    # (device, data_ptr) -> index
         self.descriptors = []  # _capi.Tensor per storage
         self.keep = []         # what keeps each storage's memory alive until sent
