@@ -1525,23 +1525,29 @@ absl::StatusOr<bool> CallRouter::Push(Session& to, const shm::Descriptor& d) {
 
 absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d) {
   if (to.broken) return EndedError(to);
+  FlushUnposted(to);
   if (d.op == static_cast<uint8_t>(shm::Op::kCall)) {
-    // A call waits behind the session's own answers: callers that keep its ring full must
-    // not starve the replies to its calls.
-    FlushUnposted(to);
+    // A burst of calls larger than the ring is normal (a program sends a thousand rpc_async
+    // while its callee's reader is off the CPU): it waits, in order behind the session's own
+    // answers, up to max_waiting_calls; past that the callee is not reading, and the caller
+    // hears so at once instead of the session being ended.
     absl::StatusOr<bool> pushed = to.unposted.empty() ? Push(to, d) : false;
     if (!pushed.ok()) return pushed.status();
-    if (!*pushed) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the completion ring of session ", to.handle,
-                       " is full (its client is not reading its completions)"));
+    if (*pushed) return absl::OkStatus();
+    if (to.waiting_calls >= options_.max_waiting_calls) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the completion ring of session ", to.handle, " is full and ", to.waiting_calls,
+          " calls wait for room on it (its client is not reading its completions)"));
     }
+    ++to.waiting_calls;
+    to.unposted.push_back(d);
+    to.unposted_count = static_cast<int64_t>(to.unposted.size());
     return absl::OkStatus();
   }
-  if (to.unposted.size() >= options_.max_unposted) {
+  if (to.unposted.size() - to.waiting_calls >= options_.max_unposted) {
     to.broken = true;
     to.ring_error = absl::StrCat(
-        "its client left ", to.unposted.size(),
+        "its client left ", to.unposted.size() - to.waiting_calls,
         " answers and releases unread for want of room on its completion ring (at most ",
         options_.max_unposted, " may wait)");
     return EndedError(to);
@@ -1555,6 +1561,7 @@ void CallRouter::FlushUnposted(Session& to) {
   while (!to.unposted.empty() && !to.broken) {
     absl::StatusOr<bool> pushed = Push(to, to.unposted.front());
     if (!pushed.ok() || !*pushed) break;  // full: the session's thread retries soon
+    if (to.unposted.front().op == static_cast<uint8_t>(shm::Op::kCall)) --to.waiting_calls;
     to.unposted.pop_front();
   }
   to.unposted_count = static_cast<int64_t>(to.unposted.size());

@@ -13,10 +13,10 @@
 // thread), a cancel, the callee's session ending, or the callee's node being lost
 // (FailNode), whichever comes first, answers the caller; anything later is dropped. An answer
 // is never lost on the way: one that finds its caller's completion ring full waits, in order
-// with the session's releases, until the client makes room (a call into a full ring is refused
-// instead, and calls wait behind a session's answers), and one that finds its rx heap full
-// goes as an error reply without a message (the client reads RESOURCE_EXHAUSTED). A session
-// whose client leaves more than `max_unposted` of them unread is ended.
+// with the session's releases and calls, until the client makes room, and one that finds its rx
+// heap full goes as an error reply without a message (the client reads RESOURCE_EXHAUSTED). A
+// session whose client leaves more than `max_unposted` answers and releases unread is ended;
+// a call finding `max_waiting_calls` already waiting for room is refused RESOURCE_EXHAUSTED.
 //
 // Sessions are named by their handle (daemon/session_handle.h) in every log line and error:
 // their ids are credentials.
@@ -29,9 +29,9 @@
 // Thread safety: thread-safe. One thread per attached session ("tpd-session", at most
 // data.max_sessions) reads its submission ring with bounded waits; one timer thread
 // ("tpd-call-timer") answers calls past their deadline; the agent's callbacks run on
-// TensorPipe's threads. No thread waits for ring space: a call into a full completion ring is
-// RESOURCE_EXHAUSTED at once, answers and releases wait in the session's queue, which its own
-// thread flushes. A session's completion ring and rx heap
+// TensorPipe's threads. No thread waits for ring space: what finds a completion ring full
+// waits in the session's queue, which its own thread flushes. A session's completion ring and rx
+// heap
 // allocator are guarded by that session's mutex; no two session mutexes are held at once, and
 // no router lock is held while calling into the agent.
 
@@ -100,6 +100,9 @@ struct CallRouterOptions {
   // Answers and releases one session may leave waiting for room on its completion ring; one
   // more ends the session (its client has stopped reading).
   size_t max_unposted = 8192;
+  // Calls to one session that may wait for room on its completion ring; one more is
+  // RESOURCE_EXHAUSTED for its caller.
+  size_t max_waiting_calls = 1024;
   // Member `from`'s negotiated device map toward member `to` of `group` (its reverse map,
   // which replies follow, when `reverse`), if it has one.
   std::function<std::optional<v1::DeviceMap>(const std::string& group, const std::string& from,
@@ -118,7 +121,8 @@ struct CallRouterOptions {
 // What Admin.Status shows per session.
 struct SessionCallStats {
   std::string session_id;
-  int64_t unposted = 0;         // answers and releases waiting for room on its completion ring
+  int64_t unposted = 0;         // answers, releases and calls waiting for room on its
+                                // completion ring
   int64_t calls_in_flight = 0;  // its calls awaiting replies
   uint64_t rx_heap_bytes = 0;
   uint64_t rx_heap_used = 0;     // the daemon's blocks in its rx heap not yet released (may
@@ -169,8 +173,10 @@ class CallRouter {
     bool broken ABSL_GUARDED_BY(mu) = false;
     // Why its completion ring cannot be written (the client broke it); its thread ends it.
     std::string ring_error ABSL_GUARDED_BY(mu);
-    // Answers and releases waiting for room on its completion ring, oldest first.
+    // Answers, releases and calls waiting for room on its completion ring, oldest first;
+    // `waiting_calls` of them are calls.
     std::deque<shm::Descriptor> unposted ABSL_GUARDED_BY(mu);
+    size_t waiting_calls ABSL_GUARDED_BY(mu) = 0;
     std::atomic<int64_t> unposted_count{0};  // unposted.size(), for Stats and Serve
     std::atomic<bool> stop{false};
     std::thread thread;

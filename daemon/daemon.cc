@@ -409,6 +409,8 @@ absl::Status Daemon::ServeData() {
   // over: a client that reads its completions never comes near it.
   calls.max_unposted = static_cast<size_t>(4 * config_.data.max_calls_in_flight) +
                        options.limits.completion_slots;
+  // As many as one caller may have in flight: one program's burst of calls always fits.
+  calls.max_waiting_calls = static_cast<size_t>(config_.data.max_calls_in_flight);
   calls.device_map = [groups](const std::string& group, const std::string& from,
                               const std::string& to, bool reverse) {
     return groups->DeviceMapOf(group, from, to, reverse);

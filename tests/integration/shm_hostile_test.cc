@@ -507,9 +507,9 @@ TEST_F(ShmHostileTest, AClientThatNeverReadsItsCompletions) {
 }
 
 // A client whose completion ring is full costs its callers nothing but their calls to it:
-// those are answered RESOURCE_EXHAUSTED at once (no daemon thread waits for a client to read),
-// so a caller's call to a healthy worker queued behind ten of them is served at once, and
-// every call is answered by the daemon by its deadline + 0.5 s.
+// those wait in its session's queue (no daemon thread waits for a client to read), so a
+// caller's call to a healthy worker made behind ten of them is served at once, and every call
+// is answered by the daemon by its deadline + 0.5 s.
 TEST_F(ShmHostileTest, ACallerOfAClientThatNeverReadsKeepsItsOtherCalls) {
   std::unique_ptr<BadSession> hoarder = Bad("hoarder");
   ASSERT_NE(hoarder, nullptr);

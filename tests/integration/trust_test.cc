@@ -141,7 +141,8 @@ class TrustTest : public ::testing::Test {
     return raw_sessions_->Open(refused);
   }
 
-  // Answers and releases waiting for room on the completion rings of all attached sessions.
+  // Answers, releases and calls waiting for room on the completion rings of all attached
+  // sessions.
   int64_t Unposted(Client* observer) {
     absl::StatusOr<v1::StatusResponse> status = observer->Status();
     int64_t unposted = 0;
@@ -302,39 +303,51 @@ TEST_F(TrustTest, PrintedHandlesGrantNothingAndIdsAreNeverPrinted) {
 }
 
 TEST_F(TrustTest, AReplyReachesItsCallerWhoseCompletionRingIsFull) {
-  // Flooders can fill a session's completion ring by calling it; the reply to that session's
-  // own call must still reach it, and its counts come back down.
-  Start("max_calls_in_flight = 4096\n");
+  // Flooders can fill a session's completion ring by calling it: a burst past the ring waits
+  // (max_calls_in_flight of it), the rest is refused at once; the reply to that session's own
+  // call must still reach it, and its counts come back down.
+  Start("max_calls_in_flight = 100\n");
   std::unique_ptr<Client> e = Echoer("g", "e");
   ASSERT_NE(e, nullptr);
   std::unique_ptr<testing::RawSession> victim = RawMember("g", "v");
   ASSERT_NE(victim, nullptr);
   testing::RawSession& v = *victim;
-  std::unique_ptr<Client> f = Connect();
-  ASSERT_NE(f, nullptr);
-  ASSERT_TRUE(Join(f.get(), "g", "f").ok());
-
-  // f calls v (which does not read) until v's ring is full.
+  const int slots = static_cast<int>(v.layout.completion.slots);
+  // Twelve flooders, 100 calls each, call v (which does not read): 1024 fill its ring, 100
+  // wait for room, 76 are refused.
+  std::vector<std::unique_ptr<Client>> flooders;
   std::vector<CallFuture> flood;
-  bool full = false;
-  for (int i = 0; i < 3000 && !full; ++i) {
-    flood.push_back(f->CallAsync("g", "v", "m", "", {}, absl::Seconds(60)));
-    if (i % 64 == 63 || i > 1000) {
-      for (CallFuture& call : flood) {
-        if (!call.ready()) continue;
-        const absl::StatusOr<Message>& done = call.Wait();
-        if (!done.ok() && absl::StrContains(done.status().message(), "completion ring")) {
-          full = true;
-        }
-      }
+  for (int i = 0; i < 12; ++i) {
+    flooders.push_back(Connect());
+    ASSERT_NE(flooders.back(), nullptr);
+    ASSERT_TRUE(Join(flooders.back().get(), "g", absl::StrCat("f", i)).ok());
+    for (int j = 0; j < 100; ++j) {
+      flood.push_back(flooders.back()->CallAsync("g", "v", "m", "", {}, absl::Seconds(60)));
     }
   }
-  ASSERT_TRUE(full) << "the flood never filled the victim's completion ring";
+  const int refused_expected = 12 * 100 - slots - 100;
+  ASSERT_GT(refused_expected, 0);
+  int refused = 0;
+  ASSERT_TRUE(WaitUntil([&] {
+    refused = 0;
+    for (CallFuture& call : flood) {
+      if (!call.ready()) continue;
+      const absl::StatusOr<Message>& done = call.Wait();
+      EXPECT_EQ(done.status().code(), absl::StatusCode::kResourceExhausted) << done.status();
+      EXPECT_THAT(std::string(done.status().message()),
+                  HasSubstr("is full and 100 calls wait for room on it"));
+      ++refused;
+    }
+    return refused >= refused_expected;
+  })) << refused << " calls refused";
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(refused, refused_expected) << "the calls past the ring did not wait";
+  EXPECT_EQ(Unposted(e.get()), 100);
 
   // v calls e; e answers at once, into v's full ring.
   ASSERT_TRUE(v.SubmitCall(v.layout.tx_heap.offset, "g", "e", "echo", "v", "mine", 7,
                            absl::Seconds(30)));
-  ASSERT_TRUE(WaitUntil([&] { return Unposted(e.get()) > 0; }, absl::Seconds(10)))
+  ASSERT_TRUE(WaitUntil([&] { return Unposted(e.get()) > 100; }, absl::Seconds(10)))
       << "the reply was not kept for the victim";
 
   // v reads its completions again: its reply is there.
