@@ -19,6 +19,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/shm/attach.h"
+#include "proto/store_scope.h"
 
 namespace tpd {
 namespace {
@@ -101,8 +102,8 @@ absl::StatusOr<int> ExchangeOver(int fd, const std::string& path,
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
   timeval tv{};
   tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
-  tv.tv_usec = static_cast<suseconds_t>(
-      absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
+  tv.tv_usec =
+      static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
@@ -215,7 +216,6 @@ absl::StatusOr<std::string> Client::Session() {
   return session_id_;
 }
 
-
 absl::StatusOr<std::shared_ptr<const shm::Segment>> Client::AttachSharedMemory() {
   absl::MutexLock data_lock(&data_mu_);
   absl::StatusOr<std::string> session = Session();
@@ -237,9 +237,8 @@ absl::StatusOr<std::shared_ptr<const shm::Segment>> Client::AttachSharedMemory()
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   absl::StatusOr<std::array<uint8_t, shm::kAttachRequestBytes>> request =
       shm::EncodeAttachRequest(*session);
-  absl::StatusOr<int> memfd = request.ok()
-                                  ? ExchangeOver(fd, path, *request, options_.connect_timeout)
-                                  : request.status();
+  absl::StatusOr<int> memfd =
+      request.ok() ? ExchangeOver(fd, path, *request, options_.connect_timeout) : request.status();
   if (memfd.ok() && *memfd < 0) {
     memfd = absl::InternalError("the attach reply came without the segment's fd");
   }
@@ -300,8 +299,8 @@ absl::StatusOr<Client::Joined> Client::CallerIn(const std::string& group) {
   absl::MutexLock lock(&joined_mu_);
   auto it = joined_.find(group);
   if (it == joined_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this client has not joined group '", group, "': Join it before calling its workers"));
+    return absl::FailedPreconditionError(absl::StrCat("this client has not joined group '", group,
+                                                      "': Join it before calling its workers"));
   }
   return it->second;
 }
@@ -349,8 +348,8 @@ CallFuture Client::CallAsync(const std::string& group, const std::string& worker
   if (!wait.ok()) return CallFuture::Ready(wait.status());
   absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
   if (!calls.ok()) return CallFuture::Ready(calls.status());
-  CallFuture future = (*calls)->CallAsync(group, from->name, worker, method, payload, tensors,
-                                          *wait);
+  CallFuture future =
+      (*calls)->CallAsync(group, from->name, worker, method, payload, tensors, *wait);
   ReleaseCallEngine(*std::move(calls));
   return future;
 }
@@ -421,13 +420,12 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
   if (!status.ok()) return status;
   // PyTorch's defaults where the view has none (a daemon that did not negotiate).
   const int threads = response.group().num_worker_threads() > 0
-                          ? static_cast<int>(std::min<int64_t>(response.group().num_worker_threads(),
-                                                               kMaxHandlerThreads))
+                          ? static_cast<int>(std::min<int64_t>(
+                                response.group().num_worker_threads(), kMaxHandlerThreads))
                           : kDefaultHandlerThreads;
   {
     absl::MutexLock lock(&joined_mu_);
-    joined_[options.group] = {options.name,
-                              absl::Milliseconds(response.group().rpc_timeout_ms())};
+    joined_[options.group] = {options.name, absl::Milliseconds(response.group().rpc_timeout_ms())};
   }
   // Receive pools for the worker's CUDA devices; none in a process without a usable NVIDIA
   // driver (it has no CUDA memory to receive into: negotiation may still name devices, e.g.
@@ -593,119 +591,139 @@ std::unique_ptr<grpc::ClientContext> Client::Context(absl::Duration wait, bool w
   return context;
 }
 
-absl::Status Client::Set(absl::string_view key, absl::string_view value) {
+template <typename Request, typename Response>
+absl::Status StoreView::Unary(grpc::Status (v1::Store::Stub::*method)(grpc::ClientContext*,
+                                                                      const Request&, Response*),
+                              const Request& request, Response* response, absl::Duration wait,
+                              bool waits) const {
+  absl::StatusOr<std::unique_ptr<grpc::ClientContext>> context = Context(wait, waits);
+  if (!context.ok()) return context.status();
+  return FromGrpc(((*client_->store_).*method)(context->get(), request, response));
+}
+
+absl::StatusOr<std::unique_ptr<grpc::ClientContext>> StoreView::Context(absl::Duration wait,
+                                                                        bool waits) const {
+  std::unique_ptr<grpc::ClientContext> context = client_->Context(wait, waits);
+  if (group_.empty()) return context;
+  absl::StatusOr<std::string> session = client_->Session();
+  if (!session.ok()) return session.status();
+  context->AddMetadata(kStoreGroupMetadata, group_);
+  context->AddMetadata(kStoreSessionMetadata, *session);
+  return context;
+}
+
+absl::Status StoreView::Set(absl::string_view key, absl::string_view value) const {
   v1::SetRequest request;
-  request.set_namespace_(options_.name_space);
+  request.set_namespace_(name_space_);
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::SetResponse response;
-  return FromGrpc(store_->Set(Context().get(), request, &response));
+  return Unary(&v1::Store::Stub::Set, request, &response);
 }
 
-absl::StatusOr<std::string> Client::Get(absl::string_view key, absl::Duration timeout) {
+absl::StatusOr<std::string> StoreView::Get(absl::string_view key, absl::Duration timeout) const {
   v1::GetRequest request;
-  request.set_namespace_(options_.name_space);
+  request.set_namespace_(name_space_);
   request.set_key(std::string(key));
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::GetResponse response;
-  absl::Status status = FromGrpc(store_->Get(Context(timeout, true).get(), request, &response));
+  absl::Status status = Unary(&v1::Store::Stub::Get, request, &response, timeout, true);
   if (!status.ok()) return status;
   return std::move(*response.mutable_value());
 }
 
-absl::StatusOr<int64_t> Client::Add(absl::string_view key, int64_t delta) {
+absl::StatusOr<int64_t> StoreView::Add(absl::string_view key, int64_t delta) const {
   v1::AddRequest request;
-  request.set_namespace_(options_.name_space);
+  request.set_namespace_(name_space_);
   request.set_key(std::string(key));
   request.set_delta(delta);
   v1::AddResponse response;
-  absl::Status status = FromGrpc(store_->Add(Context().get(), request, &response));
+  absl::Status status = Unary(&v1::Store::Stub::Add, request, &response);
   if (!status.ok()) return status;
   return response.value();
 }
 
-absl::StatusOr<std::string> Client::CompareSet(absl::string_view key, absl::string_view expected,
-                                               absl::string_view desired) {
+absl::StatusOr<std::string> StoreView::CompareSet(absl::string_view key, absl::string_view expected,
+                                                  absl::string_view desired) const {
   v1::CompareSetRequest request;
-  request.set_namespace_(options_.name_space);
+  request.set_namespace_(name_space_);
   request.set_key(std::string(key));
   request.set_expected_value(std::string(expected));
   request.set_desired_value(std::string(desired));
   v1::CompareSetResponse response;
-  absl::Status status = FromGrpc(store_->CompareSet(Context().get(), request, &response));
+  absl::Status status = Unary(&v1::Store::Stub::CompareSet, request, &response);
   if (!status.ok()) return status;
   return std::move(*response.mutable_value());
 }
 
-absl::Status Client::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+absl::Status StoreView::Wait(const std::vector<std::string>& keys, absl::Duration timeout) const {
   v1::WaitRequest request;
-  request.set_namespace_(options_.name_space);
+  request.set_namespace_(name_space_);
   request.mutable_keys()->Add(keys.begin(), keys.end());
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::WaitResponse response;
-  return FromGrpc(store_->Wait(Context(timeout, true).get(), request, &response));
+  return Unary(&v1::Store::Stub::Wait, request, &response, timeout, true);
 }
 
-absl::StatusOr<bool> Client::Check(const std::vector<std::string>& keys) {
+absl::StatusOr<bool> StoreView::Check(const std::vector<std::string>& keys) const {
   v1::CheckRequest request;
-  request.set_namespace_(options_.name_space);
+  request.set_namespace_(name_space_);
   request.mutable_keys()->Add(keys.begin(), keys.end());
   v1::CheckResponse response;
-  absl::Status status = FromGrpc(store_->Check(Context().get(), request, &response));
+  absl::Status status = Unary(&v1::Store::Stub::Check, request, &response);
   if (!status.ok()) return status;
   return response.ready();
 }
 
-absl::StatusOr<bool> Client::DeleteKey(absl::string_view key) {
+absl::StatusOr<bool> StoreView::DeleteKey(absl::string_view key) const {
   v1::DeleteKeyRequest request;
-  request.set_namespace_(options_.name_space);
+  request.set_namespace_(name_space_);
   request.set_key(std::string(key));
   v1::DeleteKeyResponse response;
-  absl::Status status = FromGrpc(store_->DeleteKey(Context().get(), request, &response));
+  absl::Status status = Unary(&v1::Store::Stub::DeleteKey, request, &response);
   if (!status.ok()) return status;
   return response.deleted();
 }
 
-absl::StatusOr<int64_t> Client::NumKeys() {
+absl::StatusOr<int64_t> StoreView::NumKeys() const {
   v1::NumKeysRequest request;
-  request.set_namespace_(options_.name_space);
+  request.set_namespace_(name_space_);
   v1::NumKeysResponse response;
-  absl::Status status = FromGrpc(store_->NumKeys(Context().get(), request, &response));
+  absl::Status status = Unary(&v1::Store::Stub::NumKeys, request, &response);
   if (!status.ok()) return status;
   return response.num_keys();
 }
 
-absl::StatusOr<std::vector<std::string>> Client::MultiGet(const std::vector<std::string>& keys,
-                                                          absl::Duration timeout) {
+absl::StatusOr<std::vector<std::string>> StoreView::MultiGet(const std::vector<std::string>& keys,
+                                                             absl::Duration timeout) const {
   v1::MultiGetRequest request;
-  request.set_namespace_(options_.name_space);
+  request.set_namespace_(name_space_);
   request.mutable_keys()->Add(keys.begin(), keys.end());
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::MultiGetResponse response;
-  absl::Status status =
-      FromGrpc(store_->MultiGet(Context(timeout, true).get(), request, &response));
+  absl::Status status = Unary(&v1::Store::Stub::MultiGet, request, &response, timeout, true);
   if (!status.ok()) return status;
   return std::vector<std::string>(std::make_move_iterator(response.mutable_values()->begin()),
                                   std::make_move_iterator(response.mutable_values()->end()));
 }
 
-absl::Status Client::MultiSet(const std::vector<std::string>& keys,
-                              const std::vector<std::string>& values) {
+absl::Status StoreView::MultiSet(const std::vector<std::string>& keys,
+                                 const std::vector<std::string>& values) const {
   v1::MultiSetRequest request;
-  request.set_namespace_(options_.name_space);
+  request.set_namespace_(name_space_);
   request.mutable_keys()->Add(keys.begin(), keys.end());
   request.mutable_values()->Add(values.begin(), values.end());
   v1::MultiSetResponse response;
-  return FromGrpc(store_->MultiSet(Context().get(), request, &response));
+  return Unary(&v1::Store::Stub::MultiSet, request, &response);
 }
 
-absl::Status Client::Append(absl::string_view key, absl::string_view value) {
+absl::Status StoreView::Append(absl::string_view key, absl::string_view value) const {
   v1::AppendRequest request;
-  request.set_namespace_(options_.name_space);
+  request.set_namespace_(name_space_);
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::AppendResponse response;
-  return FromGrpc(store_->Append(Context().get(), request, &response));
+  return Unary(&v1::Store::Stub::Append, request, &response);
 }
 
 absl::StatusOr<v1::StatusResponse> Client::Status() {

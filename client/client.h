@@ -16,9 +16,9 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -86,6 +86,52 @@ struct ClientOptions {
   uint64_t cuda_pool_bytes = uint64_t{256} << 20;
 };
 
+class Client;
+
+// A store as one client reaches it: the daemon's store under a namespace, or a group's store
+// (shared by the group's members on every node; the client must hold a member of the group,
+// PERMISSION_DENIED otherwise). A small value; it must not outlive its Client. Calls have the
+// Client's store semantics; `timeout` of a waiting call: absl::ZeroDuration() = the daemon's
+// default.
+class StoreView {
+ public:
+  absl::Status Set(absl::string_view key, absl::string_view value) const;
+  absl::StatusOr<std::string> Get(absl::string_view key,
+                                  absl::Duration timeout = absl::ZeroDuration()) const;
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) const;
+  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
+                                         absl::string_view desired) const;
+  absl::Status Wait(const std::vector<std::string>& keys,
+                    absl::Duration timeout = absl::ZeroDuration()) const;
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) const;
+  absl::StatusOr<bool> DeleteKey(absl::string_view key) const;
+  absl::StatusOr<int64_t> NumKeys() const;
+  absl::StatusOr<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout = absl::ZeroDuration()) const;
+  absl::Status MultiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::string>& values) const;
+  absl::Status Append(absl::string_view key, absl::string_view value) const;
+
+ private:
+  friend class Client;
+  StoreView(Client* client, std::string name_space, std::string group)
+      : client_(client), name_space_(std::move(name_space)), group_(std::move(group)) {}
+  // The client's context for a store call, naming the group and this client's session when
+  // the view is a group's.
+  absl::StatusOr<std::unique_ptr<grpc::ClientContext>> Context(absl::Duration wait,
+                                                               bool waits) const;
+  // One store call in that context (`wait`, `waits`: as Client::Context).
+  template <typename Request, typename Response>
+  absl::Status Unary(grpc::Status (v1::Store::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                             Response*),
+                     const Request& request, Response* response,
+                     absl::Duration wait = absl::ZeroDuration(), bool waits = false) const;
+
+  Client* client_;
+  std::string name_space_;
+  std::string group_;
+};
+
 class Client {
  public:
   // Connects to the daemon on `socket_path` ("" = DefaultClientSocketPath()). UNAVAILABLE,
@@ -97,23 +143,48 @@ class Client {
 
   const std::string& socket_path() const { return socket_path_; }
 
-  // Store calls. `timeout` of a waiting call: absl::ZeroDuration() = the daemon's default.
-  absl::Status Set(absl::string_view key, absl::string_view value);
+  // The daemon's store under options.name_space.
+  StoreView Store() { return StoreView(this, options_.name_space, ""); }
+  // The store of `group` (its rendezvous store: tcp://, file:// or etcd://), which its members
+  // share on every node, under `name_space`. This client must hold a member of `group`.
+  StoreView GroupStore(absl::string_view group, absl::string_view name_space = "") {
+    return StoreView(this, std::string(name_space), std::string(group));
+  }
+
+  // Store calls on Store(). `timeout` of a waiting call: absl::ZeroDuration() = the daemon's
+  // default.
+  absl::Status Set(absl::string_view key, absl::string_view value) {
+    return Store().Set(key, value);
+  }
   absl::StatusOr<std::string> Get(absl::string_view key,
-                                  absl::Duration timeout = absl::ZeroDuration());
-  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta);
+                                  absl::Duration timeout = absl::ZeroDuration()) {
+    return Store().Get(key, timeout);
+  }
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) {
+    return Store().Add(key, delta);
+  }
   absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
-                                         absl::string_view desired);
+                                         absl::string_view desired) {
+    return Store().CompareSet(key, expected, desired);
+  }
   absl::Status Wait(const std::vector<std::string>& keys,
-                    absl::Duration timeout = absl::ZeroDuration());
-  absl::StatusOr<bool> Check(const std::vector<std::string>& keys);
-  absl::StatusOr<bool> DeleteKey(absl::string_view key);
-  absl::StatusOr<int64_t> NumKeys();
+                    absl::Duration timeout = absl::ZeroDuration()) {
+    return Store().Wait(keys, timeout);
+  }
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) { return Store().Check(keys); }
+  absl::StatusOr<bool> DeleteKey(absl::string_view key) { return Store().DeleteKey(key); }
+  absl::StatusOr<int64_t> NumKeys() { return Store().NumKeys(); }
   absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
-                                                    absl::Duration timeout = absl::ZeroDuration());
+                                                    absl::Duration timeout = absl::ZeroDuration()) {
+    return Store().MultiGet(keys, timeout);
+  }
   absl::Status MultiSet(const std::vector<std::string>& keys,
-                        const std::vector<std::string>& values);
-  absl::Status Append(absl::string_view key, absl::string_view value);
+                        const std::vector<std::string>& values) {
+    return Store().MultiSet(keys, values);
+  }
+  absl::Status Append(absl::string_view key, absl::string_view value) {
+    return Store().Append(key, value);
+  }
 
   // Groups. The first Join opens this client's session with the daemon, a stream that stays
   // open while the Client lives: when the process exits, its members leave at once.
@@ -219,6 +290,7 @@ class Client {
   ~Client();
 
  private:
+  friend class StoreView;
   Client(std::string socket_path, ClientOptions options, std::shared_ptr<grpc::Channel> channel);
 
   // A context with the call deadline, or, for a call waiting `timeout`, one a little past
@@ -228,8 +300,8 @@ class Client {
 
   // What this client's latest Join of a group gave it.
   struct Joined {
-    std::string name;             // the worker it calls as
-    absl::Duration rpc_timeout;   // the group's negotiated one; zero: none
+    std::string name;            // the worker it calls as
+    absl::Duration rpc_timeout;  // the group's negotiated one; zero: none
   };
   // The worker this client calls as in `group`, or FAILED_PRECONDITION.
   absl::StatusOr<Joined> CallerIn(const std::string& group);
@@ -250,7 +322,7 @@ class Client {
   std::string session_id_ ABSL_GUARDED_BY(session_mu_);
   std::unique_ptr<grpc::ClientContext> session_context_ ABSL_GUARDED_BY(session_mu_);
   std::string data_socket_ ABSL_GUARDED_BY(session_mu_);  // from the session's first event
-  std::thread session_reader_;  // drains the session stream until it ends
+  std::thread session_reader_;                            // drains the session stream until it ends
 
   absl::Mutex data_mu_;  // taken before session_mu_, never after
   std::string attached_session_ ABSL_GUARDED_BY(data_mu_);
@@ -264,7 +336,7 @@ class Client {
   int handler_threads_ ABSL_GUARDED_BY(data_mu_) = 0;
   // CUDA devices the joins gave this client's workers: each engine lends a pool on each.
   std::set<int> cuda_devices_ ABSL_GUARDED_BY(data_mu_);
-  absl::Mutex joined_mu_;  // never held with data_mu_
+  absl::Mutex joined_mu_;                                             // never held with data_mu_
   std::map<std::string, Joined> joined_ ABSL_GUARDED_BY(joined_mu_);  // by group
 };
 

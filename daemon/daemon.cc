@@ -330,6 +330,10 @@ absl::Status Daemon::Serve() {
   groups_->set_session_ender([control](const std::string& id, const std::string& why) {
     control->EndSession(id, why);
   });
+  group::GroupManager* manager = groups_.get();
+  store_service_.set_group_stores([manager](const std::string& session, const std::string& group) {
+    return manager->GroupStore(session, group);
+  });
   admin_service_ = std::make_unique<AdminService>(&config_, socket_path_, start_time_, &serving_,
                                                   &store_, &store_calls_, &control_calls_,
                                                   &in_flight_, peer_address_, groups_.get());

@@ -25,8 +25,9 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
  public:
   using Fill = absl::AnyInvocable<void(Values)>;
 
-  WaitReactor(store::Store* root, CallStats* stats, const char* method, Fill fill)
-      : root_(root), stats_(stats), method_(method), fill_(std::move(fill)) {}
+  // `root` (the store the call reaches) stays open until the reactor is done.
+  WaitReactor(std::shared_ptr<store::Store> root, CallStats* stats, const char* method, Fill fill)
+      : root_(std::move(root)), stats_(stats), method_(method), fill_(std::move(fill)) {}
 
   // `scoped` is the namespace's view of `root`; it is only used during this call.
   void Start(store::Store* scoped, Values keys, absl::Time deadline) {
@@ -35,7 +36,7 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
                           [this](absl::StatusOr<Values> result) { OnWaitDone(std::move(result)); });
     bool finish_now;
     bool cancel_now;
-    store::Store* root = root_;
+    std::shared_ptr<store::Store> root = root_;
     {
       absl::MutexLock lock(&mu_);
       started_ = true;
@@ -88,7 +89,7 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
     Finish(ToGrpcStatus(status));
   }
 
-  store::Store* const root_;
+  const std::shared_ptr<store::Store> root_;
   CallStats* const stats_;
   const char* const method_;
   Fill fill_;
@@ -112,11 +113,37 @@ StoreService::StoreService(store::Store* root, const StoreConfig& limits, CallSt
                            PeerAuth* peer_auth)
     : root_(root), limits_(limits), stats_(stats), auth_(peer_auth) {}
 
-absl::Status StoreService::Admit(const grpc::CallbackServerContext& context, const char* method,
-                                 const google::protobuf::Message& request) {
-  if (auth_ == nullptr) return absl::OkStatus();
-  return auth_->Admit(context, absl::StrCat("/", v1::Store::service_full_name(), "/", method),
-                      request);
+absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Admit(
+    const grpc::CallbackServerContext& context, const char* method,
+    const google::protobuf::Message& request) {
+  if (auth_ != nullptr) {
+    absl::Status admitted = auth_->Admit(
+        context, absl::StrCat("/", v1::Store::service_full_name(), "/", method), request);
+    if (!admitted.ok()) return admitted;
+  }
+  const auto& metadata = context.client_metadata();
+  auto group = metadata.find(kStoreGroupMetadata);
+  // The root store is the daemon's and outlives every call: nothing to own.
+  if (group == metadata.end()) return std::shared_ptr<store::Store>(std::shared_ptr<void>(), root_);
+  if (auth_ != nullptr) {
+    return absl::InvalidArgumentError(
+        "a group's store is served to local clients on the daemon's unix socket, not to peers");
+  }
+  const std::string name(group->second.data(), group->second.size());
+  if (absl::Status valid = ValidateGroupName(absl::StrCat("metadata ", kStoreGroupMetadata), name);
+      !valid.ok()) {
+    return valid;
+  }
+  auto session = metadata.find(kStoreSessionMetadata);
+  if (session == metadata.end() || session->second.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("a request for group '", name,
+                                                      "''s store must carry its session (metadata ",
+                                                      kStoreSessionMetadata, "): join the group first"));
+  }
+  if (!group_stores_) {
+    return absl::FailedPreconditionError("this daemon serves no group stores");
+  }
+  return group_stores_(std::string(session->second.data(), session->second.size()), name);
 }
 
 grpc::ServerUnaryReactor* StoreService::Reply(grpc::CallbackServerContext* context,
@@ -183,33 +210,34 @@ absl::StatusOr<absl::Time> StoreService::WaitDeadline(const grpc::CallbackServer
 
 template <typename OnValues>
 grpc::ServerUnaryReactor* StoreService::WaitFor(grpc::CallbackServerContext* context,
-                                                const char* method, const std::string& name_space,
-                                                const Keys& keys, int64_t timeout_ms,
-                                                OnValues on_values) {
+                                                const char* method,
+                                                std::shared_ptr<store::Store> scope,
+                                                const std::string& name_space, const Keys& keys,
+                                                int64_t timeout_ms, OnValues on_values) {
   if (absl::Status status = CheckNamespace(method, name_space); !status.ok()) {
     return Reply(context, method, status);
   }
   if (absl::Status status = CheckKeys(keys); !status.ok()) return Reply(context, method, status);
   absl::StatusOr<absl::Time> deadline = WaitDeadline(context, timeout_ms);
   if (!deadline.ok()) return Reply(context, method, deadline.status());
-  auto* reactor = new WaitReactor(root_, stats_, method, std::move(on_values));
-  store::PrefixStore scoped(name_space, root_);
+  store::PrefixStore scoped(name_space, scope.get());
+  auto* reactor = new WaitReactor(std::move(scope), stats_, method, std::move(on_values));
   reactor->Start(&scoped, ToVector(keys), *deadline);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
                                             const v1::SetRequest* request, v1::SetResponse*) {
-  if (absl::Status admitted = Admit(*context, "Set", *request); !admitted.ok()) {
-    return Reply(context, "Set", admitted);
-  }
+  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Set", *request);
+  if (!scope.ok()) return Reply(context, "Set", scope.status());
   if (absl::Status status = CheckNamespace("Set", request->namespace_()); !status.ok()) {
     return Reply(context, "Set", status);
   }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) status = CheckValue(request->key(), request->value().size());
   if (status.ok()) {
-    status = store::PrefixStore(request->namespace_(), root_).Set(request->key(), request->value());
+    status = store::PrefixStore(request->namespace_(), scope->get())
+                 .Set(request->key(), request->value());
   }
   return Reply(context, "Set", status);
 }
@@ -217,28 +245,27 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context,
                                             const v1::GetRequest* request,
                                             v1::GetResponse* response) {
-  if (absl::Status admitted = Admit(*context, "Get", *request); !admitted.ok()) {
-    return Reply(context, "Get", admitted);
-  }
+  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Get", *request);
+  if (!scope.ok()) return Reply(context, "Get", scope.status());
   Keys keys;
   keys.Add()->assign(request->key());
-  return WaitFor(context, "Get", request->namespace_(), keys, request->timeout_ms(),
+  return WaitFor(context, "Get", *std::move(scope), request->namespace_(), keys,
+                 request->timeout_ms(),
                  [response](Values values) { response->set_value(std::move(values[0])); });
 }
 
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
                                             const v1::AddRequest* request,
                                             v1::AddResponse* response) {
-  if (absl::Status admitted = Admit(*context, "Add", *request); !admitted.ok()) {
-    return Reply(context, "Add", admitted);
-  }
+  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Add", *request);
+  if (!scope.ok()) return Reply(context, "Add", scope.status());
   if (absl::Status status = CheckNamespace("Add", request->namespace_()); !status.ok()) {
     return Reply(context, "Add", status);
   }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) {
-    absl::StatusOr<int64_t> sum =
-        store::PrefixStore(request->namespace_(), root_).Add(request->key(), request->delta());
+    absl::StatusOr<int64_t> sum = store::PrefixStore(request->namespace_(), scope->get())
+                                      .Add(request->key(), request->delta());
     if (sum.ok()) response->set_value(*sum);
     status = sum.status();
   }
@@ -248,9 +275,8 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* context,
                                                    const v1::CompareSetRequest* request,
                                                    v1::CompareSetResponse* response) {
-  if (absl::Status admitted = Admit(*context, "CompareSet", *request); !admitted.ok()) {
-    return Reply(context, "CompareSet", admitted);
-  }
+  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "CompareSet", *request);
+  if (!scope.ok()) return Reply(context, "CompareSet", scope.status());
   if (absl::Status status = CheckNamespace("CompareSet", request->namespace_()); !status.ok()) {
     return Reply(context, "CompareSet", status);
   }
@@ -258,7 +284,7 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
   if (status.ok()) status = CheckValue(request->key(), request->desired_value().size());
   if (status.ok()) {
     absl::StatusOr<std::string> value =
-        store::PrefixStore(request->namespace_(), root_)
+        store::PrefixStore(request->namespace_(), scope->get())
             .CompareSet(request->key(), request->expected_value(), request->desired_value());
     if (value.ok()) response->set_value(*std::move(value));
     status = value.status();
@@ -268,26 +294,24 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
 
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
                                              const v1::WaitRequest* request, v1::WaitResponse*) {
-  if (absl::Status admitted = Admit(*context, "Wait", *request); !admitted.ok()) {
-    return Reply(context, "Wait", admitted);
-  }
-  return WaitFor(context, "Wait", request->namespace_(), request->keys(), request->timeout_ms(),
-                 [](Values) {});
+  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Wait", *request);
+  if (!scope.ok()) return Reply(context, "Wait", scope.status());
+  return WaitFor(context, "Wait", *std::move(scope), request->namespace_(), request->keys(),
+                 request->timeout_ms(), [](Values) {});
 }
 
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
                                               const v1::CheckRequest* request,
                                               v1::CheckResponse* response) {
-  if (absl::Status admitted = Admit(*context, "Check", *request); !admitted.ok()) {
-    return Reply(context, "Check", admitted);
-  }
+  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Check", *request);
+  if (!scope.ok()) return Reply(context, "Check", scope.status());
   if (absl::Status status = CheckNamespace("Check", request->namespace_()); !status.ok()) {
     return Reply(context, "Check", status);
   }
   absl::Status status = CheckKeys(request->keys());
   if (status.ok()) {
     absl::StatusOr<bool> ready =
-        store::PrefixStore(request->namespace_(), root_).Check(ToVector(request->keys()));
+        store::PrefixStore(request->namespace_(), scope->get()).Check(ToVector(request->keys()));
     if (ready.ok()) response->set_ready(*ready);
     status = ready.status();
   }
@@ -297,16 +321,15 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
                                                   const v1::DeleteKeyRequest* request,
                                                   v1::DeleteKeyResponse* response) {
-  if (absl::Status admitted = Admit(*context, "DeleteKey", *request); !admitted.ok()) {
-    return Reply(context, "DeleteKey", admitted);
-  }
+  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "DeleteKey", *request);
+  if (!scope.ok()) return Reply(context, "DeleteKey", scope.status());
   if (absl::Status status = CheckNamespace("DeleteKey", request->namespace_()); !status.ok()) {
     return Reply(context, "DeleteKey", status);
   }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) {
     absl::StatusOr<bool> deleted =
-        store::PrefixStore(request->namespace_(), root_).DeleteKey(request->key());
+        store::PrefixStore(request->namespace_(), scope->get()).DeleteKey(request->key());
     if (deleted.ok()) response->set_deleted(*deleted);
     status = deleted.status();
   }
@@ -316,9 +339,8 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* context,
                                                 const v1::NumKeysRequest* request,
                                                 v1::NumKeysResponse* response) {
-  if (absl::Status admitted = Admit(*context, "NumKeys", *request); !admitted.ok()) {
-    return Reply(context, "NumKeys", admitted);
-  }
+  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "NumKeys", *request);
+  if (!scope.ok()) return Reply(context, "NumKeys", scope.status());
   if (absl::Status status = CheckNamespace("NumKeys", request->namespace_()); !status.ok()) {
     return Reply(context, "NumKeys", status);
   }
@@ -329,7 +351,7 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* con
                      " bytes; the limit store.max_key_bytes is ", limits_.max_key_bytes)));
   }
   absl::StatusOr<int64_t> count =
-      store::PrefixStore(request->namespace_(), root_).NumKeys(request->prefix());
+      store::PrefixStore(request->namespace_(), scope->get()).NumKeys(request->prefix());
   if (count.ok()) response->set_num_keys(*count);
   return Reply(context, "NumKeys", count.status());
 }
@@ -337,11 +359,10 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* context,
                                                  const v1::MultiGetRequest* request,
                                                  v1::MultiGetResponse* response) {
-  if (absl::Status admitted = Admit(*context, "MultiGet", *request); !admitted.ok()) {
-    return Reply(context, "MultiGet", admitted);
-  }
-  return WaitFor(context, "MultiGet", request->namespace_(), request->keys(), request->timeout_ms(),
-                 [response](Values values) {
+  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "MultiGet", *request);
+  if (!scope.ok()) return Reply(context, "MultiGet", scope.status());
+  return WaitFor(context, "MultiGet", *std::move(scope), request->namespace_(), request->keys(),
+                 request->timeout_ms(), [response](Values values) {
                    for (std::string& value : values) response->add_values(std::move(value));
                  });
 }
@@ -349,9 +370,8 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* context,
                                                  const v1::MultiSetRequest* request,
                                                  v1::MultiSetResponse*) {
-  if (absl::Status admitted = Admit(*context, "MultiSet", *request); !admitted.ok()) {
-    return Reply(context, "MultiSet", admitted);
-  }
+  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "MultiSet", *request);
+  if (!scope.ok()) return Reply(context, "MultiSet", scope.status());
   if (absl::Status status = CheckNamespace("MultiSet", request->namespace_()); !status.ok()) {
     return Reply(context, "MultiSet", status);
   }
@@ -365,7 +385,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
     status = CheckValue(request->keys(i), request->values(i).size());
   }
   if (status.ok()) {
-    status = store::PrefixStore(request->namespace_(), root_)
+    status = store::PrefixStore(request->namespace_(), scope->get())
                  .MultiSet(ToVector(request->keys()), ToVector(request->values()));
   }
   return Reply(context, "MultiSet", status);
@@ -374,17 +394,16 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* context,
                                                const v1::AppendRequest* request,
                                                v1::AppendResponse*) {
-  if (absl::Status admitted = Admit(*context, "Append", *request); !admitted.ok()) {
-    return Reply(context, "Append", admitted);
-  }
+  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Append", *request);
+  if (!scope.ok()) return Reply(context, "Append", scope.status());
   if (absl::Status status = CheckNamespace("Append", request->namespace_()); !status.ok()) {
     return Reply(context, "Append", status);
   }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) status = CheckValue(request->key(), request->value().size());
   if (status.ok()) {
-    status =
-        store::PrefixStore(request->namespace_(), root_).Append(request->key(), request->value());
+    status = store::PrefixStore(request->namespace_(), scope->get())
+                 .Append(request->key(), request->value());
   }
   return Reply(context, "Append", status);
 }

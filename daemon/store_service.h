@@ -5,28 +5,46 @@
 // cancels. Every request is checked against the configured limits before it touches the
 // store; a rejected request answers INVALID_ARGUMENT or RESOURCE_EXHAUSTED naming the limit.
 //
+// A request carrying the metadata `tpd-group` (and `tpd-session`, the caller's session id:
+// proto/store_scope.h)
+// reaches that group's store instead: its rendezvous store (tcp://, file:// or etcd://), under
+// keys of its own ("tpd/group/<group>/store/..."), shared by its members on every node. Only
+// a session holding a member of the group may use it (docs/security.md, "A group's store"),
+// and only on the unix socket.
+//
 // Thread safety: thread-safe; gRPC calls the handlers from its own threads.
 
 #ifndef TPD_DAEMON_STORE_SERVICE_H_
 #define TPD_DAEMON_STORE_SERVICE_H_
 
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "daemon/call_stats.h"
 #include "daemon/config.h"
 #include "daemon/peer_auth.h"
 #include "proto/store.grpc.pb.h"
+#include "proto/store_scope.h"
 #include "store/store.h"
 
 namespace tpd {
 
 class StoreService final : public v1::Store::CallbackService {
  public:
+  // The store of `group` for `session_id`, or why that session may not use it. The returned
+  // pointer keeps the store open while a call uses it.
+  using GroupStores = std::function<absl::StatusOr<std::shared_ptr<store::Store>>(
+      const std::string& session_id, const std::string& group)>;
+
   // `root` and `stats` must outlive the service. Namespaces are PrefixStores over `root`.
   // With `peer_auth` (the peer-port instance) every call must pass it; it must outlive the
   // service.
   StoreService(store::Store* root, const StoreConfig& limits, CallStats* stats,
                PeerAuth* peer_auth = nullptr);
+  // How requests naming a group find its store; set once, before the service serves (without
+  // it they are FAILED_PRECONDITION).
+  void set_group_stores(GroupStores group_stores) { group_stores_ = std::move(group_stores); }
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const v1::SetRequest* request,
                                 v1::SetResponse* response) override;
@@ -66,13 +84,16 @@ class StoreService final : public v1::Store::CallbackService {
   // Parks a waiting call in the store; `on_values` fills the response once keys arrive.
   template <typename OnValues>
   grpc::ServerUnaryReactor* WaitFor(grpc::CallbackServerContext* context, const char* method,
+                                    std::shared_ptr<store::Store> scope,
                                     const std::string& name_space,
                                     const google::protobuf::RepeatedPtrField<std::string>& keys,
                                     int64_t timeout_ms, OnValues on_values);
 
-  // OK on the unix socket; on the peer port, PeerAuth's verdict on the call's MAC.
-  absl::Status Admit(const grpc::CallbackServerContext& context, const char* method,
-                     const google::protobuf::Message& request);
+  // The store the call reaches (the root, or a group's), once admitted: on the peer port,
+  // PeerAuth's verdict on the call's MAC first.
+  absl::StatusOr<std::shared_ptr<store::Store>> Admit(const grpc::CallbackServerContext& context,
+                                                      const char* method,
+                                                      const google::protobuf::Message& request);
   // `method` names the request in the message ("SetRequest.namespace").
   absl::Status CheckNamespace(absl::string_view method, absl::string_view name_space) const;
   absl::Status CheckKey(absl::string_view key) const;
@@ -86,6 +107,7 @@ class StoreService final : public v1::Store::CallbackService {
   const StoreConfig limits_;
   CallStats* const stats_;
   PeerAuth* const auth_;
+  GroupStores group_stores_;
 };
 
 }  // namespace tpd

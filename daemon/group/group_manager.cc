@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/logging.h"
 #include "daemon/session_handle.h"
+#include "store/prefix_store.h"
 
 namespace tpd::group {
 namespace {
@@ -200,6 +201,25 @@ std::vector<std::shared_ptr<GroupTracker>> GroupManager::AllTrackers() {
   absl::MutexLock lock(&mu_);
   for (auto& [name, entry] : trackers_) trackers.push_back(entry.tracker);
   return trackers;
+}
+
+absl::StatusOr<std::shared_ptr<store::Store>> GroupManager::GroupStore(
+    const std::string& session_id, const std::string& group) {
+  if (absl::Status status = CheckSession(session_id); !status.ok()) return status;
+  std::shared_ptr<GroupTracker> tracker = Known(group);
+  if (tracker == nullptr || !tracker->Holds(session_id)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "this client's session holds no member of group ", GroupName(group),
+        " on this daemon: only members may use a group's store (join it first)"));
+  }
+  // The user keys, apart from the group's own records; the tracker (and through it the
+  // rendezvous store) lives while the returned pointer does.
+  struct UserKeys : store::PrefixStore {
+    explicit UserKeys(std::shared_ptr<GroupTracker> of)
+        : PrefixStore("store", of->keys()), tracker(std::move(of)) {}
+    const std::shared_ptr<GroupTracker> tracker;
+  };
+  return std::make_shared<UserKeys>(std::move(tracker));
 }
 
 std::optional<std::string> GroupManager::SessionOf(const std::string& group,

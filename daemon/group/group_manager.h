@@ -101,6 +101,11 @@ class GroupManager {
   std::vector<v1::GroupView> ListGroups();
   // The rendezvous stores in use, by name, with this node's liveness in each.
   std::map<std::string, LivenessStats> RendezvousStores();
+  // The store `group`'s members share on every node (its rendezvous store, under
+  // "tpd/group/<group>/store/"), for `session_id`, which must hold a member of it here
+  // (PERMISSION_DENIED otherwise). The pointer keeps the store open while it is held.
+  absl::StatusOr<std::shared_ptr<store::Store>> GroupStore(const std::string& session_id,
+                                                           const std::string& group);
   // The session holding worker `name` of `group` on this daemon, if any.
   std::optional<std::string> SessionOf(const std::string& group, const std::string& name);
   // Member `name` of `group` as this daemon last read it, if the group is followed and has it.

@@ -146,6 +146,9 @@ class GroupTracker : public WorkerTask {
                                            bool reverse);
   // `session_id` holds a member here, or has a join on its way.
   bool Holds(const std::string& session_id);
+  // The group's keys in its rendezvous store ("tpd/group/<group>/..."), for the user keys
+  // GroupManager::GroupStore serves under them. Valid while the tracker lives.
+  store::Store* keys() { return &group_store_; }
   // Other nodes of the group and when this daemon last saw their heartbeat change.
   std::map<std::string, absl::Time> PeerHeartbeats();
   // Sends `watcher` a SNAPSHOT (now, or after the first read of the store), then every

@@ -24,8 +24,11 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
+#include "proto/store.grpc.pb.h"
+#include "proto/store_scope.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/group_recorder.h"
+#include "tests/testing/group_store_checks.h"
 #include "tests/testing/raw_session.h"
 #include "tests/testing/wait_until.h"
 
@@ -179,6 +182,71 @@ TEST_F(GroupTest, ClientsCannotReachTheDaemonsOwnKeys) {
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->phase(), "FORMED");
   EXPECT_EQ(after->version(), before->version());
+}
+
+TEST_F(GroupTest, MembersOnEveryNodeShareTheGroupsStoreViaTcpAndFile) {
+  ExpectFormed(JoinStatic("kv_tcp", 3), 3);
+  testing::ExpectOneGroupStore({clients_[0].get(), clients_[1].get(), clients_[2].get()},
+                               "kv_tcp");
+  const std::string path = absl::StrCat(dir_.path(), "/kv_rendezvous");
+  ExpectFormed(JoinStatic("kv_file", 3,
+                          [&path](int, JoinOptions* options) {
+                            options->init_method = absl::StrCat("file://", path);
+                          }),
+               3);
+  testing::ExpectOneGroupStore({clients_[3].get(), clients_[4].get(), clients_[5].get()},
+                               "kv_file");
+  // One group's keys are not another's.
+  absl::StatusOr<bool> other = clients_[0]->GroupStore("kv_tcp").Check({"k"});
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(*other);
+  EXPECT_FALSE(*clients_[0]->GroupStore("kv_tcp").Check({"absent"}));
+}
+
+TEST_F(GroupTest, OnlyAMembersSessionReachesAGroupsStore) {
+  ExpectFormed(JoinStatic("closed", 3), 3);
+  ASSERT_TRUE(clients_[0]->GroupStore("closed").Set("k", "members only").ok());
+  // A client of the same node holding no member: one with a session in another group, and
+  // one that never joined anything.
+  std::unique_ptr<Client> outsider = Connect(0);
+  ASSERT_NE(outsider, nullptr);
+  ASSERT_TRUE(outsider->Join(Options("elsewhere", 0, std::nullopt)).ok());
+  std::unique_ptr<Client> stranger = Connect(1);
+  ASSERT_NE(stranger, nullptr);
+  for (Client* client : {outsider.get(), stranger.get()}) {
+    absl::StatusOr<std::string> got = client->GroupStore("closed").Get("k", absl::Seconds(1));
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied) << got.status();
+    EXPECT_THAT(got.status().message(), HasSubstr("holds no member of group closed"));
+    EXPECT_EQ(client->GroupStore("closed").Set("k", "forged").code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  // Raw requests: a session id that is no session, no session at all, a bad group name.
+  auto stub = v1::Store::NewStub(
+      grpc::CreateChannel(absl::StrCat("unix:", socket_[0]), grpc::InsecureChannelCredentials()));
+  auto set = [&stub](const std::vector<std::pair<std::string, std::string>>& metadata) {
+    grpc::ClientContext context;
+    for (const auto& [key, value] : metadata) context.AddMetadata(key, value);
+    v1::SetRequest request;
+    request.set_key("k");
+    request.set_value("forged");
+    v1::SetResponse response;
+    return stub->Set(&context, request, &response);
+  };
+  grpc::Status forged = set({{kStoreGroupMetadata, "closed"}, {kStoreSessionMetadata, "s-0"}});
+  EXPECT_EQ(forged.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(forged.error_message(), HasSubstr("unknown or ended session"));
+  grpc::Status sessionless = set({{kStoreGroupMetadata, "closed"}});
+  EXPECT_EQ(sessionless.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(sessionless.error_message(), HasSubstr("join the group first"));
+  grpc::Status bad = set({{kStoreGroupMetadata, "../closed"}, {kStoreSessionMetadata, "s-0"}});
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.error_message(), HasSubstr("metadata tpd-group: group name"));
+  // Nothing changed, and a member that leaves loses the store with its membership.
+  EXPECT_EQ(*clients_[1]->GroupStore("closed").Get("k"), "members only");
+  ASSERT_TRUE(outsider->Leave("elsewhere", "w0").ok());
+  ASSERT_TRUE(clients_[1]->Leave("closed", "w1").ok());
+  EXPECT_EQ(clients_[1]->GroupStore("closed").Check({"k"}).status().code(),
+            absl::StatusCode::kPermissionDenied);
 }
 
 TEST_F(GroupTest, TpctlRefusesADeviceMappedTwiceTowardOneWorker) {

@@ -27,6 +27,7 @@
 #include "tests/store/etcd/etcd_cluster.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/group_recorder.h"
+#include "tests/testing/group_store_checks.h"
 #include "tests/testing/wait_until.h"
 
 namespace tpd {
@@ -157,6 +158,13 @@ TEST_F(EtcdRendezvousTest, StaticGroupOfEightFormsOverThreeDaemonsViaEtcd) {
   absl::StatusOr<v1::GroupView> view = client->GetGroup("etcd8", init_method_);
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_EQ(view->members_size(), 8);
+}
+
+TEST_F(EtcdRendezvousTest, MembersOnEveryNodeShareTheGroupsStore) {
+  ExpectFormed(JoinStatic("kv", 3), 3);
+  testing::ExpectOneGroupStore({clients_[0].get(), clients_[1].get(), clients_[2].get()}, "kv");
+  // The keys are in etcd, under the URL's prefix, apart from the group's records.
+  EXPECT_EQ(EtcdKeysUnder(absl::StrCat(kPrefix, "/tpd/group/kv/store/"), 1), 2) << "k and n";
 }
 
 TEST_F(EtcdRendezvousTest, AGroupFormsWithOneEtcdMemberDead) {
