@@ -143,8 +143,11 @@ class Client {
 
   const std::string& socket_path() const { return socket_path_; }
 
-  // The daemon's store under options.name_space.
-  StoreView Store() { return StoreView(this, options_.name_space, ""); }
+  // The daemon's store under options.name_space, or under `name_space`.
+  StoreView Store() { return Store(options_.name_space); }
+  StoreView Store(absl::string_view name_space) {
+    return StoreView(this, std::string(name_space), "");
+  }
   // The store of `group` (its rendezvous store: tcp://, file:// or etcd://), which its members
   // share on every node, under `name_space`. This client must hold a member of `group`.
   StoreView GroupStore(absl::string_view group, absl::string_view name_space = "") {

@@ -39,6 +39,10 @@ struct tpd_client {
   std::map<const void*, tpd::Tensor> arena ABSL_GUARDED_BY(arena_mu);
 };
 
+struct tpd_store {
+  tpd::StoreView view;
+};
+
 // A request to answer, or a call's result.
 struct tpd_event {
   int kind = 0;
@@ -305,7 +309,7 @@ void DeleteDlpack(DLManagedTensor* self) {
 
 extern "C" {
 
-int tpd_abi_version(void) { return 1; }
+int tpd_abi_version(void) { return 2; }
 
 const char* tpd_last_error(void) { return last_error.c_str(); }
 
@@ -313,15 +317,14 @@ void tpd_free(void* p) { std::free(p); }
 
 // --- Clients ---
 
-int tpd_client_open(const char* socket_path, const char* store_namespace,
-                    int64_t connect_timeout_us, uint64_t cuda_pool_bytes, tpd_client** out) {
+int tpd_client_open(const char* socket_path, int64_t connect_timeout_us,
+                    uint64_t cuda_pool_bytes, tpd_client** out) {
   return Guarded("tpd_client_open", [&]() -> absl::Status {
     if (absl::Status s = Required(out, "out"); !s.ok()) return s;
     *out = nullptr;
     tpd::ClientOptions options;
     if (connect_timeout_us >= 0) options.connect_timeout = absl::Microseconds(connect_timeout_us);
     if (cuda_pool_bytes != 0) options.cuda_pool_bytes = cuda_pool_bytes;
-    options.name_space = Str(store_namespace);
     auto client = tpd::Client::Connect(Str(socket_path), options);
     if (!client.ok()) return client.status();
     auto handle = std::make_unique<tpd_client>();
@@ -772,48 +775,62 @@ int tpd_call_async(tpd_client* client, const char* group, const char* worker,
 
 // --- The store ---
 
-int tpd_store_set(tpd_client* client, const char* key, const char* value, size_t size) {
-  return Guarded("tpd_store_set", [&]() -> absl::Status {
+int tpd_store_open(tpd_client* client, const char* group, const char* name_space,
+                   tpd_store** out) {
+  return Guarded("tpd_store_open", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
-    absl::StatusOr<std::string_view> bytes = Bytes(value, size, "value");
-    if (!bytes.ok()) return bytes.status();
-    return client->client->Set(Str(key), absl::string_view(bytes->data(), bytes->size()));
+    if (absl::Status s = Required(out, "out"); !s.ok()) return s;
+    const std::string in_group = Str(group);
+    *out = new tpd_store{in_group.empty() ? client->client->Store(Str(name_space))
+                                          : client->client->GroupStore(in_group, Str(name_space))};
+    return absl::OkStatus();
   });
 }
 
-int tpd_store_get(tpd_client* client, const char* key, int64_t timeout_us, char** value,
+void tpd_store_close(tpd_store* store) { delete store; }
+
+int tpd_store_set(tpd_store* store, const char* key, const char* value, size_t size) {
+  return Guarded("tpd_store_set", [&]() -> absl::Status {
+    if (absl::Status s = Required(store, "store"); !s.ok()) return s;
+    absl::StatusOr<std::string_view> bytes = Bytes(value, size, "value");
+    if (!bytes.ok()) return bytes.status();
+    return store->view.Set(Str(key), absl::string_view(bytes->data(), bytes->size()));
+  });
+}
+
+int tpd_store_get(tpd_store* store, const char* key, int64_t timeout_us, char** value,
                   size_t* size) {
   return Guarded("tpd_store_get", [&]() -> absl::Status {
-    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(store, "store"); !s.ok()) return s;
     if (value == nullptr || size == nullptr) return absl::InvalidArgumentError("NULL out");
-    absl::StatusOr<std::string> got = client->client->Get(Str(key), WaitTimeout(timeout_us));
+    absl::StatusOr<std::string> got = store->view.Get(Str(key), WaitTimeout(timeout_us));
     if (!got.ok()) return got.status();
     return TakeBytes(*got, value, size);
   });
 }
 
-int tpd_store_add(tpd_client* client, const char* key, int64_t delta, int64_t* result) {
+int tpd_store_add(tpd_store* store, const char* key, int64_t delta, int64_t* result) {
   return Guarded("tpd_store_add", [&]() -> absl::Status {
-    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(store, "store"); !s.ok()) return s;
     if (absl::Status s = Required(result, "result"); !s.ok()) return s;
-    absl::StatusOr<int64_t> added = client->client->Add(Str(key), delta);
+    absl::StatusOr<int64_t> added = store->view.Add(Str(key), delta);
     if (!added.ok()) return added.status();
     *result = *added;
     return absl::OkStatus();
   });
 }
 
-int tpd_store_compare_set(tpd_client* client, const char* key, const char* expected,
+int tpd_store_compare_set(tpd_store* store, const char* key, const char* expected,
                           size_t expected_size, const char* desired, size_t desired_size,
                           char** value, size_t* size) {
   return Guarded("tpd_store_compare_set", [&]() -> absl::Status {
-    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(store, "store"); !s.ok()) return s;
     if (value == nullptr || size == nullptr) return absl::InvalidArgumentError("NULL out");
     absl::StatusOr<std::string_view> was = Bytes(expected, expected_size, "expected value");
     if (!was.ok()) return was.status();
     absl::StatusOr<std::string_view> wanted = Bytes(desired, desired_size, "desired value");
     if (!wanted.ok()) return wanted.status();
-    absl::StatusOr<std::string> now = client->client->CompareSet(
+    absl::StatusOr<std::string> now = store->view.CompareSet(
         Str(key), absl::string_view(was->data(), was->size()),
         absl::string_view(wanted->data(), wanted->size()));
     if (!now.ok()) return now.status();
@@ -833,45 +850,45 @@ absl::StatusOr<std::vector<std::string>> Keys(const char* const* keys, int n) {
 }
 }  // namespace
 
-int tpd_store_wait(tpd_client* client, const char* const* keys, int num_keys,
+int tpd_store_wait(tpd_store* store, const char* const* keys, int num_keys,
                    int64_t timeout_us) {
   return Guarded("tpd_store_wait", [&]() -> absl::Status {
-    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(store, "store"); !s.ok()) return s;
     absl::StatusOr<std::vector<std::string>> list = Keys(keys, num_keys);
     if (!list.ok()) return list.status();
-    return client->client->Wait(*list, WaitTimeout(timeout_us));
+    return store->view.Wait(*list, WaitTimeout(timeout_us));
   });
 }
 
-int tpd_store_check(tpd_client* client, const char* const* keys, int num_keys, int* ready) {
+int tpd_store_check(tpd_store* store, const char* const* keys, int num_keys, int* ready) {
   return Guarded("tpd_store_check", [&]() -> absl::Status {
-    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(store, "store"); !s.ok()) return s;
     if (absl::Status s = Required(ready, "ready"); !s.ok()) return s;
     absl::StatusOr<std::vector<std::string>> list = Keys(keys, num_keys);
     if (!list.ok()) return list.status();
-    absl::StatusOr<bool> all = client->client->Check(*list);
+    absl::StatusOr<bool> all = store->view.Check(*list);
     if (!all.ok()) return all.status();
     *ready = *all ? 1 : 0;
     return absl::OkStatus();
   });
 }
 
-int tpd_store_delete_key(tpd_client* client, const char* key, int* deleted) {
+int tpd_store_delete_key(tpd_store* store, const char* key, int* deleted) {
   return Guarded("tpd_store_delete_key", [&]() -> absl::Status {
-    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(store, "store"); !s.ok()) return s;
     if (absl::Status s = Required(deleted, "deleted"); !s.ok()) return s;
-    absl::StatusOr<bool> gone = client->client->DeleteKey(Str(key));
+    absl::StatusOr<bool> gone = store->view.DeleteKey(Str(key));
     if (!gone.ok()) return gone.status();
     *deleted = *gone ? 1 : 0;
     return absl::OkStatus();
   });
 }
 
-int tpd_store_num_keys(tpd_client* client, int64_t* num_keys) {
+int tpd_store_num_keys(tpd_store* store, int64_t* num_keys) {
   return Guarded("tpd_store_num_keys", [&]() -> absl::Status {
-    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(store, "store"); !s.ok()) return s;
     if (absl::Status s = Required(num_keys, "num_keys"); !s.ok()) return s;
-    absl::StatusOr<int64_t> n = client->client->NumKeys();
+    absl::StatusOr<int64_t> n = store->view.NumKeys();
     if (!n.ok()) return n.status();
     *num_keys = *n;
     return absl::OkStatus();

@@ -68,12 +68,11 @@ void tpd_free(void* p);
 typedef struct tpd_client tpd_client;
 
 /* Connects to the daemon on `socket_path` ("" or NULL: the default socket, $TPD_SOCKET or the
- * system one). `store_namespace`: the namespace of this client's store calls ("" : none).
- * `connect_timeout_us`: how long to wait for the daemon (TPD_TIMEOUT_DEFAULT: 5 s).
+ * system one). `connect_timeout_us`: how long to wait for the daemon (TPD_TIMEOUT_DEFAULT: 5 s).
  * `cuda_pool_bytes`: the receive pool lent on each CUDA device a join gives this client's
  * workers (0: the library's default, 256 MiB). */
-int tpd_client_open(const char* socket_path, const char* store_namespace,
-                    int64_t connect_timeout_us, uint64_t cuda_pool_bytes, tpd_client** out);
+int tpd_client_open(const char* socket_path, int64_t connect_timeout_us,
+                    uint64_t cuda_pool_bytes, tpd_client** out);
 /* Ends the session (its members leave at once), wakes every tpd_next_event waiting on the
  * client with TPD_CANCELLED, and frees it. Events, calls and tensors taken from it stay
  * valid; answering a request after this fails. NULL: no-op. */
@@ -229,21 +228,33 @@ int tpd_call_async(tpd_client* client, const char* group, const char* worker,
 
 /* --- The store (c10d semantics: proto/store.proto) --- */
 
-int tpd_store_set(tpd_client* client, const char* key, const char* value, size_t size);
+typedef struct tpd_store tpd_store;
+
+/* A store reached through `client`: with `group` NULL or "", the daemon's own store; with a
+ * group, the store that group's members share on every node (its rendezvous store), which
+ * only a client holding a member of the group may use (calls answer PERMISSION_DENIED
+ * otherwise). `name_space` ("" or NULL: none) keeps keys apart within it. `client` must
+ * outlive the store. */
+int tpd_store_open(tpd_client* client, const char* group, const char* name_space,
+                   tpd_store** out);
+/* NULL: no-op. */
+void tpd_store_close(tpd_store* store);
+
+int tpd_store_set(tpd_store* store, const char* key, const char* value, size_t size);
 /* `*value` (tpd_free) and `*size`. */
-int tpd_store_get(tpd_client* client, const char* key, int64_t timeout_us, char** value,
+int tpd_store_get(tpd_store* store, const char* key, int64_t timeout_us, char** value,
                   size_t* size);
-int tpd_store_add(tpd_client* client, const char* key, int64_t delta, int64_t* result);
-int tpd_store_compare_set(tpd_client* client, const char* key, const char* expected,
+int tpd_store_add(tpd_store* store, const char* key, int64_t delta, int64_t* result);
+int tpd_store_compare_set(tpd_store* store, const char* key, const char* expected,
                           size_t expected_size, const char* desired, size_t desired_size,
                           char** value, size_t* size);
-int tpd_store_wait(tpd_client* client, const char* const* keys, int num_keys,
+int tpd_store_wait(tpd_store* store, const char* const* keys, int num_keys,
                    int64_t timeout_us);
 /* `*ready` 1 when every key exists. */
-int tpd_store_check(tpd_client* client, const char* const* keys, int num_keys, int* ready);
+int tpd_store_check(tpd_store* store, const char* const* keys, int num_keys, int* ready);
 /* `*deleted` 1 when the key existed. */
-int tpd_store_delete_key(tpd_client* client, const char* key, int* deleted);
-int tpd_store_num_keys(tpd_client* client, int64_t* num_keys);
+int tpd_store_delete_key(tpd_store* store, const char* key, int* deleted);
+int tpd_store_num_keys(tpd_store* store, int64_t* num_keys);
 
 /* --- Counters --- */
 

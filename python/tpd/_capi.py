@@ -12,7 +12,7 @@ import os
 import pathlib
 import threading
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # Status codes (gRPC's).
 OK = 0
@@ -119,7 +119,7 @@ def _declare(lib):
         "tpd_abi_version": (c.c_int, []),
         "tpd_last_error": (s, []),
         "tpd_free": (None, [p]),
-        "tpd_client_open": (c.c_int, [s, s, i64, c.c_uint64, pp]),
+        "tpd_client_open": (c.c_int, [s, i64, c.c_uint64, pp]),
         "tpd_client_close": (None, [p]),
         "tpd_client_stop_events": (None, [p]),
         "tpd_join_options_new": (p, []),
@@ -152,6 +152,8 @@ def _declare(lib):
                                i64, pp]),
         "tpd_call_async": (c.c_int, [p, s, s, s, c.c_char_p, c.c_size_t, c.POINTER(Tensor),
                                      c.c_int, i64, c.c_uint64]),
+        "tpd_store_open": (c.c_int, [p, s, s, pp]),
+        "tpd_store_close": (None, [p]),
         "tpd_store_set": (c.c_int, [p, s, c.c_char_p, c.c_size_t]),
         "tpd_store_get": (c.c_int, [p, s, i64, pp, c.POINTER(c.c_size_t)]),
         "tpd_store_add": (c.c_int, [p, s, i64, c.POINTER(i64)]),

@@ -99,13 +99,12 @@ def _tensor_array(tensors):
 class Client:
     """One connection (and, once it joins or serves, one session) to the node's daemon."""
 
-    def __init__(self, socket_path="", store_namespace="", connect_timeout=None,
-                 cuda_pool_bytes=0):
+    def __init__(self, socket_path="", connect_timeout=None, cuda_pool_bytes=0):
         self._lib = _capi.library()
         handle = ctypes.c_void_p()
         _capi.check(self._lib.tpd_client_open(
-            _capi.b(socket_path or ""), _capi.b(store_namespace or ""),
-            _capi.timeout_us(connect_timeout), cuda_pool_bytes, ctypes.byref(handle)))
+            _capi.b(socket_path or ""), _capi.timeout_us(connect_timeout), cuda_pool_bytes,
+            ctypes.byref(handle)))
         self._handle = handle
 
     def close(self):
@@ -201,27 +200,53 @@ class Client:
 
     # --- the store ---
 
-    def store_set(self, key, value):
-        _capi.check(self._lib.tpd_store_set(self._handle, _capi.b(key), value, len(value)))
+    def store(self, group="", namespace=""):
+        """The daemon's store (``group`` ""), or the store ``group``'s members share on every
+        node (this client must hold a member of it), under ``namespace``."""
+        handle = ctypes.c_void_p()
+        _capi.check(self._lib.tpd_store_open(self._handle, _capi.b(group or ""),
+                                             _capi.b(namespace or ""), ctypes.byref(handle)))
+        return StoreHandle(self, handle)
 
-    def store_get(self, key, timeout=None):
+
+class StoreHandle:
+    """A store reached through a Client (Client.store), which it keeps alive."""
+
+    def __init__(self, client, handle):
+        self._client = client
+        self._lib = client._lib
+        self._store = handle
+
+    def close(self):
+        handle, self._store = self._store, None
+        if handle:
+            self._lib.tpd_store_close(handle)
+
+    def __del__(self):
+        if getattr(self, "_store", None):
+            self.close()
+
+    def set(self, key, value):
+        _capi.check(self._lib.tpd_store_set(self._store, _capi.b(key), value, len(value)))
+
+    def get(self, key, timeout=None):
         out = ctypes.c_void_p()
         size = ctypes.c_size_t()
-        _capi.check(self._lib.tpd_store_get(self._handle, _capi.b(key),
+        _capi.check(self._lib.tpd_store_get(self._store, _capi.b(key),
                                             _capi.timeout_us(timeout), ctypes.byref(out),
                                             ctypes.byref(size)))
         return _capi.take_bytes(out.value, size.value)
 
-    def store_add(self, key, delta):
+    def add(self, key, delta):
         result = ctypes.c_int64()
-        _capi.check(self._lib.tpd_store_add(self._handle, _capi.b(key), delta,
+        _capi.check(self._lib.tpd_store_add(self._store, _capi.b(key), delta,
                                             ctypes.byref(result)))
         return result.value
 
-    def store_compare_set(self, key, expected, desired):
+    def compare_set(self, key, expected, desired):
         out = ctypes.c_void_p()
         size = ctypes.c_size_t()
-        _capi.check(self._lib.tpd_store_compare_set(self._handle, _capi.b(key), expected,
+        _capi.check(self._lib.tpd_store_compare_set(self._store, _capi.b(key), expected,
                                                     len(expected), desired, len(desired),
                                                     ctypes.byref(out), ctypes.byref(size)))
         return _capi.take_bytes(out.value, size.value)
@@ -230,23 +255,23 @@ class Client:
         encoded = [_capi.b(k) for k in keys]
         return (ctypes.c_char_p * max(1, len(encoded)))(*encoded), len(encoded)
 
-    def store_wait(self, keys, timeout=None):
+    def wait(self, keys, timeout=None):
         array, n = self._keys(keys)
-        _capi.check(self._lib.tpd_store_wait(self._handle, array, n, _capi.timeout_us(timeout)))
+        _capi.check(self._lib.tpd_store_wait(self._store, array, n, _capi.timeout_us(timeout)))
 
-    def store_check(self, keys):
+    def check(self, keys):
         array, n = self._keys(keys)
         ready = ctypes.c_int()
-        _capi.check(self._lib.tpd_store_check(self._handle, array, n, ctypes.byref(ready)))
+        _capi.check(self._lib.tpd_store_check(self._store, array, n, ctypes.byref(ready)))
         return bool(ready.value)
 
-    def store_delete_key(self, key):
+    def delete_key(self, key):
         deleted = ctypes.c_int()
-        _capi.check(self._lib.tpd_store_delete_key(self._handle, _capi.b(key),
+        _capi.check(self._lib.tpd_store_delete_key(self._store, _capi.b(key),
                                                    ctypes.byref(deleted)))
         return bool(deleted.value)
 
-    def store_num_keys(self):
+    def num_keys(self):
         n = ctypes.c_int64()
-        _capi.check(self._lib.tpd_store_num_keys(self._handle, ctypes.byref(n)))
+        _capi.check(self._lib.tpd_store_num_keys(self._store, ctypes.byref(n)))
         return n.value

@@ -5,6 +5,9 @@
 
 Keys live in the daemon (c10d semantics: proto/store.proto) under ``namespace``; the Store
 survives the processes that use it, not the daemon.
+
+``tpd.rpc.group_store()`` gives the same class over the store that a tpd.rpc job's workers
+share on every node (their group's rendezvous store).
 """
 
 from datetime import timedelta
@@ -41,10 +44,12 @@ class Store(dist.Store):
     ``timeout``: how long ``get`` and ``wait`` wait (torch's default 300 s).
     """
 
-    def __init__(self, socket_path="", namespace="", timeout=_DEFAULT_TIMEOUT):
+    def __init__(self, socket_path="", namespace="", timeout=_DEFAULT_TIMEOUT, *, _store=None):
         super().__init__()
+        _seconds(timeout)
         self._timeout = timeout
-        self._client = Client(socket_path, store_namespace=namespace)
+        # `_store`: a StoreHandle of a client that already exists (tpd.rpc.group_store).
+        self._store = _store or Client(socket_path).store(namespace=namespace)
 
     @property
     def timeout(self):
@@ -65,26 +70,26 @@ class Store(dist.Store):
             raise RuntimeError(str(error)) from None
 
     def set(self, key, value):
-        self._call(self._client.store_set, key, _as_bytes(value))
+        self._call(self._store.set, key, _as_bytes(value))
 
     def get(self, key):
-        return self._call(self._client.store_get, key, _seconds(self._timeout))
+        return self._call(self._store.get, key, _seconds(self._timeout))
 
     def add(self, key, value):
-        return self._call(self._client.store_add, key, int(value))
+        return self._call(self._store.add, key, int(value))
 
     def compare_set(self, key, expected_value, desired_value):
-        return self._call(self._client.store_compare_set, key, _as_bytes(expected_value),
+        return self._call(self._store.compare_set, key, _as_bytes(expected_value),
                           _as_bytes(desired_value))
 
     def wait(self, keys, timeout=None):
-        self._call(self._client.store_wait, list(keys), _seconds(timeout or self._timeout))
+        self._call(self._store.wait, list(keys), _seconds(timeout or self._timeout))
 
     def check(self, keys):
-        return self._call(self._client.store_check, list(keys))
+        return self._call(self._store.check, list(keys))
 
     def delete_key(self, key):
-        return self._call(self._client.store_delete_key, key)
+        return self._call(self._store.delete_key, key)
 
     def num_keys(self):
-        return self._call(self._client.store_num_keys)
+        return self._call(self._store.num_keys)

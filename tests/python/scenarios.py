@@ -270,3 +270,43 @@ def cuda_maps(rank, world_size, init_method):
         assert rpc.rpc_sync(peer, w.add, args=(x[:4], 1)).device == torch.device("cuda:0")
     rpc.shutdown()
     return True
+
+
+def group_store_shared(rank, world_size, init_method):
+    """The job's group store: one store for workers on two daemons, good for a gloo process
+    group, and closed to a client of the same node outside the job."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import tpd
+    from tpd import _capi
+    from tpd._client import Client
+
+    rpc = _init(rank, world_size, init_method)
+    store = rpc.group_store(timeout=timedelta(seconds=30))
+    assert isinstance(store, tpd.Store) and isinstance(store, dist.Store)
+    store.set(f"from{rank}", f"hello from {rank}")
+    peer = (rank + 1) % world_size
+    assert store.get(f"from{peer}") == f"hello from {peer}".encode()
+    store.add("count", rank + 1)
+    store.wait(["count"])
+    rpc.api._wait_all_workers()
+    assert store.add("count", 0) == world_size * (world_size + 1) // 2
+    assert not rpc.group_store("elsewhere").check([f"from{rank}"])
+
+    pg_store = rpc.group_store("pg", timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", store=pg_store, rank=rank, world_size=world_size)
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+
+    outsider = Client(os.environ["TPD_SOCKET"])
+    try:
+        outsider.store(group=rpc.api._require_initialized().group).get("from0", timeout=1)
+        raise AssertionError("a client outside the job read its group store")
+    except _capi.TpdError as e:
+        assert e.code == _capi.PERMISSION_DENIED, e
+        assert "holds no member of group" in str(e), e
+    rpc.shutdown()
+    return t.tolist()

@@ -23,6 +23,12 @@ def test_core_api_across_two_daemons(two_daemons, workdir):
     assert results == {0: True, 1: True}
 
 
+def test_group_store_is_one_store_across_two_daemons(two_daemons, workdir):
+    results = rpc_workers.run(scenarios.group_store_shared, 2, [d.socket for d in two_daemons],
+                              file_init(workdir))
+    assert results == {0: [3.0] * 4, 1: [3.0] * 4}
+
+
 def test_env_init_method_with_master_addr_and_port(daemon, workdir, monkeypatch):
     import socket
     with socket.socket() as s:

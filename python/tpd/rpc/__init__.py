@@ -20,6 +20,7 @@ from tpd.rpc.api import (  # noqa: F401
     _wait_all_workers,
     get_rpc_timeout,
     get_worker_info,
+    group_store,
     init_rpc,
     remote,
     rpc_async,

@@ -30,7 +30,7 @@ from tpd.rpc import _agent, _state, rref
 __all__ = [
     "init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
     "WorkerInfo", "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
-    "get_rpc_timeout",
+    "get_rpc_timeout", "group_store",
 ]
 
 _init_counter = 0     # as torch: each init_rpc uses a store prefix of its own
@@ -228,6 +228,18 @@ def get_worker_info(worker_name=None):
 
 def _get_current_rpc_agent():
     return _require_initialized()
+
+
+def group_store(namespace="", timeout=None):
+    """A ``torch.distributed.Store`` (a ``tpd.Store``) that every worker of this job sees, on
+    every node: the job's group store in its rendezvous store, reached through this worker's
+    daemon. Only the job's workers can use it. Keys under ``namespace`` stay apart from other
+    namespaces'. tpd's own: torch.distributed.rpc has no such call."""
+    from tpd._store import Store, _DEFAULT_TIMEOUT
+
+    agent = _require_initialized()
+    return Store(timeout=timeout or _DEFAULT_TIMEOUT,
+                 _store=agent.client.store(group=agent.group, namespace=namespace))
 
 
 def _to_worker_info(to):
