@@ -62,21 +62,14 @@ absl::Status OwnOptionsError(const v1::Member& member, const v1::MemberOptionsRe
   return ValidateMemberOptions(*own);
 }
 
-// In a static group whose ranks' own options are not all valid, the error of the first invalid
-// rank in rank order (PyTorch validates the gathered options in that order, so every rank
-// raises that one). It is known once every rank below it has joined: until then a lower rank
-// may still bring invalid options, and this returns OK.
+// In a complete static group whose ranks' own options are not all valid, the error of the
+// first invalid rank in rank order (PyTorch validates the gathered options in that order, so
+// every rank raises that one).
 absl::Status FirstInvalidInRankOrder(const v1::GroupRecord& record) {
-  int64_t expected = 0;
   for (const v1::Member& member : record.view().members()) {  // sorted by rank
-    if (member.rank() != expected) return absl::OkStatus();  // a lower rank has not joined
     auto options = record.options().find(member.name());
-    if (options != record.options().end()) {
-      if (absl::Status error = OwnOptionsError(member, options->second); !error.ok()) {
-        return error;
-      }
-    }
-    ++expected;
+    if (options == record.options().end()) continue;  // Renegotiate reports it
+    if (absl::Status error = OwnOptionsError(member, options->second); !error.ok()) return error;
   }
   return absl::OkStatus();
 }
@@ -317,9 +310,11 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
   for (const std::string& name : spec.node_channels) options.add_node_channels(name);
 
   // A member's own options are checked before anything else, so it alone is blamed. A
-  // dynamic group refuses the newcomer. A static group cannot form without this rank, so it
-  // FAILS, with the error PyTorch raises on every rank: the first invalid rank's in rank
-  // order (FirstInvalidInRankOrder), as soon as that is known, instead of timing out.
+  // dynamic group refuses the newcomer. A static group checks them as PyTorch does, once
+  // every rank is there (its ranks gather their options first): it FAILS with the error
+  // PyTorch raises on every rank, the first invalid rank's in rank order
+  // (FirstInvalidInRankOrder). Failing earlier would tell only the ranks there by then: the
+  // others would find the failed members gone and wait for a group that never forms.
   if (!is_static) {
     if (absl::Status own_error = OwnOptionsError(member, options); !own_error.ok()) {
       return own_error;
@@ -356,13 +351,10 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
       absl::StrCat(spec.name, " (rank ", rank, ") joined from node ", spec.node));
   if (!is_static) {
     if (absl::Status status = Renegotiate(&next); !status.ok()) return status;
-  } else if (absl::Status first = FirstInvalidInRankOrder(next); !first.ok()) {
-    view->set_phase(kFailed);
-    view->set_reason(std::string(first.message()));
-    next.set_change("FAILED");
-    next.set_change_detail(std::string(first.message()));
   } else if (view->members_size() == view->world_size()) {
-    if (absl::Status status = Renegotiate(&next); status.ok()) {
+    absl::Status status = FirstInvalidInRankOrder(next);
+    if (status.ok()) status = Renegotiate(&next);
+    if (status.ok()) {
       view->set_phase(kFormed);
       view->set_formed_version(view->version() + 1);
       next.set_change("FORMED");

@@ -285,7 +285,6 @@ absl::StatusOr<Device> ParseDevice(absl::string_view text) {
 absl::StatusOr<DeviceMap> ParseDeviceMap(
     const std::vector<std::pair<std::string, std::string>>& entries) {
   DeviceMap map;
-  DeviceMap reverse;
   std::map<Device, absl::string_view> spelling;  // each local device's first spelling
   for (const auto& [from_text, to_text] : entries) {
     absl::StatusOr<Device> from = ParseDevice(from_text);
@@ -295,11 +294,6 @@ absl::StatusOr<DeviceMap> ParseDeviceMap(
     if (auto [it, inserted] = spelling.emplace(*from, from_text); !inserted) {
       return Invalid(absl::StrCat("`device_map` maps ", from->ToString(), " twice, as '",
                                   Echo(it->second), "' and as '", Echo(from_text), "'"));
-    }
-    if (auto [it, inserted] = reverse.emplace(*to, *from); !inserted) {
-      return Invalid(absl::StrCat("`device_map` only supports 1-to-1 mapping, trying to map ",
-                                  from->ToString(), " and ", it->second.ToString(), " to ",
-                                  to->ToString()));
     }
     map.emplace(*from, *to);
   }

@@ -65,10 +65,11 @@ absl::StatusOr<Device> ParseDevice(absl::string_view text);
 // Local device -> remote device, toward one remote worker. Must be 1-to-1.
 using DeviceMap = std::map<Device, Device>;
 
-// options.py's _to_device_map: parses (local, remote) device strings in the order given and
-// fails with "`device_map` only supports 1-to-1 mapping, trying to map {k} and {k'} to {v}"
-// when two local devices map to one remote device. A local device listed twice (say "0" and
-// "cuda:0") is an error too, where a Python dict would silently keep the last entry.
+// Parses (local, remote) device strings in the order given. A local device listed twice (say
+// "0" and "cuda:0") is an error, where a Python dict would silently keep the last entry. Two
+// local devices mapped to one remote device parse: as in PyTorch, where set_device_map lets
+// them through, validation (ValidateMemberOptions) refuses them with "Node w has duplicated
+// target devices in its device map for v".
 absl::StatusOr<DeviceMap> ParseDeviceMap(
     const std::vector<std::pair<std::string, std::string>>& entries);
 

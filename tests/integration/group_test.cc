@@ -390,6 +390,31 @@ TEST_F(GroupTest, FailedStaticGroupFormsAgainOnceItsMembersLeft) {
   ExpectFormed(JoinStatic("again", 3), 3);
 }
 
+TEST_F(GroupTest, WhenEveryRankIsInvalidEveryRankGetsRankZerosError) {
+  // torch's test_device_maps_invalid_max_local_device and _many_to_one: every rank maps toward
+  // the next one; all must raise rank 0's error, however the joins interleave (a group failed
+  // early used to tell only the ranks there, and the rest waited for a group never formed).
+  auto out_of_range = JoinStatic("all-bad-index", 3, [](int r, JoinOptions* options) {
+    (*(*options->options.mutable_device_maps())[absl::StrCat("w", (r + 1) % 3)]
+          .mutable_devices())["cuda:2"] = "cuda:0";
+  });
+  auto many_to_one = JoinStatic("all-many-to-one", 3, [](int r, JoinOptions* options) {
+    auto* devices =
+        (*options->options.mutable_device_maps())[absl::StrCat("w", (r + 1) % 3)].mutable_devices();
+    (*devices)["cuda:1"] = "cuda:0";
+    (*devices)["cuda:0"] = "cuda:0";
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(out_of_range[r].status().code(), absl::StatusCode::kInvalidArgument) << r;
+    EXPECT_THAT(out_of_range[r].status().message(),
+                HasSubstr("Node w0 has source devices with invalid indices in its device map "
+                          "for w1\ndevice map = {cuda:2: cuda:0}\ndevice count = 2"));
+    EXPECT_EQ(many_to_one[r].status().code(), absl::StatusCode::kInvalidArgument) << r;
+    EXPECT_THAT(many_to_one[r].status().message(),
+                HasSubstr("Node w0 has duplicated target devices in its device map for w1"));
+  }
+}
+
 TEST_F(GroupTest, TargetIndexBeyondDeviceCountIsRefusedAtJoin) {
   auto client = Connect(1);
   JoinOptions first = Options("dyn-maps", 0, std::nullopt);

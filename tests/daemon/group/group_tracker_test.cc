@@ -161,13 +161,14 @@ TEST(GroupTrackerTest, InvalidOptionsOfOneRankEndEveryRanksWaitWithTheReason) {
   FakeDaemon a("node-a", 1, &store);
   FakeDaemon b("node-b", 2, &store);
   JoinResult healthy, offending;
-  Join(a, Spec("w0", 0, 3), &healthy);
+  Join(a, Spec("w0", 0, 2), &healthy);
   // w0 is recorded and waiting for the group before the offender comes.
   ASSERT_TRUE(AwaitMembers(*a.tracker, 1));
-  JoinSpec bad = Spec("w1", 1, 3);
+  JoinSpec bad = Spec("w1", 1, 2);
   bad.options.add_transports("tcp");
   Join(b, bad, &offending);
-  // Both answered long before the 20 s join deadline, with the offender's error.
+  // The offender completes the group: its options are checked, as PyTorch checks the gathered
+  // ones. Both answered long before the 20 s join deadline, with the offender's error.
   for (JoinResult* result : {&healthy, &offending}) {
     absl::StatusOr<v1::JoinResponse> answer = result->Await();
     EXPECT_EQ(answer.status().code(), absl::StatusCode::kInvalidArgument) << answer.status();
