@@ -294,10 +294,10 @@ class CallRouter {
                        uint64_t call_id, uint16_t flags, int64_t deadline_ns);
   // Posts an error reply to `to` for its call `call_id`.
   void Fail(const std::shared_ptr<Session>& to, uint64_t call_id, const absl::Status& status);
-  // Posts `d` on `to`'s completion ring; no thread here ever waits for a client to read. A
-  // call is RESOURCE_EXHAUSTED at once when the ring is full or answers wait for it; an
-  // answer or a release joins the session's queue when it cannot go now (OK: it is posted
-  // later, and its block is the session's). UNAVAILABLE once the session is broken or ended.
+  // Posts `d` on `to`'s completion ring; no thread here ever waits for a client to read.
+  // What cannot go now joins the session's queue (OK: it is posted later, and its block is
+  // the session's): a call only while fewer than max_waiting_calls calls wait there
+  // (RESOURCE_EXHAUSTED at once after that). UNAVAILABLE once the session is broken or ended.
   absl::Status Post(Session& to, const shm::Descriptor& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
   // One push on `to`'s completion ring: false when it is full; a broken ring breaks the
   // session. A reply counts its call down.
