@@ -24,7 +24,7 @@
 // from anywhere can still form: docs/security.md, "Agent pipes".
 //
 // Deadlines. Every call has one (absl::InfiniteFuture() for none); one timer thread, sleeping
-// until the earliest deadline of a B-tree (agent/deadline_queue.h), fails late calls with
+// until the earliest deadline of a B-tree (base/deadline_queue.h), fails late calls with
 // DEADLINE_EXCEEDED naming the peer, the method and the deadline, and closes pipes whose
 // handshake is late. No thread per call. The same thread listens again when TensorPipe's
 // listener fails (which one connection closing before its first packet does).
@@ -68,9 +68,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "agent/deadline_queue.h"
 #include "agent/listen_guard.h"
 #include "agent/registry.h"
+#include "base/deadline_queue.h"
 #include "base/log_limiter.h"
 #include "proto/agent.pb.h"
 

@@ -38,7 +38,8 @@ constexpr shm::SpinOptions kSessionSpin{absl::Microseconds(2), absl::Microsecond
 // How long a request from another daemon may wait for this daemon to read the version of its
 // group in which its caller joined, before it is refused.
 constexpr absl::Duration kCatchUpWait = absl::Seconds(5);
-// The longest the call timer sleeps with deadlines pending later than that (see TimerLoop).
+// The longest the call timer sleeps with deadlines pending later than that
+// (PendingCalls::ServeDeadlines).
 constexpr absl::Duration kTimerHorizon = absl::Seconds(1);
 
 std::string CallName(const std::string& worker, const std::string& method) {
@@ -247,7 +248,10 @@ struct CallRouter::TxBlock {
 };
 
 CallRouter::CallRouter(CallRouterOptions options) : options_(std::move(options)) {
-  timer_ = std::thread([this] { TimerLoop(); });
+  timer_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "tpd-call-timer");
+    pending_.ServeDeadlines([this](const Pending& p) { OnDeadline(p); }, kTimerHorizon);
+  });
 }
 
 CallRouter::~CallRouter() { Shutdown(); }
@@ -258,9 +262,9 @@ void CallRouter::Shutdown() {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
-    timer_cv_.SignalAll();
     for (const auto& [id, session] : sessions_) ids.push_back(id);
   }
+  pending_.Stop();
   if (timer_.joinable()) timer_.join();
   for (const std::string& id : ids) Detach(id);
   // Continuations of copies still in flight call into this router: let them run first.
@@ -317,17 +321,13 @@ void CallRouter::Detach(const std::string& session_id) {
     absl::MutexLock lock(&session->mu);  // no one writes into its segment after this
     session->broken = true;
   }
+  // Its calls' answers have no one to go to; calls it serves are answered here.
   std::vector<Pending> orphans;
+  for (Pending& p : pending_.TakeOfSession(session_id)) {
+    if (p.callee == session_id && p.caller != session_id) orphans.push_back(std::move(p));
+  }
   {
     absl::MutexLock lock(&mu_);
-    std::vector<uint64_t> ids;
-    for (const auto& [id, p] : pending_) {
-      if (p.callee == session_id || p.caller == session_id) ids.push_back(id);
-    }
-    for (uint64_t id : ids) {
-      std::optional<Pending> p = TakePending(id);
-      if (p->callee == session_id && p->caller != session_id) orphans.push_back(*std::move(p));
-    }
     for (auto it = outgoing_.lower_bound({session_id, 0});
          it != outgoing_.end() && it->first.first == session_id;) {
       it = outgoing_.erase(it);
@@ -373,11 +373,14 @@ std::vector<SessionCallStats> CallRouter::Stats() {
 }
 
 size_t CallRouter::Drain(absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+  }
+  // No new call starts now: what is in flight only ends.
+  pending_.AwaitNone(deadline);
   absl::MutexLock lock(&mu_);
-  draining_ = true;
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return pending_.empty() && outgoing_.empty();
-  };
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return outgoing_.empty(); };
   mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
   return pending_.size() + outgoing_.size();
 }
@@ -726,7 +729,6 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
                                                 "' is not a member of group '", group, "'")));
     return;
   }
-  uint64_t id;
   Pending pending;
   pending.caller = session->id;
   pending.caller_call_id = d.call_id;
@@ -736,13 +738,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   pending.worker = worker;
   pending.method = method;
   if (d.deadline_unix_ns != 0) pending.deadline = absl::FromUnixNanos(d.deadline_unix_ns);
-  {
-    absl::MutexLock lock(&mu_);
-    id = next_call_id_++;
-    if (pending.deadline != absl::InfiniteFuture()) AddDeadline(pending.deadline, id);
-    pending_by_caller_[{session->id, d.call_id}] = id;
-    pending_[id] = pending;
-  }
+  const uint64_t id = pending_.Add(pending);
   if (!places->empty()) {
     const uint64_t tx = d.payload_offset;
     const uint64_t caller_call_id = d.call_id;
@@ -752,12 +748,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
                    [this, session, tx, id, caller_call_id, worker, method](absl::Status delivered) {
                      Release(session, tx);
                      if (delivered.ok()) return;
-                     std::optional<Pending> ours;
-                     {
-                       absl::MutexLock lock(&mu_);
-                       ours = TakePending(id);
-                     }
-                     if (ours) {
+                     if (pending_.Take(id)) {
                        Fail(session, caller_call_id,
                             absl::Status(delivered.code(),
                                          absl::StrCat(CallName(worker, method), ": ",
@@ -770,17 +761,10 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
       Deliver(*session, group, worker, method, from, 0, message.body_offset, message.body_length,
               call->tensors, *callee, shm::Op::kCall, id, 0, d.deadline_unix_ns);
   Release(session, d.payload_offset);
-  if (!delivered.ok()) {
-    std::optional<Pending> ours;
-    {
-      absl::MutexLock lock(&mu_);
-      ours = TakePending(id);
-    }
-    if (ours) {
-      Fail(session, d.call_id,
-           absl::Status(delivered.code(), absl::StrCat(CallName(worker, method), ": ",
-                                                       delivered.message())));
-    }
+  if (!delivered.ok() && pending_.Take(id)) {
+    Fail(session, d.call_id,
+         absl::Status(delivered.code(),
+                      absl::StrCat(CallName(worker, method), ": ", delivered.message())));
   }
 }
 
@@ -1202,13 +1186,7 @@ void CallRouter::ServeRemoteRequest(agent::InboundRequest request, const absl::S
   pending.worker = header.target_worker();
   pending.method = header.method();
   pending.deadline = request.deadline;
-  uint64_t id;
-  {
-    absl::MutexLock lock(&mu_);
-    id = next_call_id_++;
-    if (pending.deadline != absl::InfiniteFuture()) AddDeadline(pending.deadline, id);
-    pending_[id] = pending;
-  }
+  const uint64_t id = pending_.Add(pending);
   shm::Descriptor posted{};
   posted.op = static_cast<uint8_t>(shm::Op::kCall);
   posted.call_id = id;
@@ -1226,12 +1204,7 @@ void CallRouter::ServeRemoteRequest(agent::InboundRequest request, const absl::S
       if (status.ok()) block->posted = true;
     }
     if (status.ok()) return;
-    std::optional<Pending> ours;
-    {
-      absl::MutexLock lock(&mu_);
-      ours = TakePending(id);
-    }
-    if (ours) {
+    if (pending_.Take(id)) {
       RespondError(reply_to, absl::Status(status.code(),
                                           absl::StrCat(CallName(pending.worker, pending.method),
                                                        " on node ", options_.node, ": ",
@@ -1283,12 +1256,7 @@ void CallRouter::RespondError(const agent::ReplyTo& to, const absl::Status& stat
 
 void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
   // A late reply (the deadline answered the call) or one to no call of this session is dropped.
-  std::optional<Pending> pending;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(d.call_id);
-    if (it != pending_.end() && it->second.callee == session->id) pending = TakePending(d.call_id);
-  }
+  std::optional<Pending> pending = pending_.TakeReply(d.call_id, session->id);
   if (!pending) {
     Release(session, d.payload_offset);
     return;
@@ -1400,14 +1368,11 @@ void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const sh
 }
 
 void CallRouter::HandleCancel(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
-  const CallerKey key{session->id, d.call_id};
-  std::optional<Pending> local;
+  std::optional<Pending> local = pending_.TakeByCaller(session->id, d.call_id);
   std::optional<Outgoing> remote;
-  {
+  if (!local) {
     absl::MutexLock lock(&mu_);
-    if (auto it = pending_by_caller_.find(key); it != pending_by_caller_.end()) {
-      local = TakePending(it->second);
-    } else if (auto out = outgoing_.find(key); out != outgoing_.end()) {
+    if (auto out = outgoing_.find({session->id, d.call_id}); out != outgoing_.end()) {
       remote = std::move(out->second);
       outgoing_.erase(out);
     }
@@ -1618,16 +1583,6 @@ void CallRouter::EndSession(const Session& session, const std::string& why) {
   options_.end_session(session.id, why);
 }
 
-std::optional<CallRouter::Pending> CallRouter::TakePending(uint64_t id) {
-  auto it = pending_.find(id);
-  if (it == pending_.end()) return std::nullopt;
-  Pending p = std::move(it->second);
-  pending_.erase(it);
-  deadlines_.erase({p.deadline, id});
-  if (!p.remote) pending_by_caller_.erase({p.caller, p.caller_call_id});
-  return p;
-}
-
 void CallRouter::AnswerPending(const Pending& p, const absl::Status& status) {
   if (p.remote) {
     RespondError(*p.remote, status);
@@ -1636,42 +1591,14 @@ void CallRouter::AnswerPending(const Pending& p, const absl::Status& status) {
   }
 }
 
-void CallRouter::AddDeadline(absl::Time deadline, uint64_t id) {
-  deadlines_.insert({deadline, id});
-  // Wake the timer only for a deadline before the time it sleeps until: waking it for every
-  // call cost a context switch per call.
-  if (deadline < timer_wake_at_) timer_cv_.Signal();
-}
-
-void CallRouter::TimerLoop() {
-  pthread_setname_np(pthread_self(), "tpd-call-timer");
-  absl::MutexLock lock(&mu_);
-  while (!stopping_) {
-    const absl::Time now = absl::Now();
-    if (deadlines_.empty() || deadlines_.begin()->first > now) {
-      // Sleep until the earliest deadline, or a second at most: most deadlines (seconds away)
-      // are then later than the wake-up and cost no signal; the timer finds them when it wakes.
-      const absl::Time next =
-          deadlines_.empty() ? absl::InfiniteFuture() : deadlines_.begin()->first;
-      timer_wake_at_ = std::min(next, now + kTimerHorizon);
-      timer_cv_.WaitWithDeadline(&mu_, timer_wake_at_);
-      timer_wake_at_ = absl::InfinitePast();  // awake: it looks at the set before sleeping
-      continue;
-    }
-    const uint64_t id = deadlines_.begin()->second;
-    std::optional<Pending> p = TakePending(id);
-    if (!p) continue;
-    mu_.Unlock();
-    // A remote caller's daemon keeps its own deadline and has answered already; its entry
-    // only had to go.
-    if (!p->remote) {
-      Fail(Find(p->caller), p->caller_call_id,
-           absl::DeadlineExceededError(absl::StrCat(
-               CallName(p->worker, p->method), " passed its deadline ",
-               absl::FormatTime(p->deadline, absl::UTCTimeZone()), " with no reply")));
-    }
-    mu_.Lock();
-  }
+void CallRouter::OnDeadline(const Pending& p) {
+  // A remote caller's daemon keeps its own deadline and has answered already; its entry only
+  // had to go.
+  if (p.remote) return;
+  Fail(Find(p.caller), p.caller_call_id,
+       absl::DeadlineExceededError(absl::StrCat(
+           CallName(p.worker, p.method), " passed its deadline ",
+           absl::FormatTime(p.deadline, absl::UTCTimeZone()), " with no reply")));
 }
 
 }  // namespace tpd

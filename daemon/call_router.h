@@ -47,7 +47,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -59,6 +58,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/agent.h"
+#include "daemon/router/pending_calls.h"
 #include "base/log_limiter.h"
 #include "daemon/cuda_copies.h"
 #include "proto/control.pb.h"
@@ -188,19 +188,7 @@ class CallRouter {
   struct Place {
     int device = -1;  // -1: cpu
   };
-  // A call delivered to a local callee session, by the id the callee sees.
-  struct Pending {
-    // Who is answered: a local caller session (caller, caller_call_id) or another daemon.
-    std::string caller;
-    uint64_t caller_call_id = 0;
-    std::optional<agent::ReplyTo> remote;
-    std::string callee;
-    std::string group;
-    std::string from;  // the calling worker
-    std::string worker;
-    std::string method;
-    absl::Time deadline = absl::InfiniteFuture();
-  };
+  using Pending = router::PendingCall;
   // A call of a local session to a worker on another node, until it is answered.
   struct Outgoing {
     std::string node;
@@ -315,12 +303,10 @@ class CallRouter {
   void Release(const std::shared_ptr<Session>& to, uint64_t tx_offset);
   // Answers a remote caller's request with an error.
   void RespondError(const agent::ReplyTo& to, const absl::Status& status);
-  // Removes pending call `id` if still there (and its deadline).
-  std::optional<Pending> TakePending(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers `p` (its caller, local or remote) with `status`.
   void AnswerPending(const Pending& p, const absl::Status& status);
-  void AddDeadline(absl::Time deadline, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TimerLoop();
+  // `p` passed its deadline with no reply (the timer thread).
+  void OnDeadline(const Pending& p);
   // UNAVAILABLE: this daemon is draining.
   absl::Status StoppingError() const;
 
@@ -328,16 +314,11 @@ class CallRouter {
   LogLimiter warnings_{absl::Seconds(10)};
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by routed call id
-  std::map<CallerKey, uint64_t> pending_by_caller_ ABSL_GUARDED_BY(mu_);
+  // Calls delivered to local sessions, until answered; its deadlines are served by timer_.
+  router::PendingCalls pending_;
   std::map<CallerKey, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<absl::Time, uint64_t>> deadlines_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  absl::CondVar timer_cv_;
-  // When the timer thread wakes up next; InfinitePast() while it is awake.
-  absl::Time timer_wake_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread timer_;
 };
 

@@ -1,6 +1,6 @@
-#include "agent/deadline_queue.h"
+#include "base/deadline_queue.h"
 
-namespace tpd::agent {
+namespace tpd {
 
 void DeadlineQueue::Add(uint64_t id, absl::Time deadline) {
   Remove(id);
@@ -33,4 +33,4 @@ std::optional<absl::Time> DeadlineQueue::Earliest() const {
   return by_deadline_.begin()->first;
 }
 
-}  // namespace tpd::agent
+}  // namespace tpd

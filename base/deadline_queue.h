@@ -1,11 +1,11 @@
-// The agent's one timer structure: ids ordered by deadline (a B-tree), so the agent's timer
-// thread sleeps until the earliest one and fails everything late in one pass, however many
-// calls are pending: no thread per call.
+// The one timer structure of calls in flight (the agent's and the router's): ids ordered by
+// deadline (a B-tree), so a timer thread sleeps until the earliest one and fails everything
+// late in one pass, however many calls are pending: no thread per call.
 //
-// Thread safety: not thread-safe; the agent guards it with its mutex.
+// Thread safety: not thread-safe; its owner guards it with its mutex.
 
-#ifndef TPD_AGENT_DEADLINE_QUEUE_H_
-#define TPD_AGENT_DEADLINE_QUEUE_H_
+#ifndef TPD_BASE_DEADLINE_QUEUE_H_
+#define TPD_BASE_DEADLINE_QUEUE_H_
 
 #include <cstdint>
 #include <optional>
@@ -16,7 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 
-namespace tpd::agent {
+namespace tpd {
 
 class DeadlineQueue {
  public:
@@ -41,6 +41,6 @@ class DeadlineQueue {
   absl::flat_hash_map<uint64_t, absl::Time> deadline_of_;
 };
 
-}  // namespace tpd::agent
+}  // namespace tpd
 
-#endif  // TPD_AGENT_DEADLINE_QUEUE_H_
+#endif  // TPD_BASE_DEADLINE_QUEUE_H_

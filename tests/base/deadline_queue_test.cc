@@ -1,11 +1,11 @@
 // The agent's timer structure: ids come out earliest first, once, and only when due.
 
-#include "agent/deadline_queue.h"
+#include "base/deadline_queue.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace tpd::agent {
+namespace tpd {
 namespace {
 
 using ::testing::ElementsAre;
@@ -54,4 +54,4 @@ TEST(DeadlineQueueTest, NoDeadlineIsNeverDue) {
 }
 
 }  // namespace
-}  // namespace tpd::agent
+}  // namespace tpd
