@@ -21,6 +21,7 @@
 #include "agent/log.h"
 #include "agent/pipe_auth.h"
 #include "agent/tp_error.h"
+#include "base/status.h"
 #include "store/check.h"
 
 namespace tpd::agent {
@@ -1160,8 +1161,7 @@ void Agent::Send(const PeerId& peer, Message msg, absl::Time deadline, Callback 
                  Allocator reply_allocator) {
   msg.header.set_kind(v1::AgentMessage::REQUEST);
   if (absl::Status s = PrepareHeader(msg, options_.max_message_bytes); !s.ok()) {
-    done(absl::Status(s.code(), absl::StrCat("method \"", msg.header.method(), "\" to ",
-                                             peer.ToString(), ": ", s.message())));
+    done(Prefixed(s, "method \"", msg.header.method(), "\" to ", peer.ToString(), ": "));
     return;
   }
   const absl::Time now = absl::Now();
@@ -1320,8 +1320,7 @@ void Agent::OnCallWritten(uint64_t call_id, const absl::Status& status) {
     Call& call = *it->second;
     call.write_finished = true;
     if (!status.ok() && !call.outcome.has_value()) {
-      call.outcome = absl::Status(status.code(), absl::StrCat("method \"", call.method,
-                                                              "\": ", status.message()));
+      call.outcome = Prefixed(status, "method \"", call.method, "\": ");
       if (call.conn != nullptr) call.conn->pending.erase(call_id);
       deadlines_.Remove(call_id);
     }
@@ -1385,8 +1384,7 @@ void Agent::Respond(const ReplyTo& to, Message response, SentCallback sent) {
   }
   if (response.header.method().empty()) response.header.set_method(to.method_);
   if (absl::Status s = PrepareHeader(response, options_.max_message_bytes); !s.ok()) {
-    finish(absl::Status(s.code(), absl::StrCat("response to ", to.node_, " for method \"",
-                                               to.method_, "\": ", s.message())));
+    finish(Prefixed(s, "response to ", to.node_, " for method \"", to.method_, "\": "));
     return;
   }
   absl::Status pipe_error;
@@ -1582,11 +1580,8 @@ void Agent::OnDescriptor(const std::shared_ptr<Conn>& conn,
                              : destination.status();
       if (!bad.ok()) {
         CompleteCall(header->call_id(),
-                     absl::Status(bad.code(), absl::StrCat("the reply to method \"",
-                                                           header->method(), "\" from ",
-                                                           peer.ToString(),
-                                                           " could not be placed: ",
-                                                           bad.message())));
+                     Prefixed(bad, "the reply to method \"", header->method(), "\" from ",
+                              peer.ToString(), " could not be placed: "));
         destination = bad;
       }
     } else {
@@ -1795,11 +1790,8 @@ void Agent::Finish(const std::shared_ptr<Conn>& conn, const PeerId& peer, Incomi
   if (message.header.kind() != v1::AgentMessage::REQUEST) {
     const uint64_t call_id = message.header.call_id();
     if (!chunk_error.ok()) {
-      CompleteCall(call_id, absl::Status(chunk_error.code(),
-                                         absl::StrCat("the reply to method \"",
-                                                      message.header.method(), "\" from ",
-                                                      peer.ToString(), " failed: ",
-                                                      chunk_error.message())));
+      CompleteCall(call_id, Prefixed(chunk_error, "the reply to method \"", message.header.method(),
+                                     "\" from ", peer.ToString(), " failed: "));
       return;
     }
     CompleteCall(call_id, std::move(message));
@@ -1868,8 +1860,7 @@ void Agent::FailConn(const std::shared_ptr<Conn>& conn, const absl::Status& stat
       if (it == calls_.end()) continue;
       Call& call = *it->second;
       if (!call.outcome.has_value()) {
-        call.outcome = absl::Status(status.code(), absl::StrCat("method \"", call.method,
-                                                                "\": ", status.message()));
+        call.outcome = Prefixed(status, "method \"", call.method, "\": ");
         deadlines_.Remove(id);
       }
       TakeDoneIfFinished(call, &run);

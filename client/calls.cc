@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status.h"
 #include "client/cuda_export.h"
 #include "proto/shm/doorbell.h"
 #include "proto/shm/heap.h"
@@ -749,8 +750,7 @@ CallFuture CallEngine::CallAsync(const std::string& group, const std::string& fr
     absl::MutexLock lock(&mu_);
     absl::Status refused;
     if (!broken_.ok()) {
-      refused = absl::Status(broken_.code(),
-                             absl::StrCat(CallName(group, worker, method), ": ", broken_.message()));
+      refused = Prefixed(broken_, CallName(group, worker, method), ": ");
     } else if (stop_) {
       refused = absl::CancelledError(
           absl::StrCat(CallName(group, worker, method), ": the call engine is stopping"));
@@ -780,9 +780,7 @@ CallFuture CallEngine::CallAsync(const std::string& group, const std::string& fr
              method, from, payload, tensors);
   if (!submitted.ok()) {
     absl::MutexLock lock(&mu_);
-    Finish(id, absl::Status(submitted.code(), absl::StrCat(CallName(group, worker, method),
-                                                           " was not sent: ",
-                                                           submitted.message())));
+    Finish(id, Prefixed(submitted, CallName(group, worker, method), " was not sent: "));
   }
   return CallFuture(state);
 }
@@ -890,9 +888,7 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
         if (!offset.ok()) {
           absl::MutexLock lock(&link_->mu);
           (void)link_->tx.Free(*block);
-          return absl::Status(offset.status().code(),
-                              absl::StrCat("tensor ", i, " (", tensor.device_.ToString(),
-                                           "): ", offset.status().message()));
+          return Prefixed(offset.status(), "tensor ", i, " (", tensor.device_.ToString(), "): ");
         }
         std::memcpy(out + *at[i], &record, sizeof(record));
         // A received tensor passed on: its pool block must not go back to the daemon (and be
@@ -1217,15 +1213,13 @@ absl::Status CallEngine::Answer(uint64_t id, const std::string& worker,
   } else if (!from_handler) {
     ReplyError(id, reply.status());
   } else {
-    ReplyError(id, absl::Status(reply.status().code(),
-                                absl::StrCat(kRemotePrefix, worker, "' method '", method,
-                                             "' failed: ", reply.status().message())));
+    ReplyError(id,
+               Prefixed(reply.status(), kRemotePrefix, worker, "' method '", method, "' failed: "));
   }
   if (!sent.ok()) {
     // Too big for the arena, say: tell the caller that instead.
-    sent = absl::Status(sent.code(), absl::StrCat("the reply of worker '", worker, "' method '",
-                                                  method, "' could not be sent: ",
-                                                  sent.message()));
+    sent = Prefixed(sent, "the reply of worker '", worker, "' method '", method,
+                    "' could not be sent: ");
     ReplyError(id, sent);
   }
   if (defer_releases_of != link_.get()) link_->FlushReleases(absl::ZeroDuration());
@@ -1291,7 +1285,7 @@ absl::Status CallEngine::LendDevicePool(int device, uint64_t bytes) {
   absl::StatusOr<DevicePool> pool =
       exporter.ok() ? (*exporter)->AllocatePool(device, bytes) : exporter.status();
   if (!pool.ok()) {
-    return absl::Status(pool.status().code(), absl::StrCat(what, ": ", pool.status().message()));
+    return Prefixed(pool.status(), what, ": ");
   }
   {
     // Known before the daemon can place anything in it.
@@ -1349,7 +1343,7 @@ absl::Status CallEngine::LendDevicePool(int device, uint64_t bytes) {
     }
     (*exporter)->FreePool(*pool);
   }
-  return absl::Status(lent.code(), absl::StrCat(what, ": ", lent.message()));
+  return Prefixed(lent, what, ": ");
 }
 
 CallEngineStats CallEngine::Stats() {

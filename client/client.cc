@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "client/cuda_export.h"
 #include "client/socket_path.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -465,8 +466,7 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
   }
   ReleaseCallEngine(std::move(calls));
   if (!lent.ok()) {
-    return absl::Status(lent.code(), absl::StrCat("joined group '", options.group, "' as '",
-                                                  options.name, "', but ", lent.message()));
+    return Prefixed(lent, "joined group '", options.group, "' as '", options.name, "', but ");
   }
   return response;
 }

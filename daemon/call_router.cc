@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/log_limiter.h"
+#include "base/status.h"
 #include "daemon/gpu_access.h"
 #include "daemon/logging.h"
 #include "daemon/session_handle.h"
@@ -704,9 +705,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
       PlaceTensors(group, from, worker, /*reply=*/false, call->tensors);
   if (!places.ok()) {
     Release(session, d.payload_offset);
-    Fail(session, d.call_id,
-         absl::Status(places.status().code(), absl::StrCat(CallName(worker, method), ": ",
-                                                           places.status().message())));
+    Fail(session, d.call_id, Prefixed(places.status(), CallName(worker, method), ": "));
     return;
   }
   std::optional<std::string> target = options_.lookup(group, worker);
@@ -750,9 +749,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
                      if (delivered.ok()) return;
                      if (pending_.Take(id)) {
                        Fail(session, caller_call_id,
-                            absl::Status(delivered.code(),
-                                         absl::StrCat(CallName(worker, method), ": ",
-                                                      delivered.message())));
+                            Prefixed(delivered, CallName(worker, method), ": "));
                      }
                    });
     return;
@@ -762,9 +759,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
               call->tensors, *callee, shm::Op::kCall, id, 0, d.deadline_unix_ns);
   Release(session, d.payload_offset);
   if (!delivered.ok() && pending_.Take(id)) {
-    Fail(session, d.call_id,
-         absl::Status(delivered.code(),
-                      absl::StrCat(CallName(worker, method), ": ", delivered.message())));
+    Fail(session, d.call_id, Prefixed(delivered, CallName(worker, method), ": "));
   }
 }
 
@@ -784,9 +779,7 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
   if (!address.ok()) {
     Release(session, d.payload_offset);
     Fail(session, d.call_id,
-         absl::Status(address.status().code(), absl::StrCat(CallName(worker, method), " on node ",
-                                                            member.node(), ": ",
-                                                            address.status().message())));
+         Prefixed(address.status(), CallName(worker, method), " on node ", member.node(), ": "));
     return;
   }
   agent::Message request;
@@ -813,8 +806,7 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
                                             &copies, &chunked);
              !staged.ok()) {
     Fail(session, d.call_id,
-         absl::Status(staged.code(), absl::StrCat(CallName(worker, method), " on node ",
-                                                  member.node(), ": ", staged.message())));
+         Prefixed(staged, CallName(worker, method), " on node ", member.node(), ": "));
     return;
   }
   {
@@ -873,10 +865,8 @@ void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::
                          }
                          if (call) {
                            Fail(caller, call_id,
-                                absl::Status(copied.code(),
-                                             absl::StrCat(CallName(call->worker, call->method),
-                                                          " on node ", call->node, ": ",
-                                                          copied.message())));
+                                Prefixed(copied, CallName(call->worker, call->method), " on node ",
+                                         call->node, ": "));
                          }
                        });
   }
@@ -950,10 +940,9 @@ void CallRouter::OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t 
     outgoing_.erase(it);
   }
   if (!reply.ok()) {
-    Fail(caller, call_id,
-         absl::Status(reply.status().code(),
-                      absl::StrCat(CallName(call.worker, call.method), " on node ", call.node,
-                                   ": ", reply.status().message())));
+    Fail(
+        caller, call_id,
+        Prefixed(reply.status(), CallName(call.worker, call.method), " on node ", call.node, ": "));
     return;
   }
   auto block = std::static_pointer_cast<const RxBlock>(reply->keepalive);
@@ -974,9 +963,7 @@ void CallRouter::OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t 
     }
     if (!status.ok()) {
       Fail(caller, call_id,
-           absl::Status(status.code(), absl::StrCat("reply of worker '", call.worker,
-                                                    "' to method '", call.method, "': ",
-                                                    status.message())));
+           Prefixed(status, "reply of worker '", call.worker, "' to method '", call.method, "': "));
     }
   });
 }
@@ -1036,9 +1023,7 @@ absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
           options_.cuda->AllocatePool(*to->cuda, targets[i], entry.length);
       if (!pool.ok()) {
         options_.cuda->FreeStaging(*staging);
-        return absl::Status(pool.status().code(),
-                            absl::StrCat("worker '", header.target_worker(), "': ",
-                                         pool.status().message()));
+        return Prefixed(pool.status(), "worker '", header.target_worker(), "': ");
       }
       block->staging[i] = *staging;
       block->chunked[i] = header.tensors(static_cast<int>(i)).chunk_bytes() > 0;
@@ -1205,10 +1190,8 @@ void CallRouter::ServeRemoteRequest(agent::InboundRequest request, const absl::S
     }
     if (status.ok()) return;
     if (pending_.Take(id)) {
-      RespondError(reply_to, absl::Status(status.code(),
-                                          absl::StrCat(CallName(pending.worker, pending.method),
-                                                       " on node ", options_.node, ": ",
-                                                       status.message())));
+      RespondError(reply_to, Prefixed(status, CallName(pending.worker, pending.method), " on node ",
+                                      options_.node, ": "));
     }
   });
 }
@@ -1291,10 +1274,8 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
                        Release(session, tx);
                        if (delivered.ok()) return;
                        Fail(caller, answered.caller_call_id,
-                            absl::Status(delivered.code(),
-                                         absl::StrCat("reply of worker '", answered.worker,
-                                                      "' to method '", answered.method,
-                                                      "': ", delivered.message())));
+                            Prefixed(delivered, "reply of worker '", answered.worker,
+                                     "' to method '", answered.method, "': "));
                      });
       return;
     } else {
@@ -1307,9 +1288,8 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
   Release(session, d.payload_offset);
   if (!delivered.ok()) {
     Fail(caller, pending->caller_call_id,
-         absl::Status(delivered.code(), absl::StrCat("reply of worker '", pending->worker,
-                                                     "' to method '", pending->method,
-                                                     "': ", delivered.message())));
+         Prefixed(delivered, "reply of worker '", pending->worker, "' to method '", pending->method,
+                  "': "));
   }
 }
 
@@ -1347,10 +1327,8 @@ void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const sh
   if (absl::Status staged =
           StageOut(session, d.payload_offset, *reply, *places, &response, &copies, &chunked);
       !staged.ok()) {
-    RespondError(*pending.remote, absl::Status(staged.code(),
-                                               absl::StrCat("reply of worker '", pending.worker,
-                                                            "' to method '", pending.method,
-                                                            "': ", staged.message())));
+    RespondError(*pending.remote, Prefixed(staged, "reply of worker '", pending.worker,
+                                           "' to method '", pending.method, "': "));
     return;
   }
   // Answered once the unchunked CUDA tensors are in pinned staging; chunks follow.

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status.h"
 #include "daemon/agent_address.h"
 #include "daemon/logging.h"
 #include "daemon/version.h"
@@ -241,9 +242,8 @@ absl::Status Daemon::StartAgent() {
   options.accept_networks = AgentAcceptNetworks(config_);
   absl::StatusOr<std::unique_ptr<agent::Agent>> agent = agent::Agent::Create(options);
   if (!agent.ok()) {
-    return absl::Status(agent.status().code(),
-                        absl::StrCat("cannot start the agent on ", options.listen_address,
-                                     " (agent.listen_address): ", agent.status().message()));
+    return Prefixed(agent.status(), "cannot start the agent on ", options.listen_address,
+                    " (agent.listen_address): ");
   }
   agent_ = *std::move(agent);
   DaemonLog().info("[agent {}] listening on {} for calls from other daemons", options.id,

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "base/status.h"
 #include "daemon/group/heartbeat.h"
 #include "daemon/logging.h"
 #include "store/summarize.h"
@@ -763,9 +764,8 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     if (!appended.ok() || (!*appended && attempt >= 100)) {
       const absl::Status error =
           !appended.ok()
-              ? absl::Status(appended.status().code(),
-                             absl::StrCat("group ", group_, ": cannot update the rendezvous store ",
-                                          store_name_, ": ", appended.status().message()))
+              ? Prefixed(appended.status(), "group ", group_,
+                         ": cannot update the rendezvous store ", store_name_, ": ")
               : absl::AbortedError(absl::StrCat("group ", group_, ": lost the race for a new ",
                                                 "version 100 times; retry"));
       SettledJoins(ops);
