@@ -14,6 +14,7 @@
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/daemon_nodes.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/wait_until.h"
 
@@ -21,10 +22,8 @@ namespace tpd {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::DaemonProcess;
 using testing::RunfilePath;
 using testing::RunProcess;
-using testing::TempDir;
 using testing::WaitUntil;
 
 constexpr int64_t kArenaBytes = int64_t{16} << 20;
@@ -48,39 +47,15 @@ v1::AgentPeer PeerOf(const absl::StatusOr<v1::StatusResponse>& status, const std
   return {};
 }
 
-// Daemons node0 and node1 (the daemon-start helpers are remote_calls_test.cc's).
+// Daemons node0 and node1 (tests/testing/daemon_nodes.h).
 class DataPlaneStatusTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    StartDaemon(0);
-    StartDaemon(1);
-    init_method_ = absl::StrCat("tcp://", PeerAddress(0));
+    ASSERT_NO_FATAL_FAILURE(nodes_.StartAll());
+    init_method_ = nodes_.init_method();
   }
 
-  void StartDaemon(int i) {
-    sockets_[i] = absl::StrCat(dirs_[i].path(), "/tpd.sock");
-    const std::string config = dirs_[i].WriteFile(
-        "tpd.toml",
-        absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\n",
-                     "token = \"secret\"\nnode_name = \"node", i, "\"\n",
-                     "heartbeat_interval_ms = 200\nheartbeat_timeout_ms = 2000\n",
-                     "[data]\narena_bytes = ", kArenaBytes, "\n"));
-    auto daemon = DaemonProcess::Start(sockets_[i], {"--config", config});
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    daemons_[i] = *std::move(daemon);
-  }
-
-  std::string PeerAddress(int i) {
-    auto client = Client::Connect(sockets_[i]);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? (*client)->Status()->peer_address() : "";
-  }
-
-  std::unique_ptr<Client> Connect(int i) {
-    auto client = Client::Connect(sockets_[i]);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
-  }
+  std::unique_ptr<Client> Connect(int i) { return nodes_.Connect(i); }
 
   absl::Status Join(Client* client, const std::string& name, int64_t rank) {
     JoinOptions options;
@@ -112,13 +87,15 @@ class DataPlaneStatusTest : public ::testing::Test {
   }
 
   testing::ProcessResult Tpctl(int i) {
-    return RunProcess({RunfilePath("client/tpctl"), "--socket", sockets_[i], "status"});
+    return RunProcess({RunfilePath("client/tpctl"), "--socket", nodes_.socket(i), "status"});
   }
 
-  TempDir dirs_[2];
-  std::string sockets_[2];
+  testing::DaemonNodes nodes_{{"node0", "node1"}, [](int) {
+                                return absl::StrCat(
+                                    "heartbeat_interval_ms = 200\nheartbeat_timeout_ms = 2000\n",
+                                    "[data]\narena_bytes = ", kArenaBytes, "\n");
+                              }};
   std::string init_method_;
-  std::unique_ptr<DaemonProcess> daemons_[2];
   std::unique_ptr<Client> a_;
   std::unique_ptr<Client> b_;
 };

@@ -26,6 +26,7 @@
 #include "proto/control.grpc.pb.h"
 #include "proto/store.grpc.pb.h"
 #include "proto/store_scope.h"
+#include "tests/testing/daemon_nodes.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/group_recorder.h"
 #include "tests/testing/group_store_checks.h"
@@ -48,36 +49,11 @@ constexpr int kNodes = 3;
 class GroupTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (int i = 0; i < kNodes; ++i) StartNode(i);
-    init_method_ = absl::StrCat("tcp://", peer_[0]);
+    ASSERT_NO_FATAL_FAILURE(nodes_.StartAll());
+    init_method_ = nodes_.init_method();
   }
 
-  // Starts node i ("node-a", ...) on a fresh socket; a restart keeps its name.
-  void StartNode(int i) {
-    const std::string name = absl::StrCat("node-", std::string(1, static_cast<char>('a' + i)));
-    socket_[i] = absl::StrCat(dir_.path(), "/", name, ".sock");
-    // Node a's peer port must stay the same across its restarts: it hosts the store.
-    const std::string listen = peer_[i].empty() ? "127.0.0.1:0" : peer_[i];
-    const std::string config = dir_.WriteFile(
-        absl::StrCat(name, ".toml"),
-        absl::StrCat("[peer]\nlisten_address = \"", listen, "\"\ntoken = \"secret\"\n",
-                     "node_name = \"", name, "\"\nheartbeat_interval_ms = 100\n",
-                     "heartbeat_timeout_ms = 1000\n[group]\ncuda_device_count = 2\n",
-                     "file_rendezvous_dirs = [\"", dir_.path(), "\"]\n",
-                     "[daemon]\nshutdown_grace_ms = 600000\n"));
-    auto daemon = DaemonProcess::Start(socket_[i], {"--config", config});
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    daemon_[i] = *std::move(daemon);
-    auto client = Client::Connect(socket_[i]);
-    ASSERT_TRUE(client.ok()) << client.status();
-    peer_[i] = (*client)->Status()->peer_address();
-  }
-
-  std::unique_ptr<Client> Connect(int node) {
-    auto client = Client::Connect(socket_[node]);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
-  }
+  std::unique_ptr<Client> Connect(int node) { return nodes_.Connect(node); }
 
   JoinOptions Options(const std::string& group, int rank, std::optional<int64_t> world_size) {
     JoinOptions options;
@@ -91,28 +67,27 @@ class GroupTest : public ::testing::Test {
   }
 
   // Joins ranks 0..world_size-1 of a static group, rank r through node r % kNodes, each from
-  // its own client (session) and thread. Returns each rank's result.
+  // its own client (session, kept in clients_) and thread. Returns each rank's result.
   std::vector<absl::StatusOr<v1::JoinResponse>> JoinStatic(
       const std::string& group, int world_size,
       std::function<void(int, JoinOptions*)> customize = nullptr) {
-    std::vector<absl::StatusOr<v1::JoinResponse>> results(world_size,
-                                                          absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
+    std::vector<Client*> ranks;
     for (int r = 0; r < world_size; ++r) {
       clients_.push_back(Connect(r % kNodes));
-      Client* client = clients_.back().get();
-      JoinOptions options = Options(group, r, world_size);
-      if (customize) customize(r, &options);
-      threads.emplace_back([&results, r, client, options] { results[r] = client->Join(options); });
+      ranks.push_back(clients_.back().get());
     }
-    for (std::thread& thread : threads) thread.join();
-    return results;
+    return testing::JoinStatic(ranks, Options(group, 0, world_size), customize);
   }
 
+  // Shared by the nodes: file:// rendezvous files go here (every node allows it).
   TempDir dir_;
-  std::string socket_[kNodes];
-  std::string peer_[kNodes];
-  std::unique_ptr<DaemonProcess> daemon_[kNodes];
+  testing::DaemonNodes nodes_{{"node-a", "node-b", "node-c"}, [this](int) {
+                                return absl::StrCat(
+                                    "heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 1000\n",
+                                    "[group]\ncuda_device_count = 2\n",
+                                    "file_rendezvous_dirs = [\"", dir_.path(), "\"]\n",
+                                    "[daemon]\nshutdown_grace_ms = 600000\n");
+                              }};
   std::string init_method_;
   std::vector<std::unique_ptr<Client>> clients_;
 };
@@ -222,7 +197,7 @@ TEST_F(GroupTest, OnlyAMembersSessionReachesAGroupsStore) {
   }
   // Raw requests: a session id that is no session, no session at all, a bad group name.
   auto stub = v1::Store::NewStub(
-      grpc::CreateChannel(absl::StrCat("unix:", socket_[0]), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(absl::StrCat("unix:", nodes_.socket(0)), grpc::InsecureChannelCredentials()));
   auto set = [&stub](const std::vector<std::pair<std::string, std::string>>& metadata) {
     grpc::ClientContext context;
     for (const auto& [key, value] : metadata) context.AddMetadata(key, value);
@@ -251,7 +226,7 @@ TEST_F(GroupTest, OnlyAMembersSessionReachesAGroupsStore) {
 
 TEST_F(GroupTest, TpctlRefusesADeviceMappedTwiceTowardOneWorker) {
   testing::ProcessResult result = testing::RunProcess(
-      {RunfilePath("client/tpctl"), "--socket", socket_[0], "--init_method", init_method_,
+      {RunfilePath("client/tpctl"), "--socket", nodes_.socket(0), "--init_method", init_method_,
        "--device_maps", "w1:0=1;w1:0=0", "group", "join", "maps", "w0"});
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_THAT(result.output, HasSubstr("device 0 is mapped twice toward w1 (to 1 and to 0)"));
@@ -260,7 +235,7 @@ TEST_F(GroupTest, TpctlRefusesADeviceMappedTwiceTowardOneWorker) {
 TEST_F(GroupTest, TpctlTakesTheSameDevicePairGivenTwice) {
   // A dynamic group of one: the join goes through, with the pair once.
   testing::ProcessResult result = testing::RunProcess(
-      {RunfilePath("client/tpctl"), "--socket", socket_[0], "--init_method", init_method_,
+      {RunfilePath("client/tpctl"), "--socket", nodes_.socket(0), "--init_method", init_method_,
        "--device_maps", "w1:0=1;w1:0=1", "group", "join", "maps_twice", "w0"});
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output, HasSubstr("device_maps {w1: {")) << result.output;
@@ -295,7 +270,7 @@ TEST_F(GroupTest, AStoreThatNeverAnswersStallsNoOtherCall) {
   // Meanwhile the daemon answers health and local store calls well within a short deadline.
   ClientOptions quick;
   quick.call_timeout = absl::Seconds(2);
-  auto client = Client::Connect(socket_[0], quick);
+  auto client = Client::Connect(nodes_.socket(0), quick);
   ASSERT_TRUE(client.ok()) << client.status();
   for (int i = 0; i < 20; ++i) {
     EXPECT_TRUE((*client)->Serving().value_or(false));
@@ -308,12 +283,12 @@ TEST_F(GroupTest, AStoreThatNeverAnswersStallsNoOtherCall) {
 
 TEST_F(GroupTest, StaticGroupOfEightFormsOverThreeDaemonsViaEnv) {
   auto results = JoinStatic("env8", 8, [this](int r, JoinOptions* options) {
-    const size_t colon = peer_[0].rfind(':');
+    const size_t colon = nodes_.peer_address(0).rfind(':');
     options->init_method = "env://";
     options->rank.reset();
     options->world_size.reset();
-    options->env = {{"MASTER_ADDR", peer_[0].substr(0, colon)},
-                    {"MASTER_PORT", peer_[0].substr(colon + 1)},
+    options->env = {{"MASTER_ADDR", nodes_.peer_address(0).substr(0, colon)},
+                    {"MASTER_PORT", nodes_.peer_address(0).substr(colon + 1)},
                     {"RANK", absl::StrCat(r)},
                     {"WORLD_SIZE", "8"}};
   });
@@ -516,7 +491,7 @@ TEST_F(GroupTest, KilledClientLeavesAtOnceAndWatchersAreTold) {
   const pid_t child = fork();
   if (child == 0) {
     dup2(in[0], STDIN_FILENO);
-    execl(tpctl.c_str(), tpctl.c_str(), "--socket", socket_[1].c_str(), "--init_method",
+    execl(tpctl.c_str(), tpctl.c_str(), "--socket", nodes_.socket(1).c_str(), "--init_method",
           init_method_.c_str(), "--hold", "group", "join", "kill-client", "victim", nullptr);
     _exit(127);
   }
@@ -543,8 +518,8 @@ TEST_F(GroupTest, KilledDaemonIsEvictedBreaksStaticGroupAndRejoinsAsNewIncarnati
   auto watcher = Connect(0);
   GroupRecorder events(watcher.get(), "evict", init_method_);
   const uint64_t old_incarnation = Connect(2)->Status()->node().incarnation();
-  daemon_[2]->Signal(SIGKILL);
-  daemon_[2]->WaitExit(absl::Seconds(10));
+  nodes_.daemon(2)->Signal(SIGKILL);
+  nodes_.daemon(2)->WaitExit(absl::Seconds(10));
   ASSERT_TRUE(events.WaitFor([](const v1::GroupEvent& e) { return e.group().phase() == "BROKEN"; },
                              absl::Seconds(20)));
   v1::GroupView broken = *watcher->GetGroup("evict");
@@ -552,8 +527,7 @@ TEST_F(GroupTest, KilledDaemonIsEvictedBreaksStaticGroupAndRejoinsAsNewIncarnati
   for (const v1::Member& member : broken.members()) EXPECT_NE(member.node(), "node-c");
 
   // Restarted, node c is a new incarnation and joins a fresh dynamic group.
-  peer_[2].clear();
-  StartNode(2);
+  ASSERT_NO_FATAL_FAILURE(nodes_.Start(2, /*keep_port=*/false));
   auto restarted = Connect(2);
   EXPECT_NE(restarted->Status()->node().incarnation(), old_incarnation);
   absl::StatusOr<v1::JoinResponse> rejoined =
@@ -568,7 +542,7 @@ TEST_F(GroupTest, StoppedDaemonIsEvictedAndOnResumeLearnsItAndCannotActOnOldMemb
   ASSERT_TRUE(other->Join(Options("stop", 0, std::nullopt)).ok());
   ASSERT_TRUE(stopped->Join(Options("stop", 2, std::nullopt)).ok());
   const uint64_t incarnation = stopped->Status()->node().incarnation();
-  daemon_[2]->Signal(SIGSTOP);
+  nodes_.daemon(2)->Signal(SIGSTOP);
   absl::Time deadline = absl::Now() + absl::Seconds(20);
   v1::GroupView view = *other->GetGroup("stop");
   while (view.members_size() != 1 && absl::Now() < deadline) {
@@ -576,7 +550,7 @@ TEST_F(GroupTest, StoppedDaemonIsEvictedAndOnResumeLearnsItAndCannotActOnOldMemb
     view = *other->GetGroup("stop");
   }
   ASSERT_EQ(view.members_size(), 1);
-  daemon_[2]->Signal(SIGCONT);
+  nodes_.daemon(2)->Signal(SIGCONT);
   // On resume node c finds its member gone, takes a new incarnation, and refuses to act for it.
   deadline = absl::Now() + absl::Seconds(20);
   while (stopped->Status()->node().incarnation() == incarnation && absl::Now() < deadline) {
@@ -611,9 +585,9 @@ TEST_F(GroupTest, SigtermWithGroupsInUseLeavesExplicitlyAndExitsZero) {
     absl::StatusOr<v1::GroupView> view = observer->GetGroup("never-full");
     return view.ok() && view->members_size() > 0;
   })) << "node b never showed the pending join's member";
-  daemon_[1]->Signal(SIGTERM);
+  nodes_.daemon(1)->Signal(SIGTERM);
   // The fixture's grace period is 600 s: exiting here means nothing waited it out.
-  EXPECT_EQ(daemon_[1]->WaitExit(absl::Seconds(60)), 0);
+  EXPECT_EQ(nodes_.daemon(1)->WaitExit(absl::Seconds(60)), 0);
   pending_join.join();
   barrier_wait.join();
   EXPECT_EQ(pending.status().code(), absl::StatusCode::kUnavailable) << pending.status();
@@ -631,13 +605,13 @@ TEST_F(GroupTest, JoinAbandonedByItsClientIsWithdrawn) {
   // A raw client whose RPC deadline (300 ms) is far shorter than the join's own timeout
   // (the daemon default): when it gives up, its member must not linger in the group.
   auto channel =
-      grpc::CreateChannel(absl::StrCat("unix:", socket_[1]), grpc::InsecureChannelCredentials());
+      grpc::CreateChannel(absl::StrCat("unix:", nodes_.socket(1)), grpc::InsecureChannelCredentials());
   auto stub = v1::Control::NewStub(channel);
   grpc::ClientContext session_context;
   auto session = stub->OpenSession(&session_context, v1::OpenSessionRequest());
   v1::SessionEvent opened;
   ASSERT_TRUE(session->Read(&opened));
-  ASSERT_TRUE(testing::IdentifyRawSession(socket_[1], opened.session_id()).ok());
+  ASSERT_TRUE(testing::IdentifyRawSession(nodes_.socket(1), opened.session_id()).ok());
   v1::JoinRequest request;
   request.set_session_id(opened.session_id());
   request.set_group("abandoned");
@@ -757,7 +731,7 @@ TEST_F(GroupTest, StatusShowsGroupsMembersAndPeers) {
   EXPECT_TRUE(store.lease_id().empty());
   EXPECT_GT(store.last_beat_unix_ms(), 0);
   testing::ProcessResult printed =
-      testing::RunProcess({RunfilePath("client/tpctl"), "--socket", socket_[1], "status"});
+      testing::RunProcess({RunfilePath("client/tpctl"), "--socket", nodes_.socket(1), "status"});
   EXPECT_THAT(printed.output,
               HasSubstr(absl::StrCat("store ", store.name(), ": liveness by heartbeat, last ")));
   // Control calls are counted apart from store calls.

@@ -31,9 +31,11 @@
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/daemon_nodes.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/proc_counts.h"
 #include "tests/testing/test_bytes.h"
+#include "tests/testing/wait_until.h"
 
 namespace tpd {
 namespace {
@@ -41,9 +43,7 @@ namespace {
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using testing::Checksum;
-using testing::DaemonProcess;
 using testing::Pattern;
-using testing::TempDir;
 
 // Replies with the request's payload, "|", each tensor's checksum, and the tensors themselves.
 absl::StatusOr<Message> Echo(const Message& request) {
@@ -69,52 +69,14 @@ int SessionMappings(pid_t pid) {
   return static_cast<int>(inodes.size());
 }
 
-// Polls `done` every 50 ms until it holds or `timeout` passes.
-bool Eventually(const std::function<bool()>& done, absl::Duration timeout) {
-  const absl::Time end = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > end) return false;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return true;
-}
-
 class RemoteCallsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    StartDaemon(0);
-    StartDaemon(1);
-    init_method_ = absl::StrCat("tcp://", PeerAddress(0));
+    ASSERT_NO_FATAL_FAILURE(nodes_.StartAll());
+    init_method_ = nodes_.init_method();
   }
 
-  void StartDaemon(int i) {
-    sockets_[i] = absl::StrCat(dirs_[i].path(), "/tpd.sock");
-    const std::string config = dirs_[i].WriteFile(
-        "tpd.toml",
-        absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:", ports_[i], "\"\n",
-                     "token = \"secret\"\nnode_name = \"node", i, "\"\n",
-                     "heartbeat_interval_ms = 200\nheartbeat_timeout_ms = 2000\n",
-                     "[data]\narena_bytes = ", int64_t{256} << 20, "\n", agent_config_));
-    auto daemon = DaemonProcess::Start(sockets_[i], {"--config", config});
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    daemons_[i] = *std::move(daemon);
-    if (ports_[i] == 0) {
-      const std::string peer = PeerAddress(i);
-      ports_[i] = std::stoi(peer.substr(peer.rfind(':') + 1));
-    }
-  }
-
-  std::string PeerAddress(int i) {
-    auto client = Client::Connect(sockets_[i]);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? (*client)->Status()->peer_address() : "";
-  }
-
-  std::unique_ptr<Client> Connect(int i) {
-    auto client = Client::Connect(sockets_[i]);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
-  }
+  std::unique_ptr<Client> Connect(int i) { return nodes_.Connect(i); }
 
   // Joins `name` with `rank` into static group `group` of `world`; call from as many threads.
   absl::Status Join(Client* client, const std::string& group, const std::string& name,
@@ -156,7 +118,7 @@ class RemoteCallsTest : public ::testing::Test {
   pid_t StartVictim(int i, const std::string& mode) {
     int ready[2];
     EXPECT_EQ(pipe(ready), 0);
-    const std::string socket_env = absl::StrCat("TPD_REMOTE_VICTIM=", sockets_[i]);
+    const std::string socket_env = absl::StrCat("TPD_REMOTE_VICTIM=", nodes_.socket(i));
     const std::string mode_env = absl::StrCat("TPD_REMOTE_VICTIM_MODE=", mode);
     const std::string init_env = absl::StrCat("TPD_REMOTE_VICTIM_INIT=", init_method_);
     const std::string fd_env = absl::StrCat("TPD_REMOTE_VICTIM_FD=", ready[1]);
@@ -187,11 +149,13 @@ class RemoteCallsTest : public ::testing::Test {
   int victim_ready_fd_ = -1;
   // Appended to both daemons' config (an [agent] table), set before SetUp.
   std::string agent_config_;
-  TempDir dirs_[2];
-  std::string sockets_[2];
-  int ports_[2] = {0, 0};
+  testing::DaemonNodes nodes_{{"node0", "node1"}, [this](int) {
+                                return absl::StrCat(
+                                    "heartbeat_interval_ms = 200\nheartbeat_timeout_ms = 2000\n",
+                                    "[data]\narena_bytes = ", int64_t{256} << 20, "\n",
+                                    agent_config_);
+                              }};
   std::string init_method_;
-  std::unique_ptr<DaemonProcess> daemons_[2];
   std::unique_ptr<Client> a_;
   std::unique_ptr<Client> b_;
 };
@@ -298,7 +262,7 @@ TEST_F(RemoteCallsTest, PeerDaemonKilledMidCallIsUnavailableNamingTheNode) {
   });
   absl::SleepFor(absl::Milliseconds(300));  // the request is at b's handler
   const absl::Time killed = absl::Now();
-  daemons_[1]->Signal(SIGKILL);
+  nodes_.daemon(1)->Signal(SIGKILL);
   ASSERT_EQ(pending.wait_for(std::chrono::seconds(20)), std::future_status::ready);
   absl::StatusOr<Message> reply = pending.get();
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnavailable) << reply.status();
@@ -306,10 +270,10 @@ TEST_F(RemoteCallsTest, PeerDaemonKilledMidCallIsUnavailableNamingTheNode) {
   // Within the heartbeat window (2 s) plus slack, far from the call's 60 s.
   EXPECT_LT(absl::Now() - killed, absl::Seconds(10));
   b_.reset();
-  daemons_[1].reset();
+  nodes_.Stop(1);
 
   // node1 restarts on the same ports; a new b joins a new group and answers again.
-  StartDaemon(1);
+  ASSERT_NO_FATAL_FAILURE(nodes_.Start(1));
   b_ = Connect(1);
   ASSERT_NE(b_, nullptr);
   ASSERT_TRUE(b_->Handle("echo", Echo).ok());
@@ -379,10 +343,10 @@ TEST_F(RemoteCallsTest, FrozenPeerDaemonIsEvictedAndItsCallsFailAtOnceNamingIt) 
   absl::SleepFor(absl::Milliseconds(300));  // the request is at b's handler
   // SIGSTOP keeps node1's sockets open (no pipe error): only the heartbeat can tell.
   const absl::Time frozen = absl::Now();
-  daemons_[1]->Signal(SIGSTOP);
+  nodes_.daemon(1)->Signal(SIGSTOP);
   ASSERT_EQ(pending.wait_for(std::chrono::seconds(20)), std::future_status::ready);
   absl::StatusOr<Message> reply = pending.get();
-  daemons_[1]->Signal(SIGCONT);
+  nodes_.daemon(1)->Signal(SIGCONT);
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnavailable) << reply.status();
   EXPECT_THAT(reply.status().message(), HasSubstr("node node1 was evicted"));
   // heartbeat_timeout is 2 s: answered within the window plus slack, not at the 60 s deadline.
@@ -395,9 +359,9 @@ TEST_F(RemoteCallsTest, DaemonsReturnToTheirBaselineAfterClientsComeAndGo) {
   ASSERT_TRUE(b_->Call("g", "a", "echo", "warm").ok());
   testing::ProcCounts baseline[2];
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(Eventually(
+    ASSERT_TRUE(testing::WaitUntil(
         [&] {
-          const testing::ProcCounts now = testing::CountAll(daemons_[i]->pid());
+          const testing::ProcCounts now = testing::CountAll(nodes_.daemon(i)->pid());
           const bool settled = now.fds == baseline[i].fds && now.threads == baseline[i].threads;
           baseline[i] = now;
           return settled;
@@ -420,8 +384,8 @@ TEST_F(RemoteCallsTest, DaemonsReturnToTheirBaselineAfterClientsComeAndGo) {
   }
   // Sessions, their threads, segments and fds are gone again on both daemons.
   for (int i = 0; i < 2; ++i) {
-    const pid_t pid = daemons_[i]->pid();
-    EXPECT_TRUE(Eventually([&] { return testing::CountAll(pid).AtMost(baseline[i]); },
+    const pid_t pid = nodes_.daemon(i)->pid();
+    EXPECT_TRUE(testing::WaitUntil([&] { return testing::CountAll(pid).AtMost(baseline[i]); },
                            absl::Seconds(10)))
         << "node" << i << ": " << testing::CountAll(pid).ToString() << " vs baseline "
         << baseline[i].ToString() << "\n"
@@ -435,7 +399,7 @@ TEST_F(RemoteCallsTest, PeerDaemonStoppedMidCallAnswersItRefusesNewOnesAndExitsZ
     return a_->Call("g", "b", "sleep", "drained", {}, absl::Seconds(30));
   });
   absl::SleepFor(absl::Milliseconds(300));  // the request is at b's handler
-  daemons_[1]->Signal(SIGTERM);
+  nodes_.daemon(1)->Signal(SIGTERM);
   absl::SleepFor(absl::Milliseconds(300));  // node1 is draining
   absl::StatusOr<Message> refused = a_->Call("g", "b", "echo", "late", {}, absl::Seconds(10));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
@@ -443,7 +407,7 @@ TEST_F(RemoteCallsTest, PeerDaemonStoppedMidCallAnswersItRefusesNewOnesAndExitsZ
   absl::StatusOr<Message> reply = pending.get();
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->payload, "drained");
-  EXPECT_EQ(daemons_[1]->WaitExit(absl::Seconds(20)), 0);
+  EXPECT_EQ(nodes_.daemon(1)->WaitExit(absl::Seconds(20)), 0);
 }
 
 // The victim of the C1 tests: this binary run again by StartVictim. Mode "callee" handles
@@ -480,13 +444,13 @@ TEST(RemoteVictim, Run) {
 }
 
 TEST_F(RemoteCallsTest, CalleeProcessKilledMidCallFailsTheCallerFastNamingIt) {
-  const int baseline = SessionMappings(daemons_[1]->pid());
+  const int baseline = SessionMappings(nodes_.daemon(1)->pid());
   a_ = Connect(0);
   ASSERT_NE(a_, nullptr);
   ASSERT_TRUE(a_->Handle("echo", Echo).ok());
   const pid_t victim = StartVictim(1, "callee");
   JoinVictimGroup();
-  EXPECT_EQ(SessionMappings(daemons_[1]->pid()), baseline + 1);
+  EXPECT_EQ(SessionMappings(nodes_.daemon(1)->pid()), baseline + 1);
   std::thread killer([victim] {
     absl::SleepFor(absl::Milliseconds(300));
     kill(victim, SIGKILL);
@@ -499,7 +463,7 @@ TEST_F(RemoteCallsTest, CalleeProcessKilledMidCallFailsTheCallerFastNamingIt) {
   EXPECT_THAT(reply.status().message(), HasSubstr("'victim'"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   // node1 unmapped the victim's shared memory and serves on.
-  EXPECT_TRUE(Eventually([&] { return SessionMappings(daemons_[1]->pid()) == baseline; },
+  EXPECT_TRUE(testing::WaitUntil([&] { return SessionMappings(nodes_.daemon(1)->pid()) == baseline; },
                          absl::Seconds(10)));
   auto b = Connect(1);
   ASSERT_NE(b, nullptr);
@@ -507,7 +471,7 @@ TEST_F(RemoteCallsTest, CalleeProcessKilledMidCallFailsTheCallerFastNamingIt) {
 }
 
 TEST_F(RemoteCallsTest, CallerProcessKilledMidLargeTransferLeavesNothingBehind) {
-  const int baseline = SessionMappings(daemons_[1]->pid());
+  const int baseline = SessionMappings(nodes_.daemon(1)->pid());
   std::atomic<int> received{0};
   a_ = Connect(0);
   ASSERT_NE(a_, nullptr);
@@ -523,7 +487,7 @@ TEST_F(RemoteCallsTest, CallerProcessKilledMidLargeTransferLeavesNothingBehind) 
   waitpid(victim, nullptr, 0);
   // Both daemons serve on; node1 lets go of the victim's memory once TensorPipe is done
   // reading it; a fresh client of node1 calls a as usual.
-  EXPECT_TRUE(Eventually([&] { return SessionMappings(daemons_[1]->pid()) == baseline; },
+  EXPECT_TRUE(testing::WaitUntil([&] { return SessionMappings(nodes_.daemon(1)->pid()) == baseline; },
                          absl::Seconds(20)));
   b_ = Connect(1);
   ASSERT_NE(b_, nullptr);
