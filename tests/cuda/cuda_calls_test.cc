@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/cuda/driver.h"
+#include "tests/testing/daemon_nodes.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/raw_session.h"
 #include "tests/testing/test_bytes.h"
@@ -31,10 +32,8 @@ namespace tpd {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::DaemonProcess;
 using testing::Pattern;
 using testing::RawSession;
-using testing::TempDir;
 using testing::WaitUntil;
 
 #if TPD_HAVE_CUDA_H
@@ -148,32 +147,18 @@ class CudaCallsTest : public ::testing::Test {
       return;
     }
     gpus_ = *std::move(gpus);
-    StartNode(dir_, "gpu-node", &socket_, &daemon_);
-  }
-
-  // A daemon named `node` with its socket in `dir`.
-  static void StartNode(TempDir& dir, const std::string& node, std::string* socket,
-                        std::unique_ptr<DaemonProcess>* daemon) {
-    *socket = absl::StrCat(dir.path(), "/tpd.sock");
-    const std::string config = dir.WriteFile(
-        "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n"
-                                 "node_name = \"", node, "\"\n[data]\narena_bytes = 67108864\n"));
-    auto started = DaemonProcess::Start(*socket, {"--config", config});
-    ASSERT_TRUE(started.ok()) << started.status();
-    *daemon = *std::move(started);
+    ASSERT_NO_FATAL_FAILURE(nodes_.Start(0));
   }
 
   // A second daemon on this host standing in for a second node (both see every GPU): calls
   // between them take the staged path.
-  void StartSecondNode() { StartNode(second_dir_, "gpu-node-2", &second_socket_, &second_); }
+  void StartSecondNode() { ASSERT_NO_FATAL_FAILURE(nodes_.Start(1)); }
 
   std::unique_ptr<Client> Connect(uint64_t pool_bytes = uint64_t{256} << 20,
                                   bool second_node = false) {
     ClientOptions options;
     options.cuda_pool_bytes = pool_bytes;
-    auto client = Client::Connect(second_node ? second_socket_ : socket_, options);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
+    return nodes_.Connect(second_node ? 1 : 0, options);
   }
 
   // `devices`: set_devices (a worker that receives from members joining after it names the
@@ -181,16 +166,10 @@ class CudaCallsTest : public ::testing::Test {
   absl::Status Join(Client* client, const std::string& name,
                     const std::map<std::string, std::map<std::string, std::string>>& maps,
                     const std::vector<std::string>& devices = {}) {
-    if (init_method_.empty()) {
-      // The first daemon's store, whichever daemon the first joiner is on.
-      auto first = Client::Connect(socket_);
-      if (!first.ok()) return first.status();
-      init_method_ = absl::StrCat("tcp://", (*first)->Status()->peer_address());
-    }
     JoinOptions options;
     options.group = "g";
     options.name = name;
-    options.init_method = init_method_;
+    options.init_method = nodes_.init_method();  // the first daemon's store
     options.timeout = absl::Seconds(30);
     for (const auto& [to, map] : maps) {
       auto& out = (*options.options.mutable_device_maps())[to];
@@ -269,13 +248,8 @@ class CudaCallsTest : public ::testing::Test {
 
   std::unique_ptr<Gpus> gpus_;
   std::string gpus_error_;
-  TempDir dir_;
-  std::string socket_;
-  std::string init_method_;
-  std::unique_ptr<DaemonProcess> daemon_;
-  TempDir second_dir_;
-  std::string second_socket_;
-  std::unique_ptr<DaemonProcess> second_;
+  testing::DaemonNodes nodes_{{"gpu-node", "gpu-node-2"},
+                              [](int) { return "[data]\narena_bytes = 67108864\n"; }};
   std::unique_ptr<Client> a_;  // CrossGpuPair's
   std::unique_ptr<Client> b_;
 };
@@ -725,8 +699,8 @@ TEST_F(CudaCallsTest, CallerKilledWhileExportedLeavesNoMemoryBehind) {
   const size_t before = gpus_->FreeBytes(0);
   const pid_t pid = fork();
   if (pid == 0) {
-    setenv("TPD_CUDA_VICTIM_SOCKET", socket_.c_str(), 1);
-    setenv("TPD_CUDA_VICTIM_INIT", init_method_.c_str(), 1);
+    setenv("TPD_CUDA_VICTIM_SOCKET", nodes_.socket(0).c_str(), 1);
+    setenv("TPD_CUDA_VICTIM_INIT", nodes_.init_method().c_str(), 1);
     execl("/proc/self/exe", "cuda_calls_test", "--gtest_filter=CudaCallsVictim.Run", nullptr);
     _exit(127);
   }
