@@ -6,9 +6,9 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "proto/shm/attach.h"
 #include "proto/shm/segment.h"
+#include "tests/testing/wait_until.h"
 
 namespace tpd {
 namespace {
@@ -75,14 +76,6 @@ absl::Status Attach(int fd, const std::string& id, int* memfd) {
   }
   auto decoded = shm::DecodeAttachReply(reply);
   return decoded.ok() ? decoded->status : decoded.status();
-}
-
-bool WaitFor(const std::function<bool()>& condition) {
-  for (int i = 0; i < 2000; ++i) {
-    if (condition()) return true;
-    usleep(5000);
-  }
-  return condition();
 }
 
 class DataSocketTest : public ::testing::Test {
@@ -168,7 +161,7 @@ TEST_F(DataSocketTest, ClosingTheDataConnectionEndsTheSessionOnce) {
   ASSERT_TRUE(Attach(fd, "abc", &memfd).ok());
   close(memfd);
   close(fd);
-  ASSERT_TRUE(WaitFor([&] { return sessions_.EndedCount() == 1; }));
+  ASSERT_TRUE(testing::WaitUntil([&] { return sessions_.EndedCount() == 1; }));
   EXPECT_TRUE(socket_->Sessions().empty());
   usleep(50000);
   EXPECT_EQ(sessions_.EndedCount(), 1u);
@@ -183,7 +176,7 @@ TEST_F(DataSocketTest, EndSessionClosesTheConnectionAndFreesTheSegment) {
   socket_->EndSession("abc");
   char byte;
   EXPECT_LE(recv(fd, &byte, 1, 0), 0);
-  EXPECT_TRUE(WaitFor([&] { return socket_->Sessions().empty(); }));
+  EXPECT_TRUE(testing::WaitUntil([&] { return socket_->Sessions().empty(); }));
   socket_->EndSession("abc");      // no-op now
   socket_->EndSession("unknown");  // and for sessions never attached
   close(fd);

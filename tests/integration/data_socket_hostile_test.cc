@@ -195,19 +195,10 @@ class DataSocketHostileTest : public ::testing::Test {
                   }).ok());
     ASSERT_TRUE(a_->Call("g", "b", "echo", "warm", {}, absl::Seconds(10)).ok());
     ExpectServing();  // anything made lazily for a third client exists now
-    // The fresh client of ExpectServing is still going away: wait until the counts hold
-    // still for 200 ms.
-    ProcCounts last = testing::CountAll(daemon_->pid());
-    ASSERT_TRUE(WaitUntil(
-        [&] {
-          absl::SleepFor(absl::Milliseconds(200));
-          const ProcCounts now = testing::CountAll(daemon_->pid());
-          const bool still = now.AtMost(last) && last.AtMost(now);
-          last = now;
-          return still;
-        },
-        absl::Seconds(10), absl::ZeroDuration()));
-    baseline_ = last;
+    // The fresh client of ExpectServing is still going away.
+    std::optional<ProcCounts> settled = testing::SettledCounts(daemon_->pid());
+    ASSERT_TRUE(settled.has_value()) << "the daemon's counts never held still";
+    baseline_ = *settled;
     baseline_threads_ = testing::DescribeThreadsAndMemfds(daemon_->pid());
   }
 
@@ -255,10 +246,7 @@ class DataSocketHostileTest : public ::testing::Test {
   // The daemon's fds, threads and memfds are back where SetUp left them (fresh clients'
   // sessions are gone once they are).
   void ExpectBackToBaseline() {
-    EXPECT_TRUE(WaitUntil([&] { return testing::CountAll(daemon_->pid()).AtMost(baseline_); }))
-        << "daemon: " << testing::CountAll(daemon_->pid()).ToString() << "; baseline "
-        << baseline_.ToString() << "\nnow " << testing::DescribeThreadsAndMemfds(daemon_->pid())
-        << "\nat baseline " << baseline_threads_;
+    EXPECT_TRUE(testing::BackToBaseline(daemon_->pid(), baseline_, baseline_threads_));
   }
 
   // A session opened by hand (its stream kept open in the fixture); its id.

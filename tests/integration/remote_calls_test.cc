@@ -359,14 +359,9 @@ TEST_F(RemoteCallsTest, DaemonsReturnToTheirBaselineAfterClientsComeAndGo) {
   ASSERT_TRUE(b_->Call("g", "a", "echo", "warm").ok());
   testing::ProcCounts baseline[2];
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(testing::WaitUntil(
-        [&] {
-          const testing::ProcCounts now = testing::CountAll(nodes_.daemon(i)->pid());
-          const bool settled = now.fds == baseline[i].fds && now.threads == baseline[i].threads;
-          baseline[i] = now;
-          return settled;
-        },
-        absl::Seconds(5)));
+    std::optional<testing::ProcCounts> settled = testing::SettledCounts(nodes_.daemon(i)->pid());
+    ASSERT_TRUE(settled.has_value()) << "node" << i << "'s counts never held still";
+    baseline[i] = *settled;
   }
   for (int round = 0; round < 3; ++round) {
     auto c = Connect(0);
@@ -384,12 +379,9 @@ TEST_F(RemoteCallsTest, DaemonsReturnToTheirBaselineAfterClientsComeAndGo) {
   }
   // Sessions, their threads, segments and fds are gone again on both daemons.
   for (int i = 0; i < 2; ++i) {
-    const pid_t pid = nodes_.daemon(i)->pid();
-    EXPECT_TRUE(testing::WaitUntil([&] { return testing::CountAll(pid).AtMost(baseline[i]); },
-                           absl::Seconds(10)))
-        << "node" << i << ": " << testing::CountAll(pid).ToString() << " vs baseline "
-        << baseline[i].ToString() << "\n"
-        << testing::DescribeThreadsAndMemfds(pid);
+    EXPECT_TRUE(
+        testing::BackToBaseline(nodes_.daemon(i)->pid(), baseline[i], "", absl::Seconds(10)))
+        << "node" << i;
   }
 }
 

@@ -83,29 +83,17 @@ class ShmHostileTest : public ::testing::Test {
                   }).ok());
     ASSERT_TRUE(a_->Call("g", "b", "echo", "warm", {}, absl::Seconds(10)).ok());
     ExpectServing();
-    // The fresh client of ExpectServing is still going away: wait until the counts hold
-    // still for 200 ms.
-    ProcCounts last = testing::CountAll(daemon_->pid());
-    ASSERT_TRUE(WaitUntil(
-        [&] {
-          absl::SleepFor(absl::Milliseconds(200));
-          const ProcCounts now = testing::CountAll(daemon_->pid());
-          const bool still = now.AtMost(last) && last.AtMost(now);
-          last = now;
-          return still;
-        },
-        absl::Seconds(10), absl::ZeroDuration()));
-    baseline_ = last;
+    // The fresh client of ExpectServing is still going away.
+    std::optional<ProcCounts> settled = testing::SettledCounts(daemon_->pid());
+    ASSERT_TRUE(settled.has_value()) << "the daemon's counts never held still";
+    baseline_ = *settled;
     baseline_threads_ = testing::DescribeThreadsAndMemfds(daemon_->pid());
   }
 
   void TearDown() override {
     if (daemon_ == nullptr) return;
     ExpectServing();
-    EXPECT_TRUE(WaitUntil([&] { return testing::CountAll(daemon_->pid()).AtMost(baseline_); }))
-        << "daemon: " << testing::CountAll(daemon_->pid()).ToString() << "; baseline "
-        << baseline_.ToString() << "\nnow " << testing::DescribeThreadsAndMemfds(daemon_->pid())
-        << "\nat baseline " << baseline_threads_;
+    EXPECT_TRUE(testing::BackToBaseline(daemon_->pid(), baseline_, baseline_threads_));
   }
 
   std::unique_ptr<Client> Connect() {

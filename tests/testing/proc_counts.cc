@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "tests/testing/wait_until.h"
 
 namespace tpd::testing {
 namespace {
@@ -131,6 +133,33 @@ ProcCounts CountAll(pid_t pid) {
   counts.memfd_fds = CountMemfdFds(pid);
   counts.segment_maps = CountMemfdMaps(pid, "tpd-session");
   return counts;
+}
+
+std::optional<ProcCounts> SettledCounts(pid_t pid) {
+  ProcCounts last = CountAll(pid);
+  const bool settled = WaitUntil(
+      [&] {
+        absl::SleepFor(absl::Milliseconds(200));
+        const ProcCounts now = CountAll(pid);
+        const bool still = now.AtMost(last) && last.AtMost(now);
+        last = now;
+        return still;
+      },
+      absl::Seconds(10), absl::ZeroDuration());
+  if (!settled) return std::nullopt;
+  return last;
+}
+
+::testing::AssertionResult BackToBaseline(pid_t pid, const ProcCounts& baseline,
+                                          const std::string& at_baseline, absl::Duration timeout) {
+  if (WaitUntil([&] { return CountAll(pid).AtMost(baseline); }, timeout)) {
+    return ::testing::AssertionSuccess();
+  }
+  ::testing::AssertionResult failure = ::testing::AssertionFailure();
+  failure << "daemon: " << CountAll(pid).ToString() << "; baseline " << baseline.ToString()
+          << "\nnow " << DescribeThreadsAndMemfds(pid);
+  if (!at_baseline.empty()) failure << "\nat baseline " << at_baseline;
+  return failure;
 }
 
 }  // namespace tpd::testing

@@ -9,7 +9,11 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
+
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
 
 namespace tpd::testing {
 
@@ -47,6 +51,16 @@ struct ProcCounts {
   std::string ToString() const;
 };
 ProcCounts CountAll(pid_t pid);
+
+// `pid`'s counts once they hold still for 200 ms (a client that just went away is gone from
+// them), waited for up to 10 s; nullopt when they never held still.
+std::optional<ProcCounts> SettledCounts(pid_t pid);
+
+// Success once `pid`'s counts are back to at most `baseline` within `timeout`; else a failure
+// naming its counts and threads now, and `at_baseline` (DescribeThreadsAndMemfds then, or "").
+::testing::AssertionResult BackToBaseline(pid_t pid, const ProcCounts& baseline,
+                                          const std::string& at_baseline = "",
+                                          absl::Duration timeout = absl::Seconds(20));
 
 }  // namespace tpd::testing
 

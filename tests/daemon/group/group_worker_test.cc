@@ -8,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/wait_until.h"
 
 namespace tpd::group {
 namespace {
@@ -35,22 +36,13 @@ class CountingTask : public WorkerTask {
   std::atomic<bool> block_{false};
 };
 
-bool Eventually(const std::function<bool()>& condition) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (!condition()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
-}
-
 TEST(GroupWorkerTest, RunsANewTaskAtOnceThenOnlyWhenWoken) {
   auto worker = *GroupWorker::Start("test");
   CountingTask task;
   worker->Add(&task);
-  ASSERT_TRUE(Eventually([&] { return task.steps() == 1; }));
+  ASSERT_TRUE(testing::WaitUntil([&] { return task.steps() == 1; }));
   worker->Wake(&task);
-  ASSERT_TRUE(Eventually([&] { return task.steps() == 2; }));
+  ASSERT_TRUE(testing::WaitUntil([&] { return task.steps() == 2; }));
   worker->Remove(&task);
   worker->Wake(&task);  // a no-op once removed
   EXPECT_EQ(task.steps(), 2);
@@ -62,7 +54,7 @@ TEST(GroupWorkerTest, RunsEveryTaskByItsOwnSchedule) {
   CountingTask idle;
   worker->Add(&ticking);
   worker->Add(&idle);
-  ASSERT_TRUE(Eventually([&] { return ticking.steps() >= 5; }));
+  ASSERT_TRUE(testing::WaitUntil([&] { return ticking.steps() >= 5; }));
   EXPECT_EQ(idle.steps(), 1);  // its first run only: nobody woke it
   worker->Remove(&ticking);
   worker->Remove(&idle);
