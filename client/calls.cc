@@ -912,15 +912,9 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
     }
     std::memcpy(out + table + i * sizeof(entry), &entry, sizeof(entry));
   }
-  shm::Descriptor d{};
-  d.op = static_cast<uint8_t>(op);
-  d.flags = flags;
-  d.tensor_count = static_cast<uint32_t>(tensors.size());
-  d.call_id = call_id;
-  d.deadline_unix_ns = deadline_ns;
-  d.payload_offset = *block;
-  d.payload_length = payload_bytes;
-  d.tensor_table_offset = tensors.empty() ? 0 : *block + table;
+  shm::Descriptor d = shm::MessageDescriptor(
+      op, call_id, {*block, payload_bytes, table, static_cast<uint32_t>(tensors.size())}, flags,
+      deadline_ns);
   absl::MutexLock lock(&link_->mu);
   // Pinned before the push: the release for this block can only come after it.
   if (!pins.empty()) link_->pinned[*block] = std::move(pins);

@@ -123,6 +123,11 @@ struct CallRouter::RxBlock {
   std::vector<bool> chunked;
   std::shared_ptr<Landing> landing;
 
+  // Where the message lies, for its descriptor.
+  shm::MessageBlock Placed() const {
+    return {offset, plan.payload, plan.table, static_cast<uint32_t>(tensors.size())};
+  }
+
   ~RxBlock() {
     for (size_t i = 0; i < staging.size(); ++i) {
       if (staging[i] == 0) continue;
@@ -641,15 +646,8 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
     after(placed);  // outside to's lock: it answers the caller, who may be `to`
     return;
   }
-  shm::Descriptor posted{};
-  posted.op = static_cast<uint8_t>(op);
-  posted.flags = flags;
-  posted.tensor_count = static_cast<uint32_t>(n);
-  posted.call_id = call_id;
-  posted.deadline_unix_ns = deadline_ns;
-  posted.payload_offset = block;
-  posted.payload_length = plan.payload;
-  posted.tensor_table_offset = n == 0 ? 0 : block + plan.table;
+  const shm::Descriptor posted = shm::MessageDescriptor(
+      op, call_id, {block, plan.payload, plan.table, static_cast<uint32_t>(n)}, flags, deadline_ns);
   std::vector<std::shared_ptr<const void>> keep = {from->cuda, to->cuda, from->segment,
                                                    to->segment};
   cuda->Run(std::move(copies), std::move(keep),
@@ -947,14 +945,8 @@ void CallRouter::OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t 
   }
   auto block = std::static_pointer_cast<const RxBlock>(reply->keepalive);
   const bool error = reply->header.kind() == v1::AgentMessage::ERROR;
-  shm::Descriptor posted{};
-  posted.op = static_cast<uint8_t>(shm::Op::kReply);
-  posted.flags = error ? shm::kFlagError : 0;
-  posted.call_id = call_id;
-  posted.payload_offset = block->offset;
-  posted.payload_length = block->plan.payload;
-  posted.tensor_count = static_cast<uint32_t>(block->tensors.size());
-  posted.tensor_table_offset = block->tensors.empty() ? 0 : block->offset + block->plan.table;
+  const shm::Descriptor posted = shm::MessageDescriptor(shm::Op::kReply, call_id, block->Placed(),
+                                                        error ? shm::kFlagError : 0);
   LandOnDevices(block, [this, block, caller, posted, call_id, call](absl::Status status) {
     if (status.ok()) {
       absl::MutexLock lock(&caller->mu);
@@ -1172,15 +1164,9 @@ void CallRouter::ServeRemoteRequest(agent::InboundRequest request, const absl::S
   pending.method = header.method();
   pending.deadline = request.deadline;
   const uint64_t id = pending_.Add(pending);
-  shm::Descriptor posted{};
-  posted.op = static_cast<uint8_t>(shm::Op::kCall);
-  posted.call_id = id;
-  posted.deadline_unix_ns =
-      request.deadline == absl::InfiniteFuture() ? 0 : absl::ToUnixNanos(request.deadline);
-  posted.payload_offset = block->offset;
-  posted.payload_length = block->plan.payload;
-  posted.tensor_count = static_cast<uint32_t>(block->tensors.size());
-  posted.tensor_table_offset = block->tensors.empty() ? 0 : block->offset + block->plan.table;
+  const shm::Descriptor posted = shm::MessageDescriptor(
+      shm::Op::kCall, id, block->Placed(), 0,
+      request.deadline == absl::InfiniteFuture() ? 0 : absl::ToUnixNanos(request.deadline));
   const agent::ReplyTo reply_to = request.reply_to;
   LandOnDevices(block, [this, block, callee, posted, id, reply_to, pending](absl::Status status) {
     if (status.ok()) {
@@ -1425,15 +1411,9 @@ absl::Status CallRouter::Deliver(const Session& from, const std::string& prefix0
     }
     std::memcpy(out + plan.table + i * sizeof(entry), &entry, sizeof(entry));
   }
-  shm::Descriptor posted{};
-  posted.op = static_cast<uint8_t>(op);
-  posted.flags = flags;
-  posted.tensor_count = static_cast<uint32_t>(tensors.size());
-  posted.call_id = call_id;
-  posted.deadline_unix_ns = deadline_ns;
-  posted.payload_offset = *block;
-  posted.payload_length = plan.payload;
-  posted.tensor_table_offset = tensors.empty() ? 0 : *block + plan.table;
+  const shm::Descriptor posted = shm::MessageDescriptor(
+      op, call_id, {*block, plan.payload, plan.table, static_cast<uint32_t>(tensors.size())}, flags,
+      deadline_ns);
   absl::Status status = Post(to, posted);
   if (!status.ok()) (void)to.rx->Free(*block);
   return status;

@@ -64,6 +64,20 @@ absl::Status CheckRange(const Refuser& refuse, absl::string_view offset_field, u
 
 }  // namespace
 
+Descriptor MessageDescriptor(Op op, uint64_t call_id, const MessageBlock& block, uint16_t flags,
+                             int64_t deadline_unix_ns) {
+  Descriptor d{};
+  d.op = static_cast<uint8_t>(op);
+  d.flags = flags;
+  d.tensor_count = block.tensor_count;
+  d.call_id = call_id;
+  d.deadline_unix_ns = deadline_unix_ns;
+  d.payload_offset = block.offset;
+  d.payload_length = block.length;
+  d.tensor_table_offset = block.tensor_count == 0 ? 0 : block.offset + block.table;
+  return d;
+}
+
 uint64_t ItemBytes(uint8_t dtype) {
   switch (static_cast<DType>(dtype)) {
     case DType::kInt8:

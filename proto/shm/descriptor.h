@@ -150,6 +150,20 @@ struct DevicePoolRecord {
 static_assert(std::is_trivially_copyable_v<DevicePoolRecord>);
 static_assert(sizeof(DevicePoolRecord) == 80);
 
+// Where a message lies in a heap block: its `length` bytes (prefix, names, body) at the
+// block's start, then `tensor_count` TensorEntry at `table` bytes from it.
+struct MessageBlock {
+  uint64_t offset = 0;  // the block's, in the segment
+  uint64_t length = 0;
+  uint64_t table = 0;
+  uint32_t tensor_count = 0;
+};
+
+// The descriptor that posts `block` as a message (kCall or kReply) with `call_id`: every
+// producer of messages, client and daemon, fills one through this.
+Descriptor MessageDescriptor(Op op, uint64_t call_id, const MessageBlock& block, uint16_t flags = 0,
+                             int64_t deadline_unix_ns = 0);
+
 // Bytes per element of `dtype`, 0 for a code that is not a DType.
 uint64_t ItemBytes(uint8_t dtype);
 absl::string_view OpName(uint8_t op);
