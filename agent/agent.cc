@@ -21,8 +21,8 @@
 #include "agent/log.h"
 #include "agent/pipe_auth.h"
 #include "agent/tp_error.h"
+#include "base/check.h"
 #include "base/status.h"
-#include "store/check.h"
 
 namespace tpd::agent {
 

@@ -14,7 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "store/check.h"
+#include "base/check.h"
 #include "store/remote/dial_networks.h"
 
 namespace tpd::agent {

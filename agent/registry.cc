@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agent/auth_tcp.h"
-#include "store/check.h"
+#include "base/check.h"
 
 namespace tpd::agent {
 namespace {

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "store/check.h"
+#include "base/check.h"
 #include "store/summarize.h"
 
 namespace tpd::store {

@@ -10,8 +10,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/check.h"
 #include "spdlog/spdlog.h"
-#include "store/check.h"
 #include "store/summarize.h"
 
 namespace tpd::store {

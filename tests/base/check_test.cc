@@ -1,4 +1,4 @@
-#include "store/check.h"
+#include "base/check.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

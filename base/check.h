@@ -14,12 +14,10 @@
 // wrong "cannot" costs a daemon in production a log line, not its life. A Status that *can*
 // fail (a remote store, a file) is handled or logged where it arises, never asserted.
 //
-// Visible to store/, daemon/ and agent/ (and tests), which all depend on store/ already.
-//
 // Thread safety: stateless.
 
-#ifndef TPD_STORE_CHECK_H_
-#define TPD_STORE_CHECK_H_
+#ifndef TPD_BASE_CHECK_H_
+#define TPD_BASE_CHECK_H_
 
 #include <cstdio>
 #include <cstdlib>
@@ -88,4 +86,4 @@ inline void CheckOk(const absl::Status& status, const char* file, int line, cons
 #define TPD_CHECK_OK(expr) \
   ::tpd::internal_check::CheckOk(::tpd::internal_check::AsStatus((expr)), __FILE__, __LINE__, #expr)
 
-#endif  // TPD_STORE_CHECK_H_
+#endif  // TPD_BASE_CHECK_H_
