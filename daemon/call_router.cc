@@ -282,6 +282,7 @@ absl::Status CallRouter::Attach(const std::string& session_id, uid_t uid,
   auto session = std::make_shared<Session>();
   session->id = session_id;
   session->handle = SessionHandle(session_id);
+  session->limits = {options_.max_unposted, options_.max_waiting_calls};
   session->cuda_allowed = CheckGpuAccess(uid, options_.device_dir);
   const shm::Layout& layout = segment->layout();
   session->submissions = std::make_unique<shm::RingConsumer>(
@@ -414,7 +415,7 @@ void CallRouter::Serve(std::shared_ptr<Session> session) {
     std::string ring_error;
     {
       absl::MutexLock lock(&session->mu);
-      FlushUnposted(*session);
+      session->FlushUnposted();
       ring_error = session->ring_error;
     }
     if (!ring_error.empty()) {
@@ -587,7 +588,7 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
   absl::Status placed;
   {
     absl::MutexLock lock(&to->mu);
-    placed = to->broken ? EndedError(*to) : absl::OkStatus();
+    placed = to->broken ? to->EndedError() : absl::OkStatus();
     if (placed.ok()) {
       absl::StatusOr<uint64_t> allocated = to->rx->Allocate(plan.total);
       if (allocated.ok()) block = *allocated;
@@ -655,7 +656,7 @@ void CallRouter::DeliverDevices(const std::shared_ptr<Session>& from, const std:
               absl::Status status = copied;
               {
                 absl::MutexLock lock(&to->mu);
-                if (status.ok()) status = Post(*to, posted);
+                if (status.ok()) status = to->Post(posted);
                 if (!status.ok()) {
                   if (!to->broken) (void)to->rx->Free(posted.payload_offset);
                   for (const auto& [device, offset] : pool_blocks) {
@@ -950,7 +951,7 @@ void CallRouter::OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t 
   LandOnDevices(block, [this, block, caller, posted, call_id, call](absl::Status status) {
     if (status.ok()) {
       absl::MutexLock lock(&caller->mu);
-      status = Post(*caller, posted);
+      status = caller->Post(posted);
       if (status.ok()) block->posted = true;
     }
     if (!status.ok()) {
@@ -1027,7 +1028,7 @@ absl::StatusOr<agent::Destination> CallRouter::PlaceIncoming(
   agent::Destination destination;
   {
     absl::MutexLock lock(&to->mu);
-    if (to->broken) return EndedError(*to);
+    if (to->broken) return to->EndedError();
     absl::StatusOr<uint64_t> offset = to->rx->Allocate(block->plan.total);
     if (!offset.ok()) return offset.status();
     block->offset = *offset;
@@ -1171,7 +1172,7 @@ void CallRouter::ServeRemoteRequest(agent::InboundRequest request, const absl::S
   LandOnDevices(block, [this, block, callee, posted, id, reply_to, pending](absl::Status status) {
     if (status.ok()) {
       absl::MutexLock lock(&callee->mu);
-      status = Post(*callee, posted);
+      status = callee->Post(posted);
       if (status.ok()) block->posted = true;
     }
     if (status.ok()) return;
@@ -1394,7 +1395,7 @@ absl::Status CallRouter::Deliver(const Session& from, const std::string& prefix0
       shm::MessagePrefixBytes(prefix0.size(), prefix1.size(), prefix2.size(), prefix3.size()),
       body_length, bytes);
   absl::MutexLock lock(&to.mu);
-  if (to.broken) return EndedError(to);
+  if (to.broken) return to.EndedError();
   absl::StatusOr<uint64_t> block = to.rx->Allocate(plan.total);
   if (!block.ok()) return block.status();
   uint8_t* out = to.segment->base() + *block;
@@ -1414,80 +1415,9 @@ absl::Status CallRouter::Deliver(const Session& from, const std::string& prefix0
   const shm::Descriptor posted = shm::MessageDescriptor(
       op, call_id, {*block, plan.payload, plan.table, static_cast<uint32_t>(tensors.size())}, flags,
       deadline_ns);
-  absl::Status status = Post(to, posted);
+  absl::Status status = to.Post(posted);
   if (!status.ok()) (void)to.rx->Free(*block);
   return status;
-}
-
-absl::Status CallRouter::EndedError(const Session& to) {
-  return absl::UnavailableError(to.ring_error.empty()
-                                    ? absl::StrCat("session ", to.handle, " ended")
-                                    : to.ring_error);
-}
-
-absl::StatusOr<bool> CallRouter::Push(Session& to, const shm::Descriptor& d) {
-  // A release for a session with calls awaiting replies goes without a wake-up: the reply
-  // (or the call's failure) rings and the client reads both (its reader also polls every
-  // 50 ms). One wake-up less per call on each side.
-  const bool quiet =
-      d.op == static_cast<uint8_t>(shm::Op::kRelease) && to.calls_in_flight.load() > 0;
-  // A reply ends its call before the client can see it: a client that asks Admin.Status
-  // right after its call returned finds it no longer in flight.
-  const bool reply = d.op == static_cast<uint8_t>(shm::Op::kReply);
-  if (reply) --to.calls_in_flight;
-  absl::StatusOr<bool> pushed = to.completions->TryPush(d, /*wake=*/!quiet);
-  if (reply && !(pushed.ok() && *pushed)) ++to.calls_in_flight;
-  if (!pushed.ok()) {
-    // The client broke its ring: nothing more goes to it, and its own thread ends the session.
-    to.broken = true;
-    to.ring_error = std::string(pushed.status().message());
-    return EndedError(to);
-  }
-  return *pushed;
-}
-
-absl::Status CallRouter::Post(Session& to, const shm::Descriptor& d) {
-  if (to.broken) return EndedError(to);
-  FlushUnposted(to);
-  if (d.op == static_cast<uint8_t>(shm::Op::kCall)) {
-    // A burst of calls larger than the ring is normal (a program sends a thousand rpc_async
-    // while its callee's reader is off the CPU): it waits, in order behind the session's own
-    // answers, up to max_waiting_calls; past that the callee is not reading, and the caller
-    // hears so at once instead of the session being ended.
-    absl::StatusOr<bool> pushed = to.unposted.empty() ? Push(to, d) : false;
-    if (!pushed.ok()) return pushed.status();
-    if (*pushed) return absl::OkStatus();
-    if (to.waiting_calls >= options_.max_waiting_calls) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the completion ring of session ", to.handle, " is full and ", to.waiting_calls,
-          " calls wait for room on it (its client is not reading its completions)"));
-    }
-    ++to.waiting_calls;
-    to.unposted.push_back(d);
-    to.unposted_count = static_cast<int64_t>(to.unposted.size());
-    return absl::OkStatus();
-  }
-  if (to.unposted.size() - to.waiting_calls >= options_.max_unposted) {
-    to.broken = true;
-    to.ring_error = absl::StrCat(
-        "its client left ", to.unposted.size() - to.waiting_calls,
-        " answers and releases unread for want of room on its completion ring (at most ",
-        options_.max_unposted, " may wait)");
-    return EndedError(to);
-  }
-  to.unposted.push_back(d);
-  FlushUnposted(to);
-  return absl::OkStatus();
-}
-
-void CallRouter::FlushUnposted(Session& to) {
-  while (!to.unposted.empty() && !to.broken) {
-    absl::StatusOr<bool> pushed = Push(to, to.unposted.front());
-    if (!pushed.ok() || !*pushed) break;  // full: the session's thread retries soon
-    if (to.unposted.front().op == static_cast<uint8_t>(shm::Op::kCall)) --to.waiting_calls;
-    to.unposted.pop_front();
-  }
-  to.unposted_count = static_cast<int64_t>(to.unposted.size());
 }
 
 void CallRouter::Release(const std::shared_ptr<Session>& to, uint64_t tx_offset) {
@@ -1497,7 +1427,7 @@ void CallRouter::Release(const std::shared_ptr<Session>& to, uint64_t tx_offset)
   d.call_id = 1;
   d.payload_offset = tx_offset;
   absl::MutexLock lock(&to->mu);
-  (void)Post(*to, d);  // fails only for a session that ended: nothing is owed to it
+  (void)to->Post(d);  // fails only for a session that ended: nothing is owed to it
 }
 
 void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
@@ -1526,7 +1456,7 @@ void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
          absl::Status(status.code(), absl::StrCat(status.message(), "; sent without its message: ",
                                                   block.status().message())));
   }
-  if (!Post(*to, d).ok() && block.ok()) (void)to->rx->Free(*block);
+  if (!to->Post(d).ok() && block.ok()) (void)to->rx->Free(*block);
 }
 
 void CallRouter::Warn(const Session& session, absl::string_view what, const absl::Status& status) {

@@ -58,9 +58,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/agent.h"
-#include "daemon/router/pending_calls.h"
 #include "base/log_limiter.h"
 #include "daemon/cuda_copies.h"
+#include "daemon/router/pending_calls.h"
+#include "daemon/router/session.h"
 #include "proto/control.pb.h"
 #include "proto/shm/descriptor.h"
 #include "proto/shm/heap.h"
@@ -157,33 +158,7 @@ class CallRouter {
   void Shutdown();
 
  private:
-  struct Session {
-    std::string id;
-    std::string handle;  // what logs and errors show (SessionHandle(id))
-    // OK when its user could open the GPUs itself; else why the daemon opens no CUDA memory
-    // it names (daemon/gpu_access.h).
-    absl::Status cuda_allowed;
-    std::shared_ptr<shm::Segment> segment;
-    std::unique_ptr<shm::RingConsumer> submissions;  // its thread only
-    std::atomic<int64_t> calls_in_flight{0};
-    std::atomic<uint64_t> rx_used_seen{0};  // rx heap bytes in use when Stats last looked
-    absl::Mutex mu;
-    std::unique_ptr<shm::RingProducer> completions ABSL_GUARDED_BY(mu);
-    std::unique_ptr<shm::HeapAllocator> rx ABSL_GUARDED_BY(mu);
-    bool broken ABSL_GUARDED_BY(mu) = false;
-    // Why its completion ring cannot be written (the client broke it); its thread ends it.
-    std::string ring_error ABSL_GUARDED_BY(mu);
-    // Answers, releases and calls waiting for room on its completion ring, oldest first;
-    // `waiting_calls` of them are calls.
-    std::deque<shm::Descriptor> unposted ABSL_GUARDED_BY(mu);
-    size_t waiting_calls ABSL_GUARDED_BY(mu) = 0;
-    std::atomic<int64_t> unposted_count{0};  // unposted.size(), for Stats and Serve
-    std::atomic<bool> stop{false};
-    std::thread thread;
-    // Its receive pools and the CUDA memory it exported (null without CUDA); shared with the
-    // copies in flight from or into it.
-    std::shared_ptr<SessionMemory> cuda;
-  };
+  using Session = router::Session;
   // Where one tensor of a message lands: host memory, or a CUDA device (by the sender's map).
   struct Place {
     int device = -1;  // -1: cpu
@@ -282,23 +257,10 @@ class CallRouter {
                        uint64_t call_id, uint16_t flags, int64_t deadline_ns);
   // Posts an error reply to `to` for its call `call_id`.
   void Fail(const std::shared_ptr<Session>& to, uint64_t call_id, const absl::Status& status);
-  // Posts `d` on `to`'s completion ring; no thread here ever waits for a client to read.
-  // What cannot go now joins the session's queue (OK: it is posted later, and its block is
-  // the session's): a call only while fewer than max_waiting_calls calls wait there
-  // (RESOURCE_EXHAUSTED at once after that). UNAVAILABLE once the session is broken or ended.
-  absl::Status Post(Session& to, const shm::Descriptor& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
-  // One push on `to`'s completion ring: false when it is full; a broken ring breaks the
-  // session. A reply counts its call down.
-  absl::StatusOr<bool> Push(Session& to, const shm::Descriptor& d)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
-  // Posts the session's queued answers and releases, in order, while its ring has room.
-  void FlushUnposted(Session& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
   // Logs a warning about what `session`'s client did, at most once per 10 s per session.
   void Warn(const Session& session, absl::string_view what, const absl::Status& status);
   // Logs why and ends the session (its members leave, its stream closes).
   void EndSession(const Session& session, const std::string& why);
-  // UNAVAILABLE naming the session and why it ended.
-  static absl::Status EndedError(const Session& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(to.mu);
   // Returns tx block `tx_offset` to its client; queued while its completion ring is full.
   void Release(const std::shared_ptr<Session>& to, uint64_t tx_offset);
   // Answers a remote caller's request with an error.

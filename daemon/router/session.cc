@@ -1,0 +1,80 @@
+#include "daemon/router/session.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace tpd::router {
+
+absl::Status Session::EndedError() const {
+  return absl::UnavailableError(ring_error.empty()
+                                    ? absl::StrCat("session ", handle, " ended")
+                                    : ring_error);
+}
+
+absl::StatusOr<bool> Session::Push(const shm::Descriptor& d) {
+  // A release for a session with calls awaiting replies goes without a wake-up: the reply
+  // (or the call's failure) rings and the client reads both (its reader also polls every
+  // 50 ms). One wake-up less per call on each side.
+  const bool quiet =
+      d.op == static_cast<uint8_t>(shm::Op::kRelease) && calls_in_flight.load() > 0;
+  // A reply ends its call before the client can see it: a client that asks Admin.Status
+  // right after its call returned finds it no longer in flight.
+  const bool reply = d.op == static_cast<uint8_t>(shm::Op::kReply);
+  if (reply) --calls_in_flight;
+  absl::StatusOr<bool> pushed = completions->TryPush(d, /*wake=*/!quiet);
+  if (reply && !(pushed.ok() && *pushed)) ++calls_in_flight;
+  if (!pushed.ok()) {
+    // The client broke its ring: nothing more goes to it, and its own thread ends the session.
+    broken = true;
+    ring_error = std::string(pushed.status().message());
+    return EndedError();
+  }
+  return *pushed;
+}
+
+absl::Status Session::Post(const shm::Descriptor& d) {
+  if (broken) return EndedError();
+  FlushUnposted();
+  if (d.op == static_cast<uint8_t>(shm::Op::kCall)) {
+    // A burst of calls larger than the ring is normal (a program sends a thousand rpc_async
+    // while its callee's reader is off the CPU): it waits, in order behind the session's own
+    // answers, up to max_waiting_calls; past that the callee is not reading, and the caller
+    // hears so at once instead of the session being ended.
+    absl::StatusOr<bool> pushed = unposted.empty() ? Push(d) : false;
+    if (!pushed.ok()) return pushed.status();
+    if (*pushed) return absl::OkStatus();
+    if (waiting_calls >= limits.max_waiting_calls) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the completion ring of session ", handle, " is full and ", waiting_calls,
+          " calls wait for room on it (its client is not reading its completions)"));
+    }
+    ++waiting_calls;
+    unposted.push_back(d);
+    unposted_count = static_cast<int64_t>(unposted.size());
+    return absl::OkStatus();
+  }
+  if (unposted.size() - waiting_calls >= limits.max_unposted) {
+    broken = true;
+    ring_error = absl::StrCat(
+        "its client left ", unposted.size() - waiting_calls,
+        " answers and releases unread for want of room on its completion ring (at most ",
+        limits.max_unposted, " may wait)");
+    return EndedError();
+  }
+  unposted.push_back(d);
+  FlushUnposted();
+  return absl::OkStatus();
+}
+
+void Session::FlushUnposted() {
+  while (!unposted.empty() && !broken) {
+    absl::StatusOr<bool> pushed = Push(unposted.front());
+    if (!pushed.ok() || !*pushed) break;  // full: the session's thread retries soon
+    if (unposted.front().op == static_cast<uint8_t>(shm::Op::kCall)) --waiting_calls;
+    unposted.pop_front();
+  }
+  unposted_count = static_cast<int64_t>(unposted.size());
+}
+
+}  // namespace tpd::router
