@@ -358,31 +358,6 @@ const std::vector<std::string>& CpuChannels() {
   return *channels;
 }
 
-absl::Status SetDeviceMap(BackendOptions* options, absl::string_view to, const DeviceMap& map) {
-  DeviceMap merged;
-  if (auto it = options->device_maps.find(std::string(to)); it != options->device_maps.end()) {
-    merged = it->second;
-  }
-  for (const auto& [local, remote] : map) {
-    auto [it, inserted] = merged.emplace(local, remote);
-    if (!inserted && it->second != remote) {
-      return Invalid(absl::StrCat("`set_device_map` only supports 1-to-1 mapping, trying to map ",
-                                  local.ToString(), " to ", remote.ToString(), " and ",
-                                  it->second.ToString(), " (device map for ", Echo(to), ")"));
-    }
-  }
-  DeviceMap reverse;
-  for (const auto& [local, remote] : merged) {
-    if (auto [it, inserted] = reverse.emplace(remote, local); !inserted) {
-      return Invalid(absl::StrCat("`device_map` only supports 1-to-1 mapping, trying to map ",
-                                  local.ToString(), " and ", it->second.ToString(), " to ",
-                                  remote.ToString(), " (device map for ", Echo(to), ")"));
-    }
-  }
-  options->device_maps[std::string(to)] = std::move(merged);
-  return absl::OkStatus();
-}
-
 std::vector<std::string> EffectiveTransports(const MemberOptions& member) {
   return Effective(member.options.transports, DefaultTransports(), member.node_transports);
 }

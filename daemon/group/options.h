@@ -108,13 +108,6 @@ struct BackendOptions {
   std::vector<Device> devices;
 };
 
-// options.py's set_device_map: adds `map` to the device map toward `to`, keeping what is
-// there. Fails with "`set_device_map` only supports 1-to-1 mapping, trying to map {k} to {v}
-// and {v'}" when a local device already maps elsewhere. Also fails, unlike PyTorch, when the
-// merge would map two local devices to one remote device (PyTorch accepts that here and fails
-// later in _validate_device_maps). On error `options` is unchanged.
-absl::Status SetDeviceMap(BackendOptions* options, absl::string_view to, const DeviceMap& map);
-
 // What one member brings to the group.
 struct MemberOptions {
   std::string name;   // worker name, unique in the group

@@ -131,43 +131,6 @@ TEST(ParseDevicesTest, RejectsCpuWithSetDevicesWording) {
   EXPECT_THAT(*devices, ElementsAre(Cuda(1), Cuda(0)));
 }
 
-// --- set_device_map ------------------------------------------------------------------------
-
-TEST(SetDeviceMapTest, AddsToTheMapIncrementally) {
-  // options.py's docstring example: {"worker1": {0: 1}}, then set_device_map("worker1", {1: 2}).
-  BackendOptions options;
-  options.device_maps["worker1"] = {{Cuda(0), Cuda(1)}};
-  ASSERT_TRUE(SetDeviceMap(&options, "worker1", {{Cuda(1), Cuda(2)}}).ok());
-  ASSERT_TRUE(SetDeviceMap(&options, "worker2", {{Cuda(0), Cuda(0)}}).ok());
-  EXPECT_EQ(DeviceMapsToString(options.device_maps),
-            "{worker1: {cuda:0: cuda:1, cuda:1: cuda:2}, worker2: {cuda:0: cuda:0}}");
-}
-
-TEST(SetDeviceMapTest, AcceptsRepeatingAnEntry) {
-  BackendOptions options;
-  ASSERT_TRUE(SetDeviceMap(&options, "w1", {{Cuda(0), Cuda(1)}}).ok());
-  EXPECT_TRUE(SetDeviceMap(&options, "w1", {{Cuda(0), Cuda(1)}}).ok());
-}
-
-TEST(SetDeviceMapTest, RejectsRemappingASourceAndLeavesOptionsUnchanged) {
-  BackendOptions options;
-  ASSERT_TRUE(SetDeviceMap(&options, "w1", {{Cuda(0), Cuda(1)}}).ok());
-  ExpectInvalid(SetDeviceMap(&options, "w1", {{Cuda(1), Cuda(3)}, {Cuda(0), Cuda(2)}}),
-                {"`set_device_map` only supports 1-to-1 mapping, trying to map cuda:0 to cuda:2 "
-                 "and cuda:1",
-                 "w1"});
-  EXPECT_EQ(DeviceMapsToString(options.device_maps), "{w1: {cuda:0: cuda:1}}");
-}
-
-TEST(SetDeviceMapTest, RejectsMergeThatMapsTwoSourcesToOneTarget) {
-  BackendOptions options;
-  ASSERT_TRUE(SetDeviceMap(&options, "w1", {{Cuda(0), Cuda(1)}}).ok());
-  ExpectInvalid(SetDeviceMap(&options, "w1", {{Cuda(2), Cuda(1)}}),
-                {"`device_map` only supports 1-to-1 mapping, trying to map cuda:2 and cuda:0 to "
-                 "cuda:1"});
-  EXPECT_EQ(DeviceMapsToString(options.device_maps), "{w1: {cuda:0: cuda:1}}");
-}
-
 // --- One member's options ------------------------------------------------------------------
 
 TEST(ValidateMemberOptionsTest, AcceptsPyTorchDefaults) {
