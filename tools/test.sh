@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's second command: set up this machine, build everything, run every test, and
-# print "N passed, N failed, N skipped" counted from the test cases' own XML reports.
+# The README's second command: set up this machine, build everything (also under clang's
+# thread-safety analysis), run every test, and print "N passed, N failed, N skipped" counted
+# from the test cases' own XML reports.
 #
 #   tools/test.sh [BAZEL TEST ARGS...]      e.g. tools/test.sh --config=asan
 #
@@ -16,11 +17,25 @@ tools/setup.sh || exit 1
 events="$(mktemp /tmp/tpd-test-events.XXXXXX.json)"
 trap 'rm -f "$events"' EXIT
 
+# Clang's thread-safety analysis over everything: ABSL_GUARDED_BY and the lock annotations
+# are checked on every run, not only written. Its own output base keeps the gcc build warm.
+tsa_base="$HOME/.cache/bazel-tpd-clang"
+bazel --output_base="$tsa_base" build --config=tsa //...
+tsa_rc=$?
+bazel --output_base="$tsa_base" shutdown
+
 bazel test //... --build_event_json_file="$events" "$@"
 bazel_rc=$?
+if [[ $tsa_rc -ne 0 ]]; then
+  echo "the thread-safety build (bazel build --config=tsa //...) failed (exit $tsa_rc)"
+fi
 python3 tools/count_tests.py "$events"
 count_rc=$?
 bazel shutdown
+if [[ $tsa_rc -ne 0 ]]; then
+  echo "the thread-safety build failed; the run fails whatever the count says"
+  exit "$tsa_rc"
+fi
 if [[ $bazel_rc -ne 0 ]]; then
   # 3: some target failed although everything built; anything else: the build or the
   # invocation broke, and the count above may be incomplete.
