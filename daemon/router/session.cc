@@ -35,26 +35,25 @@ absl::StatusOr<bool> Session::Push(const shm::Descriptor& d) {
 
 absl::Status Session::Post(const shm::Descriptor& d) {
   if (broken) return EndedError();
+  // What waits goes first: nothing overtakes it.
   FlushUnposted();
-  if (d.op == static_cast<uint8_t>(shm::Op::kCall)) {
-    // A burst of calls larger than the ring is normal (a program sends a thousand rpc_async
-    // while its callee's reader is off the CPU): it waits, in order behind the session's own
-    // answers, up to max_waiting_calls; past that the callee is not reading, and the caller
-    // hears so at once instead of the session being ended.
-    absl::StatusOr<bool> pushed = unposted.empty() ? Push(d) : false;
+  if (unposted.empty()) {
+    absl::StatusOr<bool> pushed = Push(d);
     if (!pushed.ok()) return pushed.status();
     if (*pushed) return absl::OkStatus();
+  }
+  if (d.op == static_cast<uint8_t>(shm::Op::kCall)) {
+    // A burst of calls larger than the ring is normal (a program sends a thousand rpc_async
+    // while its callee's reader is off the CPU): it waits, up to max_waiting_calls; past that
+    // the callee is not reading, and the caller hears so at once instead of the session being
+    // ended.
     if (waiting_calls >= limits.max_waiting_calls) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the completion ring of session ", handle, " is full and ", waiting_calls,
           " calls wait for room on it (its client is not reading its completions)"));
     }
     ++waiting_calls;
-    unposted.push_back(d);
-    unposted_count = static_cast<int64_t>(unposted.size());
-    return absl::OkStatus();
-  }
-  if (unposted.size() - waiting_calls >= limits.max_unposted) {
+  } else if (unposted.size() - waiting_calls >= limits.max_unposted) {
     broken = true;
     ring_error = absl::StrCat(
         "its client left ", unposted.size() - waiting_calls,
@@ -63,7 +62,7 @@ absl::Status Session::Post(const shm::Descriptor& d) {
     return EndedError();
   }
   unposted.push_back(d);
-  FlushUnposted();
+  unposted_count = static_cast<int64_t>(unposted.size());
   return absl::OkStatus();
 }
 
