@@ -113,7 +113,18 @@ StoreService::StoreService(store::Store* root, const StoreConfig& limits, CallSt
                            PeerAuth* peer_auth)
     : root_(root), limits_(limits), stats_(stats), auth_(peer_auth) {}
 
-absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Admit(
+absl::StatusOr<StoreService::Scoped> StoreService::Admit(const grpc::CallbackServerContext& context,
+                                                         const char* method,
+                                                         const google::protobuf::Message& request,
+                                                         const std::string& name_space) {
+  absl::StatusOr<std::shared_ptr<store::Store>> owner = Reached(context, method, request);
+  if (!owner.ok()) return owner.status();
+  if (absl::Status status = CheckNamespace(method, name_space); !status.ok()) return status;
+  store::PrefixStore view(name_space, owner->get());
+  return Scoped{*std::move(owner), std::move(view)};
+}
+
+absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Reached(
     const grpc::CallbackServerContext& context, const char* method,
     const google::protobuf::Message& request) {
   if (auth_ != nullptr) {
@@ -210,34 +221,24 @@ absl::StatusOr<absl::Time> StoreService::WaitDeadline(const grpc::CallbackServer
 
 template <typename OnValues>
 grpc::ServerUnaryReactor* StoreService::WaitFor(grpc::CallbackServerContext* context,
-                                                const char* method,
-                                                std::shared_ptr<store::Store> scope,
-                                                const std::string& name_space, const Keys& keys,
+                                                const char* method, Scoped scope, const Keys& keys,
                                                 int64_t timeout_ms, OnValues on_values) {
-  if (absl::Status status = CheckNamespace(method, name_space); !status.ok()) {
-    return Reply(context, method, status);
-  }
   if (absl::Status status = CheckKeys(keys); !status.ok()) return Reply(context, method, status);
   absl::StatusOr<absl::Time> deadline = WaitDeadline(context, timeout_ms);
   if (!deadline.ok()) return Reply(context, method, deadline.status());
-  store::PrefixStore scoped(name_space, scope.get());
-  auto* reactor = new WaitReactor(std::move(scope), stats_, method, std::move(on_values));
-  reactor->Start(&scoped, ToVector(keys), *deadline);
+  auto* reactor = new WaitReactor(std::move(scope.owner), stats_, method, std::move(on_values));
+  reactor->Start(&scope.view, ToVector(keys), *deadline);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
                                             const v1::SetRequest* request, v1::SetResponse*) {
-  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Set", *request);
+  absl::StatusOr<Scoped> scope = Admit(*context, "Set", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "Set", scope.status());
-  if (absl::Status status = CheckNamespace("Set", request->namespace_()); !status.ok()) {
-    return Reply(context, "Set", status);
-  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) status = CheckValue(request->key(), request->value().size());
   if (status.ok()) {
-    status = store::PrefixStore(request->namespace_(), scope->get())
-                 .Set(request->key(), request->value());
+    status = scope->view.Set(request->key(), request->value());
   }
   return Reply(context, "Set", status);
 }
@@ -245,27 +246,22 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context,
                                             const v1::GetRequest* request,
                                             v1::GetResponse* response) {
-  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Get", *request);
+  absl::StatusOr<Scoped> scope = Admit(*context, "Get", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "Get", scope.status());
   Keys keys;
   keys.Add()->assign(request->key());
-  return WaitFor(context, "Get", *std::move(scope), request->namespace_(), keys,
-                 request->timeout_ms(),
+  return WaitFor(context, "Get", *std::move(scope), keys, request->timeout_ms(),
                  [response](Values values) { response->set_value(std::move(values[0])); });
 }
 
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
                                             const v1::AddRequest* request,
                                             v1::AddResponse* response) {
-  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Add", *request);
+  absl::StatusOr<Scoped> scope = Admit(*context, "Add", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "Add", scope.status());
-  if (absl::Status status = CheckNamespace("Add", request->namespace_()); !status.ok()) {
-    return Reply(context, "Add", status);
-  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) {
-    absl::StatusOr<int64_t> sum = store::PrefixStore(request->namespace_(), scope->get())
-                                      .Add(request->key(), request->delta());
+    absl::StatusOr<int64_t> sum = scope->view.Add(request->key(), request->delta());
     if (sum.ok()) response->set_value(*sum);
     status = sum.status();
   }
@@ -275,17 +271,13 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* context,
                                                    const v1::CompareSetRequest* request,
                                                    v1::CompareSetResponse* response) {
-  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "CompareSet", *request);
+  absl::StatusOr<Scoped> scope = Admit(*context, "CompareSet", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "CompareSet", scope.status());
-  if (absl::Status status = CheckNamespace("CompareSet", request->namespace_()); !status.ok()) {
-    return Reply(context, "CompareSet", status);
-  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) status = CheckValue(request->key(), request->desired_value().size());
   if (status.ok()) {
     absl::StatusOr<std::string> value =
-        store::PrefixStore(request->namespace_(), scope->get())
-            .CompareSet(request->key(), request->expected_value(), request->desired_value());
+        scope->view.CompareSet(request->key(), request->expected_value(), request->desired_value());
     if (value.ok()) response->set_value(*std::move(value));
     status = value.status();
   }
@@ -294,24 +286,20 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
 
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
                                              const v1::WaitRequest* request, v1::WaitResponse*) {
-  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Wait", *request);
+  absl::StatusOr<Scoped> scope = Admit(*context, "Wait", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "Wait", scope.status());
-  return WaitFor(context, "Wait", *std::move(scope), request->namespace_(), request->keys(),
-                 request->timeout_ms(), [](Values) {});
+  return WaitFor(context, "Wait", *std::move(scope), request->keys(), request->timeout_ms(),
+                 [](Values) {});
 }
 
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
                                               const v1::CheckRequest* request,
                                               v1::CheckResponse* response) {
-  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Check", *request);
+  absl::StatusOr<Scoped> scope = Admit(*context, "Check", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "Check", scope.status());
-  if (absl::Status status = CheckNamespace("Check", request->namespace_()); !status.ok()) {
-    return Reply(context, "Check", status);
-  }
   absl::Status status = CheckKeys(request->keys());
   if (status.ok()) {
-    absl::StatusOr<bool> ready =
-        store::PrefixStore(request->namespace_(), scope->get()).Check(ToVector(request->keys()));
+    absl::StatusOr<bool> ready = scope->view.Check(ToVector(request->keys()));
     if (ready.ok()) response->set_ready(*ready);
     status = ready.status();
   }
@@ -321,15 +309,11 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
                                                   const v1::DeleteKeyRequest* request,
                                                   v1::DeleteKeyResponse* response) {
-  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "DeleteKey", *request);
+  absl::StatusOr<Scoped> scope = Admit(*context, "DeleteKey", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "DeleteKey", scope.status());
-  if (absl::Status status = CheckNamespace("DeleteKey", request->namespace_()); !status.ok()) {
-    return Reply(context, "DeleteKey", status);
-  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) {
-    absl::StatusOr<bool> deleted =
-        store::PrefixStore(request->namespace_(), scope->get()).DeleteKey(request->key());
+    absl::StatusOr<bool> deleted = scope->view.DeleteKey(request->key());
     if (deleted.ok()) response->set_deleted(*deleted);
     status = deleted.status();
   }
@@ -339,19 +323,15 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* context,
                                                 const v1::NumKeysRequest* request,
                                                 v1::NumKeysResponse* response) {
-  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "NumKeys", *request);
+  absl::StatusOr<Scoped> scope = Admit(*context, "NumKeys", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "NumKeys", scope.status());
-  if (absl::Status status = CheckNamespace("NumKeys", request->namespace_()); !status.ok()) {
-    return Reply(context, "NumKeys", status);
-  }
   if (static_cast<int64_t>(request->prefix().size()) > limits_.max_key_bytes) {
     return Reply(context, "NumKeys",
                  absl::InvalidArgumentError(absl::StrCat(
                      "NumKeysRequest.prefix is ", request->prefix().size(),
                      " bytes; the limit store.max_key_bytes is ", limits_.max_key_bytes)));
   }
-  absl::StatusOr<int64_t> count =
-      store::PrefixStore(request->namespace_(), scope->get()).NumKeys(request->prefix());
+  absl::StatusOr<int64_t> count = scope->view.NumKeys(request->prefix());
   if (count.ok()) response->set_num_keys(*count);
   return Reply(context, "NumKeys", count.status());
 }
@@ -359,10 +339,10 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* context,
                                                  const v1::MultiGetRequest* request,
                                                  v1::MultiGetResponse* response) {
-  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "MultiGet", *request);
+  absl::StatusOr<Scoped> scope = Admit(*context, "MultiGet", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "MultiGet", scope.status());
-  return WaitFor(context, "MultiGet", *std::move(scope), request->namespace_(), request->keys(),
-                 request->timeout_ms(), [response](Values values) {
+  return WaitFor(context, "MultiGet", *std::move(scope), request->keys(), request->timeout_ms(),
+                 [response](Values values) {
                    for (std::string& value : values) response->add_values(std::move(value));
                  });
 }
@@ -370,11 +350,8 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* context,
                                                  const v1::MultiSetRequest* request,
                                                  v1::MultiSetResponse*) {
-  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "MultiSet", *request);
+  absl::StatusOr<Scoped> scope = Admit(*context, "MultiSet", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "MultiSet", scope.status());
-  if (absl::Status status = CheckNamespace("MultiSet", request->namespace_()); !status.ok()) {
-    return Reply(context, "MultiSet", status);
-  }
   absl::Status status = CheckKeys(request->keys());
   if (status.ok() && request->keys_size() != request->values_size()) {
     status = absl::InvalidArgumentError(absl::StrCat("multi_set needs one value per key: got ",
@@ -385,8 +362,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
     status = CheckValue(request->keys(i), request->values(i).size());
   }
   if (status.ok()) {
-    status = store::PrefixStore(request->namespace_(), scope->get())
-                 .MultiSet(ToVector(request->keys()), ToVector(request->values()));
+    status = scope->view.MultiSet(ToVector(request->keys()), ToVector(request->values()));
   }
   return Reply(context, "MultiSet", status);
 }
@@ -394,16 +370,12 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* context,
                                                const v1::AppendRequest* request,
                                                v1::AppendResponse*) {
-  absl::StatusOr<std::shared_ptr<store::Store>> scope = Admit(*context, "Append", *request);
+  absl::StatusOr<Scoped> scope = Admit(*context, "Append", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "Append", scope.status());
-  if (absl::Status status = CheckNamespace("Append", request->namespace_()); !status.ok()) {
-    return Reply(context, "Append", status);
-  }
   absl::Status status = CheckKey(request->key());
   if (status.ok()) status = CheckValue(request->key(), request->value().size());
   if (status.ok()) {
-    status = store::PrefixStore(request->namespace_(), scope->get())
-                 .Append(request->key(), request->value());
+    status = scope->view.Append(request->key(), request->value());
   }
   return Reply(context, "Append", status);
 }

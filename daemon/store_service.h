@@ -26,6 +26,7 @@
 #include "daemon/peer_auth.h"
 #include "proto/store.grpc.pb.h"
 #include "proto/store_scope.h"
+#include "store/prefix_store.h"
 #include "store/store.h"
 
 namespace tpd {
@@ -78,22 +79,31 @@ class StoreService final : public v1::Store::CallbackService {
                                    v1::AppendResponse* response) override;
 
  private:
+  // The store a call reaches, seen under its request's namespace; `owner` keeps a group's
+  // store open while the call uses it.
+  struct Scoped {
+    std::shared_ptr<store::Store> owner;
+    store::PrefixStore view;
+  };
   // Finishes a call that does not wait, counting it.
   grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, const char* method,
                                   const absl::Status& status);
   // Parks a waiting call in the store; `on_values` fills the response once keys arrive.
   template <typename OnValues>
   grpc::ServerUnaryReactor* WaitFor(grpc::CallbackServerContext* context, const char* method,
-                                    std::shared_ptr<store::Store> scope,
-                                    const std::string& name_space,
+                                    Scoped scope,
                                     const google::protobuf::RepeatedPtrField<std::string>& keys,
                                     int64_t timeout_ms, OnValues on_values);
 
-  // The store the call reaches (the root, or a group's), once admitted: on the peer port,
-  // PeerAuth's verdict on the call's MAC first.
-  absl::StatusOr<std::shared_ptr<store::Store>> Admit(const grpc::CallbackServerContext& context,
-                                                      const char* method,
-                                                      const google::protobuf::Message& request);
+  // Admits the call (on the peer port, PeerAuth's verdict on its MAC), finds the store it
+  // reaches and checks its namespace.
+  absl::StatusOr<Scoped> Admit(const grpc::CallbackServerContext& context, const char* method,
+                               const google::protobuf::Message& request,
+                               const std::string& name_space);
+  // The store the call reaches: the root, or the group its metadata names.
+  absl::StatusOr<std::shared_ptr<store::Store>> Reached(const grpc::CallbackServerContext& context,
+                                                        const char* method,
+                                                        const google::protobuf::Message& request);
   // `method` names the request in the message ("SetRequest.namespace").
   absl::Status CheckNamespace(absl::string_view method, absl::string_view name_space) const;
   absl::Status CheckKey(absl::string_view key) const;
