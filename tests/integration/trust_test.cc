@@ -203,6 +203,32 @@ TEST_F(TrustTest, AnotherUserCanNeitherJoinNorCallNorTakeADepartedMembersName) {
   EXPECT_TRUE(c->Call("g", "a", "echo", "hi", {}, absl::Seconds(10)).ok());
 }
 
+TEST_F(TrustTest, AnotherUserReachesNoGroupsStoreButItsOwnGroups) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  Start();
+  std::unique_ptr<Client> a = Echoer("g", "a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->GroupStore("g").Set("k", "root's").ok());
+
+  // The second user is a member of a group of its own on this node, and asks for g's store.
+  testing::ProcessResult tried =
+      AsSecondUser({"--group=mine", "--name=x", absl::StrCat("--init_method=", init_method_),
+                    "--group_store=g"});
+  for (const char* step : {"group_store_get", "group_store_set"}) {
+    EXPECT_THAT(Step(tried.output, step), HasSubstr("PERMISSION_DENIED")) << tried.output;
+    EXPECT_THAT(Step(tried.output, step), HasSubstr("holds no member of group g"));
+  }
+  // Its own group's store is its own.
+  tried = AsSecondUser({"--group=mine2", "--name=x", absl::StrCat("--init_method=", init_method_),
+                        "--group_store=mine2"});
+  EXPECT_EQ(Step(tried.output, "join"), "join: OK") << tried.output;
+  EXPECT_EQ(Step(tried.output, "group_store_set"), "group_store_set: OK") << tried.output;
+  // g's key is untouched.
+  absl::StatusOr<std::string> value = a->GroupStore("g").Get("k");
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "root's");
+}
+
 TEST_F(TrustTest, AGroupWithASecretAdmitsOnlyJoinsThatBringIt) {
   Start();
   std::unique_ptr<Client> first = Echoer("s", "first", "k1");

@@ -37,6 +37,8 @@ ABSL_FLAG(std::string, name, "", "the worker name to join as (nothing joins with
 ABSL_FLAG(std::string, init_method, "", "the group's init_method");
 ABSL_FLAG(std::string, secret, "", "the group's secret to join with");
 ABSL_FLAG(std::string, call, "", "a worker of --group to call method echo on");
+ABSL_FLAG(std::string, group_store, "",
+          "a group whose store to read and write key k in, after joining --group");
 ABSL_FLAG(bool, forged_cuda_call, false,
           "after joining, call --call with a CUDA tensor whose IPC handle is forged");
 ABSL_FLAG(int, attach_sessions, 0, "sessions to open and attach, one client each");
@@ -139,6 +141,11 @@ int main(int argc, char** argv) {
                         ->Call(options.group, absl::GetFlag(FLAGS_call), "echo", "x", {},
                                absl::Seconds(5))
                         .status());
+    }
+    if (const std::string other = absl::GetFlag(FLAGS_group_store); !other.empty()) {
+      const tpd::StoreView store = (*client)->GroupStore(other);
+      Print("group_store_get", store.Get("k", absl::Seconds(1)).status());
+      Print("group_store_set", store.Set("k", "forged"));
     }
   }
   if (const int n = absl::GetFlag(FLAGS_attach_sessions); n > 0) {
