@@ -775,9 +775,8 @@ CallFuture CallEngine::CallAsync(const std::string& group, const std::string& fr
     call.deadline = deadline;
     call.give_up = none ? absl::InfiniteFuture() : deadline + kDeadlineGrace;
   }
-  absl::Status submitted =
-      Submit(shm::Op::kCall, id, none ? 0 : absl::ToUnixNanos(deadline), 0, 0, group, worker,
-             method, from, payload, tensors);
+  absl::Status submitted = Submit(shm::Op::kCall, id, none ? 0 : absl::ToUnixNanos(deadline), 0, 0,
+                                  {group, worker, method, from}, payload, tensors);
   if (!submitted.ok()) {
     absl::MutexLock lock(&mu_);
     Finish(id, Prefixed(submitted, CallName(group, worker, method), " was not sent: "));
@@ -797,28 +796,23 @@ absl::StatusOr<Message> CallEngine::Call(const std::string& group, const std::st
   return std::move(future.state_->result);
 }
 
-absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_ns,
-                                uint16_t flags, uint32_t code, const std::string& n0,
-                                const std::string& n1, const std::string& n2,
-                                const std::string& n3, std::string_view payload,
-                                absl::Span<const Tensor> tensors) {
-  if (n0.size() > shm::kMaxMessageName || n1.size() > shm::kMaxMessageName ||
-      n2.size() > shm::kMaxMessageName || n3.size() > shm::kMaxMessageName) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group, worker and method names are at most ", shm::kMaxMessageName,
-                     " bytes"));
+absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_ns, uint16_t flags,
+                                uint32_t code, const shm::MessageNames& names,
+                                std::string_view payload, absl::Span<const Tensor> tensors) {
+  for (const std::string& name : names) {
+    if (name.size() > shm::kMaxMessageName) {
+      return absl::InvalidArgumentError(absl::StrCat("group, worker and method names are at most ",
+                                                     shm::kMaxMessageName, " bytes"));
+    }
   }
   if (tensors.size() > shm::kMaxTensorsPerMessage) {
     return absl::InvalidArgumentError(absl::StrCat("at most ", shm::kMaxTensorsPerMessage,
                                                    " tensors per message"));
   }
-  const uint64_t prefix = shm::MessagePrefixBytes(n0.size(), n1.size(), n2.size(), n3.size());
-  const uint64_t payload_bytes = prefix + payload.size();
-  uint64_t total = shm::AlignUp(payload_bytes);
-  const uint64_t table = total;
-  total += shm::AlignUp(tensors.size() * sizeof(shm::TensorEntry));
-  // Where each tensor's bytes go in the block; arena tensors of this segment stay in place.
-  std::vector<std::optional<uint64_t>> at(tensors.size());
+  // What each tensor needs in the block: a CUDA tensor its export record, an arena tensor of
+  // this segment nothing (it stays in place), any other its bytes.
+  std::vector<uint64_t> slots(tensors.size(), 0);
+  std::vector<bool> in_block(tensors.size(), false);
   std::vector<std::shared_ptr<ArenaBlock>> pins;  // declared before the locks: freed after
   uint64_t copied = payload.size();
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -836,10 +830,7 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
         return absl::InvalidArgumentError(
             absl::StrCat(what, ": device ", tensor.device_.ToString(), " does not exist"));
       }
-      if (*bytes > 0) {
-        at[i] = total;  // its export record
-        total += shm::AlignUp(sizeof(shm::CudaExport));
-      }
+      if (*bytes > 0) slots[i] = sizeof(shm::CudaExport);
       continue;
     }
     if (tensor.storage_ == TensorStorage::kArena && tensor.arena_ != nullptr &&
@@ -847,10 +838,12 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
       if (*bytes > 0) pins.push_back(tensor.arena_);
       continue;
     }
-    at[i] = total;
-    total += shm::AlignUp(*bytes);
+    in_block[i] = true;
+    slots[i] = *bytes;
     copied += *bytes;
   }
+  const shm::BlockPlan plan = shm::PlanBlock(shm::MessagePrefixBytes(names), payload.size(), slots);
+  const uint64_t total = plan.total;
   absl::StatusOr<uint64_t> block;
   {
     absl::MutexLock lock(&link_->mu);
@@ -863,8 +856,8 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
   // The block is ours until pushed: fill it without the lock.
   uint8_t* const base = link_->base();
   uint8_t* out = base + *block;
-  shm::WriteMessagePrefix(out, code, n0, n1, n2, n3);
-  if (!payload.empty()) std::memcpy(out + prefix, payload.data(), payload.size());
+  shm::WriteMessagePrefix(out, code, names);
+  if (!payload.empty()) std::memcpy(out + plan.prefix, payload.data(), payload.size());
   uint64_t in_place = 0;
   uint64_t cuda_sent = 0;
   std::vector<std::shared_ptr<void>> leases;
@@ -890,30 +883,30 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
           (void)link_->tx.Free(*block);
           return Prefixed(offset.status(), "tensor ", i, " (", tensor.device_.ToString(), "): ");
         }
-        std::memcpy(out + *at[i], &record, sizeof(record));
+        std::memcpy(out + plan.at[i], &record, sizeof(record));
         // A received tensor passed on: its pool block must not go back to the daemon (and be
         // reused) before the daemon has copied from it.
         if (tensor.keep_ != nullptr) leases.push_back(tensor.keep_);
         entry.offset = *offset;
-        entry.device_handle = *block + *at[i];
+        entry.device_handle = *block + plan.at[i];
         ++cuda_sent;
       }
-      std::memcpy(out + table + i * sizeof(entry), &entry, sizeof(entry));
+      std::memcpy(out + plan.table + i * sizeof(entry), &entry, sizeof(entry));
       continue;
     }
     if (entry.length > 0) {
-      if (at[i].has_value()) {
-        entry.offset = *block + *at[i];
-        std::memcpy(out + *at[i], tensor.data_, tensor.size_);
+      if (in_block[i]) {
+        entry.offset = *block + plan.at[i];
+        std::memcpy(out + plan.at[i], tensor.data_, tensor.size_);
       } else {
         entry.offset = tensor.arena_->offset;
         ++in_place;
       }
     }
-    std::memcpy(out + table + i * sizeof(entry), &entry, sizeof(entry));
+    std::memcpy(out + plan.table + i * sizeof(entry), &entry, sizeof(entry));
   }
   shm::Descriptor d = shm::MessageDescriptor(
-      op, call_id, {*block, payload_bytes, table, static_cast<uint32_t>(tensors.size())}, flags,
+      op, call_id, {*block, plan.payload, plan.table, static_cast<uint32_t>(tensors.size())}, flags,
       deadline_ns);
   absl::MutexLock lock(&link_->mu);
   // Pinned before the push: the release for this block can only come after it.
@@ -948,8 +941,8 @@ void CallEngine::ReplyError(uint64_t call_id, const absl::Status& status) {
   const auto code = status.code() == absl::StatusCode::kOk ? absl::StatusCode::kUnknown
                                                            : status.code();
   // Nothing more to do when even this cannot go: the caller's deadline answers the call.
-  (void)Submit(shm::Op::kReply, call_id, 0, shm::kFlagError, static_cast<uint32_t>(code), "", "",
-               message, "", "", {});
+  (void)Submit(shm::Op::kReply, call_id, 0, shm::kFlagError, static_cast<uint32_t>(code),
+               {"", "", message, ""}, "", {});
 }
 
 void CallEngine::ReadLoop() {
@@ -1203,7 +1196,7 @@ absl::Status CallEngine::Answer(uint64_t id, const std::string& worker,
                                 absl::StatusOr<Message> reply) {
   absl::Status sent;
   if (reply.ok()) {
-    sent = Submit(shm::Op::kReply, id, 0, 0, 0, "", "", "", "", reply->payload, reply->tensors);
+    sent = Submit(shm::Op::kReply, id, 0, 0, 0, {}, reply->payload, reply->tensors);
   } else if (!from_handler) {
     ReplyError(id, reply.status());
   } else {

@@ -44,6 +44,7 @@
 #include "absl/types/span.h"
 #include "proto/shm/descriptor.h"
 #include "proto/shm/doorbell.h"
+#include "proto/shm/message.h"
 #include "proto/shm/ring.h"
 #include "proto/shm/segment.h"
 
@@ -376,8 +377,7 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // Writes a message (names, payload, table, copied tensors) into a tx block, pins the arena
   // tensors it points at, and pushes its descriptor.
   absl::Status Submit(shm::Op op, uint64_t call_id, int64_t deadline_ns, uint16_t flags,
-                      uint32_t code, const std::string& n0, const std::string& n1,
-                      const std::string& n2, const std::string& n3, std::string_view payload,
+                      uint32_t code, const shm::MessageNames& names, std::string_view payload,
                       absl::Span<const Tensor> tensors);
   // Sends an error reply for the incoming call `call_id`.
   void ReplyError(uint64_t call_id, const absl::Status& status);

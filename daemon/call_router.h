@@ -59,8 +59,12 @@
 #include "agent/agent.h"
 #include "base/log_limiter.h"
 #include "daemon/cuda_copies.h"
+#include "daemon/router/cuda_staging.h"
+#include "daemon/router/delivery.h"
 #include "daemon/router/pending_calls.h"
+#include "daemon/router/remote.h"
 #include "daemon/router/session.h"
+#include "daemon/router/submitted.h"
 #include "proto/control.pb.h"
 #include "proto/shm/descriptor.h"
 #include "proto/shm/heap.h"
@@ -69,8 +73,6 @@
 #include "proto/shm/segment.h"
 
 namespace tpd {
-
-struct Submitted;  // call_router.cc
 
 struct CallRouterOptions {
   // This daemon's node name: members recorded with it are local.
@@ -158,67 +160,34 @@ class CallRouter {
 
  private:
   using Session = router::Session;
-  // Where one tensor of a message lands: host memory, or a CUDA device (by the sender's map).
-  struct Place {
-    int device = -1;  // -1: cpu
-  };
   using Pending = router::PendingCall;
-  // A call of a local session to a worker on another node, until it is answered.
-  struct Outgoing {
-    std::string node;
-    std::string worker;
-    std::string method;
-  };
-  using CallerKey = std::pair<std::string, uint64_t>;  // (session id, its call id)
-  // Where an incoming message's bytes were placed: a block of a session's rx heap, freed
-  // unless it was posted. Shared with the agent as the message's keepalive.
-  struct RxBlock;
-  // A block of a session's tx heap TensorPipe reads; released to the client when it goes.
-  struct TxBlock;
-  // A message for another node whose CUDA tensors were staged through pinned memory.
-  struct StagedOut;
-  // The copies of an incoming message's staged tensors into a session's receive pools.
-  struct Landing;
 
   void Serve(std::shared_ptr<Session> session);
   void Handle(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   void HandleCall(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   void HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   void HandleCancel(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
+  // A client's release of a block of its rx heap or of a receive pool.
+  void HandleRelease(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   // A receive pool lent by the client (kDevicePool), answered by a reply.
   void HandleDevicePool(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
-  // Where the tensors of a message from worker `from` to worker `to` of `group` land, by
-  // from's device map toward `to` (its reverse map for a reply): PyTorch's
-  // getDevicesForTensors, with its error. Empty when every tensor stays in host memory.
-  absl::StatusOr<std::vector<Place>> PlaceTensors(const std::string& group,
-                                                  const std::string& from, const std::string& to,
-                                                  bool reply,
-                                                  const std::vector<shm::TensorEntry>& tensors);
-  // Deliver for a message with tensors on or for CUDA devices: host parts copied now, device
-  // copies issued on CudaCopies; the message is posted to `to` once they completed, and
-  // `after` runs then (on the thread CudaCopies::Run names) with the result, or at once on an
-  // error.
-  void DeliverDevices(const std::shared_ptr<Session>& from, const std::string& prefix0,
-                      const std::string& prefix1, const std::string& prefix2,
-                      const std::string& prefix3, uint32_t code, uint64_t body_offset,
-                      uint64_t body_length, const std::vector<shm::TensorEntry>& tensors,
-                      const std::vector<Place>& places, const std::shared_ptr<Session>& to,
-                      shm::Op op, uint64_t call_id, uint16_t flags, int64_t deadline_ns,
-                      std::function<void(absl::Status)> after);
+  // Where the tensors of a message of worker `from` to worker `to` of `group` land, by from's
+  // device map toward `to` (its reverse map for a reply). Empty when all stay in host memory.
+  absl::StatusOr<std::vector<router::Place>> PlaceTensors(
+      const router::MapUse& use, bool reply, const std::vector<shm::TensorEntry>& tensors);
   // A call whose target `member` is on another node.
   void CallRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-                  const Submitted& call, const std::vector<Place>& places,
+                  const router::Submitted& call, const std::vector<router::Place>& places,
                   const v1::Member& member);
+  // The header of a request from worker names[3] to `names[1]` of group names[0].
+  v1::AgentMessage RequestHeader(const shm::MessageNames& names);
   // A local callee's reply to a call from another daemon.
   void RespondRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
                      const Pending& pending);
   // Agent callbacks.
-  absl::StatusOr<agent::Destination> PlaceIncoming(const std::shared_ptr<Session>& to,
-                                                   const std::string& n0, const std::string& n1,
-                                                   const std::string& n2, const std::string& n3,
-                                                   uint32_t code, size_t payload_size,
-                                                   const v1::AgentMessage& header,
-                                                   absl::Span<const size_t> tensor_sizes);
+  absl::StatusOr<agent::Destination> PlaceRequest(const v1::AgentMessage& header,
+                                                  size_t payload_size,
+                                                  absl::Span<const size_t> sizes);
   void OnRemoteRequest(agent::InboundRequest request);
   // OK when this daemon's own view of the request's group has its calling worker on `node`
   // in the incarnation the sender named; else PERMISSION_DENIED saying what it knows. The
@@ -228,40 +197,20 @@ class CallRouter {
   // A request from another daemon once its caller was checked (`admitted`): delivered to its
   // callee, or answered with the refusal.
   void ServeRemoteRequest(agent::InboundRequest request, const absl::Status& admitted);
-  // Copies the tensors of `block` that another node staged for a CUDA device of its session
-  // from pinned staging into the session's pool, then runs `post` (as CudaCopies::Run runs
-  // `done`); at once when there are none.
-  void LandOnDevices(const std::shared_ptr<const RxBlock>& block,
-                     std::function<void(absl::Status)> post);
-  // Points `out` at the message `submitted` (tx block `tx_offset` of `session`) for another
-  // node: host tensors in place, CUDA tensors copied into pinned staging, those up to
-  // cuda_chunk_bytes by `copies` (to run before sending), larger ones in chunks
-  // (`chunked`: StagedOut::StartChunks after running `copies`, whether or not the message is
-  // sent); each tensor's target device (`places`, empty: all cpu) goes with it.
-  absl::Status StageOut(const std::shared_ptr<Session>& session, uint64_t tx_offset,
-                        const Submitted& submitted, const std::vector<Place>& places,
-                        agent::Message* out, std::vector<CudaCopies::Copy>* copies,
-                        std::shared_ptr<StagedOut>* chunked);
   void OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
                      absl::StatusOr<agent::Message> reply);
+  // Takes call `call_id` of `caller` out of the remote calls and answers it with `status`,
+  // unless something answered it already.
+  void FailRemoteCall(const std::shared_ptr<Session>& caller, uint64_t call_id,
+                      const absl::Status& status);
 
   std::shared_ptr<Session> Find(const std::string& id);
-  // Copies the message of `d` (from `from`'s tx heap) into `to`'s rx heap and posts it with
-  // `op`, `call_id`, `flags`, `deadline`. The error is what the caller should be told.
-  absl::Status Deliver(const Session& from, const std::string& prefix0,
-                       const std::string& prefix1, const std::string& prefix2,
-                       const std::string& prefix3, uint32_t code,
-                       uint64_t body_offset, uint64_t body_length,
-                       const std::vector<shm::TensorEntry>& tensors, Session& to, shm::Op op,
-                       uint64_t call_id, uint16_t flags, int64_t deadline_ns);
   // Posts an error reply to `to` for its call `call_id`.
   void Fail(const std::shared_ptr<Session>& to, uint64_t call_id, const absl::Status& status);
   // Logs a warning about what `session`'s client did, at most once per 10 s per session.
   void Warn(const Session& session, absl::string_view what, const absl::Status& status);
   // Logs why and ends the session (its members leave, its stream closes).
   void EndSession(const Session& session, const std::string& why);
-  // Returns tx block `tx_offset` to its client; queued while its completion ring is full.
-  void Release(const std::shared_ptr<Session>& to, uint64_t tx_offset);
   // Answers a remote caller's request with an error.
   void RespondError(const agent::ReplyTo& to, const absl::Status& status);
   // Answers `p` (its caller, local or remote) with `status`.
@@ -270,14 +219,18 @@ class CallRouter {
   void OnDeadline(const Pending& p);
   // UNAVAILABLE: this daemon is draining.
   absl::Status StoppingError() const;
+  bool draining();
 
   const CallRouterOptions options_;
   LogLimiter warnings_{absl::Seconds(10)};
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  router::Delivery delivery_;
+  router::CudaStaging staging_;
   // Calls delivered to local sessions, until answered; its deadlines are served by timer_.
   router::PendingCalls pending_;
-  std::map<CallerKey, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);
+  // Calls of local sessions to other nodes, until answered.
+  router::RemoteCalls remote_calls_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::thread timer_;

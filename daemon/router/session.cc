@@ -3,6 +3,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/check.h"
+#include "proto/shm/message.h"
 
 namespace tpd::router {
 
@@ -74,6 +76,88 @@ void Session::FlushUnposted() {
     unposted.pop_front();
   }
   unposted_count = static_cast<int64_t>(unposted.size());
+}
+
+absl::Status Session::PostLocking(const shm::Descriptor& d) {
+  absl::MutexLock lock(&mu);
+  return Post(d);
+}
+
+void Session::Release(uint64_t tx_offset) {
+  if (tx_offset == 0) return;
+  shm::Descriptor d{};
+  d.op = static_cast<uint8_t>(shm::Op::kRelease);
+  d.call_id = 1;
+  d.payload_offset = tx_offset;
+  absl::MutexLock lock(&mu);
+  // Fails only for a session that ended: nothing is owed to it.
+  Post(d).IgnoreError();
+}
+
+absl::Status Session::Answer(uint64_t call_id, const absl::Status& status) {
+  const shm::MessageNames names = {"", "", std::string(status.message()), ""};
+  const uint64_t bytes = shm::MessagePrefixBytes(names);
+  shm::Descriptor d{};
+  d.op = static_cast<uint8_t>(shm::Op::kReply);
+  d.flags = status.ok() ? 0 : shm::kFlagError;
+  d.call_id = call_id;
+  absl::MutexLock lock(&mu);
+  if (broken) return absl::OkStatus();
+  absl::StatusOr<uint64_t> block = rx->Allocate(bytes);
+  absl::Status degraded;
+  if (block.ok()) {
+    shm::WriteMessagePrefix(segment->base() + *block, static_cast<uint32_t>(status.code()), names);
+    d.payload_offset = *block;
+    d.payload_length = bytes;
+  } else {
+    // Still answered: an error reply without a message, which the client reads as its rx heap
+    // being full (client/calls.cc).
+    d.flags = shm::kFlagError;
+    degraded = absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), "; sent without its message: ", block.status().message()));
+  }
+  if (!Post(d).ok() && block.ok()) TPD_CHECK_OK(rx->Free(*block));
+  return degraded;
+}
+
+absl::StatusOr<uint64_t> Session::WriteRx(
+    uint64_t bytes, absl::FunctionRef<absl::Status(uint64_t block, uint8_t* at)> fill) {
+  absl::MutexLock lock(&mu);
+  if (broken) return EndedError();
+  absl::StatusOr<uint64_t> block = rx->Allocate(bytes);
+  if (!block.ok()) return block.status();
+  absl::Status filled = fill(*block, segment->base() + *block);
+  if (!filled.ok()) {
+    TPD_CHECK_OK(rx->Free(*block));
+    return filled;
+  }
+  return block;
+}
+
+absl::Status Session::FreeRx(uint64_t offset) {
+  absl::MutexLock lock(&mu);
+  if (broken) return absl::OkStatus();
+  return rx->Free(offset);
+}
+
+std::string Session::Flush() {
+  absl::MutexLock lock(&mu);
+  FlushUnposted();
+  return ring_error;
+}
+
+void Session::End() {
+  absl::MutexLock lock(&mu);
+  broken = true;
+}
+
+uint64_t Session::RxUsed() {
+  if (mu.TryLock()) {
+    rx_used_seen = rx->GetStats().used_bytes;
+    mu.Unlock();
+  }
+  return rx_used_seen.load();
 }
 
 }  // namespace tpd::router

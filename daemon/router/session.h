@@ -9,7 +9,8 @@
 // lives on).
 //
 // Thread safety: `mu` guards the completion ring producer, the rx heap allocator and the
-// queue; no two sessions' `mu` are ever held together.
+// queue; no two sessions' `mu` are ever held together. The router takes `mu` only through the
+// methods below that say they lock (session.cc is the one file that locks a session).
 
 #ifndef TPD_DAEMON_ROUTER_SESSION_H_
 #define TPD_DAEMON_ROUTER_SESSION_H_
@@ -21,8 +22,10 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -77,10 +80,55 @@ struct Session {
   // UNAVAILABLE naming the session and why it ended.
   absl::Status EndedError() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  // Each of these locks `mu`.
+  //
+  // Post, under the lock.
+  absl::Status PostLocking(const shm::Descriptor& d) ABSL_LOCKS_EXCLUDED(mu);
+  // Returns tx block `tx_offset` to the client (a kRelease, queued like any answer). Nothing is
+  // owed to a session that ended.
+  void Release(uint64_t tx_offset) ABSL_LOCKS_EXCLUDED(mu);
+  // Answers the client's call `call_id` with `status` (an error reply with its message; an
+  // OK status is an empty reply). When the rx heap has no room for the message the reply goes
+  // without it, which the client reads as RESOURCE_EXHAUSTED, and the heap's error is returned
+  // for the router to log. A session that ended is owed nothing.
+  absl::Status Answer(uint64_t call_id, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu);
+  // Allocates `bytes` of the rx heap and runs `fill(block, at)` on them under the lock (`at`:
+  // where the block is mapped); the block is freed again when `fill` fails. UNAVAILABLE once
+  // the session ended; the heap's error when it is full.
+  absl::StatusOr<uint64_t> WriteRx(
+      uint64_t bytes, absl::FunctionRef<absl::Status(uint64_t block, uint8_t* at)> fill)
+      ABSL_LOCKS_EXCLUDED(mu);
+  // Frees rx block `offset`: one the client released, or one the router filled and never
+  // posted. OK for a session that ended (its heap is gone with it).
+  absl::Status FreeRx(uint64_t offset) ABSL_LOCKS_EXCLUDED(mu);
+  // Posts what waits; returns why its ring is broken ("" while it is not): its thread then ends
+  // the session.
+  std::string Flush() ABSL_LOCKS_EXCLUDED(mu);
+  // Nothing is written into its segment once this returns.
+  void End() ABSL_LOCKS_EXCLUDED(mu);
+  // Bytes its client has not released of its rx heap. Never waits for the lock: while another
+  // thread holds it, the value read last time.
+  uint64_t RxUsed() ABSL_LOCKS_EXCLUDED(mu);
+
  private:
   // One push on the ring: false when it is full; a broken ring breaks the session. A reply
   // counts its call down.
   absl::StatusOr<bool> Push(const shm::Descriptor& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+};
+
+// A block of a session's tx heap that TensorPipe reads in place: back to the client (Release)
+// when the last holder lets go.
+class TxBlock {
+ public:
+  TxBlock(std::shared_ptr<Session> session, uint64_t offset)
+      : session_(std::move(session)), offset_(offset) {}
+  TxBlock(const TxBlock&) = delete;
+  TxBlock& operator=(const TxBlock&) = delete;
+  ~TxBlock() { session_->Release(offset_); }
+
+ private:
+  const std::shared_ptr<Session> session_;
+  const uint64_t offset_;
 };
 
 }  // namespace tpd::router

@@ -3,28 +3,42 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "proto/shm/layout.h"
 
 namespace tpd::shm {
 
-uint64_t MessagePrefixBytes(uint64_t n0, uint64_t n1, uint64_t n2, uint64_t n3) {
-  return sizeof(MessageHeader) + n0 + n1 + n2 + n3;
+uint64_t MessagePrefixBytes(const MessageNames& names) {
+  uint64_t bytes = sizeof(MessageHeader);
+  for (const std::string& name : names) bytes += name.size();
+  return bytes;
 }
 
-void WriteMessagePrefix(uint8_t* out, uint32_t code, const std::string& n0, const std::string& n1,
-                        const std::string& n2, const std::string& n3) {
+void WriteMessagePrefix(uint8_t* out, uint32_t code, const MessageNames& names) {
   MessageHeader header{};
   header.magic = kMessageMagic;
   header.code = code;
-  header.name_len[0] = static_cast<uint32_t>(n0.size());
-  header.name_len[1] = static_cast<uint32_t>(n1.size());
-  header.name_len[2] = static_cast<uint32_t>(n2.size());
-  header.name_len[3] = static_cast<uint32_t>(n3.size());
-  std::memcpy(out, &header, sizeof(header));
   uint8_t* p = out + sizeof(header);
-  for (const std::string* name : {&n0, &n1, &n2, &n3}) {
-    if (!name->empty()) std::memcpy(p, name->data(), name->size());
-    p += name->size();
+  for (size_t i = 0; i < names.size(); ++i) {
+    header.name_len[i] = static_cast<uint32_t>(names[i].size());
+    if (!names[i].empty()) std::memcpy(p, names[i].data(), names[i].size());
+    p += names[i].size();
   }
+  std::memcpy(out, &header, sizeof(header));
+}
+
+BlockPlan PlanBlock(uint64_t prefix_bytes, uint64_t body_bytes,
+                    absl::Span<const uint64_t> slot_bytes) {
+  BlockPlan plan;
+  plan.prefix = prefix_bytes;
+  plan.payload = prefix_bytes + body_bytes;
+  plan.table = AlignUp(plan.payload);
+  plan.total = plan.table + AlignUp(slot_bytes.size() * kTensorEntryBytes);
+  plan.at.resize(slot_bytes.size());
+  for (size_t i = 0; i < slot_bytes.size(); ++i) {
+    plan.at[i] = plan.total;
+    plan.total += AlignUp(slot_bytes[i]);
+  }
+  return plan;
 }
 
 absl::StatusOr<ParsedMessage> ParseMessage(const uint8_t* base, uint64_t payload_offset,

@@ -19,11 +19,14 @@
 #ifndef TPD_PROTO_SHM_MESSAGE_H_
 #define TPD_PROTO_SHM_MESSAGE_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace tpd::shm {
 
@@ -38,19 +41,38 @@ struct MessageHeader {
 static_assert(std::is_trivially_copyable_v<MessageHeader>);
 static_assert(sizeof(MessageHeader) == 24);
 
+// The four names after the header, in order: a call's group, target worker, method and calling
+// worker; a reply's are "", "", its error message (code != 0) and "".
+using MessageNames = std::array<std::string, 4>;
+
 struct ParsedMessage {
   uint32_t code = 0;
-  std::string names[4];
+  MessageNames names;
   uint64_t body_offset = 0;  // absolute, in the segment
   uint64_t body_length = 0;
 };
 
 // Bytes of header and names.
-uint64_t MessagePrefixBytes(uint64_t n0, uint64_t n1, uint64_t n2, uint64_t n3 = 0);
+uint64_t MessagePrefixBytes(const MessageNames& names);
 
 // Writes header and names at `out` (room for MessagePrefixBytes).
-void WriteMessagePrefix(uint8_t* out, uint32_t code, const std::string& n0, const std::string& n1,
-                        const std::string& n2, const std::string& n3 = "");
+void WriteMessagePrefix(uint8_t* out, uint32_t code, const MessageNames& names);
+
+// Where a message's parts lie in its heap block, as offsets from the block's start: header and
+// names, the body after them, the tensor table at the next alignment, then one aligned slot per
+// tensor. The client and the daemon both lay blocks out with PlanBlock, so they cannot disagree.
+struct BlockPlan {
+  uint64_t prefix = 0;       // header and names
+  uint64_t payload = 0;      // prefix + body: the descriptor's payload_length
+  uint64_t table = 0;        // the tensor table
+  std::vector<uint64_t> at;  // tensor i's slot
+  uint64_t total = 0;        // bytes to allocate
+};
+
+// `slot_bytes[i]`: the bytes tensor i needs in the block (0: none, as for a tensor that lies
+// elsewhere).
+BlockPlan PlanBlock(uint64_t prefix_bytes, uint64_t body_bytes,
+                    absl::Span<const uint64_t> slot_bytes);
 
 // Reads the message whose payload is [payload_offset, +payload_length) of the segment at
 // `base`. REQUIRES: the range lies in the mapping (ValidateDescriptor checked it).

@@ -338,13 +338,12 @@ TEST_F(CallsTest, GarbageDescriptorsFailTheirCallOrSessionAndOthersGoOn) {
   {
     const std::string group = "g", worker = "b", method = "echo", from = "a";
     const uint64_t offset = layout.tx_heap.offset;
-    shm::WriteMessagePrefix((*segment)->base() + offset, 0, group, worker, method, from);
+    shm::WriteMessagePrefix((*segment)->base() + offset, 0, {group, worker, method, from});
     shm::Descriptor call{};
     call.op = static_cast<uint8_t>(shm::Op::kCall);
     call.call_id = 8;
     call.payload_offset = offset;
-    call.payload_length = shm::MessagePrefixBytes(group.size(), worker.size(), method.size(),
-                                                  from.size());
+    call.payload_length = shm::MessagePrefixBytes({group, worker, method, from});
     ASSERT_TRUE(submit.TryPush(call).value());
     bool answered = false;
     const absl::Time until = absl::Now() + absl::Seconds(10);
@@ -496,10 +495,10 @@ TEST_F(FakeDaemonTest, ArenaTensorIsSentInPlaceAndPinnedUntilItsMessageIsRelease
   // The reply: a tensor in the rx heap, read in place, released when the last view goes.
   const shm::Region& rx = daemon_->layout().rx_heap;
   const uint64_t block = rx.offset;
-  const uint64_t prefix = shm::MessagePrefixBytes(0, 0, 0);
+  const uint64_t prefix = shm::MessagePrefixBytes({});
   const uint64_t table_at = block + shm::AlignUp(prefix + 5);
   const uint64_t data_at = table_at + shm::AlignUp(sizeof(shm::TensorEntry));
-  shm::WriteMessagePrefix(daemon_->base() + block, 0, "", "", "");
+  shm::WriteMessagePrefix(daemon_->base() + block, 0, {});
   std::memcpy(daemon_->base() + block + prefix, "reply", 5);
   shm::TensorEntry entry{};
   entry.dtype = static_cast<uint8_t>(shm::DType::kUInt8);
@@ -578,13 +577,13 @@ TEST_F(FakeDaemonTest, CancelSendsOneCancelForTheCallAndIsANoOpOnceAnswered) {
   const std::string why = "call to worker 'b' method 'm' was cancelled by the caller";
   const uint64_t block = daemon_->layout().rx_heap.offset;
   shm::WriteMessagePrefix(daemon_->base() + block,
-                          static_cast<uint32_t>(absl::StatusCode::kCancelled), "", "", why);
+                          static_cast<uint32_t>(absl::StatusCode::kCancelled), {"", "", why, ""});
   shm::Descriptor answer{};
   answer.op = static_cast<uint8_t>(shm::Op::kReply);
   answer.flags = shm::kFlagError;
   answer.call_id = call.call_id;
   answer.payload_offset = block;
-  answer.payload_length = shm::MessagePrefixBytes(0, 0, why.size());
+  answer.payload_length = shm::MessagePrefixBytes({"", "", why, ""});
   ASSERT_TRUE(completions_->TryPush(answer).value());
   ASSERT_TRUE(future.WaitFor(absl::Seconds(10)));
   EXPECT_EQ(future.Wait().status().code(), absl::StatusCode::kCancelled);

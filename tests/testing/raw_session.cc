@@ -47,9 +47,9 @@ bool RawSession::SubmitCall(uint64_t offset, const std::string& group, const std
                             const std::string& body, uint64_t call_id, absl::Duration timeout,
                             std::vector<shm::TensorEntry> tensors,
                             const std::vector<shm::CudaExport>& records) {
-  const uint64_t prefix =
-      shm::MessagePrefixBytes(group.size(), worker.size(), method.size(), from.size());
-  shm::WriteMessagePrefix(writable + offset, 0, group, worker, method, from);
+  const shm::MessageNames names = {group, worker, method, from};
+  const uint64_t prefix = shm::MessagePrefixBytes(names);
+  shm::WriteMessagePrefix(writable + offset, 0, names);
   std::memcpy(writable + offset + prefix, body.data(), body.size());
   shm::Descriptor call{};
   call.op = static_cast<uint8_t>(shm::Op::kCall);

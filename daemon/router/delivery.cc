@@ -1,0 +1,162 @@
+#include "daemon/router/delivery.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "base/check.h"
+
+namespace tpd::router {
+
+struct Delivery::Placement {
+  const Letter& letter;
+  const uint8_t* in;  // the sender's segment
+  shm::BlockPlan plan;
+  std::vector<CopyEnd> sources;                       // per tensor; empty in the host case
+  std::vector<std::pair<int, uint64_t>> pool_blocks;  // (device, offset) taken in `to`
+  std::vector<CudaCopies::Copy> copies;
+};
+
+void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_ptr<Session>& to,
+                       const Letter& letter, std::function<void(absl::Status)> after) {
+  Placement p{letter, from->segment->base(), {}, {}, {}, {}};
+  if (!letter.places.empty()) {
+    if (cuda_ == nullptr || from->cuda == nullptr || to->cuda == nullptr) {
+      after(absl::FailedPreconditionError(absl::StrCat(
+          "a message with CUDA tensors or device maps cannot be delivered: ", no_cuda_)));
+      return;
+    }
+    if (absl::Status resolved = ResolveSources(*from, &p); !resolved.ok()) {
+      after(resolved);
+      return;
+    }
+  }
+  std::vector<uint64_t> host_bytes(letter.tensors.size(), 0);
+  for (size_t i = 0; i < letter.tensors.size(); ++i) {
+    if (letter.places.empty() || letter.places[i].device < 0) {
+      host_bytes[i] = letter.tensors[i].length;
+    }
+  }
+  p.plan = shm::PlanBlock(shm::MessagePrefixBytes(letter.names), letter.body_length, host_bytes);
+  absl::StatusOr<uint64_t> block = to->WriteRx(
+      p.plan.total, [&](uint64_t block, uint8_t* out) { return Fill(*from, *to, block, out, &p); });
+  if (!block.ok()) {
+    after(block.status());
+    return;
+  }
+  const shm::Descriptor posted = shm::MessageDescriptor(
+      letter.op, letter.call_id,
+      {*block, p.plan.payload, p.plan.table, static_cast<uint32_t>(letter.tensors.size())},
+      letter.flags, letter.deadline_ns);
+  if (p.copies.empty()) {
+    after(Post(*to, posted, p.pool_blocks));
+    return;
+  }
+  std::vector<std::shared_ptr<const void>> keep = {from->cuda, to->cuda, from->segment,
+                                                   to->segment};
+  cuda_->Run(std::move(p.copies), std::move(keep),
+             [this, to, posted, pools = std::move(p.pool_blocks),
+              after = std::move(after)](absl::Status copied) {
+               if (copied.ok()) {
+                 after(Post(*to, posted, pools));
+                 return;
+               }
+               TPD_CHECK_OK(to->FreeRx(posted.payload_offset));
+               FreePools(*to, pools);
+               after(copied);
+             });
+}
+
+absl::Status Delivery::ResolveSources(Session& from, Placement* p) {
+  const std::vector<shm::TensorEntry>& tensors = p->letter.tensors;
+  uint8_t* const in = from.segment->base();
+  p->sources.resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const shm::TensorEntry& entry = tensors[i];
+    if (entry.length == 0) continue;
+    if (entry.device_type != static_cast<uint8_t>(shm::DeviceType::kCuda)) {
+      p->sources[i] = CopyEnd{reinterpret_cast<uint64_t>(in + entry.offset), -1};
+      continue;
+    }
+    shm::CudaExport record;
+    std::memcpy(&record, in + entry.device_handle, sizeof(record));  // validated in the tx heap
+    absl::StatusOr<CudaCopies::Source> source =
+        cuda_->Resolve(*from.cuda, entry, record, static_cast<uint32_t>(i));
+    if (!source.ok()) return source.status();
+    p->sources[i] = source->end;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Delivery::Fill(const Session& from, Session& to, uint64_t block, uint8_t* out,
+                            Placement* p) {
+  const Letter& letter = p->letter;
+  for (size_t i = 0; i < letter.tensors.size(); ++i) {
+    if (absl::Status filled = FillTensor(to, i, block, out, p); !filled.ok()) {
+      FreePools(to, p->pool_blocks);
+      return filled;
+    }
+  }
+  shm::WriteMessagePrefix(out, letter.code, letter.names);
+  if (letter.body_length > 0) {
+    std::memcpy(out + p->plan.prefix, from.segment->base() + letter.body_offset,
+                letter.body_length);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Delivery::FillTensor(Session& to, size_t i, uint64_t block, uint8_t* out,
+                                  Placement* p) {
+  const shm::TensorEntry& sent = p->letter.tensors[i];
+  const int device = p->letter.places.empty() ? -1 : p->letter.places[i].device;
+  // In the host case every source is in the sender's segment (device -1).
+  const CopyEnd source = p->sources.empty() ? CopyEnd{} : p->sources[i];
+  shm::TensorEntry entry = sent;
+  entry.device_handle = 0;
+  if (device >= 0) {
+    entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCuda);
+    entry.device_index = static_cast<uint32_t>(device);
+    entry.offset = 0;
+    if (entry.length > 0) {
+      absl::StatusOr<uint64_t> pool = cuda_->AllocatePool(*to.cuda, device, entry.length);
+      if (!pool.ok()) return pool.status();
+      p->pool_blocks.push_back({device, *pool});
+      // Mapped in the context of the device that runs the copy: the source's, or the pool's
+      // own for host sources.
+      absl::StatusOr<CopyEnd> dst =
+          cuda_->PoolAddress(*to.cuda, device, *pool, source.device >= 0 ? source.device : device);
+      if (!dst.ok()) return dst.status();
+      entry.offset = *pool;
+      p->copies.push_back({*dst, source, entry.length});
+    }
+  } else {
+    entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCpu);
+    entry.device_index = 0;
+    entry.offset = entry.length == 0 ? 0 : block + p->plan.at[i];
+    if (entry.length > 0 && source.device < 0) {
+      std::memcpy(out + p->plan.at[i], p->in + sent.offset, entry.length);
+    } else if (entry.length > 0) {
+      p->copies.push_back(
+          {CopyEnd{reinterpret_cast<uint64_t>(out + p->plan.at[i]), -1}, source, entry.length});
+    }
+  }
+  std::memcpy(out + p->plan.table + i * sizeof(entry), &entry, sizeof(entry));
+  return absl::OkStatus();
+}
+
+absl::Status Delivery::Post(Session& to, const shm::Descriptor& posted,
+                            const std::vector<std::pair<int, uint64_t>>& pool_blocks) {
+  absl::Status status = to.PostLocking(posted);
+  if (!status.ok()) {
+    TPD_CHECK_OK(to.FreeRx(posted.payload_offset));
+    FreePools(to, pool_blocks);
+  }
+  return status;
+}
+
+void Delivery::FreePools(Session& to, const std::vector<std::pair<int, uint64_t>>& pool_blocks) {
+  // Pool blocks this delivery took and nobody else saw: freeing them cannot fail.
+  for (const auto& [device, offset] : pool_blocks)
+    TPD_CHECK_OK(cuda_->FreePool(*to.cuda, device, offset));
+}
+
+}  // namespace tpd::router
