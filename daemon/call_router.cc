@@ -20,6 +20,9 @@ namespace tpd {
 
 namespace {
 
+using router::CallName;
+using router::MalformedReply;
+
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
 // How soon a session thread looks again at a completion ring that had no room for what it
 // must post: its client is reading (or will be ended past max_unposted), so not long.
@@ -29,29 +32,25 @@ constexpr absl::Duration kBacklogInterval = absl::Milliseconds(1);
 // sleep, and sleeping hops kept it there.
 constexpr shm::SpinOptions kSessionSpin{absl::Microseconds(2), absl::Microseconds(100),
                                         absl::Microseconds(1)};
-// How long a request from another daemon may wait for this daemon to read the version of its
-// group in which its caller joined, before it is refused.
-constexpr absl::Duration kCatchUpWait = absl::Seconds(5);
 // The longest the call timer sleeps with deadlines pending later than that
 // (PendingCalls::ServeDeadlines).
 constexpr absl::Duration kTimerHorizon = absl::Seconds(1);
-
-std::string CallName(const std::string& worker, const std::string& method) {
-  return absl::StrCat("call to worker '", worker, "' method '", method, "'");
-}
-
-absl::Status MalformedReply(const std::string& worker, const std::string& method,
-                            const absl::Status& why) {
-  return absl::InternalError(absl::StrCat("worker '", worker, "' sent a malformed reply to method '",
-                                          method, "': ", why.message()));
-}
 
 }  // namespace
 
 CallRouter::CallRouter(CallRouterOptions options)
     : options_(std::move(options)),
       delivery_(options_.cuda, options_.no_cuda),
-      staging_(options_.cuda, options_.no_cuda, options_.cuda_chunk_bytes) {
+      staging_(options_.cuda, options_.no_cuda, options_.cuda_chunk_bytes),
+      remote_(options_, staging_, pending_,
+              {[this](const std::string& id) { return Find(id); },
+               [this](const std::shared_ptr<Session>& to, uint64_t call_id,
+                      const absl::Status& status) { Fail(to, call_id, status); },
+               [this] { return draining() ? StoppingError() : absl::OkStatus(); },
+               [this](const router::MapUse& use, bool reply,
+                      const std::vector<shm::TensorEntry>& tensors) {
+                 return PlaceTensors(use, reply, tensors);
+               }}) {
   timer_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "tpd-call-timer");
     pending_.ServeDeadlines([this](const Pending& p) { OnDeadline(p); }, kTimerHorizon);
@@ -77,24 +76,10 @@ void CallRouter::Shutdown() {
 
 absl::Status CallRouter::Attach(const std::string& session_id, uid_t uid,
                                std::shared_ptr<shm::Segment> segment) {
-  auto session = std::make_shared<Session>();
-  session->id = session_id;
-  session->handle = SessionHandle(session_id);
-  session->limits = {options_.max_unposted, options_.max_waiting_calls};
+  std::shared_ptr<Session> session = Session::Open(
+      session_id, SessionHandle(session_id), {options_.max_unposted, options_.max_waiting_calls},
+      std::move(segment), kSessionSpin);
   session->cuda_allowed = CheckGpuAccess(uid, options_.device_dir);
-  const shm::Layout& layout = segment->layout();
-  session->submissions = std::make_unique<shm::RingConsumer>(
-      segment->base(), layout.submission,
-      absl::StrCat("submission ring of session ", session->handle), kSessionSpin);
-  {
-    absl::MutexLock lock(&session->mu);
-    session->completions = std::make_unique<shm::RingProducer>(
-        segment->base(), layout.completion,
-        absl::StrCat("completion ring of session ", session->handle));
-    session->rx = std::make_unique<shm::HeapAllocator>(
-        absl::StrCat("rx heap of session ", session->handle), layout.rx_heap);
-  }
-  session->segment = std::move(segment);
   if (options_.cuda != nullptr) session->cuda = options_.cuda->NewSession(session->handle);
   absl::MutexLock lock(&mu_);
   if (stopping_) return StoppingError();
@@ -128,7 +113,7 @@ void CallRouter::Detach(const std::string& session_id) {
   for (Pending& p : pending_.TakeOfSession(session_id)) {
     if (p.callee == session_id && p.caller != session_id) orphans.push_back(std::move(p));
   }
-  remote_calls_.DropSession(session_id);
+  remote_.calls().DropSession(session_id);
   for (const Pending& p : orphans) {
     AnswerPending(p, absl::UnavailableError(absl::StrCat("worker '", p.worker,
                                                          "' went away during the call to its "
@@ -163,6 +148,8 @@ std::vector<SessionCallStats> CallRouter::Stats() {
   return out;
 }
 
+agent::Handler CallRouter::AgentHandler() { return remote_.Handler(); }
+
 size_t CallRouter::Drain(absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
@@ -170,7 +157,7 @@ size_t CallRouter::Drain(absl::Time deadline) {
   }
   // No new call starts now: what is in flight only ends.
   pending_.AwaitNone(deadline);
-  const size_t remote = remote_calls_.AwaitNone(deadline);
+  const size_t remote = remote_.calls().AwaitNone(deadline);
   return pending_.size() + remote;
 }
 
@@ -327,7 +314,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
     std::optional<v1::Member> member =
         target ? std::nullopt : options_.member(group, worker, nullptr);
     if (member && member->node() != options_.node) {
-      CallRemote(session, d, *call, *places, *member);
+      remote_.Call(session, d, *call, *places, *member);
       return;
     }
     refuse(target || member
@@ -366,230 +353,6 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
                     });
 }
 
-void CallRouter::CallRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-                            const router::Submitted& call, const std::vector<router::Place>& places,
-                            const v1::Member& member) {
-  const std::string& worker = call.message.names[1];
-  const std::string& method = call.message.names[2];
-  absl::StatusOr<std::string> address =
-      options_.agent == nullptr
-          ? absl::UnavailableError(absl::StrCat(
-                "worker '", worker, "' is on node ", member.node(),
-                " and this daemon has no agent for calls to other nodes (set "
-                "peer.listen_address and peer.token)"))
-          : options_.check_address(member.agent_address());
-  if (!address.ok()) {
-    session->Release(d.payload_offset);
-    Fail(session, d.call_id,
-         Prefixed(address.status(), CallName(worker, method), " on node ", member.node(), ": "));
-    return;
-  }
-  agent::Message request;
-  request.header = RequestHeader(call.message.names);
-  remote_calls_.Add({session->id, d.call_id}, router::Outgoing{member.node(), worker, method});
-  const absl::Time deadline = d.deadline_unix_ns == 0 ? absl::InfiniteFuture()
-                                                      : absl::FromUnixNanos(d.deadline_unix_ns);
-  const uint64_t call_id = d.call_id;
-  // Weak: a caller that went away must not keep its segment mapped while a reply that has
-  // nowhere to go is awaited.
-  std::weak_ptr<Session> weak = session;
-  agent::Allocator place_reply = [this, weak](const v1::AgentMessage& reply, size_t payload_size,
-                                              absl::Span<const size_t> sizes)
-      -> absl::StatusOr<agent::Destination> {
-    std::shared_ptr<Session> caller = weak.lock();
-    if (caller == nullptr) return absl::UnavailableError("the caller's session ended");
-    const bool error = reply.kind() == v1::AgentMessage::ERROR;
-    return router::PlaceIncoming(
-        staging_, caller,
-        {reply, error ? static_cast<uint32_t>(reply.status_code()) : 0,
-         shm::MessageNames{"", "", error ? reply.status_message() : "", ""}, payload_size, sizes});
-  };
-  auto send = [this, weak, call_id, peer = agent::PeerId{member.node(), *address}, deadline,
-               place_reply](agent::Message request) {
-    options_.agent->Send(
-        peer, std::move(request), deadline,
-        [this, weak, call_id](absl::StatusOr<agent::Message> reply) {
-          if (std::shared_ptr<Session> caller = weak.lock()) {
-            OnRemoteReply(caller, call_id, std::move(reply));
-          }
-        },
-        place_reply);
-  };
-  router::Ship(staging_, {session, d.payload_offset, call, places}, std::move(request), send,
-               [this, weak, call_id](absl::Status failed) {
-                 if (std::shared_ptr<Session> caller = weak.lock()) {
-                   FailRemoteCall(caller, call_id, failed);
-                 }
-               });
-}
-
-v1::AgentMessage CallRouter::RequestHeader(const shm::MessageNames& names) {
-  const auto& [group, worker, method, from] = names;
-  v1::AgentMessage header;
-  header.set_group(group);
-  header.set_target_worker(worker);
-  header.set_method(method);
-  header.set_source_worker(from);
-  // Who calls, as this daemon knows it (HandleCall checked the caller holds this member): the
-  // callee's daemon serves the call only if its own view agrees.
-  int64_t version = 0;
-  if (std::optional<v1::Member> source = options_.member(group, from, &version)) {
-    header.set_source_incarnation(source->incarnation());
-  }
-  header.set_group_version(version);
-  return header;
-}
-
-void CallRouter::FailRemoteCall(const std::shared_ptr<Session>& caller, uint64_t call_id,
-                                const absl::Status& status) {
-  std::optional<router::Outgoing> call = remote_calls_.Take({caller->id, call_id});
-  if (!call) return;  // cancelled, or its node was lost: answered already
-  Fail(caller, call_id,
-       Prefixed(status, CallName(call->worker, call->method), " on node ", call->node, ": "));
-}
-
-void CallRouter::OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
-                               absl::StatusOr<agent::Message> reply) {
-  if (!reply.ok()) {
-    FailRemoteCall(caller, call_id, reply.status());
-    return;
-  }
-  std::optional<router::Outgoing> call = remote_calls_.Take({caller->id, call_id});
-  if (!call) return;  // cancelled, or its node was lost: answered already
-  auto block = std::static_pointer_cast<const router::RxBlock>(reply->keepalive);
-  const bool error = reply->header.kind() == v1::AgentMessage::ERROR;
-  const shm::Descriptor posted = shm::MessageDescriptor(shm::Op::kReply, call_id, block->Placed(),
-                                                        error ? shm::kFlagError : 0);
-  router::RxBlock::Land(block, [this, block, caller, posted, call_id,
-                                call = *std::move(call)](absl::Status status) {
-    if (status.ok()) status = block->Post(posted);
-    if (!status.ok()) {
-      Fail(caller, call_id,
-           Prefixed(status, "reply of worker '", call.worker, "' to method '", call.method, "': "));
-    }
-  });
-}
-
-agent::Handler CallRouter::AgentHandler() {
-  agent::Handler handler;
-  handler.allocate = [this](const v1::AgentMessage& header, size_t payload_size,
-                            absl::Span<const size_t> sizes) {
-    return PlaceRequest(header, payload_size, sizes);
-  };
-  handler.deliver = [this](agent::InboundRequest request) {
-    OnRemoteRequest(std::move(request));
-  };
-  return handler;
-}
-
-absl::StatusOr<agent::Destination> CallRouter::PlaceRequest(const v1::AgentMessage& header,
-                                                            size_t payload_size,
-                                                            absl::Span<const size_t> sizes) {
-  if (draining()) return StoppingError();
-  std::optional<std::string> target = options_.lookup(header.group(), header.target_worker());
-  std::shared_ptr<Session> callee = target ? Find(*target) : nullptr;
-  if (callee == nullptr) {
-    return target ? absl::UnavailableError(absl::StrCat(
-                        "worker '", header.target_worker(), "' of group '", header.group(),
-                        "' is held by a session not attached to shared memory on node ",
-                        options_.node))
-                  : absl::NotFoundError(absl::StrCat("worker '", header.target_worker(),
-                                                     "' is not a member of group '", header.group(),
-                                                     "' on node ", options_.node));
-  }
-  return router::PlaceIncoming(staging_, callee,
-                               {header, 0,
-                                shm::MessageNames{header.group(), header.target_worker(),
-                                                  header.method(), header.source_worker()},
-                                payload_size, sizes});
-}
-
-absl::Status CallRouter::CheckRemoteCaller(const v1::AgentMessage& header,
-                                           const std::string& node, int64_t* version_read) {
-  int64_t version = 0;
-  std::optional<v1::Member> source =
-      options_.member(header.group(), header.source_worker(), &version);
-  if (version_read != nullptr) *version_read = version;
-  if (source && source->node() == node && source->incarnation() == header.source_incarnation()) {
-    return absl::OkStatus();
-  }
-  std::string known;
-  if (!source) {
-    known = absl::StrCat("its version ", version, " has no such member");
-  } else if (source->node() != node) {
-    known = absl::StrCat("it has that worker on node ", source->node());
-  } else {
-    known = absl::StrCat("it has that worker in incarnation ", source->incarnation(), ", not ",
-                         header.source_incarnation());
-  }
-  return absl::PermissionDeniedError(absl::StrCat(
-      "worker '", header.source_worker(), "' of node ", node, " is not a member of group '",
-      header.group(), "' as node ", options_.node, " knows the group (", known,
-      "): a worker serves only members of its own group"));
-}
-
-void CallRouter::OnRemoteRequest(agent::InboundRequest request) {
-  // The peer is an authenticated daemon, but what it says of the group comes from the store
-  // it reads, which a client may have chosen: only this daemon's own view of the group admits
-  // the caller (docs/security.md, "Who may call a worker").
-  const v1::AgentMessage& header = request.message.header;
-  int64_t have = 0;
-  absl::Status admitted = CheckRemoteCaller(header, request.node, &have);
-  if (admitted.ok() || header.group_version() <= have || !options_.when_version) {
-    ServeRemoteRequest(std::move(request), admitted);
-    return;
-  }
-  // The caller's daemon has read a version this one has not (the caller may have just
-  // joined): decide once this daemon has read it too, or when the wait ends.
-  auto held = std::make_shared<agent::InboundRequest>(std::move(request));
-  const absl::Time until = std::min(held->deadline, absl::Now() + kCatchUpWait);
-  const std::string group = held->message.header.group();
-  const int64_t version = held->message.header.group_version();
-  options_.when_version(group, version, until, [this, held](bool) {
-    const absl::Status checked = CheckRemoteCaller(held->message.header, held->node, nullptr);
-    ServeRemoteRequest(std::move(*held), checked);
-  });
-}
-
-void CallRouter::ServeRemoteRequest(agent::InboundRequest request, const absl::Status& admitted) {
-  const v1::AgentMessage& header = request.message.header;
-  auto block = std::static_pointer_cast<const router::RxBlock>(request.message.keepalive);
-  if (!admitted.ok()) {
-    RespondError(request.reply_to, admitted);
-    return;
-  }
-  const std::shared_ptr<Session>& callee = block->session;
-  Pending pending;
-  pending.remote = request.reply_to;
-  pending.callee = callee->id;
-  pending.group = header.group();
-  pending.from = header.source_worker();
-  pending.worker = header.target_worker();
-  pending.method = header.method();
-  pending.deadline = request.deadline;
-  const uint64_t id = pending_.Add(pending);
-  const shm::Descriptor posted = shm::MessageDescriptor(
-      shm::Op::kCall, id, block->Placed(), 0,
-      request.deadline == absl::InfiniteFuture() ? 0 : absl::ToUnixNanos(request.deadline));
-  const agent::ReplyTo reply_to = request.reply_to;
-  router::RxBlock::Land(block, [this, block, posted, id, reply_to, pending](absl::Status status) {
-    if (status.ok()) status = block->Post(posted);
-    if (status.ok()) return;
-    if (pending_.Take(id)) {
-      RespondError(reply_to, Prefixed(status, CallName(pending.worker, pending.method), " on node ",
-                                      options_.node, ": "));
-    }
-  });
-}
-
-void CallRouter::RespondError(const agent::ReplyTo& to, const absl::Status& status) {
-  agent::Message response;
-  response.header.set_kind(v1::AgentMessage::ERROR);
-  response.header.set_status_code(static_cast<int32_t>(status.code()));
-  response.header.set_status_message(std::string(status.message()));
-  options_.agent->Respond(to, std::move(response));
-}
-
 void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
   // A late reply (the deadline answered the call) or one to no call of this session is dropped.
   std::optional<Pending> pending = pending_.TakeReply(d.call_id, session->id);
@@ -598,7 +361,7 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
     return;
   }
   if (pending->remote) {
-    RespondRemote(session, d, *pending);
+    remote_.Respond(session, d, *pending);
     return;
   }
   std::shared_ptr<Session> caller = Find(pending->caller);
@@ -642,40 +405,6 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
   delivery_.Deliver(session, caller, letter, std::move(done));
 }
 
-void CallRouter::RespondRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-                               const Pending& pending) {
-  absl::StatusOr<router::Submitted> reply =
-      router::ReadSubmitted(*session->segment, d, session->cuda_allowed);
-  if (!reply.ok()) {
-    session->Release(d.payload_offset);
-    RespondError(*pending.remote, MalformedReply(pending.worker, pending.method, reply.status()));
-    return;
-  }
-  // An error reply's tensors go nowhere: the caller reads only its message.
-  if ((d.flags & shm::kFlagError) != 0) reply->tensors.clear();
-  absl::StatusOr<std::vector<router::Place>> places =
-      PlaceTensors({pending.group, pending.worker, pending.from}, /*reply=*/true, reply->tensors);
-  if (!places.ok()) {
-    session->Release(d.payload_offset);
-    RespondError(*pending.remote, places.status());
-    return;
-  }
-  agent::Message response;
-  if ((d.flags & shm::kFlagError) != 0) {
-    response.header.set_kind(v1::AgentMessage::ERROR);
-    response.header.set_status_code(static_cast<int32_t>(reply->message.code));
-    response.header.set_status_message(reply->message.names[2]);
-  }
-  const agent::ReplyTo to = *pending.remote;
-  router::Ship(
-      staging_, {session, d.payload_offset, *reply, *places}, std::move(response),
-      [this, to](agent::Message ready) { options_.agent->Respond(to, std::move(ready)); },
-      [this, to, worker = pending.worker, method = pending.method](absl::Status failed) {
-        RespondError(to,
-                     Prefixed(failed, "reply of worker '", worker, "' to method '", method, "': "));
-      });
-}
-
 void CallRouter::HandleCancel(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
   // The callee still runs its handler; its reply is dropped. A remote call's reply is too
   // (the agent's call ends by its reply, its deadline or its pipe).
@@ -684,7 +413,7 @@ void CallRouter::HandleCancel(const std::shared_ptr<Session>& session, const shm
          absl::CancelledError(absl::StrCat(CallName(local->worker, local->method),
                                            " was cancelled by the caller")));
   } else if (std::optional<router::Outgoing> remote =
-                 remote_calls_.Take({session->id, d.call_id})) {
+                 remote_.calls().Take({session->id, d.call_id})) {
     Fail(session, d.call_id,
          absl::CancelledError(absl::StrCat(CallName(remote->worker, remote->method),
                                            " on node ", remote->node,
@@ -695,7 +424,7 @@ void CallRouter::HandleCancel(const std::shared_ptr<Session>& session, const shm
 void CallRouter::FailNode(const std::string& node, const std::string& why) {
   const absl::Status lost = absl::UnavailableError(
       absl::StrCat("node ", node, " was evicted from the group: ", why));
-  for (const auto& [key, call] : remote_calls_.TakeNode(node)) {
+  for (const auto& [key, call] : remote_.calls().TakeNode(node)) {
     Fail(Find(key.first), key.second,
          absl::UnavailableError(
              absl::StrCat(CallName(call.worker, call.method), ": ", lost.message())));
@@ -725,7 +454,7 @@ void CallRouter::EndSession(const Session& session, const std::string& why) {
 
 void CallRouter::AnswerPending(const Pending& p, const absl::Status& status) {
   if (p.remote) {
-    RespondError(*p.remote, status);
+    remote_.RespondError(*p.remote, status);
   } else {
     Fail(Find(p.caller), p.caller_call_id, status);
   }

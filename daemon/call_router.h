@@ -61,6 +61,7 @@
 #include "daemon/cuda_copies.h"
 #include "daemon/router/cuda_staging.h"
 #include "daemon/router/delivery.h"
+#include "daemon/router/options.h"
 #include "daemon/router/pending_calls.h"
 #include "daemon/router/remote.h"
 #include "daemon/router/session.h"
@@ -73,52 +74,6 @@
 #include "proto/shm/segment.h"
 
 namespace tpd {
-
-struct CallRouterOptions {
-  // This daemon's node name: members recorded with it are local.
-  std::string node;
-  // The session holding worker `worker` of `group` on this daemon, if any.
-  std::function<std::optional<std::string>(const std::string& group, const std::string& worker)>
-      lookup;
-  // Member `worker` of `group` as this daemon last read the group (any node), if any, and
-  // the number of the version read (0: the group is not followed here).
-  std::function<std::optional<v1::Member>(const std::string& group, const std::string& worker,
-                                          int64_t* version)>
-      member;
-  // Runs `done(reached)` once this daemon has read `version` of `group`, or at `deadline`
-  // (GroupManager::WhenVersion). Never called under a router lock.
-  std::function<void(const std::string& group, int64_t version, absl::Time deadline,
-                     std::function<void(bool reached)> done)>
-      when_version;
-  // The agent carrying calls to other daemons; null: calls stay on this node.
-  agent::Agent* agent = nullptr;
-  // The URLs to dial for a member's agent_address (read from the store, so untrusted), or
-  // the error that refuses it (PERMISSION_DENIED naming the address and the setting).
-  std::function<absl::StatusOr<std::string>(const std::string& agent_address)> check_address;
-  // Ends a session whose ring is broken or that sent a descriptor with nothing to answer.
-  std::function<void(const std::string& session_id, const std::string& why)> end_session;
-  // Calls one session may have waiting for their replies; one more is RESOURCE_EXHAUSTED.
-  int64_t max_calls_in_flight = 1024;
-  // Answers and releases one session may leave waiting for room on its completion ring; one
-  // more ends the session (its client has stopped reading).
-  size_t max_unposted = 8192;
-  // Calls to one session that may wait for room on its completion ring; one more is
-  // RESOURCE_EXHAUSTED for its caller.
-  size_t max_waiting_calls = 1024;
-  // Member `from`'s negotiated device map toward member `to` of `group` (its reverse map,
-  // which replies follow, when `reverse`), if it has one.
-  std::function<std::optional<v1::DeviceMap>(const std::string& group, const std::string& from,
-                                              const std::string& to, bool reverse)>
-      device_map;
-  // Copies of CUDA tensors on this node; null without a usable driver, and `no_cuda` says why
-  // (calls that need a copy are then FAILED_PRECONDITION with it).
-  CudaCopies* cuda = nullptr;
-  std::string no_cuda;
-  // Where the NVIDIA device nodes are, for CheckGpuAccess ([data] device_dir).
-  std::string device_dir = "/dev";
-  // CUDA tensors larger than this go to other nodes in chunks of this size; 0: whole.
-  uint64_t cuda_chunk_bytes = 0;
-};
 
 // What Admin.Status shows per session.
 struct SessionCallStats {
@@ -175,35 +130,6 @@ class CallRouter {
   // device map toward `to` (its reverse map for a reply). Empty when all stay in host memory.
   absl::StatusOr<std::vector<router::Place>> PlaceTensors(
       const router::MapUse& use, bool reply, const std::vector<shm::TensorEntry>& tensors);
-  // A call whose target `member` is on another node.
-  void CallRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-                  const router::Submitted& call, const std::vector<router::Place>& places,
-                  const v1::Member& member);
-  // The header of a request from worker names[3] to `names[1]` of group names[0].
-  v1::AgentMessage RequestHeader(const shm::MessageNames& names);
-  // A local callee's reply to a call from another daemon.
-  void RespondRemote(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-                     const Pending& pending);
-  // Agent callbacks.
-  absl::StatusOr<agent::Destination> PlaceRequest(const v1::AgentMessage& header,
-                                                  size_t payload_size,
-                                                  absl::Span<const size_t> sizes);
-  void OnRemoteRequest(agent::InboundRequest request);
-  // OK when this daemon's own view of the request's group has its calling worker on `node`
-  // in the incarnation the sender named; else PERMISSION_DENIED saying what it knows. The
-  // number of the version it looked at goes to `*version_read` (when not null).
-  absl::Status CheckRemoteCaller(const v1::AgentMessage& header, const std::string& node,
-                                 int64_t* version_read);
-  // A request from another daemon once its caller was checked (`admitted`): delivered to its
-  // callee, or answered with the refusal.
-  void ServeRemoteRequest(agent::InboundRequest request, const absl::Status& admitted);
-  void OnRemoteReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
-                     absl::StatusOr<agent::Message> reply);
-  // Takes call `call_id` of `caller` out of the remote calls and answers it with `status`,
-  // unless something answered it already.
-  void FailRemoteCall(const std::shared_ptr<Session>& caller, uint64_t call_id,
-                      const absl::Status& status);
-
   std::shared_ptr<Session> Find(const std::string& id);
   // Posts an error reply to `to` for its call `call_id`.
   void Fail(const std::shared_ptr<Session>& to, uint64_t call_id, const absl::Status& status);
@@ -211,8 +137,6 @@ class CallRouter {
   void Warn(const Session& session, absl::string_view what, const absl::Status& status);
   // Logs why and ends the session (its members leave, its stream closes).
   void EndSession(const Session& session, const std::string& why);
-  // Answers a remote caller's request with an error.
-  void RespondError(const agent::ReplyTo& to, const absl::Status& status);
   // Answers `p` (its caller, local or remote) with `status`.
   void AnswerPending(const Pending& p, const absl::Status& status);
   // `p` passed its deadline with no reply (the timer thread).
@@ -229,8 +153,8 @@ class CallRouter {
   router::CudaStaging staging_;
   // Calls delivered to local sessions, until answered; its deadlines are served by timer_.
   router::PendingCalls pending_;
-  // Calls of local sessions to other nodes, until answered.
-  router::RemoteCalls remote_calls_;
+  // Calls to and from other nodes.
+  router::Remote remote_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::thread timer_;

@@ -1,13 +1,19 @@
 #include "daemon/router/remote.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
+#include "base/status.h"
 #include "daemon/tensor_wire.h"
 
 namespace tpd::router {
 namespace {
+
+// How long a request from another daemon may wait for this daemon to read the version of its
+// group in which its caller joined, before it is refused.
+constexpr absl::Duration kCatchUpWait = absl::Seconds(5);
 
 // Points `out`'s payload and tensors at `submitted`'s bytes in the segment at `base`, with
 // their wire descriptors: TensorPipe reads them in place.
@@ -165,6 +171,263 @@ absl::StatusOr<agent::Destination> PlaceIncoming(const CudaStaging& staging,
   }
   destination.keepalive = std::move(block);
   return destination;
+}
+
+void Remote::Call(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+                  const Submitted& call, const std::vector<Place>& places,
+                  const v1::Member& member) {
+  const std::string& worker = call.message.names[1];
+  const std::string& method = call.message.names[2];
+  absl::StatusOr<std::string> address =
+      options_.agent == nullptr ? absl::UnavailableError(absl::StrCat(
+                                      "worker '", worker, "' is on node ", member.node(),
+                                      " and this daemon has no agent for calls to other nodes (set "
+                                      "peer.listen_address and peer.token)"))
+                                : options_.check_address(member.agent_address());
+  if (!address.ok()) {
+    session->Release(d.payload_offset);
+    hooks_.fail(
+        session, d.call_id,
+        Prefixed(address.status(), CallName(worker, method), " on node ", member.node(), ": "));
+    return;
+  }
+  agent::Message request;
+  request.header = RequestHeader(call.message.names);
+  calls_.Add({session->id, d.call_id}, Outgoing{member.node(), worker, method});
+  const absl::Time deadline =
+      d.deadline_unix_ns == 0 ? absl::InfiniteFuture() : absl::FromUnixNanos(d.deadline_unix_ns);
+  const uint64_t call_id = d.call_id;
+  // Weak: a caller that went away must not keep its segment mapped while a reply that has
+  // nowhere to go is awaited.
+  std::weak_ptr<Session> weak = session;
+  agent::Allocator place_reply =
+      [this, weak](const v1::AgentMessage& reply, size_t payload_size,
+                   absl::Span<const size_t> sizes) -> absl::StatusOr<agent::Destination> {
+    std::shared_ptr<Session> caller = weak.lock();
+    if (caller == nullptr) return absl::UnavailableError("the caller's session ended");
+    const bool error = reply.kind() == v1::AgentMessage::ERROR;
+    return PlaceIncoming(
+        staging_, caller,
+        {reply, error ? static_cast<uint32_t>(reply.status_code()) : 0,
+         shm::MessageNames{"", "", error ? reply.status_message() : "", ""}, payload_size, sizes});
+  };
+  auto send = [this, weak, call_id, peer = agent::PeerId{member.node(), *address}, deadline,
+               place_reply](agent::Message request) {
+    options_.agent->Send(
+        peer, std::move(request), deadline,
+        [this, weak, call_id](absl::StatusOr<agent::Message> reply) {
+          if (std::shared_ptr<Session> caller = weak.lock()) {
+            OnReply(caller, call_id, std::move(reply));
+          }
+        },
+        place_reply);
+  };
+  Ship(staging_, {session, d.payload_offset, call, places}, std::move(request), send,
+       [this, weak, call_id](absl::Status failed) {
+         if (std::shared_ptr<Session> caller = weak.lock()) {
+           FailCall(caller, call_id, failed);
+         }
+       });
+}
+
+v1::AgentMessage Remote::RequestHeader(const shm::MessageNames& names) {
+  const auto& [group, worker, method, from] = names;
+  v1::AgentMessage header;
+  header.set_group(group);
+  header.set_target_worker(worker);
+  header.set_method(method);
+  header.set_source_worker(from);
+  // Who calls, as this daemon knows it (HandleCall checked the caller holds this member): the
+  // callee's daemon serves the call only if its own view agrees.
+  int64_t version = 0;
+  if (std::optional<v1::Member> source = options_.member(group, from, &version)) {
+    header.set_source_incarnation(source->incarnation());
+  }
+  header.set_group_version(version);
+  return header;
+}
+
+void Remote::FailCall(const std::shared_ptr<Session>& caller, uint64_t call_id,
+                      const absl::Status& status) {
+  std::optional<Outgoing> call = calls_.Take({caller->id, call_id});
+  if (!call) return;  // cancelled, or its node was lost: answered already
+  hooks_.fail(
+      caller, call_id,
+      Prefixed(status, CallName(call->worker, call->method), " on node ", call->node, ": "));
+}
+
+void Remote::OnReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
+                     absl::StatusOr<agent::Message> reply) {
+  if (!reply.ok()) {
+    FailCall(caller, call_id, reply.status());
+    return;
+  }
+  std::optional<Outgoing> call = calls_.Take({caller->id, call_id});
+  if (!call) return;  // cancelled, or its node was lost: answered already
+  auto block = std::static_pointer_cast<const RxBlock>(reply->keepalive);
+  const bool error = reply->header.kind() == v1::AgentMessage::ERROR;
+  const shm::Descriptor posted = shm::MessageDescriptor(shm::Op::kReply, call_id, block->Placed(),
+                                                        error ? shm::kFlagError : 0);
+  RxBlock::Land(
+      block, [this, block, caller, posted, call_id, call = *std::move(call)](absl::Status status) {
+        if (status.ok()) status = block->Post(posted);
+        if (!status.ok()) {
+          hooks_.fail(caller, call_id,
+                      Prefixed(status, "reply of worker '", call.worker, "' to method '",
+                               call.method, "': "));
+        }
+      });
+}
+
+agent::Handler Remote::Handler() {
+  agent::Handler handler;
+  handler.allocate = [this](const v1::AgentMessage& header, size_t payload_size,
+                            absl::Span<const size_t> sizes) {
+    return PlaceRequest(header, payload_size, sizes);
+  };
+  handler.deliver = [this](agent::InboundRequest request) { OnRequest(std::move(request)); };
+  return handler;
+}
+
+absl::StatusOr<agent::Destination> Remote::PlaceRequest(const v1::AgentMessage& header,
+                                                        size_t payload_size,
+                                                        absl::Span<const size_t> sizes) {
+  if (absl::Status admitted = hooks_.admit(); !admitted.ok()) return admitted;
+  std::optional<std::string> target = options_.lookup(header.group(), header.target_worker());
+  std::shared_ptr<Session> callee = target ? hooks_.find(*target) : nullptr;
+  if (callee == nullptr) {
+    return target ? absl::UnavailableError(absl::StrCat(
+                        "worker '", header.target_worker(), "' of group '", header.group(),
+                        "' is held by a session not attached to shared memory on node ",
+                        options_.node))
+                  : absl::NotFoundError(absl::StrCat("worker '", header.target_worker(),
+                                                     "' is not a member of group '", header.group(),
+                                                     "' on node ", options_.node));
+  }
+  return PlaceIncoming(staging_, callee,
+                       {header, 0,
+                        shm::MessageNames{header.group(), header.target_worker(), header.method(),
+                                          header.source_worker()},
+                        payload_size, sizes});
+}
+
+absl::Status Remote::CheckCaller(const v1::AgentMessage& header, const std::string& node,
+                                 int64_t* version_read) {
+  int64_t version = 0;
+  std::optional<v1::Member> source =
+      options_.member(header.group(), header.source_worker(), &version);
+  if (version_read != nullptr) *version_read = version;
+  if (source && source->node() == node && source->incarnation() == header.source_incarnation()) {
+    return absl::OkStatus();
+  }
+  std::string known;
+  if (!source) {
+    known = absl::StrCat("its version ", version, " has no such member");
+  } else if (source->node() != node) {
+    known = absl::StrCat("it has that worker on node ", source->node());
+  } else {
+    known = absl::StrCat("it has that worker in incarnation ", source->incarnation(), ", not ",
+                         header.source_incarnation());
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "worker '", header.source_worker(), "' of node ", node, " is not a member of group '",
+      header.group(), "' as node ", options_.node, " knows the group (", known,
+      "): a worker serves only members of its own group"));
+}
+
+void Remote::OnRequest(agent::InboundRequest request) {
+  // The peer is an authenticated daemon, but what it says of the group comes from the store
+  // it reads, which a client may have chosen: only this daemon's own view of the group admits
+  // the caller (docs/security.md, "Who may call a worker").
+  const v1::AgentMessage& header = request.message.header;
+  int64_t have = 0;
+  absl::Status admitted = CheckCaller(header, request.node, &have);
+  if (admitted.ok() || header.group_version() <= have || !options_.when_version) {
+    ServeRequest(std::move(request), admitted);
+    return;
+  }
+  // The caller's daemon has read a version this one has not (the caller may have just
+  // joined): decide once this daemon has read it too, or when the wait ends.
+  auto held = std::make_shared<agent::InboundRequest>(std::move(request));
+  const absl::Time until = std::min(held->deadline, absl::Now() + kCatchUpWait);
+  const std::string group = held->message.header.group();
+  const int64_t version = held->message.header.group_version();
+  options_.when_version(group, version, until, [this, held](bool) {
+    const absl::Status checked = CheckCaller(held->message.header, held->node, nullptr);
+    ServeRequest(std::move(*held), checked);
+  });
+}
+
+void Remote::ServeRequest(agent::InboundRequest request, const absl::Status& admitted) {
+  const v1::AgentMessage& header = request.message.header;
+  auto block = std::static_pointer_cast<const RxBlock>(request.message.keepalive);
+  if (!admitted.ok()) {
+    RespondError(request.reply_to, admitted);
+    return;
+  }
+  const std::shared_ptr<Session>& callee = block->session;
+  PendingCall pending;
+  pending.remote = request.reply_to;
+  pending.callee = callee->id;
+  pending.group = header.group();
+  pending.from = header.source_worker();
+  pending.worker = header.target_worker();
+  pending.method = header.method();
+  pending.deadline = request.deadline;
+  const uint64_t id = pending_.Add(pending);
+  const shm::Descriptor posted = shm::MessageDescriptor(
+      shm::Op::kCall, id, block->Placed(), 0,
+      request.deadline == absl::InfiniteFuture() ? 0 : absl::ToUnixNanos(request.deadline));
+  const agent::ReplyTo reply_to = request.reply_to;
+  RxBlock::Land(block, [this, block, posted, id, reply_to, pending](absl::Status status) {
+    if (status.ok()) status = block->Post(posted);
+    if (status.ok()) return;
+    if (pending_.Take(id)) {
+      RespondError(reply_to, Prefixed(status, CallName(pending.worker, pending.method), " on node ",
+                                      options_.node, ": "));
+    }
+  });
+}
+
+void Remote::RespondError(const agent::ReplyTo& to, const absl::Status& status) {
+  agent::Message response;
+  response.header.set_kind(v1::AgentMessage::ERROR);
+  response.header.set_status_code(static_cast<int32_t>(status.code()));
+  response.header.set_status_message(std::string(status.message()));
+  options_.agent->Respond(to, std::move(response));
+}
+
+void Remote::Respond(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+                     const PendingCall& pending) {
+  absl::StatusOr<Submitted> reply = ReadSubmitted(*session->segment, d, session->cuda_allowed);
+  if (!reply.ok()) {
+    session->Release(d.payload_offset);
+    RespondError(*pending.remote, MalformedReply(pending.worker, pending.method, reply.status()));
+    return;
+  }
+  // An error reply's tensors go nowhere: the caller reads only its message.
+  if ((d.flags & shm::kFlagError) != 0) reply->tensors.clear();
+  absl::StatusOr<std::vector<Place>> places =
+      hooks_.place({pending.group, pending.worker, pending.from}, /*reply=*/true, reply->tensors);
+  if (!places.ok()) {
+    session->Release(d.payload_offset);
+    RespondError(*pending.remote, places.status());
+    return;
+  }
+  agent::Message response;
+  if ((d.flags & shm::kFlagError) != 0) {
+    response.header.set_kind(v1::AgentMessage::ERROR);
+    response.header.set_status_code(static_cast<int32_t>(reply->message.code));
+    response.header.set_status_message(reply->message.names[2]);
+  }
+  const agent::ReplyTo to = *pending.remote;
+  Ship(
+      staging_, {session, d.payload_offset, *reply, *places}, std::move(response),
+      [this, to](agent::Message ready) { options_.agent->Respond(to, std::move(ready)); },
+      [this, to, worker = pending.worker, method = pending.method](absl::Status failed) {
+        RespondError(to,
+                     Prefixed(failed, "reply of worker '", worker, "' to method '", method, "': "));
+      });
 }
 
 void RemoteCalls::Add(const Key& key, Outgoing call) {

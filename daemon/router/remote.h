@@ -1,10 +1,14 @@
-// The router's side of calls that cross to other nodes: messages read in place for the agent to
-// send (one path for requests and responses, Ship), messages from the agent placed straight
-// into a session's rx heap (PlaceIncoming, RxBlock), and the local calls waiting on another
-// node (RemoteCalls).
+// The router's side of calls that cross to other nodes (Remote): a local session's call to a
+// worker elsewhere and the reply it gets, a request from another daemon admitted by this
+// daemon's own view of the group and its callee's response. Below it: messages read in place
+// for the agent to send (one path for requests and responses, Ship), messages from the agent
+// placed straight into a session's rx heap (PlaceIncoming, RxBlock), and the local calls
+// waiting on another node (RemoteCalls).
 //
-// Thread safety: RemoteCalls is thread-safe; the rest are functions and blocks shared with the
-// agent, each owned by whoever holds its last reference.
+// Thread safety: Remote and RemoteCalls are thread-safe; Remote's methods run on session
+// threads and the agent's callbacks on TensorPipe's threads, and it holds no lock while calling
+// the agent or the router. Blocks are shared with the agent, each owned by whoever holds its
+// last reference.
 
 #ifndef TPD_DAEMON_ROUTER_REMOTE_H_
 #define TPD_DAEMON_ROUTER_REMOTE_H_
@@ -27,6 +31,8 @@
 #include "absl/types/span.h"
 #include "agent/agent.h"
 #include "daemon/router/cuda_staging.h"
+#include "daemon/router/options.h"
+#include "daemon/router/pending_calls.h"
 #include "daemon/router/session.h"
 #include "daemon/router/submitted.h"
 #include "proto/shm/message.h"
@@ -113,6 +119,71 @@ class RemoteCalls {
  private:
   absl::Mutex mu_;
   std::map<Key, Outgoing> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+// What Remote needs of the router that owns it.
+struct RouterHooks {
+  // The attached session `id`, or null.
+  std::function<std::shared_ptr<Session>(const std::string& id)> find;
+  // Answers a local session's call with an error.
+  std::function<void(const std::shared_ptr<Session>& to, uint64_t call_id,
+                     const absl::Status& status)>
+      fail;
+  // OK while the router takes new calls; the error to refuse them with once it drains.
+  std::function<absl::Status()> admit;
+  // Where a message's tensors land by the group's device maps (reply: the reverse map).
+  std::function<absl::StatusOr<std::vector<Place>>(const MapUse& use, bool reply,
+                                                   const std::vector<shm::TensorEntry>& tensors)>
+      place;
+};
+
+class Remote {
+ public:
+  // `options` (agent non-null), `staging` and `pending` outlive this.
+  Remote(const CallRouterOptions& options, const CudaStaging& staging, PendingCalls& pending,
+         RouterHooks hooks)
+      : options_(options), staging_(staging), pending_(pending), hooks_(std::move(hooks)) {}
+
+  // A call of `session` (descriptor `d`, read as `call`) to `member` on another node: sent on
+  // the agent's pipe to it; the reply, or the error, answers the call.
+  void Call(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+            const Submitted& call, const std::vector<Place>& places, const v1::Member& member);
+  // A local callee's reply (`d`) to `pending`, a request from another daemon.
+  void Respond(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+               const PendingCall& pending);
+  // Answers a request from another daemon with an error.
+  void RespondError(const agent::ReplyTo& to, const absl::Status& status);
+  // The agent's handler for requests from other daemons.
+  agent::Handler Handler();
+  // The calls of local sessions waiting on other nodes.
+  RemoteCalls& calls() { return calls_; }
+
+ private:
+  // The header of a request from worker names[3] to worker names[1] of group names[0].
+  v1::AgentMessage RequestHeader(const shm::MessageNames& names);
+  // Answers call `call_id` of `caller` with `status` unless something answered it already.
+  void FailCall(const std::shared_ptr<Session>& caller, uint64_t call_id,
+                const absl::Status& status);
+  void OnReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
+               absl::StatusOr<agent::Message> reply);
+  absl::StatusOr<agent::Destination> PlaceRequest(const v1::AgentMessage& header,
+                                                  size_t payload_size,
+                                                  absl::Span<const size_t> sizes);
+  void OnRequest(agent::InboundRequest request);
+  // OK when this daemon's own view of the request's group has its calling worker on `node`
+  // in the incarnation the sender named; else PERMISSION_DENIED saying what it knows. The
+  // number of the version it looked at goes to `*version_read` (when not null).
+  absl::Status CheckCaller(const v1::AgentMessage& header, const std::string& node,
+                           int64_t* version_read);
+  // A request once its caller was checked (`admitted`): delivered to its callee, or answered
+  // with the refusal.
+  void ServeRequest(agent::InboundRequest request, const absl::Status& admitted);
+
+  const CallRouterOptions& options_;
+  const CudaStaging& staging_;
+  PendingCalls& pending_;
+  const RouterHooks hooks_;
+  RemoteCalls calls_;
 };
 
 }  // namespace tpd::router

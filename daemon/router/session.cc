@@ -8,6 +8,29 @@
 
 namespace tpd::router {
 
+std::shared_ptr<Session> Session::Open(std::string id, std::string handle, SessionLimits limits,
+                                       std::shared_ptr<shm::Segment> segment,
+                                       const shm::SpinOptions& spin) {
+  auto session = std::make_shared<Session>();
+  session->id = std::move(id);
+  session->handle = std::move(handle);
+  session->limits = limits;
+  const shm::Layout& layout = segment->layout();
+  session->submissions = std::make_unique<shm::RingConsumer>(
+      segment->base(), layout.submission,
+      absl::StrCat("submission ring of session ", session->handle), spin);
+  {
+    absl::MutexLock lock(&session->mu);
+    session->completions = std::make_unique<shm::RingProducer>(
+        segment->base(), layout.completion,
+        absl::StrCat("completion ring of session ", session->handle));
+    session->rx = std::make_unique<shm::HeapAllocator>(
+        absl::StrCat("rx heap of session ", session->handle), layout.rx_heap);
+  }
+  session->segment = std::move(segment);
+  return session;
+}
+
 absl::Status Session::EndedError() const {
   return absl::UnavailableError(ring_error.empty()
                                     ? absl::StrCat("session ", handle, " ended")

@@ -45,6 +45,12 @@ struct SessionLimits {
 };
 
 struct Session {
+  // A session over `segment`: its rings and rx heap where the segment's layout puts them, its
+  // thread waiting for submissions with `spin`. No thread runs yet.
+  static std::shared_ptr<Session> Open(std::string id, std::string handle, SessionLimits limits,
+                                       std::shared_ptr<shm::Segment> segment,
+                                       const shm::SpinOptions& spin);
+
   std::string id;
   std::string handle;  // what logs and errors show (SessionHandle(id))
   SessionLimits limits;

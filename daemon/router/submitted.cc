@@ -62,4 +62,14 @@ absl::StatusOr<std::vector<Place>> PlaceTensors(const MapUse& use,
   return places;
 }
 
+std::string CallName(const std::string& worker, const std::string& method) {
+  return absl::StrCat("call to worker '", worker, "' method '", method, "'");
+}
+
+absl::Status MalformedReply(const std::string& worker, const std::string& method,
+                            const absl::Status& why) {
+  return absl::InternalError(absl::StrCat(
+      "worker '", worker, "' sent a malformed reply to method '", method, "': ", why.message()));
+}
+
 }  // namespace tpd::router

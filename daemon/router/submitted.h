@@ -50,6 +50,13 @@ absl::StatusOr<std::vector<Place>> PlaceTensors(const MapUse& use,
                                                 const std::optional<v1::DeviceMap>& map,
                                                 const std::vector<shm::TensorEntry>& tensors);
 
+// "call to worker 'w' method 'm'": how errors about a call name it.
+std::string CallName(const std::string& worker, const std::string& method);
+
+// INTERNAL: worker's reply to method could not be read (`why`).
+absl::Status MalformedReply(const std::string& worker, const std::string& method,
+                            const absl::Status& why);
+
 }  // namespace tpd::router
 
 #endif  // TPD_DAEMON_ROUTER_SUBMITTED_H_
