@@ -24,14 +24,11 @@
 // The daemon runs as its own process (--tpd, default: `tpd` next to this binary), as in
 // production: CUDA IPC cannot open a handle in the process that exported it.
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <fstream>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,6 +39,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/bench_daemon.h"
 #include "client/client.h"
 #include "proto/cuda/driver.h"
 
@@ -115,17 +113,11 @@ int main(int argc, char** argv) {
   }
   const uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
 
-  std::string tpd_path = absl::GetFlag(FLAGS_tpd);
-  if (tpd_path.empty()) {
-    char self[4096] = {};
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    tpd_path = std::string(self, n > 0 ? static_cast<size_t>(n) : 0);
-    tpd_path = tpd_path.substr(0, tpd_path.rfind('/') + 1) + "tpd";
-  }
+  const std::string tpd_path = tpd::bench::FindTpd(absl::GetFlag(FLAGS_tpd), argv[0]);
   tpd::ClientOptions options;
   options.cuda_pool_bytes = 2 * largest + (uint64_t{16} << 20);
   options.connect_timeout = absl::Seconds(20);
-  std::vector<pid_t> daemons;
+  std::vector<std::unique_ptr<tpd::bench::BenchDaemon>> daemons;
   const bool remote = absl::GetFlag(FLAGS_remote);
   const int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   const std::string channels = absl::GetFlag(FLAGS_channels);
@@ -139,43 +131,28 @@ int main(int argc, char** argv) {
     char dir_pattern[] = "/tmp/tpd-cuda-bench-XXXXXX";
     const char* dir = mkdtemp(dir_pattern);
     if (dir == nullptr) return nullptr;
-    const std::string socket = absl::StrCat(dir, "/tpd.sock");
-    const std::string config = absl::StrCat(dir, "/tpd.toml");
-    std::ofstream(config) << "[daemon]\nlog_level = \"warn\"\n[peer]\n"
-                             "listen_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n"
-                             "node_name = \"" << node << "\"\n[data]\narena_bytes = "
-                          << arena_bytes << "\n"
-                          << "[agent]\n"
-                          << (chunk_bytes >= 0
-                                  ? absl::StrCat("cuda_chunk_bytes = ", chunk_bytes, "\n")
-                                  : "")
-                          << (channels.empty() ? ""
-                                               : absl::StrCat("channels = [\"",
-                                                              absl::StrJoin(absl::StrSplit(channels, ','), "\", \""),
-                                                              "\"]\n"));
-    const pid_t daemon = fork();
-    if (daemon == 0) {
-      execl(tpd_path.c_str(), "tpd", "--socket", socket.c_str(), "--config", config.c_str(),
-            nullptr);
-      std::fprintf(stderr, "cannot run %s\n", tpd_path.c_str());
-      _exit(127);
+    std::string config = absl::StrCat(
+        "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n", "node_name = \"", node,
+        "\"\n[data]\narena_bytes = ", arena_bytes, "\n[agent]\n");
+    if (chunk_bytes >= 0) absl::StrAppend(&config, "cuda_chunk_bytes = ", chunk_bytes, "\n");
+    if (!channels.empty()) {
+      absl::StrAppend(&config, "channels = [\"",
+                      absl::StrJoin(absl::StrSplit(channels, ','), "\", \""), "\"]\n");
     }
-    daemons.push_back(daemon);
-    absl::StatusOr<std::unique_ptr<tpd::Client>> connected;
-    for (int i = 0; i < 200 && !connected.ok(); ++i) {
-      absl::SleepFor(absl::Milliseconds(50));
-      if (access(socket.c_str(), F_OK) == 0) connected = tpd::Client::Connect(socket, options);
-    }
+    std::unique_ptr<tpd::bench::BenchDaemon> daemon =
+        tpd::bench::BenchDaemon::Start(tpd_path, dir, "tpd", config);
+    if (daemon == nullptr) return nullptr;
+    absl::StatusOr<std::unique_ptr<tpd::Client>> connected =
+        tpd::Client::Connect(daemon->socket(), options);
+    daemons.push_back(std::move(daemon));
     if (!connected.ok()) {
-      std::fprintf(stderr, "no daemon on %s\n", socket.c_str());
+      std::fprintf(stderr, "connect %s: %s\n", daemons.back()->socket().c_str(),
+                   connected.status().ToString().c_str());
       return nullptr;
     }
     return *std::move(connected);
   };
-  auto stop = [&] {
-    for (pid_t daemon : daemons) kill(daemon, SIGTERM);
-    for (pid_t daemon : daemons) waitpid(daemon, nullptr, 0);
-  };
+  auto stop = [&] { daemons.clear(); };
   std::unique_ptr<tpd::Client> a = start("cuda-bench");
   std::unique_ptr<tpd::Client> b;
   if (remote) {

@@ -70,6 +70,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bench/bench_daemon.h"
 #include "bench/raw_pipe.h"
 #include "client/client.h"
 
@@ -102,6 +103,7 @@ ABSL_FLAG(std::string, keep_logs, "", "copy the daemons' logs into this director
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using tpd::bench::BenchDaemon;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
@@ -213,84 +215,16 @@ RawChild ForkRawChild() {
 // ---------------------------------------------------------------------------------------------
 // tpd daemons as child processes.
 
-class Daemon {
- public:
-  Daemon(const std::string& tpd, const std::string& dir, int index, int64_t arena_bytes) {
-    socket_ = absl::StrCat(dir, "/tpd", index, ".sock");
-    log_ = absl::StrCat(dir, "/tpd", index, ".log");
-    const std::string config = absl::StrCat(dir, "/tpd", index, ".toml");
-    std::ofstream(config) << "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n"
-                          << "node_name = \"relay-node" << index << "\"\n"
-                          << "[data]\narena_bytes = " << arena_bytes << "\n";
-    if (const std::string transports = absl::GetFlag(FLAGS_agent_transports); !transports.empty()) {
-      std::ofstream(config, std::ios::app)
-          << "[agent]\ntransports = [\"" << absl::StrJoin(absl::StrSplit(transports, ','), "\", \"")
-          << "\"]\n";
-    }
-    std::vector<std::string> argv = {tpd,    "--socket",    socket_, "--config",
-                                     config, "--log_level", "debug"};
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-      std::vector<char*> args;
-      for (std::string& arg : argv) args.push_back(arg.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
+// The config of relay node `index`: its peer port on loopback, its arena, the transports asked.
+std::string NodeConfig(int index, int64_t arena_bytes) {
+  std::string config = absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n",
+                                    "node_name = \"relay-node", index,
+                                    "\"\n[data]\narena_bytes = ", arena_bytes, "\n");
+  if (const std::string transports = absl::GetFlag(FLAGS_agent_transports); !transports.empty()) {
+    absl::StrAppend(&config, "[agent]\ntransports = [\"",
+                    absl::StrJoin(absl::StrSplit(transports, ','), "\", \""), "\"]\n");
   }
-  ~Daemon() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      for (int i = 0; i < 500; ++i) {
-        if (waitpid(pid_, nullptr, WNOHANG) == pid_) return;
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  // Waits until the daemon logs that it serves; false (with its log on stderr) if it exits
-  // or takes more than 30 s.
-  bool WaitServing() {
-    for (int i = 0; i < 3000; ++i) {
-      if (Log().find(" serving (pid") != std::string::npos) return true;
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    std::fprintf(stderr, "tpd %s did not serve:\n%s\n", socket_.c_str(), Log().c_str());
-    return false;
-  }
-
-  const std::string& socket() const { return socket_; }
-  pid_t pid() const { return pid_; }
-  const std::string& log_path() const { return log_; }
-  std::string Log() const { return ReadFile(log_); }
-
- private:
-  pid_t pid_ = -1;
-  std::string socket_;
-  std::string log_;
-};
-
-std::string FindTpd(const char* argv0) {
-  std::vector<std::string> candidates;
-  if (const std::string flag = absl::GetFlag(FLAGS_tpd); !flag.empty()) return flag;
-  if (const char* dir = std::getenv("RUNFILES_DIR")) {
-    candidates.push_back(absl::StrCat(dir, "/tpd/daemon/tpd"));
-  }
-  candidates.push_back(absl::StrCat(argv0, ".runfiles/tpd/daemon/tpd"));
-  candidates.push_back((std::filesystem::path(argv0).parent_path() / "tpd").string());
-  for (const std::string& path : candidates) {
-    if (access(path.c_str(), X_OK) == 0) return path;
-  }
-  return "";
+  return config;
 }
 
 // "pipe to ready (shm + cma)" from the agent's debug log: {"shm", "cma"}.
@@ -498,7 +432,7 @@ int main(int argc, char** argv) {
   // A sender's tx heap holds the case's arena tensors and one copied message at once.
   const int64_t arena_bytes = static_cast<int64_t>(2 * max_bytes + (64 << 20));
 
-  const std::string tpd = FindTpd(argv[0]);
+  const std::string tpd = tpd::bench::FindTpd(absl::GetFlag(FLAGS_tpd), argv[0]);
   if (tpd.empty()) {
     std::fprintf(stderr, "no tpd binary: pass --tpd=/path/to/tpd\n");
     return 2;
@@ -507,11 +441,17 @@ int main(int argc, char** argv) {
   const std::string dir = mkdtemp(dir_pattern);
   int rc = 1;
   {
-    Daemon daemon_a(tpd, dir, 0, arena_bytes);
-    Daemon daemon_b(tpd, dir, 1, arena_bytes);
-    if (!daemon_a.WaitServing() || !daemon_b.WaitServing()) return 1;
+    // Debug logs: the agent's tell which transport and channel its pipe uses.
+    std::unique_ptr<BenchDaemon> started_a =
+        BenchDaemon::Start(tpd, dir, "tpd0", NodeConfig(0, arena_bytes), "debug");
+    std::unique_ptr<BenchDaemon> started_b =
+        started_a ? BenchDaemon::Start(tpd, dir, "tpd1", NodeConfig(1, arena_bytes), "debug")
+                  : nullptr;
+    if (!started_a || !started_b) return 1;
+    const BenchDaemon& daemon_a = *started_a;
+    const BenchDaemon& daemon_b = *started_b;
 
-    auto connect = [](const Daemon& d) -> std::unique_ptr<tpd::Client> {
+    auto connect = [](const BenchDaemon& d) -> std::unique_ptr<tpd::Client> {
       auto client = tpd::Client::Connect(d.socket());
       if (!client.ok()) {
         std::fprintf(stderr, "connect %s: %s\n", d.socket().c_str(),
@@ -836,7 +776,7 @@ int main(int argc, char** argv) {
     raw_context->join();
     if (const std::string keep = absl::GetFlag(FLAGS_keep_logs); !keep.empty()) {
       std::filesystem::create_directories(keep);
-      for (const Daemon* d : {&daemon_a, &daemon_b}) {
+      for (const BenchDaemon* d : {&daemon_a, &daemon_b}) {
         std::filesystem::copy_file(
             d->log_path(),
             std::filesystem::path(keep) / std::filesystem::path(d->log_path()).filename(),
