@@ -25,8 +25,7 @@ absl::Status SplitHostPort(absl::string_view address, std::string* host, std::st
   if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
   int port_number = 0;
   if (!absl::SimpleAtoi(p, &port_number) || port_number < 0 || port_number > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("\"", address, "\": the port must be 0..65535"));
+    return absl::InvalidArgumentError(absl::StrCat("\"", address, "\": the port must be 0..65535"));
   }
   unsigned char buf[sizeof(in6_addr)];
   const std::string host_string(h);

@@ -38,8 +38,7 @@ void IgnoreSigpipe() {
 
 // The lowest-priority URL of `peer` that this agent's transports can dial ("" if none).
 std::string UrlToDial(const PeerId& peer, const std::vector<std::string>& bootstrap_order) {
-  const std::vector<std::string> peer_urls =
-      absl::StrSplit(peer.address, ',', absl::SkipEmpty());
+  const std::vector<std::string> peer_urls = absl::StrSplit(peer.address, ',', absl::SkipEmpty());
   for (const std::string& transport : bootstrap_order) {
     for (const std::string& candidate : peer_urls) {
       if (absl::StartsWith(candidate, absl::StrCat(transport, "://"))) return candidate;
@@ -258,9 +257,9 @@ void AgentImpl::OnAccepted(std::shared_ptr<tensorpipe::Pipe> accepted) {
 std::shared_ptr<Pipe> AgentImpl::NewOutbound(const PeerId& peer, absl::Status* error) {
   const std::string url = UrlToDial(peer, registry_->BootstrapOrder());
   if (url.empty()) {
-    *error = absl::UnavailableError(absl::StrCat(
-        "no transport in common with ", peer.ToString(), ": this agent has ",
-        absl::StrJoin(registry_->BootstrapOrder(), ", ")));
+    *error = absl::UnavailableError(absl::StrCat("no transport in common with ", peer.ToString(),
+                                                 ": this agent has ",
+                                                 absl::StrJoin(registry_->BootstrapOrder(), ", ")));
     return nullptr;
   }
   if (!UrlIsSafe(url)) {
@@ -380,12 +379,7 @@ void AgentImpl::Send(const PeerId& peer, Message msg, absl::Time deadline, Callb
 }
 
 void AgentImpl::WriteCall(const std::shared_ptr<Pipe>& pipe, uint64_t call_id) {
-  tensorpipe::Message message;
-  std::shared_ptr<const void> keepalive;
-  size_t chunk_count = 0;
-  Message chunked;  // what WriteChunks needs of a message with chunks
-  std::string node;
-  uint64_t bytes = 0;
+  Outgoing out;
   {
     absl::MutexLock lock(&mu_);
     auto it = calls_.find(call_id);
@@ -397,29 +391,39 @@ void AgentImpl::WriteCall(const std::shared_ptr<Pipe>& pipe, uint64_t call_id) {
       call.msg.header.set_timeout_us(
           std::max<int64_t>(1, absl::ToInt64Microseconds(call.deadline - absl::Now())));
     }
-    message = ToTensorPipe(call.msg);
-    keepalive = call.msg.keepalive;
-    node = CountersKey(call.peer);
-    bytes = call.bytes;
-    chunk_count = ChunksOf(call.msg).size();
-    if (chunk_count > 0) {
-      chunked.header = call.msg.header;
-      chunked.tensors = call.msg.tensors;
-      chunked.when_chunk_ready = call.msg.when_chunk_ready;
+    out.message = ToTensorPipe(call.msg);
+    out.call_id = call_id;
+    out.keepalive = call.msg.keepalive;
+    out.node = CountersKey(call.peer);
+    out.bytes = call.bytes;
+    out.chunk_count = ChunksOf(call.msg).size();
+    if (out.chunk_count > 0) {
+      out.chunked.header = call.msg.header;
+      out.chunked.tensors = call.msg.tensors;
+      out.chunked.when_chunk_ready = call.msg.when_chunk_ready;
     }
   }
+  Write(pipe, std::move(out),
+        [this, call_id](absl::Status status) { OnCallWritten(call_id, status); });
+}
+
+void AgentImpl::Write(const std::shared_ptr<Pipe>& pipe, Outgoing out,
+                      absl::AnyInvocable<void(absl::Status)> then) {
   auto writes = std::make_shared<Writes>(
-      1 + chunk_count, [this, call_id, node, bytes](absl::Status status, uint64_t unsent) {
+      1 + out.chunk_count, [this, node = out.node, bytes = out.bytes, then = std::move(then)](
+                               absl::Status status, uint64_t unsent) mutable {
         if (status.ok()) {
-          // Counted here, not in OnCallWritten: the call may have its answer (and be gone)
+          // Counted here, not when the call ends: a call may have its answer (and be gone)
           // before its last write ends.
           absl::MutexLock lock(&mu_);
           Counters(node).bytes_sent += bytes - unsent;
         }
-        OnCallWritten(call_id, status);
+        then(std::move(status));
       });
-  pipe->Write(std::move(message), std::nullopt, keepalive, writes);
-  if (chunk_count > 0) pipe->WriteChunks(call_id, chunked, std::move(keepalive), writes);
+  pipe->Write(std::move(out.message), std::move(out.reply_node), out.keepalive, writes);
+  if (out.chunk_count > 0) {
+    pipe->WriteChunks(out.call_id, out.chunked, std::move(out.keepalive), std::move(writes));
+  }
 }
 
 void AgentImpl::OnCallWritten(uint64_t call_id, const absl::Status& status) {
@@ -499,7 +503,9 @@ void AgentImpl::Respond(const ReplyTo& to, Message response, SentCallback sent) 
   }
   if (response.header.method().empty()) response.header.set_method(to.method_);
   // What a failure names; only built for one.
-  auto what = [&to] { return absl::StrCat("response to ", to.node_, " for method \"", to.method_, "\": "); };
+  auto what = [&to] {
+    return absl::StrCat("response to ", to.node_, " for method \"", to.method_, "\": ");
+  };
   if (absl::Status s = PrepareHeader(response, config_.options.max_message_bytes); !s.ok()) {
     finish(Prefixed(s, what()));
     return;
@@ -513,21 +519,18 @@ void AgentImpl::Respond(const ReplyTo& to, Message response, SentCallback sent) 
         absl::StrCat(what(), "deadline ", DeadlineText(to.deadline_), " passed; not sent")));
     return;
   }
-  const uint64_t bytes = MessageBytes(response);
-  const std::string node = to.node_;
-  const size_t chunk_count = ChunksOf(response).size();
-  auto writes = std::make_shared<Writes>(
-      1 + chunk_count,
-      [this, sent = std::move(sent), bytes, node](absl::Status status, uint64_t unsent) mutable {
-        if (status.ok()) {
-          absl::MutexLock lock(&mu_);
-          Counters(node).bytes_sent += bytes - unsent;
-        }
-        if (sent) sent(std::move(status));
-      });
-  std::shared_ptr<const void> keepalive = response.keepalive;
-  pipe->Write(ToTensorPipe(response), node, keepalive, writes);
-  if (chunk_count > 0) pipe->WriteChunks(to.call_id_, response, std::move(keepalive), writes);
+  Outgoing out;
+  out.message = ToTensorPipe(response);
+  out.reply_node = to.node_;
+  out.call_id = to.call_id_;
+  out.keepalive = response.keepalive;
+  out.node = to.node_;
+  out.bytes = MessageBytes(response);
+  out.chunk_count = ChunksOf(response).size();
+  out.chunked = std::move(response);
+  Write(pipe, std::move(out), [sent = std::move(sent)](absl::Status status) mutable {
+    if (sent) sent(std::move(status));
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -570,22 +573,9 @@ AgentStats AgentImpl::Stats() const {
     if (!call->outcome.has_value()) ++pending[CountersKey(call->peer)];
   }
   for (const auto& [node, counters] : counters_) {
-    PeerStats peer;
+    PeerStats peer = counters;
     peer.node = node;
-    peer.address = counters.address;
-    peer.state = counters.state;
-    peer.inbound_pipes = counters.inbound_pipes;
-    peer.transport = counters.transport;
-    peer.channel = counters.channel;
-    peer.peer_transports = counters.peer_transports;
-    peer.peer_channels = counters.peer_channels;
-    peer.calls_sent = counters.calls_sent;
-    peer.calls_received = counters.calls_received;
     peer.calls_pending = pending[node];
-    peer.bytes_sent = counters.bytes_sent;
-    peer.bytes_received = counters.bytes_received;
-    peer.errors = counters.errors;
-    peer.last_error = counters.last_error;
     stats.calls_pending += peer.calls_pending;
     stats.peers.push_back(std::move(peer));
   }

@@ -19,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -102,6 +103,17 @@ class AgentImpl final : public PipeOwner {
     CallWrite write = CallWrite::kNotStarted;
     std::optional<absl::StatusOr<Message>> outcome;
   };
+  // One message to write on a pipe, and its chunks; its bytes count toward `node` once written.
+  struct Outgoing {
+    tensorpipe::Message message;
+    std::optional<std::string> reply_node;  // a response's; nullopt for a request
+    uint64_t call_id = 0;
+    std::shared_ptr<const void> keepalive;
+    std::string node;
+    uint64_t bytes = 0;
+    size_t chunk_count = 0;
+    Message chunked;  // a message with chunks: its header, tensors and when_chunk_ready
+  };
   // What one pass of the timer found due, handled after mu_.
   struct Due {
     std::vector<std::function<void()>> run;
@@ -131,6 +143,9 @@ class AgentImpl final : public PipeOwner {
   // null with *error set when the peer's address does not fit this agent.
   std::shared_ptr<Pipe> NewOutbound(const PeerId& peer, absl::Status* error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `out` on `pipe`; `then` runs once with the outcome of its writes.
+  void Write(const std::shared_ptr<Pipe>& pipe, Outgoing out,
+             absl::AnyInvocable<void(absl::Status)> then) ABSL_LOCKS_EXCLUDED(mu_);
   void OnCallWritten(uint64_t call_id, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   // Collects the done callback of `call` if it may run now.
   void TakeDoneIfFinished(Call& call, std::vector<std::function<void()>>* run)

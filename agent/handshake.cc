@@ -16,8 +16,7 @@ std::vector<std::string> ToVector(const google::protobuf::RepeatedPtrField<std::
 }
 
 // The fields a CHALLENGE and an ANSWER share: who speaks, where it listens, what it offers.
-v1::PipeHello SelfHello(v1::PipeHello::Step step, const HelloSelf& self,
-                        const std::string& nonce) {
+v1::PipeHello SelfHello(v1::PipeHello::Step step, const HelloSelf& self, const std::string& nonce) {
   v1::PipeHello hello;
   hello.set_version(std::string(kPipeAuthVersion));
   hello.set_step(step);
@@ -42,22 +41,20 @@ v1::PipeHello ChallengeHello(const HelloSelf& self, const std::string& nonce) {
 absl::Status CheckChallenge(const v1::PipeHello& challenge, const std::string& expected_node,
                             const std::string& dialed_url) {
   if (expected_node.empty() || challenge.agent_id() == expected_node) return absl::OkStatus();
-  return absl::UnauthenticatedError(absl::StrCat(
-      "the agent at ", dialed_url, " is \"", challenge.agent_id().substr(0, kMaxIdBytes),
-      "\", not \"", expected_node, "\""));
+  return absl::UnauthenticatedError(absl::StrCat("the agent at ", dialed_url, " is \"",
+                                                 challenge.agent_id().substr(0, kMaxIdBytes),
+                                                 "\", not \"", expected_node, "\""));
 }
 
 PipeTranscript ConnectorTranscript(const v1::PipeHello& challenge, const HelloSelf& self,
                                    const std::string& dialed_url, std::string answer_nonce) {
-  PipeTranscript transcript;
-  transcript.challenge_nonce = challenge.nonce();
-  transcript.answer_nonce = std::move(answer_nonce);
-  transcript.acceptor_id = challenge.agent_id();
-  transcript.acceptor_urls = ToVector(challenge.urls());
-  transcript.dialed_url = dialed_url;
-  transcript.connector_id = self.id;
-  transcript.connector_urls = self.urls;
-  return transcript;
+  return PipeTranscript{challenge.nonce(),
+                        std::move(answer_nonce),
+                        challenge.agent_id(),
+                        ToVector(challenge.urls()),
+                        dialed_url,
+                        self.id,
+                        self.urls};
 }
 
 v1::PipeHello AnswerHello(const HelloSelf& self, const PipeTranscript& transcript,
@@ -70,15 +67,9 @@ v1::PipeHello AnswerHello(const HelloSelf& self, const PipeTranscript& transcrip
 
 PipeTranscript AcceptorTranscript(const v1::PipeHello& answer, const HelloSelf& self,
                                   const std::string& challenge_nonce) {
-  PipeTranscript transcript;
-  transcript.challenge_nonce = challenge_nonce;
-  transcript.answer_nonce = answer.nonce();
-  transcript.acceptor_id = self.id;
-  transcript.acceptor_urls = self.urls;
-  transcript.dialed_url = answer.dialed_url();
-  transcript.connector_id = answer.agent_id();
-  transcript.connector_urls = ToVector(answer.urls());
-  return transcript;
+  return PipeTranscript{
+      challenge_nonce,   answer.nonce(),         self.id, self.urls, answer.dialed_url(),
+      answer.agent_id(), ToVector(answer.urls())};
 }
 
 absl::Status CheckAnswer(const v1::PipeHello& answer, const PipeTranscript& transcript,
@@ -87,10 +78,9 @@ absl::Status CheckAnswer(const v1::PipeHello& answer, const PipeTranscript& tran
     return absl::UnauthenticatedError("bad MAC in its answer (another cluster token?)");
   }
   if (!DialedUrlIsOurs(answer.dialed_url(), self.urls)) {
-    return absl::UnauthenticatedError(
-        absl::StrCat("it dialed ", answer.dialed_url().substr(0, 200),
-                     ", which is not this agent's address ", absl::StrJoin(self.urls, ","),
-                     " (a relayed handshake?)"));
+    return absl::UnauthenticatedError(absl::StrCat(
+        "it dialed ", answer.dialed_url().substr(0, 200), ", which is not this agent's address ",
+        absl::StrJoin(self.urls, ","), " (a relayed handshake?)"));
   }
   return absl::OkStatus();
 }

@@ -59,7 +59,8 @@ absl::Status CheckProof(const v1::PipeHello& proof, const PipeTranscript& transc
 // is unspecified), at most 32 of at most 64 bytes each: only Stats shows them.
 std::vector<std::string> OfferedNames(const google::protobuf::Map<std::string, std::string>& field);
 // A hello's map as Registry::PickTransport and PickChannel take it.
-std::map<std::string, std::string> ToMap(const google::protobuf::Map<std::string, std::string>& field);
+std::map<std::string, std::string> ToMap(
+    const google::protobuf::Map<std::string, std::string>& field);
 
 }  // namespace tpd::agent
 

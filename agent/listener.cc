@@ -58,9 +58,8 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Create(const AgentOptions& o
   // here on are ours (the mpt_uv lanes listen inside Registry::Create, on ports TensorPipe
   // keeps to itself). A listener another thread opens on the host meanwhile would be guarded
   // too.
-  if (absl::Status s = ForEachListeningTcpSocket([&](const ListeningSocket& socket) {
-        listener->sockets_before_.insert(socket.inode);
-      });
+  if (absl::Status s = ForEachListeningTcpSocket(
+          [&](const ListeningSocket& socket) { listener->sockets_before_.insert(socket.inode); });
       !s.ok()) {
     return CannotGuard(s.message());
   }
@@ -120,8 +119,8 @@ absl::Status Listener::Guard(bool at_start) {
   std::sort(guarded->begin(), guarded->end());
   // Once at info; re-listens (which anyone inside accept_networks can cause) at debug.
   AgentLog().log(at_start ? spdlog::level::info : spdlog::level::debug,
-                 "[agent {}] only hosts in accept_networks ({}) may connect to ports {} ({})",
-                 id_, guard_->ToString(), absl::StrJoin(*guarded, ", "), when);
+                 "[agent {}] only hosts in accept_networks ({}) may connect to ports {} ({})", id_,
+                 guard_->ToString(), absl::StrJoin(*guarded, ", "), when);
   return absl::OkStatus();
 }
 

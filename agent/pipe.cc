@@ -36,9 +36,7 @@ v1::PipeHello::Step StepOf(HandshakeStep step) {
 
 }  // namespace
 
-std::string CountersKey(const PeerId& peer) {
-  return peer.node.empty() ? peer.address : peer.node;
-}
+std::string CountersKey(const PeerId& peer) { return peer.node.empty() ? peer.address : peer.node; }
 
 void Writes::End(const absl::Status& status, uint64_t unsent) {
   absl::Status outcome;
@@ -150,9 +148,9 @@ void Pipe::ReadHello(HandshakeStep step) {
                                   ? absl::StrCat("pipe to ", self->peer().ToString())
                                   : std::string("a pipe accepted from an unauthenticated peer");
       self->Fail(TensorPipeErrorToStatus(
-          error, absl::StrCat(who, " closed during the handshake",
-                              self->outbound() ? " (does the peer have this cluster token?)"
-                                               : "")));
+          error,
+          absl::StrCat(who, " closed during the handshake",
+                       self->outbound() ? " (does the peer have this cluster token?)" : "")));
       return;
     }
     if (descriptor.payloads.empty() && descriptor.tensors.empty()) {
@@ -191,8 +189,7 @@ void Pipe::OnChallenge(const v1::PipeHello& challenge) {
   }
   PipeTranscript transcript =
       ConnectorTranscript(challenge, config_.self, dialed_url_, NewPipeNonce());
-  const v1::PipeHello answer =
-      AnswerHello(config_.self, transcript, config_.options.cluster_token);
+  const v1::PipeHello answer = AnswerHello(config_.self, transcript, config_.options.cluster_token);
   {
     absl::MutexLock lock(&mu_);
     transcript_ = std::move(transcript);
@@ -262,8 +259,8 @@ void Pipe::Reject(const std::string& claimed, const std::string& why) {
   }
   owner_.LogAuthFailure(claimed, why);
   if (outbound()) {
-    Fail(absl::UnauthenticatedError(
-        absl::StrCat("pipe to ", peer().ToString(), " refused: ", why)));
+    Fail(
+        absl::UnauthenticatedError(absl::StrCat("pipe to ", peer().ToString(), " refused: ", why)));
   } else {
     Fail(absl::UnauthenticatedError(absl::StrCat("pipe from ", claimed, " refused: ", why)));
   }
@@ -369,15 +366,7 @@ void Pipe::Write(tensorpipe::Message message, std::optional<std::string> reply_n
   tp()->write(std::move(message), [self = shared_from_this(), reply_node = std::move(reply_node),
                                    keepalive = std::move(keepalive),
                                    writes = std::move(writes)](const tensorpipe::Error& error) {
-    absl::Status status;
-    if (error) {
-      status = TensorPipeErrorToStatus(
-          error, reply_node.has_value() ? absl::StrCat("pipe from ", *reply_node, " failed")
-                                        : absl::StrCat("pipe to ", self->peer().ToString(),
-                                                       " failed"));
-      self->Fail(status);
-    }
-    writes->End(status);
+    self->EndWrite(error, reply_node, *writes, 0);
   });
 }
 
@@ -411,16 +400,24 @@ void Pipe::WriteChunk(uint64_t call_id, const Chunk& chunk, const absl::Status& 
   }
   message.metadata = header.SerializeAsString();
   const uint64_t unsent = ready.ok() ? 0 : chunk.length;
-  tp()->write(std::move(message), [self = shared_from_this(), keepalive = std::move(keepalive),
-                                   writes = std::move(writes),
-                                   unsent](const tensorpipe::Error& error) {
-    absl::Status status;
-    if (error) {
-      status = TensorPipeErrorToStatus(error, PipeFailed(self->outbound(), self->peer()));
-      self->Fail(status);
-    }
-    writes->End(status, unsent);
-  });
+  tp()->write(std::move(message),
+              [self = shared_from_this(), keepalive = std::move(keepalive),
+               writes = std::move(writes), unsent](const tensorpipe::Error& error) {
+                self->EndWrite(error, std::nullopt, *writes, unsent);
+              });
+}
+
+void Pipe::EndWrite(const tensorpipe::Error& error, const std::optional<std::string>& reply_node,
+                    Writes& writes, uint64_t unsent) {
+  absl::Status status;
+  if (error) {
+    // A request goes on an outbound pipe: PipeFailed names it "pipe to <peer>".
+    status = TensorPipeErrorToStatus(error, reply_node.has_value()
+                                                ? absl::StrCat("pipe from ", *reply_node, " failed")
+                                                : PipeFailed(outbound(), peer()));
+    Fail(status);
+  }
+  writes.End(status, unsent);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -547,9 +544,10 @@ tensorpipe::Allocation Pipe::Receive(Incoming& in, Destination destination,
 
 bool Pipe::AwaitChunks(const std::shared_ptr<Incoming>& in, const IncomingSizes& sizes) {
   const AgentOptions& options = config_.options;
-  in->complete_by = in->received + options.chunk_timeout +
-                    absl::Seconds(static_cast<double>(sizes.chunked_bytes) /
-                                  static_cast<double>(std::max<uint64_t>(options.min_chunk_rate, 1)));
+  in->complete_by =
+      in->received + options.chunk_timeout +
+      absl::Seconds(static_cast<double>(sizes.chunked_bytes) /
+                    static_cast<double>(std::max<uint64_t>(options.min_chunk_rate, 1)));
   const uint64_t call_id = in->header->call_id();
   bool duplicate;
   bool too_many;
@@ -621,8 +619,8 @@ void Pipe::OnChunk(const PeerId& peer, const v1::AgentMessage& header,
 }
 
 std::string Pipe::TakeChunk(const v1::AgentMessage& header,
-                            const tensorpipe::Descriptor& descriptor,
-                            std::shared_ptr<Incoming>* in, uint64_t* length) {
+                            const tensorpipe::Descriptor& descriptor, std::shared_ptr<Incoming>* in,
+                            uint64_t* length) {
   const uint64_t call_id = header.call_id();
   const size_t tensor = header.chunk_tensor();
   const uint64_t offset = header.chunk_offset();
@@ -641,8 +639,8 @@ std::string Pipe::TakeChunk(const v1::AgentMessage& header,
   }
   const v1::TensorDescriptor& described = waiting.header->tensors(static_cast<int>(tensor));
   const uint64_t index = offset / described.chunk_bytes();
-  *length = std::min(described.chunk_bytes(),
-                     described.nbytes() - std::min(offset, described.nbytes()));
+  *length =
+      std::min(described.chunk_bytes(), described.nbytes() - std::min(offset, described.nbytes()));
   if (offset % described.chunk_bytes() != 0 || offset >= described.nbytes()) {
     return absl::StrCat("it sent a chunk of tensor ", tensor, " of message ", call_id,
                         " at offset ", offset, ", not a chunk boundary inside its ",
@@ -708,9 +706,9 @@ void Pipe::Finish(const PeerId& peer, Incoming& in) {
   if (message.header.kind() != v1::AgentMessage::REQUEST) {
     const uint64_t call_id = message.header.call_id();
     if (!chunk_error.ok()) {
-      owner_.CompleteCall(call_id, Prefixed(chunk_error, "the reply to method \"",
-                                            message.header.method(), "\" from ", peer.ToString(),
-                                            " failed: "));
+      owner_.CompleteCall(call_id,
+                          Prefixed(chunk_error, "the reply to method \"", message.header.method(),
+                                   "\" from ", peer.ToString(), " failed: "));
       return;
     }
     owner_.CompleteCall(call_id, std::move(message));
@@ -792,8 +790,8 @@ void Pipe::CountFailure(const absl::Status& status, bool count_error) {
 
 void Pipe::Close(const std::string& why) {
   const PeerId peer = this->peer();
-  AgentLog().error("[agent {}] [peer {}] closing the pipe: {}", config_.options.id,
-                   peer.ToString(), why);
+  AgentLog().error("[agent {}] [peer {}] closing the pipe: {}", config_.options.id, peer.ToString(),
+                   why);
   Fail(absl::UnavailableError(
       absl::StrCat("pipe ", outbound() ? "to " : "from ", peer.ToString(), " closed: ", why)));
 }

@@ -5,8 +5,9 @@
 // behind PipeOwner.
 //
 // Thread safety: thread-safe. Lock order: PipeOwner::mu_, then a Pipe's mu_, then an incoming
-// message's mu; nothing is called or locked under a Pipe's mu_. The handshake's steps run one
-// after the other (each started by the callback of the one before).
+// message's mu; under a Pipe's mu_ only the last is taken, and nothing is called under either.
+// The handshake's steps run one after the other (each started by the callback of the one
+// before).
 
 #ifndef TPD_AGENT_PIPE_H_
 #define TPD_AGENT_PIPE_H_
@@ -39,22 +40,9 @@ namespace tpd::agent {
 
 class Pipe;
 
-// What Stats() reports per node, kept while the agent lives.
-struct PeerCounters {
-  std::string address;
-  PipeState state = PipeState::kNone;
-  int inbound_pipes = 0;
-  std::string transport;
-  std::string channel;
-  std::vector<std::string> peer_transports;
-  std::vector<std::string> peer_channels;
-  uint64_t calls_sent = 0;
-  uint64_t calls_received = 0;
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  uint64_t errors = 0;
-  std::string last_error;
-};
+// What Stats() reports per node, kept while the agent lives (node and calls_pending are
+// filled in by Stats).
+using PeerCounters = PeerStats;
 
 // The key of a peer's counters: its node, or its address when it has none.
 std::string CountersKey(const PeerId& peer);
@@ -81,8 +69,7 @@ class PipeOwner {
   virtual PeerCounters& Counters(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   virtual void CountAuthFailure() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   // Deadlines of handshakes (by pipe serial) and of chunks (by timer id).
-  virtual void AddDeadline(uint64_t id, absl::Time deadline)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  virtual void AddDeadline(uint64_t id, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   virtual void RemoveDeadline(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   // A chunk timer of message `call_id` on `pipe`; removing it removes its deadline too.
   virtual void AddChunkTimer(uint64_t timer_id, std::weak_ptr<Pipe> pipe, uint64_t call_id,
@@ -135,12 +122,12 @@ enum class HandshakeStep { kChallenge, kAnswer, kProof };
 class Pipe : public std::enable_shared_from_this<Pipe> {
  public:
   // A pipe to `peer`, which Connect dials at `dialed_url`.
-  static std::shared_ptr<Pipe> Outbound(PipeOwner& owner, const PipeConfig& config,
-                                        uint64_t serial, PeerId peer, std::string dialed_url);
+  static std::shared_ptr<Pipe> Outbound(PipeOwner& owner, const PipeConfig& config, uint64_t serial,
+                                        PeerId peer, std::string dialed_url);
   // A pipe the listener accepted, whose peer is unknown until its handshake names it
   // (Challenge starts it).
-  static std::shared_ptr<Pipe> Inbound(PipeOwner& owner, const PipeConfig& config,
-                                       uint64_t serial, std::shared_ptr<tensorpipe::Pipe> accepted);
+  static std::shared_ptr<Pipe> Inbound(PipeOwner& owner, const PipeConfig& config, uint64_t serial,
+                                       std::shared_ptr<tensorpipe::Pipe> accepted);
 
   Pipe(const Pipe&) = delete;
   Pipe& operator=(const Pipe&) = delete;
@@ -206,6 +193,10 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
 
   void WriteChunk(uint64_t call_id, const Chunk& chunk, const absl::Status& ready,
                   std::shared_ptr<const void> keepalive, std::shared_ptr<Writes> writes);
+  // A write ended: fails the pipe on `error` (naming `reply_node` for a response, else the
+  // pipe's peer), then ends it in `writes`.
+  void EndWrite(const tensorpipe::Error& error, const std::optional<std::string>& reply_node,
+                Writes& writes, uint64_t unsent) ABSL_LOCKS_EXCLUDED(owner_.mu_, mu_);
 
   // Reads.
   void ReadNext();
@@ -213,8 +204,8 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
   // Where a message's bytes go (its handler's or its call's allocator, else the heap), and
   // whether it is refused.
   absl::StatusOr<Destination> Place(Incoming& in, const IncomingSizes& sizes, const PeerId& peer);
-  absl::StatusOr<Destination> PlaceReply(const v1::AgentMessage& header,
-                                         const IncomingSizes& sizes, const PeerId& peer);
+  absl::StatusOr<Destination> PlaceReply(const v1::AgentMessage& header, const IncomingSizes& sizes,
+                                         const PeerId& peer);
   // Moves `destination` into `in` (its message and chunk hook) and says where TensorPipe
   // reads the message itself (chunked tensors read nothing yet).
   tensorpipe::Allocation Receive(Incoming& in, Destination destination,
@@ -233,8 +224,8 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
   // A read of one part of `in` (the message itself, or a chunk of `bytes`) ended: fails the
   // pipe on `error`, else counts it (with the error of a chunk its sender could not produce)
   // and hands the message on if it was the last part.
-  void OnPartRead(const PeerId& peer, Incoming& in, const tensorpipe::Error& error,
-                  uint64_t bytes, bool main, const absl::Status& chunk_error = absl::OkStatus())
+  void OnPartRead(const PeerId& peer, Incoming& in, const tensorpipe::Error& error, uint64_t bytes,
+                  bool main, const absl::Status& chunk_error = absl::OkStatus())
       ABSL_LOCKS_EXCLUDED(owner_.mu_, mu_);
   // Hands on a message read whole: a response to its call, a request to the handler (or its
   // refusal to the caller).
@@ -257,8 +248,8 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
   // Outbound: whom we dialed. Inbound: the node its handshake named and its URLs.
   PeerId peer_ ABSL_GUARDED_BY(mu_);
   PipeState state_ ABSL_GUARDED_BY(mu_) = PipeState::kConnecting;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);  // why it failed
-  std::vector<uint64_t> queued_ ABSL_GUARDED_BY(mu_);  // calls waiting for the handshake
+  absl::Status error_ ABSL_GUARDED_BY(mu_);                     // why it failed
+  std::vector<uint64_t> queued_ ABSL_GUARDED_BY(mu_);           // calls waiting for the handshake
   absl::flat_hash_set<uint64_t> pending_ ABSL_GUARDED_BY(mu_);  // calls awaiting their answer
   // What TensorPipe picked (derived) and what the peer offered in its hello, for Stats.
   std::string transport_ ABSL_GUARDED_BY(mu_);

@@ -183,10 +183,10 @@ using Callback = absl::AnyInvocable<void(absl::StatusOr<Message> reply)>;
 using SentCallback = absl::AnyInvocable<void(absl::Status status)>;
 
 enum class PipeState {
-  kNone,            // never opened, or forgotten after a failure
-  kConnecting,      // opened; handshake under way
-  kReady,           // authenticated; carrying calls
-  kFailed,          // failed; the next Send opens a new one
+  kNone,        // never opened, or forgotten after a failure
+  kConnecting,  // opened; handshake under way
+  kReady,       // authenticated; carrying calls
+  kFailed,      // failed; the next Send opens a new one
 };
 const char* PipeStateName(PipeState state);
 
@@ -207,12 +207,12 @@ struct PeerStats {
   // this node did not register, they say why the others were not chosen.
   std::vector<std::string> peer_transports;
   std::vector<std::string> peer_channels;
-  uint64_t calls_sent = 0;       // our requests to it
-  uint64_t calls_received = 0;   // its requests to us
-  uint64_t calls_pending = 0;    // our requests awaiting its answer
-  uint64_t bytes_sent = 0;       // payload + tensor bytes we wrote to it (all kinds)
-  uint64_t bytes_received = 0;   // payload + tensor bytes we read from it
-  uint64_t errors = 0;           // our calls that failed locally, and pipe failures
+  uint64_t calls_sent = 0;      // our requests to it
+  uint64_t calls_received = 0;  // its requests to us
+  uint64_t calls_pending = 0;   // our requests awaiting its answer
+  uint64_t bytes_sent = 0;      // payload + tensor bytes we wrote to it (all kinds)
+  uint64_t bytes_received = 0;  // payload + tensor bytes we read from it
+  uint64_t errors = 0;          // our calls that failed locally, and pipe failures
   std::string last_error;
 };
 

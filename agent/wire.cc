@@ -175,15 +175,14 @@ absl::Status CheckTensor(const tensorpipe::Descriptor::Tensor& tensor, size_t i,
   // A chunked tensor's bytes follow in CHUNK messages: an empty tensor holds its place.
   const uint64_t expected = described.chunk_bytes() > 0 ? 0 : described.nbytes();
   if (tensor.length != expected || tensor.sourceDevice.type != tensorpipe::kCpuDeviceType) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " of a message is ",
-                                                   tensor.length, " bytes, its header says ",
-                                                   expected));
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " of a message is ", tensor.length,
+                                                   " bytes, its header says ", expected));
   }
   if (described.chunk_bytes() > 0) {
     if (described.chunk_bytes() < kMinChunkBytes || described.nbytes() == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor ", i, " of a message comes in chunks of ", described.chunk_bytes(),
-          " bytes (at least ", kMinChunkBytes, ", and only a tensor with bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", i, " of a message comes in chunks of ", described.chunk_bytes(),
+                       " bytes (at least ", kMinChunkBytes, ", and only a tensor with bytes)"));
     }
     sizes.chunks += ChunkCount(described);
     sizes.chunked_bytes += described.nbytes();
@@ -217,8 +216,8 @@ absl::StatusOr<IncomingSizes> CheckIncoming(const tensorpipe::Descriptor& descri
   if (total > max_bytes) return TooLarge(max_bytes, total, 0);
   sizes.main_bytes = sizes.payload;
   for (size_t i = 0; i < descriptor.tensors.size(); ++i) {
-    absl::Status checked = CheckTensor(descriptor.tensors[i], i,
-                                       header.tensors(static_cast<int>(i)), max_bytes, sizes, total);
+    absl::Status checked = CheckTensor(
+        descriptor.tensors[i], i, header.tensors(static_cast<int>(i)), max_bytes, sizes, total);
     if (!checked.ok()) return checked;
   }
   if (sizes.chunks > kMaxChunksPerMessage) {
@@ -235,8 +234,8 @@ absl::Status ChunkFailure(const v1::AgentMessage& header) {
           ? static_cast<absl::StatusCode>(code)
           : absl::StatusCode::kUnknown;
   return absl::Status(status_code,
-                      absl::StrCat("the sender could not send tensor ", header.chunk_tensor(),
-                                   ": ", header.status_message().substr(0, 1024)));
+                      absl::StrCat("the sender could not send tensor ", header.chunk_tensor(), ": ",
+                                   header.status_message().substr(0, 1024)));
 }
 
 std::string ClaimedPeer(const v1::PipeHello& hello, const std::string& remote_name) {

@@ -45,8 +45,8 @@ struct Handshake {
   explicit Handshake(const std::string& dialed = "uv://127.0.0.1:5000",
                      const std::string& connector_token = kToken) {
     challenge = ChallengeHello(Acceptor(), std::string(kPipeNonceBytes, 'a'));
-    connector = ConnectorTranscript(challenge, Connector(), dialed,
-                                    std::string(kPipeNonceBytes, 'c'));
+    connector =
+        ConnectorTranscript(challenge, Connector(), dialed, std::string(kPipeNonceBytes, 'c'));
     answer = AnswerHello(Connector(), connector, connector_token);
     acceptor = AcceptorTranscript(answer, Acceptor(), std::string(kPipeNonceBytes, 'a'));
     proof = ProofHello(acceptor, kToken);
@@ -97,7 +97,8 @@ TEST(HandshakeTest, AcceptorRefusesAnAnswerChangedAfterItsMac) {
   Handshake h;
   v1::PipeHello changed = h.answer;
   changed.add_urls("uv://10.0.0.9:1");
-  const PipeTranscript transcript = AcceptorTranscript(changed, Acceptor(), h.acceptor.challenge_nonce);
+  const PipeTranscript transcript =
+      AcceptorTranscript(changed, Acceptor(), h.acceptor.challenge_nonce);
   EXPECT_THAT(CheckAnswer(changed, transcript, Acceptor(), kToken).message(),
               HasSubstr("bad MAC in its answer"));
   // An answer to another challenge (a replay) does not fit this one's nonce.
