@@ -16,21 +16,15 @@ using ::testing::HasSubstr;
 constexpr char kToken[] = "cluster-token";
 
 HelloSelf Acceptor() {
-  HelloSelf self;
-  self.id = "node-a";
-  self.urls = {"uv://127.0.0.1:5000", "shm://tpd-agent-a"};
-  self.transport_domains = {{"uv", "tcp"}, {"shm", "host-a"}};
-  self.channel_cpu_descriptors = {{"basic", ""}};
-  return self;
+  return HelloSelf{"node-a",
+                   {"uv://127.0.0.1:5000", "shm://tpd-agent-a"},
+                   {{"uv", "tcp"}, {"shm", "host-a"}},
+                   {{"basic", ""}}};
 }
 
 HelloSelf Connector() {
-  HelloSelf self;
-  self.id = "node-b";
-  self.urls = {"uv://127.0.0.2:6000"};
-  self.transport_domains = {{"uv", "tcp"}};
-  self.channel_cpu_descriptors = {{"basic", ""}, {"cma", "b"}};
-  return self;
+  return HelloSelf{
+      "node-b", {"uv://127.0.0.2:6000"}, {{"uv", "tcp"}}, {{"basic", ""}, {"cma", "b"}}};
 }
 
 // One handshake's messages and both sides' transcripts, as far as each side got.
