@@ -63,6 +63,9 @@ struct Pipe::Incoming {
   std::shared_ptr<const Handler> handler;
   std::function<void(size_t, uint64_t, uint64_t)> on_chunk;  // the destination's
   absl::Time received;
+  // Whether chunks follow it: only such a message is registered on its pipe, read in parts and
+  // dropped with it. Set before its reads start.
+  bool chunked = false;
   // Chunked messages: every chunk in by then (min_chunk_rate). Set before it is registered.
   absl::Time complete_by;
 
@@ -459,6 +462,7 @@ void Pipe::OnDescriptor(const tensorpipe::Descriptor& descriptor) {
   }
   auto in = std::make_shared<Incoming>();
   in->header = header;
+  in->chunked = sizes->chunks > 0;
   absl::StatusOr<Destination> destination = Place(*in, *sizes, peer);
   // Bytes that nobody takes are still read (a pipe cannot skip them), into a block dropped
   // right after.
@@ -472,7 +476,7 @@ void Pipe::OnDescriptor(const tensorpipe::Descriptor& descriptor) {
   tensorpipe::Allocation allocation = Receive(*in, *std::move(destination), descriptor, *sizes);
   // Registered before the read starts: the first chunk's descriptor may come before this
   // message's read completes.
-  if (sizes->chunks > 0 && !AwaitChunks(in, *sizes)) return;
+  if (in->chunked && !AwaitChunks(in, *sizes)) return;
   tp()->read(std::move(allocation), [self = shared_from_this(), in, main_bytes = sizes->main_bytes,
                                      peer](const tensorpipe::Error& error) {
     self->OnPartRead(peer, *in, error, main_bytes, /*main=*/true);
@@ -670,36 +674,37 @@ void Pipe::OnPartRead(const PeerId& peer, Incoming& in, const tensorpipe::Error&
     Fail(TensorPipeErrorToStatus(error, PipeFailed(outbound(), peer)));
     return;
   }
-  bool last = false;
+  bool last = !in.chunked;  // a message without chunks is read in one part
   {
     absl::MutexLock owner_lock(&owner_.mu_);
     owner_.Counters(CountersKey(peer)).bytes_received += bytes;
-    absl::MutexLock lock(&mu_);
-    absl::MutexLock in_lock(&in.mu);
-    if (in.chunk_error.ok()) in.chunk_error = chunk_error;
-    if (!main) {
-      --in.chunks_left;
-    } else if (in.parts == Incoming::Parts::kReading) {
-      in.parts = Incoming::Parts::kMainRead;
-    }
-    if (in.parts == Incoming::Parts::kMainRead && in.chunks_left == 0) {
-      in.parts = Incoming::Parts::kFinished;
-      last = true;
-      if (in.timer_id != 0) {
-        owner_.RemoveChunkTimer(in.timer_id);
-        auto it = incoming_.find(in.header->call_id());
-        if (it != incoming_.end() && it->second.get() == &in) incoming_.erase(it);
-      }
-    }
+    if (in.chunked) last = ChunkedPartRead(in, main, chunk_error);
   }
   if (last) Finish(peer, in);
+}
+
+bool Pipe::ChunkedPartRead(Incoming& in, bool main, const absl::Status& chunk_error) {
+  absl::MutexLock lock(&mu_);
+  absl::MutexLock in_lock(&in.mu);
+  if (in.chunk_error.ok()) in.chunk_error = chunk_error;
+  if (!main) {
+    --in.chunks_left;
+  } else if (in.parts == Incoming::Parts::kReading) {
+    in.parts = Incoming::Parts::kMainRead;
+  }
+  if (in.parts != Incoming::Parts::kMainRead || in.chunks_left > 0) return false;
+  in.parts = Incoming::Parts::kFinished;
+  owner_.RemoveChunkTimer(in.timer_id);
+  auto it = incoming_.find(in.header->call_id());
+  if (it != incoming_.end() && it->second.get() == &in) incoming_.erase(it);
+  return true;
 }
 
 void Pipe::Finish(const PeerId& peer, Incoming& in) {
   Message& message = *in.message;
   message.header = std::move(*in.header);
   absl::Status chunk_error;
-  {
+  if (in.chunked) {
     absl::MutexLock lock(&in.mu);
     chunk_error = in.chunk_error;
   }

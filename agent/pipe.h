@@ -227,6 +227,10 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
   void OnPartRead(const PeerId& peer, Incoming& in, const tensorpipe::Error& error, uint64_t bytes,
                   bool main, const absl::Status& chunk_error = absl::OkStatus())
       ABSL_LOCKS_EXCLUDED(owner_.mu_, mu_);
+  // The part of OnPartRead for a message with chunks: true when `in` was its last part, and
+  // then it is no longer registered.
+  bool ChunkedPartRead(Incoming& in, bool main, const absl::Status& chunk_error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_.mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Hands on a message read whole: a response to its call, a request to the handler (or its
   // refusal to the caller).
   void Finish(const PeerId& peer, Incoming& in);
