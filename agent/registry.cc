@@ -106,98 +106,13 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Create(const RegistryOptions
                                      absl::Hex(absl::Uniform<uint64_t>(gen), absl::kZeroPad16));
 
   for (Candidate candidate : KnownTransports()) {
-    if (!Allowed(options.transports, candidate.name)) {
-      candidate.reason = absl::StrCat("not in the allowed transports ",
-                                      JoinNames(options.transports));
-    } else {
-      std::shared_ptr<tensorpipe::transport::Context> context;
-      std::string not_viable;
-      if (candidate.name == "uv") {
-        context = registry->Tcp();
-        not_viable = "not viable on this node (libuv could not start)";
-      } else if (candidate.name == "shm") {
-        context = tensorpipe::transport::shm::create();
-        not_viable =
-            "not viable on this node (needs Linux shared memory and abstract unix sockets)";
-      } else if (candidate.name == "ibv") {
-        context = tensorpipe::transport::ibv::create();
-        not_viable = "not viable on this node (no usable InfiniBand device or libibverbs)";
-      }
-      TPD_DCHECK(context != nullptr);
-      if (context->isViable()) {
-        candidate.registered = true;
-        if (candidate.name == "uv") {
-          candidate.reason = options.token.empty()
-                                 ? "bootstraps every pipe"
-                                 : "bootstraps every pipe; authenticated TCP (tpd's transport)";
-        }
-        if (candidate.name == "shm") candidate.reason = "between agents on one host";
-        registry->transport_contexts_.emplace(candidate.name, std::move(context));
-      } else {
-        candidate.reason = std::move(not_viable);
-        CloseAndJoin(context);  // a context that is not viable may still own a thread
-      }
-    }
+    registry->ProbeTransport(candidate);
     registry->transports_.push_back(std::move(candidate));
   }
-
   for (Candidate candidate : KnownChannels()) {
-    if (candidate.name.rfind("cuda_", 0) == 0) {
-      candidate.reason = kNotBuiltCuda;
-    } else if (candidate.name == "xth" && options.channels.empty()) {
-      candidate.reason = "registered only when named: inside one process only, and unsafe "
-                         "when a pipe fails mid-transfer";
-    } else if (!Allowed(options.channels, candidate.name)) {
-      candidate.reason = absl::StrCat("not in the allowed channels ",
-                                      JoinNames(options.channels));
-    } else {
-      std::shared_ptr<tensorpipe::channel::Context> context;
-      std::string not_viable = "not viable on this node";
-      std::string note;
-      if (candidate.name == "basic") {
-        context = tensorpipe::channel::basic::create();
-        note = "over the pipe's transport";
-      } else if (candidate.name == "cma") {
-        context = tensorpipe::channel::cma::create();
-        not_viable =
-            "not viable on this node (process_vm_readv not permitted: ptrace restrictions)";
-        note = "between processes of one host and user";
-      } else if (candidate.name == "xth") {
-        context = tensorpipe::channel::xth::create();
-        note = "inside one process only";
-      } else if (candidate.name == "mpt_uv") {
-        std::vector<std::shared_ptr<tensorpipe::transport::Context>> lanes;
-        std::vector<std::shared_ptr<tensorpipe::transport::Listener>> listeners;
-        bool lanes_viable = true;
-        for (int i = 0; i < options.mpt_lanes; ++i) {
-          lanes.push_back(registry->Tcp());
-          if (!lanes.back()->isViable()) {
-            lanes_viable = false;
-            break;
-          }
-          listeners.push_back(lanes.back()->listen(options.host));
-        }
-        if (lanes_viable) {
-          context = tensorpipe::channel::mpt::create(std::move(lanes), std::move(listeners));
-          note = absl::StrCat(options.mpt_lanes, " lanes on ", options.host);
-        } else {
-          for (auto& listener : listeners) listener->close();
-          for (auto& lane : lanes) CloseAndJoin(lane);
-          not_viable = "not viable on this node (its uv lanes could not start)";
-        }
-      }
-      if (context != nullptr && context->isViable()) {
-        candidate.registered = true;
-        candidate.reason = std::move(note);
-        registry->channel_contexts_.emplace(candidate.name, std::move(context));
-      } else {
-        candidate.reason = std::move(not_viable);
-        if (context != nullptr) CloseAndJoin(context);
-      }
-    }
+    registry->ProbeChannel(candidate);
     registry->channels_.push_back(std::move(candidate));
   }
-
   if (registry->transport_contexts_.empty() || registry->channel_contexts_.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("no usable TensorPipe ",
@@ -205,6 +120,98 @@ absl::StatusOr<std::unique_ptr<Registry>> Registry::Create(const RegistryOptions
                      " on this node:\n", registry->Describe()));
   }
   return registry;
+}
+
+void Registry::ProbeTransport(Candidate& candidate) {
+  if (!Allowed(options_.transports, candidate.name)) {
+    candidate.reason =
+        absl::StrCat("not in the allowed transports ", JoinNames(options_.transports));
+    return;
+  }
+  std::shared_ptr<tensorpipe::transport::Context> context;
+  std::string not_viable;
+  if (candidate.name == "uv") {
+    context = Tcp();
+    not_viable = "not viable on this node (libuv could not start)";
+  } else if (candidate.name == "shm") {
+    context = tensorpipe::transport::shm::create();
+    not_viable = "not viable on this node (needs Linux shared memory and abstract unix sockets)";
+  } else if (candidate.name == "ibv") {
+    context = tensorpipe::transport::ibv::create();
+    not_viable = "not viable on this node (no usable InfiniBand device or libibverbs)";
+  }
+  TPD_DCHECK(context != nullptr);
+  if (!context->isViable()) {
+    candidate.reason = std::move(not_viable);
+    CloseAndJoin(context);  // a context that is not viable may still own a thread
+    return;
+  }
+  candidate.registered = true;
+  if (candidate.name == "uv") {
+    candidate.reason = options_.token.empty()
+                           ? "bootstraps every pipe"
+                           : "bootstraps every pipe; authenticated TCP (tpd's transport)";
+  }
+  if (candidate.name == "shm") candidate.reason = "between agents on one host";
+  transport_contexts_.emplace(candidate.name, std::move(context));
+}
+
+void Registry::ProbeChannel(Candidate& candidate) {
+  if (candidate.name.rfind("cuda_", 0) == 0) {
+    candidate.reason = kNotBuiltCuda;
+    return;
+  }
+  if (candidate.name == "xth" && options_.channels.empty()) {
+    candidate.reason =
+        "registered only when named: inside one process only, and unsafe "
+        "when a pipe fails mid-transfer";
+    return;
+  }
+  if (!Allowed(options_.channels, candidate.name)) {
+    candidate.reason = absl::StrCat("not in the allowed channels ", JoinNames(options_.channels));
+    return;
+  }
+  std::shared_ptr<tensorpipe::channel::Context> context;
+  std::string not_viable = "not viable on this node";
+  std::string note;
+  if (candidate.name == "basic") {
+    context = tensorpipe::channel::basic::create();
+    note = "over the pipe's transport";
+  } else if (candidate.name == "cma") {
+    context = tensorpipe::channel::cma::create();
+    not_viable = "not viable on this node (process_vm_readv not permitted: ptrace restrictions)";
+    note = "between processes of one host and user";
+  } else if (candidate.name == "xth") {
+    context = tensorpipe::channel::xth::create();
+    note = "inside one process only";
+  } else if (candidate.name == "mpt_uv") {
+    context = MultiplexedUv();
+    note = absl::StrCat(options_.mpt_lanes, " lanes on ", options_.host);
+    if (context == nullptr) not_viable = "not viable on this node (its uv lanes could not start)";
+  }
+  if (context != nullptr && context->isViable()) {
+    candidate.registered = true;
+    candidate.reason = std::move(note);
+    channel_contexts_.emplace(candidate.name, std::move(context));
+  } else {
+    candidate.reason = std::move(not_viable);
+    if (context != nullptr) CloseAndJoin(context);
+  }
+}
+
+std::shared_ptr<tensorpipe::channel::Context> Registry::MultiplexedUv() const {
+  std::vector<std::shared_ptr<tensorpipe::transport::Context>> lanes;
+  std::vector<std::shared_ptr<tensorpipe::transport::Listener>> listeners;
+  for (int i = 0; i < options_.mpt_lanes; ++i) {
+    lanes.push_back(Tcp());
+    if (!lanes.back()->isViable()) {
+      for (auto& listener : listeners) listener->close();
+      for (auto& lane : lanes) CloseAndJoin(lane);
+      return nullptr;
+    }
+    listeners.push_back(lanes.back()->listen(options_.host));
+  }
+  return tensorpipe::channel::mpt::create(std::move(lanes), std::move(listeners));
 }
 
 Registry::~Registry() {

@@ -145,6 +145,13 @@ class Registry {
   // A context of the TCP transport the options call for: tpd's authenticating one with a
   // token, TensorPipe's uv without.
   std::shared_ptr<tensorpipe::transport::Context> Tcp() const;
+  // Creates the transport or channel of `candidate` if the options allow it, and registers it
+  // when viable; else candidate.reason says why not.
+  void ProbeTransport(Candidate& candidate);
+  void ProbeChannel(Candidate& candidate);
+  // mpt_uv over options_.mpt_lanes uv lanes listening on options_.host; null when a lane
+  // cannot start.
+  std::shared_ptr<tensorpipe::channel::Context> MultiplexedUv() const;
 
   const RegistryOptions options_;
   std::vector<Candidate> transports_;

@@ -156,6 +156,88 @@ tensorpipe::Message ToTensorPipe(const Message& msg) {
   return out;
 }
 
+namespace {
+
+absl::Status TooLarge(uint64_t max_bytes, uint64_t total, uint64_t more) {
+  return absl::InvalidArgumentError(absl::StrCat("it sent a message of more than ", max_bytes,
+                                                 " bytes (max_message_bytes): ", total, " + ",
+                                                 more));
+}
+
+// A tensor's descriptor checked against its header; adds its bytes and chunks to `sizes`.
+absl::Status CheckTensor(const tensorpipe::Descriptor::Tensor& tensor, size_t i,
+                         const v1::TensorDescriptor& described, uint64_t max_bytes,
+                         IncomingSizes& sizes, uint64_t& total) {
+  // Sizes are summed only while the sum stays within max_bytes: a chunked tensor's nbytes is
+  // the peer's word alone (no TensorPipe length backs it), and a sum that wrapped would place
+  // the message in a block far smaller than its chunks.
+  if (described.nbytes() > max_bytes - total) return TooLarge(max_bytes, total, described.nbytes());
+  // A chunked tensor's bytes follow in CHUNK messages: an empty tensor holds its place.
+  const uint64_t expected = described.chunk_bytes() > 0 ? 0 : described.nbytes();
+  if (tensor.length != expected || tensor.sourceDevice.type != tensorpipe::kCpuDeviceType) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " of a message is ", tensor.length,
+                                                   " bytes, its header says ", expected));
+  }
+  if (described.chunk_bytes() > 0) {
+    if (described.chunk_bytes() < kMinChunkBytes || described.nbytes() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", i, " of a message comes in chunks of ", described.chunk_bytes(),
+                       " bytes (at least ", kMinChunkBytes, ", and only a tensor with bytes)"));
+    }
+    sizes.chunks += ChunkCount(described);
+    sizes.chunked_bytes += described.nbytes();
+  }
+  sizes.tensors.push_back(described.nbytes());
+  sizes.main_bytes += tensor.length;
+  total += described.nbytes();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<IncomingSizes> CheckIncoming(const tensorpipe::Descriptor& descriptor,
+                                            const v1::AgentMessage& header, uint64_t max_bytes) {
+  IncomingSizes sizes;
+  if (descriptor.payloads.size() > 1) {
+    return absl::InvalidArgumentError("it sent a message with more than one payload");
+  }
+  if (!descriptor.payloads.empty()) sizes.payload = descriptor.payloads[0].length;
+  if (sizes.payload != header.payload_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("a message's payload is ", sizes.payload,
+                                                   " bytes, its header says ",
+                                                   header.payload_bytes()));
+  }
+  if (descriptor.tensors.size() != static_cast<size_t>(header.tensors_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("a message carries ", descriptor.tensors.size(),
+                                                   " tensors, its header describes ",
+                                                   header.tensors_size()));
+  }
+  uint64_t total = sizes.payload;
+  if (total > max_bytes) return TooLarge(max_bytes, total, 0);
+  sizes.main_bytes = sizes.payload;
+  for (size_t i = 0; i < descriptor.tensors.size(); ++i) {
+    absl::Status checked = CheckTensor(
+        descriptor.tensors[i], i, header.tensors(static_cast<int>(i)), max_bytes, sizes, total);
+    if (!checked.ok()) return checked;
+  }
+  if (sizes.chunks > kMaxChunksPerMessage) {
+    return absl::InvalidArgumentError(absl::StrCat("it sent a message in ", sizes.chunks,
+                                                   " chunks, more than ", kMaxChunksPerMessage));
+  }
+  return sizes;
+}
+
+absl::Status ChunkFailure(const v1::AgentMessage& header) {
+  const int code = header.status_code();
+  const absl::StatusCode status_code =
+      code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+          ? static_cast<absl::StatusCode>(code)
+          : absl::StatusCode::kUnknown;
+  return absl::Status(status_code,
+                      absl::StrCat("the sender could not send tensor ", header.chunk_tensor(), ": ",
+                                   header.status_message().substr(0, 1024)));
+}
+
 std::string ClaimedPeer(const v1::PipeHello& hello, const std::string& remote_name) {
   std::string claimed = hello.agent_id().empty() ? "?" : hello.agent_id().substr(0, kMaxIdBytes);
   if (hello.urls_size() > 0) {

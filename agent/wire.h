@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "agent/agent.h"
+#include "agent/types.h"
 #include "proto/agent.pb.h"
 
 namespace tpd::agent {
@@ -60,6 +60,22 @@ uint64_t MessageBytes(const Message& msg);
 absl::Status PrepareHeader(Message& msg, uint64_t max_bytes);
 // The TensorPipe message of a prepared `msg` (chunked tensors as empty placeholders).
 tensorpipe::Message ToTensorPipe(const Message& msg);
+
+// The sizes of an incoming message, from TensorPipe's descriptor and checked against its header.
+struct IncomingSizes {
+  size_t payload = 0;
+  std::vector<size_t> tensors;  // each tensor's nbytes, chunked ones included
+  uint64_t chunks = 0;          // chunks that follow the message
+  uint64_t chunked_bytes = 0;   // bytes those chunks carry
+  uint64_t main_bytes = 0;      // bytes of the message itself (what TensorPipe reads at once)
+};
+// Checks a message's descriptor against its header (a REQUEST, RESPONSE or ERROR) and
+// `max_bytes`; INVALID_ARGUMENT saying what the peer got wrong, for the pipe's log.
+absl::StatusOr<IncomingSizes> CheckIncoming(const tensorpipe::Descriptor& descriptor,
+                                            const v1::AgentMessage& header, uint64_t max_bytes);
+// Why the sender of a CHUNK header with a status could not produce its bytes (a code outside
+// absl's range reads as UNKNOWN).
+absl::Status ChunkFailure(const v1::AgentMessage& header);
 
 // Who a handshake message says it is, bounded, for logs: "id (url,url) [context name]".
 std::string ClaimedPeer(const v1::PipeHello& hello, const std::string& remote_name);
