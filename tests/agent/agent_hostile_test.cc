@@ -41,6 +41,7 @@
 #include "gtest/gtest.h"
 #include "proto/agent.pb.h"
 #include "tests/agent/agent_testing.h"
+#include "tests/agent/peer_process.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/wait_until.h"
 
@@ -53,7 +54,9 @@ using testing::EchoHandler;
 using ::testing::HasSubstr;
 using testing::MakeMessage;
 using testing::PeerOf;
+using testing::PeerProcess;
 using testing::RawContext;
+using testing::StartPeer;
 using testing::TestOptions;
 using tpd::testing::WaitUntil;
 
@@ -379,68 +382,10 @@ TEST_F(AgentHostileTest, APeerClosingBeforeItsFirstPacketCostsAMomentOfAccepting
 // (tests/agent/agent_peer) and check that it lives, holds no memory for them, and serves. The
 // bugs remain for peers that hold the token.
 
-// The attacked agent in a child process: its pid, its stdin (closing it ends it), its address.
-struct PeerProcess {
-  pid_t pid = -1;
-  int stdin_fd = -1;
-  std::string address;
-  int status = 0;
-  bool reaped = false;
-
-  // Whether it has died (then `status` is its wait status).
-  bool Died() {
-    if (reaped) return true;
-    if (waitpid(pid, &status, WNOHANG) == pid) reaped = true;
-    return reaped;
-  }
-  ~PeerProcess() {
-    if (stdin_fd >= 0) close(stdin_fd);
-    if (pid > 0 && !reaped) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
-std::unique_ptr<PeerProcess> StartPeer() {
-  int to_child[2];
-  int from_child[2];
-  if (pipe(to_child) != 0 || pipe(from_child) != 0) return nullptr;
-  std::vector<std::string> args = {tpd::testing::RunfilePath("tests/agent/agent_peer"),
-                                   "--id=node-v", absl::StrCat("--token=", testing::kTestToken),
-                                   "--transports=uv", "--channels=basic"};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(to_child[0], 0);
-    dup2(from_child[1], 1);
-    close(to_child[1]);
-    close(from_child[0]);
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(to_child[0]);
-  close(from_child[1]);
-  auto peer = std::make_unique<PeerProcess>();
-  peer->pid = pid;
-  peer->stdin_fd = to_child[1];
-  FILE* out = fdopen(from_child[0], "r");
-  char line[4096];
-  if (out != nullptr && std::fgets(line, sizeof(line), out) != nullptr &&
-      absl::StartsWith(line, "ADDRESS ")) {
-    peer->address = std::string(line + 8);
-    while (!peer->address.empty() && peer->address.back() == '\n') peer->address.pop_back();
-  }
-  if (out != nullptr) std::fclose(out);
-  return peer;
-}
-
 // Sends `bytes` to a fresh child agent and returns how it ended: the signal that killed it
 // within 2 s (a sanitizer's exit status, negated), or 0 if it still runs.
 int SignalAfter(const std::string& bytes, bool close_after = true) {
-  std::unique_ptr<PeerProcess> peer = StartPeer();
+  std::unique_ptr<PeerProcess> peer = StartPeer("node-v", {"--transports=uv", "--channels=basic"});
   EXPECT_TRUE(peer != nullptr && !peer->address.empty()) << "agent_peer did not start";
   if (peer == nullptr || peer->address.empty()) return -1;
   const int port = UvPort(peer->address);
@@ -478,7 +423,7 @@ TEST(AgentPortJunk, AZeroLengthFrameClosesOnlyItsConnection) {
 }
 
 TEST(AgentPortJunk, ALengthPrefixCommitsNoMemory) {
-  std::unique_ptr<PeerProcess> peer = StartPeer();
+  std::unique_ptr<PeerProcess> peer = StartPeer("node-v", {"--transports=uv", "--channels=basic"});
   ASSERT_TRUE(peer != nullptr && !peer->address.empty());
   auto rss_kib = [&] {
     std::ifstream status(absl::StrCat("/proc/", peer->pid, "/status"));

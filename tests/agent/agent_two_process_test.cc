@@ -3,8 +3,6 @@
 // with SIGKILL failing the calls pending on it at once, naming it.
 
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -18,69 +16,22 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent/agent_testing.h"
+#include "tests/agent/peer_process.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/wait_until.h"
 
 namespace tpd::agent {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::CallAndWait;
 using testing::Checksums;
+using ::testing::HasSubstr;
 using testing::MakeMessage;
-
-// The peer process: its pid, its stdin (closing it ends the peer) and its address.
-struct PeerProcess {
-  pid_t pid = -1;
-  int stdin_fd = -1;
-  std::string address;
-
-  ~PeerProcess() {
-    if (stdin_fd >= 0) close(stdin_fd);
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
-std::unique_ptr<PeerProcess> StartPeer(const std::vector<std::string>& flags) {
-  int to_child[2];
-  int from_child[2];
-  if (pipe(to_child) != 0 || pipe(from_child) != 0) return nullptr;
-  std::vector<std::string> args = {tpd::testing::RunfilePath("tests/agent/agent_peer"),
-                                   "--id=node-b", absl::StrCat("--token=", testing::kTestToken)};
-  args.insert(args.end(), flags.begin(), flags.end());
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(to_child[0], 0);
-    dup2(from_child[1], 1);
-    close(to_child[1]);
-    close(from_child[0]);
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(to_child[0]);
-  close(from_child[1]);
-  auto peer = std::make_unique<PeerProcess>();
-  peer->pid = pid;
-  peer->stdin_fd = to_child[1];
-  FILE* out = fdopen(from_child[0], "r");
-  char line[4096];
-  if (out != nullptr && std::fgets(line, sizeof(line), out) != nullptr &&
-      absl::StartsWith(line, "ADDRESS ")) {
-    peer->address = std::string(line + 8);
-    while (!peer->address.empty() && peer->address.back() == '\n') peer->address.pop_back();
-  }
-  if (out != nullptr) std::fclose(out);
-  return peer;
-}
+using testing::PeerProcess;
+using testing::StartPeer;
 
 TEST(AgentTwoProcessTest, CallsWithTensorsThenAPeerKilledFailsItsCallsAtOnce) {
-  std::unique_ptr<PeerProcess> peer_process = StartPeer({});
+  std::unique_ptr<PeerProcess> peer_process = StartPeer("node-b");
   ASSERT_NE(peer_process, nullptr);
   ASSERT_FALSE(peer_process->address.empty()) << "the peer never printed its address";
   absl::StatusOr<std::unique_ptr<Agent>> created = Agent::Create(testing::TestOptions("node-a"));
@@ -143,6 +94,7 @@ TEST(AgentTwoProcessTest, EveryTransportPairWorksAcrossProcesses) {
                                                         {"uv,shm", "cma"}}) {
     SCOPED_TRACE(absl::StrCat(transports, " + ", channels));
     std::unique_ptr<PeerProcess> peer_process = StartPeer(
+        "node-b",
         {absl::StrCat("--transports=", transports), absl::StrCat("--channels=", channels)});
     ASSERT_NE(peer_process, nullptr);
     if (peer_process->address.empty()) {
