@@ -38,6 +38,7 @@
 #include "gtest/gtest.h"
 #include "store/remote/dial_networks.h"
 #include "tests/agent/agent_testing.h"
+#include "tests/agent/peer_process.h"
 #include "tests/testing/wait_until.h"
 
 namespace tpd::agent {
@@ -49,6 +50,8 @@ using testing::EchoHandler;
 using ::testing::HasSubstr;
 using testing::MakeMessage;
 using testing::PeerOf;
+using testing::PeerProcess;
+using testing::SpawnPeer;
 using testing::TestOptions;
 using tpd::testing::WaitUntil;
 
@@ -523,27 +526,7 @@ TEST(ListenGuardChild, Serve) {
   }
 }
 
-struct Child {
-  pid_t pid = -1;
-  int stdin_fd = -1;
-  std::string address;
-  int status = 0;
-  bool reaped = false;
-
-  bool Died() {
-    if (!reaped && waitpid(pid, &status, WNOHANG) == pid) reaped = true;
-    return reaped;
-  }
-  ~Child() {
-    if (stdin_fd >= 0) close(stdin_fd);
-    if (pid > 0 && !reaped) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
-std::unique_ptr<Child> StartChild() {
+std::unique_ptr<PeerProcess> StartChild() {
   char self[4096] = {};
   if (readlink("/proc/self/exe", self, sizeof(self) - 1) <= 0) return nullptr;
   // The child's environment, made before fork (the child may only exec): this one's, less
@@ -558,41 +541,7 @@ std::unique_ptr<Child> StartChild() {
       env_strings.push_back(entry);
     }
   }
-  std::vector<char*> env;
-  for (std::string& entry : env_strings) env.push_back(entry.data());
-  env.push_back(nullptr);
-  char filter[] = "--gtest_filter=ListenGuardChild.Serve";
-  char* argv[] = {self, filter, nullptr};
-  int to_child[2];
-  int from_child[2];
-  if (pipe(to_child) != 0 || pipe(from_child) != 0) return nullptr;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(to_child[0], 0);
-    dup2(from_child[1], 1);
-    close(to_child[1]);
-    close(from_child[0]);
-    execve(self, argv, env.data());
-    _exit(127);
-  }
-  close(to_child[0]);
-  close(from_child[1]);
-  auto child = std::make_unique<Child>();
-  child->pid = pid;
-  child->stdin_fd = to_child[1];
-  FILE* out = fdopen(from_child[0], "r");
-  char line[4096];
-  while (out != nullptr && std::fgets(line, sizeof(line), out) != nullptr) {
-    if (absl::StartsWith(line, "ADDRESS ")) {
-      child->address = std::string(line + 8);
-      while (!child->address.empty() && child->address.back() == '\n') {
-        child->address.pop_back();
-      }
-      break;
-    }
-  }
-  if (out != nullptr) std::fclose(out);
-  return child;
+  return SpawnPeer({self, "--gtest_filter=ListenGuardChild.Serve"}, &env_strings);
 }
 
 std::string Random(size_t n, uint64_t seed) {
@@ -623,7 +572,7 @@ bool SendFrom(const std::string& source, int port, const std::string& bytes) {
 }
 
 TEST(AgentListenGuardTest, BytesThatAbortedTensorPipeNeitherArriveFromOutsideNorHarmFromInside) {
-  std::unique_ptr<Child> child = StartChild();
+  std::unique_ptr<PeerProcess> child = StartChild();
   ASSERT_TRUE(child != nullptr && !child->address.empty()) << "the child agent did not start";
   PeerId peer{"node-v", child->address};
   const int port = [&] {

@@ -28,8 +28,14 @@ struct PeerProcess {
   ~PeerProcess();
 };
 
-// Starts agent_peer (from the test's runfiles) as node `id` with the test token and `flags`, and
-// reads the address it prints. Null when its pipes cannot be made.
+// Runs `argv` (argv[0] the binary) with its stdin and stdout piped to this process, in `env`
+// ("NAME=value" entries) or, when `env` is null, in this process's environment, and reads
+// what it prints up to its "ADDRESS <urls>" line. Null when the pipes cannot be made.
+std::unique_ptr<PeerProcess> SpawnPeer(std::vector<std::string> argv,
+                                       const std::vector<std::string>* env = nullptr);
+
+// SpawnPeer of agent_peer (from the test's runfiles) as node `id`, with the test token and
+// `flags`.
 std::unique_ptr<PeerProcess> StartPeer(const std::string& id,
                                        const std::vector<std::string>& flags = {});
 
