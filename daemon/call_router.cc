@@ -2,19 +2,15 @@
 
 #include <pthread.h>
 
-#include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/log_limiter.h"
 #include "base/status.h"
 #include "daemon/gpu_access.h"
 #include "daemon/logging.h"
 #include "daemon/session_handle.h"
-#include "daemon/tensor_wire.h"
 
 namespace tpd {
 
@@ -22,6 +18,7 @@ namespace {
 
 using router::CallName;
 using router::MalformedReply;
+using router::ReplyFailed;
 
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
 // How soon a session thread looks again at a completion ring that had no room for what it
@@ -369,13 +366,10 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
     session->Release(d.payload_offset);
     return;
   }
-  auto done = [this, session, caller, tx = d.payload_offset,
-               answered = *pending](absl::Status delivered) {
+  auto done = [this, session, caller, tx = d.payload_offset, call_id = pending->caller_call_id,
+               worker = pending->worker, method = pending->method](absl::Status delivered) {
     session->Release(tx);
-    if (delivered.ok()) return;
-    Fail(caller, answered.caller_call_id,
-         Prefixed(delivered, "reply of worker '", answered.worker, "' to method '", answered.method,
-                  "': "));
+    if (!delivered.ok()) Fail(caller, call_id, ReplyFailed(worker, method, delivered));
   };
   absl::StatusOr<router::Submitted> reply =
       router::ReadSubmitted(*session->segment, d, session->cuda_allowed);

@@ -37,16 +37,24 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
     }
   }
   p.plan = shm::PlanBlock(shm::MessagePrefixBytes(letter.names), letter.body_length, host_bytes);
-  absl::StatusOr<uint64_t> block = to->WriteRx(
-      p.plan.total, [&](uint64_t block, uint8_t* out) { return Fill(*from, *to, block, out, &p); });
+  auto fill = [&](uint64_t block, uint8_t* out) { return Fill(*from, *to, block, out, &p); };
+  auto describe = [&](uint64_t block) {
+    return shm::MessageDescriptor(
+        letter.op, letter.call_id,
+        {block, p.plan.payload, p.plan.table, static_cast<uint32_t>(letter.tensors.size())},
+        letter.flags, letter.deadline_ns);
+  };
+  if (letter.places.empty()) {
+    // Host memory only: copied and posted under one hold of `to`'s lock, nothing to wait for.
+    after(to->WriteRxAndPost(p.plan.total, fill, describe));
+    return;
+  }
+  absl::StatusOr<uint64_t> block = to->WriteRx(p.plan.total, fill);
   if (!block.ok()) {
     after(block.status());
     return;
   }
-  const shm::Descriptor posted = shm::MessageDescriptor(
-      letter.op, letter.call_id,
-      {*block, p.plan.payload, p.plan.table, static_cast<uint32_t>(letter.tensors.size())},
-      letter.flags, letter.deadline_ns);
+  const shm::Descriptor posted = describe(*block);
   if (p.copies.empty()) {
     after(Post(*to, posted, p.pool_blocks));
     return;

@@ -272,9 +272,7 @@ void Remote::OnReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
       block, [this, block, caller, posted, call_id, call = *std::move(call)](absl::Status status) {
         if (status.ok()) status = block->Post(posted);
         if (!status.ok()) {
-          hooks_.fail(caller, call_id,
-                      Prefixed(status, "reply of worker '", call.worker, "' to method '",
-                               call.method, "': "));
+          hooks_.fail(caller, call_id, ReplyFailed(call.worker, call.method, status));
         }
       });
 }
@@ -425,8 +423,7 @@ void Remote::Respond(const std::shared_ptr<Session>& session, const shm::Descrip
       staging_, {session, d.payload_offset, *reply, *places}, std::move(response),
       [this, to](agent::Message ready) { options_.agent->Respond(to, std::move(ready)); },
       [this, to, worker = pending.worker, method = pending.method](absl::Status failed) {
-        RespondError(to,
-                     Prefixed(failed, "reply of worker '", worker, "' to method '", method, "': "));
+        RespondError(to, ReplyFailed(worker, method, failed));
       });
 }
 

@@ -147,6 +147,24 @@ absl::Status Session::Answer(uint64_t call_id, const absl::Status& status) {
 absl::StatusOr<uint64_t> Session::WriteRx(
     uint64_t bytes, absl::FunctionRef<absl::Status(uint64_t block, uint8_t* at)> fill) {
   absl::MutexLock lock(&mu);
+  return WriteRxLocked(bytes, fill);
+}
+
+absl::Status Session::WriteRxAndPost(
+    uint64_t bytes, absl::FunctionRef<absl::Status(uint64_t block, uint8_t* at)> fill,
+    absl::FunctionRef<shm::Descriptor(uint64_t block)> describe) {
+  absl::MutexLock lock(&mu);
+  absl::StatusOr<uint64_t> block = WriteRxLocked(bytes, fill);
+  if (!block.ok()) return block.status();
+  absl::Status posted = Post(describe(*block));
+  // Not posted: the block is still this session's to free, unless it broke (and its heap with
+  // it).
+  if (!posted.ok() && !broken) TPD_CHECK_OK(rx->Free(*block));
+  return posted;
+}
+
+absl::StatusOr<uint64_t> Session::WriteRxLocked(
+    uint64_t bytes, absl::FunctionRef<absl::Status(uint64_t block, uint8_t* at)> fill) {
   if (broken) return EndedError();
   absl::StatusOr<uint64_t> block = rx->Allocate(bytes);
   if (!block.ok()) return block.status();

@@ -104,6 +104,13 @@ struct Session {
   absl::StatusOr<uint64_t> WriteRx(
       uint64_t bytes, absl::FunctionRef<absl::Status(uint64_t block, uint8_t* at)> fill)
       ABSL_LOCKS_EXCLUDED(mu);
+  // WriteRx, then posts `describe(block)` under the same lock: a message with nothing left to
+  // copy goes in one critical section. The block is freed again if it cannot be posted; the
+  // error is WriteRx's or Post's.
+  absl::Status WriteRxAndPost(uint64_t bytes,
+                              absl::FunctionRef<absl::Status(uint64_t block, uint8_t* at)> fill,
+                              absl::FunctionRef<shm::Descriptor(uint64_t block)> describe)
+      ABSL_LOCKS_EXCLUDED(mu);
   // Frees rx block `offset`: one the client released, or one the router filled and never
   // posted. OK for a session that ended (its heap is gone with it).
   absl::Status FreeRx(uint64_t offset) ABSL_LOCKS_EXCLUDED(mu);
@@ -117,6 +124,9 @@ struct Session {
   uint64_t RxUsed() ABSL_LOCKS_EXCLUDED(mu);
 
  private:
+  absl::StatusOr<uint64_t> WriteRxLocked(
+      uint64_t bytes, absl::FunctionRef<absl::Status(uint64_t block, uint8_t* at)> fill)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // One push on the ring: false when it is full; a broken ring breaks the session. A reply
   // counts its call down.
   absl::StatusOr<bool> Push(const shm::Descriptor& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);

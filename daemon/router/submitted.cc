@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 
 namespace tpd::router {
 
@@ -64,6 +65,11 @@ absl::StatusOr<std::vector<Place>> PlaceTensors(const MapUse& use,
 
 std::string CallName(const std::string& worker, const std::string& method) {
   return absl::StrCat("call to worker '", worker, "' method '", method, "'");
+}
+
+absl::Status ReplyFailed(const std::string& worker, const std::string& method,
+                         const absl::Status& why) {
+  return Prefixed(why, "reply of worker '", worker, "' to method '", method, "': ");
 }
 
 absl::Status MalformedReply(const std::string& worker, const std::string& method,

@@ -53,6 +53,11 @@ absl::StatusOr<std::vector<Place>> PlaceTensors(const MapUse& use,
 // "call to worker 'w' method 'm'": how errors about a call name it.
 std::string CallName(const std::string& worker, const std::string& method);
 
+// `why` a reply of `worker` to `method` did not reach its caller, saying so first (the code is
+// why's).
+absl::Status ReplyFailed(const std::string& worker, const std::string& method,
+                         const absl::Status& why);
+
 // INTERNAL: worker's reply to method could not be read (`why`).
 absl::Status MalformedReply(const std::string& worker, const std::string& method,
                             const absl::Status& why);
