@@ -436,9 +436,7 @@ void AgentImpl::OnCallWritten(uint64_t call_id, const absl::Status& status) {
     Call& call = *it->second;
     call.write = CallWrite::kWritten;
     if (!status.ok() && !call.outcome.has_value()) {
-      call.outcome = Prefixed(status, "method \"", call.method, "\": ");
-      if (call.pipe != nullptr) call.pipe->DropPending(call_id);
-      deadlines_.Remove(call_id);
+      Settle(call, Prefixed(status, "method \"", call.method, "\": "));
     }
     TakeDoneIfFinished(call, &run);
   }
@@ -454,12 +452,16 @@ void AgentImpl::CompleteCall(uint64_t call_id, absl::StatusOr<Message> outcome) 
     Call& call = *it->second;
     if (call.outcome.has_value()) return;  // late: already failed (deadline); dropped
     if (!outcome.ok()) CountCallError(call.peer, outcome.status().message());
-    call.outcome = std::move(outcome);
-    if (call.pipe != nullptr) call.pipe->DropPending(call_id);
-    deadlines_.Remove(call_id);
+    Settle(call, std::move(outcome));
     TakeDoneIfFinished(call, &run);
   }
   for (auto& fn : run) fn();
+}
+
+void AgentImpl::Settle(Call& call, absl::StatusOr<Message> outcome) {
+  call.outcome = std::move(outcome);
+  if (call.pipe != nullptr) call.pipe->DropPending(call.id);
+  deadlines_.Remove(call.id);
 }
 
 void AgentImpl::TakeDoneIfFinished(Call& call, std::vector<std::function<void()>>* run) {

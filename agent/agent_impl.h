@@ -147,6 +147,9 @@ class AgentImpl final : public PipeOwner {
   void Write(const std::shared_ptr<Pipe>& pipe, Outgoing out,
              absl::AnyInvocable<void(absl::Status)> then) ABSL_LOCKS_EXCLUDED(mu_);
   void OnCallWritten(uint64_t call_id, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives `call` its outcome: the pipe stops waiting for its reply and its deadline goes.
+  // REQUIRES: it has none yet.
+  void Settle(Call& call, absl::StatusOr<Message> outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Collects the done callback of `call` if it may run now.
   void TakeDoneIfFinished(Call& call, std::vector<std::function<void()>>* run)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
