@@ -22,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench/call_latency.h"
 #include "client/client.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
@@ -114,6 +115,8 @@ int main(int argc, char** argv) {
   };
   std::vector<double> local;
   if (!measure(calls, {}, &local)) return 1;
+  // The daemon's view of the empty calls (warm-up included), before the tensor calls join it.
+  absl::StatusOr<tpd::v1::StatusResponse> empty_calls = a->Status();
   const int tensor_bytes = absl::GetFlag(FLAGS_tensor_bytes);
   const int tensor_calls = absl::GetFlag(FLAGS_tensor_calls);
   std::vector<double> copied;
@@ -161,6 +164,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(stats.release_flushes),
               static_cast<unsigned long long>(callee.releases_deferred),
               static_cast<unsigned long long>(callee.release_flushes));
+  if (empty_calls.ok()) tpd::bench::PrintCallLatency("empty calls", *empty_calls, "local.");
   a.reset();
   b.reset();
   (*daemon)->Shutdown();

@@ -71,6 +71,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/bench_daemon.h"
+#include "bench/call_latency.h"
 #include "bench/raw_pipe.h"
 #include "client/client.h"
 
@@ -738,6 +739,14 @@ int main(int argc, char** argv) {
         }
         std::printf("\n");
       }
+    }
+    // Where the daemons' time went, every case and kind together (pick one with --sizes).
+    if (absl::StatusOr<tpd::v1::StatusResponse> status = a->Status(); status.ok()) {
+      std::printf("\n");
+      tpd::bench::PrintCallLatency("daemon A (the caller's)", *status);
+    }
+    if (absl::StatusOr<tpd::v1::StatusResponse> status = b->Status(); status.ok()) {
+      tpd::bench::PrintCallLatency("daemon B (the callee's)", *status);
     }
     if (absl::GetFlag(FLAGS_threads)) {
       std::printf(

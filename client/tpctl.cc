@@ -128,6 +128,19 @@ void PrintBackends(const char* kind,
   }
 }
 
+// One line per stage: where calls' time went inside the daemon.
+void PrintLatencies(const google::protobuf::RepeatedPtrField<tpd::v1::CallLatency>& stages) {
+  if (stages.empty()) return;
+  std::cout << "  call latency (us, since start):\n"
+            << absl::StrFormat("    %-16s %10s %9s %9s %9s %9s %9s\n", "stage", "calls", "mean",
+                               "p50", "p90", "p99", "max");
+  for (const tpd::v1::CallLatency& stage : stages) {
+    std::cout << absl::StrFormat("    %-16s %10d %9.1f %9.1f %9.1f %9.1f %9.1f\n", stage.stage(),
+                                 stage.count(), stage.mean_us(), stage.p50_us(), stage.p90_us(),
+                                 stage.p99_us(), stage.max_us());
+  }
+}
+
 // The data plane: the agent, its registry, then one line per peer node (a second line with
 // its last error, if any).
 void PrintAgent(const tpd::v1::AgentStatus& agent) {
@@ -307,6 +320,7 @@ int RunStatus(tpd::Client& client) {
       }
     }
   }
+  PrintLatencies(status->call_latency());
   if (status->has_agent()) PrintAgent(status->agent());
   PrintGpus(status->gpus(), status->node().device_count());
   return 0;

@@ -72,6 +72,28 @@ void FillGpus(const cuda::GpuDiscovery& gpus, v1::GpuStatus* out) {
   }
 }
 
+double Micros(double ns) { return ns / 1000.0; }
+
+void FillLatencies(const std::vector<router::CallTimings::Stage>& stages,
+                   v1::StatusResponse* response) {
+  for (const router::CallTimings::Stage& stage : stages) {
+    const LatencyHistogram::Snapshot& h = stage.latency;
+    v1::CallLatency* out = response->add_call_latency();
+    out->set_stage(router::StageName(stage.stage));
+    out->set_count(h.count);
+    out->set_mean_us(Micros(h.MeanNs()));
+    out->set_p50_us(Micros(h.Percentile(0.5)));
+    out->set_p90_us(Micros(h.Percentile(0.9)));
+    out->set_p99_us(Micros(h.Percentile(0.99)));
+    out->set_max_us(Micros(h.max_ns));
+    for (const auto& [le_ns, count] : h.NonEmpty()) {
+      v1::LatencyBucket* bucket = out->add_buckets();
+      bucket->set_le_us(Micros(le_ns));
+      bucket->set_count(count);
+    }
+  }
+}
+
 }  // namespace
 
 AdminService::AdminService(const Config* config, std::string socket_path, absl::Time start_time,
@@ -150,6 +172,7 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
       }
     }
   }
+  if (calls_ != nullptr) FillLatencies(calls_->Latencies(), response);
   if (agent_ != nullptr) FillAgent(*agent_, response->mutable_agent());
   if (gpus_ != nullptr) FillGpus(*gpus_, response->mutable_gpus());
   if (cuda_ != nullptr) {

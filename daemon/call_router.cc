@@ -39,7 +39,7 @@ CallRouter::CallRouter(CallRouterOptions options)
     : options_(std::move(options)),
       delivery_(options_.cuda, options_.no_cuda),
       staging_(options_.cuda, options_.no_cuda, options_.cuda_chunk_bytes),
-      remote_(options_, staging_, pending_,
+      remote_(options_, staging_, pending_, timings_,
               {[this](const std::string& id) { return Find(id); },
                [this](const std::shared_ptr<Session>& to, uint64_t call_id,
                       const absl::Status& status) { Fail(to, call_id, status); },
@@ -182,7 +182,8 @@ void CallRouter::Serve(std::shared_ptr<Session> session) {
       EndSession(*session, n.status().ToString());
       break;
     }
-    for (size_t i = 0; i < *n && !session->stop; ++i) Handle(session, batch[i]);
+    const int64_t read_ns = router::MonotonicNanos();
+    for (size_t i = 0; i < *n && !session->stop; ++i) Handle(session, batch[i], read_ns);
     const std::string ring_error = session->Flush();
     if (!ring_error.empty()) {
       EndSession(*session, ring_error);
@@ -191,7 +192,8 @@ void CallRouter::Serve(std::shared_ptr<Session> session) {
   }
 }
 
-void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
+void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+                        int64_t read_ns) {
   const shm::Layout& layout = session->segment->layout();
   // A device pool is answered like a call.
   const bool call = (d.op == static_cast<uint8_t>(shm::Op::kCall) ||
@@ -219,10 +221,10 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
                  ") calls waiting for replies; wait for some before making more")));
         return;
       }
-      HandleCall(session, d);
+      HandleCall(session, d, read_ns);
       break;
     case shm::Op::kReply:
-      HandleReply(session, d);
+      HandleReply(session, d, read_ns);
       break;
     case shm::Op::kRelease:
       HandleRelease(session, d);
@@ -274,7 +276,8 @@ absl::StatusOr<std::vector<router::Place>> CallRouter::PlaceTensors(
       tensors);
 }
 
-void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
+void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+                            int64_t read_ns) {
   absl::StatusOr<router::Submitted> call =
       router::ReadSubmitted(*session->segment, d, session->cuda_allowed);
   if (!call.ok()) {
@@ -311,7 +314,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
     std::optional<v1::Member> member =
         target ? std::nullopt : options_.member(group, worker, nullptr);
     if (member && member->node() != options_.node) {
-      remote_.Call(session, d, *call, *places, *member);
+      remote_.Call(session, d, *call, *places, *member, read_ns);
       return;
     }
     refuse(target || member
@@ -332,6 +335,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   pending.worker = worker;
   pending.method = method;
   if (d.deadline_unix_ns != 0) pending.deadline = absl::FromUnixNanos(d.deadline_unix_ns);
+  pending.read_ns = read_ns;
   const uint64_t id = pending_.Add(pending);
   const uint64_t body_offset = message.body_offset;
   const uint64_t body_length = message.body_length;
@@ -340,9 +344,14 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
                               body_offset,        body_length, std::move(call->tensors),
                               *std::move(places)};
   delivery_.Deliver(session, callee, letter,
-                    [this, session, tx = d.payload_offset, id](absl::Status delivered) {
+                    [this, session, tx = d.payload_offset, id, read_ns](absl::Status delivered) {
                       session->Release(tx);
-                      if (delivered.ok()) return;
+                      if (delivered.ok()) {
+                        const int64_t posted = router::MonotonicNanos();
+                        timings_.Record(router::CallStage::kLocalDeliver, read_ns, posted);
+                        pending_.MarkPosted(id, posted);
+                        return;
+                      }
                       if (std::optional<Pending> failed = pending_.Take(id)) {
                         Fail(session, failed->caller_call_id,
                              Prefixed(delivered, CallName(failed->worker, failed->method), ": "));
@@ -350,7 +359,8 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
                     });
 }
 
-void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
+void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+                             int64_t read_ns) {
   // A late reply (the deadline answered the call) or one to no call of this session is dropped.
   std::optional<Pending> pending = pending_.TakeReply(d.call_id, session->id);
   if (!pending) {
@@ -358,18 +368,26 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
     return;
   }
   if (pending->remote) {
-    remote_.Respond(session, d, *pending);
+    remote_.Respond(session, d, *pending, read_ns);
     return;
   }
+  timings_.Record(router::CallStage::kLocalCallee, pending->posted_ns, read_ns);
   std::shared_ptr<Session> caller = Find(pending->caller);
   if (caller == nullptr) {  // the caller went away; the reply goes nowhere
     session->Release(d.payload_offset);
     return;
   }
   auto done = [this, session, caller, tx = d.payload_offset, call_id = pending->caller_call_id,
-               worker = pending->worker, method = pending->method](absl::Status delivered) {
+               worker = pending->worker, method = pending->method, call_read = pending->read_ns,
+               read_ns](absl::Status delivered) {
     session->Release(tx);
-    if (!delivered.ok()) Fail(caller, call_id, ReplyFailed(worker, method, delivered));
+    if (!delivered.ok()) {
+      Fail(caller, call_id, ReplyFailed(worker, method, delivered));
+      return;
+    }
+    const int64_t posted = router::MonotonicNanos();
+    timings_.Record(router::CallStage::kLocalReply, read_ns, posted);
+    timings_.Record(router::CallStage::kLocalTotal, call_read, posted);
   };
   absl::StatusOr<router::Submitted> reply =
       router::ReadSubmitted(*session->segment, d, session->cuda_allowed);

@@ -59,6 +59,7 @@
 #include "agent/agent.h"
 #include "base/log_limiter.h"
 #include "daemon/cuda_copies.h"
+#include "daemon/router/call_timings.h"
 #include "daemon/router/cuda_staging.h"
 #include "daemon/router/delivery.h"
 #include "daemon/router/options.h"
@@ -106,6 +107,8 @@ class CallRouter {
   // lost that node), and fails the agent's calls to it.
   void FailNode(const std::string& node, const std::string& why);
   std::vector<SessionCallStats> Stats();
+  // Where calls' time went inside this daemon, by stage, since it started.
+  std::vector<router::CallTimings::Stage> Latencies() const { return timings_.Read(); }
   // Graceful stop (FAULTS D3): from now on new calls, local or from other daemons, are
   // refused UNAVAILABLE naming this node; waits until the calls already in flight through
   // this daemon are answered, or `deadline`. Returns how many are left.
@@ -118,9 +121,12 @@ class CallRouter {
   using Pending = router::PendingCall;
 
   void Serve(std::shared_ptr<Session> session);
-  void Handle(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
-  void HandleCall(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
-  void HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
+  // `read_ns`: when `d` was read off the session's ring (router::MonotonicNanos).
+  void Handle(const std::shared_ptr<Session>& session, const shm::Descriptor& d, int64_t read_ns);
+  void HandleCall(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+                  int64_t read_ns);
+  void HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
+                   int64_t read_ns);
   void HandleCancel(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   // A client's release of a block of its rx heap or of a receive pool.
   void HandleRelease(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
@@ -149,6 +155,7 @@ class CallRouter {
   LogLimiter warnings_{absl::Seconds(10)};
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  router::CallTimings timings_;
   router::Delivery delivery_;
   router::CudaStaging staging_;
   // Calls delivered to local sessions, until answered; its deadlines are served by timer_.

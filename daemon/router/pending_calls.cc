@@ -18,6 +18,12 @@ uint64_t PendingCalls::Add(PendingCall call) {
   return id;
 }
 
+void PendingCalls::MarkPosted(uint64_t id, int64_t posted_ns) {
+  absl::MutexLock lock(&mu_);
+  auto it = calls_.find(id);
+  if (it != calls_.end()) it->second.posted_ns = posted_ns;
+}
+
 PendingCall PendingCalls::Remove(std::map<uint64_t, PendingCall>::iterator it) {
   PendingCall call = std::move(it->second);
   deadlines_.Remove(it->first);

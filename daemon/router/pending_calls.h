@@ -42,6 +42,10 @@ struct PendingCall {
   std::string worker;
   std::string method;
   absl::Time deadline = absl::InfiniteFuture();
+  // When the call was read off its caller's ring or received from another node, and when it
+  // was posted to its callee (MonotonicNanos; 0 until then), for CallTimings.
+  int64_t read_ns = 0;
+  int64_t posted_ns = 0;
 };
 
 class PendingCalls {
@@ -52,6 +56,8 @@ class PendingCalls {
 
   // Records `call` under a fresh id (the one its callee sees) and returns the id.
   uint64_t Add(PendingCall call);
+  // Notes when call `id` was posted to its callee, if it is still pending.
+  void MarkPosted(uint64_t id, int64_t posted_ns);
   // Takes call `id` if it is still pending and `callee` serves it (a reply from any other
   // session is not this call's).
   std::optional<PendingCall> TakeReply(uint64_t id, const std::string& callee);

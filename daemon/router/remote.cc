@@ -174,8 +174,8 @@ absl::StatusOr<agent::Destination> PlaceIncoming(const CudaStaging& staging,
 }
 
 void Remote::Call(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-                  const Submitted& call, const std::vector<Place>& places,
-                  const v1::Member& member) {
+                  const Submitted& call, const std::vector<Place>& places, const v1::Member& member,
+                  int64_t read_ns) {
   const std::string& worker = call.message.names[1];
   const std::string& method = call.message.names[2];
   absl::StatusOr<std::string> address =
@@ -212,12 +212,16 @@ void Remote::Call(const std::shared_ptr<Session>& session, const shm::Descriptor
          shm::MessageNames{"", "", error ? reply.status_message() : "", ""}, payload_size, sizes});
   };
   auto send = [this, weak, call_id, peer = agent::PeerId{member.node(), *address}, deadline,
-               place_reply](agent::Message request) {
+               place_reply, read_ns](agent::Message request) {
+    const int64_t sent_ns = MonotonicNanos();
+    timings_.Record(CallStage::kRemoteSend, read_ns, sent_ns);
     options_.agent->Send(
         peer, std::move(request), deadline,
-        [this, weak, call_id](absl::StatusOr<agent::Message> reply) {
+        [this, weak, call_id, read_ns, sent_ns](absl::StatusOr<agent::Message> reply) {
+          const int64_t received_ns = MonotonicNanos();
+          if (reply.ok()) timings_.Record(CallStage::kRemoteWait, sent_ns, received_ns);
           if (std::shared_ptr<Session> caller = weak.lock()) {
-            OnReply(caller, call_id, std::move(reply));
+            OnReply(caller, call_id, std::move(reply), read_ns, received_ns);
           }
         },
         place_reply);
@@ -257,7 +261,7 @@ void Remote::FailCall(const std::shared_ptr<Session>& caller, uint64_t call_id,
 }
 
 void Remote::OnReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
-                     absl::StatusOr<agent::Message> reply) {
+                     absl::StatusOr<agent::Message> reply, int64_t read_ns, int64_t received_ns) {
   if (!reply.ok()) {
     FailCall(caller, call_id, reply.status());
     return;
@@ -268,13 +272,17 @@ void Remote::OnReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
   const bool error = reply->header.kind() == v1::AgentMessage::ERROR;
   const shm::Descriptor posted = shm::MessageDescriptor(shm::Op::kReply, call_id, block->Placed(),
                                                         error ? shm::kFlagError : 0);
-  RxBlock::Land(
-      block, [this, block, caller, posted, call_id, call = *std::move(call)](absl::Status status) {
-        if (status.ok()) status = block->Post(posted);
-        if (!status.ok()) {
-          hooks_.fail(caller, call_id, ReplyFailed(call.worker, call.method, status));
-        }
-      });
+  RxBlock::Land(block, [this, block, caller, posted, call_id, call = *std::move(call), read_ns,
+                        received_ns](absl::Status status) {
+    if (status.ok()) status = block->Post(posted);
+    if (!status.ok()) {
+      hooks_.fail(caller, call_id, ReplyFailed(call.worker, call.method, status));
+      return;
+    }
+    const int64_t posted_ns = MonotonicNanos();
+    timings_.Record(CallStage::kRemotePost, received_ns, posted_ns);
+    timings_.Record(CallStage::kRemoteTotal, read_ns, posted_ns);
+  });
 }
 
 agent::Handler Remote::Handler() {
@@ -283,7 +291,9 @@ agent::Handler Remote::Handler() {
                             absl::Span<const size_t> sizes) {
     return PlaceRequest(header, payload_size, sizes);
   };
-  handler.deliver = [this](agent::InboundRequest request) { OnRequest(std::move(request)); };
+  handler.deliver = [this](agent::InboundRequest request) {
+    OnRequest(std::move(request), MonotonicNanos());
+  };
   return handler;
 }
 
@@ -333,7 +343,7 @@ absl::Status Remote::CheckCaller(const v1::AgentMessage& header, const std::stri
       "): a worker serves only members of its own group"));
 }
 
-void Remote::OnRequest(agent::InboundRequest request) {
+void Remote::OnRequest(agent::InboundRequest request, int64_t received_ns) {
   // The peer is an authenticated daemon, but what it says of the group comes from the store
   // it reads, which a client may have chosen: only this daemon's own view of the group admits
   // the caller (docs/security.md, "Who may call a worker").
@@ -341,7 +351,7 @@ void Remote::OnRequest(agent::InboundRequest request) {
   int64_t have = 0;
   absl::Status admitted = CheckCaller(header, request.node, &have);
   if (admitted.ok() || header.group_version() <= have || !options_.when_version) {
-    ServeRequest(std::move(request), admitted);
+    ServeRequest(std::move(request), admitted, received_ns);
     return;
   }
   // The caller's daemon has read a version this one has not (the caller may have just
@@ -350,13 +360,14 @@ void Remote::OnRequest(agent::InboundRequest request) {
   const absl::Time until = std::min(held->deadline, absl::Now() + kCatchUpWait);
   const std::string group = held->message.header.group();
   const int64_t version = held->message.header.group_version();
-  options_.when_version(group, version, until, [this, held](bool) {
+  options_.when_version(group, version, until, [this, held, received_ns](bool) {
     const absl::Status checked = CheckCaller(held->message.header, held->node, nullptr);
-    ServeRequest(std::move(*held), checked);
+    ServeRequest(std::move(*held), checked, received_ns);
   });
 }
 
-void Remote::ServeRequest(agent::InboundRequest request, const absl::Status& admitted) {
+void Remote::ServeRequest(agent::InboundRequest request, const absl::Status& admitted,
+                          int64_t received_ns) {
   const v1::AgentMessage& header = request.message.header;
   auto block = std::static_pointer_cast<const RxBlock>(request.message.keepalive);
   if (!admitted.ok()) {
@@ -372,6 +383,7 @@ void Remote::ServeRequest(agent::InboundRequest request, const absl::Status& adm
   pending.worker = header.target_worker();
   pending.method = header.method();
   pending.deadline = request.deadline;
+  pending.read_ns = received_ns;
   const uint64_t id = pending_.Add(pending);
   const shm::Descriptor posted = shm::MessageDescriptor(
       shm::Op::kCall, id, block->Placed(), 0,
@@ -379,7 +391,12 @@ void Remote::ServeRequest(agent::InboundRequest request, const absl::Status& adm
   const agent::ReplyTo reply_to = request.reply_to;
   RxBlock::Land(block, [this, block, posted, id, reply_to, pending](absl::Status status) {
     if (status.ok()) status = block->Post(posted);
-    if (status.ok()) return;
+    if (status.ok()) {
+      const int64_t posted_ns = MonotonicNanos();
+      timings_.Record(CallStage::kInboundDeliver, pending.read_ns, posted_ns);
+      pending_.MarkPosted(id, posted_ns);
+      return;
+    }
     if (pending_.Take(id)) {
       RespondError(reply_to, Prefixed(status, CallName(pending.worker, pending.method), " on node ",
                                       options_.node, ": "));
@@ -396,7 +413,8 @@ void Remote::RespondError(const agent::ReplyTo& to, const absl::Status& status) 
 }
 
 void Remote::Respond(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-                     const PendingCall& pending) {
+                     const PendingCall& pending, int64_t read_ns) {
+  timings_.Record(CallStage::kInboundCallee, pending.posted_ns, read_ns);
   absl::StatusOr<Submitted> reply = ReadSubmitted(*session->segment, d, session->cuda_allowed);
   if (!reply.ok()) {
     session->Release(d.payload_offset);
@@ -421,7 +439,10 @@ void Remote::Respond(const std::shared_ptr<Session>& session, const shm::Descrip
   const agent::ReplyTo to = *pending.remote;
   Ship(
       staging_, {session, d.payload_offset, *reply, *places}, std::move(response),
-      [this, to](agent::Message ready) { options_.agent->Respond(to, std::move(ready)); },
+      [this, to, read_ns](agent::Message ready) {
+        timings_.Record(CallStage::kInboundRespond, read_ns, MonotonicNanos());
+        options_.agent->Respond(to, std::move(ready));
+      },
       [this, to, worker = pending.worker, method = pending.method](absl::Status failed) {
         RespondError(to, ReplyFailed(worker, method, failed));
       });

@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "agent/agent.h"
+#include "daemon/router/call_timings.h"
 #include "daemon/router/cuda_staging.h"
 #include "daemon/router/options.h"
 #include "daemon/router/pending_calls.h"
@@ -139,18 +140,24 @@ struct RouterHooks {
 
 class Remote {
  public:
-  // `options` (agent non-null), `staging` and `pending` outlive this.
+  // `options` (agent non-null), `staging`, `pending` and `timings` outlive this.
   Remote(const CallRouterOptions& options, const CudaStaging& staging, PendingCalls& pending,
-         RouterHooks hooks)
-      : options_(options), staging_(staging), pending_(pending), hooks_(std::move(hooks)) {}
+         CallTimings& timings, RouterHooks hooks)
+      : options_(options),
+        staging_(staging),
+        pending_(pending),
+        timings_(timings),
+        hooks_(std::move(hooks)) {}
 
   // A call of `session` (descriptor `d`, read as `call`) to `member` on another node: sent on
-  // the agent's pipe to it; the reply, or the error, answers the call.
+  // the agent's pipe to it; the reply, or the error, answers the call. `read_ns`: when `d`
+  // was read off the session's ring (MonotonicNanos), as for each of these.
   void Call(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-            const Submitted& call, const std::vector<Place>& places, const v1::Member& member);
+            const Submitted& call, const std::vector<Place>& places, const v1::Member& member,
+            int64_t read_ns);
   // A local callee's reply (`d`) to `pending`, a request from another daemon.
   void Respond(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
-               const PendingCall& pending);
+               const PendingCall& pending, int64_t read_ns);
   // Answers a request from another daemon with an error.
   void RespondError(const agent::ReplyTo& to, const absl::Status& status);
   // The agent's handler for requests from other daemons.
@@ -164,12 +171,14 @@ class Remote {
   // Answers call `call_id` of `caller` with `status` unless something answered it already.
   void FailCall(const std::shared_ptr<Session>& caller, uint64_t call_id,
                 const absl::Status& status);
+  // `read_ns`: when the call was read off the caller's ring; `received_ns`: when its reply came.
   void OnReply(const std::shared_ptr<Session>& caller, uint64_t call_id,
-               absl::StatusOr<agent::Message> reply);
+               absl::StatusOr<agent::Message> reply, int64_t read_ns, int64_t received_ns);
   absl::StatusOr<agent::Destination> PlaceRequest(const v1::AgentMessage& header,
                                                   size_t payload_size,
                                                   absl::Span<const size_t> sizes);
-  void OnRequest(agent::InboundRequest request);
+  // `received_ns`: when the agent delivered it (MonotonicNanos), as below.
+  void OnRequest(agent::InboundRequest request, int64_t received_ns);
   // OK when this daemon's own view of the request's group has its calling worker on `node`
   // in the incarnation the sender named; else PERMISSION_DENIED saying what it knows. The
   // number of the version it looked at goes to `*version_read` (when not null).
@@ -177,11 +186,13 @@ class Remote {
                            int64_t* version_read);
   // A request once its caller was checked (`admitted`): delivered to its callee, or answered
   // with the refusal.
-  void ServeRequest(agent::InboundRequest request, const absl::Status& admitted);
+  void ServeRequest(agent::InboundRequest request, const absl::Status& admitted,
+                    int64_t received_ns);
 
   const CallRouterOptions& options_;
   const CudaStaging& staging_;
   PendingCalls& pending_;
+  CallTimings& timings_;
   const RouterHooks hooks_;
   RemoteCalls calls_;
 };

@@ -3,7 +3,9 @@
 // section names the agent's URLs and every known transport and channel with whether it was
 // registered or why not; after a call between the daemons, the caller's daemon counts it
 // sent with its bytes and the callee's daemon counts it received; a call awaiting its reply
-// shows as pending on the agent and in flight on its session.
+// shows as pending on the agent and in flight on its session; each daemon's `call_latency`
+// histograms count every call through each stage it passed and put a slow handler's time in
+// the stage that holds it.
 
 #include <future>
 #include <string>
@@ -27,11 +29,11 @@ using testing::RunProcess;
 using testing::WaitUntil;
 
 constexpr int64_t kArenaBytes = int64_t{16} << 20;
+constexpr absl::Duration kNap = absl::Milliseconds(50);
 
 // The backend named `name` in `backends`, or null.
 const v1::AgentBackend* FindBackend(
-    const google::protobuf::RepeatedPtrField<v1::AgentBackend>& backends,
-    const std::string& name) {
+    const google::protobuf::RepeatedPtrField<v1::AgentBackend>& backends, const std::string& name) {
   for (const v1::AgentBackend& backend : backends) {
     if (backend.name() == name) return &backend;
   }
@@ -43,6 +45,15 @@ v1::AgentPeer PeerOf(const absl::StatusOr<v1::StatusResponse>& status, const std
   if (!status.ok()) return {};
   for (const v1::AgentPeer& peer : status->agent().peers()) {
     if (peer.node() == node) return peer;
+  }
+  return {};
+}
+
+// Stage `name` of `status`'s call_latency, or an empty one.
+v1::CallLatency StageOf(const absl::StatusOr<v1::StatusResponse>& status, const std::string& name) {
+  if (!status.ok()) return {};
+  for (const v1::CallLatency& stage : status->call_latency()) {
+    if (stage.stage() == name) return stage;
   }
   return {};
 }
@@ -68,19 +79,24 @@ class DataPlaneStatusTest : public ::testing::Test {
     return client->Join(options).status();
   }
 
-  // a (on node0) and b (on node1) in static group "g"; b handles "echo" and "sleep" (3 s).
+  // a (on node0) and b (on node1) in static group "g"; b handles "echo", "nap" (50 ms) and
+  // "sleep" (3 s).
   void StartPair() {
     a_ = Connect(0);
     b_ = Connect(1);
     ASSERT_NE(a_, nullptr);
     ASSERT_NE(b_, nullptr);
     ASSERT_TRUE(b_->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
-                   return request;
-                 }).ok());
+                    return request;
+                  }).ok());
+    ASSERT_TRUE(b_->Handle("nap", [](const Message& request) -> absl::StatusOr<Message> {
+                    absl::SleepFor(kNap);
+                    return request;
+                  }).ok());
     ASSERT_TRUE(b_->Handle("sleep", [](const Message& request) -> absl::StatusOr<Message> {
-                   absl::SleepFor(absl::Seconds(3));
-                   return request;
-                 }).ok());
+                    absl::SleepFor(absl::Seconds(3));
+                    return request;
+                  }).ok());
     auto joined = std::async(std::launch::async, [&] { return Join(b_.get(), "b", 1); });
     ASSERT_TRUE(Join(a_.get(), "a", 0).ok());
     ASSERT_TRUE(joined.get().ok());
@@ -189,9 +205,9 @@ TEST_F(DataPlaneStatusTest, CallerCountsTheCallSentAndCalleeCountsItReceived) {
   const testing::ProcessResult tpctl = Tpctl(0);
   EXPECT_EQ(tpctl.exit_code, 0) << tpctl.output;
   EXPECT_THAT(tpctl.output,
-              HasSubstr(absl::StrCat("peer node1: pipe ready, ", to_b.inbound_pipes(),
-                                     " inbound; ", to_b.transport(), "/", to_b.channel(),
-                                     "; calls sent ", to_b.calls_sent())));
+              HasSubstr(absl::StrCat("peer node1: pipe ready, ", to_b.inbound_pipes(), " inbound; ",
+                                     to_b.transport(), "/", to_b.channel(), "; calls sent ",
+                                     to_b.calls_sent())));
   EXPECT_THAT(tpctl.output, HasSubstr("0 calls in flight, rx heap "));
   EXPECT_THAT(tpctl.output, HasSubstr("it offers transports "));
 }
@@ -219,6 +235,84 @@ TEST_F(DataPlaneStatusTest, CallAwaitingItsReplyIsPendingOnTheAgentAndInFlightOn
            status->attached_sessions_size() == 1 &&
            status->attached_sessions(0).calls_in_flight() == 0;
   })) << status->DebugString();
+}
+
+TEST_F(DataPlaneStatusTest, CallLatencyCountsEachStageAndShowsWhereAHandlersTimeWent) {
+  StartPair();
+  // Local calls too: c and d on node0, in group "l".
+  std::unique_ptr<Client> c = Connect(0);
+  std::unique_ptr<Client> d = Connect(0);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->Handle("nap", [](const Message& request) -> absl::StatusOr<Message> {
+                 absl::SleepFor(kNap);
+                 return request;
+               }).ok());
+  ASSERT_TRUE(d->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
+                 return request;
+               }).ok());
+  auto local_join = [&](Client* client, const std::string& name, int64_t rank) {
+    JoinOptions options;
+    options.group = "l";
+    options.name = name;
+    options.rank = rank;
+    options.world_size = 2;
+    options.init_method = init_method_;
+    options.timeout = absl::Seconds(30);
+    return client->Join(options).status();
+  };
+  auto joined = std::async(std::launch::async, [&] { return local_join(d.get(), "d", 1); });
+  ASSERT_TRUE(local_join(c.get(), "c", 0).ok());
+  ASSERT_TRUE(joined.get().ok());
+
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(a_->Call("g", "b", "echo", "x").ok());
+    ASSERT_TRUE(c->Call("l", "d", "echo", "x").ok());
+  }
+  ASSERT_TRUE(a_->Call("g", "b", "nap", "x").ok());
+  ASSERT_TRUE(c->Call("l", "d", "nap", "x").ok());
+
+  // The last stage of a call is counted just after its reply is posted: wait for it.
+  absl::StatusOr<v1::StatusResponse> node0;
+  ASSERT_TRUE(WaitUntil([&] {
+    node0 = a_->Status();
+    return StageOf(node0, "remote.total").count() == 4 &&
+           StageOf(node0, "local.total").count() == 4;
+  })) << node0->DebugString();
+  const int64_t nap_us = absl::ToInt64Microseconds(kNap);
+  for (const char* name : {"local.deliver", "local.callee", "local.reply", "local.total",
+                           "remote.send", "remote.wait", "remote.post", "remote.total"}) {
+    const v1::CallLatency stage = StageOf(node0, name);
+    EXPECT_EQ(stage.count(), 4u) << name;
+    uint64_t in_buckets = 0;
+    for (const v1::LatencyBucket& bucket : stage.buckets()) in_buckets += bucket.count();
+    EXPECT_EQ(in_buckets, stage.count()) << name;
+    EXPECT_LE(stage.p50_us(), stage.p99_us()) << name;
+    EXPECT_LE(stage.p99_us(), stage.max_us()) << name;
+    EXPECT_GT(stage.max_us(), 0) << name;
+  }
+  // The handler's nap is in the stages that hold the callee's turn, and in the totals.
+  EXPECT_GE(StageOf(node0, "local.callee").max_us(), nap_us);
+  EXPECT_GE(StageOf(node0, "local.total").max_us(), nap_us);
+  EXPECT_GE(StageOf(node0, "remote.wait").max_us(), nap_us);
+  EXPECT_GE(StageOf(node0, "remote.total").max_us(), nap_us);
+  EXPECT_EQ(StageOf(node0, "inbound.deliver").count(), 0u) << "node0 served no remote call";
+
+  absl::StatusOr<v1::StatusResponse> node1;
+  ASSERT_TRUE(WaitUntil([&] {
+    node1 = b_->Status();
+    return StageOf(node1, "inbound.respond").count() == 4;
+  })) << node1->DebugString();
+  EXPECT_EQ(StageOf(node1, "inbound.deliver").count(), 4u);
+  EXPECT_EQ(StageOf(node1, "inbound.callee").count(), 4u);
+  EXPECT_GE(StageOf(node1, "inbound.callee").max_us(), nap_us);
+  EXPECT_EQ(StageOf(node1, "local.total").count(), 0u) << "node1 served no local call";
+
+  const testing::ProcessResult tpctl = Tpctl(0);
+  EXPECT_EQ(tpctl.exit_code, 0) << tpctl.output;
+  EXPECT_THAT(tpctl.output, HasSubstr("call latency (us, since start):"));
+  EXPECT_THAT(tpctl.output, ::testing::ContainsRegex("remote.wait +4 "));
+  EXPECT_THAT(tpctl.output, ::testing::ContainsRegex("local.callee +4 "));
 }
 
 }  // namespace
