@@ -1,12 +1,15 @@
 #include "bench/bench_daemon.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -20,7 +23,8 @@ namespace tpd::bench {
 
 std::unique_ptr<BenchDaemon> BenchDaemon::Start(const std::string& tpd, const std::string& dir,
                                                 const std::string& name, const std::string& config,
-                                                const std::string& log_level) {
+                                                const std::string& log_level,
+                                                const std::string& netns) {
   const std::string config_path = absl::StrCat(dir, "/", name, ".toml");
   std::ofstream(config_path) << config;
   std::unique_ptr<BenchDaemon> daemon(
@@ -32,6 +36,11 @@ std::unique_ptr<BenchDaemon> BenchDaemon::Start(const std::string& tpd, const st
     const int fd = open(daemon->log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, STDOUT_FILENO);
     dup2(fd, STDERR_FILENO);
+    if (!netns.empty() && !EnterNetns(netns)) {
+      std::fprintf(stderr, "cannot enter network namespace %s: %s\n", netns.c_str(),
+                   std::strerror(errno));
+      _exit(126);
+    }
     std::vector<char*> args;
     for (std::string& arg : argv) args.push_back(arg.data());
     args.push_back(nullptr);
@@ -72,6 +81,16 @@ bool BenchDaemon::WaitServing() {
   }
   std::fprintf(stderr, "tpd %s did not serve:\n%s\n", socket_.c_str(), Log().c_str());
   return false;
+}
+
+bool EnterNetns(const std::string& netns) {
+  const int fd = open(netns.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool entered = setns(fd, CLONE_NEWNET) == 0;
+  const int saved = errno;
+  close(fd);
+  errno = saved;
+  return entered;
 }
 
 std::string FindTpd(const std::string& flag, const char* argv0) {

@@ -20,10 +20,12 @@ class BenchDaemon {
   // Writes `config` (TOML) to <dir>/<name>.toml and runs `tpd --socket <dir>/<name>.sock
   // --config <dir>/<name>.toml --log_level <log_level>`, its output in <dir>/<name>.log; waits
   // until it logs that it serves. Null, with its log on stderr, if it exits first or takes more
-  // than 30 s.
+  // than 30 s. With `netns` (a network namespace's file, /run/netns/NAME) the daemon runs in
+  // that namespace: its peer port and pipes see that namespace's interfaces.
   static std::unique_ptr<BenchDaemon> Start(const std::string& tpd, const std::string& dir,
                                             const std::string& name, const std::string& config,
-                                            const std::string& log_level = "info");
+                                            const std::string& log_level = "info",
+                                            const std::string& netns = "");
   ~BenchDaemon();
 
   const std::string& socket() const { return socket_; }
@@ -41,6 +43,10 @@ class BenchDaemon {
   const std::string socket_;
   const std::string log_;
 };
+
+// Moves the calling thread (in a child just forked: the process) into the network namespace
+// whose file is `netns`; false, with errno, when it cannot.
+bool EnterNetns(const std::string& netns);
 
 // The tpd binary: `flag` when set, else daemon/tpd in this binary's runfiles, else `tpd` next
 // to it (a bundle of tools/device_bundle.sh); "" when none is executable.

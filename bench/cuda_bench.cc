@@ -53,6 +53,11 @@ ABSL_FLAG(std::string, channels, "",
 ABSL_FLAG(bool, remote, false,
           "put the callee on a second daemon of this host (a stand-in for a second node): the "
           "staged path, device -> pinned host -> TensorPipe -> pinned host -> device");
+ABSL_FLAG(std::string, netns_b, "",
+          "with --remote: run the second daemon in this network namespace (/run/netns/NAME; "
+          "bench/netns_pair.sh), so the pipe is TCP as between machines");
+ABSL_FLAG(std::string, host_a, "127.0.0.1", "the first daemon's peer port address");
+ABSL_FLAG(std::string, host_b, "127.0.0.1", "with --remote: the second daemon's");
 
 namespace {
 
@@ -126,21 +131,23 @@ int main(int argc, char** argv) {
   const uint64_t arena_bytes =
       remote ? std::max<uint64_t>(uint64_t{64} << 20, 2 * largest + (uint64_t{16} << 20))
              : uint64_t{64} << 20;
-  // Starts a daemon named `node` and connects a client to it.
-  auto start = [&](const std::string& node) -> std::unique_ptr<tpd::Client> {
+  // Starts a daemon named `node` (peer port on `host`, in network namespace `netns` when set)
+  // and connects a client to it.
+  auto start = [&](const std::string& node, const std::string& host,
+                   const std::string& netns) -> std::unique_ptr<tpd::Client> {
     char dir_pattern[] = "/tmp/tpd-cuda-bench-XXXXXX";
     const char* dir = mkdtemp(dir_pattern);
     if (dir == nullptr) return nullptr;
-    std::string config = absl::StrCat(
-        "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n", "node_name = \"", node,
-        "\"\n[data]\narena_bytes = ", arena_bytes, "\n[agent]\n");
+    std::string config = absl::StrCat("[peer]\nlisten_address = \"", host,
+                                      ":0\"\ntoken = \"bench\"\n", "node_name = \"", node,
+                                      "\"\n[data]\narena_bytes = ", arena_bytes, "\n[agent]\n");
     if (chunk_bytes >= 0) absl::StrAppend(&config, "cuda_chunk_bytes = ", chunk_bytes, "\n");
     if (!channels.empty()) {
       absl::StrAppend(&config, "channels = [\"",
                       absl::StrJoin(absl::StrSplit(channels, ','), "\", \""), "\"]\n");
     }
     std::unique_ptr<tpd::bench::BenchDaemon> daemon =
-        tpd::bench::BenchDaemon::Start(tpd_path, dir, "tpd", config);
+        tpd::bench::BenchDaemon::Start(tpd_path, dir, "tpd", config, "info", netns);
     if (daemon == nullptr) return nullptr;
     absl::StatusOr<std::unique_ptr<tpd::Client>> connected =
         tpd::Client::Connect(daemon->socket(), options);
@@ -153,10 +160,10 @@ int main(int argc, char** argv) {
     return *std::move(connected);
   };
   auto stop = [&] { daemons.clear(); };
-  std::unique_ptr<tpd::Client> a = start("cuda-bench");
+  std::unique_ptr<tpd::Client> a = start("cuda-bench", absl::GetFlag(FLAGS_host_a), "");
   std::unique_ptr<tpd::Client> b;
   if (remote) {
-    b = start("cuda-bench-2");
+    b = start("cuda-bench-2", absl::GetFlag(FLAGS_host_b), absl::GetFlag(FLAGS_netns_b));
   } else if (a != nullptr) {
     b = *tpd::Client::Connect(a->socket_path(), options);
   }

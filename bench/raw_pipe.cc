@@ -14,7 +14,7 @@ namespace tpd::bench {
 
 std::shared_ptr<tensorpipe::Context> RawContext(const std::string& transport,
                                                 const std::string& channel, int lanes,
-                                                const std::string& name) {
+                                                const std::string& name, const std::string& host) {
   auto context = std::make_shared<tensorpipe::Context>(tensorpipe::ContextOptions().name(name));
   context->registerTransport(tpd::agent::kUvTransportPriority, "uv",
                              tensorpipe::transport::uv::create());
@@ -33,7 +33,7 @@ std::shared_ptr<tensorpipe::Context> RawContext(const std::string& transport,
     std::vector<std::shared_ptr<tensorpipe::transport::Listener>> listeners;
     for (int i = 0; i < lanes; ++i) {
       contexts.push_back(tensorpipe::transport::uv::create());
-      listeners.push_back(contexts.back()->listen("127.0.0.1"));
+      listeners.push_back(contexts.back()->listen(host));
     }
     context->registerChannel(
         tpd::agent::kMultiplexedUvChannelPriority, "mpt_uv",
@@ -43,12 +43,12 @@ std::shared_ptr<tensorpipe::Context> RawContext(const std::string& transport,
 }
 
 RawServer::RawServer(tensorpipe::Context& context, bool shm, size_t max_bytes, bool echo,
-                     char* buffer)
+                     char* buffer, const std::string& host)
     : echo_(echo),
       own_buffer_(buffer == nullptr ? std::max<size_t>(max_bytes, 1) : 0),
       buffer_(buffer == nullptr ? own_buffer_.data() : buffer),
       buffer_size_(buffer == nullptr ? own_buffer_.size() : max_bytes) {
-  std::vector<std::string> urls = {"uv://127.0.0.1:0"};
+  std::vector<std::string> urls = {absl::StrCat("uv://", host, ":0")};
   if (shm)
     urls.push_back(
         absl::StrCat("shm://tpd-raw-pipe-", getpid(), "-", reinterpret_cast<uintptr_t>(this)));

@@ -17,20 +17,21 @@ namespace tpd::bench {
 
 // A context registering exactly `transport` ("uv" or "shm"; shm also registers uv, which
 // bootstraps it, as daemons do) and `channel` ("basic", "cma" or "mpt_uv" with `lanes`
-// connections), at the agent's priorities.
+// connections, listening on `host`), at the agent's priorities.
 std::shared_ptr<tensorpipe::Context> RawContext(const std::string& transport,
                                                 const std::string& channel, int lanes,
-                                                const std::string& name);
+                                                const std::string& name,
+                                                const std::string& host = "127.0.0.1");
 
 // Accepts one pipe and answers every message it reads: with an empty message, or, when
 // `echo`, with the same tensors (read side by side into one buffer of `max_bytes`, written
-// back from there). Listens on uv, and on shm when `shm` (a pipe moves to shm only if the
-// listener has it).
+// back from there). Listens on uv at `host`, and on shm when `shm` (a pipe moves to shm only if
+// the listener has it).
 class RawServer {
  public:
   // `buffer`, when given, holds `max_bytes` and is used instead of a heap buffer of its own.
   RawServer(tensorpipe::Context& context, bool shm, size_t max_bytes, bool echo = false,
-            char* buffer = nullptr);
+            char* buffer = nullptr, const std::string& host = "127.0.0.1");
   ~RawServer();
   RawServer(const RawServer&) = delete;
   RawServer& operator=(const RawServer&) = delete;

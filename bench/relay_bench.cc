@@ -6,6 +6,12 @@
 //   bazel run -c opt //bench:relay_bench -- [--scale=1] [--gib] [--tsv=/tmp/relay.tsv]
 //   relay_bench --tpd=/path/to/tpd ...   (outside bazel: the daemon binary to start)
 //   --agent_transports=shm,uv            (the daemons' agent.transports; default: theirs)
+//   --agent_channels=basic,mpt_uv        (the daemons' agent.channels; default: theirs)
+//   --netns_b=/run/netns/B --host_a=10.77.0.1 --host_b=10.77.0.2
+//                                        (daemon B and the raw pipe's server in network
+//                                        namespace B, peer ports on those addresses: the
+//                                        pipe is TCP over a veth pair, as between machines;
+//                                        bench/netns_pair.sh makes them)
 //
 // Processes: this one holds clients A and C (daemon A) and client B (daemon B), and measures;
 // two tpd daemons (fork/exec, own temporary socket, peer port on 127.0.0.1, log level debug
@@ -47,6 +53,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +71,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -86,6 +94,14 @@ ABSL_FLAG(std::string, pair, "",
 ABSL_FLAG(int, mpt_lanes, 4, "lanes of mpt_uv, if the pipe uses it (the daemon's default)");
 ABSL_FLAG(std::string, agent_transports, "",
           "the daemons' [agent] transports, e.g. shm,uv (empty: the daemon's default)");
+ABSL_FLAG(std::string, agent_channels, "",
+          "the daemons' [agent] channels, comma-separated (default: the daemon's)");
+ABSL_FLAG(std::string, netns_b, "",
+          "run daemon B and the raw pipe's server in this network namespace (/run/netns/NAME)");
+ABSL_FLAG(std::string, host_a, "127.0.0.1",
+          "daemon A's peer port and the raw client's listeners (mpt_uv lanes) on this address");
+ABSL_FLAG(std::string, host_b, "127.0.0.1",
+          "daemon B's peer port and the raw pipe's server on this address");
 ABSL_FLAG(bool, local, true, "measure the `local` rows (a call to a client of the same daemon)");
 ABSL_FLAG(std::string, raw_memory, "heap",
           "where the raw pipe's buffers live: heap (std::vector), or memfd (shared mappings of "
@@ -182,12 +198,14 @@ struct RawChild {
   while (read(commands, &c, 1) == 1 && c != '\n') line.push_back(c);
   std::vector<std::string> words = absl::StrSplit(line, ' ');
   if (words.size() != 5) _exit(2);
+  const std::string host = absl::GetFlag(FLAGS_host_b);
   const size_t max_bytes = std::stoull(words[3]);
   char* buffer = nullptr;
   if (words[4] == "memfd" && (buffer = MapMemfd(max_bytes, 0)) == nullptr) _exit(4);
-  auto context = tpd::bench::RawContext(words[0], words[1], std::stoi(words[2]), "raw-server");
+  auto context =
+      tpd::bench::RawContext(words[0], words[1], std::stoi(words[2]), "raw-server", host);
   auto server = std::make_unique<tpd::bench::RawServer>(*context, words[0] == "shm", max_bytes,
-                                                        /*echo=*/true, buffer);
+                                                        /*echo=*/true, buffer, host);
   const std::string url = server->url() + "\n";
   if (write(answers, url.data(), url.size()) != static_cast<ssize_t>(url.size())) _exit(3);
   while (read(commands, &c, 1) > 0) {
@@ -202,6 +220,12 @@ RawChild ForkRawChild() {
   RawChild child;
   child.pid = fork();
   if (child.pid == 0) {
+    if (const std::string netns = absl::GetFlag(FLAGS_netns_b);
+        !netns.empty() && !tpd::bench::EnterNetns(netns)) {
+      std::fprintf(stderr, "raw server: cannot enter %s: %s\n", netns.c_str(),
+                   std::strerror(errno));
+      _exit(5);
+    }
     close(to_child[1]);
     close(from_child[0]);
     RawChildMain(to_child[0], from_child[1]);
@@ -216,14 +240,22 @@ RawChild ForkRawChild() {
 // ---------------------------------------------------------------------------------------------
 // tpd daemons as child processes.
 
-// The config of relay node `index`: its peer port on loopback, its arena, the transports asked.
+// The config of relay node `index`: its peer port (--host_a, --host_b), its arena, the
+// transports and channels asked.
 std::string NodeConfig(int index, int64_t arena_bytes) {
-  std::string config = absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"bench\"\n",
-                                    "node_name = \"relay-node", index,
+  const std::string host = index == 0 ? absl::GetFlag(FLAGS_host_a) : absl::GetFlag(FLAGS_host_b);
+  std::string config = absl::StrCat("[peer]\nlisten_address = \"", host,
+                                    ":0\"\ntoken = \"bench\"\n", "node_name = \"relay-node", index,
                                     "\"\n[data]\narena_bytes = ", arena_bytes, "\n");
   if (const std::string transports = absl::GetFlag(FLAGS_agent_transports); !transports.empty()) {
     absl::StrAppend(&config, "[agent]\ntransports = [\"",
                     absl::StrJoin(absl::StrSplit(transports, ','), "\", \""), "\"]\n");
+  }
+  if (const std::string channels = absl::GetFlag(FLAGS_agent_channels); !channels.empty()) {
+    // One [agent] table: the channels join the transports' when both are asked.
+    if (!absl::StrContains(config, "[agent]")) absl::StrAppend(&config, "[agent]\n");
+    absl::StrAppend(&config, "channels = [\"",
+                    absl::StrJoin(absl::StrSplit(channels, ','), "\", \""), "\"]\n");
   }
   return config;
 }
@@ -446,7 +478,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<BenchDaemon> started_a =
         BenchDaemon::Start(tpd, dir, "tpd0", NodeConfig(0, arena_bytes), "debug");
     std::unique_ptr<BenchDaemon> started_b =
-        started_a ? BenchDaemon::Start(tpd, dir, "tpd1", NodeConfig(1, arena_bytes), "debug")
+        started_a ? BenchDaemon::Start(tpd, dir, "tpd1", NodeConfig(1, arena_bytes), "debug",
+                                       absl::GetFlag(FLAGS_netns_b))
                   : nullptr;
     if (!started_a || !started_b) return 1;
     const BenchDaemon& daemon_a = *started_a;
@@ -531,8 +564,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "the raw pipe's server did not start\n");
       return 1;
     }
-    auto raw_context =
-        tpd::bench::RawContext(transport, channel, absl::GetFlag(FLAGS_mpt_lanes), "raw-client");
+    auto raw_context = tpd::bench::RawContext(transport, channel, absl::GetFlag(FLAGS_mpt_lanes),
+                                              "raw-client", absl::GetFlag(FLAGS_host_a));
     std::shared_ptr<tensorpipe::Pipe> pipe = raw_context->connect(url);
     const bool memfd = absl::GetFlag(FLAGS_raw_memory) == "memfd";
     std::vector<char> raw_heap(memfd ? 0 : 2 * max_bytes, 'x');

@@ -336,6 +336,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   pending.method = method;
   if (d.deadline_unix_ns != 0) pending.deadline = absl::FromUnixNanos(d.deadline_unix_ns);
   pending.read_ns = read_ns;
+  pending.posted_ns = read_ns;
   const uint64_t id = pending_.Add(pending);
   const uint64_t body_offset = message.body_offset;
   const uint64_t body_length = message.body_length;

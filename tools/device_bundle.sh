@@ -4,7 +4,10 @@
 # (stripped) and every shared library it needs that the target does not bring itself into a
 # folder git ignores, with a wrapper that sets LD_LIBRARY_PATH.
 #
-#   tools/device_bundle.sh [-o DIR] //bench:relay_bench //daemon:tpd ...   (DIR: .device)
+#   tools/device_bundle.sh [-o DIR] [--ip] //bench:relay_bench //daemon:tpd ...   (DIR: .device)
+#
+# --ip also carries this machine's iproute2 `ip` (the GPU machine has none), for
+# bench/netns_pair.sh: .device/run ip ...
 #
 # Then, on the device (`run` with carry [".device"]):
 #   .device/run relay_bench --scale=1        # .device/bin/relay_bench with .device/lib
@@ -19,12 +22,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out=.device
-if [[ ${1:-} == -o ]]; then
-  out=$2
-  shift 2
-fi
+with_ip=false
+while [[ ${1:-} == -o || ${1:-} == --ip ]]; do
+  if [[ $1 == -o ]]; then
+    out=$2
+    shift 2
+  else
+    with_ip=true
+    shift
+  fi
+done
 if [[ $# -eq 0 ]]; then
-  echo "usage: $0 [-o DIR] //pkg:target ..." >&2
+  echo "usage: $0 [-o DIR] [--ip] //pkg:target ..." >&2
   exit 2
 fi
 
@@ -45,16 +54,9 @@ is_system() {
   return 1
 }
 
-for target in "$@"; do
-  label=${target#//}
-  pkg=${label%%:*}
-  name=${label##*:}
-  [[ $label == *:* ]] || name=$(basename "$pkg")
-  binary="$bin_dir/$pkg/$name"
-  if [[ ! -x $binary ]]; then
-    echo "no executable for $target at $binary" >&2
-    exit 1
-  fi
+# Copies `binary` to bin/NAME and the libraries it needs that the target lacks to lib/.
+carry() {
+  local binary=$1 name=$2
   cp -L "$binary" "$out/bin/$name"
   chmod u+w "$out/bin/$name"
   strip --strip-unneeded "$out/bin/$name"
@@ -71,7 +73,23 @@ for target in "$@"; do
     chmod u+w "$dest"
     strip --strip-unneeded "$dest"
   done
+}
+
+for target in "$@"; do
+  label=${target#//}
+  pkg=${label%%:*}
+  name=${label##*:}
+  [[ $label == *:* ]] || name=$(basename "$pkg")
+  binary="$bin_dir/$pkg/$name"
+  if [[ ! -x $binary ]]; then
+    echo "no executable for $target at $binary" >&2
+    exit 1
+  fi
+  carry "$binary" "$name"
 done
+if $with_ip; then
+  carry "$(command -v ip)" ip
+fi
 
 cat >"$out/run" <<'EOF'
 #!/usr/bin/env bash

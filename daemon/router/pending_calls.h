@@ -43,7 +43,9 @@ struct PendingCall {
   std::string method;
   absl::Time deadline = absl::InfiniteFuture();
   // When the call was read off its caller's ring or received from another node, and when it
-  // was posted to its callee (MonotonicNanos; 0 until then), for CallTimings.
+  // was posted to its callee (MonotonicNanos), for CallTimings. Until MarkPosted, posted_ns is
+  // read_ns: a reply read before the post was noted (the callee answered at once) then counts
+  // its delivery as the callee's time rather than not at all.
   int64_t read_ns = 0;
   int64_t posted_ns = 0;
 };

@@ -384,6 +384,7 @@ void Remote::ServeRequest(agent::InboundRequest request, const absl::Status& adm
   pending.method = header.method();
   pending.deadline = request.deadline;
   pending.read_ns = received_ns;
+  pending.posted_ns = received_ns;
   const uint64_t id = pending_.Add(pending);
   const shm::Descriptor posted = shm::MessageDescriptor(
       shm::Op::kCall, id, block->Placed(), 0,
