@@ -68,9 +68,11 @@ class DataPlaneStatusTest : public ::testing::Test {
 
   std::unique_ptr<Client> Connect(int i) { return nodes_.Connect(i); }
 
-  absl::Status Join(Client* client, const std::string& name, int64_t rank) {
+  // Joins `client` as `name` to the two-member group `group`.
+  absl::Status Join(Client* client, const std::string& name, int64_t rank,
+                    const std::string& group = "g") {
     JoinOptions options;
-    options.group = "g";
+    options.group = group;
     options.name = name;
     options.rank = rank;
     options.world_size = 2;
@@ -251,18 +253,8 @@ TEST_F(DataPlaneStatusTest, CallLatencyCountsEachStageAndShowsWhereAHandlersTime
   ASSERT_TRUE(d->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
                  return request;
                }).ok());
-  auto local_join = [&](Client* client, const std::string& name, int64_t rank) {
-    JoinOptions options;
-    options.group = "l";
-    options.name = name;
-    options.rank = rank;
-    options.world_size = 2;
-    options.init_method = init_method_;
-    options.timeout = absl::Seconds(30);
-    return client->Join(options).status();
-  };
-  auto joined = std::async(std::launch::async, [&] { return local_join(d.get(), "d", 1); });
-  ASSERT_TRUE(local_join(c.get(), "c", 0).ok());
+  auto joined = std::async(std::launch::async, [&] { return Join(d.get(), "d", 1, "l"); });
+  ASSERT_TRUE(Join(c.get(), "c", 0, "l").ok());
   ASSERT_TRUE(joined.get().ok());
 
   for (int i = 0; i < 3; ++i) {
