@@ -336,7 +336,6 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   pending.method = method;
   if (d.deadline_unix_ns != 0) pending.deadline = absl::FromUnixNanos(d.deadline_unix_ns);
   pending.read_ns = read_ns;
-  pending.posted_ns = read_ns;
   const uint64_t id = pending_.Add(pending);
   const uint64_t body_offset = message.body_offset;
   const uint64_t body_length = message.body_length;
@@ -372,7 +371,7 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
     remote_.Respond(session, d, *pending, read_ns);
     return;
   }
-  timings_.Record(router::CallStage::kLocalCallee, pending->posted_ns, read_ns);
+  timings_.Record(router::CallStage::kLocalCallee, pending->CalleeSince(), read_ns);
   std::shared_ptr<Session> caller = Find(pending->caller);
   if (caller == nullptr) {  // the caller went away; the reply goes nowhere
     session->Release(d.payload_offset);

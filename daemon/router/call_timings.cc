@@ -41,7 +41,6 @@ int64_t MonotonicNanos() {
 }
 
 void CallTimings::Record(CallStage stage, int64_t start_ns, int64_t end_ns) {
-  if (start_ns == 0) return;
   stages_[static_cast<size_t>(stage)].Record(end_ns - start_ns);
 }
 

@@ -50,8 +50,7 @@ class CallTimings {
     LatencyHistogram::Snapshot latency;
   };
 
-  // Counts one pass through `stage` from `start_ns` to `end_ns` (MonotonicNanos). A start of
-  // 0 (a call that was not timed) counts nothing.
+  // Counts one pass through `stage` from `start_ns` to `end_ns` (MonotonicNanos).
   void Record(CallStage stage, int64_t start_ns, int64_t end_ns);
   // Every stage that some call passed through, in enum order.
   std::vector<Stage> Read() const;

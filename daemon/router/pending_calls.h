@@ -43,11 +43,14 @@ struct PendingCall {
   std::string method;
   absl::Time deadline = absl::InfiniteFuture();
   // When the call was read off its caller's ring or received from another node, and when it
-  // was posted to its callee (MonotonicNanos), for CallTimings. Until MarkPosted, posted_ns is
-  // read_ns: a reply read before the post was noted (the callee answered at once) then counts
-  // its delivery as the callee's time rather than not at all.
+  // was posted to its callee (MonotonicNanos; 0 until MarkPosted), for CallTimings.
   int64_t read_ns = 0;
   int64_t posted_ns = 0;
+
+  // Where the callee's time starts: its post, or, for a reply read before the post was noted
+  // (the callee answered at once), the read, so that call counts its delivery as the callee's
+  // time rather than not at all.
+  int64_t CalleeSince() const { return posted_ns != 0 ? posted_ns : read_ns; }
 };
 
 class PendingCalls {

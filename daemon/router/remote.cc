@@ -384,7 +384,6 @@ void Remote::ServeRequest(agent::InboundRequest request, const absl::Status& adm
   pending.method = header.method();
   pending.deadline = request.deadline;
   pending.read_ns = received_ns;
-  pending.posted_ns = received_ns;
   const uint64_t id = pending_.Add(pending);
   const shm::Descriptor posted = shm::MessageDescriptor(
       shm::Op::kCall, id, block->Placed(), 0,
@@ -415,7 +414,7 @@ void Remote::RespondError(const agent::ReplyTo& to, const absl::Status& status) 
 
 void Remote::Respond(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
                      const PendingCall& pending, int64_t read_ns) {
-  timings_.Record(CallStage::kInboundCallee, pending.posted_ns, read_ns);
+  timings_.Record(CallStage::kInboundCallee, pending.CalleeSince(), read_ns);
   absl::StatusOr<Submitted> reply = ReadSubmitted(*session->segment, d, session->cuda_allowed);
   if (!reply.ok()) {
     session->Release(d.payload_offset);
