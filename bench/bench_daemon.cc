@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 namespace tpd::bench {
@@ -81,6 +83,16 @@ bool BenchDaemon::WaitServing() {
   }
   std::fprintf(stderr, "tpd %s did not serve:\n%s\n", socket_.c_str(), Log().c_str());
   return false;
+}
+
+std::string PeerConfig(const std::string& node, const std::string& host, int64_t arena_bytes) {
+  return absl::StrCat("[peer]\nlisten_address = \"", host,
+                      ":0\"\ntoken = \"bench\"\nnode_name = \"", node,
+                      "\"\n[data]\narena_bytes = ", arena_bytes, "\n");
+}
+
+std::string TomlStrings(const std::string& csv) {
+  return absl::StrCat("[\"", absl::StrJoin(absl::StrSplit(csv, ','), "\", \""), "\"]");
 }
 
 bool EnterNetns(const std::string& netns) {

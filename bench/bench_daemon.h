@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,13 @@ class BenchDaemon {
   const std::string socket_;
   const std::string log_;
 };
+
+// The start of a benchmark daemon's config: [peer] listening on `host` (any port, token
+// "bench", node name `node`) and [data] with `arena_bytes`; the caller appends what else it
+// sets.
+std::string PeerConfig(const std::string& node, const std::string& host, int64_t arena_bytes);
+// `csv` ("shm,uv") as a TOML list of strings: ["shm", "uv"].
+std::string TomlStrings(const std::string& csv);
 
 // Moves the calling thread (in a child just forked: the process) into the network namespace
 // whose file is `netns`; false, with errno, when it cannot.

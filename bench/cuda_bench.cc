@@ -36,7 +36,6 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/bench_daemon.h"
@@ -138,13 +137,11 @@ int main(int argc, char** argv) {
     char dir_pattern[] = "/tmp/tpd-cuda-bench-XXXXXX";
     const char* dir = mkdtemp(dir_pattern);
     if (dir == nullptr) return nullptr;
-    std::string config = absl::StrCat("[peer]\nlisten_address = \"", host,
-                                      ":0\"\ntoken = \"bench\"\n", "node_name = \"", node,
-                                      "\"\n[data]\narena_bytes = ", arena_bytes, "\n[agent]\n");
+    std::string config = absl::StrCat(
+        tpd::bench::PeerConfig(node, host, static_cast<int64_t>(arena_bytes)), "[agent]\n");
     if (chunk_bytes >= 0) absl::StrAppend(&config, "cuda_chunk_bytes = ", chunk_bytes, "\n");
     if (!channels.empty()) {
-      absl::StrAppend(&config, "channels = [\"",
-                      absl::StrJoin(absl::StrSplit(channels, ','), "\", \""), "\"]\n");
+      absl::StrAppend(&config, "channels = ", tpd::bench::TomlStrings(channels), "\n");
     }
     std::unique_ptr<tpd::bench::BenchDaemon> daemon =
         tpd::bench::BenchDaemon::Start(tpd_path, dir, "tpd", config, "info", netns);

@@ -71,10 +71,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -244,18 +242,16 @@ RawChild ForkRawChild() {
 // transports and channels asked.
 std::string NodeConfig(int index, int64_t arena_bytes) {
   const std::string host = index == 0 ? absl::GetFlag(FLAGS_host_a) : absl::GetFlag(FLAGS_host_b);
-  std::string config = absl::StrCat("[peer]\nlisten_address = \"", host,
-                                    ":0\"\ntoken = \"bench\"\n", "node_name = \"relay-node", index,
-                                    "\"\n[data]\narena_bytes = ", arena_bytes, "\n");
-  if (const std::string transports = absl::GetFlag(FLAGS_agent_transports); !transports.empty()) {
-    absl::StrAppend(&config, "[agent]\ntransports = [\"",
-                    absl::StrJoin(absl::StrSplit(transports, ','), "\", \""), "\"]\n");
+  std::string config = tpd::bench::PeerConfig(absl::StrCat("relay-node", index), host, arena_bytes);
+  const std::string transports = absl::GetFlag(FLAGS_agent_transports);
+  const std::string channels = absl::GetFlag(FLAGS_agent_channels);
+  if (transports.empty() && channels.empty()) return config;
+  absl::StrAppend(&config, "[agent]\n");
+  if (!transports.empty()) {
+    absl::StrAppend(&config, "transports = ", tpd::bench::TomlStrings(transports), "\n");
   }
-  if (const std::string channels = absl::GetFlag(FLAGS_agent_channels); !channels.empty()) {
-    // One [agent] table: the channels join the transports' when both are asked.
-    if (!absl::StrContains(config, "[agent]")) absl::StrAppend(&config, "[agent]\n");
-    absl::StrAppend(&config, "channels = [\"",
-                    absl::StrJoin(absl::StrSplit(channels, ','), "\", \""), "\"]\n");
+  if (!channels.empty()) {
+    absl::StrAppend(&config, "channels = ", tpd::bench::TomlStrings(channels), "\n");
   }
   return config;
 }
