@@ -11,6 +11,7 @@
 #include "agent/wire.h"
 #include "gtest/gtest.h"
 #include "proto/agent.pb.h"
+#include "tests/agent/well_formed_hello.h"
 
 namespace tpd::agent {
 namespace {
@@ -99,26 +100,12 @@ TEST(WireFuzzTest, MutatedIncomingMessagesAreRefusedOrWithinTheirBounds) {
   EXPECT_GT(refused, 0);
 }
 
-v1::PipeHello SeedHello(v1::PipeHello::Step step) {
-  v1::PipeHello hello;
-  hello.set_version(std::string(kPipeAuthVersion));
-  hello.set_step(step);
-  if (step != v1::PipeHello::PROOF) {
-    hello.set_nonce(std::string(kPipeNonceBytes, 'n'));
-    hello.set_agent_id("node-a");
-    hello.add_urls("uv://127.0.0.1:4000");
-    (*hello.mutable_transport_domains())["uv"] = "d";
-  }
-  if (step != v1::PipeHello::CHALLENGE) hello.set_mac(std::string(32, 'm'));
-  return hello;
-}
-
 TEST(WireFuzzTest, MutatedHandshakeMessagesAreRefusedOrWellFormed) {
   std::mt19937_64 rng(29);
   int accepted = 0, refused = 0;
   for (v1::PipeHello::Step step :
        {v1::PipeHello::CHALLENGE, v1::PipeHello::ANSWER, v1::PipeHello::PROOF}) {
-    const std::string seed_bytes = SeedHello(step).SerializeAsString();
+    const std::string seed_bytes = WellFormedHello(step).SerializeAsString();
     for (int round = 0; round < kRounds / 3; ++round) {
       tensorpipe::Descriptor descriptor;
       descriptor.metadata = Mutate(seed_bytes, rng);

@@ -8,6 +8,7 @@
 #include "agent/pipe_auth.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/agent/well_formed_hello.h"
 
 namespace tpd::agent {
 namespace {
@@ -114,15 +115,7 @@ TEST(WireTest, HeapDestinationAlignsEachTensorAndCheckDestinationNamesWhatIsMiss
 
 // A well-formed handshake message of `step` as a peer would send it.
 tensorpipe::Descriptor Hello(v1::PipeHello::Step step, v1::PipeHello* fill = nullptr) {
-  v1::PipeHello hello;
-  hello.set_version(std::string(kPipeAuthVersion));
-  hello.set_step(step);
-  if (step != v1::PipeHello::PROOF) {
-    hello.set_nonce(std::string(kPipeNonceBytes, 'n'));
-    hello.set_agent_id("node-b");
-    hello.add_urls("uv://127.0.0.1:1");
-  }
-  if (step != v1::PipeHello::CHALLENGE) hello.set_mac(std::string(32, 'm'));
+  const v1::PipeHello hello = WellFormedHello(step);
   if (fill != nullptr) fill->MergeFrom(hello);
   tensorpipe::Descriptor descriptor;
   descriptor.metadata = hello.SerializeAsString();
