@@ -37,7 +37,7 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
     }
   }
   p.plan = shm::PlanBlock(shm::MessagePrefixBytes(letter.names), letter.body_length, host_bytes);
-  auto fill = [&](uint64_t block, uint8_t* out) { return Fill(*from, *to, block, out, &p); };
+  auto fill = [&](uint64_t block, uint8_t* out) { return Fill(*to, block, out, &p); };
   auto describe = [&](uint64_t block) {
     return shm::MessageDescriptor(
         letter.op, letter.call_id,
@@ -76,7 +76,7 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
 
 absl::Status Delivery::ResolveSources(Session& from, Placement* p) {
   const std::vector<shm::TensorEntry>& tensors = p->letter.tensors;
-  uint8_t* const in = from.segment->base();
+  const uint8_t* const in = p->in;
   p->sources.resize(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const shm::TensorEntry& entry = tensors[i];
@@ -95,8 +95,7 @@ absl::Status Delivery::ResolveSources(Session& from, Placement* p) {
   return absl::OkStatus();
 }
 
-absl::Status Delivery::Fill(const Session& from, Session& to, uint64_t block, uint8_t* out,
-                            Placement* p) {
+absl::Status Delivery::Fill(Session& to, uint64_t block, uint8_t* out, Placement* p) {
   const Letter& letter = p->letter;
   for (size_t i = 0; i < letter.tensors.size(); ++i) {
     if (absl::Status filled = FillTensor(to, i, block, out, p); !filled.ok()) {
@@ -106,8 +105,7 @@ absl::Status Delivery::Fill(const Session& from, Session& to, uint64_t block, ui
   }
   shm::WriteMessagePrefix(out, letter.code, letter.names);
   if (letter.body_length > 0) {
-    std::memcpy(out + p->plan.prefix, from.segment->base() + letter.body_offset,
-                letter.body_length);
+    std::memcpy(out + p->plan.prefix, p->in + letter.body_offset, letter.body_length);
   }
   return absl::OkStatus();
 }

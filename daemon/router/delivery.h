@@ -58,9 +58,10 @@ class Delivery {
 
   // Where each tensor is read from: its host bytes, or the CUDA allocation it names opened.
   absl::Status ResolveSources(Session& from, Placement* p);
-  // Under `to`'s lock: writes the message into `to`'s rx block at `out` (`block`), taking pool
-  // blocks and collecting the copies to run; on an error frees the pool blocks it took.
-  absl::Status Fill(const Session& from, Session& to, uint64_t block, uint8_t* out, Placement* p);
+  // Under `to`'s lock: writes the message (read from the sender's segment, `p->in`) into `to`'s
+  // rx block at `out` (`block`), taking pool blocks and collecting the copies to run; on an
+  // error frees the pool blocks it took.
+  absl::Status Fill(Session& to, uint64_t block, uint8_t* out, Placement* p);
   absl::Status FillTensor(Session& to, size_t i, uint64_t block, uint8_t* out, Placement* p);
   // Posts the filled block, or frees it and its pool blocks if it cannot be posted.
   absl::Status Post(Session& to, const shm::Descriptor& posted,
