@@ -114,7 +114,12 @@ int main(int argc, char** argv) {
     return true;
   };
   std::vector<double> local;
+  const tpd::CallEngineStats caller_before =
+      a->GetCallStats().value_or(tpd::CallEngineStats{});  // no engine until the first call
+  const tpd::CallEngineStats callee_before = *b->GetCallStats();
   if (!measure(calls, {}, &local)) return 1;
+  const tpd::CallEngineStats caller_after = *a->GetCallStats();
+  const tpd::CallEngineStats callee_after = *b->GetCallStats();
   // The daemon's view of the empty calls (warm-up included), before the tensor calls join it.
   absl::StatusOr<tpd::v1::StatusResponse> empty_calls = a->Status();
   const int tensor_bytes = absl::GetFlag(FLAGS_tensor_bytes);
@@ -164,6 +169,16 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(stats.release_flushes),
               static_cast<unsigned long long>(callee.releases_deferred),
               static_cast<unsigned long long>(callee.release_flushes));
+  // Which of the empty calls' four ring hops found the other side asleep (warm-up included).
+  // A hop that did costs a futex wake-up; one that found it spinning costs a cache line.
+  const double n = warmup + calls;
+  std::printf(
+      "empty calls, per call: caller's reader slept %.3f, callee's reader %.3f; "
+      "the daemon was woken by the caller %.3f, by the callee %.3f\n",
+      (caller_after.reader_sleeps - caller_before.reader_sleeps) / n,
+      (callee_after.reader_sleeps - callee_before.reader_sleeps) / n,
+      (caller_after.daemon_wakeups - caller_before.daemon_wakeups) / n,
+      (callee_after.daemon_wakeups - callee_before.daemon_wakeups) / n);
   if (empty_calls.ok()) tpd::bench::PrintCallLatency("empty calls", *empty_calls, "local.");
   a.reset();
   b.reset();

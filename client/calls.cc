@@ -1341,7 +1341,9 @@ CallEngineStats CallEngine::Stats() {
     stats.arena_bytes = tx.heap_bytes;
     stats.arena_used_bytes = tx.used_bytes;
     stats.arena_live_blocks = tx.live_blocks;
+    stats.daemon_wakeups = link_->submissions.wakeups();
   }
+  stats.reader_sleeps = completions_.sleeps();
   stats.bytes_copied_in = link_->bytes_copied_in;
   stats.tensors_copied_in = link_->tensors_copied_in;
   stats.tensors_in_place = link_->tensors_in_place;

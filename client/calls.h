@@ -263,6 +263,10 @@ struct CallEngineStats {
   // that was spinning for it, or by one woken through the condition variable.
   uint64_t handoffs_to_spinner = 0;
   uint64_t handoffs_woken = 0;
+  // Hops that cost a wake-up: the reader slept on the completion ring (nothing came within its
+  // spin window), and submissions that found the daemon's thread asleep and woke it.
+  uint64_t reader_sleeps = 0;
+  uint64_t daemon_wakeups = 0;
   // Releases of rx blocks that waited to ride on the next descriptor pushed, and pushes of
   // such releases on their own (none rode along within the release delay).
   uint64_t releases_deferred = 0;

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "client/cuda_export.h"
 #include "client/socket_path.h"
@@ -44,6 +45,7 @@ constexpr absl::Duration kLeaveWaitWithoutTimeout = absl::Seconds(60);
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
                                                         ClientOptions options) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // see client.h
   const std::string path = socket_path.empty() ? DefaultClientSocketPath() : socket_path;
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {

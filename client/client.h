@@ -138,6 +138,12 @@ class Client {
   // naming the socket, when no daemon answers within options.connect_timeout;
   // PERMISSION_DENIED, naming the socket and its owner, when the socket belongs to neither
   // root nor this user (CheckSocketOwner in client/socket_path.h).
+  //
+  // Turns off Abseil's Mutex deadlock detection for the whole process, as the daemon does:
+  // Debian builds Abseil without NDEBUG, so otherwise every Mutex acquisition of every thread
+  // (the library's on each call, and the program's own) goes through one process-wide spin
+  // lock to check lock order. Lock order is checked by the thread-safety annotations and the
+  // sanitizer builds instead.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket_path = "",
                                                          ClientOptions options = {});
 

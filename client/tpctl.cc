@@ -301,10 +301,12 @@ int RunStatus(tpd::Client& client) {
     }
     for (const tpd::v1::AttachedSession& session : status->attached_sessions()) {
       std::cout << "    session " << session.handle() << ": pid " << session.pid() << " uid "
-                << session.uid() << " gid " << session.gid() << ": arena "
-                << session.arena_bytes() << " B x 2, segment " << session.segment_bytes()
-                << " B; " << session.calls_in_flight() << " calls in flight, rx heap "
-                << session.rx_heap_used() << "/" << session.rx_heap_bytes() << " B used";
+                << session.uid() << " gid " << session.gid() << ": arena " << session.arena_bytes()
+                << " B x 2, segment " << session.segment_bytes() << " B; "
+                << session.calls_in_flight() << " calls in flight, rx heap "
+                << session.rx_heap_used() << "/" << session.rx_heap_bytes() << " B used, "
+                << session.reader_wakeups() << " wake-ups of its reader, "
+                << session.daemon_sleeps() << " sleeps of its daemon thread";
       if (session.unposted_completions() > 0) {
         std::cout << ", " << session.unposted_completions() << " completions waiting for room";
       }

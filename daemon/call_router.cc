@@ -139,6 +139,8 @@ std::vector<SessionCallStats> CallRouter::Stats() {
     stats.unposted = session->unposted_count.load();
     stats.rx_heap_bytes = session->segment->layout().rx_heap.bytes;
     stats.rx_heap_used = session->RxUsed();
+    stats.client_wakeups = session->ClientWakeups();
+    stats.sleeps = session->Sleeps();
     if (session->cuda != nullptr) stats.cuda = options_.cuda->SessionStats(*session->cuda);
     out.push_back(std::move(stats));
   }

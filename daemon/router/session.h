@@ -122,6 +122,10 @@ struct Session {
   // Bytes its client has not released of its rx heap. Never waits for the lock: while another
   // thread holds it, the value read last time.
   uint64_t RxUsed() ABSL_LOCKS_EXCLUDED(mu);
+  // Times a post found its client's reader asleep and woke it, and times its thread slept
+  // waiting for submissions: hops that cost a wake-up. Never waits for the lock.
+  uint64_t ClientWakeups() const;
+  uint64_t Sleeps() const { return submissions->sleeps(); }
 
  private:
   absl::StatusOr<uint64_t> WriteRxLocked(

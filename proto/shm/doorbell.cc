@@ -77,6 +77,7 @@ void Doorbell::Ring() {
   if (word_->sleeping.load(std::memory_order_relaxed) == 0) return;
   word_->seq.fetch_add(1, std::memory_order_release);
   FutexWake(&word_->seq);
+  Count(wakeups_);
 }
 
 bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
@@ -123,12 +124,12 @@ bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
       spin_.Learn(now - start);
       return false;
     }
-    ++sleeps_;
+    Count(sleeps_);
     FutexWait(&word_->seq, seq, deadline_ns - now);
     if (ready()) break;
     // Woken (or the word changed) with nothing to read, or the wait timed out: the loop
     // checks the deadline before sleeping again.
-    if (absl::GetCurrentTimeNanos() < deadline_ns) ++spurious_wakeups_;
+    if (absl::GetCurrentTimeNanos() < deadline_ns) Count(spurious_wakeups_);
   }
   word_->sleeping.store(0, std::memory_order_relaxed);
   spin_.Learn(absl::GetCurrentTimeNanos() - start);

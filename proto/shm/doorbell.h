@@ -95,16 +95,27 @@ class Doorbell {
 
   // The spin window the next Wait starts with.
   absl::Duration spin_window() const { return absl::Nanoseconds(spin_.window_ns()); }
+  // The counters may be read from any thread (a daemon's status), so they are atomics; only
+  // the thread using the Doorbell writes them.
   // FUTEX_WAITs that returned (not by timeout) with nothing ready.
-  uint64_t spurious_wakeups() const { return spurious_wakeups_; }
+  uint64_t spurious_wakeups() const { return spurious_wakeups_.load(std::memory_order_relaxed); }
   // FUTEX_WAITs entered.
-  uint64_t sleeps() const { return sleeps_; }
+  uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
+  // FUTEX_WAKEs issued by Ring: the consumer was (about to be) asleep. Each costs a system call
+  // here and a wake-up there, the price of a hop that did not find its peer spinning.
+  uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
 
  private:
+  // One writer: a plain load and store, not a locked increment.
+  static void Count(std::atomic<uint64_t>& counter) {
+    counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+
   DoorbellWord* word_;
   SpinWindow spin_;
-  uint64_t spurious_wakeups_ = 0;
-  uint64_t sleeps_ = 0;
+  std::atomic<uint64_t> spurious_wakeups_{0};
+  std::atomic<uint64_t> sleeps_{0};
+  std::atomic<uint64_t> wakeups_{0};
 };
 
 }  // namespace tpd::shm

@@ -76,6 +76,8 @@ class RingProducer {
 
   const std::string& name() const { return name_; }
   const Doorbell& doorbell() const { return space_; }
+  // Times a push found the consumer asleep and woke it (any thread may read).
+  uint64_t wakeups() const { return data_.wakeups(); }
 
  private:
   // Reads and checks the consumer's head; sets and returns error_ on a bad one.
@@ -115,6 +117,8 @@ class RingConsumer {
 
   const std::string& name() const { return name_; }
   const Doorbell& doorbell() const { return data_; }
+  // Times WaitForData slept: nothing came within the spin window (any thread may read).
+  uint64_t sleeps() const { return data_.sleeps(); }
 
  private:
   // Reads and checks the producer's tail; sets and returns error_ on a bad one.

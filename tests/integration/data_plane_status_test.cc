@@ -307,5 +307,51 @@ TEST_F(DataPlaneStatusTest, CallLatencyCountsEachStageAndShowsWhereAHandlersTime
   EXPECT_THAT(tpctl.output, ::testing::ContainsRegex("local.callee +4 "));
 }
 
+// A hop that finds the other side asleep is counted on both ends: the client's reader slept and
+// the daemon woke it; the daemon's thread slept and the client's submission woke it.
+TEST_F(DataPlaneStatusTest, WakeUpsCountTheHopsThatFoundTheOtherSideAsleep) {
+  StartPair();
+  std::unique_ptr<Client> c = Connect(0);
+  std::unique_ptr<Client> d = Connect(0);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->Handle("nap", [](const Message& request) -> absl::StatusOr<Message> {
+                 absl::SleepFor(kNap);
+                 return request;
+               }).ok());
+  auto joined = std::async(std::launch::async, [&] { return Join(d.get(), "d", 1, "l"); });
+  ASSERT_TRUE(Join(c.get(), "c", 0, "l").ok());
+  ASSERT_TRUE(joined.get().ok());
+
+  // Idle far past every spin window (at most 100 µs), so d's reader and both session threads
+  // sleep; during the handler's nap, c's reader sleeps too.
+  absl::SleepFor(kNap);
+  ASSERT_TRUE(c->Call("l", "d", "nap", "x").ok());
+
+  const CallEngineStats caller = *c->GetCallStats();
+  const CallEngineStats callee = *d->GetCallStats();
+  EXPECT_GE(callee.reader_sleeps, 1u) << "d's reader waited 50 ms for the call";
+  EXPECT_GE(caller.reader_sleeps, 1u) << "c's reader waited 50 ms for the reply";
+  EXPECT_GE(caller.daemon_wakeups + callee.daemon_wakeups, 1u)
+      << "the daemon's session threads were asleep when the call and its reply came";
+
+  absl::StatusOr<v1::StatusResponse> status = a_->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  uint64_t reader_wakeups = 0;
+  uint64_t daemon_sleeps = 0;
+  for (const v1::AttachedSession& session : status->attached_sessions()) {
+    reader_wakeups += session.reader_wakeups();
+    daemon_sleeps += session.daemon_sleeps();
+  }
+  EXPECT_GE(reader_wakeups, 1u) << status->DebugString();
+  EXPECT_GE(daemon_sleeps, 2u) << "each session's thread slept while idle: "
+                               << status->DebugString();
+
+  const testing::ProcessResult tpctl = Tpctl(0);
+  EXPECT_EQ(tpctl.exit_code, 0) << tpctl.output;
+  EXPECT_THAT(tpctl.output, ::testing::ContainsRegex("[0-9]+ wake-ups of its reader, [0-9]+ "
+                                                     "sleeps of its daemon thread"));
+}
+
 }  // namespace
 }  // namespace tpd

@@ -89,7 +89,9 @@ TEST_F(DoorbellTest, RingWakesAConsumerSleepingInAnotherProcess) {
       << "the child went to sleep";
   absl::SleepFor(absl::Milliseconds(20));  // let it reach FUTEX_WAIT itself
   shared_->flag.store(1, std::memory_order_release);
-  Doorbell(&shared_->word).Ring();
+  Doorbell producer(&shared_->word);
+  producer.Ring();
+  EXPECT_EQ(producer.wakeups(), 1u) << "the consumer was asleep: one FUTEX_WAKE";
   EXPECT_EQ(FinishChild(pid, absl::Seconds(15)), 0);
   EXPECT_EQ(shared_->word.sleeping.load(), 0u) << "the consumer withdrew its announcement";
 }
@@ -151,11 +153,14 @@ TEST_F(DoorbellTest, ADeadlineInThePastReturnsAtOnce) {
 }
 
 TEST_F(DoorbellTest, RingWithoutASleeperLeavesTheWordAlone) {
-  Doorbell(&shared_->word).Ring();
+  Doorbell producer(&shared_->word);
+  producer.Ring();
   EXPECT_EQ(shared_->word.seq.load(), 0u);
+  EXPECT_EQ(producer.wakeups(), 0u) << "nobody slept: no wake-up counted";
   shared_->word.sleeping.store(1);
-  Doorbell(&shared_->word).Ring();
+  producer.Ring();
   EXPECT_EQ(shared_->word.seq.load(), 1u);
+  EXPECT_EQ(producer.wakeups(), 1u);
 }
 
 // The client corrupts the word the daemon sleeps on: random values into seq and sleeping, and
