@@ -158,11 +158,15 @@ int main(int argc, char** argv) {
   std::printf("caller's arena: %llu tensors sent in place, %llu copied in\n",
               static_cast<unsigned long long>(stats.tensors_in_place),
               static_cast<unsigned long long>(stats.tensors_copied_in));
-  // How the hand-offs went (all phases, warm-up included): work the callee's reader gave
-  // its pool without a wake-up, and releases that rode on the next descriptor.
-  std::printf("callee's pool: %llu calls handed to a spinning thread, %llu woken\n",
-              static_cast<unsigned long long>(callee.handoffs_to_spinner),
-              static_cast<unsigned long long>(callee.handoffs_woken));
+  // How the hand-offs went (all phases, warm-up included): calls the callee's reading thread
+  // ran itself or gave to another without a wake-up, and releases that rode on the next
+  // descriptor.
+  std::printf(
+      "callee: %llu calls run by the thread that read them, %llu handed to a spinning "
+      "thread, %llu to a woken one\n",
+      static_cast<unsigned long long>(callee.calls_run_by_reader),
+      static_cast<unsigned long long>(callee.handoffs_to_spinner),
+      static_cast<unsigned long long>(callee.handoffs_woken));
   std::printf("releases deferred to the next push: caller %llu (%llu pushed alone), "
               "callee %llu (%llu pushed alone)\n",
               static_cast<unsigned long long>(stats.releases_deferred),

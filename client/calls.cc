@@ -569,7 +569,7 @@ CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_
     : link_(std::make_shared<Link>(segment)),
       completions_(segment->base(), segment->layout().completion, "completion ring", kSpin),
       pool_spin_(kSpin) {
-  reader_ = std::thread([this] { ReadLoop(); });
+  reader_ = std::thread([this] { ThreadLoop(); });
   absl::MutexLock lock(&mu_);
   EnsureThreadsLocked(handler_threads);
 }
@@ -578,8 +578,9 @@ CallEngine::~CallEngine() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    // The ring's reader stops at its next look (within kPollInterval); nobody takes over.
+    while (reading_) role_cv_.Wait(&mu_);
   }
-  reader_.join();
   std::vector<std::thread> pool;
   std::deque<Incoming> dropped;  // their rx blocks are released outside mu_
   {
@@ -594,13 +595,14 @@ CallEngine::~CallEngine() {
     }
     dropped.swap(incoming_);
     for (const Incoming& incoming : dropped) serving_.erase(incoming.call_id);
-    queued_.store(callbacks_.size(), std::memory_order_release);
+    PublishQueued();
     pool_exit_ = true;
     work_cv_.SignalAll();
     idle_cv_.SignalAll();
     pool.swap(pool_);
   }
   dropped.clear();
+  reader_.join();
   for (std::thread& thread : pool) thread.join();  // they run the callbacks due first
   std::deque<std::function<void()>> left;
   {
@@ -635,7 +637,7 @@ void CallEngine::EnsureHandlerThreads(int threads) {
 
 void CallEngine::EnsureThreadsLocked(int threads) {
   while (!pool_exit_ && static_cast<int>(pool_.size()) < threads) {
-    pool_.emplace_back([this] { PoolLoop(); });
+    pool_.emplace_back([this] { ThreadLoop(); });
   }
 }
 
@@ -703,7 +705,14 @@ void CallEngine::WorkQueued() {
     ++handoffs_to_spinner_;
   }
   // Last, so a spinning pool thread that sees it rarely finds mu_ still held.
-  queued_.store(callbacks_.size() + incoming_.size(), std::memory_order_release);
+  PublishQueued();
+}
+
+bool CallEngine::ReadingFree() const { return !reading_ && !stop_ && broken_.ok(); }
+
+void CallEngine::PublishQueued() {
+  queued_.store(callbacks_.size() + incoming_.size() + (ReadingFree() ? 1 : 0),
+                std::memory_order_release);
 }
 
 void CallEngine::Finish(uint64_t id, absl::StatusOr<Message> result) {
@@ -945,15 +954,46 @@ void CallEngine::ReplyError(uint64_t call_id, const absl::Status& status) {
                {"", "", message, ""}, "", {});
 }
 
-void CallEngine::ReadLoop() {
-  pthread_setname_np(pthread_self(), "tpd-calls");
-  own_engine = this;
+std::optional<CallEngine::Incoming> CallEngine::Read() {
+  // Releases made while reading ride on the next push (the reply of the call kept, say).
   defer_releases_of = link_.get();
   shm::Descriptor batch[64];
-  while (true) {
+  std::optional<Incoming> kept;
+  bool ended = false;  // stopping, or the ring broke: nobody reads after this thread
+  while (!ended) {
+    ReadUntilKept(batch, &kept, &ended);
+    absl::MutexLock lock(&mu_);
+    if (kept && idle_threads_ == 0) {
+      // Calls queued after it in the same batch took the idle threads: this one waits its turn
+      // at the head of the queue, and this thread reads on.
+      incoming_.push_front(*std::move(kept));
+      kept.reset();
+      --handlers_running_;
+      --calls_kept_;
+      WorkQueued();
+      continue;
+    }
+    reading_ = false;
+    role_cv_.SignalAll();
+    // The idle thread just counted takes over: the spinner sees the turn free, or one is woken.
+    PublishQueued();
+    if (ReadingFree() && pool_spinners_ == 0) work_cv_.Signal();
+    break;
+  }
+  defer_releases_of = nullptr;
+  if (ended) link_->FlushReleases(absl::ZeroDuration());
+  return kept;
+}
+
+void CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept,
+                               bool* ended) {
+  while (!*kept) {
     {
       absl::MutexLock lock(&mu_);
-      if (stop_) break;
+      if (stop_) {
+        *ended = true;
+        return;
+      }
     }
     // Releases waiting for a push go by themselves once they have waited kReleaseDelay.
     const int64_t deferred = link_->DeferredSince();
@@ -976,9 +1016,10 @@ void CallEngine::ReadLoop() {
                        CallName(call.from.first, call.worker, call.method), ": ",
                        broken_.message())));
       }
-      break;
+      *ended = true;
+      return;
     }
-    for (size_t i = 0; i < *n; ++i) OnCompletion(batch[i]);
+    for (size_t i = 0; i < *n; ++i) OnCompletion(batch[i], kept);
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
     if (now >= next_expire_) {
@@ -986,11 +1027,9 @@ void CallEngine::ReadLoop() {
       next_expire_ = now + kPollInterval;
     }
   }
-  defer_releases_of = nullptr;
-  link_->FlushReleases(absl::ZeroDuration());
 }
 
-void CallEngine::OnCompletion(const shm::Descriptor& d) {
+void CallEngine::OnCompletion(const shm::Descriptor& d, std::optional<Incoming>* keep) {
   const shm::Layout& layout = link_->layout();
   if (!shm::ValidateDescriptor(d, layout, shm::Direction::kCompletion).ok()) return;
   if (d.op == static_cast<uint8_t>(shm::Op::kRelease)) {
@@ -1105,6 +1144,15 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
     refused = stop_ || leaving_.count(incoming.to) > 0;
     if (!refused) {
       serving_[incoming.call_id] = {incoming.to, incoming.deadline};
+      // This thread runs the call itself, with no hand-off, when another thread is idle to
+      // take over the ring (and none queued before it). Otherwise it keeps reading: a thread
+      // always reads, so replies to handlers' own calls are never stuck behind them.
+      if (!*keep && idle_threads_ > 0 && incoming_.empty()) {
+        ++handlers_running_;
+        ++calls_kept_;
+        *keep = std::move(incoming);
+        return;
+      }
       incoming_.push_back(std::move(incoming));
       WorkQueued();
       return;
@@ -1115,22 +1163,24 @@ void CallEngine::OnCompletion(const shm::Descriptor& d) {
                                                             incoming.to.first, "'")));
 }
 
-void CallEngine::PoolLoop() {
-  pthread_setname_np(pthread_self(), "tpd-handler");
+void CallEngine::ThreadLoop() {
+  pthread_setname_np(pthread_self(), "tpd-calls");
   own_engine = this;
   while (true) {
     std::function<void()> callback;
     std::optional<Incoming> incoming;
     {
       absl::MutexLock lock(&mu_);
+      ++idle_threads_;
       int64_t wait_start = 0;  // when this thread began to spin for work (0: it did not)
-      while (callbacks_.empty() && (stop_ || incoming_.empty()) && !pool_exit_) {
+      while (callbacks_.empty() && (stop_ || incoming_.empty()) && !ReadingFree() && !pool_exit_) {
         if (stop_ || pool_spinners_ > 0 || wait_start != 0) {
           work_cv_.Wait(&mu_);
           continue;
         }
-        // One pool thread at a time spins on the queue for the adaptive window before it
-        // sleeps; the reader sees it spinning and queues work without waking anyone.
+        // One idle thread at a time spins on the queue for the adaptive window before it
+        // sleeps; the reader sees it spinning and hands it work (or the ring) without waking
+        // anyone.
         ++pool_spinners_;
         wait_start = absl::GetCurrentTimeNanos();
         if (pool_idle_since_ns_ == 0) pool_idle_since_ns_ = wait_start;
@@ -1142,7 +1192,11 @@ void CallEngine::PoolLoop() {
         mu_.Lock();
         --pool_spinners_;
       }
-      if (!callbacks_.empty()) {
+      --idle_threads_;
+      // The ring first: a thread must be reading before any takes more work.
+      if (ReadingFree()) {
+        reading_ = true;
+      } else if (!callbacks_.empty()) {
         callback = std::move(callbacks_.front());
         callbacks_.pop_front();
       } else if (!stop_ && !incoming_.empty()) {
@@ -1152,7 +1206,7 @@ void CallEngine::PoolLoop() {
       } else {
         return;  // pool_exit_, and no callback left
       }
-      queued_.store(callbacks_.size() + incoming_.size(), std::memory_order_release);
+      PublishQueued();
       // More work than this thread: wake another (the spinner, if any, takes one itself).
       if (queued_.load(std::memory_order_relaxed) > 0 && pool_spinners_ == 0) {
         work_cv_.Signal();
@@ -1162,7 +1216,9 @@ void CallEngine::PoolLoop() {
       callback();
       continue;
     }
-    Serve(*std::move(incoming));
+    // Reads until it keeps a call to run here (another thread reads on) or the engine stops.
+    if (!incoming) incoming = Read();
+    if (incoming) Serve(*std::move(incoming));
   }
 }
 
@@ -1360,6 +1416,7 @@ CallEngineStats CallEngine::Stats() {
   stats.workers_leaving = static_cast<int>(leaving_.size());
   stats.handoffs_to_spinner = handoffs_to_spinner_;
   stats.handoffs_woken = handoffs_woken_;
+  stats.calls_run_by_reader = calls_kept_;
   return stats;
 }
 

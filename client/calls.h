@@ -16,10 +16,10 @@
 // blocks it references). Tensors, views and futures may outlive the engine: the segment
 // stays mapped while anything holds a part of it.
 //
-// Thread safety: thread-safe. One reader thread ("tpd-calls") takes completions off the ring
-// and never runs user code: it copies payloads out, answers futures and sends releases.
-// Handlers and future callbacks run on the handler pool ("tpd-handler" threads); see
-// CallEngine.
+// Thread safety: thread-safe. The engine's threads ("tpd-calls") take turns reading the
+// completion ring: the thread whose turn it is copies payloads out, answers futures and sends
+// releases, and runs no user code while it reads. Handlers and future callbacks run on the
+// others; see CallEngine.
 
 #ifndef TPD_CLIENT_CALLS_H_
 #define TPD_CLIENT_CALLS_H_
@@ -30,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -263,6 +264,9 @@ struct CallEngineStats {
   // that was spinning for it, or by one woken through the condition variable.
   uint64_t handoffs_to_spinner = 0;
   uint64_t handoffs_woken = 0;
+  // Incoming calls the thread that read them ran itself (another took over the ring): no
+  // hand-off at all.
+  uint64_t calls_run_by_reader = 0;
   // Hops that cost a wake-up: the reader slept on the completion ring (nothing came within its
   // spin window), and submissions that found the daemon's thread asleep and woke it.
   uint64_t reader_sleeps = 0;
@@ -278,16 +282,21 @@ struct CallEngineStats {
 
 // The client's call machinery on one attached segment.
 //
-// Threads: the reader ("tpd-calls") and a pool of handler threads ("tpd-handler") that run
-// handlers for incoming calls and CallFuture callbacks, one FIFO each (callbacks first). The
-// pool starts with `handler_threads` and only grows (EnsureHandlerThreads); Client sizes it
-// by the largest num_worker_threads of the groups it joined.
+// Threads ("tpd-calls"): one more than the pool of `handler_threads`, which only grows
+// (EnsureHandlerThreads; Client sizes it by the largest num_worker_threads of the groups it
+// joined). They take turns (leader/followers): one reads the completion ring; the others run
+// handlers for incoming calls and CallFuture callbacks, one FIFO each (callbacks first), or
+// wait. The reading thread that finds an incoming call runs it itself when another thread is
+// idle to read on, so the call passes to its handler with no hand-off (the idle thread takes
+// the ring meanwhile); otherwise it queues the call and reads on. A thread always reads, so at
+// most `handler_threads` handlers and callbacks run at once, and a reply to a handler's own
+// call is never stuck behind busy handlers.
 //
-// Hand-offs: one pool thread at a time spins on the queue for a short adaptive window before
-// it sleeps, and a caller in Wait spins on its result, so back-to-back calls pass from the
-// reader to a handler and from the reader to the caller without a system call; an idle
-// engine's threads sleep. Releases of rx blocks made on the reader, or by a handler before
-// its reply, ride on the next descriptor pushed (within 200 µs) instead of waking the daemon.
+// Hand-offs: one idle thread at a time spins on the queue (and on a free turn at the ring) for
+// a short adaptive window before it sleeps, and a caller in Wait spins on its result, so
+// back-to-back calls pass between threads without a system call; an idle engine's threads
+// sleep. Releases of rx blocks made while reading, or by a handler before its reply, ride on
+// the next descriptor pushed (within 200 µs) instead of waking the daemon.
 class CallEngine : public std::enable_shared_from_this<CallEngine> {
  public:
   CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads);
@@ -385,9 +394,23 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
                       absl::Span<const Tensor> tensors);
   // Sends an error reply for the incoming call `call_id`.
   void ReplyError(uint64_t call_id, const absl::Status& status);
-  void ReadLoop();
-  void PoolLoop();
-  void OnCompletion(const shm::Descriptor& d);
+  // Every engine thread's loop: reads the ring when nobody does, else runs what is queued
+  // (callbacks first) or waits for it.
+  void ThreadLoop();
+  // Reads the completion ring (the caller holds the reading turn, reading_) until it keeps an
+  // incoming call for this thread to run, or the engine stops or its ring breaks (nullopt);
+  // then gives the turn up.
+  std::optional<Incoming> Read();
+  // Read's loop: until OnCompletion keeps a call, or `*ended` (stopping, or the ring broke).
+  void ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept, bool* ended);
+  // One descriptor read off the ring. An incoming call goes into `*keep` (empty before) when
+  // another thread is idle to read on; else it is queued. Read checks again as it gives up
+  // the ring, since calls queued after it may have taken that thread.
+  void OnCompletion(const shm::Descriptor& d, std::optional<Incoming>* keep);
+  // Nobody reads the ring, and somebody may (not stopping, not broken).
+  bool ReadingFree() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes queued_: what an idle thread may take (callbacks, calls, the reading turn).
+  void PublishQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Serve(Incoming incoming);
   // Sends the answer of the incoming call `id` to `worker`'s method `method` and ends it
   // (Responder::Reply). `from_handler`: an error is the handler's (prefixed as such), not the
@@ -398,11 +421,17 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   friend class Responder;
 
   const std::shared_ptr<calls_internal::Link> link_;
-  shm::RingConsumer completions_;  // the reader thread only
+  shm::RingConsumer completions_;  // the thread whose turn it is to read (reading_)
 
   absl::Mutex mu_;
   absl::CondVar work_cv_;  // the pool: work queued, or exit
   absl::CondVar idle_cv_;  // DrainLeave: a call of some worker ended
+  absl::CondVar role_cv_;  // the destructor: the reading thread gave up its turn
+  // A thread is reading the completion ring (its turn passes between the engine's threads).
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  // Engine threads waiting in ThreadLoop for something to do (spinning or asleep).
+  int idle_threads_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t calls_kept_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;       // no new calls; the reader exits
   bool pool_exit_ ABSL_GUARDED_BY(mu_) = false;  // pool threads exit once callbacks ran
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
@@ -417,7 +446,8 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   std::set<WorkerKey> leaving_ ABSL_GUARDED_BY(mu_);
   int handlers_running_ ABSL_GUARDED_BY(mu_) = 0;
   // Pool threads spinning for work (at most one), the adaptive window they spin for, and
-  // what is queued (callbacks_ and incoming_), which they read without the lock.
+  // what is queued (callbacks_, incoming_ and a free reading turn), which they read without
+  // the lock.
   int pool_spinners_ ABSL_GUARDED_BY(mu_) = 0;
   shm::SpinWindow pool_spin_ ABSL_GUARDED_BY(mu_);
   // When a pool thread last ran out of work with nothing queued (GetCurrentTimeNanos), until

@@ -239,7 +239,7 @@ class Client {
   // call engine (client/calls.h).
   //
   // Handle registers `handler` for `method` (replacing an earlier one). Handlers run on a
-  // pool of this client's threads ("tpd-handler"), never on the thread that reads the ring;
+  // pool of this client's threads ("tpd-calls"), never while their thread reads the ring;
   // the pool has as many threads as the largest num_worker_threads (GroupView, negotiated)
   // of the groups this client joined, and grows when it joins a group with more; it never
   // shrinks. An engine started before any Join has no handler thread until the first Join

@@ -742,7 +742,7 @@ TEST_F(PoolCallsTest, HandlerPoolHasTheGroupsNumWorkerThreads) {
                    const absl::Duration patience =
                        absl::Milliseconds(std::stoi(request.payload.substr(colon + 1)));
                    absl::MutexLock lock(&mu);
-                   off_reader = off_reader && ThreadName() == "tpd-handler";
+                   off_reader = off_reader && ThreadName() == "tpd-calls";
                    ++inside;
                    most = std::max(most, inside);
                    auto enough = [&] { return most >= want; };
@@ -775,6 +775,49 @@ TEST_F(PoolCallsTest, HandlerPoolHasTheGroupsNumWorkerThreads) {
   absl::MutexLock lock(&mu);
   EXPECT_EQ(most, 3);
   EXPECT_TRUE(off_reader);
+}
+
+class OneThreadCallsTest : public CallsTest {
+ protected:
+  OneThreadCallsTest() { backend_.set_num_worker_threads(1); }
+};
+
+// The thread that reads a call runs it when another is idle to read on; with one handler
+// thread busy, calls queue and a thread still reads, so handlers that call out get their
+// replies.
+TEST_F(OneThreadCallsTest, HandlersThatCallOutGetTheirRepliesWhileOthersQueue) {
+  StartPair();
+  ASSERT_TRUE(a_->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
+                  return request;
+                }).ok());
+  ASSERT_TRUE(b_->Handle("relay", [this](const Message& request) -> absl::StatusOr<Message> {
+                  absl::StatusOr<Message> inner =
+                      b_->Call("g", "a", "echo", request.payload, {}, absl::Seconds(20));
+                  if (!inner.ok()) return inner.status();
+                  absl::SleepFor(absl::Milliseconds(20));  // so the others queue meanwhile
+                  return Message{absl::StrCat("relayed ", inner->payload), {}, ""};
+                }).ok());
+  EXPECT_EQ(b_->GetCallStats()->handler_threads, 1);
+
+  for (int i = 0; i < 20; ++i) {
+    absl::StatusOr<Message> reply = a_->Call("g", "b", "echo", "x", {}, absl::Seconds(10));
+    ASSERT_TRUE(reply.ok()) << reply.status();
+  }
+  EXPECT_GT(b_->GetCallStats()->calls_run_by_reader, 0u)
+      << "back-to-back calls found a thread idle to read on, and ran where they were read";
+
+  std::vector<CallFuture> futures;
+  for (int i = 0; i < 4; ++i) {
+    futures.push_back(a_->CallAsync("g", "b", "relay", absl::StrCat(i), {}, absl::Seconds(20)));
+  }
+  for (int i = 0; i < 4; ++i) {
+    const absl::StatusOr<Message>& reply = futures[i].Wait();
+    ASSERT_TRUE(reply.ok()) << "call " << i << ": " << reply.status();
+    EXPECT_EQ(reply->payload, absl::StrCat("relayed ", i));
+  }
+  const CallEngineStats stats = *b_->GetCallStats();
+  EXPECT_GT(stats.handoffs_to_spinner + stats.handoffs_woken, 0u)
+      << "some relay calls came while the one handler thread was busy, and were queued";
 }
 
 class TimeoutCallsTest : public CallsTest {
@@ -824,7 +867,7 @@ TEST_F(CallsTest, FutureWaitForThenAndCallbacksOffTheReaderThread) {
   ASSERT_TRUE(future.Wait().ok()) << future.Wait().status();
   EXPECT_EQ(future.Wait()->payload, "n");
   ASSERT_TRUE(shared->ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_EQ(shared->thread, "tpd-handler");
+  EXPECT_EQ(shared->thread, "tpd-calls");
   // The reader is not stalled by the callback: other calls complete.
   absl::StatusOr<Message> other = a_->Call("g", "b", "echo", "o", {}, absl::Seconds(10));
   EXPECT_TRUE(other.ok()) << other.status();
