@@ -155,12 +155,9 @@ int main(int argc, char** argv) {
   std::printf("%-36s %8.1f %8.1f %8.1f %8.2f\n", absl::StrCat("tensor ", size, ", arena").c_str(),
               Percentile(in_place, 0.5), Percentile(in_place, 0.9), Percentile(in_place, 0.99),
               Percentile(in_place, 0.5) / Percentile(pair, 0.5));
-  std::printf(
-      "caller's arena: %llu tensors sent in place, %llu copied in; %llu answers read by "
-      "the waiting caller itself\n",
-      static_cast<unsigned long long>(stats.tensors_in_place),
-      static_cast<unsigned long long>(stats.tensors_copied_in),
-      static_cast<unsigned long long>(stats.turns_taken_by_callers));
+  std::printf("caller's arena: %llu tensors sent in place, %llu copied in\n",
+              static_cast<unsigned long long>(stats.tensors_in_place),
+              static_cast<unsigned long long>(stats.tensors_copied_in));
   // How the hand-offs went (all phases, warm-up included): calls the callee's reading thread
   // ran itself or gave to another without a wake-up, and releases that rode on the next
   // descriptor.

@@ -338,8 +338,6 @@ struct CallState {
   // For Cancel: the engine's half of the segment (gone with the engine) and the call's id on
   // this client's ring; 0 for a future that was never sent.
   std::weak_ptr<Link> link;
-  // For Wait: the engine whose ring the answer comes on (a waiting caller reads it itself).
-  std::weak_ptr<CallEngine> engine;
   uint64_t call_id = 0;
   bool cancel_sent ABSL_GUARDED_BY(mu) = false;
   absl::StatusOr<Message> result ABSL_GUARDED_BY(mu) = absl::UnknownError("no result yet");
@@ -485,22 +483,12 @@ bool SpinOnResult(const CallState& state, int64_t start, int64_t limit_ns) {
 
 }  // namespace
 
-bool CallFuture::ReadOwnAnswer(const CallState& state, absl::Time until) {
-  std::shared_ptr<CallEngine> engine = state.engine.lock();
-  if (engine == nullptr) return state.ready.load(std::memory_order_acquire);
-  const bool answered = engine->ReadFor(state, until);
-  ReleaseCallEngine(std::move(engine));  // this may be a thread of the engine's own
-  return answered;
-}
-
 const absl::StatusOr<Message>& CallFuture::Wait() const {
   if (!state_->ready.load(std::memory_order_acquire)) {
     const int64_t start = absl::GetCurrentTimeNanos();
     if (!SpinOnResult(*state_, start, INT64_MAX)) {
-      if (!ReadOwnAnswer(*state_, absl::InfiniteFuture())) {
-        absl::MutexLock lock(&state_->mu);
-        while (!state_->done) state_->cv.Wait(&state_->mu);
-      }
+      absl::MutexLock lock(&state_->mu);
+      while (!state_->done) state_->cv.Wait(&state_->mu);
       caller_spin.Learn(absl::GetCurrentTimeNanos() - start);
     }
   }
@@ -512,7 +500,6 @@ bool CallFuture::WaitFor(absl::Duration timeout) const {
   const int64_t start = absl::GetCurrentTimeNanos();
   if (SpinOnResult(*state_, start, absl::ToInt64Nanoseconds(timeout))) return true;
   const absl::Time until = absl::FromUnixNanos(start) + timeout;
-  if (ReadOwnAnswer(*state_, until)) return true;
   absl::MutexLock lock(&state_->mu);
   while (!state_->done) {
     if (state_->cv.WaitWithDeadline(&state_->mu, until)) return state_->done;
@@ -587,19 +574,10 @@ CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_
   EnsureThreadsLocked(handler_threads);
 }
 
-void CallEngine::BeginStop() {
-  absl::MutexLock lock(&mu_);
-  stop_ = true;
-  stopping_.store(true, std::memory_order_release);
-  if (reading_) completions_.Wake();
-  role_cv_.SignalAll();
-}
-
 CallEngine::~CallEngine() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
-    stopping_.store(true, std::memory_order_release);
     // The ring's reader stops at its next look (within kPollInterval); nobody takes over.
     while (reading_) role_cv_.Wait(&mu_);
   }
@@ -702,8 +680,6 @@ void CallEngine::Complete(const std::shared_ptr<CallState>& state,
   // After the lock: a spinning caller that sees it returns without taking the lock, so it
   // never queues behind this thread (absl's Mutex may put a waiter to sleep).
   state->ready.store(true, std::memory_order_release);
-  // A caller waiting for the reading turn (ReadFor) has its answer now.
-  if (turn_wanted_.load(std::memory_order_relaxed) > 0) role_cv_.SignalAll();
   if (callbacks.empty()) return;
   // User code never runs on the reader thread (nor under mu_): the pool runs it.
   callbacks_.push_back([state, callbacks = std::move(callbacks)] {
@@ -732,10 +708,7 @@ void CallEngine::WorkQueued() {
   PublishQueued();
 }
 
-bool CallEngine::ReadingFree() const {
-  // A caller waiting for the turn (ReadFor) comes before the engine's threads.
-  return !reading_ && !stop_ && broken_.ok() && turn_wanted_.load(std::memory_order_relaxed) == 0;
-}
+bool CallEngine::ReadingFree() const { return !reading_ && !stop_ && broken_.ok(); }
 
 void CallEngine::PublishQueued() {
   queued_.store(callbacks_.size() + incoming_.size() + (ReadingFree() ? 1 : 0),
@@ -802,7 +775,6 @@ CallFuture CallEngine::CallAsync(const std::string& group, const std::string& fr
     id = next_call_id_++;
     state->call_id = id;
     state->link = link_;
-    state->engine = weak_from_this();
     Outgoing& call = waiting_[id];
     call.state = state;
     call.from = {group, from};
@@ -1023,100 +995,38 @@ void CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<
         return;
       }
     }
-    if (turn_wanted_.load(std::memory_order_acquire) > 0) return;  // a caller reads instead
     // Releases waiting for a push go by themselves once they have waited kReleaseDelay.
     const int64_t deferred = link_->DeferredSince();
     const absl::Time wake =
         deferred == 0 ? absl::Now() + kPollInterval
                       : std::min(absl::Now() + kPollInterval,
                                  absl::FromUnixNanos(deferred) + kReleaseDelay);
-    absl::StatusOr<bool> ready = completions_.WaitForData(wake, [this] {
-      return turn_wanted_.load(std::memory_order_relaxed) > 0 ||
-             stopping_.load(std::memory_order_relaxed);
-    });
-    if (!ReadBatch(ready, batch, kept)) {
+    absl::StatusOr<bool> ready = completions_.WaitForData(wake);
+    link_->FlushReleases(kReleaseDelay);
+    absl::StatusOr<size_t> n = ready.ok() ? completions_.TryPopBatch(batch) : ready.status();
+    if (!n.ok()) {
+      absl::MutexLock lock(&mu_);
+      broken_ = absl::UnavailableError(
+          absl::StrCat("the session's completion ring broke: ", n.status().message()));
+      std::vector<uint64_t> ids;
+      for (const auto& [id, call] : waiting_) ids.push_back(id);
+      for (uint64_t id : ids) {
+        const Outgoing& call = waiting_.at(id);
+        Finish(id, absl::UnavailableError(absl::StrCat(
+                       CallName(call.from.first, call.worker, call.method), ": ",
+                       broken_.message())));
+      }
       *ended = true;
       return;
     }
-  }
-}
-
-bool CallEngine::ReadBatch(const absl::StatusOr<bool>& ready, absl::Span<shm::Descriptor> batch,
-                           std::optional<Incoming>* keep) {
-  link_->FlushReleases(kReleaseDelay);
-  absl::StatusOr<size_t> n = ready.ok() ? completions_.TryPopBatch(batch) : ready.status();
-  if (!n.ok()) {
+    for (size_t i = 0; i < *n; ++i) OnCompletion(batch[i], kept);
     absl::MutexLock lock(&mu_);
-    broken_ = absl::UnavailableError(
-        absl::StrCat("the session's completion ring broke: ", n.status().message()));
-    std::vector<uint64_t> ids;
-    for (const auto& [id, call] : waiting_) ids.push_back(id);
-    for (uint64_t id : ids) {
-      const Outgoing& call = waiting_.at(id);
-      Finish(id,
-             absl::UnavailableError(absl::StrCat(
-                 CallName(call.from.first, call.worker, call.method), ": ", broken_.message())));
+    const absl::Time now = absl::Now();
+    if (now >= next_expire_) {
+      Expire();
+      next_expire_ = now + kPollInterval;
     }
-    return false;
   }
-  for (size_t i = 0; i < *n; ++i) OnCompletion(batch[i], keep);
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  if (now >= next_expire_) {
-    Expire();
-    next_expire_ = now + kPollInterval;
-  }
-  return true;
-}
-
-// The answer's wake-up reaches the waiting caller itself, instead of a thread that then wakes
-// the caller: one wake-up per call fewer when both would sleep (calls longer than the spin).
-bool CallEngine::ReadFor(const CallState& state, absl::Time until) {
-  auto answered = [&state] { return state.ready.load(std::memory_order_acquire); };
-  {
-    absl::MutexLock lock(&mu_);
-    if (stop_ || !broken_.ok()) return answered();
-    turn_wanted_.fetch_add(1, std::memory_order_acq_rel);
-    // The reading thread may sleep on the ring: wake it to give up its turn.
-    if (reading_) completions_.Wake();
-    while (reading_ && !answered() && !stop_ && absl::Now() < until) {
-      role_cv_.WaitWithDeadline(&mu_, until);
-    }
-    turn_wanted_.fetch_sub(1, std::memory_order_acq_rel);
-    if (reading_ || answered() || stop_ || !broken_.ok() || absl::Now() >= until) {
-      // Not this caller's turn after all: an idle thread may take it again.
-      PublishQueued();
-      if (ReadingFree() && pool_spinners_ == 0) work_cv_.Signal();
-      return answered();
-    }
-    reading_ = true;
-    ++turns_taken_by_callers_;
-  }
-  // Releases made here ride on the next push, as on the engine's reading thread.
-  const void* const deferring = defer_releases_of;
-  defer_releases_of = link_.get();
-  shm::Descriptor batch[64];
-  while (!answered()) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stop_) break;
-    }
-    const int64_t deferred = link_->DeferredSince();
-    absl::Time wake = std::min(until, absl::Now() + kPollInterval);
-    if (deferred != 0) wake = std::min(wake, absl::FromUnixNanos(deferred) + kReleaseDelay);
-    absl::StatusOr<bool> ready = completions_.WaitForData(
-        wake, [this] { return stopping_.load(std::memory_order_relaxed); });
-    // Incoming calls go to the engine's threads: this one returns to its caller.
-    if (!ReadBatch(ready, absl::MakeSpan(batch), nullptr)) break;
-    if (absl::Now() >= until) break;
-  }
-  defer_releases_of = deferring;
-  absl::MutexLock lock(&mu_);
-  reading_ = false;
-  role_cv_.SignalAll();
-  PublishQueued();
-  if (ReadingFree() && pool_spinners_ == 0) work_cv_.Signal();
-  return answered();
 }
 
 void CallEngine::OnCompletion(const shm::Descriptor& d, std::optional<Incoming>* keep) {
@@ -1237,7 +1147,7 @@ void CallEngine::OnCompletion(const shm::Descriptor& d, std::optional<Incoming>*
       // This thread runs the call itself, with no hand-off, when another thread is idle to
       // take over the ring (and none queued before it). Otherwise it keeps reading: a thread
       // always reads, so replies to handlers' own calls are never stuck behind them.
-      if (keep != nullptr && !*keep && idle_threads_ > 0 && incoming_.empty()) {
+      if (!*keep && idle_threads_ > 0 && incoming_.empty()) {
         ++handlers_running_;
         ++calls_kept_;
         *keep = std::move(incoming);
@@ -1507,7 +1417,6 @@ CallEngineStats CallEngine::Stats() {
   stats.handoffs_to_spinner = handoffs_to_spinner_;
   stats.handoffs_woken = handoffs_woken_;
   stats.calls_run_by_reader = calls_kept_;
-  stats.turns_taken_by_callers = turns_taken_by_callers_;
   return stats;
 }
 

@@ -222,9 +222,7 @@ class CallFuture {
   bool valid() const { return state_ != nullptr; }
   bool ready() const;
   // Blocks until the call's result is there and returns it; it lives as long as the future.
-  // Spins for a short adaptive window (as the rings' doorbells do); past it, this thread reads
-  // the client's completion ring itself (taking the turn from the engine's reading thread),
-  // so the answer's wake-up reaches it directly, and sleeps there.
+  // Spins for a short adaptive window (as the rings' doorbells do) before it sleeps.
   // Every call ends (by its reply, its deadline, or the engine going away), so a call with
   // a timeout never makes this wait longer than its timeout plus 2 s.
   const absl::StatusOr<Message>& Wait() const;
@@ -246,9 +244,6 @@ class CallFuture {
   friend class CallEngine;
   explicit CallFuture(std::shared_ptr<calls_internal::CallState> state)
       : state_(std::move(state)) {}
-  // Past the spin: reads the engine's ring on this thread until `state` is answered or
-  // `until` (CallEngine::ReadFor); whether it is answered.
-  static bool ReadOwnAnswer(const calls_internal::CallState& state, absl::Time until);
   std::shared_ptr<calls_internal::CallState> state_;
 };
 
@@ -272,9 +267,6 @@ struct CallEngineStats {
   // Incoming calls the thread that read them ran itself (another took over the ring): no
   // hand-off at all.
   uint64_t calls_run_by_reader = 0;
-  // Times a caller waiting past its spin (CallFuture::Wait) took the reading turn and read its
-  // answer off the ring itself.
-  uint64_t turns_taken_by_callers = 0;
   // Hops that cost a wake-up: the reader slept on the completion ring (nothing came within its
   // spin window), and submissions that found the daemon's thread asleep and woke it.
   uint64_t reader_sleeps = 0;
@@ -314,10 +306,6 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // threads (ReleaseCallEngine sees to that).
   ~CallEngine();
   CallEngine(const CallEngine&) = delete;
-  // Its owner lets it go: no new calls, and callers reading the ring for their answers
-  // (CallFuture::Wait) stop doing so and let go too, so the destructor (by the last holder)
-  // answers their calls CANCELLED at once instead of at their deadlines.
-  void BeginStop();
   CallEngine& operator=(const CallEngine&) = delete;
 
   // Registers `handler` for `method`, replacing an earlier one (of either kind). A Handler
@@ -413,17 +401,11 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // incoming call for this thread to run, or the engine stops or its ring breaks (nullopt);
   // then gives the turn up.
   std::optional<Incoming> Read();
-  // Takes completions off the ring after a WaitForData that returned `ready`, handles them
-  // (OnCompletion with `keep`) and expires calls past their time; false when the ring broke
-  // (every waiting call is answered UNAVAILABLE then). REQUIRES: the reading turn.
-  bool ReadBatch(const absl::StatusOr<bool>& ready, absl::Span<shm::Descriptor> batch,
-                 std::optional<Incoming>* keep);
-  // Read's loop: until OnCompletion keeps a call, `*ended` (stopping, or the ring broke), or a
-  // caller wants the turn (ReadFor).
+  // Read's loop: until OnCompletion keeps a call, or `*ended` (stopping, or the ring broke).
   void ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept, bool* ended);
-  // One descriptor read off the ring. An incoming call goes into `*keep` (empty before; null:
-  // never) when another thread is idle to read on; else it is queued. Read checks again as it gives
-  // up the ring, since calls queued after it may have taken that thread.
+  // One descriptor read off the ring. An incoming call goes into `*keep` (empty before) when
+  // another thread is idle to read on; else it is queued. Read checks again as it gives up
+  // the ring, since calls queued after it may have taken that thread.
   void OnCompletion(const shm::Descriptor& d, std::optional<Incoming>* keep);
   // Nobody reads the ring, and somebody may (not stopping, not broken).
   bool ReadingFree() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -435,14 +417,8 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // engine's own refusal.
   absl::Status Answer(uint64_t id, const std::string& worker, const std::string& method,
                       bool from_handler, absl::StatusOr<Message> reply);
-  // CallFuture::Wait: the waiting caller takes the reading turn (after the engine's reading
-  // thread gives it up) and reads until `state` is answered, `until`, or the engine stops;
-  // incoming calls it reads are queued for the engine's threads. Returns whether `state` is
-  // answered.
-  bool ReadFor(const calls_internal::CallState& state, absl::Time until);
   friend struct calls_internal::PendingReply;
   friend class Responder;
-  friend class CallFuture;
 
   const std::shared_ptr<calls_internal::Link> link_;
   shm::RingConsumer completions_;  // the thread whose turn it is to read (reading_)
@@ -456,12 +432,6 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // Engine threads waiting in ThreadLoop for something to do (spinning or asleep).
   int idle_threads_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t calls_kept_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t turns_taken_by_callers_ ABSL_GUARDED_BY(mu_) = 0;
-  // Callers in ReadFor waiting for the reading turn; the engine's reading thread gives it up
-  // while this is above zero. Read without the lock by the reading thread's ring wait.
-  std::atomic<int> turn_wanted_{0};
-  // stop_, readable without the lock by a thread waiting on the ring (BeginStop wakes it).
-  std::atomic<bool> stopping_{false};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;       // no new calls; the reader exits
   bool pool_exit_ ABSL_GUARDED_BY(mu_) = false;  // pool threads exit once callbacks ran
   absl::Status broken_ ABSL_GUARDED_BY(mu_);

@@ -272,7 +272,6 @@ void Client::DetachSharedMemory() {
     calls = std::move(calls_);
     calls_segment_.reset();
   }
-  if (calls != nullptr) calls->BeginStop();
   ReleaseCallEngine(std::move(calls));  // a handler detaching its own client
 }
 
@@ -292,7 +291,6 @@ absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
     calls = calls_;
     devices = cuda_devices_;
   }
-  if (old != nullptr) old->BeginStop();
   ReleaseCallEngine(std::move(old));
   // A new session: the pools go to its daemon side again. A failure here was reported by the
   // Join that asked for the device; calls into it name the missing pool.

@@ -101,7 +101,6 @@ RingConsumer::RingConsumer(void* segment_base, const RingLayout& ring, std::stri
       name_(std::move(name)),
       data_(&control_->data, spin),
       space_(&control_->space, spin),
-      waker_(&control_->data, spin),
       head_(start),
       seen_tail_(start) {}
 
@@ -152,13 +151,8 @@ absl::StatusOr<bool> RingConsumer::TryPop(Descriptor* out) {
 }
 
 absl::StatusOr<bool> RingConsumer::WaitForData(absl::Time deadline) {
-  return WaitForData(deadline, [] { return false; });
-}
-
-absl::StatusOr<bool> RingConsumer::WaitForData(absl::Time deadline,
-                                               absl::FunctionRef<bool()> interrupt) {
-  const bool ready = data_.Wait(
-      [&] { return !RefreshTail().ok() || seen_tail_ != head_ || interrupt(); }, deadline);
+  const bool ready =
+      data_.Wait([this] { return !RefreshTail().ok() || seen_tail_ != head_; }, deadline);
   if (!error_.ok()) return error_;
   return ready;
 }

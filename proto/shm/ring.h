@@ -27,7 +27,6 @@
 #include <cstdint>
 #include <string>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -112,12 +111,6 @@ class RingConsumer {
   // Waits (spin, then sleep) until a descriptor is published: true, false at `deadline`, or
   // the ring's error. Returns by `deadline` whatever the producer writes.
   absl::StatusOr<bool> WaitForData(absl::Time deadline);
-  // As WaitForData, but also returns true as soon as interrupt() holds (looked at as often as
-  // the ring, so it must be cheap). A thread that makes it hold calls Wake.
-  absl::StatusOr<bool> WaitForData(absl::Time deadline, absl::FunctionRef<bool()> interrupt);
-  // Wakes the thread sleeping in WaitForData, from another thread of this process, so it
-  // looks at its interrupt. Calls of Wake must not overlap (their callers serialize them).
-  void Wake() { waker_.Ring(); }
 
   // Descriptors published and not yet taken, or the ring's error.
   absl::StatusOr<uint32_t> Available();
@@ -138,7 +131,6 @@ class RingConsumer {
   std::string name_;
   Doorbell data_;   // waited on here
   Doorbell space_;  // rung here
-  Doorbell waker_;  // rung on data_'s word by Wake
   uint32_t head_ = 0;       // ours: taken up to here
   uint32_t seen_tail_ = 0;  // the producer's tail as last checked
   absl::Status error_;

@@ -820,30 +820,6 @@ TEST_F(OneThreadCallsTest, HandlersThatCallOutGetTheirRepliesWhileOthersQueue) {
       << "some relay calls came while the one handler thread was busy, and were queued";
 }
 
-// A caller still waiting past its spin reads the ring itself, so the answer's wake-up reaches
-// it directly; its client detaching meanwhile still answers it CANCELLED at once.
-TEST_F(CallsTest, CallerWaitingPastItsSpinReadsItsOwnAnswerAndDetachCancelsIt) {
-  StartPair();
-  absl::StatusOr<Message> reply = a_->Call("g", "b", "nap", "n", {}, absl::Seconds(10));
-  ASSERT_TRUE(reply.ok()) << reply.status();
-  EXPECT_EQ(reply->payload, "n");
-  EXPECT_GE(a_->GetCallStats()->turns_taken_by_callers, 1u)
-      << "a 300 ms call outlasts the caller's spin: it read its answer itself";
-
-  CallFuture waiting = a_->CallAsync("g", "b", "sleep", "s", {}, absl::Seconds(30));
-  auto waited = std::async(std::launch::async, [&] {
-    const absl::Time start = absl::Now();
-    const absl::StatusOr<Message>& result = waiting.Wait();
-    return std::make_pair(result.status(), absl::Now() - start);
-  });
-  absl::SleepFor(absl::Milliseconds(200));  // the caller is reading the ring by now
-  a_->DetachSharedMemory();
-  const auto [status, took] = waited.get();
-  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
-  EXPECT_THAT(std::string(status.message()), HasSubstr("detached during the call"));
-  EXPECT_LT(took, absl::Seconds(1.5)) << "cancelled at the detach, not after the 2 s handler";
-}
-
 class TimeoutCallsTest : public CallsTest {
  protected:
   TimeoutCallsTest() { backend_.set_rpc_timeout_ms(500); }
