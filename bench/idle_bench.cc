@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -88,6 +89,10 @@ int main(int argc, char** argv) {
   config.peer.node_name = "idle-bench";
   config.group.cuda_device_count = 0;
   config.data.arena_bytes = 1 << 20;
+  // All clients are this process's (one uid): past the default per-uid cap (32) the rest
+  // would be refused.
+  config.data.max_sessions_per_uid = std::max<int64_t>(config.data.max_sessions_per_uid,
+                                                       absl::GetFlag(FLAGS_clients));
   absl::StatusOr<std::unique_ptr<tpd::Daemon>> daemon = tpd::Daemon::Start(config);
   if (!daemon.ok()) {
     std::fprintf(stderr, "%s\n", daemon.status().ToString().c_str());

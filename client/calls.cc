@@ -37,7 +37,7 @@ constexpr size_t kMaxDeferredReleases = 32;
 constexpr uint64_t kDeferredReleaseMaxBytes = 64 << 10;
 // How long the client's threads spin before they sleep: the reader on the completion ring,
 // a pool thread waiting for work, a caller waiting for its result. The doorbell's adaptive
-// rule (pause 1 µs, then yield; a window of twice the typical wait; 2 µs once waits keep
+// rule (pause 1 µs, then yield; a window of four times the typical wait; 2 µs once waits keep
 // running longer than max_spin, so an idle client sleeps at once), with a max_spin of
 // 100 µs rather than the doorbell's 50: where every hop of a call sleeps, a round trip on a
 // 16-core VM takes 35-40 µs, and a 50 µs cap sat so close to that that tails kept

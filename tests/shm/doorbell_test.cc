@@ -214,18 +214,18 @@ TEST(SpinWindowTest, TheWindowFollowsHowLongWaitsTake) {
   options.max_spin = absl::Microseconds(50);
   SpinWindow spin(options);
   EXPECT_EQ(spin.window_ns(), 50'000) << "starts spinning fully";
-  // Waits answered after 10 µs: it settles at twice that.
+  // Waits answered after 10 µs: it settles at four times that.
   for (int i = 0; i < 30; ++i) spin.Learn(10'000);
-  EXPECT_NEAR(spin.window_ns(), 20'000, 200);
-  // 30 µs waits: twice is past max_spin, so max_spin.
-  for (int i = 0; i < 30; ++i) spin.Learn(30'000);
+  EXPECT_NEAR(spin.window_ns(), 40'000, 400);
+  // 15 µs waits: four times is past max_spin, so max_spin.
+  for (int i = 0; i < 30; ++i) spin.Learn(15'000);
   EXPECT_EQ(spin.window_ns(), 50'000);
   // Waits longer than max_spin (an idle peer): spinning is useless, min_spin.
   for (int i = 0; i < 10; ++i) spin.Learn(5'000'000);
   EXPECT_EQ(spin.window_ns(), 2'000);
   // Busy again: a few quick waits bring the spin back, one long wait does not undo it.
   for (int i = 0; i < 15; ++i) spin.Learn(5'000);
-  EXPECT_NEAR(spin.window_ns(), 10'000, 3'000);
+  EXPECT_NEAR(spin.window_ns(), 20'000, 6'000);
   spin.Learn(1'000'000'000);
   EXPECT_GT(spin.window_ns(), 2'000) << "one hiccup";
   for (int i = 0; i < 3; ++i) spin.Learn(1'000'000'000);
