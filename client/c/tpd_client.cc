@@ -305,6 +305,17 @@ void DeleteDlpack(DLManagedTensor* self) {
   delete holder;
 }
 
+// A store call's key list from C: INVALID_ARGUMENT for a bad count or a NULL key.
+absl::StatusOr<std::vector<std::string>> Keys(const char* const* keys, int n) {
+  if (n < 0 || (n > 0 && keys == nullptr)) return absl::InvalidArgumentError("bad key list");
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) {
+    if (keys[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat("key ", i, " is NULL"));
+    out.emplace_back(keys[i]);
+  }
+  return out;
+}
+
 }  // namespace
 
 extern "C" {
@@ -838,17 +849,6 @@ int tpd_store_compare_set(tpd_store* store, const char* key, const char* expecte
   });
 }
 
-namespace {
-absl::StatusOr<std::vector<std::string>> Keys(const char* const* keys, int n) {
-  if (n < 0 || (n > 0 && keys == nullptr)) return absl::InvalidArgumentError("bad key list");
-  std::vector<std::string> out;
-  for (int i = 0; i < n; ++i) {
-    if (keys[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat("key ", i, " is NULL"));
-    out.emplace_back(keys[i]);
-  }
-  return out;
-}
-}  // namespace
 
 int tpd_store_wait(tpd_store* store, const char* const* keys, int num_keys,
                    int64_t timeout_us) {
