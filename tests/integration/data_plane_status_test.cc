@@ -104,6 +104,24 @@ class DataPlaneStatusTest : public ::testing::Test {
     ASSERT_TRUE(joined.get().ok());
   }
 
+  // c and d, both on node0, in group "l" (local calls); d handles "echo" and "nap" (50 ms).
+  void StartLocalPair() {
+    c_ = Connect(0);
+    d_ = Connect(0);
+    ASSERT_NE(c_, nullptr);
+    ASSERT_NE(d_, nullptr);
+    ASSERT_TRUE(d_->Handle("nap", [](const Message& request) -> absl::StatusOr<Message> {
+                    absl::SleepFor(kNap);
+                    return request;
+                  }).ok());
+    ASSERT_TRUE(d_->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
+                    return request;
+                  }).ok());
+    auto joined = std::async(std::launch::async, [&] { return Join(d_.get(), "d", 1, "l"); });
+    ASSERT_TRUE(Join(c_.get(), "c", 0, "l").ok());
+    ASSERT_TRUE(joined.get().ok());
+  }
+
   testing::ProcessResult Tpctl(int i) {
     return RunProcess({RunfilePath("client/tpctl"), "--socket", nodes_.socket(i), "status"});
   }
@@ -116,6 +134,8 @@ class DataPlaneStatusTest : public ::testing::Test {
   std::string init_method_;
   std::unique_ptr<Client> a_;
   std::unique_ptr<Client> b_;
+  std::unique_ptr<Client> c_;
+  std::unique_ptr<Client> d_;
 };
 
 TEST_F(DataPlaneStatusTest, AgentSectionNamesItsUrlsAndWhyEachBackendWasOrWasNotRegistered) {
@@ -241,21 +261,8 @@ TEST_F(DataPlaneStatusTest, CallAwaitingItsReplyIsPendingOnTheAgentAndInFlightOn
 
 TEST_F(DataPlaneStatusTest, CallLatencyCountsEachStageAndShowsWhereAHandlersTimeWent) {
   StartPair();
-  // Local calls too: c and d on node0, in group "l".
-  std::unique_ptr<Client> c = Connect(0);
-  std::unique_ptr<Client> d = Connect(0);
-  ASSERT_NE(c, nullptr);
-  ASSERT_NE(d, nullptr);
-  ASSERT_TRUE(d->Handle("nap", [](const Message& request) -> absl::StatusOr<Message> {
-                 absl::SleepFor(kNap);
-                 return request;
-               }).ok());
-  ASSERT_TRUE(d->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
-                 return request;
-               }).ok());
-  auto joined = std::async(std::launch::async, [&] { return Join(d.get(), "d", 1, "l"); });
-  ASSERT_TRUE(Join(c.get(), "c", 0, "l").ok());
-  ASSERT_TRUE(joined.get().ok());
+  ASSERT_NO_FATAL_FAILURE(StartLocalPair());  // local calls too
+  Client* c = c_.get();
 
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(a_->Call("g", "b", "echo", "x").ok());
@@ -310,18 +317,9 @@ TEST_F(DataPlaneStatusTest, CallLatencyCountsEachStageAndShowsWhereAHandlersTime
 // A hop that finds the other side asleep is counted on both ends: the client's reader slept and
 // the daemon woke it; the daemon's thread slept and the client's submission woke it.
 TEST_F(DataPlaneStatusTest, WakeUpsCountTheHopsThatFoundTheOtherSideAsleep) {
-  StartPair();
-  std::unique_ptr<Client> c = Connect(0);
-  std::unique_ptr<Client> d = Connect(0);
-  ASSERT_NE(c, nullptr);
-  ASSERT_NE(d, nullptr);
-  ASSERT_TRUE(d->Handle("nap", [](const Message& request) -> absl::StatusOr<Message> {
-                 absl::SleepFor(kNap);
-                 return request;
-               }).ok());
-  auto joined = std::async(std::launch::async, [&] { return Join(d.get(), "d", 1, "l"); });
-  ASSERT_TRUE(Join(c.get(), "c", 0, "l").ok());
-  ASSERT_TRUE(joined.get().ok());
+  ASSERT_NO_FATAL_FAILURE(StartLocalPair());
+  Client* c = c_.get();
+  Client* d = d_.get();
 
   // Idle far past every spin window (at most 100 µs), so d's reader and both session threads
   // sleep; during the handler's nap, c's reader sleeps too.
@@ -335,7 +333,7 @@ TEST_F(DataPlaneStatusTest, WakeUpsCountTheHopsThatFoundTheOtherSideAsleep) {
   EXPECT_GE(caller.daemon_wakeups + callee.daemon_wakeups, 1u)
       << "the daemon's session threads were asleep when the call and its reply came";
 
-  absl::StatusOr<v1::StatusResponse> status = a_->Status();
+  absl::StatusOr<v1::StatusResponse> status = c->Status();
   ASSERT_TRUE(status.ok()) << status.status();
   uint64_t reader_wakeups = 0;
   uint64_t daemon_sleeps = 0;
