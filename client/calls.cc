@@ -35,10 +35,47 @@ constexpr absl::string_view kRemotePrefix = "remote handler of worker '";
 constexpr absl::Duration kReleaseDelay = absl::Microseconds(200);
 constexpr size_t kMaxDeferredReleases = 32;
 constexpr uint64_t kDeferredReleaseMaxBytes = 64 << 10;
+// How long the client's threads spin before they sleep: the reader on the completion ring,
+// a pool thread waiting for work, a caller waiting for its result. The doorbell's adaptive
+// rule (pause 1 µs, then yield; a window of four times the typical wait; 2 µs once waits keep
+// running longer than max_spin, so an idle client sleeps at once), with a max_spin of
+// 100 µs rather than the doorbell's 50: where every hop of a call sleeps, a round trip on a
+// 16-core VM takes 35-40 µs, and a 50 µs cap sat so close to that that tails kept
+// collapsing the window, so the hops never spun and the round trip stayed there
+// (docs/BENCHMARKS.md, B2).
+constexpr shm::SpinOptions kSpin{absl::Microseconds(2), absl::Microseconds(100),
+                                 absl::Microseconds(1)};
+
+#if defined(__x86_64__) || defined(__i386__)
+inline void CpuRelax() { __builtin_ia32_pause(); }
+#elif defined(__aarch64__)
+inline void CpuRelax() { asm volatile("yield" ::: "memory"); }
+#else
+inline void CpuRelax() {}
+#endif
+
+// Spins until done() or `window` has passed since `start` (pause for `pause_ns`, then
+// sched_yield between looks, as shm::Doorbell does). Returns done() at the last look.
+template <typename Done>
+bool Spin(Done done, int64_t start, int64_t window_ns, int64_t pause_ns) {
+  const int64_t until = start + window_ns;
+  const int64_t yield_after = start + std::min(window_ns, pause_ns);
+  int64_t now = start;
+  for (uint32_t i = 1; now < until; ++i) {
+    if (done()) return true;
+    if ((i & 15) == 0) now = absl::GetCurrentTimeNanos();
+    if (now >= yield_after) {
+      sched_yield();
+    } else {
+      CpuRelax();
+    }
+  }
+  return done();
+}
 
 // The caller's spin window, learnt per thread: a thread making back-to-back calls spins
 // through a typical reply; one whose calls take long sleeps almost at once.
-thread_local shm::SpinWindow caller_spin(kClientSpin);
+thread_local shm::SpinWindow caller_spin(kSpin);
 
 std::string CallName(const std::string& group, const std::string& worker,
                      const std::string& method) {
@@ -438,8 +475,8 @@ namespace {
 // Returns true when the result is there.
 bool SpinOnResult(const CallState& state, int64_t start, int64_t limit_ns) {
   const bool ready =
-      shm::SpinUntil([&state] { return state.ready.load(std::memory_order_acquire); }, start,
-                     std::min(limit_ns, caller_spin.window_ns()), caller_spin.pause_ns());
+      Spin([&state] { return state.ready.load(std::memory_order_acquire); }, start,
+           std::min(limit_ns, caller_spin.window_ns()), caller_spin.pause_ns());
   if (ready) caller_spin.Learn(absl::GetCurrentTimeNanos() - start);
   return ready;
 }
@@ -530,8 +567,8 @@ absl::Status Responder::Reply(absl::StatusOr<Message> reply) const {
 
 CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads)
     : link_(std::make_shared<Link>(segment)),
-      completions_(segment->base(), segment->layout().completion, "completion ring", kClientSpin),
-      pool_spin_(kClientSpin) {
+      completions_(segment->base(), segment->layout().completion, "completion ring", kSpin),
+      pool_spin_(kSpin) {
   reader_ = std::thread([this] { ThreadLoop(); });
   absl::MutexLock lock(&mu_);
   EnsureThreadsLocked(handler_threads);
@@ -1150,8 +1187,8 @@ void CallEngine::ThreadLoop() {
         const int64_t window = pool_spin_.window_ns();
         const int64_t pause = pool_spin_.pause_ns();
         mu_.Unlock();
-        shm::SpinUntil([this] { return queued_.load(std::memory_order_acquire) > 0; }, wait_start,
-                       window, pause);
+        Spin([this] { return queued_.load(std::memory_order_acquire) > 0; }, wait_start, window,
+             pause);
         mu_.Lock();
         --pool_spinners_;
       }

@@ -59,18 +59,6 @@ struct CallState;   // one call's result, shared by the engine and its CallFutur
 struct PendingReply;  // an incoming call not yet answered, shared by its Responders
 }  // namespace calls_internal
 
-// How long the client's threads spin before they sleep: the reader on the completion ring,
-// an idle engine thread waiting for work, a caller waiting for its result, a C ABI thread
-// waiting for an event. The doorbell's adaptive
-// rule (pause 1 µs, then yield; a window of four times the typical wait; 2 µs once waits keep
-// running longer than max_spin, so an idle client sleeps at once), with a max_spin of
-// 100 µs rather than the doorbell's 50: where every hop of a call sleeps, a round trip on a
-// 16-core VM takes 35-40 µs, and a 50 µs cap sat so close to that that tails kept
-// collapsing the window, so the hops never spun and the round trip stayed there
-// (docs/BENCHMARKS.md, B2).
-inline constexpr shm::SpinOptions kClientSpin{absl::Microseconds(2), absl::Microseconds(100),
-                                              absl::Microseconds(1)};
-
 // Where a tensor lives: "cpu" or "cuda:N".
 struct Device {
   shm::DeviceType type = shm::DeviceType::kCpu;

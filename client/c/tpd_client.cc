@@ -5,7 +5,6 @@
 
 #include "client/c/tpd_client.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -24,12 +23,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/calls.h"
 #include "client/client.h"
 #include "google/protobuf/util/json_util.h"
-#include "proto/shm/doorbell.h"
 
 // The library's view of one client: the C++ client, the two event queues, and what DLPack
 // views and arena blocks handed out keep.
@@ -70,14 +67,6 @@ struct tpd_events {
   bool stopped ABSL_GUARDED_BY(mu) = false;
   std::deque<std::unique_ptr<tpd_event>> requests ABSL_GUARDED_BY(mu);
   std::deque<std::unique_ptr<tpd_event>> replies ABSL_GUARDED_BY(mu);
-  // One waiter at a time spins (without the lock) for the client's adaptive window before it
-  // sleeps, on the queues in `spin_queues`, watching `queued` (events of each queue: requests,
-  // replies); a push it will take signals nobody. Back-to-back requests then reach a serving
-  // thread (a tpd.rpc worker) with no futex wake-up, which is most of a call's hand-off on a VM.
-  int spinners ABSL_GUARDED_BY(mu) = 0;
-  int spin_queues ABSL_GUARDED_BY(mu) = 0;
-  tpd::shm::SpinWindow spin ABSL_GUARDED_BY(mu){tpd::kClientSpin};
-  std::atomic<uint32_t> queued[2] = {0, 0};
   // Bytes of the receive heap held by DLPack views handed out, and the heap's size (known
   // once the client attached).
   std::atomic<uint64_t> rx_view_bytes{0};
@@ -90,19 +79,9 @@ struct tpd_events {
     // TPD_EVENT_RELEASED rides with the replies: the thread completing calls frees memory.
     const bool request = event->kind == TPD_EVENT_REQUEST;
     (request ? requests : replies).push_back(std::move(event));
-    queued[request ? 0 : 1].fetch_add(1, std::memory_order_release);
-    if (spinners > 0 && (spin_queues & (request ? TPD_QUEUE_REQUESTS : TPD_QUEUE_REPLIES)) != 0) {
-      return true;  // the spinning waiter takes it, or finds it under the lock as it stops
-    }
     (request ? requests_cv : replies_cv).Signal();
     any_cv.Signal();
     return true;
-  }
-
-  // Whether an event of `queues` is queued (read without the lock, for the spin).
-  bool Queued(int queues) const {
-    return ((queues & TPD_QUEUE_REQUESTS) != 0 && queued[0].load(std::memory_order_acquire) > 0) ||
-           ((queues & TPD_QUEUE_REPLIES) != 0 && queued[1].load(std::memory_order_acquire) > 0);
   }
 };
 
@@ -589,7 +568,6 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
         timeout_us < 0 ? absl::InfiniteFuture() : absl::Now() + absl::Microseconds(timeout_us);
     absl::MutexLock lock(&events.mu);
     bool timed_out = false;
-    int64_t spun_since = 0;  // when this call began to spin (0: it did not)
     while (true) {
       if (events.stopped) return absl::CancelledError("the client stopped its events");
       for (auto* queue : {&events.replies, &events.requests}) {
@@ -597,13 +575,6 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
         if ((queues & mask) != 0 && !queue->empty()) {
           *out = queue->front().release();
           queue->pop_front();
-          events.queued[mask == TPD_QUEUE_REQUESTS ? 0 : 1].fetch_sub(1, std::memory_order_relaxed);
-          if (spun_since != 0) events.spin.Learn(absl::GetCurrentTimeNanos() - spun_since);
-          // Pushes a spinner was to take signalled nobody: pass what is left on.
-          if (!queue->empty()) {
-            (mask == TPD_QUEUE_REQUESTS ? events.requests_cv : events.replies_cv).Signal();
-            events.any_cv.Signal();
-          }
           return absl::OkStatus();
         }
       }
@@ -612,20 +583,6 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
       if (timed_out) {
         return absl::DeadlineExceededError(
             absl::StrCat("no event within ", timeout_us, " microseconds"));
-      }
-      if (spun_since == 0 && events.spinners == 0 && events.spin.window_ns() > 0) {
-        spun_since = absl::GetCurrentTimeNanos();
-        ++events.spinners;
-        events.spin_queues = queues;
-        const int64_t window =
-            std::min(events.spin.window_ns(), absl::ToInt64Nanoseconds(deadline - absl::Now()));
-        const int64_t pause = events.spin.pause_ns();
-        events.mu.Unlock();
-        tpd::shm::SpinUntil([&] { return events.Queued(queues); }, spun_since,
-                            std::max<int64_t>(window, 0), pause);
-        events.mu.Lock();
-        --events.spinners;
-        continue;  // looks at the queues again under the lock before it sleeps
       }
       const int both = TPD_QUEUE_REQUESTS | TPD_QUEUE_REPLIES;
       absl::CondVar& cv = (queues & both) == both          ? events.any_cv

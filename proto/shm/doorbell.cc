@@ -74,22 +74,6 @@ void SpinWindow::Learn(int64_t waited_ns) {
   }
 }
 
-bool SpinUntil(absl::FunctionRef<bool()> done, int64_t start, int64_t window_ns, int64_t pause_ns) {
-  const int64_t until = start + window_ns;
-  const int64_t yield_after = start + std::min(window_ns, pause_ns);
-  int64_t now = start;
-  for (uint32_t i = 1; now < until; ++i) {
-    if (done()) return true;
-    if ((i & 15) == 0) now = absl::GetCurrentTimeNanos();
-    if (now >= yield_after) {
-      sched_yield();
-    } else {
-      TPD_SHM_PAUSE();
-    }
-  }
-  return done();
-}
-
 Doorbell::Doorbell(DoorbellWord* word, SpinOptions options) : word_(word), spin_(options) {}
 
 void Doorbell::Ring() {

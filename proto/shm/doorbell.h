@@ -82,11 +82,6 @@ class SpinWindow {
   int64_t window_ns_;
 };
 
-// Spins until done() or `window_ns` has passed since `start` (GetCurrentTimeNanos): pause for
-// `pause_ns`, then sched_yield between looks, as Doorbell::Wait does. Returns done() at the
-// last look. For waits on something other than a ring (a queue, a result) under a SpinWindow.
-bool SpinUntil(absl::FunctionRef<bool()> done, int64_t start, int64_t window_ns, int64_t pause_ns);
-
 class Doorbell {
  public:
   // `word` lies in shared memory and outlives this object.
