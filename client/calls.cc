@@ -36,7 +36,7 @@ constexpr absl::Duration kReleaseDelay = absl::Microseconds(200);
 constexpr size_t kMaxDeferredReleases = 32;
 constexpr uint64_t kDeferredReleaseMaxBytes = 64 << 10;
 // How long the client's threads spin before they sleep: the reader on the completion ring,
-// a pool thread waiting for work, a caller waiting for its result. The doorbell's adaptive
+// an idle engine thread waiting for work, a caller waiting for its result. The doorbell's adaptive
 // rule (pause 1 µs, then yield; a window of four times the typical wait; 2 µs once waits keep
 // running longer than max_spin, so an idle client sleeps at once), with a max_spin of
 // 100 µs rather than the doorbell's 50: where every hop of a call sleeps, a round trip on a
@@ -681,7 +681,7 @@ void CallEngine::Complete(const std::shared_ptr<CallState>& state,
   // never queues behind this thread (absl's Mutex may put a waiter to sleep).
   state->ready.store(true, std::memory_order_release);
   if (callbacks.empty()) return;
-  // User code never runs on the reader thread (nor under mu_): the pool runs it.
+  // User code never runs while its thread reads the ring (nor under mu_): the pool runs it.
   callbacks_.push_back([state, callbacks = std::move(callbacks)] {
     for (const CallCallback& callback : callbacks) callback(state->Result());
   });

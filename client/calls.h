@@ -236,8 +236,8 @@ class CallFuture {
   void Cancel();
   // Runs `callback` once with the result: on a handler pool thread of the client when the
   // result arrives later, or on this thread, before Then returns, when it is there already.
-  // Never on the ring's reader thread, so a callback may block (it then holds one handler
-  // thread, as a handler would). Callbacks of one future run in the order given.
+  // Never on a thread while it reads the ring, so a callback may block (it then holds one
+  // handler thread, as a handler would). Callbacks of one future run in the order given.
   void Then(CallCallback callback);
 
  private:
@@ -432,7 +432,7 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // Engine threads waiting in ThreadLoop for something to do (spinning or asleep).
   int idle_threads_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t calls_kept_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;       // no new calls; the reader exits
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;       // no new calls; nobody reads the ring
   bool pool_exit_ ABSL_GUARDED_BY(mu_) = false;  // pool threads exit once callbacks ran
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 1;
