@@ -569,7 +569,7 @@ CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_
     : link_(std::make_shared<Link>(segment)),
       completions_(segment->base(), segment->layout().completion, "completion ring", kSpin),
       pool_spin_(kSpin) {
-  reader_ = std::thread([this] { ThreadLoop(); });
+  extra_thread_ = std::thread([this] { ThreadLoop(); });
   absl::MutexLock lock(&mu_);
   EnsureThreadsLocked(handler_threads);
 }
@@ -602,7 +602,7 @@ CallEngine::~CallEngine() {
     pool.swap(pool_);
   }
   dropped.clear();
-  reader_.join();
+  extra_thread_.join();
   for (std::thread& thread : pool) thread.join();  // they run the callbacks due first
   std::deque<std::function<void()>> left;
   {
@@ -961,7 +961,7 @@ std::optional<CallEngine::Incoming> CallEngine::Read() {
   std::optional<Incoming> kept;
   bool ended = false;  // stopping, or the ring broke: nobody reads after this thread
   while (!ended) {
-    ReadUntilKept(batch, &kept, &ended);
+    ended = !ReadUntilKept(batch, &kept);
     absl::MutexLock lock(&mu_);
     if (kept && idle_threads_ == 0) {
       // Calls queued after it in the same batch took the idle threads: this one waits its turn
@@ -985,15 +985,11 @@ std::optional<CallEngine::Incoming> CallEngine::Read() {
   return kept;
 }
 
-void CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept,
-                               bool* ended) {
+bool CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept) {
   while (!*kept) {
     {
       absl::MutexLock lock(&mu_);
-      if (stop_) {
-        *ended = true;
-        return;
-      }
+      if (stop_) return false;
     }
     // Releases waiting for a push go by themselves once they have waited kReleaseDelay.
     const int64_t deferred = link_->DeferredSince();
@@ -1016,8 +1012,7 @@ void CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<
                        CallName(call.from.first, call.worker, call.method), ": ",
                        broken_.message())));
       }
-      *ended = true;
-      return;
+      return false;
     }
     for (size_t i = 0; i < *n; ++i) OnCompletion(batch[i], kept);
     absl::MutexLock lock(&mu_);
@@ -1027,6 +1022,7 @@ void CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<
       next_expire_ = now + kPollInterval;
     }
   }
+  return true;
 }
 
 void CallEngine::OnCompletion(const shm::Descriptor& d, std::optional<Incoming>* keep) {

@@ -401,8 +401,9 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // incoming call for this thread to run, or the engine stops or its ring breaks (nullopt);
   // then gives the turn up.
   std::optional<Incoming> Read();
-  // Read's loop: until OnCompletion keeps a call, or `*ended` (stopping, or the ring broke).
-  void ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept, bool* ended);
+  // Read's loop: until OnCompletion keeps a call (true), or the engine stops or its ring
+  // broke (false).
+  bool ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept);
   // One descriptor read off the ring. An incoming call goes into `*keep` (empty before) when
   // another thread is idle to read on; else it is queued. Read checks again as it gives up
   // the ring, since calls queued after it may have taken that thread.
@@ -457,7 +458,9 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   absl::Mutex lend_mu_;  // one LendDevicePool at a time
   uint64_t handoffs_to_spinner_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t handoffs_woken_ ABSL_GUARDED_BY(mu_) = 0;
-  std::thread reader_;
+  // The thread beyond the pool: the engine has handler_threads + 1, so one reads the ring while
+  // that many run handlers. Not otherwise special (the threads take turns at the ring).
+  std::thread extra_thread_;
   std::vector<std::thread> pool_ ABSL_GUARDED_BY(mu_);
 };
 

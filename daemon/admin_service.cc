@@ -161,8 +161,8 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
         session->set_unposted_completions(it->second.unposted);
         session->set_rx_heap_bytes(it->second.rx_heap_bytes);
         session->set_rx_heap_used(it->second.rx_heap_used);
-        session->set_reader_wakeups(it->second.client_wakeups);
-        session->set_daemon_sleeps(it->second.sleeps);
+        session->set_reader_wakeups(it->second.reader_wakeups);
+        session->set_daemon_sleeps(it->second.daemon_sleeps);
         const SessionCudaStats& cuda = it->second.cuda;
         session->set_cuda_open_allocations(cuda.open_allocations);
         for (const SessionCudaStats::Pool& pool : cuda.pools) {

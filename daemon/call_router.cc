@@ -139,8 +139,8 @@ std::vector<SessionCallStats> CallRouter::Stats() {
     stats.unposted = session->unposted_count.load();
     stats.rx_heap_bytes = session->segment->layout().rx_heap.bytes;
     stats.rx_heap_used = session->RxUsed();
-    stats.client_wakeups = session->ClientWakeups();
-    stats.sleeps = session->Sleeps();
+    stats.reader_wakeups = session->ReaderWakeups();
+    stats.daemon_sleeps = session->DaemonSleeps();
     if (session->cuda != nullptr) stats.cuda = options_.cuda->SessionStats(*session->cuda);
     out.push_back(std::move(stats));
   }

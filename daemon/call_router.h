@@ -86,8 +86,8 @@ struct SessionCallStats {
   uint64_t rx_heap_used = 0;     // the daemon's blocks in its rx heap not yet released (may
                                  // lag while the session's lock is held)
   SessionCudaStats cuda;         // its receive pools and the IPC mappings the daemon holds
-  uint64_t client_wakeups = 0;   // posts that woke its client's reader (Session::ClientWakeups)
-  uint64_t sleeps = 0;           // its thread slept waiting for submissions
+  uint64_t reader_wakeups = 0;   // posts that woke its client's reader
+  uint64_t daemon_sleeps = 0;    // its thread slept waiting for submissions
 };
 
 class CallRouter {

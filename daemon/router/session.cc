@@ -201,7 +201,7 @@ uint64_t Session::RxUsed() {
   return rx_used_seen.load();
 }
 
-uint64_t Session::ClientWakeups() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+uint64_t Session::ReaderWakeups() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // `completions` is set in Open and never changes; the count is an atomic of its doorbell.
   return completions->wakeups();
 }

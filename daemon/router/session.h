@@ -124,8 +124,8 @@ struct Session {
   uint64_t RxUsed() ABSL_LOCKS_EXCLUDED(mu);
   // Times a post found its client's reader asleep and woke it, and times its thread slept
   // waiting for submissions: hops that cost a wake-up. Never waits for the lock.
-  uint64_t ClientWakeups() const;
-  uint64_t Sleeps() const { return submissions->sleeps(); }
+  uint64_t ReaderWakeups() const;
+  uint64_t DaemonSleeps() const { return submissions->sleeps(); }
 
  private:
   absl::StatusOr<uint64_t> WriteRxLocked(

@@ -60,9 +60,10 @@ struct SpinOptions {
 // or sleeping). Spinning pays only when a typical wait ends within max_spin; then the window
 // is about four times the typical wait, within [min_spin, max_spin]: waits between calls have
 // a long tail (a p90 twice the p50), and every wait that outlasts the window costs a futex
-// wake-up, which on a VM is most of a call's tail; a spin that ends early costs only the wait. When waits keep taking longer
-// (an idle peer: about three in a row) the window drops to min_spin, so an idle consumer goes
-// to sleep almost at once; one long wait alone does not turn the spin off.
+// wake-up, which on a VM is most of a call's tail; a spin that ends early costs only the wait.
+// When waits keep taking longer (an idle peer: about three in a row) the window drops to
+// min_spin, so an idle consumer goes to sleep almost at once; one long wait alone does not
+// turn the spin off.
 // A plain value, apart from the clock so the rule can be tested on its own.
 class SpinWindow {
  public:
