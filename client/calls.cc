@@ -287,6 +287,7 @@ class Link {
   std::atomic<uint64_t> cuda_tensors_sent{0};
   std::atomic<uint64_t> cuda_tensors_received{0};
   std::atomic<uint64_t> cuda_pool_blocks_held{0};
+  std::atomic<uint64_t> tensors_received_shared{0};
 };
 
 struct ArenaBlock {
@@ -307,7 +308,16 @@ struct RxBlock {
   }
   const std::shared_ptr<Link> link;
   const uint64_t offset;
-  const uint64_t bytes;  // at least: the message's payload and tensor table
+  // At least the message's payload and tensor table, plus the bytes of tensors it holds in a
+  // sender's memory (the release gives those back to the sender, so size it by them).
+  uint64_t bytes;
+};
+
+// What a tensor received in a sender's memory holds: its message's rx block (whose release
+// gives the sender's block back) and the mapping of the sender's segment.
+struct PeerView {
+  std::shared_ptr<RxBlock> block;
+  std::shared_ptr<const PeerSegment> peer;
 };
 
 // A block of a receive pool a received CUDA tensor lies in; released when its views go.
@@ -380,6 +390,7 @@ using calls_internal::CallState;
 using calls_internal::CudaExporter;
 using calls_internal::DevicePool;
 using calls_internal::Link;
+using calls_internal::PeerView;
 using calls_internal::PendingReply;
 using calls_internal::PoolBlock;
 using calls_internal::RxBlock;
@@ -565,8 +576,10 @@ absl::Status Responder::Reply(absl::StatusOr<Message> reply) const {
 
 // --- CallEngine ---
 
-CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads)
+CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads,
+                       int notice_fd)
     : link_(std::make_shared<Link>(segment)),
+      peers_(notice_fd),
       completions_(segment->base(), segment->layout().completion, "completion ring", kSpin),
       pool_spin_(kSpin) {
   extra_thread_ = std::thread([this] { ThreadLoop(); });
@@ -1032,6 +1045,10 @@ void CallEngine::OnCompletion(const shm::Descriptor& d, std::optional<Incoming>*
     link_->OnReleased(d.payload_offset);
     return;
   }
+  if (d.op == static_cast<uint8_t>(shm::Op::kPeerGone)) {
+    peers_.Forget(d.call_id);
+    return;
+  }
   if (d.op != static_cast<uint8_t>(shm::Op::kCall) && d.op != static_cast<uint8_t>(shm::Op::kReply)) {
     return;
   }
@@ -1096,7 +1113,26 @@ void CallEngine::OnCompletion(const shm::Descriptor& d, std::optional<Incoming>*
         in.tensors.push_back(std::move(tensor));
         continue;
       }
-      if (entry.length > 0) {
+      if (entry.length > 0 && entry.device_handle != 0) {
+        // In the sender's tx heap, which this client maps as peer `device_handle`.
+        absl::StatusOr<std::shared_ptr<const PeerSegment>> peer =
+            peers_.Get(entry.device_handle);
+        const char* at = peer.ok() ? (*peer)->Find(entry.offset, entry.length) : nullptr;
+        if (at == nullptr) {
+          misplaced = peer.ok() ? absl::InternalError(absl::StrCat(
+                                      "the daemon placed a tensor outside the memory of peer "
+                                      "session ",
+                                      entry.device_handle))
+                                : peer.status();
+          continue;
+        }
+        block->bytes += entry.length;
+        tensor.keep_ = std::make_shared<PeerView>(PeerView{block, *std::move(peer)});
+        tensor.data_ = const_cast<char*>(at);
+        tensor.size_ = entry.length;
+        tensor.in_sender_memory_ = true;
+        ++link_->tensors_received_shared;
+      } else if (entry.length > 0) {
         tensor.keep_ = block;
         tensor.data_ = reinterpret_cast<char*>(base + entry.offset);
         tensor.size_ = entry.length;
@@ -1406,6 +1442,8 @@ CallEngineStats CallEngine::Stats() {
   stats.cuda_tensors_sent = link_->cuda_tensors_sent;
   stats.cuda_tensors_received = link_->cuda_tensors_received;
   stats.cuda_pool_blocks_held = link_->cuda_pool_blocks_held;
+  stats.tensors_received_shared = link_->tensors_received_shared;
+  stats.peer_segments_mapped = peers_.size();
   absl::MutexLock lock(&mu_);
   stats.handler_threads = static_cast<int>(pool_.size());
   stats.handlers_running = handlers_running_;

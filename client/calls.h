@@ -43,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/peer_segments.h"
 #include "proto/shm/descriptor.h"
 #include "proto/shm/doorbell.h"
 #include "proto/shm/message.h"
@@ -74,8 +75,9 @@ enum class TensorStorage {
   kOwned,     // a std::string the Tensor owns (shared by its copies); copied once when sent
   kBorrowed,  // the caller's memory, not owned (host, or CUDA device memory: Tensor::Cuda)
   kArena,     // a block of the shared arena (AllocateTensor); sent with no copy
-  kReceived,  // a view into the rx heap, or into this client's receive pool on a CUDA
-              // device (a request or reply that arrived); read-only
+  kReceived,  // a view into the rx heap, into the sender's memory (mapped read-only: a
+              // sender of the same uid and gid, docs/data_plane.md), or into this client's
+              // receive pool on a CUDA device (a request or reply that arrived); read-only
 };
 
 // A dense tensor: dtype, shape and product(shape) * item size bytes. Copies share the bytes
@@ -125,6 +127,9 @@ class Tensor {
   // received CUDA tensor's bytes are in place when the message arrives (the daemon posts it
   // after its copy completed), so any stream may read them at once.
   uint64_t device_pointer() const { return is_cuda() ? reinterpret_cast<uint64_t>(data_) : 0; }
+  // A received host tensor that lies in its sender's memory, mapped read-only in this process
+  // (a write through a cast-away const faults): hand out copies where consumers may write.
+  bool in_sender_memory() const { return in_sender_memory_; }
   void* stream() const { return stream_; }
   // Writable bytes of an owned or arena tensor; nullptr for borrowed, received and CUDA ones.
   // Writing into an arena tensor while a call that carries it is in flight changes what the
@@ -155,6 +160,7 @@ class Tensor {
   char* data_ = nullptr;  // a device pointer for a CUDA tensor
   size_t size_ = 0;
   void* stream_ = nullptr;  // a CUDA tensor's stream
+  bool in_sender_memory_ = false;
 };
 
 // A request or a reply.
@@ -278,6 +284,10 @@ struct CallEngineStats {
   uint64_t cuda_tensors_sent = 0;      // exported to the daemon (never copied here)
   uint64_t cuda_tensors_received = 0;  // views into a receive pool
   uint64_t cuda_pool_blocks_held = 0;  // receive pool blocks not yet released (views alive)
+  // Host tensors received in the sender's memory (mapped read-only, not copied by anyone),
+  // and the peers' segments mapped now for them.
+  uint64_t tensors_received_shared = 0;
+  uint64_t peer_segments_mapped = 0;
 };
 
 // The client's call machinery on one attached segment.
@@ -299,7 +309,10 @@ struct CallEngineStats {
 // the next descriptor pushed (within 200 µs) instead of waking the daemon.
 class CallEngine : public std::enable_shared_from_this<CallEngine> {
  public:
-  CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads);
+  // `notice_fd` (owned; -1: none): the session's data connection, where the daemon sends the
+  // segments of peers whose tensors this client reads in place (PeerSegments).
+  CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads,
+             int notice_fd = -1);
   // Answers calls still waiting CANCELLED (naming each), drops incoming calls not yet
   // started (the daemon answers their callers when the session ends), waits for running
   // handlers and runs every callback still due. REQUIRES: not called on one of its own
@@ -422,6 +435,7 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   friend class Responder;
 
   const std::shared_ptr<calls_internal::Link> link_;
+  PeerSegments peers_;
   shm::RingConsumer completions_;  // the thread whose turn it is to read (reading_)
 
   absl::Mutex mu_;

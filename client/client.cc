@@ -1,5 +1,6 @@
 #include "client/client.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -21,6 +22,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/shm/attach.h"
+#include "proto/shm/fd_message.h"
 #include "proto/store_scope.h"
 
 namespace tpd {
@@ -119,45 +121,19 @@ absl::StatusOr<int> ExchangeOver(int fd, const std::string& path,
         absl::StrCat("cannot send the attach request to ", path, ": ", std::strerror(errno)));
   }
   std::string reply(shm::kAttachReplyBytes, '\0');
-  size_t got = 0;
-  int memfd = -1;
-  while (got < reply.size()) {
-    iovec iov{reply.data() + got, reply.size() - got};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-    if (n <= 0) {
-      if (memfd >= 0) close(memfd);
-      return absl::UnavailableError(absl::StrCat(
-          "the tpd daemon at ", path, " closed the data connection without an attach reply",
-          n < 0 ? absl::StrCat(": ", std::strerror(errno)) : ""));
-    }
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int received;
-        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (memfd < 0) {
-          memfd = received;
-        } else {
-          close(received);
-        }
-      }
-    }
-    got += static_cast<size_t>(n);
+  absl::StatusOr<int> memfd = shm::ReceiveWithFd(fd, reply.data(), reply.size());
+  if (!memfd.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the tpd daemon at ", path,
+                     " closed the data connection without an attach reply: ", memfd.status().message()));
   }
   absl::StatusOr<shm::AttachReply> decoded = shm::DecodeAttachReply(reply);
   absl::Status status = decoded.ok() ? decoded->status : decoded.status();
   if (!status.ok()) {
-    if (memfd >= 0) close(memfd);
+    if (*memfd >= 0) close(*memfd);
     return status;
   }
-  return memfd;
+  return *memfd;
 }
 
 // Binds `session_id` to this process's user on the daemon's data socket `path`.
@@ -285,7 +261,10 @@ absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
     absl::MutexLock lock(&data_mu_);
     if (calls_ != nullptr && calls_segment_ == *segment) return calls_;
     old = std::move(calls_);
-    calls_ = std::make_shared<CallEngine>(*segment, handler_threads_);
+    // The engine reads peer notices on its own dup of the data connection: it may outlive
+    // this Client's (ReleaseCallEngine), and the connection ends when both are closed.
+    const int notice_fd = data_fd_ >= 0 ? fcntl(data_fd_, F_DUPFD_CLOEXEC, 0) : -1;
+    calls_ = std::make_shared<CallEngine>(*segment, handler_threads_, notice_fd);
     calls_segment_ = *segment;
     for (const auto& [method, handler] : handlers_) calls_->HandleDeferred(method, handler);
     calls = calls_;

@@ -310,6 +310,9 @@ int RunStatus(tpd::Client& client) {
       if (session.unposted_completions() > 0) {
         std::cout << ", " << session.unposted_completions() << " completions waiting for room";
       }
+      if (session.bytes_shared() > 0) {
+        std::cout << ", " << session.bytes_shared() << " B of tensors received uncopied";
+      }
       std::cout << "\n";
       if (session.cuda_pools_size() > 0 || session.cuda_open_allocations() > 0) {
         std::vector<std::string> pools;

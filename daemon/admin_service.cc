@@ -163,6 +163,7 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
         session->set_rx_heap_used(it->second.rx_heap_used);
         session->set_reader_wakeups(it->second.reader_wakeups);
         session->set_daemon_sleeps(it->second.daemon_sleeps);
+        session->set_bytes_shared(it->second.bytes_shared);
         const SessionCudaStats& cuda = it->second.cuda;
         session->set_cuda_open_allocations(cuda.open_allocations);
         for (const SessionCudaStats::Pool& pool : cuda.pools) {

@@ -1,6 +1,7 @@
 #include "daemon/call_router.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <vector>
@@ -71,11 +72,28 @@ void CallRouter::Shutdown() {
   if (options_.cuda != nullptr) options_.cuda->Flush();
 }
 
-absl::Status CallRouter::Attach(const std::string& session_id, uid_t uid,
-                               std::shared_ptr<shm::Segment> segment) {
+absl::Status CallRouter::Attach(const std::string& session_id, uid_t uid, gid_t gid,
+                               int connection, std::shared_ptr<shm::Segment> segment) {
+  absl::StatusOr<int> share_fd =
+      options_.share_memory ? segment->OpenReadOnly() : absl::StatusOr<int>(-1);
+  const int notice_fd = options_.share_memory ? dup(connection) : -1;
   std::shared_ptr<Session> session = Session::Open(
       session_id, SessionHandle(session_id), {options_.max_unposted, options_.max_waiting_calls},
       std::move(segment), kSessionSpin);
+  session->uid = uid;
+  session->gid = gid;
+  session->peer_id = ++last_peer_id_;
+  if (options_.share_memory && share_fd.ok() && notice_fd >= 0) {
+    session->share_fd = *share_fd;
+    session->notice_fd = notice_fd;
+  } else if (options_.share_memory) {
+    // Without either fd the session shares nothing (its messages are copied): it still works.
+    DaemonLog().warn("[session {}] shares no memory: {}", session->handle,
+                     share_fd.ok() ? absl::StrCat("dup: ", std::strerror(errno))
+                                   : share_fd.status().ToString());
+    if (share_fd.ok()) close(*share_fd);
+    if (notice_fd >= 0) close(notice_fd);
+  }
   session->cuda_allowed = CheckGpuAccess(uid, options_.device_dir);
   if (options_.cuda != nullptr) session->cuda = options_.cuda->NewSession(session->handle);
   absl::MutexLock lock(&mu_);
@@ -141,6 +159,7 @@ std::vector<SessionCallStats> CallRouter::Stats() {
     stats.rx_heap_used = session->RxUsed();
     stats.reader_wakeups = session->ReaderWakeups();
     stats.daemon_sleeps = session->DaemonSleeps();
+    stats.bytes_shared = session->bytes_shared.load();
     if (session->cuda != nullptr) stats.cuda = options_.cuda->SessionStats(*session->cuda);
     out.push_back(std::move(stats));
   }
@@ -236,6 +255,8 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
       break;
     case shm::Op::kDevicePool:
       HandleDevicePool(session, d);
+      break;
+    case shm::Op::kPeerGone:  // a completion only: ValidateDescriptor refused it
       break;
   }
 }
@@ -341,13 +362,19 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   const uint64_t id = pending_.Add(pending);
   const uint64_t body_offset = message.body_offset;
   const uint64_t body_length = message.body_length;
-  const router::Letter letter{shm::Op::kCall,     id,          0,
-                              d.deadline_unix_ns, 0,           std::move(call->message.names),
-                              body_offset,        body_length, std::move(call->tensors),
+  const router::Letter letter{shm::Op::kCall,
+                              id,
+                              0,
+                              d.deadline_unix_ns,
+                              0,
+                              std::move(call->message.names),
+                              d.payload_offset,
+                              body_offset,
+                              body_length,
+                              std::move(call->tensors),
                               *std::move(places)};
   delivery_.Deliver(session, callee, letter,
-                    [this, session, tx = d.payload_offset, id, read_ns](absl::Status delivered) {
-                      session->Release(tx);
+                    [this, session, id, read_ns](absl::Status delivered) {
                       if (delivered.ok()) {
                         const int64_t posted = router::MonotonicNanos();
                         timings_.Record(router::CallStage::kLocalDeliver, read_ns, posted);
@@ -379,10 +406,10 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
     session->Release(d.payload_offset);
     return;
   }
-  auto done = [this, session, caller, tx = d.payload_offset, call_id = pending->caller_call_id,
-               worker = pending->worker, method = pending->method, call_read = pending->read_ns,
+  // After the sender's block went back (Deliver gives it back).
+  auto done = [this, caller, call_id = pending->caller_call_id, worker = pending->worker,
+               method = pending->method, call_read = pending->read_ns,
                read_ns](absl::Status delivered) {
-    session->Release(tx);
     if (!delivered.ok()) {
       Fail(caller, call_id, ReplyFailed(worker, method, delivered));
       return;
@@ -394,6 +421,7 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
   absl::StatusOr<router::Submitted> reply =
       router::ReadSubmitted(*session->segment, d, session->cuda_allowed);
   if (!reply.ok()) {
+    session->Release(d.payload_offset);
     done(MalformedReply(pending->worker, pending->method, reply.status()));
     return;
   }
@@ -402,6 +430,7 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
   absl::StatusOr<std::vector<router::Place>> places = PlaceTensors(
       {pending->group, pending->worker, pending->from}, /*reply=*/true, reply->tensors);
   if (!places.ok()) {
+    session->Release(d.payload_offset);
     done(places.status());
     return;
   }
@@ -412,6 +441,7 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
                               0,
                               message.code,
                               {"", "", message.names[2], ""},
+                              d.payload_offset,
                               message.body_offset,
                               message.body_length,
                               reply->tensors,

@@ -88,6 +88,7 @@ struct SessionCallStats {
   SessionCudaStats cuda;         // its receive pools and the IPC mappings the daemon holds
   uint64_t reader_wakeups = 0;   // posts that woke its client's reader
   uint64_t daemon_sleeps = 0;    // its thread slept waiting for submissions
+  uint64_t bytes_shared = 0;     // host tensor bytes it received in other sessions' memory
 };
 
 class CallRouter {
@@ -96,10 +97,13 @@ class CallRouter {
   ~CallRouter();
 
   // The router keeps `segment` mapped while anything (TensorPipe included) still uses it.
-  // `uid` is the user the session's data connection came from: CUDA tensors and receive pools
-  // it names are refused unless that user could open the GPUs itself (daemon/gpu_access.h).
+  // `uid` and `gid` are the user the session's data connection came from: CUDA tensors and
+  // receive pools it names are refused unless that user could open the GPUs itself
+  // (daemon/gpu_access.h), and only sessions of one uid and gid share memory. With
+  // share_memory, the router keeps a dup of `connection` (the data connection) for peer
+  // notices, and a read-only fd of the segment (so `segment` must still have its fd).
   // RESOURCE_EXHAUSTED when the session's thread cannot be started (the daemon keeps serving).
-  absl::Status Attach(const std::string& session_id, uid_t uid,
+  absl::Status Attach(const std::string& session_id, uid_t uid, gid_t gid, int connection,
                       std::shared_ptr<shm::Segment> segment);
   // Stops the session's thread; calls it was serving are answered UNAVAILABLE.
   void Detach(const std::string& session_id);
@@ -166,6 +170,7 @@ class CallRouter {
   router::Remote remote_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> last_peer_id_{0};  // Session::peer_id
   std::thread timer_;
 };
 

@@ -63,6 +63,15 @@ class TableReader {
     return absl::OkStatus();
   }
 
+  absl::Status Bool(const char* key, bool* out) {
+    known_.insert(key);
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return absl::OkStatus();
+    if (!node->is_boolean()) return TypeError(key, "true or false");
+    *out = *node->value<bool>();
+    return absl::OkStatus();
+  }
+
   absl::Status Millis(const char* key, absl::Duration* out) {
     int64_t ms = absl::ToInt64Milliseconds(*out);
     if (absl::Status status = Int(key, &ms); !status.ok()) return status;
@@ -239,6 +248,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Millis("session_identify_timeout_ms", &config.data.session_identify_timeout),
           reader.String("device_dir", &config.data.device_dir),
           reader.Int("max_calls_in_flight", &config.data.max_calls_in_flight),
+          reader.Bool("share_memory", &config.data.share_memory),
           reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }

@@ -131,6 +131,10 @@ struct DataConfig {
   std::string device_dir = "/dev";
   // Calls one session may have waiting for replies; one more is RESOURCE_EXHAUSTED.
   int64_t max_calls_in_flight = 1024;
+  // Host tensors of 64 KiB or more between two sessions of the same uid and gid are not
+  // copied: the receiver's client maps the sender's segment read-only and reads them there
+  // (docs/security.md, "Memory shared between sessions"). false: every message is copied.
+  bool share_memory = true;
 };
 
 // The TensorPipe agent carrying calls to other daemons (docs/data_plane.md, "Calls between

@@ -441,15 +441,16 @@ absl::Status Daemon::ServeData() {
   calls.cuda = cuda_copies_.get();
   calls.no_cuda = cuda_unavailable_;
   calls.device_dir = config_.data.device_dir;
+  calls.share_memory = config_.data.share_memory;
   calls.cuda_chunk_bytes = static_cast<uint64_t>(config_.agent.cuda_chunk_bytes);
   calls.end_session = [control](const std::string& id, const std::string& why) {
     control->EndSession(id, absl::StrCat("the session's shared memory was misused: ", why));
   };
   calls_ = std::make_unique<CallRouter>(std::move(calls));
   CallRouter* router = calls_.get();
-  options.on_attach = [router](const std::string& id, uid_t uid,
+  options.on_attach = [router](const std::string& id, const AttachedClient& client,
                                std::shared_ptr<shm::Segment> segment) {
-    return router->Attach(id, uid, std::move(segment));
+    return router->Attach(id, client.uid, client.gid, client.connection, std::move(segment));
   };
   if (agent_ != nullptr) agent_->SetHandler(router->AgentHandler());
   options.on_detach = [router](const std::string& id) { router->Detach(id); };

@@ -16,6 +16,7 @@
 #include "daemon/logging.h"
 #include "daemon/session_handle.h"
 #include "proto/shm/attach.h"
+#include "proto/shm/fd_message.h"
 
 namespace tpd {
 namespace {
@@ -30,24 +31,9 @@ absl::Status ErrnoError(absl::string_view what, const std::string& path) {
 // Sends `reply`, with `fd` as SCM_RIGHTS when fd >= 0. False when it did not go whole.
 bool SendReply(int socket, const shm::AttachReply& reply, int fd) {
   const std::array<uint8_t, shm::kAttachReplyBytes> bytes = shm::EncodeAttachReply(reply);
-  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
-  }
   // A fresh connection's send buffer always holds one reply, so a non-blocking send that
   // does not take it whole is a peer that is gone.
-  const ssize_t sent = sendmsg(socket, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  return sent == static_cast<ssize_t>(bytes.size());
+  return shm::SendWithFd(socket, bytes.data(), bytes.size(), fd);
 }
 
 }  // namespace
@@ -429,7 +415,8 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       // The router serves the session before its client learns it is attached, so a call
       // made right after the reply finds it; a failed send detaches it again (Close).
       absl::Status served = options_.on_attach
-                                ? options_.on_attach(session_id, uid, std::move(attached_segment))
+                                ? options_.on_attach(session_id, {uid, gid, fd},
+                                                     std::move(attached_segment))
                                 : absl::OkStatus();
       if (!served.ok()) {
         LogRefusal(uid, absl::StrCat("attach from pid ", pid, " uid ", uid,

@@ -40,6 +40,14 @@
 
 namespace tpd {
 
+// Who attached a session: its data connection's SO_PEERCRED, and the connection (the socket
+// owns it; a dup of it reaches the client for the session's life).
+struct AttachedClient {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  int connection = -1;
+};
+
 struct DataSocketOptions {
   // Where to listen (taken with SocketLock, the gRPC socket's procedure) and the mode and
   // group the socket file gets ([daemon] socket_mode, socket_group).
@@ -71,7 +79,7 @@ struct DataSocketOptions {
   // socket lets go of its segment after on_detach(session_id)
   // returns (called on the loop thread, and at Shutdown); the mapping goes with the last
   // reference, so the call router can keep it while TensorPipe still reads from it.
-  std::function<absl::Status(const std::string& session_id, uid_t uid,
+  std::function<absl::Status(const std::string& session_id, const AttachedClient& client,
                              std::shared_ptr<shm::Segment> segment)>
       on_attach;
   std::function<void(const std::string& session_id)> on_detach;

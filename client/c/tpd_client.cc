@@ -676,8 +676,10 @@ int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** mana
       dl.device = DLDevice{2, t.device().index};
     } else {
       tpd_events& events = *event->events;
-      bool take_copy = copy == 1;
-      if (copy < 0) {
+      // A tensor in its sender's memory is mapped read-only here, and DLPack consumers (torch)
+      // treat what they get as writable: always a copy.
+      bool take_copy = copy == 1 || t.in_sender_memory();
+      if (copy < 0 && !take_copy) {
         const uint64_t heap = events.rx_heap_bytes.load();
         take_copy = heap == 0 || events.rx_view_bytes.load() + t.size() > heap / 2;
       }

@@ -10,6 +10,9 @@ namespace tpd::router {
 struct Delivery::Placement {
   const Letter& letter;
   const uint8_t* in;  // the sender's segment
+  uint64_t peer = 0;  // the sender's peer id when some tensors are shared, else 0
+  std::vector<bool> shared;  // per tensor, when `peer` is set
+  uint64_t shared_bytes = 0;
   shm::BlockPlan plan;
   std::vector<CopyEnd> sources;                       // per tensor; empty in the host case
   std::vector<std::pair<int, uint64_t>> pool_blocks;  // (device, offset) taken in `to`
@@ -18,21 +21,28 @@ struct Delivery::Placement {
 
 void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_ptr<Session>& to,
                        const Letter& letter, std::function<void(absl::Status)> after) {
-  Placement p{letter, from->segment->base(), {}, {}, {}, {}};
+  Placement p{letter, from->segment->base(), 0, {}, 0, {}, {}, {}, {}};
+  // The sender's block, once nothing more is read from it (unless `to` holds it now).
+  auto give_back = [&from, tx = letter.tx_block] { from->Release(tx); };
   if (!letter.places.empty()) {
     if (cuda_ == nullptr || from->cuda == nullptr || to->cuda == nullptr) {
+      give_back();
       after(absl::FailedPreconditionError(absl::StrCat(
           "a message with CUDA tensors or device maps cannot be delivered: ", no_cuda_)));
       return;
     }
     if (absl::Status resolved = ResolveSources(*from, &p); !resolved.ok()) {
+      give_back();
       after(resolved);
       return;
     }
+  } else {
+    Share(from, to, &p);
   }
   std::vector<uint64_t> host_bytes(letter.tensors.size(), 0);
   for (size_t i = 0; i < letter.tensors.size(); ++i) {
-    if (letter.places.empty() || letter.places[i].device < 0) {
+    if ((letter.places.empty() || letter.places[i].device < 0) &&
+        (p.peer == 0 || !p.shared[i])) {
       host_bytes[i] = letter.tensors[i].length;
     }
   }
@@ -46,24 +56,32 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
   };
   if (letter.places.empty()) {
     // Host memory only: copied and posted under one hold of `to`'s lock, nothing to wait for.
-    after(to->WriteRxAndPost(p.plan.total, fill, describe));
+    const Session::Lent lend{from, letter.tx_block};
+    absl::Status posted =
+        to->WriteRxAndPost(p.plan.total, fill, describe, p.peer != 0 ? &lend : nullptr);
+    if (p.peer == 0 || !posted.ok()) give_back();
+    if (p.peer != 0 && posted.ok()) to->bytes_shared += p.shared_bytes;
+    after(posted);
     return;
   }
   absl::StatusOr<uint64_t> block = to->WriteRx(p.plan.total, fill);
   if (!block.ok()) {
+    give_back();
     after(block.status());
     return;
   }
   const shm::Descriptor posted = describe(*block);
   if (p.copies.empty()) {
+    give_back();
     after(Post(*to, posted, p.pool_blocks));
     return;
   }
   std::vector<std::shared_ptr<const void>> keep = {from->cuda, to->cuda, from->segment,
                                                    to->segment};
   cuda_->Run(std::move(p.copies), std::move(keep),
-             [this, to, posted, pools = std::move(p.pool_blocks),
+             [this, from, to, tx = letter.tx_block, posted, pools = std::move(p.pool_blocks),
               after = std::move(after)](absl::Status copied) {
+               from->Release(tx);
                if (copied.ok()) {
                  after(Post(*to, posted, pools));
                  return;
@@ -72,6 +90,24 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
                FreePools(*to, pools);
                after(copied);
              });
+}
+
+void Delivery::Share(const std::shared_ptr<Session>& from, const std::shared_ptr<Session>& to,
+                     Placement* p) {
+  // The trust decision (docs/security.md): only between processes of one uid and gid.
+  if (from->uid != to->uid || from->gid != to->gid) return;
+  const std::vector<shm::TensorEntry>& tensors = p->letter.tensors;
+  std::vector<bool> shared(tensors.size(), false);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    shared[i] = tensors[i].device_type == static_cast<uint8_t>(shm::DeviceType::kCpu) &&
+                tensors[i].length >= kShareMinBytes;
+    if (shared[i]) bytes += tensors[i].length;
+  }
+  if (bytes == 0 || !Session::Introduce(from, to)) return;
+  p->peer = from->peer_id;
+  p->shared = std::move(shared);
+  p->shared_bytes = bytes;
 }
 
 absl::Status Delivery::ResolveSources(Session& from, Placement* p) {
@@ -134,6 +170,9 @@ absl::Status Delivery::FillTensor(Session& to, size_t i, uint64_t block, uint8_t
       entry.offset = *pool;
       p->copies.push_back({*dst, source, entry.length});
     }
+  } else if (p->peer != 0 && p->shared[i]) {
+    // Where it lies in the sender's segment, which the receiver maps as peer `p->peer`.
+    entry.device_handle = p->peer;
   } else {
     entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCpu);
     entry.device_index = 0;

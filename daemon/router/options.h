@@ -65,6 +65,9 @@ struct CallRouterOptions {
   std::string device_dir = "/dev";
   // CUDA tensors larger than this go to other nodes in chunks of this size; 0: whole.
   uint64_t cuda_chunk_bytes = 0;
+  // Host tensors between sessions of one uid and gid are lent, not copied ([data]
+  // share_memory; docs/security.md).
+  bool share_memory = true;
 };
 
 }  // namespace tpd

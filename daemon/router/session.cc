@@ -1,10 +1,14 @@
 #include "daemon/router/session.h"
 
+#include <unistd.h>
+
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
+#include "proto/shm/fd_message.h"
 #include "proto/shm/message.h"
+#include "proto/shm/peer_notice.h"
 
 namespace tpd::router {
 
@@ -29,6 +33,11 @@ std::shared_ptr<Session> Session::Open(std::string id, std::string handle, Sessi
   }
   session->segment = std::move(segment);
   return session;
+}
+
+Session::~Session() {
+  if (share_fd >= 0) close(share_fd);
+  if (notice_fd >= 0) close(notice_fd);
 }
 
 absl::Status Session::EndedError() const {
@@ -152,7 +161,7 @@ absl::StatusOr<uint64_t> Session::WriteRx(
 
 absl::Status Session::WriteRxAndPost(
     uint64_t bytes, absl::FunctionRef<absl::Status(uint64_t block, uint8_t* at)> fill,
-    absl::FunctionRef<shm::Descriptor(uint64_t block)> describe) {
+    absl::FunctionRef<shm::Descriptor(uint64_t block)> describe, const Lent* lend) {
   absl::MutexLock lock(&mu);
   absl::StatusOr<uint64_t> block = WriteRxLocked(bytes, fill);
   if (!block.ok()) return block.status();
@@ -160,6 +169,8 @@ absl::Status Session::WriteRxAndPost(
   // Not posted: the block is still this session's to free, unless it broke (and its heap with
   // it).
   if (!posted.ok() && !broken) TPD_CHECK_OK(rx->Free(*block));
+  // Before the lock goes: the client may release the block as soon as it can read it.
+  if (posted.ok() && lend != nullptr) lent[*block] = *lend;
   return posted;
 }
 
@@ -177,9 +188,51 @@ absl::StatusOr<uint64_t> Session::WriteRxLocked(
 }
 
 absl::Status Session::FreeRx(uint64_t offset) {
-  absl::MutexLock lock(&mu);
-  if (broken) return absl::OkStatus();
-  return rx->Free(offset);
+  Lent back;
+  absl::Status freed;
+  {
+    absl::MutexLock lock(&mu);
+    if (broken) return absl::OkStatus();
+    freed = rx->Free(offset);
+    if (freed.ok()) {
+      if (auto it = lent.find(offset); it != lent.end()) {
+        back = std::move(it->second);
+        lent.erase(it);
+      }
+    }
+  }
+  // Outside our lock: the release locks the sender.
+  if (back.from != nullptr) back.from->Release(back.tx_block);
+  return freed;
+}
+
+bool Session::Introduce(const std::shared_ptr<Session>& from, const std::shared_ptr<Session>& to) {
+  if (from->share_fd < 0 || to->notice_fd < 0) return false;
+  {
+    absl::MutexLock lock(&to->mu);
+    if (to->peers_told.contains(from->peer_id)) return true;
+  }
+  {
+    // Registered before the notice goes, so that End, which takes the list under this lock
+    // after setting `ended`, either tells `to` or is seen below.
+    absl::MutexLock lock(&from->mu);
+    if (from->ended.load()) return false;
+    from->told.push_back(to);
+  }
+  absl::MutexLock lock(&to->mu);
+  if (to->peers_told.contains(from->peer_id)) return true;
+  // An End of `from` that already told `to` set `ended` first: no notice after its kPeerGone.
+  if (to->broken || from->ended.load()) return false;
+  const shm::Layout& layout = from->segment->layout();
+  const std::array<uint8_t, shm::kPeerNoticeBytes> notice = shm::EncodePeerNotice(
+      {from->peer_id, layout.total_bytes, layout.tx_heap.offset, layout.tx_heap.bytes});
+  // Non-blocking: a client that reads none of its notices fills its socket buffer and gets
+  // copies from then on, without holding up the daemon.
+  if (!shm::SendWithFd(to->notice_fd, notice.data(), notice.size(), from->share_fd)) {
+    return false;
+  }
+  to->peers_told.insert(from->peer_id);
+  return true;
 }
 
 std::string Session::Flush() {
@@ -189,8 +242,24 @@ std::string Session::Flush() {
 }
 
 void Session::End() {
-  absl::MutexLock lock(&mu);
-  broken = true;
+  absl::flat_hash_map<uint64_t, Lent> back;
+  std::vector<std::weak_ptr<Session>> to_tell;
+  {
+    absl::MutexLock lock(&mu);
+    broken = true;
+    ended = true;
+    back.swap(lent);
+    to_tell.swap(told);
+  }
+  // Outside our lock: each locks another session.
+  for (auto& [block, held] : back) held.from->Release(held.tx_block);
+  shm::Descriptor gone{};
+  gone.op = static_cast<uint8_t>(shm::Op::kPeerGone);
+  gone.call_id = peer_id;
+  for (const std::weak_ptr<Session>& weak : to_tell) {
+    // Fails only for a session that ended too: it needs no telling.
+    if (std::shared_ptr<Session> session = weak.lock()) session->PostLocking(gone).IgnoreError();
+  }
 }
 
 uint64_t Session::RxUsed() {

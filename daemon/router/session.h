@@ -8,12 +8,19 @@
 // limits.max_waiting_calls (one more is RESOURCE_EXHAUSTED for its caller, and the session
 // lives on).
 //
-// Thread safety: `mu` guards the completion ring producer, the rx heap allocator and the
-// queue; no two sessions' `mu` are ever held together. The router takes `mu` only through the
+// Sessions of one uid and gid share memory instead of copying host tensors (Delivery): the
+// receiver's client maps the sender's segment read-only (proto/shm/peer_notice.h), and the
+// sender's tx block is lent to the receiver's rx block that points into it, going back to the
+// sender when the receiver's client releases that block (or its session ends).
+//
+// Thread safety: `mu` guards the completion ring producer, the rx heap allocator, the queue
+// and what is lent and told; no two sessions' `mu` are ever held together. The router takes `mu` only through the
 // methods below that say they lock (session.cc is the one file that locks a session).
 
 #ifndef TPD_DAEMON_ROUTER_SESSION_H_
 #define TPD_DAEMON_ROUTER_SESSION_H_
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstddef>
@@ -23,8 +30,11 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -45,15 +55,34 @@ struct SessionLimits {
 };
 
 struct Session {
+  // A tx block of another session that a message in this one's rx heap points into.
+  struct Lent {
+    std::shared_ptr<Session> from;
+    uint64_t tx_block = 0;
+  };
+
   // A session over `segment`: its rings and rx heap where the segment's layout puts them, its
   // thread waiting for submissions with `spin`. No thread runs yet.
   static std::shared_ptr<Session> Open(std::string id, std::string handle, SessionLimits limits,
                                        std::shared_ptr<shm::Segment> segment,
                                        const shm::SpinOptions& spin);
 
+  ~Session();
+
   std::string id;
   std::string handle;  // what logs and errors show (SessionHandle(id))
   SessionLimits limits;
+  // Its client's user (SO_PEERCRED of its data connection at attach).
+  uid_t uid = 0;
+  gid_t gid = 0;
+  // What peer notices and completions call its segment by (TensorEntry::device_handle); not
+  // 0, unique while the daemon runs.
+  uint64_t peer_id = 0;
+  // Owned, -1 when the daemon shares no memory for it ([data] share_memory): a read-only fd
+  // of its memfd, for the clients it lends tx blocks to, and its data connection (a dup),
+  // where notices of peers go to its client. Set before it is served, never changed after.
+  int share_fd = -1;
+  int notice_fd = -1;
   // OK when its user could open the GPUs itself; else why the daemon opens no CUDA memory
   // it names (daemon/gpu_access.h).
   absl::Status cuda_allowed;
@@ -72,6 +101,13 @@ struct Session {
   std::deque<shm::Descriptor> unposted ABSL_GUARDED_BY(mu);
   size_t waiting_calls ABSL_GUARDED_BY(mu) = 0;
   std::atomic<int64_t> unposted_count{0};  // unposted.size(), for Stats and Serve
+  // Tx blocks lent to it, by the rx block that points into them.
+  absl::flat_hash_map<uint64_t, Lent> lent ABSL_GUARDED_BY(mu);
+  // Peers whose notice went to its client, and the sessions told of it (for their kPeerGone).
+  absl::flat_hash_set<uint64_t> peers_told ABSL_GUARDED_BY(mu);
+  std::vector<std::weak_ptr<Session>> told ABSL_GUARDED_BY(mu);
+  std::atomic<bool> ended{false};  // End began; read without `mu` by Introduce
+  std::atomic<uint64_t> bytes_shared{0};  // host tensor bytes delivered to it uncopied
   std::atomic<bool> stop{false};
   std::thread thread;
   // Its receive pools and the CUDA memory it exported (null without CUDA); shared with the
@@ -106,18 +142,27 @@ struct Session {
       ABSL_LOCKS_EXCLUDED(mu);
   // WriteRx, then posts `describe(block)` under the same lock: a message with nothing left to
   // copy goes in one critical section. The block is freed again if it cannot be posted; the
-  // error is WriteRx's or Post's.
+  // error is WriteRx's or Post's. With `lend`, the posted block holds that tx block until it
+  // is freed (not when it was not posted: the caller still owns it then).
   absl::Status WriteRxAndPost(uint64_t bytes,
                               absl::FunctionRef<absl::Status(uint64_t block, uint8_t* at)> fill,
-                              absl::FunctionRef<shm::Descriptor(uint64_t block)> describe)
-      ABSL_LOCKS_EXCLUDED(mu);
+                              absl::FunctionRef<shm::Descriptor(uint64_t block)> describe,
+                              const Lent* lend = nullptr) ABSL_LOCKS_EXCLUDED(mu);
   // Frees rx block `offset`: one the client released, or one the router filled and never
-  // posted. OK for a session that ended (its heap is gone with it).
+  // posted; a tx block lent to it goes back to its sender. OK for a session that ended (its
+  // heap is gone with it).
   absl::Status FreeRx(uint64_t offset) ABSL_LOCKS_EXCLUDED(mu);
+  // Makes sure `to`'s client has been sent `from`'s segment (a peer notice, once per pair), so
+  // that messages to it may point into `from`'s tx heap. False when they may not: either
+  // shares no memory, one of them ended, or the notice could not be sent (then the message is
+  // copied as any other). Locks `to`, and `from` the first time.
+  static bool Introduce(const std::shared_ptr<Session>& from, const std::shared_ptr<Session>& to)
+      ABSL_LOCKS_EXCLUDED(from->mu, to->mu);
   // Posts what waits; returns why its ring is broken ("" while it is not): its thread then ends
   // the session.
   std::string Flush() ABSL_LOCKS_EXCLUDED(mu);
-  // Nothing is written into its segment once this returns.
+  // Nothing is written into its segment once this returns. What was lent to it goes back, and
+  // the sessions told of it get a kPeerGone.
   void End() ABSL_LOCKS_EXCLUDED(mu);
   // Bytes its client has not released of its rx heap. Never waits for the lock: while another
   // thread holds it, the value read last time.

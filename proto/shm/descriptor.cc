@@ -113,6 +113,8 @@ absl::string_view OpName(uint8_t op) {
       return "cancel";
     case Op::kDevicePool:
       return "device pool";
+    case Op::kPeerGone:
+      return "peer gone";
   }
   return "unknown";
 }
@@ -121,12 +123,16 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
   const Refuser refuse(direction, d);
   const Op op = static_cast<Op>(d.op);
   if (op != Op::kCall && op != Op::kReply && op != Op::kRelease && op != Op::kCancel &&
-      op != Op::kDevicePool) {
+      op != Op::kDevicePool && op != Op::kPeerGone) {
     return refuse("op", d.op,
-                  "is not an op (call 1, reply 2, release 3, cancel 4, device pool 5)");
+                  "is not an op (call 1, reply 2, release 3, cancel 4, device pool 5, peer "
+                  "gone 6)");
   }
   if (op == Op::kDevicePool && direction != Direction::kSubmission) {
     return refuse("op", d.op, "(device pool) only goes from the client to the daemon");
+  }
+  if (op == Op::kPeerGone && direction != Direction::kCompletion) {
+    return refuse("op", d.op, "(peer gone) only goes from the daemon to the client");
   }
   if (d.reserved0 != 0) return refuse("reserved0", d.reserved0, "must be 0");
   if (d.device_pool != 0 && (op != Op::kRelease || direction != Direction::kSubmission)) {
@@ -152,13 +158,13 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
     return refuse("deadline_unix_ns", d.deadline_unix_ns, "must be 0: only a call has a deadline");
   }
 
-  if (op == Op::kRelease || op == Op::kCancel) {
+  if (op == Op::kRelease || op == Op::kCancel || op == Op::kPeerGone) {
     if (d.payload_length != 0) return refuse("payload_length", d.payload_length, "must be 0");
     if (d.tensor_count != 0) return refuse("tensor_count", d.tensor_count, "must be 0");
     if (d.tensor_table_offset != 0) {
       return refuse("tensor_table_offset", d.tensor_table_offset, "must be 0");
     }
-    if (op == Op::kCancel) {
+    if (op == Op::kCancel || op == Op::kPeerGone) {
       if (d.payload_offset != 0) return refuse("payload_offset", d.payload_offset, "must be 0");
       return absl::OkStatus();
     }
@@ -234,10 +240,12 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
   if (!cuda && e.device_type != static_cast<uint8_t>(DeviceType::kCpu)) {
     return refuse("device_type", e.device_type, "is not a device type (cpu 0, cuda 1)");
   }
+  // A CPU tensor of a completion with a device handle lies in that peer's tx heap.
+  const bool peer = !cuda && e.device_handle != 0;
   if (!cuda) {
     if (e.device_index != 0) return refuse("device_index", e.device_index, "must be 0 for cpu");
-    if (e.device_handle != 0) {
-      return refuse("device_handle", e.device_handle, "must be 0 for cpu");
+    if (peer && direction == Direction::kSubmission) {
+      return refuse("device_handle", e.device_handle, "must be 0 for cpu in a submission");
     }
   } else if (e.device_index >= kMaxCudaDevices) {
     return refuse("device_index", e.device_index,
@@ -286,6 +294,13 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
       return refuse("device_handle", e.device_handle,
                     absl::StrCat("is not an aligned CUDA export record inside the ", heap_name,
                                  " ", DescribeRegion(heap)));
+    }
+    return absl::OkStatus();
+  }
+  if (peer) {
+    if (e.offset % item != 0) {
+      return refuse("offset", e.offset,
+                    absl::StrCat("is not aligned to the dtype's ", item, "-byte items"));
     }
     return absl::OkStatus();
   }

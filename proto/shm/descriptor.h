@@ -39,6 +39,10 @@ enum class Op : uint8_t {
   // Submission only: the client lends the daemon a receive pool on a CUDA device (payload: a
   // DevicePoolRecord); answered by a kReply with the same call_id (an error, or empty).
   kDevicePool = 5,
+  // Completion only: the session whose segment this client was sent as peer `call_id` (on its
+  // data connection: proto/shm/peer_notice.h) ended. Its mapping may go once no received
+  // tensor points into it. Nothing else is set.
+  kPeerGone = 6,
 };
 
 // Descriptor::flags.
@@ -102,6 +106,12 @@ enum class DeviceType : uint8_t {
 
 // One tensor of a message: contiguous bytes in the sender's heap, or in CUDA device memory.
 //
+// A CPU tensor in a completion lies in the rx heap when `device_handle` is 0. Otherwise its
+// bytes were not copied: they lie in the tx heap of the sending session, whose segment this
+// client was sent as peer `device_handle` (proto/shm/peer_notice.h), at `offset` in that
+// segment; the client checks the range against the tx heap the notice named. In a
+// submission a CPU tensor's device_handle is 0.
+//
 // A CUDA tensor (device_type kCuda, device_index d) in a submission lies in an allocation
 // the client exports with CUDA IPC: `offset` is the tensor's byte offset in that allocation
 // and `device_handle` the segment offset of a CudaExport record in the tx heap naming it (0
@@ -117,7 +127,7 @@ struct TensorEntry {
   uint64_t offset;        // aligned to the dtype's item size; 0 when length is 0
   uint64_t length;        // == product(shape[0..ndim)) * item size
   int64_t shape[kMaxTensorDims];   // >= 0; dims past ndim must be 0
-  uint64_t device_handle;          // see above; 0 for kCpu
+  uint64_t device_handle;          // see above
 };
 static_assert(std::is_trivially_copyable_v<TensorEntry>);
 static_assert(std::is_standard_layout_v<TensorEntry>);
@@ -180,7 +190,7 @@ absl::Status ValidateDescriptor(const Descriptor& descriptor, const Layout& layo
 // Checks a private copy of the `index`-th tensor entry of a message: dtype known, ndim
 // bounded, unused dims zero, shape × item size == length (checked arithmetic), offset
 // aligned to the item size; a CPU tensor's [offset, offset + length) inside the heap
-// `direction` allows; a CUDA tensor's device index below kMaxCudaDevices and, in a
+// `direction` allows (or, in a completion, a peer's: the client checks that range); a CUDA tensor's device index below kMaxCudaDevices and, in a
 // submission, its CudaExport record inside the tx heap (what lies in device memory only the
 // driver can check). INVALID_ARGUMENT naming the tensor index, the field and its value.
 absl::Status ValidateTensorEntry(const TensorEntry& entry, uint32_t index, const Layout& layout,

@@ -63,8 +63,10 @@ absl::StatusOr<Segment> Segment::Create(const SegmentLimits& limits,
   return segment;
 }
 
-absl::StatusOr<Segment> Segment::Map(int fd) {
-  FdCloser closer(fd);
+namespace {
+
+// The size of `fd` when it is a memfd whose size can no longer change.
+absl::StatusOr<uint64_t> SealedSize(int fd) {
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -87,14 +89,29 @@ absl::StatusOr<Segment> Segment::Map(int fd) {
                      " bytes, not a whole number of pages in [", kPageBytes, ", ",
                      kMaxSegmentBytes, "]"));
   }
-  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return size;
+}
+
+}  // namespace
+
+absl::StatusOr<Segment> Segment::Map(int fd) {
+  FdCloser closer(fd);
+  absl::StatusOr<uint64_t> size = SealedSize(fd);
+  if (!size.ok()) return size.status();
+  void* base = mmap(nullptr, *size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) return Errno("mmap", errno);
-  absl::StatusOr<Layout> layout = ReadHeader(base, size);
+  absl::StatusOr<Layout> layout = ReadHeader(base, *size);
   if (!layout.ok()) {
-    munmap(base, size);
+    munmap(base, *size);
     return layout.status();
   }
   return Segment(closer.Release(), static_cast<uint8_t*>(base), *layout);
+}
+
+absl::StatusOr<int> Segment::OpenReadOnly() const {
+  const int fd = open(absl::StrCat("/proc/self/fd/", fd_).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open(/proc/self/fd, O_RDONLY)", errno);
+  return fd;
 }
 
 Segment::Segment(Segment&& other) noexcept
@@ -123,6 +140,37 @@ void Segment::Reset() {
   if (base_ != nullptr) munmap(base_, layout_.total_bytes);
   base_ = nullptr;
   CloseFd();
+}
+
+absl::StatusOr<ReadOnlyMapping> ReadOnlyMapping::Map(int fd, uint64_t bytes) {
+  absl::StatusOr<uint64_t> size = SealedSize(fd);
+  if (!size.ok()) return size.status();
+  if (*size != bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared-memory segment: fd ", fd, " has ", *size, " bytes, not the ", bytes, " announced"));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) return Errno("mmap", errno);
+  return ReadOnlyMapping(static_cast<const uint8_t*>(base), bytes);
+}
+
+ReadOnlyMapping::ReadOnlyMapping(ReadOnlyMapping&& other) noexcept
+    : base_(std::exchange(other.base_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+ReadOnlyMapping& ReadOnlyMapping::operator=(ReadOnlyMapping&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    base_ = std::exchange(other.base_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+ReadOnlyMapping::~ReadOnlyMapping() { Reset(); }
+
+void ReadOnlyMapping::Reset() {
+  if (base_ != nullptr) munmap(const_cast<uint8_t*>(base_), size_);
+  base_ = nullptr;
 }
 
 }  // namespace tpd::shm

@@ -60,6 +60,10 @@ class Segment {
   int fd() const { return fd_; }
   // Closes the fd; the mapping stays until the object goes.
   void CloseFd();
+  // A new fd of the same memfd that is open for reading only (through /proc/self/fd, before
+  // CloseFd): a process given it can map the segment but never write into it. The errno of
+  // open otherwise, naming it.
+  absl::StatusOr<int> OpenReadOnly() const;
 
   uint8_t* base() const { return base_; }
   uint64_t size() const { return layout_.total_bytes; }
@@ -73,6 +77,35 @@ class Segment {
   int fd_ = -1;
   uint8_t* base_ = nullptr;
   Layout layout_;
+};
+
+// Another session's segment as a client maps it to read the tensors the daemon did not copy
+// (peer_notice.h): read-only (the fd it comes with is open for reading only, so no mapping of
+// it can write), MAP_SHARED. Owns the mapping, not the fd.
+//
+// Thread safety: const methods from any thread.
+class ReadOnlyMapping {
+ public:
+  // FAILED_PRECONDITION naming what is wrong when `fd` is not a memfd with kRequiredSeals
+  // (whose size could change under the mapping) or has another size than `bytes`; the errno
+  // of mmap otherwise.
+  static absl::StatusOr<ReadOnlyMapping> Map(int fd, uint64_t bytes);
+
+  ReadOnlyMapping(ReadOnlyMapping&& other) noexcept;
+  ReadOnlyMapping& operator=(ReadOnlyMapping&& other) noexcept;
+  ReadOnlyMapping(const ReadOnlyMapping&) = delete;
+  ReadOnlyMapping& operator=(const ReadOnlyMapping&) = delete;
+  ~ReadOnlyMapping();
+
+  const uint8_t* base() const { return base_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  ReadOnlyMapping(const uint8_t* base, uint64_t size) : base_(base), size_(size) {}
+  void Reset();
+
+  const uint8_t* base_ = nullptr;
+  uint64_t size_ = 0;
 };
 
 }  // namespace tpd::shm

@@ -135,7 +135,9 @@ TEST(DescriptorTest, EveryBadDescriptorIsRefusedNamingTheFieldAndValue) {
   const auto as = [](Op op) { return static_cast<uint8_t>(op); };
   const std::vector<Case> cases = {
       {[](Descriptor* d) { d->op = 0; }, "op 0 is not an op"},
-      {[](Descriptor* d) { d->op = 6; }, "op 6 is not an op"},
+      {[](Descriptor* d) { d->op = 7; }, "op 7 is not an op"},
+      {[&](Descriptor* d) { *d = Descriptor{}; d->op = as(Op::kPeerGone); d->call_id = 9; },
+       "op 6 (peer gone) only goes from the daemon to the client"},
       {[](Descriptor* d) { d->op = 255; }, "op 255"},
       {[](Descriptor* d) { d->reserved0 = 1; }, "reserved0 1 must be 0"},
       {[](Descriptor* d) { d->device_pool = 9; },
@@ -237,6 +239,21 @@ TEST(DescriptorTest, EveryBadDescriptorIsRefusedNamingTheFieldAndValue) {
   }
 }
 
+TEST(DescriptorTest, PeerGoneComesOnlyFromTheDaemonNamingThePeer) {
+  const Layout layout = SmallLayout();
+  Descriptor gone{};
+  gone.op = static_cast<uint8_t>(Op::kPeerGone);
+  gone.call_id = 7;
+  EXPECT_TRUE(ValidateDescriptor(gone, layout, Direction::kCompletion).ok());
+  gone.payload_offset = layout.rx_heap.offset;
+  EXPECT_THAT(ValidateDescriptor(gone, layout, Direction::kCompletion).message(),
+              HasSubstr("payload_offset"));
+  gone.payload_offset = 0;
+  gone.call_id = 0;
+  EXPECT_THAT(ValidateDescriptor(gone, layout, Direction::kCompletion).message(),
+              HasSubstr("call_id 0 must not be 0"));
+}
+
 TEST(DescriptorTest, CompletionsMustPointIntoTheRxHeap) {
   const Layout layout = SmallLayout();
   const absl::Status status = ValidateDescriptor(Call(layout), layout, Direction::kCompletion);
@@ -289,6 +306,22 @@ TEST(TensorEntryTest, CudaEntriesPointAtAnExportRecordOrAPoolBlock) {
               HasSubstr("is not aligned to the dtype's 4-byte items"));
 }
 
+TEST(TensorEntryTest, CpuEntriesOfACompletionMayLieInAPeersSegment) {
+  const Layout layout = SmallLayout();
+  TensorEntry shared = Tensor(layout);
+  // Peer 3's segment: the offset is in that segment, which the receiving client checks.
+  shared.device_handle = 3;
+  shared.offset = uint64_t{1} << 40;
+  EXPECT_TRUE(ValidateTensorEntry(shared, 0, layout, Direction::kCompletion).ok());
+  shared.offset += 2;
+  EXPECT_THAT(ValidateTensorEntry(shared, 0, layout, Direction::kCompletion).message(),
+              HasSubstr("is not aligned to the dtype's 4-byte items"));
+  shared.offset -= 2;
+  // A client cannot point the daemon anywhere but its own tx heap.
+  EXPECT_THAT(ValidateTensorEntry(shared, 0, layout, Direction::kSubmission).message(),
+              HasSubstr("device_handle 3 must be 0 for cpu in a submission"));
+}
+
 TEST(TensorEntryTest, EveryBadEntryIsRefusedNamingTheFieldAndValue) {
   const Layout layout = SmallLayout();
   const uint64_t tx = layout.tx_heap.offset;
@@ -320,7 +353,8 @@ TEST(TensorEntryTest, EveryBadEntryIsRefusedNamingTheFieldAndValue) {
        },
        "is not an aligned CUDA export record"},
       {[](TensorEntry* e) { e->device_index = 1; }, "device_index 1 must be 0 for cpu"},
-      {[](TensorEntry* e) { e->device_handle = 1; }, "device_handle 1 must be 0 for cpu"},
+      {[](TensorEntry* e) { e->device_handle = 1; },
+       "device_handle 1 must be 0 for cpu in a submission"},
       {[](TensorEntry* e) { e->shape[1] = -5; }, "shape[1] -5 is negative"},
       {[](TensorEntry* e) { e->shape[2] = 1; }, "shape[2] 1 must be 0 past ndim 2"},
       {[](TensorEntry* e) { e->shape[7] = 3; }, "shape[7] 3 must be 0 past ndim 2"},
