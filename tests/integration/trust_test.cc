@@ -277,6 +277,35 @@ TEST_F(TrustTest, AnotherUserWithTheSecretStillCannotJoinOnTheOwnersNode) {
   EXPECT_THAT(Step(tried.output, "join"), HasSubstr("belongs to uid 0"));
 }
 
+TEST_F(TrustTest, OnlyProcessesOfOneUidAndOneGidAreHandedEachOthersMemory) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  Start();
+  std::unique_ptr<Client> a = Echoer("g", "a", "k1");
+  ASSERT_NE(a, nullptr);
+  auto call_a_as = [&](const std::string& name, uid_t uid, gid_t gid) {
+    testing::ProcessResult result = testing::RunToolAs(
+        dir_.path(),
+        {absl::StrCat("--socket=", socket_), "--group=g", absl::StrCat("--name=", name),
+         absl::StrCat("--init_method=", init_method_), "--secret=k1", "--call=a",
+         absl::StrCat("--tensor_bytes=", 1 << 20)},
+        uid, gid);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_EQ(Step(result.output, "call"), "call: OK") << result.output;
+    return result.output;
+  };
+  // Control: a process of a's own uid and gid gets a's reply in a's memory, and a gets the
+  // request in the caller's.
+  EXPECT_THAT(call_a_as("same", getuid(), getgid()),
+              HasSubstr("shared: 1 tensors in sender memory, 1 peer segments mapped"));
+  EXPECT_EQ(a->GetCallStats()->tensors_received_shared, 1u);
+  // The same user in another group: copies both ways, and no fd of a's memory reaches it.
+  EXPECT_THAT(call_a_as("other_gid", getuid(), testing::kSecondGid),
+              HasSubstr("shared: 0 tensors in sender memory, 0 peer segments mapped"));
+  EXPECT_EQ(a->GetCallStats()->tensors_received_shared, 1u) << "nothing more shared";
+  // Another uid cannot call a's worker at all (the group's owner rule, above); the daemon's
+  // uid and gid check behind it is delivery_test's SharingTest.
+}
+
 TEST_F(TrustTest, GroupRecordsCannotBeReadThroughTheStore) {
   Start();
   std::unique_ptr<Client> a = Echoer("g", "a", "k1");

@@ -76,6 +76,11 @@ SecondUserConnections::~SecondUserConnections() {
 
 ProcessResult RunAsSecondUser(const std::string& dir, const std::vector<std::string>& args,
                               absl::Duration timeout) {
+  return RunToolAs(dir, args, kSecondUid, kSecondGid, timeout);
+}
+
+ProcessResult RunToolAs(const std::string& dir, const std::vector<std::string>& args, uid_t uid,
+                        gid_t gid, absl::Duration timeout) {
   const std::string tool = absl::StrCat(dir, "/second_user");
   std::error_code ignored;
   if (!std::filesystem::exists(tool, ignored)) {
@@ -83,8 +88,8 @@ ProcessResult RunAsSecondUser(const std::string& dir, const std::vector<std::str
     chmod(tool.c_str(), 0755);
   }
   std::vector<std::string> argv = {"/usr/bin/setpriv",
-                                   absl::StrCat("--reuid=", kSecondUid),
-                                   absl::StrCat("--regid=", kSecondGid),
+                                   absl::StrCat("--reuid=", uid),
+                                   absl::StrCat("--regid=", gid),
                                    "--clear-groups",
                                    tool};
   argv.insert(argv.end(), args.begin(), args.end());

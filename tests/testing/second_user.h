@@ -54,6 +54,10 @@ class SecondUserConnections {
 // line per step, "<step>: <status>" (see second_user_main.cc).
 ProcessResult RunAsSecondUser(const std::string& dir, const std::vector<std::string>& args,
                               absl::Duration timeout = absl::Seconds(60));
+// The same, as `uid` and `gid` (this process's uid with the second user's gid: another group
+// of the same user).
+ProcessResult RunToolAs(const std::string& dir, const std::vector<std::string>& args, uid_t uid,
+                        gid_t gid, absl::Duration timeout = absl::Seconds(60));
 
 }  // namespace tpd::testing
 

@@ -6,6 +6,7 @@
 //   second_user --socket=S --raw_session=ID --raw_barrier=g:a   Control.Barrier with it
 //   second_user --socket=S --raw_session=ID --raw_attach        attach its shared memory
 //   second_user --socket=S --group=g --name=x --init_method=tcp://... [--secret=...] --call=a
+//       [--tensor_bytes=N]                                     ... with an arena tensor
 //   second_user --socket=S --attach_sessions=40                 attach as many sessions
 #include <cstdio>
 #include <memory>
@@ -41,6 +42,8 @@ ABSL_FLAG(std::string, group_store, "",
           "a group whose store to read and write key k in, after joining --group");
 ABSL_FLAG(bool, forged_cuda_call, false,
           "after joining, call --call with a CUDA tensor whose IPC handle is forged");
+ABSL_FLAG(int64_t, tensor_bytes, 0,
+          "--call sends an arena tensor of this many bytes and prints where the reply's lay");
 ABSL_FLAG(int, attach_sessions, 0, "sessions to open and attach, one client each");
 ABSL_FLAG(int, hold_ms, 0, "how long to hold what was attached before exiting");
 
@@ -137,10 +140,26 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (!absl::GetFlag(FLAGS_call).empty()) {
-      Print("call", (*client)
-                        ->Call(options.group, absl::GetFlag(FLAGS_call), "echo", "x", {},
-                               absl::Seconds(5))
-                        .status());
+      std::vector<tpd::Tensor> tensors;
+      if (const int64_t bytes = absl::GetFlag(FLAGS_tensor_bytes); bytes > 0) {
+        absl::StatusOr<tpd::Tensor> tensor =
+            (*client)->AllocateTensor(tpd::shm::DType::kUInt8, {bytes});
+        if (!tensor.ok()) {
+          Print("call", tensor.status());
+          return 0;
+        }
+        tensors.push_back(*std::move(tensor));
+      }
+      absl::StatusOr<tpd::Message> reply = (*client)->Call(
+          options.group, absl::GetFlag(FLAGS_call), "echo", "x", tensors, absl::Seconds(5));
+      Print("call", reply.status());
+      if (reply.ok() && !tensors.empty()) {
+        // Whether this process was handed the caller's memory instead of a copy.
+        const tpd::CallEngineStats stats = *(*client)->GetCallStats();
+        std::printf("shared: %d tensors in sender memory, %d peer segments mapped\n",
+                    static_cast<int>(stats.tensors_received_shared),
+                    static_cast<int>(stats.peer_segments_mapped));
+      }
     }
     if (const std::string other = absl::GetFlag(FLAGS_group_store); !other.empty()) {
       const tpd::StoreView store = (*client)->GroupStore(other);
