@@ -292,7 +292,10 @@ int RunStatus(tpd::Client& client) {
     std::cout << "  data:    " << status->data_socket() << ", "
               << status->attached_session_count() << " sessions attached (max "
               << status->config().data_max_sessions() << "), " << status->open_session_count()
-              << " sessions open (max " << status->config().data_max_open_sessions() << ")\n";
+              << " sessions open (max " << status->config().data_max_open_sessions() << ")"
+              << (status->config().data_share_memory()
+                      ? "; large tensors shared between sessions of one uid and gid\n"
+                      : "; every tensor copied (share_memory off)\n");
     for (const tpd::v1::UidUse& use : status->uid_use()) {
       std::cout << "    uid " << use.uid() << ": " << use.attached_sessions()
                 << " sessions attached (max " << status->config().data_max_sessions_per_uid()

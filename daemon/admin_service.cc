@@ -226,6 +226,7 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   config->set_data_max_sessions(config_->data.max_sessions);
   config->set_data_max_sessions_per_uid(config_->data.max_sessions_per_uid);
   config->set_data_max_open_sessions(config_->data.max_open_sessions);
+  config->set_data_share_memory(config_->data.share_memory);
 
   const store::MemoryStoreStats stats = store_->Stats();
   v1::StoreStats* store = response->mutable_store();

@@ -70,6 +70,7 @@ const std::vector<std::string>& AllOptions() {
       "data.max_open_sessions_per_uid",
       "data.session_identify_timeout_ms",
       "data.device_dir",
+      "data.share_memory",
       "etcd.user",
       "etcd.password_file",
       "etcd.ca_file",
@@ -129,6 +130,7 @@ void ExpectDefaultsExceptPaths(const Config& config) {
   EXPECT_EQ(config.data.max_open_sessions_per_uid, defaults.data.max_open_sessions_per_uid);
   EXPECT_EQ(config.data.session_identify_timeout, defaults.data.session_identify_timeout);
   EXPECT_EQ(config.data.device_dir, defaults.data.device_dir);
+  EXPECT_EQ(config.data.share_memory, defaults.data.share_memory);
   EXPECT_EQ(config.etcd.user, defaults.etcd.user);
   EXPECT_EQ(config.etcd.password_file, defaults.etcd.password_file);
   EXPECT_EQ(config.etcd.ca_file, defaults.etcd.ca_file);
@@ -234,6 +236,13 @@ max_waiters = 40
   EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
 }
 
+TEST(ConfigTest, ShareMemoryIsOnUnlessTurnedOff) {
+  EXPECT_TRUE(Config{}.data.share_memory);
+  absl::StatusOr<Config> config = ParseConfig("[data]\nshare_memory = false\n", "off.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->data.share_memory);
+}
+
 TEST(ConfigTest, OneFieldOverriddenLeavesTheOthersAtDefaults) {
   absl::StatusOr<Config> config = ParseConfig("[store]\nmax_waiters = 7\n", "one.toml");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -298,6 +307,7 @@ TEST(ConfigTest, WrongTypeIsInvalidArgumentNamingField) {
       {"[store]\nmax_value_bytes = 16.0\n", "max_value_bytes"},
       {"[store]\nmax_keys_per_request = false\n", "max_keys_per_request"},
       {"[store]\nmax_waiters = { n = 1 }\n", "max_waiters"},
+      {"[data]\nshare_memory = 1\n", "share_memory must be true or false"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<Config> config = ParseConfig(c.text, "w.toml");

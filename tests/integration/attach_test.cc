@@ -223,6 +223,7 @@ TEST_F(AttachTest, StatusListsAttachedSessionsWithTheirCredentials) {
       testing::RunProcess({testing::RunfilePath("client/tpctl"), "--socket", socket_, "status"});
   EXPECT_EQ(tpctl.exit_code, 0) << tpctl.output;
   EXPECT_THAT(tpctl.output, HasSubstr("1 sessions attached (max 8)"));
+  EXPECT_THAT(tpctl.output, HasSubstr("large tensors shared between sessions of one uid and gid"));
   EXPECT_THAT(tpctl.output, HasSubstr(absl::StrCat("pid ", getpid(), " uid ", getuid())));
   EXPECT_THAT(tpctl.output,
               HasSubstr(absl::StrCat("0 calls in flight, rx heap 0/", kArenaBytes, " B used")));

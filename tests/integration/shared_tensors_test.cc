@@ -164,6 +164,7 @@ TEST_F(SharedTensorsTest, LargeTensorsAreReadInTheSendersMemoryMappedReadOnly) {
   EXPECT_EQ(b_->GetCallStats()->tensors_received_shared, 1u);
   EXPECT_EQ(b_->GetCallStats()->peer_segments_mapped, 1u);
   EXPECT_EQ(BytesShared(b_.get()), static_cast<uint64_t>(kLarge)) << "Admin.Status counts it";
+  EXPECT_TRUE(b_->Status()->config().data_share_memory());
 
   // a's block stays allocated while b holds the view, though a dropped its tensors: the
   // daemon gives it back only when b's client releases the message.
@@ -234,6 +235,7 @@ TEST_F(SharedTensorsTest, ShareMemoryOffCopiesEveryTensor) {
   EXPECT_FALSE(Kept()[0].in_sender_memory());
   EXPECT_EQ(b_->GetCallStats()->peer_segments_mapped, 0u);
   EXPECT_EQ(BytesShared(b_.get()), 0u);
+  EXPECT_FALSE(b_->Status()->config().data_share_memory()) << "Admin.Status shows the setting";
   DropKept();
 }
 
