@@ -209,6 +209,7 @@ absl::StatusOr<std::shared_ptr<const shm::Segment>> Client::AttachSharedMemory()
   if (absl::Status trusted = CheckDataSocketOwner(path, socket_path_); !trusted.ok()) {
     return trusted;
   }
+  if (data_fd_ >= 0) shutdown(data_fd_, SHUT_RDWR);  // the old session's end (see Detach)
   if (data_fd_ >= 0) close(data_fd_);
   data_fd_ = -1;
   segment_.reset();
@@ -241,6 +242,9 @@ void Client::DetachSharedMemory() {
   std::shared_ptr<CallEngine> calls;  // stopped outside the lock: its handlers may call
   {
     absl::MutexLock lock(&data_mu_);
+    // The connection ends now, though the engine still holds a dup of it for peer notices:
+    // its end is the session's end to the daemon.
+    if (data_fd_ >= 0) shutdown(data_fd_, SHUT_RDWR);
     if (data_fd_ >= 0) close(data_fd_);
     data_fd_ = -1;
     segment_.reset();
