@@ -288,6 +288,7 @@ class Link {
   std::atomic<uint64_t> cuda_tensors_received{0};
   std::atomic<uint64_t> cuda_pool_blocks_held{0};
   std::atomic<uint64_t> tensors_received_shared{0};
+  std::atomic<uint64_t> store_calls{0};
 };
 
 struct ArenaBlock {
@@ -764,6 +765,25 @@ CallFuture CallEngine::CallAsync(const std::string& group, const std::string& fr
                                  const std::string& worker, const std::string& method,
                                  std::string_view payload, absl::Span<const Tensor> tensors,
                                  absl::Duration timeout) {
+  return Start(shm::Op::kCall, group, from, worker, method, payload, tensors, timeout);
+}
+
+absl::StatusOr<std::string> CallEngine::StoreCall(const std::string& group,
+                                                  const std::string& method,
+                                                  std::string_view request,
+                                                  absl::Duration timeout) {
+  ++link_->store_calls;
+  CallFuture future = Start(shm::Op::kStore, group, "", "", method, request, {}, timeout);
+  future.Wait();
+  absl::MutexLock lock(&future.state_->mu);
+  if (!future.state_->result.ok()) return future.state_->result.status();
+  return std::move(future.state_->result->payload);
+}
+
+CallFuture CallEngine::Start(shm::Op op, const std::string& group, const std::string& from,
+                             const std::string& worker, const std::string& method,
+                             std::string_view payload, absl::Span<const Tensor> tensors,
+                             absl::Duration timeout) {
   auto state = std::make_shared<CallState>();
   const bool none = timeout == absl::ZeroDuration() || timeout == absl::InfiniteDuration();
   const absl::Time deadline = none ? absl::InfiniteFuture() : absl::Now() + timeout;
@@ -797,8 +817,12 @@ CallFuture CallEngine::CallAsync(const std::string& group, const std::string& fr
     call.deadline = deadline;
     call.give_up = none ? absl::InfiniteFuture() : deadline + kDeadlineGrace;
   }
-  absl::Status submitted = Submit(shm::Op::kCall, id, none ? 0 : absl::ToUnixNanos(deadline), 0, 0,
-                                  {group, worker, method, from}, payload, tensors);
+  // A store call has no deadline of its own on the ring (a waiting one carries its timeout in
+  // its request); the library still gives up on it past `timeout`.
+  const int64_t deadline_ns =
+      none || op != shm::Op::kCall ? 0 : absl::ToUnixNanos(deadline);
+  absl::Status submitted = Submit(op, id, deadline_ns, 0, 0, {group, worker, method, from},
+                                  payload, tensors);
   if (!submitted.ok()) {
     absl::MutexLock lock(&mu_);
     Finish(id, Prefixed(submitted, CallName(group, worker, method), " was not sent: "));
@@ -1444,6 +1468,7 @@ CallEngineStats CallEngine::Stats() {
   stats.cuda_pool_blocks_held = link_->cuda_pool_blocks_held;
   stats.tensors_received_shared = link_->tensors_received_shared;
   stats.peer_segments_mapped = peers_.size();
+  stats.store_calls = link_->store_calls;
   absl::MutexLock lock(&mu_);
   stats.handler_threads = static_cast<int>(pool_.size());
   stats.handlers_running = handlers_running_;

@@ -288,6 +288,8 @@ struct CallEngineStats {
   // and the peers' segments mapped now for them.
   uint64_t tensors_received_shared = 0;
   uint64_t peer_segments_mapped = 0;
+  // Store calls made through the rings (StoreCall) rather than over gRPC.
+  uint64_t store_calls = 0;
 };
 
 // The client's call machinery on one attached segment.
@@ -352,6 +354,12 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
                                const std::string& worker, const std::string& method,
                                std::string_view payload, absl::Span<const Tensor> tensors,
                                absl::Duration timeout);
+  // A call of the daemon's Store service through the rings (Op::kStore): `method` ("Set",
+  // "Get", ...) with the serialized `request`, on the daemon's store ("" `group`) or a
+  // group's. Returns the serialized response, or the daemon's error; the library gives up
+  // `timeout` (zero: never) plus 2 s after the call, as for Call.
+  absl::StatusOr<std::string> StoreCall(const std::string& group, const std::string& method,
+                                        std::string_view request, absl::Duration timeout);
 
   // Graceful leave of worker `worker` of `group`, before the Leave RPC. BeginLeave: new
   // calls to it are answered UNAVAILABLE ("worker 'w' is leaving group 'g'"), new calls
@@ -370,6 +378,12 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   bool OnOwnThread() const;
 
  private:
+  // Sends a message of `op` (kCall, or kStore with the names {group, "", method, ""}) and
+  // registers its future: CallAsync and StoreCall.
+  CallFuture Start(shm::Op op, const std::string& group, const std::string& from,
+                   const std::string& worker, const std::string& method,
+                   std::string_view payload, absl::Span<const Tensor> tensors,
+                   absl::Duration timeout);
   using WorkerKey = std::pair<std::string, std::string>;  // (group, worker)
   struct Outgoing {
     std::shared_ptr<calls_internal::CallState> state;

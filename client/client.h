@@ -121,8 +121,11 @@ class StoreView {
   absl::StatusOr<std::unique_ptr<grpc::ClientContext>> Context(absl::Duration wait,
                                                                bool waits) const;
   // One store call in that context (`wait`, `waits`: as Client::Context).
+  // Through the session's rings when the client is attached to shared memory (Client::
+  // AttachSharedMemory, or a call or handler made it), else over gRPC.
   template <typename Request, typename Response>
-  absl::Status Unary(grpc::Status (v1::Store::Stub::*method)(grpc::ClientContext*, const Request&,
+  absl::Status Unary(const char* name,
+                     grpc::Status (v1::Store::Stub::*method)(grpc::ClientContext*, const Request&,
                                                              Response*),
                      const Request& request, Response* response,
                      absl::Duration wait = absl::ZeroDuration(), bool waits = false) const;
@@ -316,6 +319,9 @@ class Client {
   absl::StatusOr<Joined> CallerIn(const std::string& group);
   // The call engine of the attached segment, attaching and starting it when needed.
   absl::StatusOr<std::shared_ptr<CallEngine>> Engine();
+  // The call engine when this client is attached to shared memory (started if need be); null
+  // when it is not attached.
+  std::shared_ptr<CallEngine> AttachedEngine();
 
   // The session id, opening the session stream on first use.
   absl::StatusOr<std::string> Session();

@@ -218,7 +218,8 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
   const shm::Layout& layout = session->segment->layout();
   // A device pool is answered like a call.
   const bool call = (d.op == static_cast<uint8_t>(shm::Op::kCall) ||
-                     d.op == static_cast<uint8_t>(shm::Op::kDevicePool)) &&
+                     d.op == static_cast<uint8_t>(shm::Op::kDevicePool) ||
+                     d.op == static_cast<uint8_t>(shm::Op::kStore)) &&
                     d.call_id != 0;
   // Every call is answered exactly once, and every answer posted counts it down (Post).
   if (call) ++session->calls_in_flight;
@@ -232,17 +233,22 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
     EndSession(*session, valid.ToString());
     return;
   }
-  switch (static_cast<shm::Op>(d.op)) {
+  const shm::Op op = static_cast<shm::Op>(d.op);
+  if ((op == shm::Op::kCall || op == shm::Op::kStore) &&
+      session->calls_in_flight.load() > options_.max_calls_in_flight) {
+    session->Release(d.payload_offset);
+    Fail(session, d.call_id,
+         absl::ResourceExhaustedError(absl::StrCat(
+             "this session has data.max_calls_in_flight (", options_.max_calls_in_flight,
+             ") calls waiting for replies; wait for some before making more")));
+    return;
+  }
+  switch (op) {
     case shm::Op::kCall:
-      if (session->calls_in_flight.load() > options_.max_calls_in_flight) {
-        session->Release(d.payload_offset);
-        Fail(session, d.call_id,
-             absl::ResourceExhaustedError(absl::StrCat(
-                 "this session has data.max_calls_in_flight (", options_.max_calls_in_flight,
-                 ") calls waiting for replies; wait for some before making more")));
-        return;
-      }
       HandleCall(session, d, read_ns);
+      break;
+    case shm::Op::kStore:
+      HandleStore(session, d);
       break;
     case shm::Op::kReply:
       HandleReply(session, d, read_ns);
@@ -259,6 +265,32 @@ void CallRouter::Handle(const std::shared_ptr<Session>& session, const shm::Desc
     case shm::Op::kPeerGone:  // a completion only: ValidateDescriptor refused it
       break;
   }
+}
+
+void CallRouter::HandleStore(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
+  absl::StatusOr<router::Submitted> call =
+      router::ReadSubmitted(*session->segment, d, session->cuda_allowed);
+  // The request is copied out of shared memory before anything parses it.
+  std::string request;
+  if (call.ok()) {
+    request.assign(reinterpret_cast<const char*>(session->segment->base()) +
+                       call->message.body_offset,
+                   call->message.body_length);
+  }
+  session->Release(d.payload_offset);
+  if (!call.ok() || !options_.store) {
+    Fail(session, d.call_id,
+         call.ok() ? absl::UnimplementedError("this daemon serves no store to sessions")
+                   : call.status());
+    return;
+  }
+  options_.store(session->id, call->message.names[0], call->message.names[2], request,
+                 [session, call_id = d.call_id](absl::Status status, std::string response) {
+                   // A wait may end after the router is gone (the store's own shutdown): only
+                   // the session is touched. An answer that finds its rx heap full still goes,
+                   // as RESOURCE_EXHAUSTED (Answer).
+                   session->Answer(call_id, status, response).IgnoreError();
+                 });
 }
 
 void CallRouter::HandleRelease(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {

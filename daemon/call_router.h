@@ -134,6 +134,8 @@ class CallRouter {
   void HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
                    int64_t read_ns);
   void HandleCancel(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
+  // A Store call through the rings (Op::kStore), answered by options_.store.
+  void HandleStore(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   // A client's release of a block of its rx heap or of a receive pool.
   void HandleRelease(const std::shared_ptr<Session>& session, const shm::Descriptor& d);
   // A receive pool lent by the client (kDevicePool), answered by a reply.

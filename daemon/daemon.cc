@@ -442,6 +442,12 @@ absl::Status Daemon::ServeData() {
   calls.no_cuda = cuda_unavailable_;
   calls.device_dir = config_.data.device_dir;
   calls.share_memory = config_.data.share_memory;
+  calls.store = [service = &store_service_](
+                    const std::string& session, const std::string& group,
+                    const std::string& method, const std::string& request,
+                    absl::AnyInvocable<void(absl::Status, std::string)> done) {
+    service->ServeLocal(session, group, method, request, std::move(done));
+  };
   calls.cuda_chunk_bytes = static_cast<uint64_t>(config_.agent.cuda_chunk_bytes);
   calls.end_session = [control](const std::string& id, const std::string& why) {
     control->EndSession(id, absl::StrCat("the session's shared memory was misused: ", why));

@@ -231,16 +231,104 @@ grpc::ServerUnaryReactor* StoreService::WaitFor(grpc::CallbackServerContext* con
   return reactor;
 }
 
-grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
-                                            const v1::SetRequest* request, v1::SetResponse*) {
-  absl::StatusOr<Scoped> scope = Admit(*context, "Set", *request, request->namespace_());
-  if (!scope.ok()) return Reply(context, "Set", scope.status());
-  absl::Status status = CheckKey(request->key());
-  if (status.ok()) status = CheckValue(request->key(), request->value().size());
-  if (status.ok()) {
-    status = scope->view.Set(request->key(), request->value());
+template <typename Work>
+grpc::ServerUnaryReactor* StoreService::Simple(grpc::CallbackServerContext* context,
+                                               const char* method,
+                                               const google::protobuf::Message& request,
+                                               const std::string& name_space, Work work) {
+  absl::StatusOr<Scoped> scope = Admit(*context, method, request, name_space);
+  if (!scope.ok()) return Reply(context, method, scope.status());
+  return Reply(context, method, work(scope->view));
+}
+
+// --- What each method does once its store is reached, for both transports ---
+
+absl::Status StoreService::DoSet(store::Store& view, const v1::SetRequest& request,
+                                 v1::SetResponse*) const {
+  absl::Status status = CheckKey(request.key());
+  if (status.ok()) status = CheckValue(request.key(), request.value().size());
+  if (status.ok()) status = view.Set(request.key(), request.value());
+  return status;
+}
+
+absl::Status StoreService::DoAdd(store::Store& view, const v1::AddRequest& request,
+                                 v1::AddResponse* response) const {
+  if (absl::Status status = CheckKey(request.key()); !status.ok()) return status;
+  absl::StatusOr<int64_t> sum = view.Add(request.key(), request.delta());
+  if (sum.ok()) response->set_value(*sum);
+  return sum.status();
+}
+
+absl::Status StoreService::DoCompareSet(store::Store& view, const v1::CompareSetRequest& request,
+                                        v1::CompareSetResponse* response) const {
+  absl::Status status = CheckKey(request.key());
+  if (status.ok()) status = CheckValue(request.key(), request.desired_value().size());
+  if (!status.ok()) return status;
+  absl::StatusOr<std::string> value =
+      view.CompareSet(request.key(), request.expected_value(), request.desired_value());
+  if (value.ok()) response->set_value(*std::move(value));
+  return value.status();
+}
+
+absl::Status StoreService::DoCheck(store::Store& view, const v1::CheckRequest& request,
+                                   v1::CheckResponse* response) const {
+  if (absl::Status status = CheckKeys(request.keys()); !status.ok()) return status;
+  absl::StatusOr<bool> ready = view.Check(ToVector(request.keys()));
+  if (ready.ok()) response->set_ready(*ready);
+  return ready.status();
+}
+
+absl::Status StoreService::DoDeleteKey(store::Store& view, const v1::DeleteKeyRequest& request,
+                                       v1::DeleteKeyResponse* response) const {
+  if (absl::Status status = CheckKey(request.key()); !status.ok()) return status;
+  absl::StatusOr<bool> deleted = view.DeleteKey(request.key());
+  if (deleted.ok()) response->set_deleted(*deleted);
+  return deleted.status();
+}
+
+absl::Status StoreService::DoNumKeys(store::Store& view, const v1::NumKeysRequest& request,
+                                     v1::NumKeysResponse* response) const {
+  if (static_cast<int64_t>(request.prefix().size()) > limits_.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("NumKeysRequest.prefix is ",
+                                                   request.prefix().size(),
+                                                   " bytes; the limit store.max_key_bytes is ",
+                                                   limits_.max_key_bytes));
   }
-  return Reply(context, "Set", status);
+  absl::StatusOr<int64_t> count = view.NumKeys(request.prefix());
+  if (count.ok()) response->set_num_keys(*count);
+  return count.status();
+}
+
+absl::Status StoreService::DoMultiSet(store::Store& view, const v1::MultiSetRequest& request,
+                                      v1::MultiSetResponse*) const {
+  absl::Status status = CheckKeys(request.keys());
+  if (status.ok() && request.keys_size() != request.values_size()) {
+    status = absl::InvalidArgumentError(absl::StrCat("multi_set needs one value per key: got ",
+                                                     request.keys_size(), " keys and ",
+                                                     request.values_size(), " values"));
+  }
+  for (int i = 0; status.ok() && i < request.values_size(); ++i) {
+    status = CheckValue(request.keys(i), request.values(i).size());
+  }
+  if (status.ok()) status = view.MultiSet(ToVector(request.keys()), ToVector(request.values()));
+  return status;
+}
+
+absl::Status StoreService::DoAppend(store::Store& view, const v1::AppendRequest& request,
+                                    v1::AppendResponse*) const {
+  absl::Status status = CheckKey(request.key());
+  if (status.ok()) status = CheckValue(request.key(), request.value().size());
+  if (status.ok()) status = view.Append(request.key(), request.value());
+  return status;
+}
+
+// --- gRPC ---
+
+grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
+                                            const v1::SetRequest* request,
+                                            v1::SetResponse* response) {
+  return Simple(context, "Set", *request, request->namespace_(),
+                [&](store::Store& view) { return DoSet(view, *request, response); });
 }
 
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context,
@@ -257,31 +345,15 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
                                             const v1::AddRequest* request,
                                             v1::AddResponse* response) {
-  absl::StatusOr<Scoped> scope = Admit(*context, "Add", *request, request->namespace_());
-  if (!scope.ok()) return Reply(context, "Add", scope.status());
-  absl::Status status = CheckKey(request->key());
-  if (status.ok()) {
-    absl::StatusOr<int64_t> sum = scope->view.Add(request->key(), request->delta());
-    if (sum.ok()) response->set_value(*sum);
-    status = sum.status();
-  }
-  return Reply(context, "Add", status);
+  return Simple(context, "Add", *request, request->namespace_(),
+                [&](store::Store& view) { return DoAdd(view, *request, response); });
 }
 
 grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* context,
                                                    const v1::CompareSetRequest* request,
                                                    v1::CompareSetResponse* response) {
-  absl::StatusOr<Scoped> scope = Admit(*context, "CompareSet", *request, request->namespace_());
-  if (!scope.ok()) return Reply(context, "CompareSet", scope.status());
-  absl::Status status = CheckKey(request->key());
-  if (status.ok()) status = CheckValue(request->key(), request->desired_value().size());
-  if (status.ok()) {
-    absl::StatusOr<std::string> value =
-        scope->view.CompareSet(request->key(), request->expected_value(), request->desired_value());
-    if (value.ok()) response->set_value(*std::move(value));
-    status = value.status();
-  }
-  return Reply(context, "CompareSet", status);
+  return Simple(context, "CompareSet", *request, request->namespace_(),
+                [&](store::Store& view) { return DoCompareSet(view, *request, response); });
 }
 
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
@@ -295,45 +367,22 @@ grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* contex
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
                                               const v1::CheckRequest* request,
                                               v1::CheckResponse* response) {
-  absl::StatusOr<Scoped> scope = Admit(*context, "Check", *request, request->namespace_());
-  if (!scope.ok()) return Reply(context, "Check", scope.status());
-  absl::Status status = CheckKeys(request->keys());
-  if (status.ok()) {
-    absl::StatusOr<bool> ready = scope->view.Check(ToVector(request->keys()));
-    if (ready.ok()) response->set_ready(*ready);
-    status = ready.status();
-  }
-  return Reply(context, "Check", status);
+  return Simple(context, "Check", *request, request->namespace_(),
+                [&](store::Store& view) { return DoCheck(view, *request, response); });
 }
 
 grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
                                                   const v1::DeleteKeyRequest* request,
                                                   v1::DeleteKeyResponse* response) {
-  absl::StatusOr<Scoped> scope = Admit(*context, "DeleteKey", *request, request->namespace_());
-  if (!scope.ok()) return Reply(context, "DeleteKey", scope.status());
-  absl::Status status = CheckKey(request->key());
-  if (status.ok()) {
-    absl::StatusOr<bool> deleted = scope->view.DeleteKey(request->key());
-    if (deleted.ok()) response->set_deleted(*deleted);
-    status = deleted.status();
-  }
-  return Reply(context, "DeleteKey", status);
+  return Simple(context, "DeleteKey", *request, request->namespace_(),
+                [&](store::Store& view) { return DoDeleteKey(view, *request, response); });
 }
 
 grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* context,
                                                 const v1::NumKeysRequest* request,
                                                 v1::NumKeysResponse* response) {
-  absl::StatusOr<Scoped> scope = Admit(*context, "NumKeys", *request, request->namespace_());
-  if (!scope.ok()) return Reply(context, "NumKeys", scope.status());
-  if (static_cast<int64_t>(request->prefix().size()) > limits_.max_key_bytes) {
-    return Reply(context, "NumKeys",
-                 absl::InvalidArgumentError(absl::StrCat(
-                     "NumKeysRequest.prefix is ", request->prefix().size(),
-                     " bytes; the limit store.max_key_bytes is ", limits_.max_key_bytes)));
-  }
-  absl::StatusOr<int64_t> count = scope->view.NumKeys(request->prefix());
-  if (count.ok()) response->set_num_keys(*count);
-  return Reply(context, "NumKeys", count.status());
+  return Simple(context, "NumKeys", *request, request->namespace_(),
+                [&](store::Store& view) { return DoNumKeys(view, *request, response); });
 }
 
 grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* context,
@@ -349,35 +398,179 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* co
 
 grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* context,
                                                  const v1::MultiSetRequest* request,
-                                                 v1::MultiSetResponse*) {
-  absl::StatusOr<Scoped> scope = Admit(*context, "MultiSet", *request, request->namespace_());
-  if (!scope.ok()) return Reply(context, "MultiSet", scope.status());
-  absl::Status status = CheckKeys(request->keys());
-  if (status.ok() && request->keys_size() != request->values_size()) {
-    status = absl::InvalidArgumentError(absl::StrCat("multi_set needs one value per key: got ",
-                                                     request->keys_size(), " keys and ",
-                                                     request->values_size(), " values"));
-  }
-  for (int i = 0; status.ok() && i < request->values_size(); ++i) {
-    status = CheckValue(request->keys(i), request->values(i).size());
-  }
-  if (status.ok()) {
-    status = scope->view.MultiSet(ToVector(request->keys()), ToVector(request->values()));
-  }
-  return Reply(context, "MultiSet", status);
+                                                 v1::MultiSetResponse* response) {
+  return Simple(context, "MultiSet", *request, request->namespace_(),
+                [&](store::Store& view) { return DoMultiSet(view, *request, response); });
 }
 
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* context,
                                                const v1::AppendRequest* request,
-                                               v1::AppendResponse*) {
-  absl::StatusOr<Scoped> scope = Admit(*context, "Append", *request, request->namespace_());
-  if (!scope.ok()) return Reply(context, "Append", scope.status());
-  absl::Status status = CheckKey(request->key());
-  if (status.ok()) status = CheckValue(request->key(), request->value().size());
+                                               v1::AppendResponse* response) {
+  return Simple(context, "Append", *request, request->namespace_(),
+                [&](store::Store& view) { return DoAppend(view, *request, response); });
+}
+
+// --- Shared memory (ServeLocal) ---
+
+template <typename Request, typename Response, typename Work>
+void StoreService::LocalCall(const char* method, const std::string& bytes,
+                             const std::shared_ptr<store::Store>& owner, LocalDone& done,
+                             Work work) {
+  Request request;
+  Response response;
+  absl::Status status = Parse(method, bytes, &request);
+  if (status.ok()) status = CheckNamespace(method, request.namespace_());
   if (status.ok()) {
-    status = scope->view.Append(request->key(), request->value());
+    store::PrefixStore view(request.namespace_(), owner.get());
+    status = work(view, request, &response);
   }
-  return Reply(context, "Append", status);
+  stats_->Record(method, status);
+  done(status, status.ok() ? response.SerializeAsString() : std::string());
+}
+
+template <typename Request, typename Response, typename KeysOf, typename Fill>
+void StoreService::LocalWait(const char* method, const std::string& bytes,
+                             std::shared_ptr<store::Store> owner, LocalDone done, KeysOf keys_of,
+                             Fill fill) {
+  Request request;
+  absl::Status status = Parse(method, bytes, &request);
+  if (status.ok()) status = CheckNamespace(method, request.namespace_());
+  Keys keys;
+  if (status.ok()) {
+    keys = keys_of(request);
+    status = CheckKeys(keys);
+  }
+  if (status.ok() && request.timeout_ms() < 0) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "timeout_ms must be >= 0 (0 uses the daemon's default), got ", request.timeout_ms()));
+  }
+  if (!status.ok()) {
+    stats_->Record(method, status);
+    done(status, std::string());
+    return;
+  }
+  const absl::Time deadline =
+      absl::Now() + (request.timeout_ms() == 0 ? limits_.default_timeout
+                                               : absl::Milliseconds(request.timeout_ms()));
+  store::PrefixStore view(request.namespace_(), owner.get());
+  // The callback may run before WaitAsync returns (keys already there) or on the store's
+  // thread later; it keeps the store open and answers once.
+  auto answer = std::make_shared<LocalDone>(std::move(done));
+  absl::StatusOr<store::WaitId> waiting = view.WaitAsync(
+      ToVector(keys), deadline,
+      [this, owner, answer, method, fill](absl::StatusOr<Values> values) {
+        Response response;
+        if (values.ok()) fill(*std::move(values), &response);
+        stats_->Record(method, values.status());
+        (*answer)(values.status(), values.ok() ? response.SerializeAsString() : std::string());
+      });
+  if (!waiting.ok()) {
+    stats_->Record(method, waiting.status());
+    (*answer)(waiting.status(), std::string());
+  }
+}
+
+template <typename Request>
+absl::Status StoreService::Parse(const char* method, const std::string& bytes, Request* request) {
+  if (request->ParseFromString(bytes)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("a ", method, "Request over shared memory that does not parse (",
+                   bytes.size(), " bytes)"));
+}
+
+absl::StatusOr<std::shared_ptr<store::Store>> StoreService::LocalStore(
+    const std::string& session_id, const std::string& group) {
+  // The root store is the daemon's and outlives every call: nothing to own.
+  if (group.empty()) return std::shared_ptr<store::Store>(std::shared_ptr<void>(), root_);
+  if (absl::Status valid = ValidateGroupName("the store call's group", group); !valid.ok()) {
+    return valid;
+  }
+  if (!group_stores_) return absl::FailedPreconditionError("this daemon serves no group stores");
+  return group_stores_(session_id, group);
+}
+
+void StoreService::ServeLocal(const std::string& session_id, const std::string& group,
+                              const std::string& method, const std::string& request,
+                              LocalDone done) {
+  absl::StatusOr<std::shared_ptr<store::Store>> owner = LocalStore(session_id, group);
+  if (!owner.ok()) {
+    done(owner.status(), std::string());
+    return;
+  }
+  // Each method as over gRPC (the Do* functions), with the request and response as bytes.
+  if (method == "Set") {
+    LocalCall<v1::SetRequest, v1::SetResponse>(
+        "Set", request, *owner, done,
+        [this](store::Store& view, const v1::SetRequest& r, v1::SetResponse* out) {
+          return DoSet(view, r, out);
+        });
+  } else if (method == "Add") {
+    LocalCall<v1::AddRequest, v1::AddResponse>(
+        "Add", request, *owner, done,
+        [this](store::Store& view, const v1::AddRequest& r, v1::AddResponse* out) {
+          return DoAdd(view, r, out);
+        });
+  } else if (method == "CompareSet") {
+    LocalCall<v1::CompareSetRequest, v1::CompareSetResponse>(
+        "CompareSet", request, *owner, done,
+        [this](store::Store& view, const v1::CompareSetRequest& r, v1::CompareSetResponse* out) {
+          return DoCompareSet(view, r, out);
+        });
+  } else if (method == "Check") {
+    LocalCall<v1::CheckRequest, v1::CheckResponse>(
+        "Check", request, *owner, done,
+        [this](store::Store& view, const v1::CheckRequest& r, v1::CheckResponse* out) {
+          return DoCheck(view, r, out);
+        });
+  } else if (method == "DeleteKey") {
+    LocalCall<v1::DeleteKeyRequest, v1::DeleteKeyResponse>(
+        "DeleteKey", request, *owner, done,
+        [this](store::Store& view, const v1::DeleteKeyRequest& r, v1::DeleteKeyResponse* out) {
+          return DoDeleteKey(view, r, out);
+        });
+  } else if (method == "NumKeys") {
+    LocalCall<v1::NumKeysRequest, v1::NumKeysResponse>(
+        "NumKeys", request, *owner, done,
+        [this](store::Store& view, const v1::NumKeysRequest& r, v1::NumKeysResponse* out) {
+          return DoNumKeys(view, r, out);
+        });
+  } else if (method == "MultiSet") {
+    LocalCall<v1::MultiSetRequest, v1::MultiSetResponse>(
+        "MultiSet", request, *owner, done,
+        [this](store::Store& view, const v1::MultiSetRequest& r, v1::MultiSetResponse* out) {
+          return DoMultiSet(view, r, out);
+        });
+  } else if (method == "Append") {
+    LocalCall<v1::AppendRequest, v1::AppendResponse>(
+        "Append", request, *owner, done,
+        [this](store::Store& view, const v1::AppendRequest& r, v1::AppendResponse* out) {
+          return DoAppend(view, r, out);
+        });
+  } else if (method == "Get") {
+    LocalWait<v1::GetRequest, v1::GetResponse>(
+        "Get", request, *std::move(owner), std::move(done),
+        [](const v1::GetRequest& r) {
+          Keys keys;
+          keys.Add()->assign(r.key());
+          return keys;
+        },
+        [](Values values, v1::GetResponse* out) { out->set_value(std::move(values[0])); });
+  } else if (method == "Wait") {
+    LocalWait<v1::WaitRequest, v1::WaitResponse>(
+        "Wait", request, *std::move(owner), std::move(done),
+        [](const v1::WaitRequest& r) { return r.keys(); }, [](Values, v1::WaitResponse*) {});
+  } else if (method == "MultiGet") {
+    LocalWait<v1::MultiGetRequest, v1::MultiGetResponse>(
+        "MultiGet", request, *std::move(owner), std::move(done),
+        [](const v1::MultiGetRequest& r) { return r.keys(); },
+        [](Values values, v1::MultiGetResponse* out) {
+          for (std::string& value : values) out->add_values(std::move(value));
+        });
+  } else {
+    done(absl::UnimplementedError(absl::StrCat("the store has no method '", absl::CEscape(method),
+                                               "'")),
+         std::string());
+  }
 }
 
 }  // namespace tpd

@@ -12,6 +12,10 @@
 // a session holding a member of the group may use it (docs/security.md, "A group's store"),
 // and only on the unix socket.
 //
+// Local clients attached to shared memory send the same requests through their session's
+// rings instead (ServeLocal, called by the call router: docs/data_plane.md, "The store over
+// shared memory"); each method does the same work either way (the Do* functions).
+//
 // Thread safety: thread-safe; gRPC calls the handlers from its own threads.
 
 #ifndef TPD_DAEMON_STORE_SERVICE_H_
@@ -21,6 +25,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/any_invocable.h"
 #include "daemon/call_stats.h"
 #include "daemon/config.h"
 #include "daemon/peer_auth.h"
@@ -78,6 +83,17 @@ class StoreService final : public v1::Store::CallbackService {
                                    const v1::AppendRequest* request,
                                    v1::AppendResponse* response) override;
 
+  // The answer to a call over shared memory: its status and, when OK, the serialized response.
+  using LocalDone = absl::AnyInvocable<void(absl::Status, std::string)>;
+  // A Store call of session `session_id` that came through its rings: `method` ("Set", "Get",
+  // ...), the serialized request, and `group` ("" for the daemon's store, else that group's,
+  // which the session must hold a member of). `done` runs once: at once, or when a waiting
+  // call's keys arrive or its deadline passes (on the store's thread). UNIMPLEMENTED for a
+  // method the Store service does not have; INVALID_ARGUMENT for a request that does not
+  // parse; else what the gRPC method answers.
+  void ServeLocal(const std::string& session_id, const std::string& group,
+                  const std::string& method, const std::string& request, LocalDone done);
+
  private:
   // The store a call reaches, seen under its request's namespace; `owner` keeps a group's
   // store open while the call uses it.
@@ -109,6 +125,40 @@ class StoreService final : public v1::Store::CallbackService {
   absl::Status CheckKey(absl::string_view key) const;
   absl::Status CheckKeys(const google::protobuf::RepeatedPtrField<std::string>& keys) const;
   absl::Status CheckValue(absl::string_view key, size_t size) const;
+  // Admit, then `work(view)` and Reply: a method that does not wait.
+  template <typename Work>
+  grpc::ServerUnaryReactor* Simple(grpc::CallbackServerContext* context, const char* method,
+                                   const google::protobuf::Message& request,
+                                   const std::string& name_space, Work work);
+  // What each method that does not wait does to the store it reached, for either transport.
+  absl::Status DoSet(store::Store& view, const v1::SetRequest& request, v1::SetResponse*) const;
+  absl::Status DoAdd(store::Store& view, const v1::AddRequest& request,
+                     v1::AddResponse* response) const;
+  absl::Status DoCompareSet(store::Store& view, const v1::CompareSetRequest& request,
+                            v1::CompareSetResponse* response) const;
+  absl::Status DoCheck(store::Store& view, const v1::CheckRequest& request,
+                       v1::CheckResponse* response) const;
+  absl::Status DoDeleteKey(store::Store& view, const v1::DeleteKeyRequest& request,
+                           v1::DeleteKeyResponse* response) const;
+  absl::Status DoNumKeys(store::Store& view, const v1::NumKeysRequest& request,
+                         v1::NumKeysResponse* response) const;
+  absl::Status DoMultiSet(store::Store& view, const v1::MultiSetRequest& request,
+                          v1::MultiSetResponse*) const;
+  absl::Status DoAppend(store::Store& view, const v1::AppendRequest& request,
+                        v1::AppendResponse*) const;
+  // ServeLocal's parts: the store a session's call reaches; a request parsed; a method that
+  // does not wait; one that waits for `keys_of(request)` and fills its response from the
+  // values.
+  absl::StatusOr<std::shared_ptr<store::Store>> LocalStore(const std::string& session_id,
+                                                           const std::string& group);
+  template <typename Request>
+  static absl::Status Parse(const char* method, const std::string& bytes, Request* request);
+  template <typename Request, typename Response, typename Work>
+  void LocalCall(const char* method, const std::string& bytes,
+                 const std::shared_ptr<store::Store>& owner, LocalDone& done, Work work);
+  template <typename Request, typename Response, typename KeysOf, typename Fill>
+  void LocalWait(const char* method, const std::string& bytes,
+                 std::shared_ptr<store::Store> owner, LocalDone done, KeysOf keys_of, Fill fill);
   // The wait's deadline: now + timeout_ms (0 = the default), capped by the call's deadline.
   absl::StatusOr<absl::Time> WaitDeadline(const grpc::CallbackServerContext* context,
                                           int64_t timeout_ms) const;

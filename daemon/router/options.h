@@ -68,6 +68,13 @@ struct CallRouterOptions {
   // Host tensors between sessions of one uid and gid are lent, not copied ([data]
   // share_memory; docs/security.md).
   bool share_memory = true;
+  // Serves a Store call a session sent through its rings (Op::kStore: StoreService's
+  // ServeLocal): `done` gets the status and the serialized response, once, on any thread.
+  // Null: such calls are UNIMPLEMENTED.
+  std::function<void(const std::string& session_id, const std::string& group,
+                     const std::string& method, const std::string& request,
+                     absl::AnyInvocable<void(absl::Status, std::string)> done)>
+      store;
 };
 
 }  // namespace tpd

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -126,9 +127,11 @@ void Session::Release(uint64_t tx_offset) {
   Post(d).IgnoreError();
 }
 
-absl::Status Session::Answer(uint64_t call_id, const absl::Status& status) {
+absl::Status Session::Answer(uint64_t call_id, const absl::Status& status,
+                             absl::string_view body) {
   const shm::MessageNames names = {"", "", std::string(status.message()), ""};
-  const uint64_t bytes = shm::MessagePrefixBytes(names);
+  const uint64_t prefix = shm::MessagePrefixBytes(names);
+  const uint64_t bytes = prefix + body.size();
   shm::Descriptor d{};
   d.op = static_cast<uint8_t>(shm::Op::kReply);
   d.flags = status.ok() ? 0 : shm::kFlagError;
@@ -139,6 +142,7 @@ absl::Status Session::Answer(uint64_t call_id, const absl::Status& status) {
   absl::Status degraded;
   if (block.ok()) {
     shm::WriteMessagePrefix(segment->base() + *block, static_cast<uint32_t>(status.code()), names);
+    if (!body.empty()) std::memcpy(segment->base() + *block + prefix, body.data(), body.size());
     d.payload_offset = *block;
     d.payload_length = bytes;
   } else {

@@ -130,10 +130,11 @@ struct Session {
   // owed to a session that ended.
   void Release(uint64_t tx_offset) ABSL_LOCKS_EXCLUDED(mu);
   // Answers the client's call `call_id` with `status` (an error reply with its message; an
-  // OK status is an empty reply). When the rx heap has no room for the message the reply goes
-  // without it, which the client reads as RESOURCE_EXHAUSTED, and the heap's error is returned
-  // for the router to log. A session that ended is owed nothing.
-  absl::Status Answer(uint64_t call_id, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu);
+  // OK status is a reply whose body is `body`). When the rx heap has no room for the message
+  // the reply goes without it, which the client reads as RESOURCE_EXHAUSTED, and the heap's
+  // error is returned for the router to log. A session that ended is owed nothing.
+  absl::Status Answer(uint64_t call_id, const absl::Status& status,
+                      absl::string_view body = {}) ABSL_LOCKS_EXCLUDED(mu);
   // Allocates `bytes` of the rx heap and runs `fill(block, at)` on them under the lock (`at`:
   // where the block is mapped); the block is freed again when `fill` fails. UNAVAILABLE once
   // the session ended; the heap's error when it is full.

@@ -115,6 +115,8 @@ absl::string_view OpName(uint8_t op) {
       return "device pool";
     case Op::kPeerGone:
       return "peer gone";
+    case Op::kStore:
+      return "store";
   }
   return "unknown";
 }
@@ -123,10 +125,13 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
   const Refuser refuse(direction, d);
   const Op op = static_cast<Op>(d.op);
   if (op != Op::kCall && op != Op::kReply && op != Op::kRelease && op != Op::kCancel &&
-      op != Op::kDevicePool && op != Op::kPeerGone) {
+      op != Op::kDevicePool && op != Op::kPeerGone && op != Op::kStore) {
     return refuse("op", d.op,
                   "is not an op (call 1, reply 2, release 3, cancel 4, device pool 5, peer "
-                  "gone 6)");
+                  "gone 6, store 7)");
+  }
+  if (op == Op::kStore && direction != Direction::kSubmission) {
+    return refuse("op", d.op, "(store) only goes from the client to the daemon");
   }
   if (op == Op::kDevicePool && direction != Direction::kSubmission) {
     return refuse("op", d.op, "(device pool) only goes from the client to the daemon");
@@ -212,6 +217,9 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
   if (d.tensor_table_offset % alignof(TensorEntry) != 0) {
     return refuse("tensor_table_offset", d.tensor_table_offset,
                   absl::StrCat("is not ", alignof(TensorEntry), "-byte aligned"));
+  }
+  if (op == Op::kStore && d.tensor_count != 0) {
+    return refuse("tensor_count", d.tensor_count, "must be 0: a store call carries no tensors");
   }
   if (op == Op::kDevicePool) {
     if (d.payload_length != sizeof(DevicePoolRecord)) {

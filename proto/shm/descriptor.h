@@ -43,6 +43,12 @@ enum class Op : uint8_t {
   // data connection: proto/shm/peer_notice.h) ended. Its mapping may go once no received
   // tensor points into it. Nothing else is set.
   kPeerGone = 6,
+  // Submission only: a call of the daemon's Store service (the store over shared memory,
+  // daemon/store_service.h ServeLocal): a message whose names are {group ("" for the
+  // daemon's store), "", method ("Set", "Get", ...), ""} and whose body is the serialized
+  // request; no tensors, no deadline (a waiting request carries its timeout). Answered by a
+  // kReply with the same call_id whose body is the serialized response, or an error.
+  kStore = 7,
 };
 
 // Descriptor::flags.

@@ -135,7 +135,18 @@ TEST(DescriptorTest, EveryBadDescriptorIsRefusedNamingTheFieldAndValue) {
   const auto as = [](Op op) { return static_cast<uint8_t>(op); };
   const std::vector<Case> cases = {
       {[](Descriptor* d) { d->op = 0; }, "op 0 is not an op"},
-      {[](Descriptor* d) { d->op = 7; }, "op 7 is not an op"},
+      {[](Descriptor* d) { d->op = 8; }, "op 8 is not an op"},
+      {[&](Descriptor* d) {
+         d->op = as(Op::kStore);
+         d->deadline_unix_ns = 0;
+       },
+       "tensor_count 2 must be 0: a store call"},
+      {[&](Descriptor* d) {
+         d->op = as(Op::kStore);
+         d->tensor_count = 0;
+         d->tensor_table_offset = 0;
+       },
+       "deadline_unix_ns 1700000000000000000 must be 0: only a call has a deadline"},
       {[&](Descriptor* d) { *d = Descriptor{}; d->op = as(Op::kPeerGone); d->call_id = 9; },
        "op 6 (peer gone) only goes from the daemon to the client"},
       {[](Descriptor* d) { d->op = 255; }, "op 255"},

@@ -78,6 +78,21 @@ bool RawSession::SubmitCall(uint64_t offset, const std::string& group, const std
   return pushed.ok() && *pushed;
 }
 
+bool RawSession::SubmitStore(uint64_t offset, const std::string& group, const std::string& method,
+                             const std::string& body, uint64_t call_id) {
+  const shm::MessageNames names = {group, "", method, ""};
+  const uint64_t prefix = shm::MessagePrefixBytes(names);
+  shm::WriteMessagePrefix(writable + offset, 0, names);
+  std::memcpy(writable + offset + prefix, body.data(), body.size());
+  shm::Descriptor store{};
+  store.op = static_cast<uint8_t>(shm::Op::kStore);
+  store.call_id = call_id;
+  store.payload_offset = offset;
+  store.payload_length = prefix + body.size();
+  absl::StatusOr<bool> pushed = submit->TryPush(store);
+  return pushed.ok() && *pushed;
+}
+
 std::map<uint64_t, std::pair<absl::StatusCode, std::string>> RawSession::Replies(
     size_t want, absl::Time until) {
   std::map<uint64_t, std::pair<absl::StatusCode, std::string>> replies;

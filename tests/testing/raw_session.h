@@ -53,6 +53,11 @@ struct RawSession {
                   std::vector<shm::TensorEntry> tensors = {},
                   const std::vector<shm::CudaExport>& records = {});
 
+  // Writes a store call (Op::kStore: names {group, "", method, ""}, `body` the request) at
+  // `offset` of the tx heap and submits it; false when the ring is full.
+  bool SubmitStore(uint64_t offset, const std::string& group, const std::string& method,
+                   const std::string& body, uint64_t call_id);
+
   // Pops completions until `until`, or until `want` replies came; replies by call id (their
   // status code and, for an error, the message), releases skipped.
   std::map<uint64_t, std::pair<absl::StatusCode, std::string>> Replies(size_t want,
