@@ -31,9 +31,8 @@ inline LoopRow MeasureClosedLoop(int clients, double seconds, const std::functio
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now() + std::chrono::milliseconds(50);
   const Clock::time_point measure_from = start + std::chrono::milliseconds(300);
-  const Clock::time_point stop =
-      measure_from + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(seconds));
+  const Clock::time_point stop = measure_from + std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(seconds));
   std::atomic<int> failed{0};
   std::vector<std::vector<double>> latencies(clients);
   std::vector<std::thread> threads;

@@ -10,12 +10,11 @@
 // a check of the key: one round trip that sees the write done), get, add, wait (on a key that
 // exists). Output: one line per op and client count, "op clients ops/s p50_us p99_us".
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
 #include "bench/closed_loop.h"

@@ -819,10 +819,9 @@ CallFuture CallEngine::Start(shm::Op op, const std::string& group, const std::st
   }
   // A store call has no deadline of its own on the ring (a waiting one carries its timeout in
   // its request); the library still gives up on it past `timeout`.
-  const int64_t deadline_ns =
-      none || op != shm::Op::kCall ? 0 : absl::ToUnixNanos(deadline);
-  absl::Status submitted = Submit(op, id, deadline_ns, 0, 0, {group, worker, method, from},
-                                  payload, tensors);
+  const int64_t deadline_ns = none || op != shm::Op::kCall ? 0 : absl::ToUnixNanos(deadline);
+  absl::Status submitted =
+      Submit(op, id, deadline_ns, 0, 0, {group, worker, method, from}, payload, tensors);
   if (!submitted.ok()) {
     absl::MutexLock lock(&mu_);
     Finish(id, Prefixed(submitted, CallName(group, worker, method), " was not sent: "));
@@ -1139,8 +1138,7 @@ void CallEngine::OnCompletion(const shm::Descriptor& d, std::optional<Incoming>*
       }
       if (entry.length > 0 && entry.device_handle != 0) {
         // In the sender's tx heap, which this client maps as peer `device_handle`.
-        absl::StatusOr<std::shared_ptr<const PeerSegment>> peer =
-            peers_.Get(entry.device_handle);
+        absl::StatusOr<std::shared_ptr<const PeerSegment>> peer = peers_.Get(entry.device_handle);
         const char* at = peer.ok() ? (*peer)->Find(entry.offset, entry.length) : nullptr;
         if (at == nullptr) {
           misplaced = peer.ok() ? absl::InternalError(absl::StrCat(

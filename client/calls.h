@@ -313,8 +313,7 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
  public:
   // `notice_fd` (owned; -1: none): the session's data connection, where the daemon sends the
   // segments of peers whose tensors this client reads in place (PeerSegments).
-  CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads,
-             int notice_fd = -1);
+  CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_threads, int notice_fd = -1);
   // Answers calls still waiting CANCELLED (naming each), drops incoming calls not yet
   // started (the daemon answers their callers when the session ends), waits for running
   // handlers and runs every callback still due. REQUIRES: not called on one of its own
@@ -381,9 +380,8 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // Sends a message of `op` (kCall, or kStore with the names {group, "", method, ""}) and
   // registers its future: CallAsync and StoreCall.
   CallFuture Start(shm::Op op, const std::string& group, const std::string& from,
-                   const std::string& worker, const std::string& method,
-                   std::string_view payload, absl::Span<const Tensor> tensors,
-                   absl::Duration timeout);
+                   const std::string& worker, const std::string& method, std::string_view payload,
+                   absl::Span<const Tensor> tensors, absl::Duration timeout);
   using WorkerKey = std::pair<std::string, std::string>;  // (group, worker)
   struct Outgoing {
     std::shared_ptr<calls_internal::CallState> state;

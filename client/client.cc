@@ -123,9 +123,9 @@ absl::StatusOr<int> ExchangeOver(int fd, const std::string& path,
   std::string reply(shm::kAttachReplyBytes, '\0');
   absl::StatusOr<int> memfd = shm::ReceiveWithFd(fd, reply.data(), reply.size());
   if (!memfd.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("the tpd daemon at ", path,
-                     " closed the data connection without an attach reply: ", memfd.status().message()));
+    return absl::UnavailableError(absl::StrCat(
+        "the tpd daemon at ", path,
+        " closed the data connection without an attach reply: ", memfd.status().message()));
   }
   absl::StatusOr<shm::AttachReply> decoded = shm::DecodeAttachReply(reply);
   absl::Status status = decoded.ok() ? decoded->status : decoded.status();
@@ -594,15 +594,15 @@ absl::Status StoreView::Unary(const char* name,
                               bool waits) const {
   // Attached to shared memory: through the session's rings, with no gRPC on the way.
   if (std::shared_ptr<CallEngine> engine = client_->AttachedEngine(); engine != nullptr) {
-    const absl::Duration timeout = !waits                       ? client_->options_.call_timeout
+    const absl::Duration timeout = !waits                        ? client_->options_.call_timeout
                                    : wait > absl::ZeroDuration() ? wait + kWaitSlack
                                                                  : absl::ZeroDuration();
     absl::StatusOr<std::string> answer =
         engine->StoreCall(group_, name, request.SerializeAsString(), timeout);
     if (!answer.ok()) return answer.status();
     if (!response->ParseFromString(*answer)) {
-      return absl::InternalError(absl::StrCat("the daemon's answer to ", name,
-                                              " over shared memory does not parse"));
+      return absl::InternalError(
+          absl::StrCat("the daemon's answer to ", name, " over shared memory does not parse"));
     }
     return absl::OkStatus();
   }
@@ -711,7 +711,8 @@ absl::StatusOr<std::vector<std::string>> StoreView::MultiGet(const std::vector<s
   request.mutable_keys()->Add(keys.begin(), keys.end());
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::MultiGetResponse response;
-  absl::Status status = Unary("MultiGet", &v1::Store::Stub::MultiGet, request, &response, timeout, true);
+  absl::Status status =
+      Unary("MultiGet", &v1::Store::Stub::MultiGet, request, &response, timeout, true);
   if (!status.ok()) return status;
   return std::vector<std::string>(std::make_move_iterator(response.mutable_values()->begin()),
                                   std::make_move_iterator(response.mutable_values()->end()));

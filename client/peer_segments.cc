@@ -81,7 +81,8 @@ bool PeerSegments::ReadOne(std::string* why) {
                         : absl::StrCat("more than ", kMaxPeers, " peers");
     return false;
   }
-  absl::StatusOr<shm::ReadOnlyMapping> mapping = shm::ReadOnlyMapping::Map(*fd, notice->segment_bytes);
+  absl::StatusOr<shm::ReadOnlyMapping> mapping =
+      shm::ReadOnlyMapping::Map(*fd, notice->segment_bytes);
   close(*fd);  // the mapping keeps the memory
   if (!mapping.ok()) {
     *why = std::string(mapping.status().message());

@@ -289,10 +289,10 @@ int RunStatus(tpd::Client& client) {
     std::cout << "\n";
   }
   if (!status->data_socket().empty()) {
-    std::cout << "  data:    " << status->data_socket() << ", "
-              << status->attached_session_count() << " sessions attached (max "
-              << status->config().data_max_sessions() << "), " << status->open_session_count()
-              << " sessions open (max " << status->config().data_max_open_sessions() << ")"
+    std::cout << "  data:    " << status->data_socket() << ", " << status->attached_session_count()
+              << " sessions attached (max " << status->config().data_max_sessions() << "), "
+              << status->open_session_count() << " sessions open (max "
+              << status->config().data_max_open_sessions() << ")"
               << (status->config().data_share_memory()
                       ? "; large tensors shared between sessions of one uid and gid\n"
                       : "; every tensor copied (share_memory off)\n");

@@ -72,8 +72,8 @@ void CallRouter::Shutdown() {
   if (options_.cuda != nullptr) options_.cuda->Flush();
 }
 
-absl::Status CallRouter::Attach(const std::string& session_id, uid_t uid, gid_t gid,
-                               int connection, std::shared_ptr<shm::Segment> segment) {
+absl::Status CallRouter::Attach(const std::string& session_id, uid_t uid, gid_t gid, int connection,
+                                std::shared_ptr<shm::Segment> segment) {
   absl::StatusOr<int> share_fd =
       options_.share_memory ? segment->OpenReadOnly() : absl::StatusOr<int>(-1);
   const int notice_fd = options_.share_memory ? dup(connection) : -1;
@@ -88,9 +88,9 @@ absl::Status CallRouter::Attach(const std::string& session_id, uid_t uid, gid_t 
     session->notice_fd = notice_fd;
   } else if (options_.share_memory) {
     // Without either fd the session shares nothing (its messages are copied): it still works.
-    DaemonLog().warn("[session {}] shares no memory: {}", session->handle,
-                     share_fd.ok() ? absl::StrCat("dup: ", std::strerror(errno))
-                                   : share_fd.status().ToString());
+    DaemonLog().warn(
+        "[session {}] shares no memory: {}", session->handle,
+        share_fd.ok() ? absl::StrCat("dup: ", std::strerror(errno)) : share_fd.status().ToString());
     if (share_fd.ok()) close(*share_fd);
     if (notice_fd >= 0) close(notice_fd);
   }
@@ -273,9 +273,9 @@ void CallRouter::HandleStore(const std::shared_ptr<Session>& session, const shm:
   // The request is copied out of shared memory before anything parses it.
   std::string request;
   if (call.ok()) {
-    request.assign(reinterpret_cast<const char*>(session->segment->base()) +
-                       call->message.body_offset,
-                   call->message.body_length);
+    request.assign(
+        reinterpret_cast<const char*>(session->segment->base()) + call->message.body_offset,
+        call->message.body_length);
   }
   session->Release(d.payload_offset);
   if (!call.ok() || !options_.store) {
@@ -405,19 +405,18 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
                               body_length,
                               std::move(call->tensors),
                               *std::move(places)};
-  delivery_.Deliver(session, callee, letter,
-                    [this, session, id, read_ns](absl::Status delivered) {
-                      if (delivered.ok()) {
-                        const int64_t posted = router::MonotonicNanos();
-                        timings_.Record(router::CallStage::kLocalDeliver, read_ns, posted);
-                        pending_.MarkPosted(id, posted);
-                        return;
-                      }
-                      if (std::optional<Pending> failed = pending_.Take(id)) {
-                        Fail(session, failed->caller_call_id,
-                             Prefixed(delivered, CallName(failed->worker, failed->method), ": "));
-                      }
-                    });
+  delivery_.Deliver(session, callee, letter, [this, session, id, read_ns](absl::Status delivered) {
+    if (delivered.ok()) {
+      const int64_t posted = router::MonotonicNanos();
+      timings_.Record(router::CallStage::kLocalDeliver, read_ns, posted);
+      pending_.MarkPosted(id, posted);
+      return;
+    }
+    if (std::optional<Pending> failed = pending_.Take(id)) {
+      Fail(session, failed->caller_call_id,
+           Prefixed(delivered, CallName(failed->worker, failed->method), ": "));
+    }
+  });
 }
 
 void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d,

@@ -248,8 +248,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Millis("session_identify_timeout_ms", &config.data.session_identify_timeout),
           reader.String("device_dir", &config.data.device_dir),
           reader.Int("max_calls_in_flight", &config.data.max_calls_in_flight),
-          reader.Bool("share_memory", &config.data.share_memory),
-          reader.NoUnknownKeys()}) {
+          reader.Bool("share_memory", &config.data.share_memory), reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
   }

@@ -443,8 +443,8 @@ absl::Status Daemon::ServeData() {
   calls.device_dir = config_.data.device_dir;
   calls.share_memory = config_.data.share_memory;
   calls.store = [service = &store_service_](
-                    const std::string& session, const std::string& group,
-                    const std::string& method, const std::string& request,
+                    const std::string& session, const std::string& group, const std::string& method,
+                    const std::string& request,
                     absl::AnyInvocable<void(absl::Status, std::string)> done) {
     service->ServeLocal(session, group, method, request, std::move(done));
   };

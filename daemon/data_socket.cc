@@ -1,12 +1,12 @@
 #include "daemon/data_socket.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -414,10 +414,9 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       }
       // The router serves the session before its client learns it is attached, so a call
       // made right after the reply finds it; a failed send detaches it again (Close).
-      absl::Status served = options_.on_attach
-                                ? options_.on_attach(session_id, {uid, gid, fd},
-                                                     std::move(attached_segment))
-                                : absl::OkStatus();
+      absl::Status served = options_.on_attach ? options_.on_attach(session_id, {uid, gid, fd},
+                                                                    std::move(attached_segment))
+                                               : absl::OkStatus();
       if (!served.ok()) {
         LogRefusal(uid, absl::StrCat("attach from pid ", pid, " uid ", uid,
                                      " refused: ", served.ToString()));

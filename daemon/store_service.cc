@@ -289,10 +289,9 @@ absl::Status StoreService::DoDeleteKey(store::Store& view, const v1::DeleteKeyRe
 absl::Status StoreService::DoNumKeys(store::Store& view, const v1::NumKeysRequest& request,
                                      v1::NumKeysResponse* response) const {
   if (static_cast<int64_t>(request.prefix().size()) > limits_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("NumKeysRequest.prefix is ",
-                                                   request.prefix().size(),
-                                                   " bytes; the limit store.max_key_bytes is ",
-                                                   limits_.max_key_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("NumKeysRequest.prefix is ", request.prefix().size(),
+                     " bytes; the limit store.max_key_bytes is ", limits_.max_key_bytes));
   }
   absl::StatusOr<int64_t> count = view.NumKeys(request.prefix());
   if (count.ok()) response->set_num_keys(*count);
@@ -457,8 +456,7 @@ void StoreService::LocalWait(const char* method, const std::string& bytes,
   // thread later; it keeps the store open and answers once.
   auto answer = std::make_shared<LocalDone>(std::move(done));
   absl::StatusOr<store::WaitId> waiting = view.WaitAsync(
-      ToVector(keys), deadline,
-      [this, owner, answer, method, fill](absl::StatusOr<Values> values) {
+      ToVector(keys), deadline, [this, owner, answer, method, fill](absl::StatusOr<Values> values) {
         Response response;
         if (values.ok()) fill(*std::move(values), &response);
         stats_->Record(method, values.status());
@@ -473,9 +471,8 @@ void StoreService::LocalWait(const char* method, const std::string& bytes,
 template <typename Request>
 absl::Status StoreService::Parse(const char* method, const std::string& bytes, Request* request) {
   if (request->ParseFromString(bytes)) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("a ", method, "Request over shared memory that does not parse (",
-                   bytes.size(), " bytes)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "a ", method, "Request over shared memory that does not parse (", bytes.size(), " bytes)"));
 }
 
 absl::StatusOr<std::shared_ptr<store::Store>> StoreService::LocalStore(
@@ -567,8 +564,8 @@ void StoreService::ServeLocal(const std::string& session_id, const std::string& 
           for (std::string& value : values) out->add_values(std::move(value));
         });
   } else {
-    done(absl::UnimplementedError(absl::StrCat("the store has no method '", absl::CEscape(method),
-                                               "'")),
+    done(absl::UnimplementedError(
+             absl::StrCat("the store has no method '", absl::CEscape(method), "'")),
          std::string());
   }
 }

@@ -157,8 +157,8 @@ class StoreService final : public v1::Store::CallbackService {
   void LocalCall(const char* method, const std::string& bytes,
                  const std::shared_ptr<store::Store>& owner, LocalDone& done, Work work);
   template <typename Request, typename Response, typename KeysOf, typename Fill>
-  void LocalWait(const char* method, const std::string& bytes,
-                 std::shared_ptr<store::Store> owner, LocalDone done, KeysOf keys_of, Fill fill);
+  void LocalWait(const char* method, const std::string& bytes, std::shared_ptr<store::Store> owner,
+                 LocalDone done, KeysOf keys_of, Fill fill);
   // The wait's deadline: now + timeout_ms (0 = the default), capped by the call's deadline.
   absl::StatusOr<absl::Time> WaitDeadline(const grpc::CallbackServerContext* context,
                                           int64_t timeout_ms) const;

@@ -41,8 +41,7 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
   }
   std::vector<uint64_t> host_bytes(letter.tensors.size(), 0);
   for (size_t i = 0; i < letter.tensors.size(); ++i) {
-    if ((letter.places.empty() || letter.places[i].device < 0) &&
-        (p.peer == 0 || !p.shared[i])) {
+    if ((letter.places.empty() || letter.places[i].device < 0) && (p.peer == 0 || !p.shared[i])) {
       host_bytes[i] = letter.tensors[i].length;
     }
   }

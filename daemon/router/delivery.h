@@ -3,10 +3,10 @@
 // into one block of the receiver's rx heap, except host tensors of kShareMinBytes or more
 // between sessions that share memory (the same uid and gid, Session::Introduce): those stay
 // where they are, the receiver's entry points into the sender's tx heap, and the sender's tx
-// block is lent to the receiver's rx block until its client releases it; tensors bound for a CUDA device (by the sender's
-// device map) are copied into the receiver's receive pools, and CUDA tensors bound for host
-// memory into the block, on CudaCopies. A message with no CUDA tensor and no map (the host case)
-// issues no copies and is posted before Deliver returns.
+// block is lent to the receiver's rx block until its client releases it; tensors bound for a CUDA
+// device (by the sender's device map) are copied into the receiver's receive pools, and CUDA
+// tensors bound for host memory into the block, on CudaCopies. A message with no CUDA tensor and no
+// map (the host case) issues no copies and is posted before Deliver returns.
 //
 // Thread safety: thread-safe; Deliver locks only the receiving session, through its methods.
 

@@ -127,8 +127,7 @@ void Session::Release(uint64_t tx_offset) {
   Post(d).IgnoreError();
 }
 
-absl::Status Session::Answer(uint64_t call_id, const absl::Status& status,
-                             absl::string_view body) {
+absl::Status Session::Answer(uint64_t call_id, const absl::Status& status, absl::string_view body) {
   const shm::MessageNames names = {"", "", std::string(status.message()), ""};
   const uint64_t prefix = shm::MessagePrefixBytes(names);
   const uint64_t bytes = prefix + body.size();

@@ -14,8 +14,9 @@
 // sender when the receiver's client releases that block (or its session ends).
 //
 // Thread safety: `mu` guards the completion ring producer, the rx heap allocator, the queue
-// and what is lent and told; no two sessions' `mu` are ever held together. The router takes `mu` only through the
-// methods below that say they lock (session.cc is the one file that locks a session).
+// and what is lent and told; no two sessions' `mu` are ever held together. The router takes `mu`
+// only through the methods below that say they lock (session.cc is the one file that locks a
+// session).
 
 #ifndef TPD_DAEMON_ROUTER_SESSION_H_
 #define TPD_DAEMON_ROUTER_SESSION_H_
@@ -106,7 +107,7 @@ struct Session {
   // Peers whose notice went to its client, and the sessions told of it (for their kPeerGone).
   absl::flat_hash_set<uint64_t> peers_told ABSL_GUARDED_BY(mu);
   std::vector<std::weak_ptr<Session>> told ABSL_GUARDED_BY(mu);
-  std::atomic<bool> ended{false};  // End began; read without `mu` by Introduce
+  std::atomic<bool> ended{false};         // End began; read without `mu` by Introduce
   std::atomic<uint64_t> bytes_shared{0};  // host tensor bytes delivered to it uncopied
   std::atomic<bool> stop{false};
   std::thread thread;
@@ -133,8 +134,8 @@ struct Session {
   // OK status is a reply whose body is `body`). When the rx heap has no room for the message
   // the reply goes without it, which the client reads as RESOURCE_EXHAUSTED, and the heap's
   // error is returned for the router to log. A session that ended is owed nothing.
-  absl::Status Answer(uint64_t call_id, const absl::Status& status,
-                      absl::string_view body = {}) ABSL_LOCKS_EXCLUDED(mu);
+  absl::Status Answer(uint64_t call_id, const absl::Status& status, absl::string_view body = {})
+      ABSL_LOCKS_EXCLUDED(mu);
   // Allocates `bytes` of the rx heap and runs `fill(block, at)` on them under the lock (`at`:
   // where the block is mapped); the block is freed again when `fill` fails. UNAVAILABLE once
   // the session ended; the heap's error when it is full.

@@ -196,9 +196,10 @@ absl::Status ValidateDescriptor(const Descriptor& descriptor, const Layout& layo
 // Checks a private copy of the `index`-th tensor entry of a message: dtype known, ndim
 // bounded, unused dims zero, shape × item size == length (checked arithmetic), offset
 // aligned to the item size; a CPU tensor's [offset, offset + length) inside the heap
-// `direction` allows (or, in a completion, a peer's: the client checks that range); a CUDA tensor's device index below kMaxCudaDevices and, in a
-// submission, its CudaExport record inside the tx heap (what lies in device memory only the
-// driver can check). INVALID_ARGUMENT naming the tensor index, the field and its value.
+// `direction` allows (or, in a completion, a peer's: the client checks that range); a CUDA tensor's
+// device index below kMaxCudaDevices and, in a submission, its CudaExport record inside the tx heap
+// (what lies in device memory only the driver can check). INVALID_ARGUMENT naming the tensor index,
+// the field and its value.
 absl::Status ValidateTensorEntry(const TensorEntry& entry, uint32_t index, const Layout& layout,
                                  Direction direction);
 

@@ -45,8 +45,7 @@ absl::StatusOr<int> ReceiveWithFd(int socket, char* bytes, size_t n) {
     if (read <= 0) {
       const int error = errno;
       if (fd >= 0) close(fd);
-      return absl::UnavailableError(read < 0 ? std::strerror(error)
-                                             : "the connection ended");
+      return absl::UnavailableError(read < 0 ? std::strerror(error) : "the connection ended");
     }
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;

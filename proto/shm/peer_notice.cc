@@ -17,8 +17,7 @@ constexpr size_t kFieldsEnd = 8 + 4 * 8;
 std::array<uint8_t, kPeerNoticeBytes> EncodePeerNotice(const PeerNotice& notice) {
   std::array<uint8_t, kPeerNoticeBytes> out{};
   std::memcpy(out.data(), kMagic, sizeof(kMagic));
-  const uint64_t fields[4] = {notice.peer, notice.segment_bytes, notice.tx_offset,
-                              notice.tx_bytes};
+  const uint64_t fields[4] = {notice.peer, notice.segment_bytes, notice.tx_offset, notice.tx_bytes};
   std::memcpy(out.data() + 8, fields, sizeof(fields));
   return out;
 }
@@ -40,9 +39,9 @@ absl::StatusOr<PeerNotice> DecodePeerNotice(absl::string_view bytes) {
   if (notice.peer == 0) return absl::InvalidArgumentError("peer notice: peer id 0");
   if (notice.tx_offset > notice.segment_bytes ||
       notice.tx_bytes > notice.segment_bytes - notice.tx_offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "peer notice: tx heap [", notice.tx_offset, ", +", notice.tx_bytes,
-        ") is not inside the segment of ", notice.segment_bytes, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer notice: tx heap [", notice.tx_offset, ", +", notice.tx_bytes,
+                     ") is not inside the segment of ", notice.segment_bytes, " bytes"));
   }
   return notice;
 }

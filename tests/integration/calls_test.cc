@@ -701,9 +701,8 @@ TEST_F(CallsTest, HandlerReadsRequestTensorsInPlaceAndKeepsTheBlockWhileItHoldsT
   // Below the size the daemon shares rather than copies (shared_tensors_test has those).
   const std::string bytes = Pattern(32 << 10, 5);
   const uint64_t copied_out = b_->GetCallStats()->bytes_copied_out;
-  absl::StatusOr<Message> reply = a_->Call("g", "b", "keep", "k",
-                                           {Tensor(shm::DType::kUInt8, {32 << 10}, bytes)},
-                                           absl::Seconds(30));
+  absl::StatusOr<Message> reply = a_->Call(
+      "g", "b", "keep", "k", {Tensor(shm::DType::kUInt8, {32 << 10}, bytes)}, absl::Seconds(30));
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->payload, std::to_string(Checksum(bytes)));
   {

@@ -55,10 +55,9 @@ class SharedTensorsTest : public ::testing::Test {
   void Start(bool share_memory = true) {
     socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
     const std::string config = dir_.WriteFile(
-        "tpd.toml",
-        absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                     "node_name = \"shared\"\n[data]\narena_bytes = ", kArenaBytes,
-                     "\nshare_memory = ", share_memory ? "true" : "false", "\n"));
+        "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
+                                 "node_name = \"shared\"\n[data]\narena_bytes = ", kArenaBytes,
+                                 "\nshare_memory = ", share_memory ? "true" : "false", "\n"));
     auto daemon = DaemonProcess::Start(socket_, {"--config", config});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = *std::move(daemon);
@@ -70,14 +69,14 @@ class SharedTensorsTest : public ::testing::Test {
     ASSERT_TRUE(Join(b_.get(), "b").ok());
     // b keeps every request's tensors (until the test drops them) and answers with checksums.
     ASSERT_TRUE(b_->Handle("keep", [this](const Message& request) -> absl::StatusOr<Message> {
-                     absl::MutexLock lock(&mu_);
-                     std::string sums;
-                     for (const Tensor& t : request.tensors) {
-                       absl::StrAppend(&sums, Checksum(t.data()), ",");
-                       kept_.push_back(t);
-                     }
-                     return Message{sums, {}, ""};
-                   }).ok());
+                    absl::MutexLock lock(&mu_);
+                    std::string sums;
+                    for (const Tensor& t : request.tensors) {
+                      absl::StrAppend(&sums, Checksum(t.data()), ",");
+                      kept_.push_back(t);
+                    }
+                    return Message{sums, {}, ""};
+                  }).ok());
   }
 
   std::unique_ptr<Client> Connect() {
@@ -159,8 +158,11 @@ TEST_F(SharedTensorsTest, LargeTensorsAreReadInTheSendersMemoryMappedReadOnly) {
   EXPECT_EQ(MappingOf(large_at), "r--s");
   EXPECT_EQ(std::to_string(Checksum(kept[0].data())), large_sum);
   EXPECT_FALSE(kept[1].in_sender_memory());
-  EXPECT_TRUE((*b_segment)->layout().rx_heap.Contains(
-      reinterpret_cast<const uint8_t*>(kept[1].data().data()) - b_base, kept[1].size()));
+  EXPECT_TRUE(
+      (*b_segment)
+          ->layout()
+          .rx_heap.Contains(reinterpret_cast<const uint8_t*>(kept[1].data().data()) - b_base,
+                            kept[1].size()));
   EXPECT_EQ(b_->GetCallStats()->tensors_received_shared, 1u);
   EXPECT_EQ(b_->GetCallStats()->peer_segments_mapped, 1u);
   EXPECT_EQ(BytesShared(b_.get()), static_cast<uint64_t>(kLarge)) << "Admin.Status counts it";
@@ -186,8 +188,8 @@ TEST_F(SharedTensorsTest, RepliesAreSharedTooAndTheReceivedViewHoldsTheRepliersB
   const std::string pattern = Pattern(kLarge, 9);
   std::memcpy(answer->mutable_data(), pattern.data(), pattern.size());
   ASSERT_TRUE(b_->Handle("give", [&](const Message&) -> absl::StatusOr<Message> {
-                   return Message{"", {*answer}, ""};
-                 }).ok());
+                  return Message{"", {*answer}, ""};
+                }).ok());
   absl::StatusOr<Message> reply = a_->Call("g", "b", "give", "", {}, absl::Seconds(30));
   ASSERT_TRUE(reply.ok()) << reply.status();
   ASSERT_EQ(reply->tensors.size(), 1u);

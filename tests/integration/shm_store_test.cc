@@ -20,8 +20,8 @@
 namespace tpd {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::DaemonProcess;
+using ::testing::HasSubstr;
 using testing::TempDir;
 
 class ShmStoreTest : public ::testing::Test {
@@ -29,10 +29,9 @@ class ShmStoreTest : public ::testing::Test {
   void SetUp() override {
     socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
     const std::string config = dir_.WriteFile(
-        "tpd.toml",
-        absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                     "node_name = \"store\"\n[data]\narena_bytes = ", 1 << 20,
-                     "\n[store]\nmax_key_bytes = 64\n"));
+        "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
+                                 "node_name = \"store\"\n[data]\narena_bytes = ", 1 << 20,
+                                 "\n[store]\nmax_key_bytes = 64\n"));
     auto daemon = DaemonProcess::Start(socket_, {"--config", config});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = *std::move(daemon);

@@ -147,7 +147,11 @@ TEST(DescriptorTest, EveryBadDescriptorIsRefusedNamingTheFieldAndValue) {
          d->tensor_table_offset = 0;
        },
        "deadline_unix_ns 1700000000000000000 must be 0: only a call has a deadline"},
-      {[&](Descriptor* d) { *d = Descriptor{}; d->op = as(Op::kPeerGone); d->call_id = 9; },
+      {[&](Descriptor* d) {
+         *d = Descriptor{};
+         d->op = as(Op::kPeerGone);
+         d->call_id = 9;
+       },
        "op 6 (peer gone) only goes from the daemon to the client"},
       {[](Descriptor* d) { d->op = 255; }, "op 255"},
       {[](Descriptor* d) { d->reserved0 = 1; }, "reserved0 1 must be 0"},
@@ -163,7 +167,8 @@ TEST(DescriptorTest, EveryBadDescriptorIsRefusedNamingTheFieldAndValue) {
       {[](Descriptor* d) { d->flags = kFlagError; }, "flags 1 has the error bit"},
       {[](Descriptor* d) { d->call_id = 0; }, "call_id 0 must not be 0"},
       {[](Descriptor* d) { d->deadline_unix_ns = -5; }, "deadline_unix_ns -5 is negative"},
-      {[&](Descriptor* d) { d->op = as(Op::kReply); }, "deadline_unix_ns 1700000000000000000 must be 0"},
+      {[&](Descriptor* d) { d->op = as(Op::kReply); },
+       "deadline_unix_ns 1700000000000000000 must be 0"},
       {[&](Descriptor* d) { d->payload_offset = 0; }, "payload_offset 0 is outside the tx heap"},
       {[&](Descriptor* d) { d->payload_offset = tx - 1; },
        "payload_offset " + std::to_string(tx - 1) + " is outside the tx heap"},
@@ -374,8 +379,7 @@ TEST(TensorEntryTest, EveryBadEntryIsRefusedNamingTheFieldAndValue) {
          e->shape[1] = int64_t{1} << 40;
        },
        "shape[1] 1099511627776 makes the tensor's byte size overflow"},
-      {[](TensorEntry* e) { e->length = 61; },
-       "length 61 differs from shape × item size (4) = 60"},
+      {[](TensorEntry* e) { e->length = 61; }, "length 61 differs from shape × item size (4) = 60"},
       {[](TensorEntry* e) { e->ndim = 1; }, "shape[1] 5 must be 0 past ndim 1"},
       {[](TensorEntry* e) { e->offset = 0; }, "offset 0 is outside the tx heap"},
       {[&](TensorEntry* e) { e->offset = tx + 2; },

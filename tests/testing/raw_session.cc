@@ -42,23 +42,30 @@ RawSession::~RawSession() {
   if (writable != nullptr) munmap(writable, size);
 }
 
+shm::Descriptor RawSession::WriteMessage(shm::Op op, uint64_t offset,
+                                         const shm::MessageNames& names, const std::string& body,
+                                         uint64_t call_id) {
+  const uint64_t prefix = shm::MessagePrefixBytes(names);
+  shm::WriteMessagePrefix(writable + offset, 0, names);
+  std::memcpy(writable + offset + prefix, body.data(), body.size());
+  shm::Descriptor d{};
+  d.op = static_cast<uint8_t>(op);
+  d.call_id = call_id;
+  d.payload_offset = offset;
+  d.payload_length = prefix + body.size();
+  return d;
+}
+
 bool RawSession::SubmitCall(uint64_t offset, const std::string& group, const std::string& worker,
                             const std::string& method, const std::string& from,
                             const std::string& body, uint64_t call_id, absl::Duration timeout,
                             std::vector<shm::TensorEntry> tensors,
                             const std::vector<shm::CudaExport>& records) {
-  const shm::MessageNames names = {group, worker, method, from};
-  const uint64_t prefix = shm::MessagePrefixBytes(names);
-  shm::WriteMessagePrefix(writable + offset, 0, names);
-  std::memcpy(writable + offset + prefix, body.data(), body.size());
-  shm::Descriptor call{};
-  call.op = static_cast<uint8_t>(shm::Op::kCall);
-  call.call_id = call_id;
+  shm::Descriptor call =
+      WriteMessage(shm::Op::kCall, offset, {group, worker, method, from}, body, call_id);
   call.deadline_unix_ns = absl::ToUnixNanos(absl::Now() + timeout);
-  call.payload_offset = offset;
-  call.payload_length = prefix + body.size();
   if (!tensors.empty()) {
-    const uint64_t table = offset + shm::AlignUp(prefix + body.size());
+    const uint64_t table = offset + shm::AlignUp(call.payload_length);
     uint64_t record = table + shm::AlignUp(tensors.size() * sizeof(shm::TensorEntry));
     size_t next = 0;
     for (shm::TensorEntry& entry : tensors) {
@@ -80,15 +87,8 @@ bool RawSession::SubmitCall(uint64_t offset, const std::string& group, const std
 
 bool RawSession::SubmitStore(uint64_t offset, const std::string& group, const std::string& method,
                              const std::string& body, uint64_t call_id) {
-  const shm::MessageNames names = {group, "", method, ""};
-  const uint64_t prefix = shm::MessagePrefixBytes(names);
-  shm::WriteMessagePrefix(writable + offset, 0, names);
-  std::memcpy(writable + offset + prefix, body.data(), body.size());
-  shm::Descriptor store{};
-  store.op = static_cast<uint8_t>(shm::Op::kStore);
-  store.call_id = call_id;
-  store.payload_offset = offset;
-  store.payload_length = prefix + body.size();
+  const shm::Descriptor store =
+      WriteMessage(shm::Op::kStore, offset, {group, "", method, ""}, body, call_id);
   absl::StatusOr<bool> pushed = submit->TryPush(store);
   return pushed.ok() && *pushed;
 }

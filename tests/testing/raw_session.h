@@ -58,6 +58,11 @@ struct RawSession {
   bool SubmitStore(uint64_t offset, const std::string& group, const std::string& method,
                    const std::string& body, uint64_t call_id);
 
+  // Writes a message (`names`, then `body`) at `offset` of the tx heap; the descriptor of `op`
+  // that points at it, not yet submitted.
+  shm::Descriptor WriteMessage(shm::Op op, uint64_t offset, const shm::MessageNames& names,
+                               const std::string& body, uint64_t call_id);
+
   // Pops completions until `until`, or until `want` replies came; replies by call id (their
   // status code and, for an error, the message), releases skipped.
   std::map<uint64_t, std::pair<absl::StatusCode, std::string>> Replies(size_t want,

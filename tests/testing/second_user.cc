@@ -87,11 +87,8 @@ ProcessResult RunToolAs(const std::string& dir, const std::vector<std::string>& 
     std::filesystem::copy_file(RunfilePath("tests/testing/second_user_tool"), tool, ignored);
     chmod(tool.c_str(), 0755);
   }
-  std::vector<std::string> argv = {"/usr/bin/setpriv",
-                                   absl::StrCat("--reuid=", uid),
-                                   absl::StrCat("--regid=", gid),
-                                   "--clear-groups",
-                                   tool};
+  std::vector<std::string> argv = {"/usr/bin/setpriv", absl::StrCat("--reuid=", uid),
+                                   absl::StrCat("--regid=", gid), "--clear-groups", tool};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunProcess(argv, timeout);
 }

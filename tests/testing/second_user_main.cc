@@ -150,8 +150,8 @@ int main(int argc, char** argv) {
         }
         tensors.push_back(*std::move(tensor));
       }
-      absl::StatusOr<tpd::Message> reply = (*client)->Call(
-          options.group, absl::GetFlag(FLAGS_call), "echo", "x", tensors, absl::Seconds(5));
+      absl::StatusOr<tpd::Message> reply = (*client)->Call(options.group, absl::GetFlag(FLAGS_call),
+                                                           "echo", "x", tensors, absl::Seconds(5));
       Print("call", reply.status());
       if (reply.ok() && !tensors.empty()) {
         // Whether this process was handed the caller's memory instead of a copy.

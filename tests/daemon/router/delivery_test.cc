@@ -180,7 +180,6 @@ TEST_F(DeliveryTest, AReplyWithoutTensorsCarriesItsCodeAndMessage) {
   EXPECT_EQ(message->names[2], "no such method");
 }
 
-
 // Large host tensors between sessions that may share memory (docs/security.md): lent, not
 // copied, and only when both are of one uid and one gid.
 class SharingTest : public DeliveryTest {
@@ -250,10 +249,9 @@ TEST_F(SharingTest, SessionsOfAnotherUidOrGidGetACopyAndNoNotice) {
     const shm::TensorEntry entry = EntryOf(*d);
     EXPECT_EQ(entry.device_handle, 0u) << "uid " << uid << " gid " << gid;
     EXPECT_TRUE(to_->segment->layout().rx_heap.Contains(entry.offset, entry.length));
-    EXPECT_EQ(reinterpret_cast<const float*>(to_->segment->base() + entry.offset)[16383],
-              16383.0f);
-    EXPECT_FALSE(NoticeWaiting()) << "no fd of the sender's memory went to uid " << uid
-                                  << " gid " << gid;
+    EXPECT_EQ(reinterpret_cast<const float*>(to_->segment->base() + entry.offset)[16383], 16383.0f);
+    EXPECT_FALSE(NoticeWaiting()) << "no fd of the sender's memory went to uid " << uid << " gid "
+                                  << gid;
     // Copied: the sender's block goes back at once.
     std::optional<shm::Descriptor> release = Next(*from_ring_);
     ASSERT_TRUE(release.has_value());
