@@ -231,7 +231,10 @@ absl::StatusOr<std::shared_ptr<const shm::Segment>> Client::AttachSharedMemory()
     close(fd);
     return segment.status();
   }
-  // The connection stays open, silent, for the session's lifetime.
+  // The connection stays open, silent, for the session's lifetime. A client that takes no
+  // tensors in their senders' memory closes its reading side: the daemon's first peer notice
+  // then fails (EPIPE), and it copies every tensor for this session from then on.
+  if (!options_.tensors_in_sender_memory) shutdown(fd, SHUT_RD);
   data_fd_ = fd;
   attached_session_ = *session;
   segment_ = std::make_shared<const shm::Segment>(*std::move(segment));
@@ -277,7 +280,9 @@ absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
     old = std::move(calls_);
     // The engine reads peer notices on its own dup of the data connection: it may outlive
     // this Client's (ReleaseCallEngine), and the connection ends when both are closed.
-    const int notice_fd = data_fd_ >= 0 ? fcntl(data_fd_, F_DUPFD_CLOEXEC, 0) : -1;
+    const int notice_fd = data_fd_ >= 0 && options_.tensors_in_sender_memory
+                              ? fcntl(data_fd_, F_DUPFD_CLOEXEC, 0)
+                              : -1;
     calls_ = std::make_shared<CallEngine>(*segment, handler_threads_, notice_fd);
     calls_segment_ = *segment;
     for (const auto& [method, handler] : handlers_) calls_->HandleDeferred(method, handler);

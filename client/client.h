@@ -84,6 +84,14 @@ struct ClientOptions {
   // gives its worker (JoinResponse.negotiated.devices): CUDA tensors sent to its workers land
   // there, and stay while the received Tensors live. 0: none (CUDA tensors sent to it fail).
   uint64_t cuda_pool_bytes = uint64_t{256} << 20;
+  // Whether this client takes host tensors that stay in their sender's memory: from a process
+  // of the same uid and gid, the daemon copies no tensor of 64 KiB or more, and the received
+  // Tensor views the sender's memory, mapped read-only here (docs/data_plane.md, "Tensors shared
+  // between sessions"). false: every received tensor is copied by the daemon into this
+  // client's receive heap (the C ABI sets it: DLPack consumers such as torch write into what
+  // they receive, and a copy out of read-only memory into fresh pages costs more than the
+  // daemon's copy into pages the heap reuses).
+  bool tensors_in_sender_memory = true;
 };
 
 class Client;

@@ -336,6 +336,9 @@ int tpd_client_open(const char* socket_path, int64_t connect_timeout_us,
     tpd::ClientOptions options;
     if (connect_timeout_us >= 0) options.connect_timeout = absl::Microseconds(connect_timeout_us);
     if (cuda_pool_bytes != 0) options.cuda_pool_bytes = cuda_pool_bytes;
+    // Received CPU tensors become DLPack tensors that torch may write into: they must arrive
+    // in the receive heap (writable), not in their senders' memory (read-only here).
+    options.tensors_in_sender_memory = false;
     auto client = tpd::Client::Connect(Str(socket_path), options);
     if (!client.ok()) return client.status();
     auto handle = std::make_unique<tpd_client>();
@@ -676,10 +679,8 @@ int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** mana
       dl.device = DLDevice{2, t.device().index};
     } else {
       tpd_events& events = *event->events;
-      // A tensor in its sender's memory is mapped read-only here, and DLPack consumers (torch)
-      // treat what they get as writable: always a copy.
-      bool take_copy = copy == 1 || t.in_sender_memory();
-      if (copy < 0 && !take_copy) {
+      bool take_copy = copy == 1;
+      if (copy < 0) {
         const uint64_t heap = events.rx_heap_bytes.load();
         take_copy = heap == 0 || events.rx_view_bytes.load() + t.size() > heap / 2;
       }

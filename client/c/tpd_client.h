@@ -196,9 +196,10 @@ int tpd_event_tensor(const tpd_event* event, int i, tpd_tensor* out);
  * `copy`: 0, a view into the receive heap (no copy; the heap's block stays held while the
  * tensor lives); 1, a copy in memory of its own (the block goes with the event); -1, the
  * library decides: a view while the views it handed out hold at most half of the receive heap,
- * else a copy, so tensors a program keeps never starve the heap. A tensor the daemon left in
- * its sender's memory (a sender of this uid and gid; read-only here) is always a copy, as
- * DLPack consumers may write. CUDA tensors are always views of this client's receive pool. */
+ * else a copy, so tensors a program keeps never starve the heap. CUDA tensors are always
+ * views of this client's receive pool. (Clients of this library take no tensors in their
+ * senders' memory, ClientOptions::tensors_in_sender_memory: every CPU tensor arrives in the
+ * receive heap, writable, as DLPack consumers expect.) */
 int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** managed);
 
 /* Answers a TPD_EVENT_REQUEST, once: a reply with a payload and tensors, or an error with a

@@ -1,5 +1,6 @@
 #include "daemon/router/session.h"
 
+#include <errno.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -214,6 +215,7 @@ bool Session::Introduce(const std::shared_ptr<Session>& from, const std::shared_
   {
     absl::MutexLock lock(&to->mu);
     if (to->peers_told.contains(from->peer_id)) return true;
+    if (to->refuses_notices) return false;
   }
   {
     // Registered before the notice goes, so that End, which takes the list under this lock
@@ -232,6 +234,8 @@ bool Session::Introduce(const std::shared_ptr<Session>& from, const std::shared_
   // Non-blocking: a client that reads none of its notices fills its socket buffer and gets
   // copies from then on, without holding up the daemon.
   if (!shm::SendWithFd(to->notice_fd, notice.data(), notice.size(), from->share_fd)) {
+    // EPIPE: the client shut its reading side (ClientOptions::tensors_in_sender_memory false).
+    if (errno == EPIPE) to->refuses_notices = true;
     return false;
   }
   to->peers_told.insert(from->peer_id);

@@ -106,6 +106,9 @@ struct Session {
   absl::flat_hash_map<uint64_t, Lent> lent ABSL_GUARDED_BY(mu);
   // Peers whose notice went to its client, and the sessions told of it (for their kPeerGone).
   absl::flat_hash_set<uint64_t> peers_told ABSL_GUARDED_BY(mu);
+  // Its client closed the reading side of its data connection (a notice failed with EPIPE):
+  // it takes no tensors in other sessions' memory, and gets copies.
+  bool refuses_notices ABSL_GUARDED_BY(mu) = false;
   std::vector<std::weak_ptr<Session>> told ABSL_GUARDED_BY(mu);
   std::atomic<bool> ended{false};         // End began; read without `mu` by Introduce
   std::atomic<uint64_t> bytes_shared{0};  // host tensor bytes delivered to it uncopied

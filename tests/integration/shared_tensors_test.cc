@@ -226,6 +226,37 @@ TEST_F(SharedTensorsTest, ViewsOutliveTheSenderAndItsMappingGoesWithTheLastOne) 
   EXPECT_EQ(MappingOf(at), "") << "unmapped with its last view";
 }
 
+TEST_F(SharedTensorsTest, AClientThatTakesNoTensorsInSendersMemoryGetsCopiesOthersStillShare) {
+  Start();
+  ClientOptions options;
+  options.tensors_in_sender_memory = false;
+  absl::StatusOr<std::unique_ptr<Client>> copying = Client::Connect(socket_, options);
+  ASSERT_TRUE(copying.ok()) << copying.status();
+  ASSERT_TRUE(Join(copying->get(), "c").ok());
+  ASSERT_TRUE((*copying)
+                  ->Handle("sum", [](const Message& request) -> absl::StatusOr<Message> {
+                    return Message{std::to_string(Checksum(request.tensors.at(0).data())) +
+                                       (request.tensors[0].in_sender_memory() ? " shared"
+                                                                              : " copied"),
+                                   {},
+                                   ""};
+                  })
+                  .ok());
+  Tensor large = ArenaTensor(kLarge, 7);
+  const std::string sum = std::to_string(Checksum(large.data()));
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<Message> reply = a_->Call("g", "c", "sum", "", {large}, absl::Seconds(30));
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->payload, sum + " copied") << "call " << i;
+  }
+  EXPECT_EQ((*copying)->GetCallStats()->peer_segments_mapped, 0u);
+  // b, which takes them, still reads a's memory.
+  ASSERT_TRUE(a_->Call("g", "b", "keep", "", {large}, absl::Seconds(30)).ok());
+  ASSERT_EQ(Kept().size(), 1u);
+  EXPECT_TRUE(Kept()[0].in_sender_memory());
+  DropKept();
+}
+
 TEST_F(SharedTensorsTest, ShareMemoryOffCopiesEveryTensor) {
   Start(/*share_memory=*/false);
   Tensor large = ArenaTensor(kLarge, 6);

@@ -328,5 +328,18 @@ TEST_F(SharingTest, SmallTensorsAreCopiedAndAnEndedSenderLendsNothing) {
   EXPECT_FALSE(NoticeWaiting());
 }
 
+TEST_F(SharingTest, AReceiverThatShutItsReadingSideGetsCopies) {
+  Delivery delivery(nullptr, "no CUDA here");
+  ASSERT_EQ(shutdown(client_end_, SHUT_RD), 0);  // ClientOptions::tensors_in_sender_memory false
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(DeliverNow(delivery, LargeCall()).ok());
+    std::optional<shm::Descriptor> d = Next(*ring_);
+    ASSERT_TRUE(d.has_value());
+    EXPECT_EQ(EntryOf(*d).device_handle, 0u) << "delivery " << i;
+    ASSERT_TRUE(to_->FreeRx(d->payload_offset).ok());
+  }
+  EXPECT_EQ(to_->bytes_shared.load(), 0u);
+}
+
 }  // namespace
 }  // namespace tpd::router
