@@ -296,7 +296,18 @@ struct ArenaBlock {
   ~ArenaBlock() { link->FreeBlock(offset); }
   const std::shared_ptr<Link> link;
   const uint64_t offset;
+  std::atomic<int> messages{0};  // sent messages pinning it, not yet released (Tensor::in_flight)
 };
+
+// A message's hold on `block`, counted in block->messages while it lives.
+std::shared_ptr<ArenaBlock> Pin(std::shared_ptr<ArenaBlock> block) {
+  ++block->messages;
+  ArenaBlock* const raw = block.get();
+  return std::shared_ptr<ArenaBlock>(raw, [held = std::move(block)](ArenaBlock* b) mutable {
+    --b->messages;
+    held.reset();
+  });
+}
 
 struct RxBlock {
   RxBlock(std::shared_ptr<Link> link, uint64_t offset, uint64_t bytes)
@@ -450,6 +461,8 @@ Tensor Tensor::Clone() const {
   copy.device_ = device_;
   return copy;
 }
+
+bool Tensor::in_flight() const { return arena_ != nullptr && arena_->messages.load() > 0; }
 
 absl::StatusOr<Tensor> Tensor::Reshaped(shm::DType dtype, std::vector<int64_t> shape) const {
   absl::StatusOr<uint64_t> bytes = ShapeBytes(dtype, shape, "reshaped tensor");
@@ -880,7 +893,7 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
     }
     if (tensor.storage_ == TensorStorage::kArena && tensor.arena_ != nullptr &&
         tensor.arena_->link == link_) {
-      if (*bytes > 0) pins.push_back(tensor.arena_);
+      if (*bytes > 0) pins.push_back(calls_internal::Pin(tensor.arena_));
       continue;
     }
     in_block[i] = true;

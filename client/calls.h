@@ -127,13 +127,19 @@ class Tensor {
   // received CUDA tensor's bytes are in place when the message arrives (the daemon posts it
   // after its copy completed), so any stream may read them at once.
   uint64_t device_pointer() const { return is_cuda() ? reinterpret_cast<uint64_t>(data_) : 0; }
+  // An arena tensor that a sent message carrying it still holds: the daemon reads it in place,
+  // and a receiver of this uid and gid on this node may read it in place for as long as it
+  // keeps the message (docs/data_plane.md, "Tensors shared between sessions"), so it goes on
+  // after the call returned. Write into an arena tensor only once this is false. False for
+  // tensors of other storages (their bytes were copied when sent).
+  bool in_flight() const;
   // A received host tensor that lies in its sender's memory, mapped read-only in this process
   // (a write through a cast-away const faults): hand out copies where consumers may write.
   bool in_sender_memory() const { return in_sender_memory_; }
   void* stream() const { return stream_; }
   // Writable bytes of an owned or arena tensor; nullptr for borrowed, received and CUDA ones.
-  // Writing into an arena tensor while a call that carries it is in flight changes what the
-  // daemon may read.
+  // An arena tensor is sent where it lies, so writing into it while in_flight() changes what
+  // the daemon, or a receiver reading it in place, reads.
   char* mutable_data() {
     return storage_ == TensorStorage::kOwned || storage_ == TensorStorage::kArena ? data_
                                                                                    : nullptr;

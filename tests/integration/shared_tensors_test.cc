@@ -181,6 +181,18 @@ TEST_F(SharedTensorsTest, LargeTensorsAreReadInTheSendersMemoryMappedReadOnly) {
       << a_->GetCallStats()->arena_live_blocks << " blocks of a's arena still live";
 }
 
+TEST_F(SharedTensorsTest, AnArenaTensorIsInFlightUntilTheReceiverLetsGoOfIt) {
+  Start();
+  Tensor large = ArenaTensor(kLarge, 8);
+  ASSERT_TRUE(a_->Call("g", "b", "keep", "", {large}, absl::Seconds(30)).ok());
+  // The call returned, but b still reads a's tensor in place: a must not write into it yet.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_TRUE(large.in_flight());
+  DropKept();
+  EXPECT_TRUE(WaitUntil([&] { return !large.in_flight(); })) << "b let go: a may write again";
+  EXPECT_FALSE(Tensor(shm::DType::kUInt8, {4}, "abcd").in_flight()) << "owned: copied when sent";
+}
+
 TEST_F(SharedTensorsTest, RepliesAreSharedTooAndTheReceivedViewHoldsTheRepliersBlock) {
   Start();
   absl::StatusOr<Tensor> answer = b_->AllocateTensor(shm::DType::kFloat32, {kLarge / 4});
@@ -263,6 +275,8 @@ TEST_F(SharedTensorsTest, ShareMemoryOffCopiesEveryTensor) {
   const std::string sum = std::to_string(Checksum(large.data()));
   absl::StatusOr<Message> reply = a_->Call("g", "b", "keep", "", {large}, absl::Seconds(30));
   ASSERT_TRUE(reply.ok()) << reply.status();
+  // Copied by the daemon: once it has read it, a may write, whatever b keeps.
+  EXPECT_TRUE(WaitUntil([&] { return !large.in_flight(); }));
   EXPECT_EQ(reply->payload, absl::StrCat(sum, ","));
   ASSERT_EQ(Kept().size(), 1u);
   EXPECT_FALSE(Kept()[0].in_sender_memory());
