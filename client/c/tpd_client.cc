@@ -521,6 +521,20 @@ int tpd_arena_alloc(tpd_client* client, uint64_t nbytes, void** data) {
   });
 }
 
+int tpd_arena_in_flight(tpd_client* client, const void* data, int* in_flight) {
+  return Guarded("tpd_arena_in_flight", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(in_flight, "in_flight"); !s.ok()) return s;
+    absl::MutexLock lock(&client->arena_mu);
+    auto it = client->arena.find(const_cast<void*>(data));
+    if (it == client->arena.end()) {
+      return absl::NotFoundError("tpd_arena_in_flight: no live arena block starts there");
+    }
+    *in_flight = it->second.in_flight() ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
 void tpd_arena_free(tpd_client* client, void* data) {
   if (client == nullptr) return;
   tpd::Tensor block;  // freed after the lock

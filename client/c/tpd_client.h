@@ -147,6 +147,12 @@ typedef struct tpd_tensor {
  * released by the daemon. RESOURCE_EXHAUSTED naming the arena's size when it does not fit. */
 int tpd_arena_alloc(tpd_client* client, uint64_t nbytes, void** data);
 void tpd_arena_free(tpd_client* client, void* data);
+/* Whether a sent message still holds the arena block at `data` (1 in *in_flight) or not (0).
+ * The block is sent where it lies: the daemon reads it in place, and so may a receiving
+ * process of this uid and gid for as long as it keeps the message, after the call returned
+ * (docs/data_plane.md, "Tensors shared between sessions"). Change its bytes only once this is
+ * 0. NOT_FOUND when `data` is no live block of tpd_arena_alloc. */
+int tpd_arena_in_flight(tpd_client* client, const void* data, int* in_flight);
 
 /* --- Events: requests to serve and calls that finished --- */
 

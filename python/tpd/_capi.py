@@ -133,6 +133,7 @@ def _declare(lib):
         "tpd_status": (c.c_int, [p, pp]),
         "tpd_arena_alloc": (c.c_int, [p, c.c_uint64, pp]),
         "tpd_arena_free": (None, [p, p]),
+        "tpd_arena_in_flight": (c.c_int, [p, p, c.POINTER(c.c_int)]),
         "tpd_serve": (c.c_int, [p, s]),
         "tpd_next_event": (c.c_int, [p, c.c_int, i64, pp]),
         "tpd_event_free": (None, [p]),

@@ -4,6 +4,7 @@ import ctypes
 import os
 import subprocess
 import threading
+import time
 
 import pytest
 import torch
@@ -137,5 +138,39 @@ def test_a_reply_sent_with_a_release_tag_tells_when_its_tensors_may_change(daemo
     # No CUDA tensor holds the notice here, so the daemon's release is not waited for.
     released = b.next_event(_capi.QUEUE_REPLIES, timeout=5)
     assert (released.kind, released.tag) == (_capi.EVENT_RELEASED, 41)
+    a.close()
+    b.close()
+
+
+def test_an_arena_block_is_in_flight_until_the_daemon_lets_go_of_it(daemon):
+    a, b = _pair(daemon)
+    lib = _capi.library()
+    data = ctypes.c_void_p()
+    _capi.check(lib.tpd_arena_alloc(a._handle, 1 << 20, ctypes.byref(data)))
+    flag = ctypes.c_int(-1)
+
+    def in_flight():
+        _capi.check(lib.tpd_arena_in_flight(a._handle, data, ctypes.byref(flag)))
+        return flag.value
+
+    assert in_flight() == 0
+    t = _capi.Tensor()
+    t.dtype, t.ndim, t.nbytes, t.device_type = 6, 1, 1 << 20, _capi.CPU
+    t.shape[0] = 1 << 20
+    t.data = data
+    a.call_async("g", "b", "echo", b"", [t], 5_000_000, tag=3)
+    request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
+    # b (a C ABI client) takes no tensors in a's memory: the daemon copied the block for it
+    # and lets go of it, whatever b still holds.
+    deadline = time.monotonic() + 5
+    while in_flight() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert in_flight() == 0
+    request.reply(b"")
+    assert a.next_event(_capi.QUEUE_REPLIES, timeout=5).status() == (0, "")
+    with pytest.raises(_capi.TpdError) as error:
+        _capi.check(lib.tpd_arena_in_flight(a._handle, ctypes.c_void_p(64), ctypes.byref(flag)))
+    assert error.value.code == _capi.NOT_FOUND
+    lib.tpd_arena_free(a._handle, data)
     a.close()
     b.close()
