@@ -592,13 +592,17 @@ std::unique_ptr<grpc::ClientContext> Client::Context(absl::Duration wait, bool w
 }
 
 template <typename Request, typename Response>
-absl::Status StoreView::Unary(const char* name,
-                              grpc::Status (v1::Store::Stub::*method)(grpc::ClientContext*,
+absl::Status StoreView::Unary(grpc::Status (v1::Store::Stub::*method)(grpc::ClientContext*,
                                                                       const Request&, Response*),
                               const Request& request, Response* response, absl::Duration wait,
                               bool waits) const {
   // Attached to shared memory: through the session's rings, with no gRPC on the way.
   if (std::shared_ptr<CallEngine> engine = client_->AttachedEngine(); engine != nullptr) {
+    // The method is the request's type without "Request" ("SetRequest": "Set").
+    static const std::string name = [] {
+      const std::string& type = Request::descriptor()->name();
+      return type.substr(0, type.size() - std::strlen("Request"));
+    }();
     const absl::Duration timeout = !waits                        ? client_->options_.call_timeout
                                    : wait > absl::ZeroDuration() ? wait + kWaitSlack
                                                                  : absl::ZeroDuration();
@@ -633,7 +637,7 @@ absl::Status StoreView::Set(absl::string_view key, absl::string_view value) cons
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::SetResponse response;
-  return Unary("Set", &v1::Store::Stub::Set, request, &response);
+  return Unary(&v1::Store::Stub::Set, request, &response);
 }
 
 absl::StatusOr<std::string> StoreView::Get(absl::string_view key, absl::Duration timeout) const {
@@ -642,7 +646,7 @@ absl::StatusOr<std::string> StoreView::Get(absl::string_view key, absl::Duration
   request.set_key(std::string(key));
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::GetResponse response;
-  absl::Status status = Unary("Get", &v1::Store::Stub::Get, request, &response, timeout, true);
+  absl::Status status = Unary(&v1::Store::Stub::Get, request, &response, timeout, true);
   if (!status.ok()) return status;
   return std::move(*response.mutable_value());
 }
@@ -653,7 +657,7 @@ absl::StatusOr<int64_t> StoreView::Add(absl::string_view key, int64_t delta) con
   request.set_key(std::string(key));
   request.set_delta(delta);
   v1::AddResponse response;
-  absl::Status status = Unary("Add", &v1::Store::Stub::Add, request, &response);
+  absl::Status status = Unary(&v1::Store::Stub::Add, request, &response);
   if (!status.ok()) return status;
   return response.value();
 }
@@ -666,7 +670,7 @@ absl::StatusOr<std::string> StoreView::CompareSet(absl::string_view key, absl::s
   request.set_expected_value(std::string(expected));
   request.set_desired_value(std::string(desired));
   v1::CompareSetResponse response;
-  absl::Status status = Unary("CompareSet", &v1::Store::Stub::CompareSet, request, &response);
+  absl::Status status = Unary(&v1::Store::Stub::CompareSet, request, &response);
   if (!status.ok()) return status;
   return std::move(*response.mutable_value());
 }
@@ -677,7 +681,7 @@ absl::Status StoreView::Wait(const std::vector<std::string>& keys, absl::Duratio
   request.mutable_keys()->Add(keys.begin(), keys.end());
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::WaitResponse response;
-  return Unary("Wait", &v1::Store::Stub::Wait, request, &response, timeout, true);
+  return Unary(&v1::Store::Stub::Wait, request, &response, timeout, true);
 }
 
 absl::StatusOr<bool> StoreView::Check(const std::vector<std::string>& keys) const {
@@ -685,7 +689,7 @@ absl::StatusOr<bool> StoreView::Check(const std::vector<std::string>& keys) cons
   request.set_namespace_(name_space_);
   request.mutable_keys()->Add(keys.begin(), keys.end());
   v1::CheckResponse response;
-  absl::Status status = Unary("Check", &v1::Store::Stub::Check, request, &response);
+  absl::Status status = Unary(&v1::Store::Stub::Check, request, &response);
   if (!status.ok()) return status;
   return response.ready();
 }
@@ -695,7 +699,7 @@ absl::StatusOr<bool> StoreView::DeleteKey(absl::string_view key) const {
   request.set_namespace_(name_space_);
   request.set_key(std::string(key));
   v1::DeleteKeyResponse response;
-  absl::Status status = Unary("DeleteKey", &v1::Store::Stub::DeleteKey, request, &response);
+  absl::Status status = Unary(&v1::Store::Stub::DeleteKey, request, &response);
   if (!status.ok()) return status;
   return response.deleted();
 }
@@ -704,7 +708,7 @@ absl::StatusOr<int64_t> StoreView::NumKeys() const {
   v1::NumKeysRequest request;
   request.set_namespace_(name_space_);
   v1::NumKeysResponse response;
-  absl::Status status = Unary("NumKeys", &v1::Store::Stub::NumKeys, request, &response);
+  absl::Status status = Unary(&v1::Store::Stub::NumKeys, request, &response);
   if (!status.ok()) return status;
   return response.num_keys();
 }
@@ -716,8 +720,7 @@ absl::StatusOr<std::vector<std::string>> StoreView::MultiGet(const std::vector<s
   request.mutable_keys()->Add(keys.begin(), keys.end());
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::MultiGetResponse response;
-  absl::Status status =
-      Unary("MultiGet", &v1::Store::Stub::MultiGet, request, &response, timeout, true);
+  absl::Status status = Unary(&v1::Store::Stub::MultiGet, request, &response, timeout, true);
   if (!status.ok()) return status;
   return std::vector<std::string>(std::make_move_iterator(response.mutable_values()->begin()),
                                   std::make_move_iterator(response.mutable_values()->end()));
@@ -730,7 +733,7 @@ absl::Status StoreView::MultiSet(const std::vector<std::string>& keys,
   request.mutable_keys()->Add(keys.begin(), keys.end());
   request.mutable_values()->Add(values.begin(), values.end());
   v1::MultiSetResponse response;
-  return Unary("MultiSet", &v1::Store::Stub::MultiSet, request, &response);
+  return Unary(&v1::Store::Stub::MultiSet, request, &response);
 }
 
 absl::Status StoreView::Append(absl::string_view key, absl::string_view value) const {
@@ -739,7 +742,7 @@ absl::Status StoreView::Append(absl::string_view key, absl::string_view value) c
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::AppendResponse response;
-  return Unary("Append", &v1::Store::Stub::Append, request, &response);
+  return Unary(&v1::Store::Stub::Append, request, &response);
 }
 
 absl::StatusOr<v1::StatusResponse> Client::Status() {

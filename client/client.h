@@ -132,8 +132,7 @@ class StoreView {
   // Through the session's rings when the client is attached to shared memory (Client::
   // AttachSharedMemory, or a call or handler made it), else over gRPC.
   template <typename Request, typename Response>
-  absl::Status Unary(const char* name,
-                     grpc::Status (v1::Store::Stub::*method)(grpc::ClientContext*, const Request&,
+  absl::Status Unary(grpc::Status (v1::Store::Stub::*method)(grpc::ClientContext*, const Request&,
                                                              Response*),
                      const Request& request, Response* response,
                      absl::Duration wait = absl::ZeroDuration(), bool waits = false) const;

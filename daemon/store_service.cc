@@ -213,7 +213,7 @@ absl::StatusOr<absl::Time> StoreService::WaitDeadline(const grpc::CallbackServer
   const absl::Duration timeout =
       timeout_ms == 0 ? limits_.default_timeout : absl::Milliseconds(timeout_ms);
   absl::Time deadline = absl::Now() + timeout;
-  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+  if (context != nullptr && context->deadline() != std::chrono::system_clock::time_point::max()) {
     deadline = std::min(deadline, absl::FromChrono(context->deadline()));
   }
   return deadline;
@@ -231,14 +231,13 @@ grpc::ServerUnaryReactor* StoreService::WaitFor(grpc::CallbackServerContext* con
   return reactor;
 }
 
-template <typename Work>
+template <typename Request, typename Response>
 grpc::ServerUnaryReactor* StoreService::Simple(grpc::CallbackServerContext* context,
-                                               const char* method,
-                                               const google::protobuf::Message& request,
-                                               const std::string& name_space, Work work) {
-  absl::StatusOr<Scoped> scope = Admit(*context, method, request, name_space);
+                                               const char* method, const Request& request,
+                                               Response* response, Work<Request, Response> work) {
+  absl::StatusOr<Scoped> scope = Admit(*context, method, request, request.namespace_());
   if (!scope.ok()) return Reply(context, method, scope.status());
-  return Reply(context, method, work(scope->view));
+  return Reply(context, method, (this->*work)(scope->view, request, response));
 }
 
 // --- What each method does once its store is reached, for both transports ---
@@ -326,8 +325,7 @@ absl::Status StoreService::DoAppend(store::Store& view, const v1::AppendRequest&
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
                                             const v1::SetRequest* request,
                                             v1::SetResponse* response) {
-  return Simple(context, "Set", *request, request->namespace_(),
-                [&](store::Store& view) { return DoSet(view, *request, response); });
+  return Simple(context, "Set", *request, response, &StoreService::DoSet);
 }
 
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context,
@@ -344,15 +342,13 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
                                             const v1::AddRequest* request,
                                             v1::AddResponse* response) {
-  return Simple(context, "Add", *request, request->namespace_(),
-                [&](store::Store& view) { return DoAdd(view, *request, response); });
+  return Simple(context, "Add", *request, response, &StoreService::DoAdd);
 }
 
 grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* context,
                                                    const v1::CompareSetRequest* request,
                                                    v1::CompareSetResponse* response) {
-  return Simple(context, "CompareSet", *request, request->namespace_(),
-                [&](store::Store& view) { return DoCompareSet(view, *request, response); });
+  return Simple(context, "CompareSet", *request, response, &StoreService::DoCompareSet);
 }
 
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
@@ -366,22 +362,19 @@ grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* contex
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
                                               const v1::CheckRequest* request,
                                               v1::CheckResponse* response) {
-  return Simple(context, "Check", *request, request->namespace_(),
-                [&](store::Store& view) { return DoCheck(view, *request, response); });
+  return Simple(context, "Check", *request, response, &StoreService::DoCheck);
 }
 
 grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
                                                   const v1::DeleteKeyRequest* request,
                                                   v1::DeleteKeyResponse* response) {
-  return Simple(context, "DeleteKey", *request, request->namespace_(),
-                [&](store::Store& view) { return DoDeleteKey(view, *request, response); });
+  return Simple(context, "DeleteKey", *request, response, &StoreService::DoDeleteKey);
 }
 
 grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* context,
                                                 const v1::NumKeysRequest* request,
                                                 v1::NumKeysResponse* response) {
-  return Simple(context, "NumKeys", *request, request->namespace_(),
-                [&](store::Store& view) { return DoNumKeys(view, *request, response); });
+  return Simple(context, "NumKeys", *request, response, &StoreService::DoNumKeys);
 }
 
 grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* context,
@@ -398,30 +391,28 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* context,
                                                  const v1::MultiSetRequest* request,
                                                  v1::MultiSetResponse* response) {
-  return Simple(context, "MultiSet", *request, request->namespace_(),
-                [&](store::Store& view) { return DoMultiSet(view, *request, response); });
+  return Simple(context, "MultiSet", *request, response, &StoreService::DoMultiSet);
 }
 
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* context,
                                                const v1::AppendRequest* request,
                                                v1::AppendResponse* response) {
-  return Simple(context, "Append", *request, request->namespace_(),
-                [&](store::Store& view) { return DoAppend(view, *request, response); });
+  return Simple(context, "Append", *request, response, &StoreService::DoAppend);
 }
 
 // --- Shared memory (ServeLocal) ---
 
-template <typename Request, typename Response, typename Work>
+template <typename Request, typename Response>
 void StoreService::LocalCall(const char* method, const std::string& bytes,
                              const std::shared_ptr<store::Store>& owner, LocalDone& done,
-                             Work work) {
+                             Work<Request, Response> work) {
   Request request;
   Response response;
   absl::Status status = Parse(method, bytes, &request);
   if (status.ok()) status = CheckNamespace(method, request.namespace_());
   if (status.ok()) {
     store::PrefixStore view(request.namespace_(), owner.get());
-    status = work(view, request, &response);
+    status = (this->*work)(view, request, &response);
   }
   stats_->Record(method, status);
   done(status, status.ok() ? response.SerializeAsString() : std::string());
@@ -439,24 +430,20 @@ void StoreService::LocalWait(const char* method, const std::string& bytes,
     keys = keys_of(request);
     status = CheckKeys(keys);
   }
-  if (status.ok() && request.timeout_ms() < 0) {
-    status = absl::InvalidArgumentError(absl::StrCat(
-        "timeout_ms must be >= 0 (0 uses the daemon's default), got ", request.timeout_ms()));
-  }
-  if (!status.ok()) {
-    stats_->Record(method, status);
-    done(status, std::string());
+  absl::StatusOr<absl::Time> deadline =
+      status.ok() ? WaitDeadline(nullptr, request.timeout_ms()) : status;
+  if (!deadline.ok()) {
+    stats_->Record(method, deadline.status());
+    done(deadline.status(), std::string());
     return;
   }
-  const absl::Time deadline =
-      absl::Now() + (request.timeout_ms() == 0 ? limits_.default_timeout
-                                               : absl::Milliseconds(request.timeout_ms()));
   store::PrefixStore view(request.namespace_(), owner.get());
   // The callback may run before WaitAsync returns (keys already there) or on the store's
   // thread later; it keeps the store open and answers once.
   auto answer = std::make_shared<LocalDone>(std::move(done));
   absl::StatusOr<store::WaitId> waiting = view.WaitAsync(
-      ToVector(keys), deadline, [this, owner, answer, method, fill](absl::StatusOr<Values> values) {
+      ToVector(keys), *deadline,
+      [this, owner, answer, method, fill](absl::StatusOr<Values> values) {
         Response response;
         if (values.ok()) fill(*std::move(values), &response);
         stats_->Record(method, values.status());
@@ -496,53 +483,21 @@ void StoreService::ServeLocal(const std::string& session_id, const std::string& 
   }
   // Each method as over gRPC (the Do* functions), with the request and response as bytes.
   if (method == "Set") {
-    LocalCall<v1::SetRequest, v1::SetResponse>(
-        "Set", request, *owner, done,
-        [this](store::Store& view, const v1::SetRequest& r, v1::SetResponse* out) {
-          return DoSet(view, r, out);
-        });
+    LocalCall("Set", request, *owner, done, &StoreService::DoSet);
   } else if (method == "Add") {
-    LocalCall<v1::AddRequest, v1::AddResponse>(
-        "Add", request, *owner, done,
-        [this](store::Store& view, const v1::AddRequest& r, v1::AddResponse* out) {
-          return DoAdd(view, r, out);
-        });
+    LocalCall("Add", request, *owner, done, &StoreService::DoAdd);
   } else if (method == "CompareSet") {
-    LocalCall<v1::CompareSetRequest, v1::CompareSetResponse>(
-        "CompareSet", request, *owner, done,
-        [this](store::Store& view, const v1::CompareSetRequest& r, v1::CompareSetResponse* out) {
-          return DoCompareSet(view, r, out);
-        });
+    LocalCall("CompareSet", request, *owner, done, &StoreService::DoCompareSet);
   } else if (method == "Check") {
-    LocalCall<v1::CheckRequest, v1::CheckResponse>(
-        "Check", request, *owner, done,
-        [this](store::Store& view, const v1::CheckRequest& r, v1::CheckResponse* out) {
-          return DoCheck(view, r, out);
-        });
+    LocalCall("Check", request, *owner, done, &StoreService::DoCheck);
   } else if (method == "DeleteKey") {
-    LocalCall<v1::DeleteKeyRequest, v1::DeleteKeyResponse>(
-        "DeleteKey", request, *owner, done,
-        [this](store::Store& view, const v1::DeleteKeyRequest& r, v1::DeleteKeyResponse* out) {
-          return DoDeleteKey(view, r, out);
-        });
+    LocalCall("DeleteKey", request, *owner, done, &StoreService::DoDeleteKey);
   } else if (method == "NumKeys") {
-    LocalCall<v1::NumKeysRequest, v1::NumKeysResponse>(
-        "NumKeys", request, *owner, done,
-        [this](store::Store& view, const v1::NumKeysRequest& r, v1::NumKeysResponse* out) {
-          return DoNumKeys(view, r, out);
-        });
+    LocalCall("NumKeys", request, *owner, done, &StoreService::DoNumKeys);
   } else if (method == "MultiSet") {
-    LocalCall<v1::MultiSetRequest, v1::MultiSetResponse>(
-        "MultiSet", request, *owner, done,
-        [this](store::Store& view, const v1::MultiSetRequest& r, v1::MultiSetResponse* out) {
-          return DoMultiSet(view, r, out);
-        });
+    LocalCall("MultiSet", request, *owner, done, &StoreService::DoMultiSet);
   } else if (method == "Append") {
-    LocalCall<v1::AppendRequest, v1::AppendResponse>(
-        "Append", request, *owner, done,
-        [this](store::Store& view, const v1::AppendRequest& r, v1::AppendResponse* out) {
-          return DoAppend(view, r, out);
-        });
+    LocalCall("Append", request, *owner, done, &StoreService::DoAppend);
   } else if (method == "Get") {
     LocalWait<v1::GetRequest, v1::GetResponse>(
         "Get", request, *std::move(owner), std::move(done),

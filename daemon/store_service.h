@@ -125,11 +125,15 @@ class StoreService final : public v1::Store::CallbackService {
   absl::Status CheckKey(absl::string_view key) const;
   absl::Status CheckKeys(const google::protobuf::RepeatedPtrField<std::string>& keys) const;
   absl::Status CheckValue(absl::string_view key, size_t size) const;
-  // Admit, then `work(view)` and Reply: a method that does not wait.
-  template <typename Work>
+  // What a method that does not wait does once its store is reached (one of the Do*).
+  template <typename Request, typename Response>
+  using Work = absl::Status (StoreService::*)(store::Store& view, const Request& request,
+                                              Response* response) const;
+  // Admit, then `work` and Reply: a method that does not wait.
+  template <typename Request, typename Response>
   grpc::ServerUnaryReactor* Simple(grpc::CallbackServerContext* context, const char* method,
-                                   const google::protobuf::Message& request,
-                                   const std::string& name_space, Work work);
+                                   const Request& request, Response* response,
+                                   Work<Request, Response> work);
   // What each method that does not wait does to the store it reached, for either transport.
   absl::Status DoSet(store::Store& view, const v1::SetRequest& request, v1::SetResponse*) const;
   absl::Status DoAdd(store::Store& view, const v1::AddRequest& request,
@@ -153,13 +157,15 @@ class StoreService final : public v1::Store::CallbackService {
                                                            const std::string& group);
   template <typename Request>
   static absl::Status Parse(const char* method, const std::string& bytes, Request* request);
-  template <typename Request, typename Response, typename Work>
+  template <typename Request, typename Response>
   void LocalCall(const char* method, const std::string& bytes,
-                 const std::shared_ptr<store::Store>& owner, LocalDone& done, Work work);
+                 const std::shared_ptr<store::Store>& owner, LocalDone& done,
+                 Work<Request, Response> work);
   template <typename Request, typename Response, typename KeysOf, typename Fill>
   void LocalWait(const char* method, const std::string& bytes, std::shared_ptr<store::Store> owner,
                  LocalDone done, KeysOf keys_of, Fill fill);
-  // The wait's deadline: now + timeout_ms (0 = the default), capped by the call's deadline.
+  // The wait's deadline: now + timeout_ms (0 = the default), capped by the gRPC call's
+  // deadline (`context` null: a call through the rings, which has none).
   absl::StatusOr<absl::Time> WaitDeadline(const grpc::CallbackServerContext* context,
                                           int64_t timeout_ms) const;
 

@@ -1,5 +1,6 @@
 #include "daemon/router/delivery.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -21,7 +22,7 @@ struct Delivery::Placement {
 
 void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_ptr<Session>& to,
                        const Letter& letter, std::function<void(absl::Status)> after) {
-  Placement p{letter, from->segment->base(), 0, {}, 0, {}, {}, {}, {}};
+  Placement p{letter, from->segment->base()};
   // The sender's block, once nothing more is read from it (unless `to` holds it now).
   auto give_back = [&from, tx = letter.tx_block] { from->Release(tx); };
   if (!letter.places.empty()) {
@@ -96,17 +97,20 @@ void Delivery::Share(const std::shared_ptr<Session>& from, const std::shared_ptr
   // The trust decision (docs/security.md): only between processes of one uid and gid.
   if (from->uid != to->uid || from->gid != to->gid) return;
   const std::vector<shm::TensorEntry>& tensors = p->letter.tensors;
-  std::vector<bool> shared(tensors.size(), false);
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    shared[i] = tensors[i].device_type == static_cast<uint8_t>(shm::DeviceType::kCpu) &&
-                tensors[i].length >= kShareMinBytes;
-    if (shared[i]) bytes += tensors[i].length;
+  auto large = [](const shm::TensorEntry& entry) {
+    return entry.device_type == static_cast<uint8_t>(shm::DeviceType::kCpu) &&
+           entry.length >= kShareMinBytes;
+  };
+  // Most messages carry no large tensor: they cost this scan and nothing more.
+  if (std::none_of(tensors.begin(), tensors.end(), large) || !Session::Introduce(from, to)) {
+    return;
   }
-  if (bytes == 0 || !Session::Introduce(from, to)) return;
   p->peer = from->peer_id;
-  p->shared = std::move(shared);
-  p->shared_bytes = bytes;
+  p->shared.resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    p->shared[i] = large(tensors[i]);
+    if (p->shared[i]) p->shared_bytes += tensors[i].length;
+  }
 }
 
 absl::Status Delivery::ResolveSources(Session& from, Placement* p) {
