@@ -12,6 +12,9 @@
 //   dcopy          the daemon's own time for a oneway call's copies (its Admin.Status busy_us
 //                  for cuda:0 -> cuda:1, cuda:0 -> cpu with --remote), mean per call: the call's
 //                  cost beyond its copies is oneway - dcopy
+//   stages         where a oneway call's time goes, per size (a second table): the daemon's
+//                  call_latency stages (Admin.Status), mean per call over that size's oneway
+//                  calls, and the caller's own time (oneway's mean - local.total)
 //   --remote       the callee on a second daemon: the staged path between nodes, beside the
 //                  pinned H2D / D2H rates and the same bytes as a host tensor at every size
 //                  (TensorPipe's CPU channel between the daemons, which the staged path rides);
@@ -28,8 +31,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -236,6 +241,23 @@ int main(int argc, char** argv) {
     }
     return 0;
   };
+  // Each local stage's (calls, total us) so far: a batch's mean per stage is the difference.
+  using StageTotals = std::map<std::string, std::pair<uint64_t, double>>;
+  auto stage_totals = [&]() {
+    StageTotals totals;
+    absl::StatusOr<tpd::v1::StatusResponse> status = a->Status();
+    if (!status.ok()) return totals;
+    for (const auto& stage : status->call_latency()) {
+      totals[stage.stage()] = {stage.count(), stage.mean_us() * static_cast<double>(stage.count())};
+    }
+    return totals;
+  };
+  struct Breakdown {
+    uint64_t bytes;
+    double oneway_mean;
+    StageTotals before, after;
+  };
+  std::vector<Breakdown> breakdowns;
   const double event_us = TimedP50(200, [&] {
     api.event_record(event, stream);
     api.event_synchronize(event);
@@ -253,7 +275,13 @@ int main(int argc, char** argv) {
     const std::vector<tpd::Tensor> cuda = {
         tpd::Tensor::Cuda(tpd::shm::DType::kUInt8, {static_cast<int64_t>(bytes)}, src, 0)};
     const uint64_t busy_before = busy_us();
+    Breakdown breakdown{bytes, 0, stage_totals(), {}};
+    const absl::Time batch_start = absl::Now();
     const double oneway = call("oneway", cuda, bytes);
+    breakdown.oneway_mean = absl::ToDoubleMicroseconds(absl::Now() - batch_start) /
+                            static_cast<double>(Iters(bytes) + 3);
+    breakdown.after = stage_totals();
+    breakdowns.push_back(std::move(breakdown));
     const double copy_us =
         static_cast<double>(busy_us() - busy_before) / static_cast<double>(Iters(bytes) + 3);
     const double echo = call("echo", cuda, bytes);
@@ -271,6 +299,37 @@ int main(int argc, char** argv) {
         static_cast<unsigned long>(bytes), d2d, p2p, gbps(p2p), gbps(h2d), gbps(d2h), oneway,
         gbps(oneway), copy_us, echo, cpu, p2p > 0 ? p2p / oneway : 0.0,
         cpu > 0 ? oneway / cpu : 0.0);
+  }
+  // Remote calls pass the caller's daemon as remote.* stages, local ones as local.*.
+  const std::vector<std::string> stages =
+      remote
+          ? std::vector<std::string>{"remote.send", "remote.wait", "remote.post", "remote.total"}
+          : std::vector<std::string>{"local.deliver", "local.callee", "local.reply", "local.total"};
+  std::printf(
+      "where a oneway call's time goes, mean us per call (the caller's daemon's stages; "
+      "caller: oneway's mean - %s)\n%-12s %10s",
+      stages.back().c_str(), "bytes", "oneway");
+  for (const std::string& stage : stages) std::printf(" %14s", stage.c_str());
+  std::printf(" %10s\n", "caller");
+  for (const Breakdown& breakdown : breakdowns) {
+    std::printf("%-12lu %10.1f", static_cast<unsigned long>(breakdown.bytes),
+                breakdown.oneway_mean);
+    double total = 0;
+    for (const std::string& stage : stages) {
+      auto at = [&](const StageTotals& totals) {
+        auto it = totals.find(stage);
+        return it == totals.end() ? std::pair<uint64_t, double>{0, 0} : it->second;
+      };
+      const auto [calls_after, us_after] = at(breakdown.after);
+      const auto [calls_before, us_before] = at(breakdown.before);
+      const double mean =
+          calls_after > calls_before
+              ? (us_after - us_before) / static_cast<double>(calls_after - calls_before)
+              : 0;
+      std::printf(" %14.1f", mean);
+      total = mean;
+    }
+    std::printf(" %10.1f\n", breakdown.oneway_mean - total);
   }
   absl::StatusOr<tpd::v1::StatusResponse> status = a->Status();
   if (status.ok()) {

@@ -44,6 +44,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/peer_segments.h"
+#include "proto/shm/copy_signal.h"
 #include "proto/shm/descriptor.h"
 #include "proto/shm/doorbell.h"
 #include "proto/shm/message.h"
@@ -404,8 +405,16 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
     std::string method;
     absl::Time deadline = absl::InfiniteFuture();
     Message request;
+    // Posted before the daemon's copies of its CUDA tensors completed: the signals to wait on
+    // before the handler sees it (proto/shm/copy_signal.h), and the rx block they lie in.
+    std::vector<shm::CopySignal*> copies;
+    std::shared_ptr<const void> copies_block;
   };
 
+  // Waits until the daemon's copies behind `signals` completed: OK, INTERNAL when one
+  // failed, DEADLINE_EXCEEDED past `deadline`, UNAVAILABLE once the completion ring broke.
+  absl::Status AwaitCopies(absl::Span<shm::CopySignal* const> signals, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Answers the call `id` (no-op when it was answered already).
   void Finish(uint64_t id, absl::StatusOr<Message> result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the state's result and queues its callbacks on the pool.

@@ -294,6 +294,8 @@ void CallRouter::HandleStore(const std::shared_ptr<Session>& session, const shm:
 }
 
 void CallRouter::HandleRelease(const std::shared_ptr<Session>& session, const shm::Descriptor& d) {
+  // A block a copy still writes is freed once the copy completed.
+  if (session->DeferRelease({d.device_pool, d.payload_offset})) return;
   absl::Status freed;
   if (d.device_pool == 0) {
     freed = session->FreeRx(d.payload_offset);

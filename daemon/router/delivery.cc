@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
+#include "proto/shm/copy_signal.h"
+#include "proto/shm/doorbell.h"
 
 namespace tpd::router {
 
@@ -18,6 +20,9 @@ struct Delivery::Placement {
   std::vector<CopyEnd> sources;                       // per tensor; empty in the host case
   std::vector<std::pair<int, uint64_t>> pool_blocks;  // (device, offset) taken in `to`
   std::vector<CudaCopies::Copy> copies;
+  // Where the block's CopySignal lies from its start, for a call posted before its copies ran
+  // (0: posted after them).
+  uint64_t signal_at = 0;
 };
 
 void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_ptr<Session>& to,
@@ -47,6 +52,11 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
     }
   }
   p.plan = shm::PlanBlock(shm::MessagePrefixBytes(letter.names), letter.body_length, host_bytes);
+  uint64_t block_bytes = p.plan.total;
+  if (PostsBeforeCopies(p)) {
+    p.signal_at = shm::AlignUp(p.plan.total);
+    block_bytes = p.signal_at + sizeof(shm::CopySignal);
+  }
   auto fill = [&](uint64_t block, uint8_t* out) { return Fill(*to, block, out, &p); };
   auto describe = [&](uint64_t block) {
     return shm::MessageDescriptor(
@@ -64,7 +74,7 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
     after(posted);
     return;
   }
-  absl::StatusOr<uint64_t> block = to->WriteRx(p.plan.total, fill);
+  absl::StatusOr<uint64_t> block = to->WriteRx(block_bytes, fill);
   if (!block.ok()) {
     give_back();
     after(block.status());
@@ -78,6 +88,41 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
   }
   std::vector<std::shared_ptr<const void>> keep = {from->cuda, to->cuda, from->segment,
                                                    to->segment};
+  if (p.signal_at != 0) {
+    // The callee wakes and readies its handler while the copies run; its client waits on the
+    // signal before the handler sees the call. From here the blocks are the callee's: its
+    // client releases them, also when the copies fail.
+    std::vector<Session::BlockRef> held = {{0, *block}};
+    for (const auto& [device, offset] : p.pool_blocks) {
+      held.push_back({static_cast<uint32_t>(device) + 1, offset});
+    }
+    to->HoldWhileCopying(held);
+    if (absl::Status s = Post(*to, posted, p.pool_blocks); !s.ok()) {
+      to->EndCopying(held);  // Post freed them
+      give_back();
+      after(s);
+      return;
+    }
+    auto* signal = reinterpret_cast<shm::CopySignal*>(to->segment->base() + *block + p.signal_at);
+    cuda_->Run(std::move(p.copies), std::move(keep),
+               [this, from, to, tx = letter.tx_block, signal, held = std::move(held),
+                after = std::move(after)](absl::Status copied) {
+                 from->Release(tx);
+                 const bool ok = copied.ok();
+                 after(std::move(copied));  // before the callee can answer
+                 signal->state.store(ok ? shm::kCopied : shm::kCopyFailed,
+                                     std::memory_order_release);
+                 shm::Doorbell(&signal->bell).Ring();
+                 for (const auto& [pool, offset] : to->EndCopying(held)) {
+                   if (pool == 0) {
+                     TPD_CHECK_OK(to->FreeRx(offset));
+                   } else {
+                     TPD_CHECK_OK(cuda_->FreePool(*to->cuda, static_cast<int>(pool - 1), offset));
+                   }
+                 }
+               });
+    return;
+  }
   cuda_->Run(std::move(p.copies), std::move(keep),
              [this, from, to, tx = letter.tx_block, posted, pools = std::move(p.pool_blocks),
               after = std::move(after)](absl::Status copied) {
@@ -90,6 +135,20 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
                FreePools(*to, pools);
                after(copied);
              });
+}
+
+bool Delivery::PostsBeforeCopies(const Placement& p) {
+  // Only calls: a reply's waiter is the caller's thread, which the reply's completion wakes
+  // directly. And only when every copy lands in a receive pool: a host tensor copied from a
+  // device lies in the rx block, whose entries' device_handle means a peer's segment.
+  if (p.letter.op != shm::Op::kCall || p.letter.places.empty()) return false;
+  bool copies = false;
+  for (size_t i = 0; i < p.letter.tensors.size(); ++i) {
+    if (p.letter.tensors[i].length == 0) continue;
+    if (p.letter.places[i].device < 0 && p.sources[i].device >= 0) return false;
+    if (p.letter.places[i].device >= 0) copies = true;
+  }
+  return copies;
 }
 
 void Delivery::Share(const std::shared_ptr<Session>& from, const std::shared_ptr<Session>& to,
@@ -142,6 +201,10 @@ absl::Status Delivery::Fill(Session& to, uint64_t block, uint8_t* out, Placement
       return filled;
     }
   }
+  if (p->signal_at != 0) {
+    // Zeroed: kCopying, and a doorbell nobody sleeps on yet.
+    std::memset(out + p->signal_at, 0, sizeof(shm::CopySignal));
+  }
   shm::WriteMessagePrefix(out, letter.code, letter.names);
   if (letter.body_length > 0) {
     std::memcpy(out + p->plan.prefix, p->in + letter.body_offset, letter.body_length);
@@ -162,6 +225,7 @@ absl::Status Delivery::FillTensor(Session& to, size_t i, uint64_t block, uint8_t
     entry.device_index = static_cast<uint32_t>(device);
     entry.offset = 0;
     if (entry.length > 0) {
+      if (p->signal_at != 0) entry.device_handle = block + p->signal_at;
       absl::StatusOr<uint64_t> pool = cuda_->AllocatePool(*to.cuda, device, entry.length);
       if (!pool.ok()) return pool.status();
       p->pool_blocks.push_back({device, *pool});

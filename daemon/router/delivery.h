@@ -6,7 +6,9 @@
 // block is lent to the receiver's rx block until its client releases it; tensors bound for a CUDA
 // device (by the sender's device map) are copied into the receiver's receive pools, and CUDA
 // tensors bound for host memory into the block, on CudaCopies. A message with no CUDA tensor and no
-// map (the host case) issues no copies and is posted before Deliver returns.
+// map (the host case) issues no copies and is posted before Deliver returns. A call whose copies
+// all land in receive pools is posted as soon as they are issued, with a CopySignal its client
+// waits on (proto/shm/copy_signal.h); other messages with copies are posted once they completed.
 //
 // Thread safety: thread-safe; Deliver locks only the receiving session, through its methods.
 
@@ -56,16 +58,21 @@ class Delivery {
   Delivery(CudaCopies* cuda, std::string no_cuda) : cuda_(cuda), no_cuda_(std::move(no_cuda)) {}
 
   // Copies `letter` from `from`'s tx heap into `to` (or lends it its tensors) and posts it;
-  // `after` gets the outcome once it is posted or failed (inline in the host case; else on the
-  // thread CudaCopies::Run names), never under a session's lock: it may answer the caller, who
-  // may be `to`. The error is what the caller should be told; nothing is left allocated in `to`
-  // after one. `letter.tx_block` goes back to `from` before `after` runs, unless lent to `to`.
+  // `after` gets the outcome once it is posted and copied, or failed (inline in the host case;
+  // else on the thread CudaCopies::Run names), never under a session's lock: it may answer the
+  // caller, who may be `to`. The error is what the caller should be told; nothing is left
+  // allocated in `to` after one, except by a call posted before its copies failed: its client
+  // releases those blocks. `letter.tx_block` goes back to `from` before `after` runs, unless
+  // lent to `to`.
   void Deliver(const std::shared_ptr<Session>& from, const std::shared_ptr<Session>& to,
                const Letter& letter, std::function<void(absl::Status)> after);
 
  private:
   struct Placement;
 
+  // Whether the message is posted as soon as its copies are issued, with a CopySignal
+  // (proto/shm/copy_signal.h) its client waits on, rather than once they completed.
+  static bool PostsBeforeCopies(const Placement& p);
   // Which host tensors `to` reads in `from`'s segment instead of a copy (none unless they may
   // share memory and `to`'s client was sent that segment).
   void Share(const std::shared_ptr<Session>& from, const std::shared_ptr<Session>& to,

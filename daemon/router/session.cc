@@ -210,6 +210,31 @@ absl::Status Session::FreeRx(uint64_t offset) {
   return freed;
 }
 
+void Session::HoldWhileCopying(absl::Span<const BlockRef> blocks) {
+  absl::MutexLock lock(&mu);
+  for (const BlockRef& block : blocks) copying[block] = false;
+}
+
+bool Session::DeferRelease(const BlockRef& block) {
+  absl::MutexLock lock(&mu);
+  auto it = copying.find(block);
+  if (it == copying.end()) return false;
+  it->second = true;
+  return true;
+}
+
+std::vector<Session::BlockRef> Session::EndCopying(absl::Span<const BlockRef> blocks) {
+  std::vector<BlockRef> released;
+  absl::MutexLock lock(&mu);
+  for (const BlockRef& block : blocks) {
+    auto it = copying.find(block);
+    if (it == copying.end()) continue;
+    if (it->second) released.push_back(block);
+    copying.erase(it);
+  }
+  return released;
+}
+
 bool Session::Introduce(const std::shared_ptr<Session>& from, const std::shared_ptr<Session>& to) {
   if (from->share_fd < 0 || to->notice_fd < 0) return false;
   {

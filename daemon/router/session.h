@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "daemon/cuda_copies.h"
 #include "proto/shm/descriptor.h"
 #include "proto/shm/heap.h"
@@ -56,6 +57,10 @@ struct SessionLimits {
 };
 
 struct Session {
+  // A block the daemon placed for its client, as its release names it: (0, rx heap offset)
+  // or (1 + d, offset in its receive pool on cuda:d).
+  using BlockRef = std::pair<uint32_t, uint64_t>;
+
   // A tx block of another session that a message in this one's rx heap points into.
   struct Lent {
     std::shared_ptr<Session> from;
@@ -104,6 +109,9 @@ struct Session {
   std::atomic<int64_t> unposted_count{0};  // unposted.size(), for Stats and Serve
   // Tx blocks lent to it, by the rx block that points into them.
   absl::flat_hash_map<uint64_t, Lent> lent ABSL_GUARDED_BY(mu);
+  // Blocks of calls posted while their copies still write them (HoldWhileCopying), and
+  // whether its client released each meanwhile.
+  absl::flat_hash_map<BlockRef, bool> copying ABSL_GUARDED_BY(mu);
   // Peers whose notice went to its client, and the sessions told of it (for their kPeerGone).
   absl::flat_hash_set<uint64_t> peers_told ABSL_GUARDED_BY(mu);
   // Its client closed the reading side of its data connection (a notice failed with EPIPE):
@@ -157,6 +165,15 @@ struct Session {
   // posted; a tx block lent to it goes back to its sender. OK for a session that ended (its
   // heap is gone with it).
   absl::Status FreeRx(uint64_t offset) ABSL_LOCKS_EXCLUDED(mu);
+  // Blocks of a call posted before its copies completed (router::Delivery): their client's
+  // releases wait (DeferRelease) until EndCopying, so nothing is placed there again while a
+  // copy still writes it, whatever the client does.
+  void HoldWhileCopying(absl::Span<const BlockRef> blocks) ABSL_LOCKS_EXCLUDED(mu);
+  // True when `block` is held: its release then happens at EndCopying.
+  bool DeferRelease(const BlockRef& block) ABSL_LOCKS_EXCLUDED(mu);
+  // The copies into `blocks` completed: returns those the client released meanwhile, for the
+  // caller to free now.
+  std::vector<BlockRef> EndCopying(absl::Span<const BlockRef> blocks) ABSL_LOCKS_EXCLUDED(mu);
   // Makes sure `to`'s client has been sent `from`'s segment (a peer notice, once per pair), so
   // that messages to it may point into `from`'s tx heap. False when they may not: either
   // shares no memory, one of them ended, or the notice could not be sent (then the message is

@@ -292,8 +292,12 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
                     absl::StrCat("is not aligned to the dtype's ", item, "-byte items"));
     }
     if (direction == Direction::kCompletion) {
-      if (e.device_handle != 0) {
-        return refuse("device_handle", e.device_handle, "must be 0 in a completion");
+      if (e.device_handle != 0 &&
+          (e.device_handle % kHeapAlignment != 0 || !heap.Contains(e.device_handle, 0) ||
+           !heap.Contains(e.device_handle, kCopySignalBytes))) {
+        return refuse("device_handle", e.device_handle,
+                      absl::StrCat("is not 0 or an aligned copy signal inside the ", heap_name, " ",
+                                   DescribeRegion(heap)));
       }
       return absl::OkStatus();
     }

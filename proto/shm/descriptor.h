@@ -122,8 +122,10 @@ enum class DeviceType : uint8_t {
 // the client exports with CUDA IPC: `offset` is the tensor's byte offset in that allocation
 // and `device_handle` the segment offset of a CudaExport record in the tx heap naming it (0
 // when length is 0). In a completion it lies in the receiving client's receive pool on
-// cuda:d (kDevicePool): `offset` is the offset in the pool, device_handle is 0, and the
-// bytes are there when the descriptor is (the daemon posts it after its copy completed).
+// cuda:d (kDevicePool): `offset` is the offset in the pool, and the bytes are there when the
+// descriptor is (the daemon posted it after its copy completed) when device_handle is 0;
+// otherwise device_handle is the segment offset of a CopySignal in the rx heap
+// (proto/shm/copy_signal.h, kCopySignalBytes) that says when they are.
 struct TensorEntry {
   uint8_t dtype;          // DType
   uint8_t ndim;           // <= kMaxTensorDims
@@ -139,6 +141,9 @@ static_assert(std::is_trivially_copyable_v<TensorEntry>);
 static_assert(std::is_standard_layout_v<TensorEntry>);
 static_assert(sizeof(TensorEntry) == kTensorEntryBytes);
 static_assert(alignof(TensorEntry) == 8);
+
+// The size of a shm::CopySignal (proto/shm/copy_signal.h), kHeapAlignment-aligned.
+inline constexpr uint64_t kCopySignalBytes = 128;
 
 // The size of a CUDA IPC handle (CU_IPC_HANDLE_SIZE), so this header needs no cuda.h.
 inline constexpr size_t kCudaIpcHandleBytes = 64;

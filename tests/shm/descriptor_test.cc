@@ -312,7 +312,16 @@ TEST(TensorEntryTest, CudaEntriesPointAtAnExportRecordOrAPoolBlock) {
   cuda.offset = 1 << 30;  // in the exported allocation: only the driver can check it
   cuda.device_handle = layout.tx_heap.offset + 8192;
   EXPECT_TRUE(ValidateTensorEntry(cuda, 0, layout, Direction::kSubmission).ok());
-  // In a completion it lies in the receiver's pool and carries no record.
+  // In a completion it lies in the receiver's pool and carries no record: its device_handle is
+  // 0 or the copy signal of a call posted while its copies run, in the rx heap.
+  EXPECT_THAT(ValidateTensorEntry(cuda, 0, layout, Direction::kCompletion).message(),
+              HasSubstr("is not 0 or an aligned copy signal inside the rx heap"));
+  cuda.device_handle = layout.rx_heap.offset + 4096;
+  EXPECT_TRUE(ValidateTensorEntry(cuda, 0, layout, Direction::kCompletion).ok());
+  cuda.device_handle += 8;
+  EXPECT_THAT(ValidateTensorEntry(cuda, 0, layout, Direction::kCompletion).message(),
+              HasSubstr("device_handle"));
+  cuda.device_handle = layout.rx_heap.end() - kCopySignalBytes + kHeapAlignment;
   EXPECT_THAT(ValidateTensorEntry(cuda, 0, layout, Direction::kCompletion).message(),
               HasSubstr("device_handle"));
   cuda.device_handle = 0;

@@ -107,5 +107,19 @@ TEST_F(SessionTest, AClientThatLeavesTooManyAnswersUnreadBreaksItsSession) {
   EXPECT_THAT(Read(10), ElementsAre(1, 2, 3, 4));
 }
 
+TEST_F(SessionTest, ReleasesOfBlocksACopyStillWritesWaitUntilItCompleted) {
+  const Session::BlockRef rx{0, 4096};
+  const Session::BlockRef pool{2, 8192};  // cuda:1's receive pool
+  const Session::BlockRef other{0, 12288};
+  session_.HoldWhileCopying({rx, pool});
+  // The client releases one while the copy runs (early, or hostile): held back.
+  EXPECT_TRUE(session_.DeferRelease(rx));
+  EXPECT_FALSE(session_.DeferRelease(other));  // not held: released at once
+  // Only what was released meanwhile comes back to be freed; the hold is gone after.
+  EXPECT_THAT(session_.EndCopying({rx, pool}), ElementsAre(rx));
+  EXPECT_FALSE(session_.DeferRelease(pool));
+  EXPECT_THAT(session_.EndCopying({rx, pool}), ::testing::IsEmpty());
+}
+
 }  // namespace
 }  // namespace tpd::router

@@ -1,0 +1,45 @@
+// How a call posted before its CUDA copies completed says when they did (docs/cuda.md, "Who
+// copies, and why").
+//
+// The daemon posts a call whose CUDA tensors it copies into the callee's receive pools as soon
+// as it has issued the copies, so the callee wakes, reads the call and readies its handler while
+// the copy runs, instead of after it. Each such tensor's completion entry names, in
+// device_handle, the segment offset of one CopySignal in the call's rx block (after the message).
+// The callee's client waits there before its handler sees the call: the state leaves kCopying
+// once the daemon saw every copy complete (kCopied) or fail (kCopyFailed), and the daemon rings
+// the doorbell, so a callee that went to sleep wakes.
+//
+// Trust: the signal lies in the receiver's own segment. The daemon only writes it, never reads
+// it back; a client that writes it, or releases the block before the state left kCopying, can
+// only make its own handler read bytes not copied yet.
+//
+// Thread safety: one writer (the daemon's copy completion) and one waiter (the client's thread
+// that serves the call), in two processes.
+
+#ifndef TPD_PROTO_SHM_COPY_SIGNAL_H_
+#define TPD_PROTO_SHM_COPY_SIGNAL_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "proto/shm/descriptor.h"
+#include "proto/shm/doorbell.h"
+
+namespace tpd::shm {
+
+enum CopyState : uint32_t {
+  kCopying = 0,
+  kCopied = 1,
+  kCopyFailed = 2,
+};
+
+struct alignas(64) CopySignal {
+  std::atomic<uint32_t> state;  // CopyState
+  uint8_t reserved[60];
+  DoorbellWord bell;  // the waiter sleeps on it once its spin is over
+};
+static_assert(sizeof(CopySignal) == kCopySignalBytes);
+
+}  // namespace tpd::shm
+
+#endif  // TPD_PROTO_SHM_COPY_SIGNAL_H_
