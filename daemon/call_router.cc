@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -30,6 +31,13 @@ constexpr absl::Duration kBacklogInterval = absl::Milliseconds(1);
 // sleep, and sleeping hops kept it there.
 constexpr shm::SpinOptions kSessionSpin{absl::Microseconds(2), absl::Microseconds(100),
                                         absl::Microseconds(1)};
+// How a session thread waits for the next submission after its client sent a call with CUDA
+// tensors (learnt apart from kSessionSpin): such a call lasts as long as its copy, which is
+// longer than kSessionSpin's window, and a client that makes calls back to back sends the next
+// one right after the reply. Sleeping through it cost each call a wake-up of tens of
+// microseconds (docs/BENCHMARKS.md, "Issue 18, fourth session").
+constexpr shm::SpinOptions kCopyCallSpin{absl::Microseconds(2), absl::Milliseconds(1),
+                                         absl::Microseconds(1)};
 // The longest the call timer sleeps with deadlines pending later than that
 // (PendingCalls::ServeDeadlines).
 constexpr absl::Duration kTimerHorizon = absl::Seconds(1);
@@ -48,7 +56,8 @@ CallRouter::CallRouter(CallRouterOptions options)
                [this](const router::MapUse& use, bool reply,
                       const std::vector<shm::TensorEntry>& tensors) {
                  return PlaceTensors(use, reply, tensors);
-               }}) {
+               }}),
+      max_copy_spinners_(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 4)) {
   timer_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "tpd-call-timer");
     pending_.ServeDeadlines([this](const Pending& p) { OnDeadline(p); }, kTimerHorizon);
@@ -192,19 +201,27 @@ absl::Status CallRouter::StoppingError() const {
 void CallRouter::Serve(std::shared_ptr<Session> session) {
   pthread_setname_np(pthread_self(), "tpd-session");
   shm::Descriptor batch[64];
+  shm::SpinWindow after_copy_call(kCopyCallSpin);
+  bool copy_call_sent = false;  // by the last batch
   while (!session->stop) {
     // What waits for room on the completion ring is retried soon: the client that made room
     // does not ring the daemon.
     const absl::Duration wait =
         session->unposted_count.load() > 0 ? kBacklogInterval : kPollInterval;
-    absl::StatusOr<bool> ready = session->submissions->WaitForData(absl::Now() + wait);
+    const bool long_spin = copy_call_sent && copy_spinners_.fetch_add(1) < max_copy_spinners_;
+    if (copy_call_sent && !long_spin) --copy_spinners_;
+    absl::StatusOr<bool> ready = session->submissions->WaitForData(
+        absl::Now() + wait, long_spin ? &after_copy_call : nullptr);
+    if (long_spin) --copy_spinners_;
     absl::StatusOr<size_t> n = ready.ok() ? session->submissions->TryPopBatch(batch) : ready.status();
     if (!n.ok()) {
       EndSession(*session, n.status().ToString());
       break;
     }
     const int64_t read_ns = router::MonotonicNanos();
+    const uint64_t copy_calls = session->copy_calls_sent.load(std::memory_order_relaxed);
     for (size_t i = 0; i < *n && !session->stop; ++i) Handle(session, batch[i], read_ns);
+    copy_call_sent = session->copy_calls_sent.load(std::memory_order_relaxed) != copy_calls;
     const std::string ring_error = session->Flush();
     if (!ring_error.empty()) {
       EndSession(*session, ring_error);

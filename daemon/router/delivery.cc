@@ -86,6 +86,7 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
     after(Post(*to, posted, p.pool_blocks));
     return;
   }
+  if (letter.op == shm::Op::kCall) from->copy_calls_sent.fetch_add(1, std::memory_order_relaxed);
   std::vector<std::shared_ptr<const void>> keep = {from->cuda, to->cuda, from->segment,
                                                    to->segment};
   if (p.signal_at != 0) {

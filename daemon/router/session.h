@@ -120,6 +120,9 @@ struct Session {
   std::vector<std::weak_ptr<Session>> told ABSL_GUARDED_BY(mu);
   std::atomic<bool> ended{false};         // End began; read without `mu` by Introduce
   std::atomic<uint64_t> bytes_shared{0};  // host tensor bytes delivered to it uncopied
+  // Calls of its client whose CUDA copies the daemon issued (its thread then waits for the
+  // next submission with a window of its own: CallRouter::Serve).
+  std::atomic<uint64_t> copy_calls_sent{0};
   std::atomic<bool> stop{false};
   std::thread thread;
   // Its receive pools and the CUDA memory it exported (null without CUDA); shared with the

@@ -85,15 +85,16 @@ void Doorbell::Ring() {
   Count(wakeups_);
 }
 
-bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
+bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline, SpinWindow* spin) {
+  SpinWindow& window = spin != nullptr ? *spin : spin_;
   if (ready()) {  // before any clock read: the common case of a busy ring
-    spin_.Learn(0);
+    window.Learn(0);
     return true;
   }
   const int64_t start = absl::GetCurrentTimeNanos();
   const int64_t deadline_ns = absl::ToUnixNanos(deadline);
-  const int64_t spin_until = std::min(deadline_ns, start + spin_.window_ns());
-  const int64_t yield_after = start + std::min(spin_.window_ns(), spin_.pause_ns());
+  const int64_t spin_until = std::min(deadline_ns, start + window.window_ns());
+  const int64_t yield_after = start + std::min(window.window_ns(), window.pause_ns());
 
   // Spin: pause between looks for the first pause_spin, then yield the core between looks. A
   // producer on another core answers within the pause phase; one waiting for this very core
@@ -103,7 +104,7 @@ bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
   int64_t now = start;
   for (uint32_t i = 1; start < spin_until; ++i) {
     if (ready()) {
-      spin_.Learn(now - start);
+      window.Learn(now - start);
       return true;
     }
     if ((i & 15) == 0) {
@@ -126,7 +127,7 @@ bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
     now = absl::GetCurrentTimeNanos();
     if (now >= deadline_ns) {
       word_->sleeping.store(0, std::memory_order_relaxed);
-      spin_.Learn(now - start);
+      window.Learn(now - start);
       return false;
     }
     Count(sleeps_);
@@ -137,7 +138,7 @@ bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline) {
     if (absl::GetCurrentTimeNanos() < deadline_ns) Count(spurious_wakeups_);
   }
   word_->sleeping.store(0, std::memory_order_relaxed);
-  spin_.Learn(absl::GetCurrentTimeNanos() - start);
+  window.Learn(absl::GetCurrentTimeNanos() - start);
   return true;
 }
 

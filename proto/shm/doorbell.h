@@ -94,7 +94,9 @@ class Doorbell {
   // Consumer: returns true as soon as ready() is true, false when `deadline` passed first
   // (ready() was false at the last look). ready() is called often and must be cheap; it may
   // return true for "something is wrong" so the caller finds the error.
-  bool Wait(absl::FunctionRef<bool()> ready, absl::Time deadline);
+  // `spin`, when given, is the adaptive window to spin for and learn from instead of this
+  // doorbell's own (a waiter that knows this wait is of another kind).
+  bool Wait(absl::FunctionRef<bool()> ready, absl::Time deadline, SpinWindow* spin = nullptr);
 
   // The spin window the next Wait starts with.
   absl::Duration spin_window() const { return absl::Nanoseconds(spin_.window_ns()); }

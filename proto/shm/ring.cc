@@ -150,9 +150,9 @@ absl::StatusOr<bool> RingConsumer::TryPop(Descriptor* out) {
   return *popped == 1;
 }
 
-absl::StatusOr<bool> RingConsumer::WaitForData(absl::Time deadline) {
+absl::StatusOr<bool> RingConsumer::WaitForData(absl::Time deadline, SpinWindow* spin) {
   const bool ready =
-      data_.Wait([this] { return !RefreshTail().ok() || seen_tail_ != head_; }, deadline);
+      data_.Wait([this] { return !RefreshTail().ok() || seen_tail_ != head_; }, deadline, spin);
   if (!error_.ok()) return error_;
   return ready;
 }

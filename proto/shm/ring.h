@@ -110,7 +110,8 @@ class RingConsumer {
 
   // Waits (spin, then sleep) until a descriptor is published: true, false at `deadline`, or
   // the ring's error. Returns by `deadline` whatever the producer writes.
-  absl::StatusOr<bool> WaitForData(absl::Time deadline);
+  // `spin`: as Doorbell::Wait's.
+  absl::StatusOr<bool> WaitForData(absl::Time deadline, SpinWindow* spin = nullptr);
 
   // Descriptors published and not yet taken, or the ring's error.
   absl::StatusOr<uint32_t> Available();

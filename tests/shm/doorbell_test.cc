@@ -255,5 +255,22 @@ TEST_F(DoorbellTest, WaitsFeedTheSpinWindow) {
   EXPECT_EQ(doorbell.spin_window(), absl::Microseconds(2)) << "an idle peer: sleep at once";
 }
 
+TEST_F(DoorbellTest, AWaitOfAnotherKindSpinsForAndFeedsItsOwnWindow) {
+  Doorbell doorbell(&shared_->word);
+  SpinOptions longer;
+  longer.max_spin = absl::Milliseconds(1);
+  SpinWindow window(longer);
+  // It spins through a wait far longer than the doorbell's own window (50 µs) without sleeping.
+  const int64_t until = absl::GetCurrentTimeNanos() + 300'000;
+  EXPECT_TRUE(doorbell.Wait([until] { return absl::GetCurrentTimeNanos() >= until; },
+                            absl::Now() + absl::Seconds(1), &window));
+  EXPECT_EQ(doorbell.sleeps(), 0u);
+  for (int i = 0; i < 30; ++i) {
+    EXPECT_TRUE(doorbell.Wait([] { return true; }, absl::Now(), &window));
+  }
+  EXPECT_EQ(window.window_ns(), 2'000) << "it learnt from these waits";
+  EXPECT_EQ(doorbell.spin_window(), absl::Microseconds(50)) << "the doorbell's own did not";
+}
+
 }  // namespace
 }  // namespace tpd::shm
