@@ -608,6 +608,7 @@ CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_
     : link_(std::make_shared<Link>(segment)),
       peers_(notice_fd),
       completions_(segment->base(), segment->layout().completion, "completion ring", kSpin),
+      copy_reply_spin_(kCopySpin),
       pool_spin_(kSpin) {
   extra_thread_ = std::thread([this] { ThreadLoop(); });
   absl::MutexLock lock(&mu_);
@@ -760,6 +761,7 @@ void CallEngine::Finish(uint64_t id, absl::StatusOr<Message> result) {
   if (it == waiting_.end()) return;
   Outgoing call = std::move(it->second);
   waiting_.erase(it);
+  if (call.state->copies) --copy_calls_waiting_;
   idle_cv_.SignalAll();
   if (!result.ok() && result.status().code() == absl::StatusCode::kDeadlineExceeded &&
       !absl::StartsWith(result.status().message(), kRemotePrefix)) {
@@ -838,6 +840,7 @@ CallFuture CallEngine::Start(shm::Op op, const std::string& group, const std::st
     state->link = link_;
     Outgoing& call = waiting_[id];
     call.state = state;
+    if (state->copies) ++copy_calls_waiting_;
     call.from = {group, from};
     call.worker = worker;
     call.method = method;
@@ -1061,7 +1064,9 @@ bool CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<
         deferred == 0 ? absl::Now() + kPollInterval
                       : std::min(absl::Now() + kPollInterval,
                                  absl::FromUnixNanos(deferred) + kReleaseDelay);
-    absl::StatusOr<bool> ready = completions_.WaitForData(wake);
+    absl::StatusOr<bool> ready = completions_.WaitForData(
+        wake,
+        copy_calls_waiting_.load(std::memory_order_relaxed) > 0 ? &copy_reply_spin_ : nullptr);
     link_->FlushReleases(kReleaseDelay);
     absl::StatusOr<size_t> n = ready.ok() ? completions_.TryPopBatch(batch) : ready.status();
     if (!n.ok()) {

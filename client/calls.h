@@ -464,6 +464,10 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   const std::shared_ptr<calls_internal::Link> link_;
   PeerSegments peers_;
   shm::RingConsumer completions_;  // the thread whose turn it is to read (reading_)
+  // The reader's window while calls that sent CUDA tensors wait for replies (the thread whose
+  // turn it is to read): such a reply comes after the copy, later than the plain window.
+  shm::SpinWindow copy_reply_spin_;
+  std::atomic<int> copy_calls_waiting_{0};  // in waiting_ with CallState::copies
 
   absl::Mutex mu_;
   absl::CondVar work_cv_;  // the pool: work queued, or exit

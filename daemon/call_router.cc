@@ -201,17 +201,26 @@ absl::Status CallRouter::StoppingError() const {
 void CallRouter::Serve(std::shared_ptr<Session> session) {
   pthread_setname_np(pthread_self(), "tpd-session");
   shm::Descriptor batch[64];
+  // After its client sent a call with CUDA copies (the next call follows the reply), and after
+  // a call was posted to it while copied (its reply follows the copy), the next wait spins
+  // with this window; such a call posted wakes it (Nudge) from a plain wait.
   shm::SpinWindow after_copy_call(kCopyCallSpin);
   bool copy_call_sent = false;  // by the last batch
+  uint64_t received_seen = session->copy_calls_received.load();
+  auto copy_call_received = [&] {
+    return session->copy_calls_received.load(std::memory_order_relaxed) != received_seen;
+  };
   while (!session->stop) {
     // What waits for room on the completion ring is retried soon: the client that made room
     // does not ring the daemon.
     const absl::Duration wait =
         session->unposted_count.load() > 0 ? kBacklogInterval : kPollInterval;
-    const bool long_spin = copy_call_sent && copy_spinners_.fetch_add(1) < max_copy_spinners_;
-    if (copy_call_sent && !long_spin) --copy_spinners_;
+    const bool wanted = copy_call_sent || copy_call_received();
+    received_seen = session->copy_calls_received.load(std::memory_order_relaxed);
+    const bool long_spin = wanted && copy_spinners_.fetch_add(1) < max_copy_spinners_;
+    if (wanted && !long_spin) --copy_spinners_;
     absl::StatusOr<bool> ready = session->submissions->WaitForData(
-        absl::Now() + wait, long_spin ? &after_copy_call : nullptr);
+        absl::Now() + wait, long_spin ? &after_copy_call : nullptr, copy_call_received);
     if (long_spin) --copy_spinners_;
     absl::StatusOr<size_t> n = ready.ok() ? session->submissions->TryPopBatch(batch) : ready.status();
     if (!n.ok()) {

@@ -122,6 +122,10 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
                    }
                  }
                });
+    // The callee's session thread, likely asleep, wakes while the copy runs and is awake for
+    // the reply (CallRouter::Serve).
+    to->copy_calls_received.fetch_add(1, std::memory_order_relaxed);
+    to->submissions->Nudge();
     return;
   }
   cuda_->Run(std::move(p.copies), std::move(keep),

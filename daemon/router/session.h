@@ -93,7 +93,7 @@ struct Session {
   // it names (daemon/gpu_access.h).
   absl::Status cuda_allowed;
   std::shared_ptr<shm::Segment> segment;
-  std::unique_ptr<shm::RingConsumer> submissions;  // its thread only
+  std::unique_ptr<shm::RingConsumer> submissions;  // its thread only (Nudge: any thread)
   std::atomic<int64_t> calls_in_flight{0};
   std::atomic<uint64_t> rx_used_seen{0};  // rx heap bytes in use when Stats last looked
   absl::Mutex mu;
@@ -123,6 +123,9 @@ struct Session {
   // Calls of its client whose CUDA copies the daemon issued (its thread then waits for the
   // next submission with a window of its own: CallRouter::Serve).
   std::atomic<uint64_t> copy_calls_sent{0};
+  // Calls posted to it while their copies still ran (router::Delivery): its thread, nudged,
+  // then waits for the reply with that window too.
+  std::atomic<uint64_t> copy_calls_received{0};
   std::atomic<bool> stop{false};
   std::thread thread;
   // Its receive pools and the CUDA memory it exported (null without CUDA); shared with the

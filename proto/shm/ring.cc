@@ -150,11 +150,22 @@ absl::StatusOr<bool> RingConsumer::TryPop(Descriptor* out) {
   return *popped == 1;
 }
 
-absl::StatusOr<bool> RingConsumer::WaitForData(absl::Time deadline, SpinWindow* spin) {
-  const bool ready =
-      data_.Wait([this] { return !RefreshTail().ok() || seen_tail_ != head_; }, deadline, spin);
+absl::StatusOr<bool> RingConsumer::WaitForData(absl::Time deadline, SpinWindow* spin,
+                                               absl::FunctionRef<bool()> interrupted) {
+  bool ready = false;
+  data_.Wait(
+      [&] {
+        ready = !RefreshTail().ok() || seen_tail_ != head_;
+        return ready || interrupted();
+      },
+      deadline, spin);
   if (!error_.ok()) return error_;
   return ready;
+}
+
+void RingConsumer::Nudge() const {
+  // A Doorbell of its own: Ring touches only the shared word and the ringing object's counters.
+  Doorbell(&control_->data).Ring();
 }
 
 }  // namespace tpd::shm

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -110,8 +111,14 @@ class RingConsumer {
 
   // Waits (spin, then sleep) until a descriptor is published: true, false at `deadline`, or
   // the ring's error. Returns by `deadline` whatever the producer writes.
-  // `spin`: as Doorbell::Wait's.
-  absl::StatusOr<bool> WaitForData(absl::Time deadline, SpinWindow* spin = nullptr);
+  // `spin`: as Doorbell::Wait's. Returns false as soon as `interrupted()` is true, which
+  // another thread of the consumer's makes it look at with Nudge.
+  absl::StatusOr<bool> WaitForData(
+      absl::Time deadline, SpinWindow* spin = nullptr,
+      absl::FunctionRef<bool()> interrupted = [] { return false; });
+  // Wakes the consumer's thread if it sleeps in WaitForData, so it looks at `interrupted`
+  // (a wake-up with nothing published). Thread-safe: any thread of the consumer's process.
+  void Nudge() const;
 
   // Descriptors published and not yet taken, or the ring's error.
   absl::StatusOr<uint32_t> Available();

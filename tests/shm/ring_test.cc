@@ -93,6 +93,25 @@ TEST(RingTest, AQuietPushIsPublishedAndReadWithTheNextRungOne) {
   EXPECT_EQ(*consumer.TryPop(&out), false);
 }
 
+TEST(RingTest, ANudgeWakesASleepingConsumerToLookAtWhatInterruptsIt) {
+  Segment segment = CreateSegment(4);
+  RingConsumer consumer(segment.base(), segment.layout().submission, "submission ring");
+  std::atomic<bool> interrupt{false};
+  std::thread nudger([&] {
+    absl::SleepFor(absl::Milliseconds(300));  // the consumer is asleep in the futex by now
+    interrupt = true;
+    consumer.Nudge();
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<bool> ready = consumer.WaitForData(start + absl::Seconds(30), nullptr,
+                                                    [&] { return interrupt.load(); });
+  nudger.join();
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  EXPECT_FALSE(*ready) << "nothing was published";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "woken by the nudge, not the deadline";
+  EXPECT_EQ(consumer.sleeps(), 1u);
+}
+
 TEST(RingTest, BatchesWrapAroundManyTimes) {
   Segment segment = CreateSegment(8);
   RingProducer producer(segment.base(), segment.layout().completion, "completion ring");
