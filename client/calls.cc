@@ -46,12 +46,6 @@ constexpr uint64_t kDeferredReleaseMaxBytes = 64 << 10;
 constexpr shm::SpinOptions kSpin{absl::Microseconds(2), absl::Microseconds(100),
                                  absl::Microseconds(1)};
 
-// How long a thread waiting for the daemon's copies of a call's CUDA tensors spins before it
-// sleeps: the copy is in flight for this very call, so spinning costs no idle CPU, and a
-// 256 MiB copy between two GPUs takes about 700 µs.
-constexpr shm::SpinOptions kCopySpin{absl::Microseconds(2), absl::Milliseconds(1),
-                                     absl::Microseconds(1)};
-
 #if defined(__x86_64__) || defined(__i386__)
 inline void CpuRelax() { __builtin_ia32_pause(); }
 #elif defined(__aarch64__)
@@ -82,10 +76,8 @@ bool Spin(Done done, int64_t start, int64_t window_ns, int64_t pause_ns) {
 // The caller's spin window, learnt per thread: a thread making back-to-back calls spins
 // through a typical reply; one whose calls take long sleeps almost at once.
 thread_local shm::SpinWindow caller_spin(kSpin);
-// The same for calls that send CUDA tensors, up to kCopySpin's window: such a call's reply waits
-// for the copy (about 180 µs for 64 MiB between two GPUs), and the wake-up of a caller asleep
-// costs tens of microseconds on top. The spin lasts only while the caller's own call is in flight.
-thread_local shm::SpinWindow cuda_caller_spin(kCopySpin);
+// The same for calls that send CUDA tensors, whose reply waits for the copy (shm::kCopySpin).
+thread_local shm::SpinWindow cuda_caller_spin(shm::kCopySpin);
 
 std::string CallName(const std::string& group, const std::string& worker,
                      const std::string& method) {
@@ -608,7 +600,7 @@ CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_
     : link_(std::make_shared<Link>(segment)),
       peers_(notice_fd),
       completions_(segment->base(), segment->layout().completion, "completion ring", kSpin),
-      copy_reply_spin_(kCopySpin),
+      copy_reply_spin_(shm::kCopySpin),
       pool_spin_(kSpin) {
   extra_thread_ = std::thread([this] { ThreadLoop(); });
   absl::MutexLock lock(&mu_);
@@ -1366,7 +1358,7 @@ absl::Status CallEngine::AwaitCopies(absl::Span<shm::CopySignal* const> signals,
       return signal->state.load(std::memory_order_acquire) != shm::kCopying;
     };
     // A fresh doorbell spins for its whole window first: a copy for this very call is running.
-    shm::Doorbell bell(&signal->bell, kCopySpin);
+    shm::Doorbell bell(&signal->bell, shm::kCopySpin);
     while (!bell.Wait(copied, std::min(deadline, absl::Now() + kPollInterval))) {
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(

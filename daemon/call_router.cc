@@ -13,6 +13,7 @@
 #include "daemon/gpu_access.h"
 #include "daemon/logging.h"
 #include "daemon/session_handle.h"
+#include "proto/shm/copy_signal.h"
 
 namespace tpd {
 
@@ -31,13 +32,6 @@ constexpr absl::Duration kBacklogInterval = absl::Milliseconds(1);
 // sleep, and sleeping hops kept it there.
 constexpr shm::SpinOptions kSessionSpin{absl::Microseconds(2), absl::Microseconds(100),
                                         absl::Microseconds(1)};
-// How a session thread waits for the next submission after its client sent a call with CUDA
-// tensors (learnt apart from kSessionSpin): such a call lasts as long as its copy, which is
-// longer than kSessionSpin's window, and a client that makes calls back to back sends the next
-// one right after the reply. Sleeping through it cost each call a wake-up of tens of
-// microseconds (docs/BENCHMARKS.md, "Issue 18, fourth session").
-constexpr shm::SpinOptions kCopyCallSpin{absl::Microseconds(2), absl::Milliseconds(1),
-                                         absl::Microseconds(1)};
 // The longest the call timer sleeps with deadlines pending later than that
 // (PendingCalls::ServeDeadlines).
 constexpr absl::Duration kTimerHorizon = absl::Seconds(1);
@@ -203,8 +197,9 @@ void CallRouter::Serve(std::shared_ptr<Session> session) {
   shm::Descriptor batch[64];
   // After its client sent a call with CUDA copies (the next call follows the reply), and after
   // a call was posted to it while copied (its reply follows the copy), the next wait spins
-  // with this window; such a call posted wakes it (Nudge) from a plain wait.
-  shm::SpinWindow after_copy_call(kCopyCallSpin);
+  // with this window, learnt apart from kSessionSpin's since such a call lasts as long as its
+  // copy; such a call posted wakes it (Nudge) from a plain wait.
+  shm::SpinWindow after_copy_call(shm::kCopySpin);
   bool copy_call_sent = false;  // by the last batch
   uint64_t received_seen = session->copy_calls_received.load();
   auto copy_call_received = [&] {
@@ -215,10 +210,12 @@ void CallRouter::Serve(std::shared_ptr<Session> session) {
     // does not ring the daemon.
     const absl::Duration wait =
         session->unposted_count.load() > 0 ? kBacklogInterval : kPollInterval;
-    const bool wanted = copy_call_sent || copy_call_received();
+    bool long_spin = false;
+    if (copy_call_sent || copy_call_received()) {
+      long_spin = copy_spinners_.fetch_add(1) < max_copy_spinners_;
+      if (!long_spin) --copy_spinners_;
+    }
     received_seen = session->copy_calls_received.load(std::memory_order_relaxed);
-    const bool long_spin = wanted && copy_spinners_.fetch_add(1) < max_copy_spinners_;
-    if (wanted && !long_spin) --copy_spinners_;
     absl::StatusOr<bool> ready = session->submissions->WaitForData(
         absl::Now() + wait, long_spin ? &after_copy_call : nullptr, copy_call_received);
     if (long_spin) --copy_spinners_;

@@ -10,8 +10,9 @@
 // the doorbell, so a callee that went to sleep wakes.
 //
 // Trust: the signal lies in the receiver's own segment. The daemon only writes it, never reads
-// it back; a client that writes it, or releases the block before the state left kCopying, can
-// only make its own handler read bytes not copied yet.
+// it back; a client that writes it can only make its own handler read bytes not copied yet. The
+// daemon holds the call's blocks until the copies completed (a release before that is carried
+// out after), so nothing is placed where a copy still writes.
 //
 // Thread safety: one writer (the daemon's copy completion) and one waiter (the client's thread
 // that serves the call), in two processes.
@@ -22,6 +23,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "absl/time/time.h"
 #include "proto/shm/descriptor.h"
 #include "proto/shm/doorbell.h"
 
@@ -32,6 +34,15 @@ enum CopyState : uint32_t {
   kCopied = 1,
   kCopyFailed = 2,
 };
+
+// How a thread whose next event waits for a CUDA copy spins before it sleeps, on both sides of
+// the rings: a callee waiting on a CopySignal, a caller and its reader waiting for the reply to
+// a call that sent CUDA tensors, the daemon's session threads around such calls. The copy is in
+// flight for that very call, so the spin costs no idle CPU; a 256 MiB copy between two GPUs
+// takes about 700 µs, and waking a thread asleep costs tens of microseconds on top
+// (docs/BENCHMARKS.md, "Issue 18, fourth session"). Waits that keep running longer shut it off.
+inline constexpr SpinOptions kCopySpin{absl::Microseconds(2), absl::Milliseconds(1),
+                                       absl::Microseconds(1)};
 
 struct alignas(64) CopySignal {
   std::atomic<uint32_t> state;  // CopyState
