@@ -3,72 +3,35 @@
 // group.max_groups at once (RESOURCE_EXHAUSTED past it, and it keeps serving), releases each
 // once nothing local uses it, and its threads and file descriptors return to where they were.
 
-#include <dirent.h>
-
 #include <atomic>
 #include <fstream>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
-#include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/proc_counts.h"
 #include "tests/testing/wait_until.h"
 
 namespace tpd {
 namespace {
 
+using testing::CountFds;
+using testing::CountThreadsOutsideGrpcPools;
 using testing::DaemonProcess;
+using testing::DescribeThreadsAndMemfds;
 using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::WaitUntil;
-
-// The names of `pid`'s threads, for failure messages.
-std::string ThreadNames(pid_t pid) {
-  std::string names;
-  DIR* dir = opendir(absl::StrCat("/proc/", pid, "/task").c_str());
-  if (dir == nullptr) return names;
-  while (dirent* entry = readdir(dir)) {
-    if (entry->d_name[0] == '.') continue;
-    std::ifstream comm(absl::StrCat("/proc/", pid, "/task/", entry->d_name, "/comm"));
-    std::string name;
-    std::getline(comm, name);
-    absl::StrAppend(&names, name, " ");
-  }
-  closedir(dir);
-  return names;
-}
-
-// Threads of `pid` other than gRPC's "default-executor" pool, which gRPC grows under load up
-// to a bound of its own (twice the cores) and keeps: not the daemon's to release.
-int OwnThreads(pid_t pid) {
-  int count = 0;
-  for (absl::string_view name : absl::StrSplit(ThreadNames(pid), ' ', absl::SkipEmpty())) {
-    if (name != "default-executo") ++count;
-  }
-  return count;
-}
-
-// Entries of /proc/<pid>/<what> ("task": threads, "fd": open files).
-int CountEntries(pid_t pid, const char* what) {
-  DIR* dir = opendir(absl::StrCat("/proc/", pid, "/", what).c_str());
-  if (dir == nullptr) return -1;
-  int count = 0;
-  while (dirent* entry = readdir(dir)) {
-    if (entry->d_name[0] != '.') ++count;
-  }
-  closedir(dir);
-  return count;
-}
 
 class LifecycleTest : public ::testing::Test {
  protected:
@@ -100,8 +63,8 @@ TEST_F(LifecycleTest, GroupsAreCappedAndReleasedAndResourcesReturnToBaseline) {
   ASSERT_TRUE(client_->GetGroup("warmup", init_method_).ok());
   ASSERT_TRUE(WaitUntil([&] { return client_->ListGroups()->empty(); }))
       << "the warm-up group was never released";
-  const int threads = OwnThreads(daemon_->pid());
-  const int fds = CountEntries(daemon_->pid(), "fd");
+  const int threads = CountThreadsOutsideGrpcPools(daemon_->pid());
+  const int fds = CountFds(daemon_->pid());
   ASSERT_GT(threads, 0);
 
   int refused = 0;
@@ -122,10 +85,11 @@ TEST_F(LifecycleTest, GroupsAreCappedAndReleasedAndResourcesReturnToBaseline) {
   ASSERT_TRUE(WaitUntil([&] { return client_->ListGroups()->empty(); }))
       << "idle groups were never released";
   // Workers and heartbeat threads stop, store connections close.
-  EXPECT_TRUE(WaitUntil([&] { return OwnThreads(daemon_->pid()) <= threads; }))
-      << "threads: " << OwnThreads(daemon_->pid()) << " after, " << threads << " before";
-  EXPECT_TRUE(WaitUntil([&] { return CountEntries(daemon_->pid(), "fd") <= fds + 2; }))
-      << "fds: " << CountEntries(daemon_->pid(), "fd") << " after, " << fds << " before";
+  EXPECT_TRUE(WaitUntil([&] { return CountThreadsOutsideGrpcPools(daemon_->pid()) <= threads; }))
+      << "threads: " << CountThreadsOutsideGrpcPools(daemon_->pid()) << " after, " << threads
+      << " before";
+  EXPECT_TRUE(WaitUntil([&] { return CountFds(daemon_->pid()) <= fds + 2; }))
+      << "fds: " << CountFds(daemon_->pid()) << " after, " << fds << " before";
 }
 
 TEST_F(LifecycleTest, AMistypedLookupDoesNotSquatTheGroupName) {
@@ -176,8 +140,8 @@ int64_t RssKib(pid_t pid) {
 TEST_F(LifecycleTest, SoakOfSessionsGroupsWatchesAndBadRequestsLeavesNothingBehind) {
   ASSERT_TRUE(client_->GetGroup("warmup", init_method_).ok());
   ASSERT_TRUE(WaitUntil([&] { return client_->ListGroups()->empty(); }));
-  const int threads = OwnThreads(daemon_->pid());
-  const int fds = CountEntries(daemon_->pid(), "fd");
+  const int threads = CountThreadsOutsideGrpcPools(daemon_->pid());
+  const int fds = CountFds(daemon_->pid());
   [[maybe_unused]] const int64_t rss = RssKib(daemon_->pid());  // unused under ASan
 
   // Eight clients for a bounded time: each round a new process-like session joins a group,
@@ -219,11 +183,11 @@ TEST_F(LifecycleTest, SoakOfSessionsGroupsWatchesAndBadRequestsLeavesNothingBehi
 
   ASSERT_TRUE(WaitUntil([&] { return client_->ListGroups()->empty(); }))
       << "groups of ended sessions were never released";
-  EXPECT_TRUE(WaitUntil([&] { return OwnThreads(daemon_->pid()) <= threads; }))
-      << "threads: " << OwnThreads(daemon_->pid()) << " after, " << threads
-      << " before: " << ThreadNames(daemon_->pid());
-  EXPECT_TRUE(WaitUntil([&] { return CountEntries(daemon_->pid(), "fd") <= fds + 2; }))
-      << "fds: " << CountEntries(daemon_->pid(), "fd") << " after, " << fds << " before";
+  EXPECT_TRUE(WaitUntil([&] { return CountThreadsOutsideGrpcPools(daemon_->pid()) <= threads; }))
+      << "threads: " << CountThreadsOutsideGrpcPools(daemon_->pid()) << " after, " << threads
+      << " before: " << DescribeThreadsAndMemfds(daemon_->pid());
+  EXPECT_TRUE(WaitUntil([&] { return CountFds(daemon_->pid()) <= fds + 2; }))
+      << "fds: " << CountFds(daemon_->pid()) << " after, " << fds << " before";
 #if !defined(__SANITIZE_ADDRESS__)
   // The allocator keeps some freed memory; a leak of every round would show far above this.
   // (Not under AddressSanitizer, whose quarantine keeps freed memory on purpose; it reports
