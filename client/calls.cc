@@ -743,9 +743,43 @@ void CallEngine::WorkQueued() {
 
 bool CallEngine::ReadingFree() const { return !reading_ && !stop_ && broken_.ok(); }
 
+bool CallEngine::OwnTurnFree() const { return ReadingFree() && lent_waiting_ == 0; }
+
 void CallEngine::PublishQueued() {
-  queued_.store(callbacks_.size() + incoming_.size() + (ReadingFree() ? 1 : 0),
+  queued_.store(callbacks_.size() + incoming_.size() + (OwnTurnFree() ? 1 : 0),
                 std::memory_order_release);
+}
+
+void CallEngine::EnableLentReaders(std::function<void()> waker) {
+  absl::MutexLock lock(&mu_);
+  if (!lent_waker_) lent_waker_ = std::move(waker);
+}
+
+bool CallEngine::LentReaderWaits(int delta) {
+  absl::MutexLock lock(&mu_);
+  lent_waiting_ += delta;
+  if (delta > 0) return ReadingFree();
+  if (!ReadingFree()) return false;
+  if (lent_waiting_ > 0) return true;  // another lent reader is to take the turn
+  // The last lent reader stopped waiting: the engine's own threads read again.
+  PublishQueued();
+  if (pool_spinners_ == 0) work_cv_.Signal();
+  return false;
+}
+
+bool CallEngine::ReadAsLent(bool was_waiting, absl::Time deadline,
+                            absl::FunctionRef<bool()> interrupted) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (was_waiting) --lent_waiting_;
+    if (!ReadingFree()) return false;
+    reading_ = true;
+    PublishQueued();
+  }
+  const LentTurn turn{deadline, interrupted};
+  std::optional<Incoming> incoming = Read(&turn);
+  if (incoming) Serve(*std::move(incoming));
+  return true;
 }
 
 void CallEngine::Finish(uint64_t id, absl::StatusOr<Message> result) {
@@ -1013,16 +1047,17 @@ void CallEngine::ReplyError(uint64_t call_id, const absl::Status& status) {
                {"", "", message, ""}, "", {});
 }
 
-std::optional<CallEngine::Incoming> CallEngine::Read() {
+std::optional<CallEngine::Incoming> CallEngine::Read(const LentTurn* lent) {
   // Releases made while reading ride on the next push (the reply of the call kept, say).
   defer_releases_of = link_.get();
   shm::Descriptor batch[64];
   std::optional<Incoming> kept;
   bool ended = false;  // stopping, or the ring broke: nobody reads after this thread
+  std::function<void()> wake_lent;  // called once the lock is dropped
   while (!ended) {
-    ended = !ReadUntilKept(batch, &kept);
+    ended = !ReadUntilKept(batch, &kept, lent);
     absl::MutexLock lock(&mu_);
-    if (kept && idle_threads_ == 0) {
+    if (kept && idle_threads_ == 0 && lent_waiting_ == 0) {
       // Calls queued after it in the same batch took the idle threads: this one waits its turn
       // at the head of the queue, and this thread reads on.
       incoming_.push_front(*std::move(kept));
@@ -1034,31 +1069,39 @@ std::optional<CallEngine::Incoming> CallEngine::Read() {
     }
     reading_ = false;
     role_cv_.SignalAll();
-    // The idle thread just counted takes over: the spinner sees the turn free, or one is woken.
+    // The idle thread just counted takes over: a lent reader, woken; else the spinner sees the
+    // turn free, or one is woken.
     PublishQueued();
-    if (ReadingFree() && pool_spinners_ == 0) work_cv_.Signal();
+    if (ReadingFree() && lent_waiting_ > 0) {
+      wake_lent = lent_waker_;
+    } else if (ReadingFree() && pool_spinners_ == 0) {
+      work_cv_.Signal();
+    }
     break;
   }
+  if (wake_lent) wake_lent();
   defer_releases_of = nullptr;
   if (ended) link_->FlushReleases(absl::ZeroDuration());
   return kept;
 }
 
-bool CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept) {
+bool CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept,
+                               const LentTurn* lent) {
   while (!*kept) {
     {
       absl::MutexLock lock(&mu_);
       if (stop_) return false;
     }
+    if (lent != nullptr && (lent->interrupted() || absl::Now() >= lent->deadline)) return true;
     // Releases waiting for a push go by themselves once they have waited kReleaseDelay.
     const int64_t deferred = link_->DeferredSince();
-    const absl::Time wake =
-        deferred == 0 ? absl::Now() + kPollInterval
-                      : std::min(absl::Now() + kPollInterval,
-                                 absl::FromUnixNanos(deferred) + kReleaseDelay);
+    absl::Time wake = deferred == 0 ? absl::Now() + kPollInterval
+                                    : std::min(absl::Now() + kPollInterval,
+                                               absl::FromUnixNanos(deferred) + kReleaseDelay);
+    if (lent != nullptr) wake = std::min(wake, lent->deadline);
     absl::StatusOr<bool> ready = completions_.WaitForData(
-        wake,
-        copy_calls_waiting_.load(std::memory_order_relaxed) > 0 ? &copy_reply_spin_ : nullptr);
+        wake, copy_calls_waiting_.load(std::memory_order_relaxed) > 0 ? &copy_reply_spin_ : nullptr,
+        [lent] { return lent != nullptr && lent->interrupted(); });
     link_->FlushReleases(kReleaseDelay);
     absl::StatusOr<size_t> n = ready.ok() ? completions_.TryPopBatch(batch) : ready.status();
     if (!n.ok()) {
@@ -1268,7 +1311,7 @@ void CallEngine::ThreadLoop() {
       absl::MutexLock lock(&mu_);
       ++idle_threads_;
       int64_t wait_start = 0;  // when this thread began to spin for work (0: it did not)
-      while (callbacks_.empty() && (stop_ || incoming_.empty()) && !ReadingFree() && !pool_exit_) {
+      while (callbacks_.empty() && (stop_ || incoming_.empty()) && !OwnTurnFree() && !pool_exit_) {
         if (stop_ || pool_spinners_ > 0 || wait_start != 0) {
           work_cv_.Wait(&mu_);
           continue;
@@ -1289,7 +1332,7 @@ void CallEngine::ThreadLoop() {
       }
       --idle_threads_;
       // The ring first: a thread must be reading before any takes more work.
-      if (ReadingFree()) {
+      if (OwnTurnFree()) {
         reading_ = true;
       } else if (!callbacks_.empty()) {
         callback = std::move(callbacks_.front());

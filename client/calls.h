@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -378,6 +379,29 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
                  absl::Duration no_deadline_wait);
   void Rejoined(const std::string& group, const std::string& worker);
 
+  // Lent readers: threads that are not the engine's may read its ring in place of its own
+  // (the C ABI's threads waiting in tpd_next_event for requests), so that an incoming call
+  // whose handler queues it for such a thread reaches that thread with no hand-off between
+  // threads (docs/threading.md, "Lent readers"). While a lent reader waits for the turn, the
+  // engine's own threads leave the ring to lent readers, and whoever gives the turn up calls
+  // the waker, without the engine's lock, to wake one.
+  //
+  // EnableLentReaders sets the waker (the first call only; before any LentReaderWaits).
+  void EnableLentReaders(std::function<void()> waker);
+  // A lent reader begins (+1) or ends (-1) waiting for the turn. Returns whether the turn is
+  // free now with nobody to take it: +1, so the caller takes it (ReadAsLent) rather than waits;
+  // -1, so the caller wakes another lent reader (the waker's work, which it cannot call here
+  // when it holds what the waker locks).
+  bool LentReaderWaits(int delta);
+  // Takes the reading turn if it is free (ending this thread's wait for it when `was_waiting`)
+  // and reads until it keeps an incoming call, which it serves on this thread (the handler
+  // runs here), or until the engine stops, `deadline` passes or `interrupted()` is true (seen
+  // at once after a NudgeReader, else within kPollInterval). False when the turn was not free.
+  bool ReadAsLent(bool was_waiting, absl::Time deadline, absl::FunctionRef<bool()> interrupted);
+  // Wakes the thread that reads the ring if it sleeps there, so a lent reader looks at what
+  // interrupts it at once. Thread-safe.
+  void NudgeReader() const { completions_.Nudge(); }
+
   CallEngineStats Stats();
 
   // True on this engine's reader and handler threads.
@@ -437,13 +461,21 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // Every engine thread's loop: reads the ring when nobody does, else runs what is queued
   // (callbacks first) or waits for it.
   void ThreadLoop();
+  // A lent reader's limits on its turn (ReadAsLent).
+  struct LentTurn {
+    absl::Time deadline;
+    absl::FunctionRef<bool()> interrupted;
+  };
   // Reads the completion ring (the caller holds the reading turn, reading_) until it keeps an
-  // incoming call for this thread to run, or the engine stops or its ring breaks (nullopt);
-  // then gives the turn up.
-  std::optional<Incoming> Read();
+  // incoming call for this thread to run, or the engine stops or its ring breaks, or a lent
+  // reader's turn ends (nullopt); then gives the turn up.
+  std::optional<Incoming> Read(const LentTurn* lent = nullptr);
   // Read's loop: until OnCompletion keeps a call (true), or the engine stops or its ring
-  // broke (false).
-  bool ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept);
+  // broke (false), or `lent`'s turn ended (true, nothing kept).
+  bool ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept,
+                     const LentTurn* lent);
+  // The reading turn is free and the engine's own threads may take it (no lent reader waits).
+  bool OwnTurnFree() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One descriptor read off the ring. An incoming call goes into `*keep` (empty before) when
   // another thread is idle to read on; else it is queued. Read checks again as it gives up
   // the ring, since calls queued after it may have taken that thread.
@@ -477,6 +509,9 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   // Engine threads waiting in ThreadLoop for something to do (spinning or asleep).
   int idle_threads_ ABSL_GUARDED_BY(mu_) = 0;
+  // Lent readers waiting for the reading turn, and how to wake one (set once).
+  int lent_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void()> lent_waker_ ABSL_GUARDED_BY(mu_);
   uint64_t calls_kept_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;       // no new calls; nobody reads the ring
   bool pool_exit_ ABSL_GUARDED_BY(mu_) = false;  // pool threads exit once callbacks ran

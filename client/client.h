@@ -300,6 +300,9 @@ class Client {
   // The call engine's counters; FAILED_PRECONDITION before the first Handle, Call or
   // AllocateTensor started it.
   absl::StatusOr<CallEngineStats> GetCallStats();
+  // The call engine when this client is attached to shared memory (started if need be); null
+  // when it is not attached. For a thread that lends itself to it (CallEngine::ReadAsLent).
+  std::shared_ptr<CallEngine> AttachedEngine();
 
   // Admin.Status of the daemon.
   absl::StatusOr<v1::StatusResponse> Status();
@@ -326,9 +329,6 @@ class Client {
   absl::StatusOr<Joined> CallerIn(const std::string& group);
   // The call engine of the attached segment, attaching and starting it when needed.
   absl::StatusOr<std::shared_ptr<CallEngine>> Engine();
-  // The call engine when this client is attached to shared memory (started if need be); null
-  // when it is not attached.
-  std::shared_ptr<CallEngine> AttachedEngine();
 
   // The session id, opening the session stream on first use.
   absl::StatusOr<std::string> Session();

@@ -16,9 +16,11 @@ Every ratio is torch's time over tpd's (above 1: tpd is faster), from the same r
 P0 (--probe, the built bench/python/callback_probe.so): a ctypes callback run by a native
 thread against the same callback on a Python thread, per call, in this process.
 
---breakdown: where an empty tpd.rpc call's time goes, tpd one node only: the pickling of the
-request and the reply (both ways, in process), one ctypes call into the library, and the
-rest (the daemon's hop and the hand-offs between threads, the callee's Python included).
+--breakdown: where an empty tpd.rpc call's time goes, tpd one node only. In process: the
+pickling of the request and the reply (both ways) and one ctypes call into the library. Then
+p50s of the intervals of an empty rpc_sync between stamps taken in both workers (one clock
+for the host) around the library's call, next_event and reply: the Python of each side, and
+the two ways between the library calls (the daemon's hop and the hand-offs between threads).
 """
 
 import argparse
@@ -108,6 +110,58 @@ def _measure(rpc, torch, args):
     return rows
 
 
+# Stamps (time.perf_counter_ns, CLOCK_MONOTONIC: one clock for every process of the host) taken
+# around the library's calls in both workers by --breakdown; one call is in flight at a time.
+_STAMPS = {"reply_in": 0, "reply_out": 0}
+
+
+def _stamped():
+    """An empty call's function for --breakdown: the callee's stamps of this call so far, and
+    those of its previous reply (taken after this function returned last time)."""
+    return (_STAMPS["request_out"], time.perf_counter_ns(), _STAMPS["reply_in"],
+            _STAMPS["reply_out"])
+
+
+def _stamp_library_calls():
+    """Wraps the tpd client's call, next_event and reply to stamp when each enters or returns."""
+    from tpd import _client
+    clock = time.perf_counter_ns
+    call, next_event, reply = _client.Client.call, _client.Client.next_event, _client.Event.reply
+
+    def stamped_call(self, *a, **k):
+        _STAMPS["call_in"] = clock()
+        event = call(self, *a, **k)
+        _STAMPS["call_out"] = clock()
+        return event
+
+    def stamped_next_event(self, *a, **k):
+        event = next_event(self, *a, **k)
+        _STAMPS["request_out"] = clock()
+        return event
+
+    def stamped_reply(self, *a, **k):
+        _STAMPS["reply_in"] = clock()
+        reply(self, *a, **k)
+        _STAMPS["reply_out"] = clock()
+
+    _client.Client.call = stamped_call
+    _client.Client.next_event = stamped_next_event
+    _client.Event.reply = stamped_reply
+
+
+# --breakdown's rows: (name, interval between two stamps of one call).
+_BREAKDOWN = [
+    ("caller: rpc_sync to the library call (api, pickle)", "start", "call_in"),
+    ("request: caller's library call to callee's next_event", "call_in", "request_out"),
+    ("callee: next_event to the function (unpickle, dispatch)", "request_out", "function"),
+    ("callee: the function to its reply call (pickle)", "function", "reply_in"),
+    ("callee: the reply call itself", "reply_in", "reply_out"),
+    ("reply: callee's reply call to caller's call returning", "reply_in", "call_out"),
+    ("caller: the call returning to rpc_sync's (unpickle)", "call_out", "end"),
+    ("empty rpc_sync", "start", "end"),
+]
+
+
 def _breakdown(rpc, torch, args):
     import pickle
     from tpd import _capi
@@ -124,20 +178,47 @@ def _breakdown(rpc, torch, args):
     request = (_agent.CALL, noop, (), {})
     reply = (True, None)
     rows = {
-        "pickle request+reply (dumps, loads) us": per_call_us(
+        "in process: pickle request+reply (dumps, loads)": per_call_us(
             lambda: (pickle.loads(_pickler.dumps(request)[0]),
                      pickle.loads(_pickler.dumps(reply)[0])), n),
-        "one ctypes call (tpd_abi_version) us": per_call_us(lib.tpd_abi_version, n),
+        "in process: one ctypes call (tpd_abi_version)": per_call_us(lib.tpd_abi_version, n),
     }
     for _ in range(200):
-        rpc.rpc_sync("bench1", noop)
-    lat = []
-    for _ in range(n // 4):
-        t = time.perf_counter()
-        rpc.rpc_sync("bench1", noop)
-        lat.append((time.perf_counter() - t) * 1e6)
-    rows["empty rpc_sync p50 us"] = _percentile(lat, 0.5)
+        rpc.rpc_sync("bench1", _stamped)
+    client = rpc.api._require_initialized().client
+    before = _wakeups(client)
+    calls = []
+    previous = None
+    for _ in range(n // 2):
+        start = time.perf_counter_ns()
+        request_out, function, reply_in, reply_out = rpc.rpc_sync("bench1", _stamped)
+        end = time.perf_counter_ns()
+        if previous is not None:  # the callee's reply stamps of a call come with the next one
+            previous.update(reply_in=reply_in, reply_out=reply_out)
+            calls.append(previous)
+        previous = dict(start=start, call_in=_STAMPS["call_in"], call_out=_STAMPS["call_out"],
+                        end=end, request_out=request_out, function=function)
+    after = _wakeups(client)
+    for name, first, last in _BREAKDOWN:
+        rows[f"p50 {name}"] = statistics.median(c[last] - c[first] for c in calls) / 1e3
+    for name in after:
+        rows[f"per call: {name}"] = (after[name] - before[name]) / (len(calls) + 1)
     return rows
+
+
+def _wakeups(client):
+    """Counts of sleeps and futex wake-ups on the calls' way: the daemon's, summed over both
+    workers' sessions (Admin.Status), and the caller's library's own (tpd_call_stats)."""
+    sessions = client.status().get("attached_sessions", [])
+    stats = client.call_stats()
+    return {
+        "readers woken by the daemon (both workers)":
+            sum(int(s.get("reader_wakeups", 0)) for s in sessions),
+        "daemon's session threads slept (both workers)":
+            sum(int(s.get("daemon_sleeps", 0)) for s in sessions),
+        "caller's library: its reader slept": int(stats.get("reader_sleeps", 0)),
+        "caller's library: hand-offs that woke a thread": int(stats.get("handoffs_woken", 0)),
+    }
 
 
 def _worker(rank, backend, init_method, socket_path, args, queue):
@@ -153,6 +234,8 @@ def _worker(rank, backend, init_method, socket_path, args, queue):
     if args.cuda:
         options.set_device_map("bench1" if rank == 0 else "bench0",
                                {0: 1} if rank == 0 else {1: 0})
+    if args.breakdown:
+        _stamp_library_calls()
     rpc.init_rpc(f"bench{rank}", rank=rank, world_size=2, rpc_backend_options=options)
     measure = _breakdown if args.breakdown else _measure
     rows = measure(rpc, torch, args) if rank == 0 else None
@@ -235,7 +318,8 @@ def main():
                 d.stop()
             shutil.rmtree(root, ignore_errors=True)
         for row, value in rows.items():
-            print(f"{row:44} {value:8.2f}")
+            unit = "" if row.startswith("per call") else " us"
+            print(f"{row:64} {value:8.2f}{unit}")
         return
     try:
         results = {

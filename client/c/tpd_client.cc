@@ -72,18 +72,49 @@ struct tpd_events {
   std::atomic<uint64_t> rx_view_bytes{0};
   std::atomic<uint64_t> rx_heap_bytes{0};
 
-  // Queues `event`; false (the event not taken) once stopped.
-  bool Push(std::unique_ptr<tpd_event>& event) {
-    absl::MutexLock lock(&mu);
-    if (stopped) return false;
-    // TPD_EVENT_RELEASED rides with the replies: the thread completing calls frees memory.
-    const bool request = event->kind == TPD_EVENT_REQUEST;
-    (request ? requests : replies).push_back(std::move(event));
-    (request ? requests_cv : replies_cv).Signal();
-    any_cv.Signal();
-    return true;
+  // What stops a lent reader (tpd_next_event): the events stopped, or a request another thread
+  // queued (it takes that instead). Read without the lock; `requests_queued` mirrors
+  // requests.size().
+  std::atomic<bool> stopped_flag{false};
+  std::atomic<size_t> requests_queued{0};
+  // The engine whose ring lent readers are about to read or read now (one reads at a time),
+  // for Push to nudge; set while lent_readers > 0 by those threads, which keep it alive.
+  int lent_readers ABSL_GUARDED_BY(mu) = 0;
+  tpd::CallEngine* lent_engine ABSL_GUARDED_BY(mu) = nullptr;
+
+  bool LentReaderInterrupted() const {
+    return stopped_flag.load(std::memory_order_relaxed) ||
+           requests_queued.load(std::memory_order_relaxed) > 0;
   }
+
+  // Queues `event`; false (the event not taken) once stopped.
+  bool Push(std::unique_ptr<tpd_event>& event);
 };
+
+namespace {
+
+// The events whose requests the calling thread reads as a lent reader (tpd_next_event): a
+// request it reads it queues for itself, waking nobody.
+thread_local const tpd_events* lent_reader_of = nullptr;
+
+}  // namespace
+
+bool tpd_events::Push(std::unique_ptr<tpd_event>& event) {
+  absl::MutexLock lock(&mu);
+  if (stopped) return false;
+  // TPD_EVENT_RELEASED rides with the replies: the thread completing calls frees memory.
+  const bool request = event->kind == TPD_EVENT_REQUEST;
+  (request ? requests : replies).push_back(std::move(event));
+  if (request && lent_reader_of == this) return true;  // this thread takes it next
+  if (request) {
+    ++requests_queued;
+    // A lent reader at the ring would not see it there: it stops reading to take it.
+    if (lent_readers > 0) lent_engine->NudgeReader();
+  }
+  (request ? requests_cv : replies_cv).Signal();
+  any_cv.Signal();
+  return true;
+}
 
 namespace {
 
@@ -355,7 +386,10 @@ void tpd_client_stop_events(tpd_client* client) {
   {
     absl::MutexLock lock(&client->events->mu);
     client->events->stopped = true;
+    client->events->stopped_flag = true;
+    if (client->events->lent_readers > 0) client->events->lent_engine->NudgeReader();
     dropped.swap(client->events->requests);
+    client->events->requests_queued = 0;
     for (auto& reply : client->events->replies) dropped.push_back(std::move(reply));
     client->events->replies.clear();
     client->events->requests_cv.SignalAll();
@@ -583,23 +617,71 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
     tpd_events& events = *held;
     const absl::Time deadline =
         timeout_us < 0 ? absl::InfiniteFuture() : absl::Now() + absl::Microseconds(timeout_us);
+    // A thread waiting for requests only reads the calls' ring itself when nobody else does (a
+    // lent reader, calls.h): a request it reads goes to its handler (tpd_serve's, which queues
+    // it) on this very thread, so it reaches this thread's caller with no hand-off.
+    std::shared_ptr<tpd::CallEngine> engine;
+    if (queues == TPD_QUEUE_REQUESTS) engine = client->client->AttachedEngine();
+    if (engine != nullptr) {
+      engine->EnableLentReaders([weak = std::weak_ptr<tpd_events>(held)] {
+        if (std::shared_ptr<tpd_events> events = weak.lock()) {
+          absl::MutexLock lock(&events->mu);
+          events->requests_cv.Signal();
+        }
+      });
+    }
     absl::MutexLock lock(&events.mu);
     bool timed_out = false;
+    bool waiting_for_turn = false;  // counted among the engine's lent readers
+    auto stop_waiting_for_turn = [&] {
+      if (!waiting_for_turn) return;
+      waiting_for_turn = false;
+      // The turn is free and another lent reader waits for it: wake one.
+      if (engine->LentReaderWaits(-1)) events.requests_cv.Signal();
+    };
     while (true) {
-      if (events.stopped) return absl::CancelledError("the client stopped its events");
+      if (events.stopped) {
+        stop_waiting_for_turn();
+        return absl::CancelledError("the client stopped its events");
+      }
       for (auto* queue : {&events.replies, &events.requests}) {
         const int mask = queue == &events.replies ? TPD_QUEUE_REPLIES : TPD_QUEUE_REQUESTS;
         if ((queues & mask) != 0 && !queue->empty()) {
           *out = queue->front().release();
           queue->pop_front();
+          if (mask == TPD_QUEUE_REQUESTS) events.requests_queued = events.requests.size();
+          stop_waiting_for_turn();
+          // A lent reader's own request woke nobody: pass on what it leaves behind.
+          if (!queue->empty())
+            (mask == TPD_QUEUE_REPLIES ? events.replies_cv : events.requests_cv).Signal();
           return absl::OkStatus();
         }
       }
       // Checked after the queues: a wait that timed out as it was signalled has consumed the
       // signal, so it must take the event itself.
       if (timed_out) {
+        stop_waiting_for_turn();
         return absl::DeadlineExceededError(
             absl::StrCat("no event within ", timeout_us, " microseconds"));
+      }
+      if (engine != nullptr) {
+        if (waiting_for_turn) {
+          ++events.lent_readers;
+          events.lent_engine = engine.get();
+          events.mu.Unlock();
+          lent_reader_of = &events;
+          const bool read = engine->ReadAsLent(
+              /*was_waiting=*/true, deadline, [&events] { return events.LentReaderInterrupted(); });
+          lent_reader_of = nullptr;
+          events.mu.Lock();
+          if (--events.lent_readers == 0) events.lent_engine = nullptr;
+          waiting_for_turn = false;
+          timed_out = absl::Now() >= deadline;
+          // What it read is queued for it (unless the stop took it), or its turn ended.
+          if (read || timed_out) continue;
+        }
+        waiting_for_turn = true;
+        if (engine->LentReaderWaits(+1)) continue;  // the turn is free: take it
       }
       const int both = TPD_QUEUE_REQUESTS | TPD_QUEUE_REPLIES;
       absl::CondVar& cv = (queues & both) == both          ? events.any_cv

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -1020,6 +1021,73 @@ TEST_F(CallsTest, DeferredHandlerAnswersAfterItReturnedFromAnotherThread) {
   }
   EXPECT_EQ(replies, (std::set<std::string>{"one answered", "two answered"}));
   EXPECT_TRUE(WaitUntil([&] { return b_->GetCallStats()->handlers_running == 0; }));
+}
+
+// A lent reader (the C ABI's tpd_next_event, calls.h): a thread that is not the engine's takes
+// the reading turn once the engine's own reader gives it up, and the handler of the call it
+// reads runs on it, so the call reaches it with no hand-off; once it stops waiting, the
+// engine's own threads read again.
+TEST_F(CallsTest, ALentReaderServesTheCallsItReadsOnItsOwnThread) {
+  StartPair();
+  absl::Mutex mu;
+  std::vector<std::thread::id> served_on;
+  ASSERT_TRUE(b_->HandleDeferred("where", [&](Message request, Responder responder) {
+                  {
+                    absl::MutexLock lock(&mu);
+                    served_on.push_back(std::this_thread::get_id());
+                  }
+                  (void)responder.Reply(std::move(request));
+                }).ok());
+  std::shared_ptr<CallEngine> engine = b_->AttachedEngine();
+  ASSERT_NE(engine, nullptr);
+  std::atomic<int> wakes{0};
+  engine->EnableLentReaders([&] { ++wakes; });
+
+  // The lent thread: waits for the turn, then reads until it served one call.
+  std::atomic<bool> stop{false};
+  std::atomic<int> lent_served{0};
+  std::thread::id lent_id;
+  std::thread lent([&] {
+    lent_id = std::this_thread::get_id();
+    bool waiting = false;
+    while (!stop && lent_served == 0) {
+      if (!waiting) {
+        waiting = true;
+        if (!engine->LentReaderWaits(+1)) {
+          absl::SleepFor(absl::Milliseconds(1));  // the engine's reader has the turn
+          continue;
+        }
+      }
+      const size_t before = [&] {
+        absl::MutexLock lock(&mu);
+        return served_on.size();
+      }();
+      if (engine->ReadAsLent(/*was_waiting=*/true, absl::Now() + absl::Seconds(20),
+                             [&] { return stop.load(); })) {
+        absl::MutexLock lock(&mu);
+        if (served_on.size() > before) ++lent_served;
+      }
+      waiting = false;
+    }
+  });
+  // The first call is read by the engine's own reader, which then gives the turn to the lent
+  // thread (it waits for it); a later call is read, and served, by the lent thread.
+  for (int i = 0; i < 20 && lent_served == 0; ++i) {
+    ASSERT_TRUE(a_->Call("g", "b", "where", "x", {}, absl::Seconds(20)).ok());
+  }
+  stop = true;
+  lent.join();
+  EXPECT_EQ(lent_served.load(), 1);
+  EXPECT_GE(wakes.load(), 1) << "the reader giving up the turn woke no lent reader";
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_NE(std::find(served_on.begin(), served_on.end(), lent_id), served_on.end());
+  }
+  // No lent reader waits any more: the engine's own threads read and serve again.
+  absl::StatusOr<Message> after = a_->Call("g", "b", "where", "y", {}, absl::Seconds(20));
+  ASSERT_TRUE(after.ok()) << after.status();
+  absl::MutexLock lock(&mu);
+  EXPECT_NE(served_on.back(), lent_id);
 }
 
 TEST_F(CallsTest, DeferredErrorIsMarkedRemoteAndADroppedResponderAnswersInternal) {
