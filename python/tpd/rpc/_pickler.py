@@ -35,7 +35,10 @@ def _storage(tensor):
 
 
 def _rebuild_tensor(index, dtype, size, stride, offset, requires_grad):
-    base = _received.storages[index]
+    storages = getattr(_received, "storages", None) or ()
+    if index >= len(storages):
+        raise ValueError(f"the message names tensor {index} of the {len(storages)} it carries")
+    base = storages[index]
     if dtype != torch.uint8:
         base = base.view(dtype)
     tensor = torch.as_strided(base, size, stride, offset)
@@ -47,6 +50,10 @@ def _rebuild_tensor(index, dtype, size, stride, offset, requires_grad):
 class _Pickler(pickle.Pickler):
     def __init__(self, buffer):
         super().__init__(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        self.buffer = buffer
+        self.reset()
+
+    def reset(self):
         self.storages = {}    # (device, data_ptr) -> index
         self.descriptors = []  # _capi.Tensor per storage
         self.keep = []         # what keeps each storage's memory alive until sent
@@ -89,18 +96,38 @@ class _Pickler(pickle.Pickler):
         return index
 
 
+# Each thread's pickler, kept between messages: making one (and its buffer) costs more than
+# pickling a small call. Dropped after a large message, so its buffer does not stay large.
+_picklers = threading.local()
+_KEEP_PICKLER_BELOW = 64 << 10
+
+
 def dumps(obj):
     """(payload, tensor descriptors, keep-alive list) of ``obj``."""
-    buffer = io.BytesIO()
-    pickler = _Pickler(buffer)
-    pickler.dump(obj)
-    return buffer.getvalue(), pickler.descriptors, pickler.keep
+    pickler = getattr(_picklers, "pickler", None)
+    if pickler is None:
+        pickler = _Pickler(io.BytesIO())
+    _picklers.pickler = None  # a dumps within this one (a reducer's) makes its own
+    try:
+        pickler.dump(obj)
+        payload = pickler.buffer.getvalue()
+        descriptors, keep = pickler.descriptors, pickler.keep
+    finally:
+        pickler.buffer.seek(0)
+        pickler.buffer.truncate()
+        pickler.clear_memo()
+        pickler.reset()
+    if len(payload) < _KEEP_PICKLER_BELOW:
+        _picklers.pickler = pickler
+    return payload, descriptors, keep
 
 
 def loads(event, copy=-1):
     """The object an event carries, its tensors rebuilt over the received storages."""
-    storages = [torch.utils.dlpack.from_dlpack(event.dlpack(i, copy))
-                for i in range(event.num_tensors())]
+    count = event.num_tensors()
+    if count == 0:
+        return pickle.loads(event.payload())
+    storages = [torch.utils.dlpack.from_dlpack(event.dlpack(i, copy)) for i in range(count)]
     previous = getattr(_received, "storages", None)
     _received.storages = storages
     try:
