@@ -13,7 +13,6 @@
 #include "daemon/gpu_access.h"
 #include "daemon/logging.h"
 #include "daemon/session_handle.h"
-#include "proto/shm/copy_signal.h"
 
 namespace tpd {
 
@@ -32,6 +31,12 @@ constexpr absl::Duration kBacklogInterval = absl::Milliseconds(1);
 // sleep, and sleeping hops kept it there.
 constexpr shm::SpinOptions kSessionSpin{absl::Microseconds(2), absl::Microseconds(100),
                                         absl::Microseconds(1)};
+// How a session thread waits after its client sent a call, or after a call was posted to it
+// (Serve): such a wait lasts as long as a round trip, a handler or a CUDA copy, so the window
+// grows up to 1 ms. A client that goes quiet, or handlers that run longer, take it back to
+// the minimum within a few calls (SpinWindow).
+constexpr shm::SpinOptions kAfterCallSpin{absl::Microseconds(2), absl::Milliseconds(1),
+                                          absl::Microseconds(1)};
 // The longest the call timer sleeps with deadlines pending later than that
 // (PendingCalls::ServeDeadlines).
 constexpr absl::Duration kTimerHorizon = absl::Seconds(1);
@@ -51,7 +56,7 @@ CallRouter::CallRouter(CallRouterOptions options)
                       const std::vector<shm::TensorEntry>& tensors) {
                  return PlaceTensors(use, reply, tensors);
                }}),
-      max_copy_spinners_(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 4)) {
+      max_call_spinners_(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 4)) {
   timer_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "tpd-call-timer");
     pending_.ServeDeadlines([this](const Pending& p) { OnDeadline(p); }, kTimerHorizon);
@@ -195,15 +200,17 @@ absl::Status CallRouter::StoppingError() const {
 void CallRouter::Serve(std::shared_ptr<Session> session) {
   pthread_setname_np(pthread_self(), "tpd-session");
   shm::Descriptor batch[64];
-  // After its client sent a call with CUDA copies (the next call follows the reply), and after
-  // a call was posted to it while copied (its reply follows the copy), the next wait spins
-  // with this window, learnt apart from kSessionSpin's since such a call lasts as long as its
-  // copy; such a call posted wakes it (Nudge) from a plain wait.
-  shm::SpinWindow after_copy_call(shm::kCopySpin);
-  bool copy_call_sent = false;  // by the last batch
-  uint64_t received_seen = session->copy_calls_received.load();
-  auto copy_call_received = [&] {
-    return session->copy_calls_received.load(std::memory_order_relaxed) != received_seen;
+  // After its client sent a call (its next submission follows the reply), and after a call
+  // was posted to it (its reply follows the handler), the next wait spins with this window,
+  // learnt apart from kSessionSpin's since such a wait lasts as long as a round trip, a
+  // handler or a CUDA copy; a call posted wakes it (Session::CallPosted) from a plain wait.
+  // Without this, a client whose calls come slower than kSessionSpin's window (a Python
+  // program's, say) finds the thread asleep at every submission and pays a wake-up each way.
+  shm::SpinWindow after_call(kAfterCallSpin);
+  bool call_sent = false;  // by the last batch
+  uint64_t received_seen = session->calls_received.load();
+  auto call_received = [&] {
+    return session->calls_received.load(std::memory_order_relaxed) != received_seen;
   };
   while (!session->stop) {
     // What waits for room on the completion ring is retried soon: the client that made room
@@ -211,23 +218,25 @@ void CallRouter::Serve(std::shared_ptr<Session> session) {
     const absl::Duration wait =
         session->unposted_count.load() > 0 ? kBacklogInterval : kPollInterval;
     bool long_spin = false;
-    if (copy_call_sent || copy_call_received()) {
-      long_spin = copy_spinners_.fetch_add(1) < max_copy_spinners_;
-      if (!long_spin) --copy_spinners_;
+    if (call_sent || call_received()) {
+      long_spin = call_spinners_.fetch_add(1) < max_call_spinners_;
+      if (!long_spin) --call_spinners_;
     }
-    received_seen = session->copy_calls_received.load(std::memory_order_relaxed);
+    received_seen = session->calls_received.load(std::memory_order_relaxed);
     absl::StatusOr<bool> ready = session->submissions->WaitForData(
-        absl::Now() + wait, long_spin ? &after_copy_call : nullptr, copy_call_received);
-    if (long_spin) --copy_spinners_;
+        absl::Now() + wait, long_spin ? &after_call : nullptr, call_received);
+    if (long_spin) --call_spinners_;
     absl::StatusOr<size_t> n = ready.ok() ? session->submissions->TryPopBatch(batch) : ready.status();
     if (!n.ok()) {
       EndSession(*session, n.status().ToString());
       break;
     }
     const int64_t read_ns = router::MonotonicNanos();
-    const uint64_t copy_calls = session->copy_calls_sent.load(std::memory_order_relaxed);
-    for (size_t i = 0; i < *n && !session->stop; ++i) Handle(session, batch[i], read_ns);
-    copy_call_sent = session->copy_calls_sent.load(std::memory_order_relaxed) != copy_calls;
+    call_sent = false;
+    for (size_t i = 0; i < *n && !session->stop; ++i) {
+      call_sent |= batch[i].op == static_cast<uint8_t>(shm::Op::kCall);
+      Handle(session, batch[i], read_ns);
+    }
     const std::string ring_error = session->Flush();
     if (!ring_error.empty()) {
       EndSession(*session, ring_error);
@@ -430,18 +439,20 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
                               body_length,
                               std::move(call->tensors),
                               *std::move(places)};
-  delivery_.Deliver(session, callee, letter, [this, session, id, read_ns](absl::Status delivered) {
-    if (delivered.ok()) {
-      const int64_t posted = router::MonotonicNanos();
-      timings_.Record(router::CallStage::kLocalDeliver, read_ns, posted);
-      pending_.MarkPosted(id, posted);
-      return;
-    }
-    if (std::optional<Pending> failed = pending_.Take(id)) {
-      Fail(session, failed->caller_call_id,
-           Prefixed(delivered, CallName(failed->worker, failed->method), ": "));
-    }
-  });
+  delivery_.Deliver(session, callee, letter,
+                    [this, session, callee, id, read_ns](absl::Status delivered) {
+                      if (delivered.ok()) {
+                        callee->CallPosted();
+                        const int64_t posted = router::MonotonicNanos();
+                        timings_.Record(router::CallStage::kLocalDeliver, read_ns, posted);
+                        pending_.MarkPosted(id, posted);
+                        return;
+                      }
+                      if (std::optional<Pending> failed = pending_.Take(id)) {
+                        Fail(session, failed->caller_call_id,
+                             Prefixed(delivered, CallName(failed->worker, failed->method), ": "));
+                      }
+                    });
 }
 
 void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm::Descriptor& d,

@@ -173,10 +173,10 @@ class CallRouter {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> last_peer_id_{0};  // Session::peer_id
-  // Session threads spinning through a CUDA call of their client (Serve), at most
-  // max_copy_spinners_ at once: each holds a core while it spins.
-  std::atomic<int> copy_spinners_{0};
-  const int max_copy_spinners_;
+  // Session threads spinning through a call of their client, or a handler of it (Serve), at
+  // most max_call_spinners_ at once: each holds a core while it spins.
+  std::atomic<int> call_spinners_{0};
+  const int max_call_spinners_;
   std::thread timer_;
 };
 

@@ -86,7 +86,6 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
     after(Post(*to, posted, p.pool_blocks));
     return;
   }
-  if (letter.op == shm::Op::kCall) from->copy_calls_sent.fetch_add(1, std::memory_order_relaxed);
   std::vector<std::shared_ptr<const void>> keep = {from->cuda, to->cuda, from->segment,
                                                    to->segment};
   if (p.signal_at != 0) {
@@ -124,8 +123,7 @@ void Delivery::Deliver(const std::shared_ptr<Session>& from, const std::shared_p
                });
     // The callee's session thread, likely asleep, wakes while the copy runs and is awake for
     // the reply (CallRouter::Serve).
-    to->copy_calls_received.fetch_add(1, std::memory_order_relaxed);
-    to->submissions->Nudge();
+    to->CallPosted();
     return;
   }
   cuda_->Run(std::move(p.copies), std::move(keep),

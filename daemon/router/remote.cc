@@ -392,6 +392,7 @@ void Remote::ServeRequest(agent::InboundRequest request, const absl::Status& adm
   RxBlock::Land(block, [this, block, posted, id, reply_to, pending](absl::Status status) {
     if (status.ok()) status = block->Post(posted);
     if (status.ok()) {
+      block->session->CallPosted();
       const int64_t posted_ns = MonotonicNanos();
       timings_.Record(CallStage::kInboundDeliver, pending.read_ns, posted_ns);
       pending_.MarkPosted(id, posted_ns);

@@ -120,12 +120,9 @@ struct Session {
   std::vector<std::weak_ptr<Session>> told ABSL_GUARDED_BY(mu);
   std::atomic<bool> ended{false};         // End began; read without `mu` by Introduce
   std::atomic<uint64_t> bytes_shared{0};  // host tensor bytes delivered to it uncopied
-  // Calls of its client whose CUDA copies the daemon issued (its thread then waits for the
-  // next submission with a window of its own: CallRouter::Serve).
-  std::atomic<uint64_t> copy_calls_sent{0};
-  // Calls posted to it while their copies still ran (router::Delivery): its thread, nudged,
-  // then waits for the reply with that window too.
-  std::atomic<uint64_t> copy_calls_received{0};
+  // Calls posted to its client (CallPosted): its thread, nudged, then waits for the reply with
+  // the window for waits that follow a call (CallRouter::Serve).
+  std::atomic<uint64_t> calls_received{0};
   std::atomic<bool> stop{false};
   std::thread thread;
   // Its receive pools and the CUDA memory it exported (null without CUDA); shared with the
@@ -147,6 +144,12 @@ struct Session {
   // Returns tx block `tx_offset` to the client (a kRelease, queued like any answer). Nothing is
   // owed to a session that ended.
   void Release(uint64_t tx_offset) ABSL_LOCKS_EXCLUDED(mu);
+  // A call was posted to its client, whose reply is to come: wakes its thread if it sleeps, to
+  // wait for that reply spinning (CallRouter::Serve). Any thread.
+  void CallPosted() {
+    calls_received.fetch_add(1, std::memory_order_relaxed);
+    submissions->Nudge();
+  }
   // Answers the client's call `call_id` with `status` (an error reply with its message; an
   // OK status is a reply whose body is `body`). When the rx heap has no room for the message
   // the reply goes without it, which the client reads as RESOURCE_EXHAUSTED, and the heap's
