@@ -5,6 +5,7 @@
 
 #include "client/c/tpd_client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -81,6 +82,11 @@ struct tpd_events {
   // for Push to nudge; set while lent_readers > 0 by those threads, which keep it alive.
   int lent_readers ABSL_GUARDED_BY(mu) = 0;
   tpd::CallEngine* lent_engine ABSL_GUARDED_BY(mu) = nullptr;
+  // Lent readers asleep waiting for the turn or a request, newest last, each on a condition of
+  // its own: the one woken is the one that waited least, whose stack and caches are warmest,
+  // so calls keep landing on one or two threads rather than going round the pool in the order
+  // a shared condition wakes them (longest waiting first).
+  std::vector<absl::CondVar*> lent_sleepers ABSL_GUARDED_BY(mu);
 
   bool LentReaderInterrupted() const {
     return stopped_flag.load(std::memory_order_relaxed) ||
@@ -89,6 +95,16 @@ struct tpd_events {
 
   // Queues `event`; false (the event not taken) once stopped.
   bool Push(std::unique_ptr<tpd_event>& event);
+
+  // Wakes one thread waiting for requests: the newest lent sleeper, else one on requests_cv.
+  void WakeRequestWaiter() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (lent_sleepers.empty()) {
+      requests_cv.Signal();
+      return;
+    }
+    lent_sleepers.back()->Signal();
+    lent_sleepers.pop_back();
+  }
 };
 
 namespace {
@@ -110,8 +126,10 @@ bool tpd_events::Push(std::unique_ptr<tpd_event>& event) {
     ++requests_queued;
     // A lent reader at the ring would not see it there: it stops reading to take it.
     if (lent_readers > 0) lent_engine->NudgeReader();
+    WakeRequestWaiter();
+  } else {
+    replies_cv.Signal();
   }
-  (request ? requests_cv : replies_cv).Signal();
   any_cv.Signal();
   return true;
 }
@@ -393,6 +411,8 @@ void tpd_client_stop_events(tpd_client* client) {
     for (auto& reply : client->events->replies) dropped.push_back(std::move(reply));
     client->events->replies.clear();
     client->events->requests_cv.SignalAll();
+    for (absl::CondVar* sleeper : client->events->lent_sleepers) sleeper->Signal();
+    client->events->lent_sleepers.clear();
     client->events->replies_cv.SignalAll();
     client->events->any_cv.SignalAll();
   }
@@ -626,7 +646,7 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
       engine->EnableLentReaders([weak = std::weak_ptr<tpd_events>(held)] {
         if (std::shared_ptr<tpd_events> events = weak.lock()) {
           absl::MutexLock lock(&events->mu);
-          events->requests_cv.Signal();
+          events->WakeRequestWaiter();
         }
       });
     }
@@ -637,7 +657,7 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
       if (!waiting_for_turn) return;
       waiting_for_turn = false;
       // The turn is free and another lent reader waits for it: wake one.
-      if (engine->LentReaderWaits(-1)) events.requests_cv.Signal();
+      if (engine->LentReaderWaits(-1)) events.WakeRequestWaiter();
     };
     while (true) {
       if (events.stopped) {
@@ -652,8 +672,13 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
           if (mask == TPD_QUEUE_REQUESTS) events.requests_queued = events.requests.size();
           stop_waiting_for_turn();
           // A lent reader's own request woke nobody: pass on what it leaves behind.
-          if (!queue->empty())
-            (mask == TPD_QUEUE_REPLIES ? events.replies_cv : events.requests_cv).Signal();
+          if (!queue->empty()) {
+            if (mask == TPD_QUEUE_REPLIES) {
+              events.replies_cv.Signal();
+            } else {
+              events.WakeRequestWaiter();
+            }
+          }
           return absl::OkStatus();
         }
       }
@@ -682,6 +707,13 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
         }
         waiting_for_turn = true;
         if (engine->LentReaderWaits(+1)) continue;  // the turn is free: take it
+        absl::CondVar mine;
+        events.lent_sleepers.push_back(&mine);
+        timed_out = mine.WaitWithDeadline(&events.mu, deadline);
+        // Gone from the stack when woken; still there when the wait timed out.
+        auto it = std::find(events.lent_sleepers.begin(), events.lent_sleepers.end(), &mine);
+        if (it != events.lent_sleepers.end()) events.lent_sleepers.erase(it);
+        continue;
       }
       const int both = TPD_QUEUE_REQUESTS | TPD_QUEUE_REPLIES;
       absl::CondVar& cv = (queues & both) == both          ? events.any_cv
