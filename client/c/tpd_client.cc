@@ -653,7 +653,7 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
     absl::MutexLock lock(&events.mu);
     bool timed_out = false;
     bool waiting_for_turn = false;  // counted among the engine's lent readers
-    auto stop_waiting_for_turn = [&] {
+    auto stop_waiting_for_turn = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(events.mu) {
       if (!waiting_for_turn) return;
       waiting_for_turn = false;
       // The turn is free and another lent reader waits for it: wake one.
