@@ -35,9 +35,10 @@ enum CopyState : uint32_t {
   kCopyFailed = 2,
 };
 
-// How a thread whose next event waits for a CUDA copy spins before it sleeps, on both sides of
-// the rings: a callee waiting on a CopySignal, a caller and its reader waiting for the reply to
-// a call that sent CUDA tensors, the daemon's session threads around such calls. The copy is in
+// How a client thread whose next event waits for a CUDA copy spins before it sleeps: a callee
+// waiting on a CopySignal, a caller and its reader waiting for the reply to a call that sent
+// CUDA tensors. (The daemon's session threads wait through every call, CUDA or not, with a
+// window of their own: kAfterCallSpin, daemon/call_router.cc.) The copy is in
 // flight for that very call, so the spin costs no idle CPU; a 256 MiB copy between two GPUs
 // takes about 700 µs, and waking a thread asleep costs tens of microseconds on top
 // (docs/BENCHMARKS.md, "Issue 18, fourth session"). Waits that keep running longer shut it off.
