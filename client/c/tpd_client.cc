@@ -282,13 +282,13 @@ absl::StatusOr<const tpd::Tensor*> TensorAt(const tpd_event* event, int i) {
 }
 
 std::unique_ptr<tpd_event> ReplyEvent(std::shared_ptr<tpd_events> events, uint64_t tag,
-                                      const absl::StatusOr<tpd::Message>& result) {
+                                      absl::StatusOr<tpd::Message> result) {
   auto event = std::make_unique<tpd_event>();
   event->kind = TPD_EVENT_REPLY;
   event->tag = tag;
   event->events = std::move(events);
   if (result.ok()) {
-    event->message = *result;
+    event->message = *std::move(result);
   } else {
     event->code = static_cast<int>(result.status().code());
     event->status_message = std::string(result.status().message());
@@ -767,6 +767,22 @@ int tpd_event_num_tensors(const tpd_event* event) {
   return event == nullptr ? 0 : static_cast<int>(event->message.tensors.size());
 }
 
+int tpd_event_read(const tpd_event* event, tpd_event_info* out) {
+  return Guarded("tpd_event_read", [&]() -> absl::Status {
+    if (absl::Status s = Required(event, "event"); !s.ok()) return s;
+    if (absl::Status s = Required(out, "out"); !s.ok()) return s;
+    *out = tpd_event_info{};
+    out->kind = event->kind;
+    out->code = event->code;
+    out->tag = event->tag;
+    out->message = event->status_message.c_str();
+    out->payload = event->message.payload.data();
+    out->payload_size = event->message.payload.size();
+    out->num_tensors = static_cast<int32_t>(event->message.tensors.size());
+    return absl::OkStatus();
+  });
+}
+
 int tpd_event_tensor(const tpd_event* event, int i, tpd_tensor* out) {
   return Guarded("tpd_event_tensor", [&]() -> absl::Status {
     if (absl::Status s = Required(event, "event"); !s.ok()) return s;
@@ -889,8 +905,9 @@ int tpd_call(tpd_client* client, const char* group, const char* worker, const ch
     if (!converted.ok()) return converted.status();
     absl::StatusOr<tpd::Message> result = client->client->Call(
         Str(group), Str(worker), Str(method), *bytes, *converted, CallTimeout(timeout_us));
-    *reply = ReplyEvent(client->events, 0, result).release();
-    return result.status();
+    absl::Status status = result.status();
+    *reply = ReplyEvent(client->events, 0, std::move(result)).release();
+    return status;
   });
 }
 

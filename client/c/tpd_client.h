@@ -194,6 +194,24 @@ const char* tpd_event_method(const tpd_event* event);
 const char* tpd_event_caller(const tpd_event* event);
 
 int tpd_event_num_tensors(const tpd_event* event);
+
+/* What tpd_event_kind, _tag, _status, _payload and _num_tensors return, in one call: for
+ * bindings where each call into the library costs (Python's ctypes converts every argument
+ * and drops and retakes the GIL), so an event is read with one. Pointers valid while the
+ * event lives. */
+typedef struct tpd_event_info {
+  int32_t kind;
+  int32_t code; /* the status code: TPD_OK for requests */
+  uint64_t tag;
+  const char* message; /* the status message, "" when OK */
+  const char* payload;
+  uint64_t payload_size;
+  int32_t num_tensors;
+  int32_t reserved; /* 0 */
+} tpd_event_info;
+/* INVALID_ARGUMENT for a null event or `out`. */
+int tpd_event_read(const tpd_event* event, tpd_event_info* out);
+
 /* The i-th received tensor (its data valid while the event lives). */
 int tpd_event_tensor(const tpd_event* event, int i, tpd_tensor* out);
 

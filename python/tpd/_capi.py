@@ -68,6 +68,21 @@ class Tensor(ctypes.Structure):
     ]
 
 
+class EventInfo(ctypes.Structure):
+    """tpd_event_read's answer: an event's kind, status, tag, payload and tensor count."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("code", ctypes.c_int32),
+        ("tag", ctypes.c_uint64),
+        ("message", ctypes.c_char_p),
+        ("payload", ctypes.c_void_p),
+        ("payload_size", ctypes.c_uint64),
+        ("num_tensors", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
+
+
 _lib = None
 _lib_lock = threading.Lock()
 
@@ -97,11 +112,13 @@ def library():
             tried.append(str(path))
             if path.is_file():
                 lib = ctypes.CDLL(str(path))
-                _declare(lib)
+                lib.tpd_abi_version.restype = ctypes.c_int
+                lib.tpd_abi_version.argtypes = []
                 if lib.tpd_abi_version() != ABI_VERSION:
                     raise RuntimeError(
                         f"{path} has ABI version {lib.tpd_abi_version()}, tpd's Python package "
                         f"wants {ABI_VERSION}: install matching versions")
+                _declare(lib, path)
                 _lib = lib
                 return lib
         raise RuntimeError(
@@ -109,7 +126,7 @@ def library():
             "`bazel build //client/c:libtpd_client.so`); looked at: " + ", ".join(tried))
 
 
-def _declare(lib):
+def _declare(lib, path):
     c = ctypes
     p = c.c_void_p
     pp = c.POINTER(c.c_void_p)
@@ -144,6 +161,7 @@ def _declare(lib):
         "tpd_event_method": (s, [p]),
         "tpd_event_caller": (s, [p]),
         "tpd_event_num_tensors": (c.c_int, [p]),
+        "tpd_event_read": (c.c_int, [p, c.POINTER(EventInfo)]),
         "tpd_event_tensor": (c.c_int, [p, c.c_int, c.POINTER(Tensor)]),
         "tpd_event_tensor_dlpack": (c.c_int, [p, c.c_int, c.c_int, pp]),
         "tpd_reply": (c.c_int, [p, c.c_char_p, c.c_size_t, c.POINTER(Tensor), c.c_int,
@@ -168,7 +186,11 @@ def _declare(lib):
         "tpd_call_stats": (c.c_int, [p, pp]),
     }
     for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:  # an older library of the same ABI version
+            raise RuntimeError(f"{path} lacks {name}, which tpd's Python package calls: "
+                               "install matching versions") from None
         fn.restype = restype
         fn.argtypes = argtypes
 
@@ -180,7 +202,10 @@ def check(code):
 
 
 def b(text):
-    return None if text is None else str(text).encode("utf-8")
+    """A name as the library takes it: UTF-8, passed through when encoded already."""
+    if text is None or isinstance(text, bytes):
+        return text
+    return str(text).encode("utf-8")
 
 
 def take_string(ptr):

@@ -43,6 +43,16 @@ class Event:
         code = self._lib.tpd_event_status(self._ptr, ctypes.byref(message))
         return code, (message.value or b"").decode("utf-8", "replace")
 
+    def read(self):
+        """(code, message, payload, number of tensors) with one call into the library: what
+        status(), payload() and num_tensors() return."""
+        info = _capi.EventInfo()
+        _capi.check(self._lib.tpd_event_read(self._ptr, info))
+        size = info.payload_size
+        payload = ctypes.string_at(info.payload, size) if size else b""
+        message = info.message.decode("utf-8", "replace") if info.code else ""
+        return info.code, message, payload, info.num_tensors
+
     def payload(self):
         size = ctypes.c_size_t()
         ptr = self._lib.tpd_event_payload(self._ptr, ctypes.byref(size))

@@ -24,6 +24,13 @@ def test_the_library_exports_only_the_c_abi():
     assert "tpd_call_async" in names and "tpd_next_event" in names
 
 
+def test_reading_no_event_is_invalid_argument():
+    lib = _capi.library()
+    info = _capi.EventInfo()
+    assert lib.tpd_event_read(None, info) == _capi.INVALID_ARGUMENT
+    assert lib.tpd_last_error() == b"event is NULL"
+
+
 def test_no_daemon_is_unavailable_naming_the_socket(workdir):
     with pytest.raises(_capi.TpdError) as error:
         Client(os.path.join(workdir, "none.sock"), connect_timeout=0.2)
@@ -82,12 +89,14 @@ def test_requests_answered_later_from_another_thread_with_tensors(daemon):
     request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
     assert (request.kind, request.method, request.caller, request.payload()) == (
         _capi.EVENT_REQUEST, "echo", "a", b"hello")
+    assert request.read() == (_capi.OK, "", b"hello", 1)  # all of it in one call
     view = torch.utils.dlpack.from_dlpack(request.dlpack(0, copy=0))
     assert bytes(view.numpy()) == b"tensor bytes"
     threading.Thread(target=request.reply, args=(b"later",)).start()
     reply = a.next_event(_capi.QUEUE_REPLIES, timeout=5)
     assert (reply.kind, reply.tag, reply.status(), reply.payload()) == (
         _capi.EVENT_REPLY, 7, (0, ""), b"later")
+    assert reply.read() == (_capi.OK, "", b"later", 0)
     # The view outlives its event; its block goes back when the tensor does.
     del request
     assert bytes(view.numpy()) == b"tensor bytes"
@@ -105,6 +114,7 @@ def test_a_request_dropped_unanswered_answers_internal_at_once(daemon):
     reply = a.next_event(_capi.QUEUE_REPLIES, timeout=5)
     code, message = reply.status()
     assert code == _capi.INTERNAL and "dropped the call unanswered" in message
+    assert reply.read() == (code, message, b"", 0)
     # An error reply keeps its code, marked as the remote handler's.
     a.call_async("g", "b", "echo", b"x", [], 30_000_000, tag=2)
     b.next_event(_capi.QUEUE_REQUESTS, timeout=5).reply_error(_capi.NOT_FOUND, "no such key")

@@ -10,19 +10,6 @@ import torch
 from tpd.rpc import _pickler
 
 
-class _Received:
-    """What _pickler.loads reads of an event: its payload and, here, no tensors."""
-
-    def __init__(self, payload):
-        self._payload = payload
-
-    def num_tensors(self):
-        return 0
-
-    def payload(self):
-        return self._payload
-
-
 def test_each_message_starts_afresh_on_the_kept_pickler():
     x = torch.arange(6.0)
     payload, descriptors, keep = _pickler.dumps((x, x[1:], "first"))
@@ -54,5 +41,5 @@ def test_a_message_naming_a_tensor_it_does_not_carry_is_refused():
     assert len(descriptors) == 1
     # Its tensor did not come with it: unpickling says so instead of reading anything else.
     with pytest.raises(ValueError, match="names tensor 0 of the 0 it carries"):
-        _pickler.loads(_Received(payload))
-    assert _pickler.loads(_Received(pickle.dumps(("no tensors", 1)))) == ("no tensors", 1)
+        _pickler.loads(payload, 0, None)
+    assert _pickler.loads(pickle.dumps(("no tensors", 1)), 0, None) == ("no tensors", 1)

@@ -25,6 +25,7 @@ from tpd import _capi
 from tpd.rpc import _pickler
 
 METHOD = "tpd.rpc"
+_METHOD_BYTES = METHOD.encode()
 
 # Message kinds.
 CALL = 0      # (CALL, func, args, kwargs)
@@ -69,6 +70,7 @@ class Agent:
     def __init__(self, client, group, info, options, world_size, bootstrap_store):
         self.client = client
         self.group = group
+        self._group_bytes = _capi.b(group)  # encoded once: every call passes it
         self.info = info
         self.rpc_timeout = float(options.rpc_timeout)
         self.world_size = world_size
@@ -77,6 +79,7 @@ class Agent:
         self._idle = threading.Condition(self._lock)  # signalled when _in_flight drops
         self._owned_changed = threading.Condition(self._lock)  # an RRef value registered
         self._in_flight = 0      # calls this worker made that have not completed
+        self._idle_waiters = 0   # threads in wait_idle: only they need _idle notified
         self._workers_by_name = {}
         self._workers_by_id = {}
         self._tags = itertools.count(1)
@@ -133,13 +136,13 @@ class Agent:
         self.learn(self.client.group(self.group))
 
     def worker_info(self, key):
+        # Every call looks its callee up: the tables are read without the lock (one dict read
+        # is atomic under the GIL; learn() only adds, under the lock).
         table = self._workers_by_name if isinstance(key, str) else self._workers_by_id
-        with self._lock:
-            info = table.get(key)
+        info = table.get(key)
         if info is None:
             self.refresh()  # a dynamic group's newer member
-            with self._lock:
-                info = table.get(key)
+            info = table.get(key)
         if info is None:
             what = "name" if isinstance(key, str) else "id"
             raise RuntimeError(f"name:{self.info.name},rank:{self.info.id} could not find "
@@ -169,7 +172,11 @@ class Agent:
     def wait_idle(self, timeout=None):
         """Waits until no call this worker made is in flight (graceful shutdown)."""
         with self._idle:
-            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+            self._idle_waiters += 1
+            try:
+                return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+            finally:
+                self._idle_waiters -= 1
 
     def _started(self):
         with self._lock:
@@ -180,7 +187,7 @@ class Agent:
     def _ended(self):
         with self._lock:
             self._in_flight -= 1
-            if self._in_flight == 0:
+            if self._in_flight == 0 and self._idle_waiters:
                 self._idle.notify_all()
 
     def call_sync(self, to, message, timeout=None):
@@ -188,8 +195,8 @@ class Agent:
         payload, descriptors, keep = _pickler.dumps(message)
         self._started()
         try:
-            event = self.client.call(self.group, to.name, METHOD, payload, descriptors,
-                                     timeout_us)
+            event = self.client.call(self._group_bytes, to.name, _METHOD_BYTES, payload,
+                                     descriptors, timeout_us)
         finally:
             self._ended()
         del keep  # the call completed: the daemon read what it had to
@@ -204,8 +211,8 @@ class Agent:
         with self._lock:
             self._pending[tag] = (future, keep, seconds)
         try:
-            self.client.call_async(self.group, to.name, METHOD, payload, descriptors,
-                                   timeout_us, tag)
+            self.client.call_async(self._group_bytes, to.name, _METHOD_BYTES, payload,
+                                   descriptors, timeout_us, tag)
         except BaseException:
             with self._lock:
                 self._pending.pop(tag, None)
@@ -215,12 +222,12 @@ class Agent:
 
     def _result(self, event, timeout_s):
         """The value of a reply event, or the exception it stands for (raised)."""
-        code, message = event.status()
+        code, message, payload, num_tensors = event.read()
         if code == _capi.DEADLINE_EXCEEDED:
             raise timeout_error(timeout_s)
         if code != _capi.OK:
             raise RuntimeError(message)
-        reply = _pickler.loads(event)
+        reply = _pickler.loads(payload, num_tensors, event)
         if reply[0]:
             return reply[1]
         raise_remote(reply[1], reply[2])
@@ -266,7 +273,8 @@ class Agent:
 
     def _serve(self, event):
         try:
-            message = _pickler.loads(event)
+            _, _, payload, num_tensors = event.read()
+            message = _pickler.loads(payload, num_tensors, event)
         except Exception as exc:
             self._reply_exception(event, exc)
             return

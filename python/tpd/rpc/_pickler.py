@@ -122,15 +122,15 @@ def dumps(obj):
     return payload, descriptors, keep
 
 
-def loads(event, copy=-1):
-    """The object an event carries, its tensors rebuilt over the received storages."""
-    count = event.num_tensors()
-    if count == 0:
-        return pickle.loads(event.payload())
-    storages = [torch.utils.dlpack.from_dlpack(event.dlpack(i, copy)) for i in range(count)]
+def loads(payload, num_tensors, event, copy=-1):
+    """The object a received message carries (``Event.read``'s payload and tensor count), its
+    tensors rebuilt over the storages taken out of ``event``."""
+    if num_tensors == 0:
+        return pickle.loads(payload)
+    storages = [torch.utils.dlpack.from_dlpack(event.dlpack(i, copy)) for i in range(num_tensors)]
     previous = getattr(_received, "storages", None)
     _received.storages = storages
     try:
-        return pickle.loads(event.payload())
+        return pickle.loads(payload)
     finally:
         _received.storages = previous
