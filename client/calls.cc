@@ -748,6 +748,7 @@ bool CallEngine::OwnTurnFree() const { return ReadingFree() && lent_waiting_ == 
 void CallEngine::PublishQueued() {
   queued_.store(callbacks_.size() + incoming_.size() + (OwnTurnFree() ? 1 : 0),
                 std::memory_order_release);
+  reading_free_.store(ReadingFree(), std::memory_order_release);
 }
 
 void CallEngine::EnableLentReaders(std::function<void()> waker) {
@@ -760,11 +761,26 @@ bool CallEngine::LentReaderWaits(int delta) {
   lent_waiting_ += delta;
   if (delta > 0) return ReadingFree();
   if (!ReadingFree()) return false;
-  if (lent_waiting_ > 0) return true;  // another lent reader is to take the turn
+  // Another lent reader is to take the turn: a spinning one sees it, a sleeping one is woken.
+  if (lent_waiting_ > 0) return lent_spinners_ == 0;
   // The last lent reader stopped waiting: the engine's own threads read again.
   PublishQueued();
   if (pool_spinners_ == 0) work_cv_.Signal();
   return false;
+}
+
+bool CallEngine::SpinForTurn(absl::Time until, absl::FunctionRef<bool()> interrupted) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ReadingFree()) return true;
+    ++lent_spinners_;
+  }
+  const int64_t start = absl::GetCurrentTimeNanos();
+  Spin([&] { return reading_free_.load(std::memory_order_acquire) || interrupted(); }, start,
+       absl::ToUnixNanos(until) - start, absl::ToInt64Nanoseconds(kSpin.pause_spin));
+  absl::MutexLock lock(&mu_);
+  --lent_spinners_;
+  return ReadingFree();
 }
 
 bool CallEngine::ReadAsLent(bool was_waiting, absl::Time deadline,
@@ -1073,7 +1089,8 @@ std::optional<CallEngine::Incoming> CallEngine::Read(const LentTurn* lent) {
     // turn free, or one is woken.
     PublishQueued();
     if (ReadingFree() && lent_waiting_ > 0) {
-      wake_lent = lent_waker_;
+      // A lent reader spinning for the turn takes it as it is; else one is woken.
+      if (lent_spinners_ == 0) wake_lent = lent_waker_;
     } else if (ReadingFree() && pool_spinners_ == 0) {
       work_cv_.Signal();
     }

@@ -398,6 +398,11 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // runs here), or until the engine stops, `deadline` passes or `interrupted()` is true (seen
   // at once after a NudgeReader, else within kPollInterval). False when the turn was not free.
   bool ReadAsLent(bool was_waiting, absl::Time deadline, absl::FunctionRef<bool()> interrupted);
+  // A lent reader waiting for the turn (counted by LentReaderWaits) spins until it is free,
+  // `until` passes or `interrupted()` is true; meanwhile the thread giving the turn up wakes
+  // nobody, since the spinner takes it. For a turn due at once (taken back from a lent reader
+  // told to give it up). Returns whether the turn is free.
+  bool SpinForTurn(absl::Time until, absl::FunctionRef<bool()> interrupted);
   // Wakes the thread that reads the ring if it sleeps there, so a lent reader looks at what
   // interrupts it at once. Thread-safe.
   void NudgeReader() const { completions_.Nudge(); }
@@ -511,6 +516,9 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   int idle_threads_ ABSL_GUARDED_BY(mu_) = 0;
   // Lent readers waiting for the reading turn, and how to wake one (set once).
   int lent_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  // Lent readers in SpinForTurn, and ReadingFree() published for them to read without the lock.
+  int lent_spinners_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> reading_free_{false};
   std::function<void()> lent_waker_ ABSL_GUARDED_BY(mu_);
   uint64_t calls_kept_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;       // no new calls; nobody reads the ring

@@ -88,9 +88,17 @@ struct tpd_events {
   // a shared condition wakes them (longest waiting first).
   std::vector<absl::CondVar*> lent_sleepers ABSL_GUARDED_BY(mu);
 
-  bool LentReaderInterrupted() const {
+  // A lent reader that served the last request takes the reading turn back from the one that
+  // stood in at the ring while it ran (tpd_next_event), so that requests coming one after
+  // another all run on one thread: set while it does, which stops the one reading at once.
+  std::atomic<bool> reclaiming{false};
+
+  bool RequestOrStop() const {
     return stopped_flag.load(std::memory_order_relaxed) ||
            requests_queued.load(std::memory_order_relaxed) > 0;
+  }
+  bool LentReaderInterrupted() const {
+    return RequestOrStop() || reclaiming.load(std::memory_order_relaxed);
   }
 
   // Queues `event`; false (the event not taken) once stopped.
@@ -112,6 +120,13 @@ namespace {
 // The events whose requests the calling thread reads as a lent reader (tpd_next_event): a
 // request it reads it queues for itself, waking nobody.
 thread_local const tpd_events* lent_reader_of = nullptr;
+// The events whose last request tpd_next_event gave this thread as a lent reader: back in
+// tpd_next_event, it takes the reading turn back (tpd_events::reclaiming).
+thread_local const tpd_events* served_request_of = nullptr;
+
+// How long a lent reader taking the turn back spins for it: the one reading gives it up as
+// soon as it looks (it spins on the ring, or a nudge wakes it).
+constexpr absl::Duration kReclaimSpin = absl::Microseconds(100);
 
 }  // namespace
 
@@ -653,7 +668,18 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
     absl::MutexLock lock(&events.mu);
     bool timed_out = false;
     bool waiting_for_turn = false;  // counted among the engine's lent readers
+    // This thread served the last request; it takes the turn back (reclaiming set by it).
+    bool served_last = served_request_of == &events;
+    served_request_of = nullptr;
+    bool reclaimer = false;
+    bool spun_for_turn = false;
+    auto end_reclaim = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(events.mu) {
+      if (!reclaimer) return;
+      reclaimer = false;
+      events.reclaiming = false;
+    };
     auto stop_waiting_for_turn = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(events.mu) {
+      end_reclaim();
       if (!waiting_for_turn) return;
       waiting_for_turn = false;
       // The turn is free and another lent reader waits for it: wake one.
@@ -669,7 +695,10 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
         if ((queues & mask) != 0 && !queue->empty()) {
           *out = queue->front().release();
           queue->pop_front();
-          if (mask == TPD_QUEUE_REQUESTS) events.requests_queued = events.requests.size();
+          if (mask == TPD_QUEUE_REQUESTS) {
+            events.requests_queued = events.requests.size();
+            if (engine != nullptr) served_request_of = &events;
+          }
           stop_waiting_for_turn();
           // A lent reader's own request woke nobody: pass on what it leaves behind.
           if (!queue->empty()) {
@@ -691,6 +720,7 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
       }
       if (engine != nullptr) {
         if (waiting_for_turn) {
+          end_reclaim();  // before its own reading, which the flag would stop
           ++events.lent_readers;
           events.lent_engine = engine.get();
           events.mu.Unlock();
@@ -705,8 +735,28 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
           // What it read is queued for it (unless the stop took it), or its turn ended.
           if (read || timed_out) continue;
         }
+        // The thread that served the last request reads the next one: it takes the turn back
+        // from the lent reader that stood in at the ring while it ran. Requests that come one
+        // after another then run on one thread, whose core's caches hold what they touch
+        // (Python's objects, their reference counts written by every request); moved to
+        // another core each time, a request paid for every object it touched.
+        if (served_last && events.lent_readers > 0 && !events.reclaiming) {
+          reclaimer = true;
+          events.reclaiming = true;
+          events.lent_engine->NudgeReader();
+        }
+        served_last = false;
         waiting_for_turn = true;
-        if (engine->LentReaderWaits(+1)) continue;  // the turn is free: take it
+        // The turn is free: take it, unless another thread takes it back.
+        if (engine->LentReaderWaits(+1) && (reclaimer || !events.reclaiming)) continue;
+        if (reclaimer && !spun_for_turn) {
+          spun_for_turn = true;
+          events.mu.Unlock();
+          engine->SpinForTurn(std::min(deadline, absl::Now() + kReclaimSpin),
+                              [&events] { return events.RequestOrStop(); });
+          events.mu.Lock();
+          continue;  // takes the turn above when it came free
+        }
         absl::CondVar mine;
         events.lent_sleepers.push_back(&mine);
         timed_out = mine.WaitWithDeadline(&events.mu, deadline);
