@@ -21,7 +21,8 @@ pickling of the request and the reply (both ways) and one ctypes call into the l
 p50s of the intervals of an empty rpc_sync between stamps taken in both workers (one clock
 for the host) around the library's call, next_event and reply: the Python of each side, and
 the two ways between the library calls (the daemon's hop and the hand-offs between threads),
-and the share of the calls the callee ran on the thread that ran the call before.
+the share of the calls the callee ran on the thread that ran the call before, and the daemon's
+own part of each way (Admin.Status's local.deliver and local.reply).
 """
 
 import argparse
@@ -213,6 +214,11 @@ def _breakdown(rpc, torch, args):
     # takes the ring back for it): their objects stay in one core's caches.
     rows["calls run on the callee's thread of the call before (%)"] = (
         100.0 * same_thread / (n // 2 - 1))
+    # The daemon's share of the two ways (its histograms since it started, p50 within 25 %):
+    # the rest of each way is the two clients' libraries and the hand-offs between threads.
+    for stage in client.status().get("call_latency", []):
+        if stage.get("stage") in ("local.deliver", "local.reply"):
+            rows[f"daemon: {stage['stage']} p50 (whole run)"] = float(stage.get("p50_us", 0))
     return rows
 
 
