@@ -76,7 +76,7 @@ class Agent:
         self.world_size = world_size
         self._bootstrap_store = bootstrap_store  # torch's rendezvous store, kept as torch does
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)  # signalled when _in_flight drops
+        self._idle = threading.Condition(self._lock)  # _in_flight fell to 0 (wait_idle)
         self._owned_changed = threading.Condition(self._lock)  # an RRef value registered
         self._in_flight = 0      # calls this worker made that have not completed
         self._idle_waiters = 0   # threads in wait_idle: only they need _idle notified
@@ -137,7 +137,7 @@ class Agent:
 
     def worker_info(self, key):
         # Every call looks its callee up: the tables are read without the lock (one dict read
-        # is atomic under the GIL; learn() only adds, under the lock).
+        # is atomic under the GIL; learn() writes them under the lock).
         table = self._workers_by_name if isinstance(key, str) else self._workers_by_id
         info = table.get(key)
         if info is None:
