@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -120,7 +121,6 @@ _STAMPS = {"reply_in": 0, "reply_out": 0}
 def _stamped():
     """An empty call's function for --breakdown: the callee's stamps of this call so far, those
     of its previous reply (taken after this function returned last time), and the thread."""
-    import threading
     return (_STAMPS["request_out"], time.perf_counter_ns(), _STAMPS["reply_in"],
             _STAMPS["reply_out"], threading.get_ident())
 

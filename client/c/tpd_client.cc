@@ -672,7 +672,6 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
     bool served_last = served_request_of == &events;
     served_request_of = nullptr;
     bool reclaimer = false;
-    bool spun_for_turn = false;
     auto end_reclaim = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(events.mu) {
       if (!reclaimer) return;
       reclaimer = false;
@@ -749,8 +748,7 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
         waiting_for_turn = true;
         // The turn is free: take it, unless another thread takes it back.
         if (engine->LentReaderWaits(+1) && (reclaimer || !events.reclaiming)) continue;
-        if (reclaimer && !spun_for_turn) {
-          spun_for_turn = true;
+        if (reclaimer) {  // once: back at the top, the loop ends the reclaim before it reads
           events.mu.Unlock();
           engine->SpinForTurn(std::min(deadline, absl::Now() + kReclaimSpin),
                               [&events] { return events.RequestOrStop(); });
