@@ -783,11 +783,10 @@ bool CallEngine::SpinForTurn(absl::Time until, absl::FunctionRef<bool()> interru
   return ReadingFree();
 }
 
-bool CallEngine::ReadAsLent(bool was_waiting, absl::Time deadline,
-                            absl::FunctionRef<bool()> interrupted) {
+bool CallEngine::ReadAsLent(absl::Time deadline, absl::FunctionRef<bool()> interrupted) {
   {
     absl::MutexLock lock(&mu_);
-    if (was_waiting) --lent_waiting_;
+    --lent_waiting_;
     if (!ReadingFree()) return false;
     reading_ = true;
     PublishQueued();

@@ -393,11 +393,12 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // -1, so the caller wakes another lent reader (the waker's work, which it cannot call here
   // when it holds what the waker locks).
   bool LentReaderWaits(int delta);
-  // Takes the reading turn if it is free (ending this thread's wait for it when `was_waiting`)
-  // and reads until it keeps an incoming call, which it serves on this thread (the handler
-  // runs here), or until the engine stops, `deadline` passes or `interrupted()` is true (seen
-  // at once after a NudgeReader, else within kPollInterval). False when the turn was not free.
-  bool ReadAsLent(bool was_waiting, absl::Time deadline, absl::FunctionRef<bool()> interrupted);
+  // Ends this thread's wait for the reading turn (counted by LentReaderWaits), takes the turn
+  // if it is free and reads until it keeps an incoming call, which it serves on this thread
+  // (the handler runs here), or until the engine stops, `deadline` passes or `interrupted()`
+  // is true (seen at once after a NudgeReader, else within kPollInterval). False when the turn
+  // was not free.
+  bool ReadAsLent(absl::Time deadline, absl::FunctionRef<bool()> interrupted);
   // A lent reader waiting for the turn (counted by LentReaderWaits) spins until it is free,
   // `until` passes or `interrupted()` is true; meanwhile the thread giving the turn up wakes
   // nobody, since the spinner takes it. For a turn due at once (taken back from a lent reader

@@ -724,8 +724,8 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
           events.lent_engine = engine.get();
           events.mu.Unlock();
           lent_reader_of = &events;
-          const bool read = engine->ReadAsLent(
-              /*was_waiting=*/true, deadline, [&events] { return events.LentReaderInterrupted(); });
+          const bool read =
+              engine->ReadAsLent(deadline, [&events] { return events.LentReaderInterrupted(); });
           lent_reader_of = nullptr;
           events.mu.Lock();
           if (--events.lent_readers == 0) events.lent_engine = nullptr;

@@ -1062,8 +1062,7 @@ TEST_F(CallsTest, ALentReaderServesTheCallsItReadsOnItsOwnThread) {
         absl::MutexLock lock(&mu);
         return served_on.size();
       }();
-      if (engine->ReadAsLent(/*was_waiting=*/true, absl::Now() + absl::Seconds(20),
-                             [&] { return stop.load(); })) {
+      if (engine->ReadAsLent(absl::Now() + absl::Seconds(20), [&] { return stop.load(); })) {
         absl::MutexLock lock(&mu);
         if (served_on.size() > before) ++lent_served;
       }
