@@ -8,7 +8,9 @@
 // closed loop (bench/closed_loop.h):
 //   uds        1 byte there and back over a socketpair, echoed by a thread of its own per
 //              client (the baseline);
-//   health     grpc.health.v1 Check: gRPC's own cost over the socket, no tpd code;
+//   bare       grpc.health.v1 Check on a gRPC server of this process with nothing else on it
+//              (a socket of its own, default options): gRPC's own floor;
+//   health     the same Check on the daemon's socket: the daemon's gRPC server, no tpd code;
 //   get_group  Control.GetGroup of a group of one member (tpd::Client::GetGroup);
 //   status     Admin.Status (what `tpctl status` and grpcurl read).
 // Columns: ops/s, p50 and p99 latency, and p50 over the baseline's p50.
@@ -35,6 +37,8 @@
 #include "daemon/daemon.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_builder.h"
 #include "proto/admin.grpc.pb.h"
 
 ABSL_FLAG(double, seconds, 2.0, "measured seconds per row (after a 0.3 s warm-up)");
@@ -104,6 +108,18 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // gRPC with nothing of tpd's: its default health service alone on a socket of its own.
+  const std::string bare_socket = absl::StrCat(config.socket_path, ".bare");
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder bare_builder;
+  bare_builder.AddListeningPort(absl::StrCat("unix:", bare_socket),
+                                grpc::InsecureServerCredentials());
+  std::unique_ptr<grpc::Server> bare_server = bare_builder.BuildAndStart();
+  if (bare_server == nullptr) {
+    std::fprintf(stderr, "cannot start the bare gRPC server on %s\n", bare_socket.c_str());
+    return 1;
+  }
+
   std::printf("%-10s %7s %12s %9s %9s %12s\n", "row", "clients", "ops/s", "p50_us", "p99_us",
               "p50_vs_uds");
   const double seconds = absl::GetFlag(FLAGS_seconds);
@@ -111,6 +127,7 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<tpd::Client>> users;
     std::vector<std::unique_ptr<grpc::health::v1::Health::Stub>> health;
     std::vector<std::unique_ptr<tpd::v1::Admin::Stub>> admin;
+    std::vector<std::unique_ptr<grpc::health::v1::Health::Stub>> bare;
     for (int i = 0; i < clients; ++i) {
       users.push_back(*tpd::Client::Connect(config.socket_path));
       grpc::ChannelArguments args;
@@ -119,6 +136,8 @@ int main(int argc, char** argv) {
           absl::StrCat("unix:", config.socket_path), grpc::InsecureChannelCredentials(), args);
       health.push_back(grpc::health::v1::Health::NewStub(channel));
       admin.push_back(tpd::v1::Admin::NewStub(channel));
+      bare.push_back(grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(
+          absl::StrCat("unix:", bare_socket), grpc::InsecureChannelCredentials(), args)));
     }
     tpd::bench::LoopRow baseline;
     {
@@ -132,12 +151,15 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     };
     print("uds", baseline);
-    print(
-        "health", tpd::bench::MeasureClosedLoop(clients, seconds, [&](int i) {
-          grpc::ClientContext context;
-          grpc::health::v1::HealthCheckResponse response;
-          return health[i]->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok();
-        }));
+    auto check = [](grpc::health::v1::Health::Stub& stub) {
+      grpc::ClientContext context;
+      grpc::health::v1::HealthCheckResponse response;
+      return stub.Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok();
+    };
+    print("bare",
+          tpd::bench::MeasureClosedLoop(clients, seconds, [&](int i) { return check(*bare[i]); }));
+    print("health", tpd::bench::MeasureClosedLoop(clients, seconds,
+                                                  [&](int i) { return check(*health[i]); }));
     print("get_group", tpd::bench::MeasureClosedLoop(
                            clients, seconds, [&](int i) { return users[i]->GetGroup("b4").ok(); }));
     print("status", tpd::bench::MeasureClosedLoop(clients, seconds, [&](int i) {
@@ -147,6 +169,7 @@ int main(int argc, char** argv) {
           }));
   }
   member.reset();
+  bare_server->Shutdown();
   (*daemon)->Shutdown();
   return 0;
 }
