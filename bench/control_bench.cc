@@ -32,11 +32,10 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "bench/closed_loop.h"
+#include "bench/health_stub.h"
 #include "client/client.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
-#include "grpc/health/v1/health.grpc.pb.h"
-#include "grpcpp/create_channel.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
 #include "proto/admin.grpc.pb.h"
@@ -130,14 +129,10 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<grpc::health::v1::Health::Stub>> bare;
     for (int i = 0; i < clients; ++i) {
       users.push_back(*tpd::Client::Connect(config.socket_path));
-      grpc::ChannelArguments args;
-      args.SetInt("grpc.use_local_subchannel_pool", 1);  // a connection of its own
-      std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-          absl::StrCat("unix:", config.socket_path), grpc::InsecureChannelCredentials(), args);
+      std::shared_ptr<grpc::Channel> channel = tpd::bench::OwnChannel(config.socket_path);
       health.push_back(grpc::health::v1::Health::NewStub(channel));
       admin.push_back(tpd::v1::Admin::NewStub(channel));
-      bare.push_back(grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(
-          absl::StrCat("unix:", bare_socket), grpc::InsecureChannelCredentials(), args)));
+      bare.push_back(tpd::bench::OwnHealthStub(bare_socket));
     }
     tpd::bench::LoopRow baseline;
     {
@@ -151,15 +146,11 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     };
     print("uds", baseline);
-    auto check = [](grpc::health::v1::Health::Stub& stub) {
-      grpc::ClientContext context;
-      grpc::health::v1::HealthCheckResponse response;
-      return stub.Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok();
-    };
-    print("bare",
-          tpd::bench::MeasureClosedLoop(clients, seconds, [&](int i) { return check(*bare[i]); }));
-    print("health", tpd::bench::MeasureClosedLoop(clients, seconds,
-                                                  [&](int i) { return check(*health[i]); }));
+    print("bare", tpd::bench::MeasureClosedLoop(
+                      clients, seconds, [&](int i) { return tpd::bench::CheckHealth(*bare[i]); }));
+    print("health", tpd::bench::MeasureClosedLoop(clients, seconds, [&](int i) {
+            return tpd::bench::CheckHealth(*health[i]);
+          }));
     print("get_group", tpd::bench::MeasureClosedLoop(
                            clients, seconds, [&](int i) { return users[i]->GetGroup("b4").ok(); }));
     print("status", tpd::bench::MeasureClosedLoop(clients, seconds, [&](int i) {

@@ -20,11 +20,10 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "bench/closed_loop.h"
+#include "bench/health_stub.h"
 #include "client/client.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
-#include "grpc/health/v1/health.grpc.pb.h"
-#include "grpcpp/create_channel.h"
 
 ABSL_FLAG(double, seconds, 2.0, "measured seconds per row (after a 0.3 s warm-up)");
 
@@ -56,17 +55,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "cannot attach client %d\n", i);
         return 1;
       }
-      grpc::ChannelArguments args;
-      args.SetInt("grpc.use_local_subchannel_pool", 1);  // a connection of its own
-      health.push_back(grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(
-          absl::StrCat("unix:", config.socket_path), grpc::InsecureChannelCredentials(), args)));
+      health.push_back(tpd::bench::OwnHealthStub(config.socket_path));
     }
-    const tpd::bench::LoopRow baseline =
-        tpd::bench::MeasureClosedLoop(clients, seconds, [&](int i) {
-          grpc::ClientContext context;
-          grpc::health::v1::HealthCheckResponse response;
-          return health[i]->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok();
-        });
+    const tpd::bench::LoopRow baseline = tpd::bench::MeasureClosedLoop(
+        clients, seconds, [&](int i) { return tpd::bench::CheckHealth(*health[i]); });
     auto print = [&](const std::string& op, const tpd::bench::LoopRow& row) {
       std::printf("%-8s %7d %12.0f %9.1f %9.1f %8.2f\n", op.c_str(), clients, row.ops_per_second,
                   row.p50_us, row.p99_us, row.ops_per_second / baseline.ops_per_second);
