@@ -1070,9 +1070,14 @@ TEST_F(CallsTest, ALentReaderServesTheCallsItReadsOnItsOwnThread) {
     }
   });
   // The first call is read by the engine's own reader, which then gives the turn to the lent
-  // thread (it waits for it); a later call is read, and served, by the lent thread.
-  for (int i = 0; i < 20 && lent_served == 0; ++i) {
+  // thread (it waits for it); a later call is read, and served, by the lent thread. The hand-over
+  // needs timing a loaded machine may deny many times in a row: the polling thread counts as
+  // waiting only between its looks, and a reader keeps (and hands the ring on after) only a call
+  // that finds one of the engine's own threads idle. So calls keep coming, a little apart, until
+  // the lent thread has served one (a CI run saw 20 calls in a row go without).
+  for (int i = 0; i < 1000 && lent_served == 0; ++i) {
     ASSERT_TRUE(a_->Call("g", "b", "where", "x", {}, absl::Seconds(20)).ok());
+    absl::SleepFor(absl::Microseconds(500));
   }
   stop = true;
   lent.join();
