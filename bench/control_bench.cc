@@ -32,7 +32,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "bench/closed_loop.h"
-#include "bench/health_stub.h"
+#include "bench/health_check.h"
 #include "client/client.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
@@ -83,8 +83,13 @@ class Echoes {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   char dir_pattern[] = "/tmp/tpd-bench-XXXXXX";
+  const char* dir = mkdtemp(dir_pattern);
+  if (dir == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
   tpd::Config config;
-  config.socket_path = absl::StrCat(mkdtemp(dir_pattern), "/tpd.sock");
+  config.socket_path = absl::StrCat(dir, "/tpd.sock");
   config.data.max_sessions_per_uid = 128;
   // A peer port, for the tcp:// rendezvous of the group GetGroup reads.
   config.peer.listen_address = "127.0.0.1:0";

@@ -20,7 +20,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "bench/closed_loop.h"
-#include "bench/health_stub.h"
+#include "bench/health_check.h"
 #include "client/client.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"

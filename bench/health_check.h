@@ -4,8 +4,8 @@
 //
 // Thread safety: a stub may be used from any thread.
 
-#ifndef TPD_BENCH_HEALTH_STUB_H_
-#define TPD_BENCH_HEALTH_STUB_H_
+#ifndef TPD_BENCH_HEALTH_CHECK_H_
+#define TPD_BENCH_HEALTH_CHECK_H_
 
 #include <memory>
 #include <string>
@@ -37,4 +37,4 @@ inline bool CheckHealth(grpc::health::v1::Health::Stub& stub) {
 
 }  // namespace tpd::bench
 
-#endif  // TPD_BENCH_HEALTH_STUB_H_
+#endif  // TPD_BENCH_HEALTH_CHECK_H_
