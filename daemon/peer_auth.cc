@@ -91,6 +91,19 @@ absl::Status PeerAuth::Admit(const grpc::CallbackServerContext& context, absl::s
   return status;
 }
 
+void PeerAuth::SignReply(grpc::CallbackServerContext* context,
+                         const google::protobuf::Message& response) {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(store::kPeerAuthHeader);
+  if (it == metadata.end()) return;  // not admitted: nothing to answer
+  absl::StatusOr<store::ParsedPeerAuth> call =
+      store::ParsePeerAuthHeader(absl::string_view(it->second.data(), it->second.size()));
+  if (!call.ok()) return;
+  context->AddTrailingMetadata(
+      store::kPeerReplyHeader,
+      store::FormatPeerReplyHeader(store::ComputeReplyMac(options_.token, call->mac, response)));
+}
+
 void PeerAuth::LogRejection(const std::string& peer, const absl::Status& status, absl::Time now) {
   int64_t held = 0;
   if (!log_.Admit(PeerHost(peer), &held, now)) return;

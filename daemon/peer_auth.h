@@ -63,6 +63,10 @@ class PeerAuth {
   absl::Status Admit(const grpc::CallbackServerContext& context, absl::string_view method,
                      const google::protobuf::Message& request);
 
+  // Signs the successful answer `response` to an admitted call (store/remote/peer_mac.h):
+  // adds the reply MAC, bound to the call's own MAC, to the call's trailing metadata.
+  void SignReply(grpc::CallbackServerContext* context, const google::protobuf::Message& response);
+
   // The decision itself: `header` is the MAC header's value, nullopt when absent. Does not log.
   absl::Status Check(std::optional<absl::string_view> header, absl::string_view method,
                      const google::protobuf::Message& request, absl::Time now);

@@ -25,9 +25,15 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
  public:
   using Fill = absl::AnyInvocable<void(Values)>;
 
-  // `root` (the store the call reaches) stays open until the reactor is done.
-  WaitReactor(std::shared_ptr<store::Store> root, CallStats* stats, const char* method, Fill fill)
-      : root_(std::move(root)), stats_(stats), method_(method), fill_(std::move(fill)) {}
+  // `root` (the store the call reaches) stays open until the reactor is done. `sign`, when
+  // set, signs the filled answer (the peer port's reply MAC).
+  WaitReactor(std::shared_ptr<store::Store> root, CallStats* stats, const char* method, Fill fill,
+              absl::AnyInvocable<void()> sign)
+      : root_(std::move(root)),
+        stats_(stats),
+        method_(method),
+        fill_(std::move(fill)),
+        sign_(std::move(sign)) {}
 
   // `scoped` is the namespace's view of `root`; it is only used during this call.
   void Start(store::Store* scoped, Values keys, absl::Time deadline) {
@@ -84,7 +90,10 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   // Runs once; result_ no longer changes.
   void Complete() {
     absl::Status status = result_->status();
-    if (status.ok()) fill_(*std::move(*result_));
+    if (status.ok()) {
+      fill_(*std::move(*result_));
+      if (sign_) sign_();
+    }
     stats_->Record(method_, status);
     Finish(ToGrpcStatus(status));
   }
@@ -93,6 +102,7 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   CallStats* const stats_;
   const char* const method_;
   Fill fill_;
+  absl::AnyInvocable<void()> sign_;
 
   absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
@@ -158,8 +168,10 @@ absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Reached(
 }
 
 grpc::ServerUnaryReactor* StoreService::Reply(grpc::CallbackServerContext* context,
-                                              const char* method, const absl::Status& status) {
+                                              const char* method, const absl::Status& status,
+                                              const google::protobuf::Message* response) {
   stats_->Record(method, status);
+  if (auth_ != nullptr && status.ok() && response != nullptr) auth_->SignReply(context, *response);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -222,11 +234,18 @@ absl::StatusOr<absl::Time> StoreService::WaitDeadline(const grpc::CallbackServer
 template <typename OnValues>
 grpc::ServerUnaryReactor* StoreService::WaitFor(grpc::CallbackServerContext* context,
                                                 const char* method, Scoped scope, const Keys& keys,
-                                                int64_t timeout_ms, OnValues on_values) {
+                                                int64_t timeout_ms,
+                                                const google::protobuf::Message* response,
+                                                OnValues on_values) {
   if (absl::Status status = CheckKeys(keys); !status.ok()) return Reply(context, method, status);
   absl::StatusOr<absl::Time> deadline = WaitDeadline(context, timeout_ms);
   if (!deadline.ok()) return Reply(context, method, deadline.status());
-  auto* reactor = new WaitReactor(std::move(scope.owner), stats_, method, std::move(on_values));
+  absl::AnyInvocable<void()> sign;
+  if (auth_ != nullptr) {
+    sign = [auth = auth_, context, response] { auth->SignReply(context, *response); };
+  }
+  auto* reactor = new WaitReactor(std::move(scope.owner), stats_, method, std::move(on_values),
+                                  std::move(sign));
   reactor->Start(&scope.view, ToVector(keys), *deadline);
   return reactor;
 }
@@ -237,7 +256,7 @@ grpc::ServerUnaryReactor* StoreService::Simple(grpc::CallbackServerContext* cont
                                                Response* response, Work<Request, Response> work) {
   absl::StatusOr<Scoped> scope = Admit(*context, method, request, request.namespace_());
   if (!scope.ok()) return Reply(context, method, scope.status());
-  return Reply(context, method, (this->*work)(scope->view, request, response));
+  return Reply(context, method, (this->*work)(scope->view, request, response), response);
 }
 
 // --- What each method does once its store is reached, for both transports ---
@@ -335,7 +354,7 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context
   if (!scope.ok()) return Reply(context, "Get", scope.status());
   Keys keys;
   keys.Add()->assign(request->key());
-  return WaitFor(context, "Get", *std::move(scope), keys, request->timeout_ms(),
+  return WaitFor(context, "Get", *std::move(scope), keys, request->timeout_ms(), response,
                  [response](Values values) { response->set_value(std::move(values[0])); });
 }
 
@@ -352,11 +371,12 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
 }
 
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
-                                             const v1::WaitRequest* request, v1::WaitResponse*) {
+                                             const v1::WaitRequest* request,
+                                             v1::WaitResponse* response) {
   absl::StatusOr<Scoped> scope = Admit(*context, "Wait", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "Wait", scope.status());
   return WaitFor(context, "Wait", *std::move(scope), request->keys(), request->timeout_ms(),
-                 [](Values) {});
+                 response, [](Values) {});
 }
 
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
@@ -383,7 +403,7 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* co
   absl::StatusOr<Scoped> scope = Admit(*context, "MultiGet", *request, request->namespace_());
   if (!scope.ok()) return Reply(context, "MultiGet", scope.status());
   return WaitFor(context, "MultiGet", *std::move(scope), request->keys(), request->timeout_ms(),
-                 [response](Values values) {
+                 response, [response](Values values) {
                    for (std::string& value : values) response->add_values(std::move(value));
                  });
 }

@@ -101,15 +101,18 @@ class StoreService final : public v1::Store::CallbackService {
     std::shared_ptr<store::Store> owner;
     store::PrefixStore view;
   };
-  // Finishes a call that does not wait, counting it.
+  // Finishes a call that does not wait, counting it; on the peer port a successful answer
+  // (`response`) is signed.
   grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, const char* method,
-                                  const absl::Status& status);
-  // Parks a waiting call in the store; `on_values` fills the response once keys arrive.
+                                  const absl::Status& status,
+                                  const google::protobuf::Message* response = nullptr);
+  // Parks a waiting call in the store; `on_values` fills `response` once keys arrive.
   template <typename OnValues>
   grpc::ServerUnaryReactor* WaitFor(grpc::CallbackServerContext* context, const char* method,
                                     Scoped scope,
                                     const google::protobuf::RepeatedPtrField<std::string>& keys,
-                                    int64_t timeout_ms, OnValues on_values);
+                                    int64_t timeout_ms, const google::protobuf::Message* response,
+                                    OnValues on_values);
 
   // Admits the call (on the peer port, PeerAuth's verdict on its MAC), finds the store it
   // reaches and checks its namespace.

@@ -700,9 +700,20 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     // Members an earlier life of this node left behind go first, so their names and ranks
     // are free for the joins of this batch (a job whose members all ran on one node).
     std::set<std::string> stale;
+    std::optional<int64_t> own_owner;
     {
       absl::MutexLock lock(&mu_);
       stale = StaleOwnMembers(base);
+      own_owner = LocalOwnerUid();
+    }
+    // Who owns this group on this node is what this daemon's own sessions say, never what
+    // the record says (docs/security.md, "Who may join a group"): a record written elsewhere
+    // (a forged one, or one from a store another user serves) can neither hand this node to
+    // another uid nor keep the owner's uid out. AddMember then admits by this entry.
+    if (own_owner) {
+      (*next.mutable_node_owner_uids())[node_->name] = *own_owner;
+    } else {
+      next.mutable_node_owner_uids()->erase(node_->name);
     }
     // One incarnation for the whole attempt: its members must all match the key announced.
     const uint64_t incarnation = node_->incarnation.load();
@@ -803,7 +814,8 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
           ops_.push_back(std::move(undo));
           continue;
         }
-        local_[name] = LocalMember{ops[i].session_id, ops[i].join->incarnation};
+        local_[name] = LocalMember{ops[i].session_id, ops[i].join->incarnation,
+                                   ops[i].join->uid, absl::Now()};
         pending_joins_.push_back({name, ops[i].session_id, ops[i].deadline,
                                   std::move(ops[i].join_done), ops[i].join->omit_members});
       }
@@ -816,6 +828,14 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     }
     return;
   }
+}
+
+std::optional<int64_t> GroupTracker::LocalOwnerUid() {
+  // Joins are admitted one uid per node, so every local member has the same uid.
+  for (const auto& [name, member] : local_) {
+    if (member.uid >= 0) return member.uid;
+  }
+  return std::nullopt;
 }
 
 std::set<std::string> GroupTracker::StaleOwnMembers(const v1::GroupRecord& record) {
@@ -891,9 +911,22 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
           DaemonLog().warn("[group {}] [worker {}] evicted at version {}: {}", group_, it->first,
                            latest_.view().version(), latest_.change_detail());
           // Only losing members of the current incarnation calls for a new one; members of an
-          // older incarnation are gone because this node already took a new one.
+          // older incarnation are gone because this node already took a new one. And only when
+          // peers may have found this node silent here: a record that evicts a member this
+          // node kept alive disagrees with what the node knows of itself (a forged record, a
+          // store another user serves), so it costs this group its member and nothing more.
+          // A new incarnation would make every peer evict this node's members of every group.
           if (it->second.incarnation == node_->incarnation.load()) {
-            evicted = it->second.incarnation;
+            if (liveness_->MayHaveLookedSilentSince(it->second.recorded)) {
+              evicted = it->second.incarnation;
+            } else {
+              DaemonLog().warn("[group {}] [worker {}] version {} removes a member this node "
+                               "kept alive (its heartbeat in store {} was never late): the "
+                               "record is not acted on beyond this group; node {} keeps "
+                               "incarnation {}",
+                               group_, it->first, latest_.view().version(), store_name_,
+                               node_->name, it->second.incarnation);
+            }
           }
           it = local_.erase(it);
         } else {

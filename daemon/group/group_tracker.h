@@ -160,6 +160,8 @@ class GroupTracker : public WorkerTask {
   struct LocalMember {
     std::string session_id;
     uint64_t incarnation = 0;  // this node's, when the member joined
+    int64_t uid = -1;          // the user its session is bound to (JoinSpec::uid)
+    absl::Time recorded;       // when this daemon recorded it
     // Barrier rounds count within a generation (see Barrier()).
     int64_t barrier_generation = -1;
     int64_t barrier_round = 0;
@@ -212,6 +214,9 @@ class GroupTracker : public WorkerTask {
   void EnterBarrier(BarrierOp op);
   v1::GroupView ViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Members of `record` on this node from an earlier incarnation that no local session holds.
+  // The uid whose sessions hold this group's members on this node, as this daemon's own
+  // sessions say (nullopt: none here). Never read from a record: see OwnNodeOwner in Step.
+  std::optional<int64_t> LocalOwnerUid() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::set<std::string> StaleOwnMembers(const v1::GroupRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs a failure to read the group (rate-limited); DATA_LOSS marks the group damaged.

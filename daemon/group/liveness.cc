@@ -187,11 +187,18 @@ void NodeLiveness::NoteBeatLocked(const absl::Status& status) {
   absl::MutexLock lock(&stats_mu_);
   stats_.lease = lease_;
   if (status.ok()) {
-    stats_.last_beat = absl::Now();
+    const absl::Time now = absl::Now();
+    if (now - stats_.last_beat > ttl_ / 2) last_silence_ended_ = now;
+    stats_.last_beat = now;
   } else {
     ++stats_.failed_beats;
     stats_.last_error = Describe(status);
   }
+}
+
+bool NodeLiveness::MayHaveLookedSilentSince(absl::Time since) {
+  absl::MutexLock lock(&stats_mu_);
+  return absl::Now() - stats_.last_beat > ttl_ / 2 || last_silence_ended_ >= since;
 }
 
 }  // namespace tpd::group

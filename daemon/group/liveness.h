@@ -78,6 +78,13 @@ class NodeLiveness {
   absl::StatusOr<std::optional<std::string>> ReadPeer(const std::string& node, bool fresh = false)
       ABSL_LOCKS_EXCLUDED(peers_mu_);
 
+  // Whether peers may have found this node silent in this store at some time after `since`:
+  // its key went more than half the heartbeat timeout without a successful write or renewal
+  // (it was stalled, cut off, or the store failed it), then or now. A group record that
+  // evicts this node's members when this says no disagrees with what the node knows of
+  // itself (GroupTracker::Observe).
+  bool MayHaveLookedSilentSince(absl::Time since) ABSL_LOCKS_EXCLUDED(stats_mu_);
+
   bool leased() const { return leases_ != nullptr; }
   LivenessStats Stats() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -109,6 +116,8 @@ class NodeLiveness {
   // while the store does not. Order: mu_ before stats_mu_.
   absl::Mutex stats_mu_ ABSL_ACQUIRED_AFTER(mu_);
   LivenessStats stats_ ABSL_GUARDED_BY(stats_mu_);
+  // When the last success ended a silence longer than half the timeout.
+  absl::Time last_silence_ended_ ABSL_GUARDED_BY(stats_mu_) = absl::InfinitePast();
 
   struct PeerRead {
     std::optional<std::string> value;

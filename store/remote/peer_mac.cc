@@ -115,8 +115,31 @@ absl::StatusOr<ParsedPeerAuth> ParsePeerAuthHeader(absl::string_view value) {
 PeerCallSigner::PeerCallSigner(std::string key, std::string audience)
     : key_(std::move(key)), audience_(std::move(audience)), sender_id_(RandomSenderId()) {}
 
-std::string PeerCallSigner::Sign(absl::string_view method, const google::protobuf::Message& request,
-                                 absl::Time now) {
+std::string ComputeReplyMac(absl::string_view key, absl::string_view call_mac,
+                            const google::protobuf::Message& response) {
+  std::string input;
+  AppendField(kPeerReplyVersion, &input);
+  AppendField(call_mac, &input);
+  AppendField(RequestDigest(response), &input);
+  return HmacSha256(key, input);
+}
+
+std::string FormatPeerReplyHeader(absl::string_view mac) {
+  return absl::StrCat(kPeerReplyVersion, " mac=", absl::BytesToHexString(mac));
+}
+
+absl::StatusOr<std::string> ParsePeerReplyHeader(absl::string_view value) {
+  if (!absl::ConsumePrefix(&value, kPeerReplyVersion) || !absl::ConsumePrefix(&value, " mac=") ||
+      value.size() != 2 * kDigestBytes ||
+      value.find_first_not_of("0123456789abcdef") != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("the ", kPeerReplyHeader, " trailer is not \"",
+                                                   kPeerReplyVersion, " mac=<64 hex>\""));
+  }
+  return absl::HexStringToBytes(value);
+}
+
+SignedCall PeerCallSigner::SignCall(absl::string_view method,
+                                    const google::protobuf::Message& request, absl::Time now) {
   PeerMacFields fields;
   fields.method = std::string(method);
   fields.audience = audience_;
@@ -124,7 +147,10 @@ std::string PeerCallSigner::Sign(absl::string_view method, const google::protobu
   fields.sender_id = sender_id_;
   fields.sequence = next_sequence_.fetch_add(1, std::memory_order_relaxed);
   fields.body_digest = RequestDigest(request);
-  return FormatPeerAuthHeader(fields, ComputePeerMac(key_, fields));
+  SignedCall call;
+  call.mac = ComputePeerMac(key_, fields);
+  call.header = FormatPeerAuthHeader(fields, call.mac);
+  return call;
 }
 
 }  // namespace tpd::store

@@ -15,9 +15,16 @@
 // What it gives: a callee that knows the token can tell that a holder of the token made
 // exactly this call (method and request) to a daemon on this port, recently (timestamp),
 // once (sender + sequence; the callee keeps the replay window). What it does not give:
-// secrecy (requests and answers travel in clear; use mTLS for that), nor protection of the
-// answer. Both sides must serialize the request alike: daemons of one release do; a field
-// one side does not know would change the digest (the call is then refused as "bad MAC").
+// secrecy (requests and answers travel in clear; use mTLS for that). Both sides must
+// serialize alike: daemons of one release do; a field one side does not know would change
+// the digest (the call is then refused as "bad MAC").
+//
+// Answers are signed too, so a daemon follows only a store that proves the token (a store
+// someone else serves, named in a tcp:// URL or put in the path, is refused): a successful
+// answer carries the trailing metadata entry kPeerReplyHeader, "tpd-reply-v1 mac=<64 hex>",
+// where mac = HMAC-SHA256(token, the reply tag, the call's own MAC, the SHA-256 of the
+// response serialized deterministically). Binding the call's MAC makes an answer good for
+// that one call only. Error answers are not signed: they admit nothing.
 //
 // Thread safety: the functions are pure; PeerCallSigner is thread-safe.
 
@@ -75,6 +82,24 @@ struct ParsedPeerAuth {
 };
 absl::StatusOr<ParsedPeerAuth> ParsePeerAuthHeader(absl::string_view value);
 
+// The trailing metadata key of an answer's MAC, and its version tag.
+inline constexpr char kPeerReplyHeader[] = "tpd-auth-reply";
+inline constexpr absl::string_view kPeerReplyVersion = "tpd-reply-v1";
+
+// HMAC-SHA256 (32 raw bytes) of the answer `response` to the call whose MAC was `call_mac`.
+std::string ComputeReplyMac(absl::string_view key, absl::string_view call_mac,
+                            const google::protobuf::Message& response);
+// The header value carrying `mac`, and the MAC read back from one (INVALID_ARGUMENT when
+// malformed).
+std::string FormatPeerReplyHeader(absl::string_view mac);
+absl::StatusOr<std::string> ParsePeerReplyHeader(absl::string_view value);
+
+// A signed call: the header value to send, and the MAC in it (for checking the answer).
+struct SignedCall {
+  std::string header;
+  std::string mac;  // 32 raw bytes
+};
+
 // Signs the calls of one caller to one audience: a random sender id, a sequence number
 // counting up from 1.
 class PeerCallSigner {
@@ -83,7 +108,12 @@ class PeerCallSigner {
 
   // The header value for a call of `method` with `request`, stamped `now`.
   std::string Sign(absl::string_view method, const google::protobuf::Message& request,
-                   absl::Time now = absl::Now());
+                   absl::Time now = absl::Now()) {
+    return SignCall(method, request, now).header;
+  }
+  // The same, with the MAC the answer will be bound to.
+  SignedCall SignCall(absl::string_view method, const google::protobuf::Message& request,
+                      absl::Time now = absl::Now());
 
   uint64_t sender_id() const { return sender_id_; }
   const std::string& audience() const { return audience_; }

@@ -18,6 +18,7 @@ struct RemoteStore::PendingWait {
   v1::MultiGetResponse response;
   grpc::Status status;
   std::unique_ptr<grpc::ClientAsyncResponseReader<v1::MultiGetResponse>> call;
+  std::string call_mac;
   WaitCallback done;
 };
 
@@ -67,7 +68,7 @@ void RemoteStore::DrainCompletions() {
       wait = std::move(it->second);
       waits_.erase(it);
     }
-    absl::Status result = FromGrpc(wait->status);
+    absl::Status result = Answer(wait->context, wait->status, wait->call_mac, wait->response);
     if (result.ok()) {
       wait->done(
           std::vector<std::string>(wait->response.values().begin(), wait->response.values().end()));
@@ -95,20 +96,46 @@ RemoteStore::~RemoteStore() {
   cq_thread_.join();
 }
 
-void RemoteStore::Sign(grpc::ClientContext* context, const char* method,
-                       const google::protobuf::Message& request) {
-  if (options_.token.empty()) return;
-  context->AddMetadata(
-      kPeerAuthHeader,
-      signer_.Sign(absl::StrCat("/", v1::Store::service_full_name(), "/", method), request));
+std::string RemoteStore::Sign(grpc::ClientContext* context, const char* method,
+                              const google::protobuf::Message& request) {
+  if (options_.token.empty()) return "";
+  SignedCall call =
+      signer_.SignCall(absl::StrCat("/", v1::Store::service_full_name(), "/", method), request);
+  context->AddMetadata(kPeerAuthHeader, call.header);
+  return std::move(call.mac);
 }
 
-std::unique_ptr<grpc::ClientContext> RemoteStore::Context(
-    const char* method, const google::protobuf::Message& request) {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
-  Sign(context.get(), method, request);
-  return context;
+template <typename Request, typename Response>
+absl::Status RemoteStore::Unary(
+    const char* method,
+    grpc::Status (v1::Store::Stub::*invoke)(grpc::ClientContext*, const Request&, Response*),
+    const Request& request, Response* response) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+  const std::string call_mac = Sign(&context, method, request);
+  const grpc::Status status = (stub_.get()->*invoke)(&context, request, response);
+  return Answer(context, status, call_mac, *response);
+}
+
+absl::Status RemoteStore::Answer(const grpc::ClientContext& context, const grpc::Status& status,
+                                 const std::string& call_mac,
+                                 const google::protobuf::Message& response) const {
+  if (!status.ok() || options_.token.empty()) return FromGrpc(status);
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto header = trailers.find(kPeerReplyHeader);
+  absl::StatusOr<std::string> mac =
+      header == trailers.end()
+          ? absl::NotFoundError(absl::StrCat("no ", kPeerReplyHeader, " trailer"))
+          : ParsePeerReplyHeader(absl::string_view(header->second.data(), header->second.size()));
+  if (mac.ok() &&
+      ConstantTimeEquals(*mac, ComputeReplyMac(options_.token, call_mac, response))) {
+    return absl::OkStatus();
+  }
+  return absl::UnauthenticatedError(absl::StrCat(
+      "store at ", address_, " did not prove the cluster token in its answer (",
+      mac.ok() ? "bad MAC" : mac.status().message(),
+      "): it is no tpd daemon of this cluster, or the answer was changed on the way; nothing "
+      "it said is used"));
 }
 
 absl::Status RemoteStore::FromGrpc(const grpc::Status& status) const {
@@ -138,7 +165,7 @@ absl::Status RemoteStore::Set(absl::string_view key, absl::string_view value) {
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::SetResponse response;
-  return FromGrpc(stub_->Set(Context("Set", request).get(), request, &response));
+  return Unary("Set", &v1::Store::Stub::Set, request, &response);
 }
 
 absl::Status RemoteStore::MultiSet(const std::vector<std::string>& keys,
@@ -147,7 +174,7 @@ absl::Status RemoteStore::MultiSet(const std::vector<std::string>& keys,
   request.mutable_keys()->Add(keys.begin(), keys.end());
   request.mutable_values()->Add(values.begin(), values.end());
   v1::MultiSetResponse response;
-  return FromGrpc(stub_->MultiSet(Context("MultiSet", request).get(), request, &response));
+  return Unary("MultiSet", &v1::Store::Stub::MultiSet, request, &response);
 }
 
 absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key, int64_t delta) {
@@ -155,7 +182,7 @@ absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key, int64_t delta) {
   request.set_key(std::string(key));
   request.set_delta(delta);
   v1::AddResponse response;
-  absl::Status status = FromGrpc(stub_->Add(Context("Add", request).get(), request, &response));
+  absl::Status status = Unary("Add", &v1::Store::Stub::Add, request, &response);
   if (!status.ok()) return status;
   return response.value();
 }
@@ -168,8 +195,7 @@ absl::StatusOr<std::string> RemoteStore::CompareSet(absl::string_view key,
   request.set_expected_value(std::string(expected));
   request.set_desired_value(std::string(desired));
   v1::CompareSetResponse response;
-  absl::Status status =
-      FromGrpc(stub_->CompareSet(Context("CompareSet", request).get(), request, &response));
+  absl::Status status = Unary("CompareSet", &v1::Store::Stub::CompareSet, request, &response);
   if (!status.ok()) return status;
   return std::move(*response.mutable_value());
 }
@@ -179,14 +205,14 @@ absl::Status RemoteStore::Append(absl::string_view key, absl::string_view value)
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::AppendResponse response;
-  return FromGrpc(stub_->Append(Context("Append", request).get(), request, &response));
+  return Unary("Append", &v1::Store::Stub::Append, request, &response);
 }
 
 absl::StatusOr<bool> RemoteStore::Check(const std::vector<std::string>& keys) {
   v1::CheckRequest request;
   request.mutable_keys()->Add(keys.begin(), keys.end());
   v1::CheckResponse response;
-  absl::Status status = FromGrpc(stub_->Check(Context("Check", request).get(), request, &response));
+  absl::Status status = Unary("Check", &v1::Store::Stub::Check, request, &response);
   if (!status.ok()) return status;
   return response.ready();
 }
@@ -195,8 +221,7 @@ absl::StatusOr<bool> RemoteStore::DeleteKey(absl::string_view key) {
   v1::DeleteKeyRequest request;
   request.set_key(std::string(key));
   v1::DeleteKeyResponse response;
-  absl::Status status =
-      FromGrpc(stub_->DeleteKey(Context("DeleteKey", request).get(), request, &response));
+  absl::Status status = Unary("DeleteKey", &v1::Store::Stub::DeleteKey, request, &response);
   if (!status.ok()) return status;
   return response.deleted();
 }
@@ -207,8 +232,7 @@ absl::StatusOr<int64_t> RemoteStore::NumKeys(absl::string_view prefix) {
   v1::NumKeysRequest request;
   request.set_prefix(std::string(prefix));
   v1::NumKeysResponse response;
-  absl::Status status =
-      FromGrpc(stub_->NumKeys(Context("NumKeys", request).get(), request, &response));
+  absl::Status status = Unary("NumKeys", &v1::Store::Stub::NumKeys, request, &response);
   if (!status.ok()) return status;
   return response.num_keys();
 }
@@ -225,7 +249,7 @@ absl::StatusOr<WaitId> RemoteStore::WaitAsync(std::vector<std::string> keys, abs
   if (deadline != absl::InfiniteFuture()) {
     wait->context.set_deadline(absl::ToChronoTime(deadline + absl::Seconds(2)));
   }
-  Sign(&wait->context, "MultiGet", wait->request);
+  wait->call_mac = Sign(&wait->context, "MultiGet", wait->request);
   wait->done = std::move(done);
   WaitId id;
   {

@@ -1,7 +1,10 @@
 // A store served by another tpd daemon, reached over its peer port: the backend behind
 // tcp:// and env:// rendezvous, where one daemon hosts the group's store. Every call is
 // signed with a per-call MAC keyed by the cluster token (peer_mac.h); the token is never
-// sent. With TLS options the channel is mutual TLS as well.
+// sent. Every successful answer must carry the serving daemon's MAC over it, bound to the
+// call: one without (a store that is no daemon of this cluster, or an answer changed on the
+// way) is UNAUTHENTICATED, and nothing it said is used. With TLS options the channel is
+// mutual TLS as well.
 //
 // Errors come back with the serving daemon's code; messages are prefixed with its address
 // ("store at 10.0.0.1:29400: ...") so a failure names the peer. An unreachable daemon is
@@ -79,13 +82,21 @@ class RemoteStore : public Store {
   RemoteStore(std::string address, RemoteStoreOptions options);
   struct PendingWait;
 
-  // A context for one call of `method` (e.g. "Set") with `request`: the call timeout as
-  // deadline, and the MAC.
-  std::unique_ptr<grpc::ClientContext> Context(const char* method,
-                                               const google::protobuf::Message& request);
-  void Sign(grpc::ClientContext* context, const char* method,
-            const google::protobuf::Message& request);
+  // One unary call of `method` (e.g. "Set"), with the call timeout as deadline: signed, and
+  // its answer checked (Answer).
+  template <typename Request, typename Response>
+  absl::Status Unary(const char* method,
+                     grpc::Status (v1::Store::Stub::*invoke)(grpc::ClientContext*, const Request&,
+                                                             Response*),
+                     const Request& request, Response* response);
+  // Adds the call's MAC to `context`; returns it ("" without a token).
+  std::string Sign(grpc::ClientContext* context, const char* method,
+                   const google::protobuf::Message& request);
   void DrainCompletions();
+  // The call's outcome: FromGrpc of `status`, and for a success, the answer's MAC checked
+  // against `call_mac` (UNAUTHENTICATED when missing or wrong).
+  absl::Status Answer(const grpc::ClientContext& context, const grpc::Status& status,
+                      const std::string& call_mac, const google::protobuf::Message& response) const;
   absl::Status FromGrpc(const grpc::Status& status) const;
 
   const std::string address_;

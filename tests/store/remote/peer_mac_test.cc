@@ -116,6 +116,32 @@ TEST(PeerMacTest, SignerCountsSequencesAndNamesItsAudience) {
   EXPECT_NE(PeerCallSigner("secret", "a:1").sender_id(), signer.sender_id());
 }
 
+TEST(PeerMacTest, AReplyMacBindsTheAnswerToItsCallAndTheToken) {
+  PeerCallSigner signer("secret", "127.0.0.1:4000");
+  v1::SetRequest request;
+  const SignedCall call = signer.SignCall("/m", request);
+  const SignedCall other = signer.SignCall("/m", request);
+  ASSERT_EQ(ParsePeerAuthHeader(call.header)->mac, call.mac);
+  v1::GetResponse answer;
+  answer.set_value("v");
+  const std::string mac = ComputeReplyMac("secret", call.mac, answer);
+  absl::StatusOr<std::string> parsed = ParsePeerReplyHeader(FormatPeerReplyHeader(mac));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, mac);
+  // Another call, another token, another answer: another MAC.
+  EXPECT_NE(ComputeReplyMac("secret", other.mac, answer), mac);
+  EXPECT_NE(ComputeReplyMac("guess", call.mac, answer), mac);
+  v1::GetResponse changed;
+  changed.set_value("w");
+  EXPECT_NE(ComputeReplyMac("secret", call.mac, changed), mac);
+  for (const std::string& bad : {std::string(""), std::string("tpd-reply-v1 mac=00"),
+                                 std::string("tpd-reply-v2 mac=") + std::string(64, '0'),
+                                 std::string("tpd-reply-v1 mac=") + std::string(64, 'G')}) {
+    EXPECT_EQ(ParsePeerReplyHeader(bad).status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
 TEST(PeerMacTest, HmacSha256MatchesRfc4231) {
   // RFC 4231, test case 2.
   EXPECT_EQ(absl::BytesToHexString(HmacSha256("Jefe", "what do ya want for nothing?")),
