@@ -534,6 +534,18 @@ absl::StatusOr<v1::GroupView> Client::GetGroup(absl::string_view group,
   return view;
 }
 
+absl::StatusOr<std::string> Client::UserSecret(absl::string_view purpose) {
+  absl::StatusOr<std::string> session = Session();
+  if (!session.ok()) return session.status();
+  v1::UserSecretRequest request;
+  request.set_session_id(*session);
+  request.set_purpose(std::string(purpose));
+  v1::UserSecretResponse response;
+  absl::Status status = FromGrpc(control_->UserSecret(Context().get(), request, &response));
+  if (!status.ok()) return status;
+  return std::move(*response.mutable_secret());
+}
+
 absl::StatusOr<std::vector<v1::GroupView>> Client::ListGroups() {
   v1::ListGroupsResponse response;
   absl::Status status =

@@ -230,6 +230,9 @@ class Client {
   absl::StatusOr<v1::GroupView> GetGroup(absl::string_view group,
                                          absl::string_view init_method = "");
   absl::StatusOr<std::vector<v1::GroupView>> ListGroups();
+  // A secret of this process's user for `purpose` (Control.UserSecret): 32 bytes, the same
+  // for this uid on every daemon of the cluster, given to no other uid. Opens the session.
+  absl::StatusOr<std::string> UserSecret(absl::string_view purpose);
   // The stream lives until Finish or destruction; no call deadline.
   std::unique_ptr<GroupWatch> Watch(absl::string_view group, absl::string_view init_method = "");
 

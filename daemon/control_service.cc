@@ -24,6 +24,9 @@ class WatchSink : public group::GroupWatcher {
 
 const grpc::Status kShuttingDown(grpc::StatusCode::UNAVAILABLE, "the tpd daemon is shutting down");
 
+// UserSecretRequest.purpose: a label, not data.
+constexpr size_t kMaxUserSecretPurposeBytes = 256;
+
 }  // namespace
 
 ControlService::ControlService(group::GroupManager* groups, CallStats* stats,
@@ -193,6 +196,25 @@ grpc::ServerUnaryReactor* ControlService::Barrier(grpc::CallbackServerContext* c
     return reactor;
   }
   groups_->Barrier(*request, [finish](absl::Status status) { finish(status); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControlService::UserSecret(grpc::CallbackServerContext* context,
+                                                     const v1::UserSecretRequest* request,
+                                                     v1::UserSecretResponse* response) {
+  grpc::ServerUnaryReactor* reactor;
+  auto finish = Later(context, &reactor, "UserSecret");
+  if (request->purpose().size() > kMaxUserSecretPurposeBytes) {
+    finish(absl::InvalidArgumentError(absl::StrCat("UserSecretRequest.purpose is ",
+                                                   request->purpose().size(),
+                                                   " bytes; the limit is ",
+                                                   kMaxUserSecretPurposeBytes)));
+    return reactor;
+  }
+  absl::StatusOr<std::string> secret =
+      groups_->UserSecret(request->session_id(), request->purpose());
+  if (secret.ok()) response->set_secret(*std::move(secret));
+  finish(secret.status());
   return reactor;
 }
 

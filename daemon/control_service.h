@@ -55,6 +55,9 @@ class ControlService final : public v1::Control::CallbackService {
   grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* context,
                                     const v1::BarrierRequest* request,
                                     v1::BarrierResponse* response) override;
+  grpc::ServerUnaryReactor* UserSecret(grpc::CallbackServerContext* context,
+                                       const v1::UserSecretRequest* request,
+                                       v1::UserSecretResponse* response) override;
   grpc::ServerUnaryReactor* GetGroup(grpc::CallbackServerContext* context,
                                      const v1::GetGroupRequest* request,
                                      v1::GroupView* response) override;

@@ -1,6 +1,7 @@
 #include "daemon/daemon.h"
 
 #include <grp.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,9 +26,24 @@
 #include "proto/shm/attach.h"
 #include "store/etcd/etcd_credentials.h"
 #include "store/file/path_policy.h"
+#include "store/remote/peer_mac.h"
 
 namespace tpd {
 namespace {
+
+// The key of Control.UserSecret. Derived from the cluster token, under a label no peer MAC
+// uses, so every daemon of the cluster gives a uid the same secrets while no secret given
+// out helps forge a peer call. Without a token (a daemon alone), a key of this run.
+std::string UserSecretKey(const std::string& token) {
+  if (!token.empty()) return store::HmacSha256(token, "tpd-user-secret-key-v1");
+  std::string key(32, '\0');
+  size_t filled = 0;
+  while (filled < key.size()) {
+    const ssize_t got = getrandom(key.data() + filled, key.size() - filled, 0);
+    if (got > 0) filled += static_cast<size_t>(got);
+  }
+  return key;
+}
 
 store::MemoryStoreOptions StoreOptions(const StoreConfig& config) {
   store::MemoryStoreOptions options;
@@ -294,6 +310,7 @@ absl::Status Daemon::Serve() {
   groups.idle_release = config_.group.idle_group_release;
   groups.max_sessions_per_uid = config_.data.max_open_sessions_per_uid;
   groups.identify_timeout = config_.data.session_identify_timeout;
+  groups.user_secret_key = UserSecretKey(config_.peer.token);
   groups.rendezvous.file_dirs = config_.group.file_rendezvous_dirs;
   // etcd:// stores: [etcd]'s timeouts and credentials (files read once, here; a bad one stops
   // the daemon naming the setting), [store] max_waiters.

@@ -121,7 +121,7 @@ workers=()
 for ((rank = 0; rank < world_size; ++rank)); do
   node=${nodes[rank * ${#nodes[@]} / world_size]}
   TPD_SOCKET="$base/$node/tpd.sock" TPD_CLIENT_LIBRARY=bazel-bin/client/c/libtpd_client.so \
-    PYTHONPATH=python MASTER_ADDR=127.0.0.1 MASTER_PORT=$master_port \
+    PYTHONPATH=python MASTER_ADDR=127.0.0.1 MASTER_PORT=$master_port TPD_RPC_HOME="tcp://$peer0" \
     /usr/bin/python3 examples/python/parameter_server.py --rank "$rank" \
     --world_size "$world_size" >"$base/python$rank.log" 2>&1 &
   workers+=($!)

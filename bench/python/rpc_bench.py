@@ -326,6 +326,12 @@ def main():
     root = tempfile.mkdtemp(prefix="tpd-bench-", dir="/tmp")
     token = secrets.token_hex(8)
     daemons = [Daemon(args.tpd, root, f"node{i}", token) for i in range(2)]
+    # Both daemons share this host on ports of their own: the job's group lives at node0's
+    # (tpd.rpc would otherwise look for it on each worker's own daemon's port).
+    from tpd._client import Client
+    node0 = Client(daemons[0].socket)
+    os.environ["TPD_RPC_HOME"] = "tcp://" + node0.status()["peer_address"]
+    node0.close()
     if args.breakdown:
         try:
             rows = run_backend("tpd", [daemons[0].socket] * 2, args)

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -562,6 +563,17 @@ int tpd_get_group(tpd_client* client, const char* group, const char* init_method
                                                                          Str(init_method));
     if (!view.ok()) return view.status();
     return ToJson(*view, view_json);
+  });
+}
+
+int tpd_user_secret(tpd_client* client, const char* purpose, char** secret_hex) {
+  return Guarded("tpd_user_secret", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(secret_hex, "secret_hex"); !s.ok()) return s;
+    absl::StatusOr<std::string> secret = client->client->UserSecret(Str(purpose));
+    if (!secret.ok()) return secret.status();
+    *secret_hex = Copy(absl::BytesToHexString(*secret));
+    return absl::OkStatus();
   });
 }
 

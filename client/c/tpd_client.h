@@ -113,6 +113,9 @@ int tpd_barrier(tpd_client* client, const char* group, const char* name, int64_t
 int tpd_get_group(tpd_client* client, const char* group, const char* init_method,
                   char** view_json);
 /* Admin.Status of the daemon as JSON. */
+// A secret of this process's user for `purpose` (Control.UserSecret): 64 hex digits in
+// *secret_hex (free with tpd_free), the same for this uid on every daemon of the cluster.
+int tpd_user_secret(tpd_client* client, const char* purpose, char** secret_hex);
 int tpd_status(tpd_client* client, char** status_json);
 
 /* --- Tensors --- */

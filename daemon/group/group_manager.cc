@@ -17,6 +17,7 @@
 #include "daemon/logging.h"
 #include "daemon/session_handle.h"
 #include "store/prefix_store.h"
+#include "store/remote/peer_mac.h"
 
 namespace tpd::group {
 namespace {
@@ -184,6 +185,26 @@ absl::Status GroupManager::BindSessionUid(const std::string& session_id, int64_t
   }
   bound = uid;
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GroupManager::UserSecret(const std::string& session_id,
+                                                     absl::string_view purpose) {
+  int64_t uid;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end() || !it->second.uid) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", SessionHandle(session_id),
+          it == sessions_.end() ? " is not open"
+                                : " has not identified its user on the data socket yet"));
+    }
+    uid = *it->second.uid;
+  }
+  // Length-prefixed, so no (uid, purpose) pair encodes like another.
+  return store::HmacSha256(options_.user_secret_key,
+                           absl::StrCat("tpd-user-secret-v1 uid=", uid, " purpose=",
+                                        purpose.size(), ":", purpose));
 }
 
 void GroupManager::EndSession(const std::string& session_id) {

@@ -61,6 +61,9 @@ struct GroupManagerOptions {
   int64_t max_sessions_per_uid = 256;
   // A session not bound to a uid by then is ended (set_session_ender).
   absl::Duration identify_timeout = absl::Seconds(10);
+  // The key of UserSecret: derived from the cluster token, so every daemon of the cluster
+  // gives a uid the same secret. Must not be empty.
+  std::string user_secret_key;
 };
 
 class GroupManager {
@@ -84,6 +87,12 @@ class GroupManager {
   void set_session_ender(std::function<void(const std::string& id, const std::string& why)> end) {
     session_ender_ = std::move(end);
   }
+
+  // The secret of the uid `session_id` is bound to, for `purpose` (Control.UserSecret):
+  // HMAC(user_secret_key, uid, purpose). FAILED_PRECONDITION for a session not open or not
+  // identified yet.
+  absl::StatusOr<std::string> UserSecret(const std::string& session_id,
+                                         absl::string_view purpose);
 
   void Join(const v1::JoinRequest& request, GroupTracker::JoinDone done);
   // The Join `request` was cancelled by its client (gone, or past its deadline).

@@ -148,6 +148,7 @@ def _declare(lib, path):
         "tpd_barrier": (c.c_int, [p, s, s, i64]),
         "tpd_get_group": (c.c_int, [p, s, s, pp]),
         "tpd_status": (c.c_int, [p, pp]),
+        "tpd_user_secret": (c.c_int, [p, s, pp]),
         "tpd_arena_alloc": (c.c_int, [p, c.c_uint64, pp]),
         "tpd_arena_free": (None, [p, p]),
         "tpd_arena_in_flight": (c.c_int, [p, p, c.POINTER(c.c_int)]),

@@ -165,6 +165,13 @@ class Client:
                                             ctypes.byref(out)))
         return _capi.take_json(out.value)
 
+    def user_secret(self, purpose):
+        """32 bytes only this process's user gets for ``purpose``, the same from every daemon
+        of the cluster (Control.UserSecret)."""
+        out = ctypes.c_void_p()
+        _capi.check(self._lib.tpd_user_secret(self._handle, _capi.b(purpose), ctypes.byref(out)))
+        return bytes.fromhex(_capi.take_string(out.value))
+
     def status(self):
         out = ctypes.c_void_p()
         _capi.check(self._lib.tpd_status(self._handle, ctypes.byref(out)))

@@ -84,17 +84,22 @@ def workdir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+# tpd.rpc finds the job's group at TPD_RPC_HOME, or at the rendezvous host's daemon on this
+# daemon's peer port; the daemons of these tests share one host on ports of their own, so the
+# jobs name node0's.
 @pytest.fixture
-def daemon(workdir):
+def daemon(workdir, monkeypatch):
     d = Daemon(workdir, "node0", secrets.token_hex(8))
+    monkeypatch.setenv("TPD_RPC_HOME", f"tcp://{d.peer_address}")
     yield d
     d.stop()
 
 
 @pytest.fixture
-def two_daemons(workdir):
+def two_daemons(workdir, monkeypatch):
     token = secrets.token_hex(8)
     ds = [Daemon(workdir, f"node{i}", token) for i in range(2)]
+    monkeypatch.setenv("TPD_RPC_HOME", f"tcp://{ds[0].peer_address}")
     yield ds
     for d in ds:
         d.stop()

@@ -36,6 +36,8 @@ def test_env_init_method_with_master_addr_and_port(daemon, workdir, monkeypatch)
         port = s.getsockname()[1]
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
+    # The group's home is then MASTER_ADDR's daemon at this daemon's peer port.
+    monkeypatch.delenv("TPD_RPC_HOME")
     results = rpc_workers.run(scenarios.many_async, 2, [daemon.socket], "env://", calls=10)
     assert results == {0: 10, 1: 10}
 

@@ -127,6 +127,7 @@ def _ensure_daemon():
         root = tempfile.mkdtemp(prefix="tpd-torch-", dir="/tmp")
         TpdDaemon.daemon = conftest.Daemon(root, "node0", secrets.token_hex(8))
         os.environ["TPD_SOCKET"] = TpdDaemon.daemon.socket
+        os.environ["TPD_RPC_HOME"] = f"tcp://{TpdDaemon.daemon.peer_address}"
         atexit.register(_stop_daemon, root)  # the ranks' processes are gone by then
     return TpdDaemon.daemon
 

@@ -2,19 +2,22 @@
 
 Rendezvous. ``init_method`` keeps torch's meaning: ``env://`` (MASTER_ADDR, MASTER_PORT),
 ``tcp://host:port`` and ``file://path`` name a torch store, made by torch's own
-``dist.rendezvous`` with torch's errors. tpd uses it once, to agree on the job's tpd group: the
-first worker to get there proposes a group name, a fresh secret and its daemon's peer port, and
-everyone joins that group through their own node's daemon. ``etcd://...`` and
-``tpd://host:port`` (a daemon's peer port) skip torch's store and join directly, the secret
-then coming from ``TPD_RPC_SECRET``.
+``dist.rendezvous`` with torch's errors. tpd uses it once, for a public nonce that makes each
+init_rpc's group its own; the group's name and secret are derived from ``TPD_RPC_SECRET`` or
+this user's secret (``Client.user_secret``), and its home is the job's configuration
+(``TPD_RPC_HOME``, or the rendezvous host's daemon). ``etcd://...`` and ``tpd://host:port``
+(a daemon's peer port) skip torch's store and join directly, and need ``TPD_RPC_SECRET``.
 """
 
 import atexit
 import contextlib
+import hashlib
+import hmac
 import numbers
 import os
 import secrets
 import threading
+import urllib.parse
 
 import torch
 import torch.distributed as dist
@@ -112,30 +115,87 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
 
 
 def _rendezvous(client, options, rank, world_size, prefix):
-    """(group, tpd init method, secret, torch store or None) of this job."""
+    """(group, tpd init method, secret, torch store or None) of this job.
+
+    Nothing that decides who may join comes from a store others can write (docs/security.md,
+    "Python jobs"): the group's home is the job's own configuration (``_home``), and its secret
+    is ``TPD_RPC_SECRET`` or derived from this user's secret, which only this uid's sessions
+    get from their daemons. torch's store carries one public nonce, so each init_rpc gets a
+    group of its own."""
     url = options.init_method
-    if url.startswith("etcd://"):
-        return "rpc", url, os.environ.get("TPD_RPC_SECRET", ""), None
-    if url.startswith("tpd://"):
-        return "rpc", "tcp://" + url[len("tpd://"):], os.environ.get("TPD_RPC_SECRET", ""), None
+    secret = os.environ.get("TPD_RPC_SECRET", "")
+    if url.startswith(("etcd://", "tpd://")):
+        home = url if url.startswith("etcd://") else "tcp://" + url[len("tpd://"):]
+        if secret:
+            return _derive_group(secret, ""), home, secret, None
+        if os.environ.get("TPD_RPC_OPEN_GROUP") == "1":
+            return os.environ.get("TPD_RPC_GROUP", "rpc"), home, "", None
+        raise RuntimeError(
+            f"init_method {url.split('://')[0]}:// needs the job's secret: set TPD_RPC_SECRET "
+            "to the same random value in every worker of the job (for example "
+            "`python3 -c 'import secrets; print(secrets.token_hex(16))'`); without one any "
+            "user of any node could join the job and run code in its workers. "
+            "TPD_RPC_OPEN_GROUP=1 allows such an open group on purpose")
     if world_size:
         store, _, _ = next(dist.rendezvous(url, rank=rank, world_size=world_size))
     else:
         store = dist._create_store_from_options(options, rank)
+    home = _home(client, url)
     store = dist.PrefixStore(prefix, store)
+    # The first nonce stored wins (c10d compare_set). Whoever writes it first picks only a
+    # number: without this user's secret it cannot tell which group that makes.
+    nonce = store.compare_set("tpd/nonce", "", secrets.token_hex(16))
+    if isinstance(nonce, bytes):
+        nonce = nonce.decode("utf-8")
+    if not secret:
+        secret = client.user_secret("tpd.rpc job secret").hex()
+    job_secret = hmac.new(secret.encode(), b"tpd.rpc secret " + nonce.encode(),
+                          hashlib.sha256).hexdigest()
+    return _derive_group(secret, nonce), home, job_secret, store
+
+
+def _derive_group(secret, nonce):
+    """The job's group name: derived from its secret (and the store's nonce), so nobody without
+    the secret can name it in advance to squat it."""
+    key = secret.encode()
+    return "rpc-" + hmac.new(key, b"tpd.rpc group " + nonce.encode(),
+                             hashlib.sha256).hexdigest()[:24]
+
+
+def _home(client, url):
+    """Where the job's group lives: ``TPD_RPC_HOME`` (``tcp://host:port`` of a tpd peer port,
+    or ``etcd://...``), else the daemon on the rendezvous host (``MASTER_ADDR``, or the
+    ``tcp://`` URL's host) at this daemon's own peer port, as every daemon of a cluster has
+    the same one. Never an address from torch's store, which anyone who reaches it can
+    write."""
+    home = os.environ.get("TPD_RPC_HOME", "")
+    if home:
+        if home.startswith("tpd://"):
+            home = "tcp://" + home[len("tpd://"):]
+        if not home.startswith(("tcp://", "etcd://")):
+            raise ValueError(f"TPD_RPC_HOME must be tcp://host:port (a tpd daemon's peer port) "
+                             f"or etcd://..., not {home!r}")
+        return home
     peer = client.status().get("peer_address", "")
     if not peer:
         raise RuntimeError(
             "the tpd daemon has no peer port ([peer] listen_address), which the job's group "
-            "lives behind: configure one, or use an etcd:// init_method")
-    proposal = "\n".join(["rpc-" + secrets.token_hex(6), f"tcp://{peer}",
-                          secrets.token_hex(16)])
-    # The first proposal stored wins (c10d compare_set); everyone joins that group.
-    agreed = store.compare_set("tpd/group", "", proposal)
-    if isinstance(agreed, bytes):
-        agreed = agreed.decode("utf-8")
-    group, init_method, secret = agreed.split("\n")
-    return group, init_method, secret, store
+            "lives behind: configure one, or set TPD_RPC_HOME to an etcd:// URL")
+    port = peer.rsplit(":", 1)[1]
+    if url.startswith("env://"):
+        host = os.environ.get("MASTER_ADDR", "")
+    elif url.startswith("tcp://"):
+        host = urllib.parse.urlsplit(url).hostname or ""
+    else:
+        host = ""
+    if not host:
+        raise RuntimeError(
+            f"init_method {url!r} names no host whose daemon could hold the job's group: set "
+            "TPD_RPC_HOME=tcp://host:port (a tpd daemon's peer port every worker reaches) or "
+            "an etcd:// URL")
+    if ":" in host:
+        host = f"[{host}]"
+    return f"tcp://{host}:{port}"
 
 
 def _join(client, name, rank, world_size, options, group, init_method, secret, store):
