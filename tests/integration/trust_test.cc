@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -34,7 +35,10 @@
 #include "client/client.h"
 #include "daemon/session_handle.h"
 #include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "proto/control.grpc.pb.h"
 #include "proto/shm/descriptor.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/raw_session.h"
@@ -275,6 +279,54 @@ TEST_F(TrustTest, AnotherUserWithTheSecretStillCannotJoinOnTheOwnersNode) {
                     "--secret=k1", "--call=first"});
   EXPECT_THAT(Step(tried.output, "join"), HasSubstr("PERMISSION_DENIED")) << tried.output;
   EXPECT_THAT(Step(tried.output, "join"), HasSubstr("belongs to uid 0"));
+}
+
+// tpd.rpc derives a job's group name and secret from Control.UserSecret (docs/security.md,
+// "Python jobs"): it must be the same for one uid on every daemon of the cluster, another for
+// every other uid and purpose, and only for sessions that identified their user.
+TEST_F(TrustTest, AUsersSecretIsItsOwnAndTheSameOnEveryDaemonOfTheCluster) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  Start();
+  std::unique_ptr<Client> root = Connect();
+  ASSERT_NE(root, nullptr);
+  absl::StatusOr<std::string> mine = root->UserSecret("job");
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->size(), 32u);
+  EXPECT_EQ(*root->UserSecret("job"), *mine);
+  EXPECT_NE(*root->UserSecret("another purpose"), *mine);
+
+  // Another daemon of the cluster (the same token) gives root the same secret.
+  TempDir other_dir;
+  const std::string other_socket = absl::StrCat(other_dir.path(), "/tpd.sock");
+  const std::string other_config = other_dir.WriteFile(
+      "tpd.toml", "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n"
+                  "node_name = \"other\"\n");
+  auto other = DaemonProcess::Start(other_socket, {"--config", other_config});
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto there = Client::Connect(other_socket);
+  ASSERT_TRUE(there.ok()) << there.status();
+  EXPECT_EQ(*(*there)->UserSecret("job"), *mine);
+
+  // The second user gets a secret of its own, never root's.
+  testing::ProcessResult asked = AsSecondUser({"--user_secret=job"});
+  EXPECT_EQ(Step(asked.output, "user_secret"), "user_secret: OK") << asked.output;
+  const std::string theirs = Step(asked.output, "user_secret_hex");
+  ASSERT_NE(theirs, "") << asked.output;
+  EXPECT_NE(theirs, absl::StrCat("user_secret_hex: ", absl::BytesToHexString(*mine)));
+  EXPECT_THAT(daemon_->Output(), Not(HasSubstr(absl::BytesToHexString(*mine))));
+
+  // A session that did not identify its user gets none.
+  auto stub = v1::Control::NewStub(
+      grpc::CreateChannel(absl::StrCat("unix:", socket_), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::UserSecretRequest request;
+  request.set_session_id(OpenRawSession());
+  request.set_purpose("job");
+  v1::UserSecretResponse response;
+  const grpc::Status refused = stub->UserSecret(&context, request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("has not identified its user"));
 }
 
 TEST_F(TrustTest, OnlyProcessesOfOneUidAndOneGidAreHandedEachOthersMemory) {

@@ -8,6 +8,7 @@
 //   second_user --socket=S --group=g --name=x --init_method=tcp://... [--secret=...] --call=a
 //       [--tensor_bytes=N]                                     ... with an arena tensor
 //   second_user --socket=S --attach_sessions=40                 attach as many sessions
+//   second_user --socket=S --user_secret=P                      print its user's secret for P
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -46,6 +48,7 @@ ABSL_FLAG(int64_t, tensor_bytes, 0,
           "--call sends an arena tensor of this many bytes and prints where the reply's lay");
 ABSL_FLAG(int, attach_sessions, 0, "sessions to open and attach, one client each");
 ABSL_FLAG(int, hold_ms, 0, "how long to hold what was attached before exiting");
+ABSL_FLAG(std::string, user_secret, "", "a purpose to ask Control.UserSecret for");
 
 namespace {
 
@@ -166,6 +169,13 @@ int main(int argc, char** argv) {
       Print("group_store_get", store.Get("k", absl::Seconds(1)).status());
       Print("group_store_set", store.Set("k", "forged"));
     }
+  }
+  if (const std::string purpose = absl::GetFlag(FLAGS_user_secret); !purpose.empty()) {
+    absl::StatusOr<std::unique_ptr<tpd::Client>> client = tpd::Client::Connect(socket);
+    absl::StatusOr<std::string> secret =
+        client.ok() ? (*client)->UserSecret(purpose) : client.status();
+    Print("user_secret", secret.status());
+    if (secret.ok()) std::printf("user_secret_hex: %s\n", absl::BytesToHexString(*secret).c_str());
   }
   if (const int n = absl::GetFlag(FLAGS_attach_sessions); n > 0) {
     std::vector<std::unique_ptr<tpd::Client>> clients;

@@ -4,10 +4,12 @@
 
 #include "daemon/group/group_tracker.h"
 #include "daemon/group/heartbeat.h"
+#include "daemon/group/membership.h"
 
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -46,7 +48,8 @@ class FakeClock : public Clock {
 // One daemon's identity and its tracker of group "g".
 struct FakeDaemon {
   FakeDaemon(const std::string& name, uint64_t incarnation, store::Store* store,
-             Clock* clock = Clock::Real()) {
+             Clock* clock = Clock::Real(),
+             std::function<void(uint64_t)> on_evicted = nullptr) {
     node.name = name;
     node.incarnation = incarnation;
     node.device_count = 2;
@@ -60,7 +63,7 @@ struct FakeDaemon {
                                               /*peer_reads_fresh_for=*/absl::ZeroDuration(),
                                               nullptr);
     tracker = std::make_unique<GroupTracker>("g", "memory", store, liveness.get(), worker.get(),
-                                             &node, options, nullptr);
+                                             &node, options, std::move(on_evicted));
   }
   Node node;
   std::unique_ptr<NodeLiveness> liveness;
@@ -127,12 +130,42 @@ bool AwaitStep(GroupTracker& tracker, int64_t before) {
 }
 
 JoinSpec Spec(const std::string& name, std::optional<int64_t> rank,
-              std::optional<int64_t> world_size) {
+              std::optional<int64_t> world_size, int64_t uid = 0) {
   JoinSpec spec;
   spec.name = name;
   spec.rank = rank;
   spec.world_size = world_size;
+  spec.uid = uid;
   return spec;
+}
+
+// The newest version `tracker` has read, as its store holds it.
+v1::GroupRecord Latest(store::Store& store, GroupTracker& tracker) {
+  v1::GroupRecord record;
+  absl::StatusOr<std::vector<std::string>> bytes = store.MultiGet(
+      {absl::StrCat("tpd/group/g/v/", tracker.View().version())}, absl::Now() + kWait);
+  EXPECT_TRUE(bytes.ok() && record.ParseFromString((*bytes)[0])) << bytes.status();
+  return record;
+}
+
+// Writes `record` as the group's next version, as any writer of its store could.
+void Forge(store::Store& store, v1::GroupRecord record) {
+  const int64_t version = record.view().version() + 1;
+  record.mutable_view()->set_version(version);
+  record.set_change("UPDATED");
+  record.set_change_detail("forged");
+  ASSERT_TRUE(
+      store.Set(absl::StrCat("tpd/group/g/v/", version), record.SerializeAsString()).ok());
+}
+
+// Waits (bounded) until `tracker` has read version `version`.
+bool AwaitVersion(GroupTracker& tracker, int64_t version) {
+  const absl::Time deadline = absl::Now() + kWait;
+  while (tracker.View().version() < version) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
 }
 
 void Join(FakeDaemon& daemon, JoinSpec spec, JoinResult* result) {
@@ -204,6 +237,74 @@ TEST(GroupTrackerTest, ACorruptRecordFailsTheGroupWithDataLossInsteadOfCrashing)
   // A daemon that starts following the group now survives it too.
   FakeDaemon b("node-b", 2, &store);
   EXPECT_EQ(AwaitView(*b.tracker).phase(), kFailed);
+}
+
+// docs/security.md, "Who may join a group": who owns a group on a node is what that node's
+// daemon knows of its own sessions. A record claiming the node for another uid admits no join
+// of that uid there, and keeps none of the owner's out.
+TEST(GroupTrackerTest, TheOwnerOnThisNodeIsWhatItsOwnSessionsSayNotWhatTheRecordSays) {
+  store::MemoryStore store;
+  FakeDaemon a("node-a", 1, &store);
+  JoinResult owner;
+  Join(a, Spec("w0", std::nullopt, std::nullopt, /*uid=*/0), &owner);
+  ASSERT_TRUE(owner.Await().ok());
+  v1::GroupRecord claimed = Latest(store, *a.tracker);
+  (*claimed.mutable_node_owner_uids())["node-a"] = 65534;
+  ASSERT_NO_FATAL_FAILURE(Forge(store, claimed));
+  ASSERT_TRUE(AwaitVersion(*a.tracker, claimed.view().version() + 1));
+
+  JoinResult other;
+  Join(a, Spec("x", std::nullopt, std::nullopt, /*uid=*/65534), &other);
+  absl::StatusOr<v1::JoinResponse> refused = other.Await();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("belongs to uid 0 on node node-a"));
+  JoinResult again;
+  Join(a, Spec("w1", std::nullopt, std::nullopt, /*uid=*/0), &again);
+  absl::StatusOr<v1::JoinResponse> admitted = again.Await();
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_EQ(admitted->group().members_size(), 2);
+}
+
+// A record that drops a member this node kept alive (its heartbeat never late) disagrees with
+// what the node knows of itself: the group loses the member, the node keeps its incarnation
+// (a new one would make every peer evict its members of every group). Peers that found it
+// silent still make it take a new one.
+TEST(GroupTrackerTest, AnEvictionThisNodeKnowsToBeFalseDoesNotReincarnateIt) {
+  store::MemoryStore store;
+  std::vector<uint64_t> reincarnated;
+  absl::Mutex mu;
+  auto on_evicted = [&](uint64_t lost) {
+    absl::MutexLock lock(&mu);
+    reincarnated.push_back(lost);
+  };
+  FakeDaemon a("node-a", 1, &store, Clock::Real(), on_evicted);
+  JoinResult joined;
+  Join(a, Spec("w0", std::nullopt, std::nullopt), &joined);
+  ASSERT_TRUE(joined.Await().ok());
+  a.liveness->Beat();  // fresh: peers cannot have found node-a silent
+  v1::GroupRecord dropped = Latest(store, *a.tracker);
+  RemoveMembers(&dropped, [](const v1::Member&) { return true; }, "EVICTED", "forged");
+  dropped.mutable_view()->set_version(dropped.view().version() - 1);
+  ASSERT_NO_FATAL_FAILURE(Forge(store, dropped));
+  ASSERT_TRUE(AwaitVersion(*a.tracker, dropped.view().version() + 1));
+  EXPECT_EQ(a.tracker->View().members_size(), 0);
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(reincarnated.empty()) << "the node took a new incarnation";
+  }
+
+  // The control: a member evicted while the node was silent for more than half the window.
+  JoinResult rejoined;
+  Join(a, Spec("w1", std::nullopt, std::nullopt), &rejoined);
+  ASSERT_TRUE(rejoined.Await().ok());
+  absl::SleepFor(absl::Milliseconds(600));  // no beat: node-a looks silent (window 1 s)
+  dropped = Latest(store, *a.tracker);
+  RemoveMembers(&dropped, [](const v1::Member&) { return true; }, "EVICTED", "silent");
+  dropped.mutable_view()->set_version(dropped.view().version() - 1);
+  ASSERT_NO_FATAL_FAILURE(Forge(store, dropped));
+  ASSERT_TRUE(AwaitVersion(*a.tracker, dropped.view().version() + 1));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(reincarnated, std::vector<uint64_t>({1}));
 }
 
 TEST(GroupTrackerTest, ARestartedDaemonsEarlierMembersMakeRoomForItsNewOnes) {
