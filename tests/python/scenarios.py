@@ -310,3 +310,20 @@ def group_store_shared(rank, world_size, init_method):
         assert "holds no member of group" in str(e), e
     rpc.shutdown()
     return t.tolist()
+
+
+def store_holds_no_membership(rank, world_size, init_method):
+    """The job's torch store (a file) carries neither the group's name, nor where it lives, nor
+    its secret: only a nonce (docs/security.md, "Python jobs")."""
+    rpc = _init(rank, world_size, init_method)
+    from tpd.rpc import api
+    group = api._require_initialized().group
+    if rank == 0:
+        data = open(init_method[len("file://"):], "rb").read()
+        home = os.environ["TPD_RPC_HOME"][len("tcp://"):]
+        assert b"tpd_rpc_0/tpd/nonce" in data, data
+        for secret_or_place in (group, home, home.rsplit(":", 1)[1]):
+            assert secret_or_place.encode() not in data, (secret_or_place, data)
+    assert rpc.rpc_sync(f"worker{(rank + 1) % world_size}", w.add, args=(1, 1)) == 2
+    rpc.shutdown()
+    return group

@@ -142,3 +142,47 @@ def test_a_process_outside_the_job_can_neither_join_nor_call(daemon, workdir):
         open(handoff + ".done", "w").close()
         job.join(timeout=120)
     assert outcome == {0: ["worker0", "worker1"], 1: ["worker0", "worker1"]}
+
+
+def test_the_torch_store_carries_no_group_name_home_or_secret(daemon, workdir):
+    results = rpc_workers.run(scenarios.store_holds_no_membership, 2, [daemon.socket],
+                              file_init(workdir))
+    assert results[0] == results[1] and results[0].startswith("rpc-"), results
+
+
+def test_a_value_planted_first_in_the_torch_store_decides_nothing(daemon, workdir):
+    # What a hijacker who reaches the job's store first wrote before this change: a group of
+    # its choosing, a store it serves, and a secret it knows. Now it is only the nonce.
+    import torch.distributed as dist
+    planted = "rpc-mine\ntcp://127.0.0.1:1\nknown-secret"
+    path = f"{workdir}/rendezvous"
+    store = dist.PrefixStore("tpd_rpc_0", dist.FileStore(path, 3))
+    store.set("tpd/nonce", planted)
+    results = rpc_workers.run(scenarios.core, 2, [daemon.socket], f"file://{path}")
+    assert results == {0: True, 1: True}
+    del store
+
+
+def test_tpd_and_etcd_init_methods_refuse_to_start_without_a_secret(daemon, monkeypatch):
+    import tpd.rpc as rpc
+    monkeypatch.setenv("TPD_SOCKET", daemon.socket)
+    monkeypatch.delenv("TPD_RPC_SECRET", raising=False)
+    for url in (f"tpd://{daemon.peer_address}", "etcd://127.0.0.1:2379/job"):
+        with pytest.raises(RuntimeError, match="needs the job's secret: set TPD_RPC_SECRET"):
+            rpc.init_rpc("w", rank=0, world_size=1,
+                         rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method=url))
+
+
+def test_a_tpd_init_method_job_has_a_group_of_its_own_named_from_its_secret(daemon, monkeypatch):
+    import tpd.rpc as rpc
+    from tpd.rpc import api
+    monkeypatch.setenv("TPD_SOCKET", daemon.socket)
+    names = []
+    for secret in ("first job's secret", "second job's secret"):
+        monkeypatch.setenv("TPD_RPC_SECRET", secret)
+        rpc.init_rpc("w", rank=0, world_size=1, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+            init_method=f"tpd://{daemon.peer_address}"))
+        names.append(api._require_initialized().group)
+        assert rpc.rpc_sync("w", max, args=(1, 2)) == 2
+        rpc.shutdown()
+    assert names[0] != names[1] and all(n.startswith("rpc-") for n in names), names
