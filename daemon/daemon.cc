@@ -400,8 +400,8 @@ absl::Status Daemon::ServeData() {
   options.max_sessions_per_uid = config_.data.max_sessions_per_uid;
   ControlService* control = control_service_.get();
   options.session_open = [control](const std::string& id) { return control->SessionOpen(id); };
-  options.end_session = [control](const std::string& id) {
-    control->EndSession(id, "the session's data connection closed; open a new session");
+  options.end_session = [control](const std::string& id, const std::string& why) {
+    control->EndSession(id, why);
   };
   group::GroupManager* groups = groups_.get();
   options.bind_uid = [groups](const std::string& id, uid_t uid) {

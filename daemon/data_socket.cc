@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -122,6 +123,12 @@ void DataSocket::Shutdown() {
     }
   }
   connections.clear();  // unmaps every segment
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [tag, watch] : watches_) close(watch.pidfd);
+    watches_.clear();
+    watched_.clear();
+  }
   close(listen_fd_);
   close(wake_fd_);
   close(epoll_fd_);
@@ -130,6 +137,11 @@ void DataSocket::Shutdown() {
 
 void DataSocket::EndSession(const std::string& session_id) {
   absl::MutexLock lock(&mu_);
+  if (auto watched = watched_.find(session_id); watched != watched_.end()) {
+    close(watches_.at(watched->second).pidfd);  // leaves the epoll set with it
+    watches_.erase(watched->second);
+    watched_.erase(watched);
+  }
   auto it = attached_.find(session_id);
   if (it == attached_.end()) return;
   // The loop sees the hang-up and closes; only the loop closes fds, so this one is ours.
@@ -217,7 +229,16 @@ void DataSocket::Loop() {
       } else if (tag == kListenTag) {
         Accept();
       } else {
-        OnReadable(tag);
+        bool process;
+        {
+          absl::MutexLock lock(&mu_);
+          process = watches_.count(tag) > 0;
+        }
+        if (process) {
+          ProcessExited(tag);
+        } else {
+          OnReadable(tag);
+        }
       }
     }
   }
@@ -356,6 +377,57 @@ void DataSocket::Identify(uint64_t id, const std::string& session_id) {
   }
   SendReply(fd, reply, -1);
   Close(id, false);
+  if (reply.status.ok()) WatchProcess(session_id, pid);
+}
+
+void DataSocket::WatchProcess(const std::string& session_id, pid_t pid) {
+  if (pid <= 0) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (watched_.count(session_id) > 0) return;
+  }
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) {
+    if (errno == ESRCH) {
+      // Gone already: its session has nobody left to serve.
+      options_.end_session(session_id, absl::StrCat("its process (pid ", pid, ") exited"));
+      return;
+    }
+    // A kernel before 5.3: the session ends with its connections instead (a forked child
+    // holding them keeps it). Logged once per uid a second, as refusals are.
+    LogRefusal(static_cast<uid_t>(-1),
+               absl::StrCat("pidfd_open(", pid, "): ", std::strerror(errno),
+                            "; the session ends when its connections close"));
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  const uint64_t tag = next_id_++;
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u64 = tag;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, pidfd, &event) != 0) {
+    close(pidfd);
+    return;
+  }
+  watches_[tag] = ProcessWatch{pidfd, session_id, pid};
+  watched_[session_id] = tag;
+}
+
+void DataSocket::ProcessExited(uint64_t tag) {
+  ProcessWatch watch;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = watches_.find(tag);
+    if (it == watches_.end()) return;
+    watch = std::move(it->second);
+    watches_.erase(it);
+    watched_.erase(watch.session_id);
+    close(watch.pidfd);
+  }
+  DaemonLog().info("[session {}] its process (pid {}) exited; ending the session",
+                   SessionHandle(watch.session_id), watch.pid);
+  options_.end_session(watch.session_id,
+                       absl::StrCat("its process (pid ", watch.pid, ") exited"));
 }
 
 void DataSocket::Attach(uint64_t id, const std::string& session_id) {
@@ -501,7 +573,10 @@ void DataSocket::Close(uint64_t id, bool end) {
   connection.segment.reset();  // unmapped here unless a transfer still reads it
   DaemonLog().info("[session {}] data connection of pid {} closed; segment freed",
                    SessionHandle(connection.session_id), connection.pid);
-  if (end) options_.end_session(connection.session_id);
+  if (end) {
+    options_.end_session(connection.session_id,
+                         "the session's data connection closed; open a new session");
+  }
 }
 
 }  // namespace tpd

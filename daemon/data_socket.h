@@ -11,6 +11,10 @@
 // `end_session`; when the session ends on the gRPC side, EndSession closes the connection.
 // Either way the daemon unmaps the segment and no fd of it stays open here.
 //
+// A session is also its process's: once identified, the daemon watches the identifying
+// process (a pidfd in the loop) and ends the session when that process exits, even while a
+// forked child still holds copies of its connections (docs/security.md, "fork()").
+//
 // Thread safety: thread-safe. One thread of its own ("tpd-data", an epoll loop) accepts,
 // reads and closes every connection; EndSession, Sessions and Shutdown may be called from
 // any thread. The hooks are called on the loop thread with no lock of this class held.
@@ -69,8 +73,9 @@ struct DataSocketOptions {
   absl::Duration request_timeout = absl::Seconds(5);
   // Whether `session_id` names a session whose gRPC stream is open. Required.
   std::function<bool(const std::string& session_id)> session_open;
-  // Called when an attached session's data connection closed first. Required.
-  std::function<void(const std::string& session_id)> end_session;
+  // Called when an attached session's data connection closed first, or the process that
+  // identified a session exited; `why` says which. Required.
+  std::function<void(const std::string& session_id, const std::string& why)> end_session;
   // Binds the session to the uid of the connection that identifies or attaches it (an error,
   // such as PERMISSION_DENIED for a session bound to another uid, refuses the request).
   // Optional: without it nothing is bound.
@@ -151,6 +156,11 @@ class DataSocket {
   void Attach(uint64_t id, const std::string& session_id);
   // Binds `session_id` to the uid of connection `id`, answers and closes it.
   void Identify(uint64_t id, const std::string& session_id);
+  // Ends `session_id` when process `pid` exits (a pidfd in the epoll set). Once per session;
+  // a pid this daemon cannot see (another pid namespace: 0) is not watched.
+  void WatchProcess(const std::string& session_id, pid_t pid);
+  // The watched process of tag `tag` exited: ends its session.
+  void ProcessExited(uint64_t tag);
   // NOT_FOUND unless `session_id` is open; else what bind_uid says for `uid`.
   absl::Status OpenAndBound(const std::string& session_id, uid_t uid);
   // Closes the connection `id`, frees its segment; ends its session when `end` is set.
@@ -178,6 +188,15 @@ class DataSocket {
   std::map<uint64_t, Connection> connections_ ABSL_GUARDED_BY(mu_);
   // Attached sessions: session id -> connection id.
   std::map<std::string, uint64_t> attached_ ABSL_GUARDED_BY(mu_);
+  // Processes watched for their sessions: by epoll tag, and the tag of each session. Their
+  // pidfds are closed under mu_ (the loop only looks them up by tag).
+  struct ProcessWatch {
+    int pidfd = -1;
+    std::string session_id;
+    pid_t pid = 0;
+  };
+  std::map<uint64_t, ProcessWatch> watches_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> watched_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 2;  // 0: the listener, 1: the wake fd
   // Out of fds (EMFILE, ENFILE): the listener leaves the epoll set until then, so the loop
   // does not spin on a connection it cannot accept (loop only).

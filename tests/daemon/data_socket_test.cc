@@ -94,7 +94,7 @@ class DataSocketTest : public ::testing::Test {
       absl::MutexLock lock(&sessions_.mu);
       return sessions_.open.count(id) != 0;
     };
-    options.end_session = [this](const std::string& id) {
+    options.end_session = [this](const std::string& id, const std::string&) {
       absl::MutexLock lock(&sessions_.mu);
       sessions_.open.erase(id);
       sessions_.ended.push_back(id);
@@ -132,7 +132,7 @@ TEST_F(DataSocketTest, SecondDaemonOnTheSamePathIsRefused) {
   DataSocketOptions options;
   options.path = socket_->path();
   options.session_open = [](const std::string&) { return true; };
-  options.end_session = [](const std::string&) {};
+  options.end_session = [](const std::string&, const std::string&) {};
   EXPECT_EQ(DataSocket::Start(std::move(options)).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }

@@ -186,3 +186,47 @@ def test_a_tpd_init_method_job_has_a_group_of_its_own_named_from_its_secret(daem
         assert rpc.rpc_sync("w", max, args=(1, 2)) == 2
         rpc.shutdown()
     assert names[0] != names[1] and all(n.startswith("rpc-") for n in names), names
+
+
+_FORKS_THEN_DIES = """
+import os, signal, sys, time
+from tpd._client import Client
+client = Client(sys.argv[1])
+client.join({"group": "forked", "name": "parent", "init_method": sys.argv[2]})
+child = os.fork()
+if child == 0:
+    time.sleep(60)  # holds copies of the parent's session connections, calls nothing
+    os._exit(0)
+print(child, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_member_killed_while_its_forked_child_lives_is_gone_at_once(daemon):
+    """The daemon watches the process that identified a session, not only its connections:
+    a forked child holding copies of them does not keep a dead parent's members alive."""
+    import subprocess
+    import sys
+    import time
+    from tpd._client import Client
+    env = dict(os.environ, TPD_SOCKET=daemon.socket)
+    parent = subprocess.Popen([sys.executable, "-c", _FORKS_THEN_DIES, daemon.socket,
+                               f"tcp://{daemon.peer_address}"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    child = int(parent.stdout.readline())  # the child keeps the pipe open: read one line
+    parent.wait(timeout=60)
+    parent.stdout.close()
+    try:
+        observer = Client(daemon.socket)
+        deadline = time.monotonic() + 10
+        members = None
+        while time.monotonic() < deadline:
+            members = observer.group("forked").get("members", [])
+            if not members:
+                break
+            time.sleep(0.05)
+        assert members == [], f"the dead parent is still a member while its child lives: {members}"
+        os.kill(child, 0)  # the child still lives: its copies did not end the session
+        observer.close()
+    finally:
+        os.kill(child, 9)
