@@ -196,6 +196,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Int("max_value_bytes", &s.max_value_bytes),
           reader.Int("max_keys_per_request", &s.max_keys_per_request),
           reader.Int("max_waiters", &s.max_waiters),
+          reader.Int("max_total_bytes", &s.max_total_bytes),
           reader.Int("max_namespace_bytes", &s.max_namespace_bytes), reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
@@ -409,6 +410,7 @@ absl::Status ValidateConfig(const Config& config) {
        {positive("store.default_timeout_ms", absl::ToInt64Milliseconds(s.default_timeout)),
         positive("store.max_key_bytes", s.max_key_bytes),
         positive("store.max_value_bytes", s.max_value_bytes),
+        positive("store.max_total_bytes", s.max_total_bytes),
         positive("store.max_keys_per_request", s.max_keys_per_request),
         positive("store.max_waiters", s.max_waiters),
         positive("peer.heartbeat_interval_ms",

@@ -28,6 +28,9 @@ struct StoreConfig {
   int64_t max_keys_per_request = 1024;
   // Most calls waiting on keys at once, daemon-wide (RESOURCE_EXHAUSTED past it).
   int64_t max_waiters = 100000;
+  // Most bytes of keys and values the daemon's store holds, all writers together
+  // (RESOURCE_EXHAUSTED past it).
+  int64_t max_total_bytes = int64_t{1} << 30;
   // Longest namespace a store call may name (INVALID_ARGUMENT past it). The namespace is
   // copied into every key of the call, so namespace + key stays within this plus
   // max_key_bytes. Namespaces are printable text: no control characters (NUL, newline).

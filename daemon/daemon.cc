@@ -49,6 +49,7 @@ store::MemoryStoreOptions StoreOptions(const StoreConfig& config) {
   store::MemoryStoreOptions options;
   options.max_waiters = config.max_waiters;
   options.max_value_bytes = config.max_value_bytes;
+  options.max_total_bytes = config.max_total_bytes;
   return options;
 }
 

@@ -1,6 +1,7 @@
 // tpd: parse flags, load and validate the config, start the daemon, run until SIGTERM or
 // SIGINT, shut down.
 
+#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -36,6 +37,12 @@ int main(int argc, char** argv) {
   // spin lock (twice the cost of an uncontended lock, on every call's path). The thread-safety
   // annotations (--config=tsa) and the sanitizer builds are where lock order is checked.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // glibc raises its mmap threshold to the size of each large block freed, up to 32 MiB, after
+  // which store values of a few MiB come from the heap and stay with the process when their
+  // keys are deleted (a socket user's 80 values of 16 MiB kept 833 MB after the deletes). A
+  // fixed threshold keeps every block of 1 MiB or more in a mapping of its own, returned to
+  // the system when freed.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   absl::SetProgramUsageMessage("tpd: the per-node RPC daemon. Usage: tpd [--config FILE]");
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_version)) {

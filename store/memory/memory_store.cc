@@ -33,10 +33,27 @@ void MemoryStore::Shutdown() {
   WaiterTable::Run(std::move(completions));
 }
 
+absl::Status MemoryStore::RoomLocked(
+    const std::vector<std::pair<absl::string_view, size_t>>& writes) const {
+  int64_t growth = 0;
+  for (const auto& [key, size] : writes) {
+    auto it = data_.find(key);
+    growth += static_cast<int64_t>(size) -
+              (it == data_.end() ? -static_cast<int64_t>(key.size())
+                                 : static_cast<int64_t>(it->second.size()));
+  }
+  if (growth <= 0 || bytes_ + growth <= options_.max_total_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the store holds ", bytes_, " bytes and this write adds ", growth,
+      "; the limit store.max_total_bytes is ", options_.max_total_bytes,
+      " (delete keys, or raise the setting)"));
+}
+
 absl::Status MemoryStore::Set(absl::string_view key, absl::string_view value) {
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status room = RoomLocked({{key, value.size()}}); !room.ok()) return room;
     SetLocked(std::string(key), std::string(value), &completions);
   }
   WaiterTable::Run(std::move(completions));
@@ -53,6 +70,9 @@ absl::Status MemoryStore::MultiSet(const std::vector<std::string>& keys,
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
+    std::vector<std::pair<absl::string_view, size_t>> writes;
+    for (size_t i = 0; i < keys.size(); ++i) writes.emplace_back(keys[i], values[i].size());
+    if (absl::Status room = RoomLocked(writes); !room.ok()) return room;
     for (size_t i = 0; i < keys.size(); ++i) SetLocked(keys[i], values[i], &completions);
   }
   WaiterTable::Run(std::move(completions));
@@ -76,7 +96,9 @@ absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) {
                                                      "\" would overflow int64 (", current, " + ",
                                                      delta, ")"));
     }
-    SetLocked(std::string(key), absl::StrCat(sum), &completions);
+    std::string value = absl::StrCat(sum);
+    if (absl::Status room = RoomLocked({{key, value.size()}}); !room.ok()) return room;
+    SetLocked(std::string(key), std::move(value), &completions);
   }
   WaiterTable::Run(std::move(completions));
   return sum;
@@ -90,6 +112,10 @@ absl::StatusOr<std::string> MemoryStore::CompareSet(absl::string_view key,
   {
     absl::MutexLock lock(&mu_);
     auto it = data_.find(key);
+    const bool swaps = it == data_.end() ? expected.empty() : it->second == expected;
+    if (swaps) {
+      if (absl::Status room = RoomLocked({{key, desired.size()}}); !room.ok()) return room;
+    }
     if (it == data_.end()) {
       if (!expected.empty()) return std::string(expected);
       SetLocked(std::string(key), std::string(desired), &completions);
@@ -116,6 +142,7 @@ absl::Status MemoryStore::Append(absl::string_view key, absl::string_view value)
           "append would grow key \"", absl::CEscape(key), "\" to ", current + value.size(),
           " bytes; the limit store.max_value_bytes is ", options_.max_value_bytes));
     }
+    if (absl::Status room = RoomLocked({{key, current + value.size()}}); !room.ok()) return room;
     std::string updated = it == data_.end() ? std::string() : it->second;
     updated.append(value.data(), value.size());
     SetLocked(std::string(key), std::move(updated), &completions);

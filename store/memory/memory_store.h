@@ -11,6 +11,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -27,6 +28,11 @@ struct MemoryStoreOptions {
   // Largest value Append may grow a key to; past it Append answers RESOURCE_EXHAUSTED and
   // changes nothing. (Set-style calls are checked at the service edge, before the copy.)
   int64_t max_value_bytes = int64_t{1} << 30;
+  // Most bytes of keys and values held at once; a write that would pass it answers
+  // RESOURCE_EXHAUSTED and changes nothing. Bounds the memory all writers together make the
+  // daemon hold (gRPC does not tell the daemon who wrote a key, so there is no share per
+  // user; docs/security.md).
+  int64_t max_total_bytes = int64_t{1} << 30;
 };
 
 struct MemoryStoreStats {
@@ -69,6 +75,10 @@ class MemoryStore : public Store {
   // A finished wait, run after the mutex is released.
   using Completion = WaiterTable::Completion;
 
+  // OK when writing `values` (sizes) at `keys` fits max_total_bytes; else RESOURCE_EXHAUSTED
+  // naming the setting.
+  absl::Status RoomLocked(const std::vector<std::pair<absl::string_view, size_t>>& writes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes `value` at `key` and collects the waits that `key` completes.
   void SetLocked(const std::string& key, std::string value, std::vector<Completion>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

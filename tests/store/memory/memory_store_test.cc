@@ -83,6 +83,26 @@ TEST(MemoryStoreTest, StatsTrackKeysAndBytes) {
   EXPECT_EQ(store.Stats().bytes, 5);
 }
 
+TEST(MemoryStoreTest, WritesPastMaxTotalBytesAreRefusedAndChangeNothing) {
+  MemoryStoreOptions options;
+  options.max_total_bytes = 10;
+  MemoryStore store(options);
+  ASSERT_TRUE(store.Set("a", "12345678").ok());  // 9 bytes
+  for (absl::Status refused :
+       {store.Set("b", "1"), store.MultiSet({"b", "c"}, {"", ""}), store.Append("a", "90"),
+        store.CompareSet("c", "", "x").status(), store.Add("counter", 1).status()}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+    EXPECT_THAT(refused.message(), ::testing::HasSubstr("store.max_total_bytes is 10"));
+  }
+  EXPECT_EQ(store.Stats().bytes, 9);
+  EXPECT_EQ(store.Stats().num_keys, 1);
+  // Replacing a value with one no larger fits; deleting gives the room back.
+  EXPECT_TRUE(store.Set("a", "87654321").ok());
+  EXPECT_TRUE(store.CompareSet("a", "87654321", "1").ok());
+  ASSERT_TRUE(*store.DeleteKey("a"));
+  EXPECT_TRUE(store.Set("b", "123456789").ok());
+}
+
 TEST(MemoryStoreTest, AppendWakesAWaiterOnTheKey) {
   WaitResult result;
   MemoryStore store;
