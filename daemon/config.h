@@ -129,6 +129,9 @@ struct DataConfig {
   // A session that has not identified its user by then is ended: it could only hold a place
   // among max_open_sessions. The client library identifies at once.
   absl::Duration session_identify_timeout = absl::Seconds(10);
+  // Sessions that have not identified their user, at once: one more ends the oldest of them,
+  // so sessions that never identify cannot fill max_open_sessions.
+  int64_t max_unidentified_sessions = 64;
   // Where the NVIDIA device nodes are (nvidiactl, nvidia<N>): the daemon opens CUDA memory for
   // a session only if its user could open these itself (docs/security.md). Absolute.
   std::string device_dir = "/dev";

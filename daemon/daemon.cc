@@ -311,6 +311,7 @@ absl::Status Daemon::Serve() {
   groups.idle_release = config_.group.idle_group_release;
   groups.max_sessions_per_uid = config_.data.max_open_sessions_per_uid;
   groups.identify_timeout = config_.data.session_identify_timeout;
+  groups.max_unidentified_sessions = config_.data.max_unidentified_sessions;
   groups.user_secret_key = UserSecretKey(config_.peer.token);
   groups.rendezvous.file_dirs = config_.group.file_rendezvous_dirs;
   // etcd:// stores: [etcd]'s timeouts and credentials (files read once, here; a bad one stops

@@ -157,8 +157,28 @@ std::string GroupManager::OpenSession(const std::string& client) {
   }
   const std::string id =
       absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(bytes), sizeof(bytes)));
-  absl::MutexLock lock(&mu_);
-  sessions_[id] = SessionEntry{client, std::nullopt, absl::Now()};
+  std::optional<std::string> evicted;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    int64_t unidentified = 0;
+    const std::pair<const std::string, SessionEntry>* oldest = nullptr;
+    for (const auto& entry : sessions_) {
+      if (entry.second.uid) continue;
+      ++unidentified;
+      if (oldest == nullptr || entry.second.opened < oldest->second.opened) oldest = &entry;
+    }
+    if (oldest != nullptr && unidentified >= options_.max_unidentified_sessions) {
+      evicted = oldest->first;
+    }
+    sessions_[id] = SessionEntry{client, std::nullopt, now};
+  }
+  if (evicted && session_ender_) {
+    session_ender_(*evicted, absl::StrCat("data.max_unidentified_sessions (",
+                                          options_.max_unidentified_sessions,
+                                          ") sessions had not identified their user; this one, "
+                                          "the oldest, was ended for a new one"));
+  }
   return id;
 }
 

@@ -61,6 +61,10 @@ struct GroupManagerOptions {
   int64_t max_sessions_per_uid = 256;
   // A session not bound to a uid by then is ended (set_session_ender).
   absl::Duration identify_timeout = absl::Seconds(10);
+  // Sessions not bound to a uid yet, at once: opening one more ends the oldest of them
+  // (set_session_ender), so sessions nobody identifies cannot hold the places of sessions
+  // that do (a client identifies within milliseconds of opening).
+  int64_t max_unidentified_sessions = 64;
   // The key of UserSecret: derived from the cluster token, so every daemon of the cluster
   // gives a uid the same secret. Must not be empty.
   std::string user_secret_key;

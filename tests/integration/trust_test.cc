@@ -606,6 +606,27 @@ TEST_F(TrustTest, OpenSessionsAreBoundedPerUserAndUnidentifiedOnesEnd) {
       << "the unidentified session was never ended";
 }
 
+// Sessions that never identify their user cannot hold max_open_sessions: past
+// max_unidentified_sessions the oldest of them is ended for each new one, and a client that
+// identifies (as the library does at once) opens and joins while they keep coming.
+TEST_F(TrustTest, SessionsThatNeverIdentifyCannotHoldTheOpenSessionPlaces) {
+  Start("max_open_sessions = 20\nmax_unidentified_sessions = 5\n");
+  std::vector<std::string> opened;
+  for (int i = 0; i < 30; ++i) {
+    absl::Status refused;
+    opened.push_back(OpenRawSession(&refused));
+    ASSERT_FALSE(opened.back().empty()) << "open " << i << ": " << refused;
+  }
+  std::unique_ptr<Client> mine = Echoer("g", "mine");
+  ASSERT_NE(mine, nullptr);
+  // At most 5 unidentified, plus this client's and the fixture's probe's identified ones.
+  EXPECT_LE(mine->Status()->open_session_count(), 5 + 2);
+  // The oldest were ended; the newest is still open (it may identify now).
+  EXPECT_EQ(testing::IdentifyRawSession(socket_, opened.front()).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(testing::IdentifyRawSession(socket_, opened.back()).ok());
+}
+
 // The pids controller of cgroup v1 or v2, where this machine has one we may write.
 std::string PidsCgroupRoot() {
   for (const char* root : {"/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
