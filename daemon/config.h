@@ -80,6 +80,11 @@ struct GroupConfig {
   // distinct store a thread for its groups, one for heartbeats and a connection); past it
   // GetGroup/WatchGroup/Join of a new group answer RESOURCE_EXHAUSTED.
   int64_t max_groups = 1024;
+  // Shares of max_groups: the groups lookups and watches (GetGroup, WatchGroup: no session,
+  // so no user to count them against) made the daemon follow, together; and those one uid's
+  // joins did. RESOURCE_EXHAUSTED past either.
+  int64_t max_unattributed_groups = 64;
+  int64_t max_groups_per_uid = 512;
   // Groups one client session may hold members in at once (RESOURCE_EXHAUSTED past it).
   int64_t max_groups_per_session = 64;
   // A group with no local member, watcher or call in progress for this long is released.

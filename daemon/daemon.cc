@@ -307,6 +307,8 @@ absl::Status Daemon::Serve() {
   groups.rendezvous.remote.dial_networks = *std::move(networks);
   groups.default_join_timeout = config_.group.default_join_timeout;
   groups.max_groups = config_.group.max_groups;
+  groups.max_unattributed_groups = config_.group.max_unattributed_groups;
+  groups.max_groups_per_uid = config_.group.max_groups_per_uid;
   groups.max_groups_per_session = config_.group.max_groups_per_session;
   groups.idle_release = config_.group.idle_group_release;
   groups.max_sessions_per_uid = config_.data.max_open_sessions_per_uid;

@@ -383,7 +383,7 @@ absl::StatusOr<std::shared_ptr<GroupManager::StoreEntry>> GroupManager::StoreFor
 }
 
 absl::StatusOr<std::shared_ptr<GroupTracker>> GroupManager::TrackerFor(
-    const std::string& group, std::shared_ptr<StoreEntry> entry) {
+    const std::string& group, std::shared_ptr<StoreEntry> entry, std::optional<int64_t> uid) {
   if (shut_down_) return absl::UnavailableError("the tpd daemon is shutting down");
   auto it = trackers_.find(group);
   if (it != trackers_.end()) {
@@ -394,13 +394,30 @@ absl::StatusOr<std::shared_ptr<GroupTracker>> GroupManager::TrackerFor(
           absl::FormatDuration(options_.idle_release), ")"));
     }
     it->second.last_used = absl::Now();
+    if (!it->second.uid) it->second.uid = uid;
     return it->second.tracker;
   }
+  const std::string released =
+      absl::StrCat(" (groups without local members or watchers are released after ",
+                   absl::FormatDuration(options_.idle_release), ")");
   if (static_cast<int64_t>(trackers_.size()) >= options_.max_groups) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "this daemon already follows ", trackers_.size(), " groups; the limit group.max_groups is ",
-        options_.max_groups, " (groups without local members or watchers are released after ",
-        absl::FormatDuration(options_.idle_release), ")"));
+        options_.max_groups, released));
+  }
+  // Shares, so that no one user, nor lookups that nobody answers for, fill the table.
+  int64_t same_share = 0;
+  for (const auto& [name, followed] : trackers_) same_share += followed.uid == uid;
+  if (!uid && same_share >= options_.max_unattributed_groups) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this daemon already follows ", same_share, " groups for lookups and watches; the limit "
+        "group.max_unattributed_groups is ", options_.max_unattributed_groups,
+        " (a member's group counts against its user instead)", released));
+  }
+  if (uid && same_share >= options_.max_groups_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this daemon already follows ", same_share, " groups joined by uid ", *uid,
+        "; the limit group.max_groups_per_uid is ", options_.max_groups_per_uid, released));
   }
   // The tracker keeps its store open: the deleter holds the entry until the tracker is gone.
   std::shared_ptr<GroupTracker> tracker(
@@ -409,7 +426,7 @@ absl::StatusOr<std::shared_ptr<GroupTracker>> GroupManager::TrackerFor(
                        options_.tracker,
                        [this](uint64_t lost) { Reincarnate(lost, "evicted from a group"); }),
       [entry](GroupTracker* doomed) { delete doomed; });
-  trackers_[group] = TrackerEntry{tracker, entry->name, absl::Now()};
+  trackers_[group] = TrackerEntry{tracker, entry->name, absl::Now(), uid};
   return tracker;
 }
 
@@ -438,7 +455,7 @@ absl::StatusOr<std::shared_ptr<GroupTracker>> GroupManager::Tracker(
       StoreFor(*method, store::FileCreation::kMustExist);
   if (!entry.ok()) return entry.status();
   absl::MutexLock lock(&mu_);
-  return TrackerFor(name, *std::move(entry));
+  return TrackerFor(name, *std::move(entry), std::nullopt);
 }
 
 void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone done) {
@@ -489,7 +506,7 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
     if (sessions_.count(request.session_id()) == 0) {
       tracker = absl::CancelledError("the client's session ended during the join");
     } else {
-      tracker = TrackerFor(GroupName(request.group()), *std::move(entry));
+      tracker = TrackerFor(GroupName(request.group()), *std::move(entry), spec.uid);
     }
   }
   if (!tracker.ok()) {

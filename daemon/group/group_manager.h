@@ -51,8 +51,11 @@ struct GroupManagerOptions {
   store::RendezvousOptions rendezvous;
   absl::Duration default_join_timeout = absl::Seconds(300);
   TrackerOptions tracker;
-  // Groups followed at once.
+  // Groups followed at once, in all; those a lookup or watch made the daemon follow (no
+  // session: nobody to count them against) together; those one uid's joins did.
   int64_t max_groups = 1024;
+  int64_t max_unattributed_groups = 64;
+  int64_t max_groups_per_uid = 512;
   // Groups one client session may hold members in at once.
   int64_t max_groups_per_session = 64;
   // How long a group stays after its last local member, watcher or call.
@@ -158,13 +161,17 @@ class GroupManager {
     std::shared_ptr<GroupTracker> tracker;
     std::string store_name;
     absl::Time last_used;
+    std::optional<int64_t> uid;  // whose join it counts against; nullopt: a lookup's
   };
 
   // `creation`: only a Join may create a file:// store's file.
   absl::StatusOr<std::shared_ptr<StoreEntry>> StoreFor(const store::InitMethod& method,
                                                        store::FileCreation creation);
+  // `uid`: the joiner's, for a join; nullopt for a lookup or watch. A group a lookup made
+  // this daemon follow is counted against the first uid that joins it from then on.
   absl::StatusOr<std::shared_ptr<GroupTracker>> TrackerFor(const std::string& group,
-                                                           std::shared_ptr<StoreEntry> entry)
+                                                           std::shared_ptr<StoreEntry> entry,
+                                                           std::optional<int64_t> uid)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The tracker of a group this daemon already follows, or nullptr.
   std::shared_ptr<GroupTracker> Known(const std::string& group);

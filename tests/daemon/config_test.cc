@@ -38,6 +38,7 @@ const std::vector<std::string>& AllOptions() {
       "store.max_value_bytes",
       "store.max_keys_per_request",
       "store.max_waiters",
+      "store.max_total_bytes",
       "store.max_namespace_bytes",
       "peer.listen_address",
       "peer.token",
@@ -52,6 +53,8 @@ const std::vector<std::string>& AllOptions() {
       "group.default_join_timeout_ms",
       "group.cuda_device_count",
       "group.max_groups",
+      "group.max_unattributed_groups",
+      "group.max_groups_per_uid",
       "group.max_groups_per_session",
       "group.idle_group_release_ms",
       "group.file_rendezvous_dirs",
@@ -69,6 +72,7 @@ const std::vector<std::string>& AllOptions() {
       "data.max_open_sessions",
       "data.max_open_sessions_per_uid",
       "data.session_identify_timeout_ms",
+      "data.max_unidentified_sessions",
       "data.device_dir",
       "data.share_memory",
       "etcd.user",
@@ -371,6 +375,12 @@ TEST(ConfigTest, ValidateRejectsNonPositiveLimitsNamingField) {
       {"store.max_keys_per_request",
        [](Config* c, int64_t v) { c->store.max_keys_per_request = v; }},
       {"store.max_waiters", [](Config* c, int64_t v) { c->store.max_waiters = v; }},
+      {"store.max_total_bytes", [](Config* c, int64_t v) { c->store.max_total_bytes = v; }},
+      {"group.max_unattributed_groups",
+       [](Config* c, int64_t v) { c->group.max_unattributed_groups = v; }},
+      {"group.max_groups_per_uid", [](Config* c, int64_t v) { c->group.max_groups_per_uid = v; }},
+      {"data.max_unidentified_sessions",
+       [](Config* c, int64_t v) { c->data.max_unidentified_sessions = v; }},
   };
   for (const Case& c : cases) {
     for (int64_t value : {int64_t{0}, int64_t{-1}}) {

@@ -92,6 +92,46 @@ TEST_F(LifecycleTest, GroupsAreCappedAndReleasedAndResourcesReturnToBaseline) {
       << "fds: " << CountFds(daemon_->pid()) << " after, " << fds << " before";
 }
 
+// docs/security.md, "Groups": lookups and watches carry no session, so the groups they make the
+// daemon follow share group.max_unattributed_groups; a user's jobs keep the rest of the table.
+TEST(LifecycleShareTest, LookupsOfMadeUpNamesCannotKeepJobsOut) {
+  TempDir dir;
+  const std::string socket = absl::StrCat(dir.path(), "/tpd.sock");
+  const std::string config = dir.WriteFile(
+      "tpd.toml", "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"t\"\n"
+                  "[group]\nmax_groups = 8\nmax_unattributed_groups = 3\nmax_groups_per_uid = 4\n");
+  auto daemon = DaemonProcess::Start(socket, {"--config", config});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = Client::Connect(socket);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::string init_method = absl::StrCat("tcp://", (*client)->Status()->peer_address());
+  std::vector<std::unique_ptr<GroupWatch>> watches;
+  for (int i = 0; i < 10; ++i) {
+    watches.push_back((*client)->Watch(absl::StrCat("made-up-", i), init_method));
+  }
+  ASSERT_TRUE(WaitUntil([&] { return (*client)->ListGroups()->size() == 3; }))
+      << "the watches made the daemon follow " << (*client)->ListGroups()->size() << " groups";
+  absl::StatusOr<v1::GroupView> one_more = (*client)->GetGroup("made-up-x", init_method);
+  EXPECT_EQ(one_more.status().code(), absl::StatusCode::kResourceExhausted) << one_more.status();
+  EXPECT_THAT(one_more.status().message(), HasSubstr("group.max_unattributed_groups is 3"));
+  // A job's groups are counted against its user: 4 of them fit, the fifth is refused.
+  for (int i = 0; i < 5; ++i) {
+    auto member = Client::Connect(socket);
+    ASSERT_TRUE(member.ok()) << member.status();
+    JoinOptions options;
+    options.group = absl::StrCat("job-", i);
+    options.name = "w0";
+    options.init_method = init_method;
+    absl::StatusOr<v1::JoinResponse> joined = (*member)->Join(options);
+    if (i < 4) {
+      EXPECT_TRUE(joined.ok()) << i << ": " << joined.status();
+    } else {
+      EXPECT_EQ(joined.status().code(), absl::StatusCode::kResourceExhausted) << joined.status();
+      EXPECT_THAT(joined.status().message(), HasSubstr("group.max_groups_per_uid is 4"));
+    }
+  }
+}
+
 TEST_F(LifecycleTest, AMistypedLookupDoesNotSquatTheGroupName) {
   absl::StatusOr<v1::GroupView> typo = client_->GetGroup("train", "tcp://127.0.0.1:1");
   EXPECT_FALSE(typo.ok());
