@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "proto/store.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/impostor_store.h"
 
 namespace tpd {
 namespace {
@@ -212,6 +213,31 @@ TEST_F(PeerTest, TheTokenNeverReachesAnAddressAClientNames) {
   // ... but never the token.
   EXPECT_FALSE(absl::StrContains(received, kToken)) << "the token reached a client's address";
   EXPECT_FALSE(absl::StrContains(received, "tpd-token"));
+}
+
+// docs/security.md, "Answers are authenticated too": a store that answers everything (one a
+// user serves itself and names in a tcp:// URL, or a host on the path) but cannot prove the
+// cluster token is never followed: the join fails naming it and no forged record is used.
+TEST_F(PeerTest, ADaemonFollowsNoStoreThatCannotProveTheToken) {
+  testing::ImpostorStore impostor("not the cluster's token");
+  const int d = StartDaemon(TokenConfig("127.0.0.1:0"));
+  ASSERT_GE(d, 0);
+  std::unique_ptr<Client> client = Connect(d);
+  JoinOptions join;
+  join.group = "hijacked";
+  join.name = "w0";
+  join.init_method = absl::StrCat("tcp://", impostor.address());
+  join.timeout = absl::Seconds(5);
+  absl::StatusOr<v1::JoinResponse> joined = client->Join(join);
+  ASSERT_FALSE(joined.ok());
+  EXPECT_THAT(joined.status().message(), HasSubstr("did not prove the cluster token"));
+  EXPECT_THAT(joined.status().message(), HasSubstr(impostor.address()));
+  absl::StatusOr<v1::GroupView> view = client->GetGroup("hijacked");
+  EXPECT_TRUE(!view.ok() || view->members_size() == 0) << view->DebugString();
+  // The same daemon joins through a real peer at once.
+  join.init_method = absl::StrCat("tcp://", PeerAddress(d));
+  join.group = "honest";
+  EXPECT_TRUE(client->Join(join).ok());
 }
 
 TEST_F(PeerTest, CallsWithoutAValidMacAreRefusedAndLoggedOncePerHost) {

@@ -10,13 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/client.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server_builder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/prefix_store.h"
 #include "tests/store/store_conformance.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/impostor_store.h"
 
 namespace tpd::store {
 namespace {
@@ -247,60 +246,13 @@ TEST_F(RemoteStoreTest, MissingTokenIsUnauthenticatedForWaitsToo) {
   EXPECT_THAT(status.message(), HasSubstr("no MAC"));
 }
 
-// What a user who serves a store of its own (or a host on the path) answers a daemon with:
-// whatever it likes, since it sees the calls. `reply_key` signs the answers when not empty
-// (a token other than the cluster's).
-class ImpostorStore final : public v1::Store::Service {
- public:
-  explicit ImpostorStore(std::string reply_key) : reply_key_(std::move(reply_key)) {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-  }
-  ~ImpostorStore() override { server_->Shutdown(); }
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-
-  grpc::Status Set(grpc::ServerContext* context, const v1::SetRequest*,
-                   v1::SetResponse* response) override {
-    return Answer(context, *response);
-  }
-  grpc::Status CompareSet(grpc::ServerContext* context, const v1::CompareSetRequest*,
-                          v1::CompareSetResponse* response) override {
-    response->set_value("forged");
-    return Answer(context, *response);
-  }
-  grpc::Status MultiGet(grpc::ServerContext* context, const v1::MultiGetRequest* request,
-                        v1::MultiGetResponse* response) override {
-    for (int i = 0; i < request->keys_size(); ++i) response->add_values("forged");
-    return Answer(context, *response);
-  }
-
- private:
-  grpc::Status Answer(grpc::ServerContext* context, const google::protobuf::Message& response) {
-    if (!reply_key_.empty()) {
-      auto call = context->client_metadata().find(kPeerAuthHeader);
-      absl::StatusOr<ParsedPeerAuth> parsed = ParsePeerAuthHeader(
-          absl::string_view(call->second.data(), call->second.size()));
-      context->AddTrailingMetadata(
-          kPeerReplyHeader,
-          FormatPeerReplyHeader(ComputeReplyMac(reply_key_, parsed->mac, response)));
-    }
-    return grpc::Status::OK;
-  }
-
-  const std::string reply_key_;
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
-};
-
 // A daemon follows only a store that proves the cluster token in its answers
 // (docs/security.md, "Answers are authenticated too"): an impostor's answers, unsigned or
 // signed under another token, are UNAUTHENTICATED and their values never returned.
 TEST(RemoteStoreImpostorTest, AnswersThatDoNotProveTheTokenAreRefused) {
   for (const std::string& reply_key : {std::string(), std::string("another-token")}) {
     SCOPED_TRACE(reply_key.empty() ? "unsigned answers" : "answers signed under another token");
-    ImpostorStore impostor(reply_key);
+    testing::ImpostorStore impostor(reply_key);
     RemoteStoreOptions options;
     options.token = kToken;
     options.call_timeout = absl::Seconds(5);
@@ -322,7 +274,7 @@ TEST(RemoteStoreImpostorTest, AnswersThatDoNotProveTheTokenAreRefused) {
 // refusals above are the reply MAC's doing (and a real daemon's answers pass: the
 // conformance suite runs over one).
 TEST(RemoteStoreImpostorTest, AnswersSignedWithTheClusterTokenAreAccepted) {
-  ImpostorStore holder(kToken);
+  testing::ImpostorStore holder(kToken);
   RemoteStoreOptions options;
   options.token = kToken;
   auto remote = RemoteStore::Create(holder.address(), options);
