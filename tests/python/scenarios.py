@@ -3,7 +3,9 @@ Assertions inside fail the rank, which fails the test with its traceback."""
 
 import os
 import re
+import sys
 import time
+import traceback
 
 import torch
 
@@ -310,3 +312,71 @@ def group_store_shared(rank, world_size, init_method):
         assert "holds no member of group" in str(e), e
     rpc.shutdown()
     return t.tolist()
+
+
+def _in_forked_child(rpc, parent, peer, rref, socket):
+    """What rank 0's forked child checks (forked_child); the report, "ok" or a traceback."""
+    import tpd
+    try:
+        calls = {
+            "rpc_sync": lambda: rpc.rpc_sync(peer, w.add, args=(1, 1)),
+            "rpc_async": lambda: rpc.rpc_async(peer, w.add, args=(1, 1)),
+            "remote": lambda: rpc.remote(peer, w.add, args=(1, 1)),
+            "get_worker_info": rpc.get_worker_info,
+            "shutdown": rpc.shutdown,
+            "to_here": rref.to_here,
+            "group_store": rpc.group_store,
+        }
+        expected = (f"RPC was initialized in process {parent}, not in this forked child "
+                    f"(pid {os.getpid()}): use RPC in processes started with multiprocessing's "
+                    "'spawn' or 'forkserver' start method")
+        for what, call in calls.items():
+            e = _raises(RuntimeError, call)
+            assert str(e) == expected, (what, str(e))
+        assert not rpc.api._is_current_rpc_agent_set()
+        # The parent's RPC does not make the child "already initialized", but the client
+        # library cannot connect in a forked child (nor a tpd.Store there): refused before it
+        # tries, since trying would crash the parent.
+        refusals = [_raises(RuntimeError, rpc.init_rpc, "child", rank=0, world_size=1,
+                            rpc_backend_options=w.options("tpd://127.0.0.1:1")),
+                    _raises(RuntimeError, tpd.Store, socket)]
+        for e in refusals:
+            assert str(e).startswith(f"this process (pid {os.getpid()}) was forked from "
+                                     f"process {parent} after tpd's client library "
+                                     "connected there"), str(e)
+        return "ok"
+    except BaseException:
+        return traceback.format_exc()
+
+
+def forked_child(rank, world_size, init_method):
+    """Rank 0 forks a child (as a DataLoader forks its workers) while in the job. The child
+    gets an error from every RPC call, and exits normally (sys.exit: atexit handlers,
+    interpreter teardown); then both ranks still call each other, and shut down gracefully."""
+    rpc = _init(rank, world_size, init_method)
+    peer = f"worker{1 - rank}"
+    assert rpc.rpc_sync(peer, w.add, args=(1, 1)) == 2
+    if rank == 0:
+        rref = rpc.remote(peer, w.add, args=(1, 2))
+        assert rref.to_here() == 3
+        parent = os.getpid()
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.close(read)
+            report = _in_forked_child(rpc, parent, peer, rref, os.environ["TPD_SOCKET"])
+            with os.fdopen(write, "w") as f:
+                f.write(report)
+            sys.exit(0 if report == "ok" else 1)
+        os.close(write)
+        with os.fdopen(read) as f:
+            report = f.read()
+        _, status = os.waitpid(child, 0)
+        assert report == "ok", report
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert rref.to_here() == 3
+    rpc.api._wait_all_workers()  # rank 1 calls only once the child is gone
+    assert rpc.rpc_sync(peer, w.add, args=(2, 2)) == 4
+    pids = os.getpid(), rpc.rpc_sync(peer, w.pid)
+    rpc.shutdown()
+    return pids

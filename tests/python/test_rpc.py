@@ -140,3 +140,9 @@ def test_a_process_outside_the_job_can_neither_join_nor_call(daemon, workdir):
         open(handoff + ".done", "w").close()
         job.join(timeout=120)
     assert outcome == {0: ["worker0", "worker1"], 1: ["worker0", "worker1"]}
+
+
+def test_a_forked_child_neither_uses_nor_ends_its_parents_rpc(daemon, workdir):
+    results = rpc_workers.run(scenarios.forked_child, 2, [daemon.socket], file_init(workdir))
+    (me0, peer0), (me1, peer1) = results[0], results[1]
+    assert (peer0, peer1) == (me1, me0)  # each called the other itself, not the child

@@ -14,6 +14,7 @@ Every message between workers is one tpd call of method ``tpd.rpc`` whose payloa
 """
 
 import itertools
+import os
 import sys
 import threading
 import traceback
@@ -22,7 +23,7 @@ import torch
 from torch._C._distributed_rpc import WorkerInfo
 
 from tpd import _capi
-from tpd.rpc import _pickler
+from tpd.rpc import _pickler, _state
 
 METHOD = "tpd.rpc"
 _METHOD_BYTES = METHOD.encode()
@@ -90,6 +91,7 @@ class Agent:
         self._threads = []
         self._stopped = False
         self.num_worker_threads = int(options.num_worker_threads)
+        self.pid = os.getpid()  # the process it serves (a forked child inherits it unusable)
 
     # --- lifecycle ---
 
@@ -103,6 +105,11 @@ class Agent:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+
+    def check_process(self):
+        """Raises in a forked child: this agent's threads and session are its parent's."""
+        if not _capi.is_mine(self.pid):
+            raise _state.forked_error(self.pid)
 
     def stop(self, join_threads=True):
         """Stops serving and completing; fails the futures still pending."""
@@ -179,6 +186,7 @@ class Agent:
                 self._idle_waiters -= 1
 
     def _started(self):
+        self.check_process()
         with self._lock:
             if self._stopped:
                 raise RuntimeError("RPC agent is shut down")
@@ -375,6 +383,7 @@ class Agent:
             return owned
 
     def owned(self, rref_id):
+        self.check_process()
         # A call through an RRef can overtake the remote() that creates its value (two
         # messages, served by two threads): wait for the value to be registered.
         wait = self.rpc_timeout if self.rpc_timeout > 0 else 60.0
@@ -386,6 +395,7 @@ class Agent:
         return owned
 
     def hold(self, rref_id, delta):
+        self.check_process()
         with self._lock:
             owned = self._owned.get(rref_id)
             if owned is None:

@@ -99,6 +99,8 @@ class RRef:
 
     def _wait_confirmed(self, timeout):
         if self._confirmation is not None:
+            # In a forked child the confirmation would never come (the parent's agent's).
+            self._agent.check_process()
             self._confirmation.wait()  # raises the creation's error (a timeout, say)
 
     def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
@@ -147,7 +149,7 @@ class RRef:
         self._counted = False
         agent = _state.current
         if agent is None or agent is not self._agent:
-            return  # shut down: the owner's table went with it
+            return  # shut down (the owner's table went with it), or a forked child's copy
         try:
             if self.is_owner():
                 agent.hold(self._id, -1)
