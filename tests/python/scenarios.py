@@ -380,3 +380,59 @@ def forked_child(rank, world_size, init_method):
     pids = os.getpid(), rpc.rpc_sync(peer, w.pid)
     rpc.shutdown()
     return pids
+
+
+def _refused(call, *args, timeout=20):
+    """The message of the RuntimeError the call raised, and how long it took."""
+    start = time.monotonic()
+    e = _raises(RuntimeError, call, *args, timeout=timeout)
+    return str(e), time.monotonic() - start
+
+
+def rref_messages_from_non_holders(rank, world_size, init_method):
+    """worker0 creates an RRef owned by worker1; worker2, in the job but never holding it,
+    sends worker1 a forged delete, fork and creation for its id, and fetches it and a made-up
+    id: all refused at once, and worker0's value stays. Then the RRef's normal life: passed
+    to worker2 (who may then fetch it), and every count given back in the end."""
+    from tpd.rpc import _agent
+    rpc = _init(rank, world_size, init_method, rpc_timeout=20)
+    agent = rpc.api._get_current_rpc_agent()
+    store = rpc.group_store("test")
+    owner = rpc.get_worker_info("worker1")
+    if rank == 0:
+        rref = rpc.remote(owner, w.add, args=(torch.ones(2), 1))
+        assert torch.equal(rref.to_here(), torch.full((2,), 2.0))
+        store.set("id", rref._id)
+        store.wait(["forged"])
+        assert torch.equal(rref.to_here(), torch.full((2,), 2.0))
+        # Handed on by its holder, worker2 may fetch it.
+        assert torch.equal(rpc.rpc_sync("worker2", w.rref_value_plus, args=(rref, 1)),
+                           torch.full((2,), 3.0))
+        assert torch.equal(rref.to_here(), torch.full((2,), 2.0))
+        del rref
+    elif rank == 2:
+        rref_id = store.get("id").decode()
+        results = {}
+        for _ in range(3):  # more deletes than the value has holders
+            results["delete"] = _refused(agent.call_sync, owner, (_agent.RREF_DEL, rref_id))
+        results["fork"] = _refused(agent.call_sync, owner, (_agent.RREF_ADD, rref_id, "worker2"))
+        results["fetch"] = _refused(agent.call_sync, owner, (_agent.FETCH, rref_id))
+        results["create"] = _refused(agent.call_sync, owner,
+                                     (_agent.REMOTE, rref_id, w.add, (1, 1), {}))
+        made_up = "worker0#123456"
+        results["fetch made-up"] = _refused(agent.call_sync, owner, (_agent.FETCH, made_up))
+        store.set("forged", "1")
+        for what, (message, took) in results.items():
+            assert took < 10, (what, took, message)
+            wanted = made_up if what == "fetch made-up" else rref_id
+            assert wanted in message and "worker2" in message, (what, message)
+    rpc.api._wait_all_workers()
+    if rank == 1:
+        # Every RRef of the value went away (worker0's, the one worker2 got): the owner dropped
+        # it, the forged messages having counted nothing.
+        deadline = time.monotonic() + 10
+        while agent._owned and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not agent._owned, list(agent._owned)
+    rpc.shutdown()
+    return True
