@@ -232,6 +232,73 @@ def take_json(ptr):
     return json.loads(take_string(ptr))
 
 
+# --- Handles and fork ---
+#
+# A forked child (a DataLoader worker, multiprocessing's "fork") inherits its parent's
+# handles: the client, events, store handles, whose sockets and shared memory the two
+# processes share. Closing or freeing one there would end the parent's session or answer its
+# requests, and may block on a lock one of the parent's threads held at the fork. So a handle
+# remembers the process that made it (process()) and, anywhere else, is forgotten without a
+# call into the library (is_mine()).
+#
+# _pid is os.getpid() kept at hand, since every event asks and os.getpid() is a system call.
+# It is None from the start of a fork until its hooks ran: Python may free, in the child, what
+# the parent's other threads held before any of the child's hooks run.
+#
+# Nor may such a child open a client of its own (connecting()): the library's gRPC keeps
+# one epoll set per process, which a forked child shares with its parent, so the child's
+# connection hangs while the parent's gRPC thread takes the child's events, and crashes on
+# them (seen with a serving parent every time). Until the library starts afresh in a forked
+# child, processes that use tpd are started by spawn, forkserver or exec.
+_pid = os.getpid()
+_connected = False   # a client was opened here, or in a parent before it forked this process
+_forked_from = None  # in a child forked after a client was opened: its parent
+
+
+def _forking():
+    global _pid
+    _pid = None
+
+
+def _forked_in_parent():
+    global _pid
+    _pid = os.getpid()
+
+
+def _forked_in_child():
+    global _pid, _forked_from
+    _pid = os.getpid()
+    if _connected:
+        _forked_from = os.getppid()
+
+
+os.register_at_fork(before=_forking, after_in_parent=_forked_in_parent,
+                    after_in_child=_forked_in_child)
+
+
+def process():
+    """The id of this process, for a handle made now to remember."""
+    return _pid or os.getpid()
+
+
+def is_mine(made_in):
+    """Whether a handle made in process ``made_in`` is this process's to close or free."""
+    return made_in == _pid or made_in == os.getpid()
+
+
+def connecting():
+    """Called before a client connects: raises in a process forked after the library connected
+    (see above)."""
+    global _connected
+    if _forked_from is not None:
+        raise RuntimeError(
+            f"this process (pid {os.getpid()}) was forked from process {_forked_from} after "
+            "tpd's client library connected there, and the library cannot connect again in a "
+            "forked child: start processes that use tpd with multiprocessing's 'spawn' or "
+            "'forkserver' start method, or exec them")
+    _connected = True
+
+
 def timeout_us(seconds):
     """Seconds (float, None for the default) as the ABI's microseconds."""
     if seconds is None:

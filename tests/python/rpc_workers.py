@@ -83,11 +83,14 @@ _mark_async()
 
 def _child(target, rank, world_size, socket, init_method, queue, kwargs):
     os.environ["TPD_SOCKET"] = socket
+    worker = os.getpid()
     try:
         result = target(rank, world_size, init_method, **kwargs)
         queue.put((rank, "ok", result))
     except BaseException:
-        queue.put((rank, "error", traceback.format_exc()))
+        # A process the scenario forked leaves through here too (sys.exit): not the rank's end.
+        if os.getpid() == worker:
+            queue.put((rank, "error", traceback.format_exc()))
         raise
 
 

@@ -3,7 +3,9 @@ Assertions inside fail the rank, which fails the test with its traceback."""
 
 import os
 import re
+import sys
 import time
+import traceback
 
 import torch
 
@@ -327,3 +329,127 @@ def store_holds_no_membership(rank, world_size, init_method):
     assert rpc.rpc_sync(f"worker{(rank + 1) % world_size}", w.add, args=(1, 1)) == 2
     rpc.shutdown()
     return group
+
+
+def _in_forked_child(rpc, parent, peer, rref, socket):
+    """What rank 0's forked child checks (forked_child); the report, "ok" or a traceback."""
+    import tpd
+    try:
+        calls = {
+            "rpc_sync": lambda: rpc.rpc_sync(peer, w.add, args=(1, 1)),
+            "rpc_async": lambda: rpc.rpc_async(peer, w.add, args=(1, 1)),
+            "remote": lambda: rpc.remote(peer, w.add, args=(1, 1)),
+            "get_worker_info": rpc.get_worker_info,
+            "shutdown": rpc.shutdown,
+            "to_here": rref.to_here,
+            "group_store": rpc.group_store,
+        }
+        expected = (f"RPC was initialized in process {parent}, not in this forked child "
+                    f"(pid {os.getpid()}): use RPC in processes started with multiprocessing's "
+                    "'spawn' or 'forkserver' start method")
+        for what, call in calls.items():
+            e = _raises(RuntimeError, call)
+            assert str(e) == expected, (what, str(e))
+        assert not rpc.api._is_current_rpc_agent_set()
+        # The parent's RPC does not make the child "already initialized", but the client
+        # library cannot connect in a forked child (nor a tpd.Store there): refused before it
+        # tries, since trying would crash the parent.
+        refusals = [_raises(RuntimeError, rpc.init_rpc, "child", rank=0, world_size=1,
+                            rpc_backend_options=w.options("tpd://127.0.0.1:1")),
+                    _raises(RuntimeError, tpd.Store, socket)]
+        for e in refusals:
+            assert str(e).startswith(f"this process (pid {os.getpid()}) was forked from "
+                                     f"process {parent} after tpd's client library "
+                                     "connected there"), str(e)
+        return "ok"
+    except BaseException:
+        return traceback.format_exc()
+
+
+def forked_child(rank, world_size, init_method):
+    """Rank 0 forks a child (as a DataLoader forks its workers) while in the job. The child
+    gets an error from every RPC call, and exits normally (sys.exit: atexit handlers,
+    interpreter teardown); then both ranks still call each other, and shut down gracefully."""
+    rpc = _init(rank, world_size, init_method)
+    peer = f"worker{1 - rank}"
+    assert rpc.rpc_sync(peer, w.add, args=(1, 1)) == 2
+    if rank == 0:
+        rref = rpc.remote(peer, w.add, args=(1, 2))
+        assert rref.to_here() == 3
+        parent = os.getpid()
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.close(read)
+            report = _in_forked_child(rpc, parent, peer, rref, os.environ["TPD_SOCKET"])
+            with os.fdopen(write, "w") as f:
+                f.write(report)
+            sys.exit(0 if report == "ok" else 1)
+        os.close(write)
+        with os.fdopen(read) as f:
+            report = f.read()
+        _, status = os.waitpid(child, 0)
+        assert report == "ok", report
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert rref.to_here() == 3
+    rpc.api._wait_all_workers()  # rank 1 calls only once the child is gone
+    assert rpc.rpc_sync(peer, w.add, args=(2, 2)) == 4
+    pids = os.getpid(), rpc.rpc_sync(peer, w.pid)
+    rpc.shutdown()
+    return pids
+
+
+def _refused(call, *args, timeout=20):
+    """The message of the RuntimeError the call raised, and how long it took."""
+    start = time.monotonic()
+    e = _raises(RuntimeError, call, *args, timeout=timeout)
+    return str(e), time.monotonic() - start
+
+
+def rref_messages_from_non_holders(rank, world_size, init_method):
+    """worker0 creates an RRef owned by worker1; worker2, in the job but never holding it,
+    sends worker1 a forged delete, fork and creation for its id, and fetches it and a made-up
+    id: all refused at once, and worker0's value stays. Then the RRef's normal life: passed
+    to worker2 (who may then fetch it), and every count given back in the end."""
+    from tpd.rpc import _agent
+    rpc = _init(rank, world_size, init_method, rpc_timeout=20)
+    agent = rpc.api._get_current_rpc_agent()
+    store = rpc.group_store("test")
+    owner = rpc.get_worker_info("worker1")
+    if rank == 0:
+        rref = rpc.remote(owner, w.add, args=(torch.ones(2), 1))
+        assert torch.equal(rref.to_here(), torch.full((2,), 2.0))
+        store.set("id", rref._id)
+        store.wait(["forged"])
+        assert torch.equal(rref.to_here(), torch.full((2,), 2.0))
+        # Handed on by its holder, worker2 may fetch it.
+        assert torch.equal(rpc.rpc_sync("worker2", w.rref_value_plus, args=(rref, 1)),
+                           torch.full((2,), 3.0))
+        assert torch.equal(rref.to_here(), torch.full((2,), 2.0))
+        del rref
+    elif rank == 2:
+        rref_id = store.get("id").decode()
+        results = {}
+        for _ in range(3):  # more deletes than the value has holders
+            results["delete"] = _refused(agent.call_sync, owner, (_agent.RREF_DEL, rref_id))
+        results["fork"] = _refused(agent.call_sync, owner, (_agent.RREF_ADD, rref_id, "worker2"))
+        results["fetch"] = _refused(agent.call_sync, owner, (_agent.FETCH, rref_id))
+        results["create"] = _refused(agent.call_sync, owner,
+                                     (_agent.REMOTE, rref_id, w.add, (1, 1), {}))
+        made_up = "worker0#123456"
+        results["fetch made-up"] = _refused(agent.call_sync, owner, (_agent.FETCH, made_up))
+        store.set("forged", "1")
+        for what, (message, took) in results.items():
+            assert took < 10, (what, took, message)
+            wanted = made_up if what == "fetch made-up" else rref_id
+            assert wanted in message and "worker2" in message, (what, message)
+    rpc.api._wait_all_workers()
+    if rank == 1:
+        # Every RRef of the value went away (worker0's, the one worker2 got): the owner dropped
+        # it, the forged messages having counted nothing.
+        deadline = time.monotonic() + 10
+        while agent._owned and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not agent._owned, list(agent._owned)
+    rpc.shutdown()
+    return True

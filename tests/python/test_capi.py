@@ -2,6 +2,7 @@
 
 import ctypes
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -182,5 +183,52 @@ def test_an_arena_block_is_in_flight_until_the_daemon_lets_go_of_it(daemon):
         _capi.check(lib.tpd_arena_in_flight(a._handle, ctypes.c_void_p(64), ctypes.byref(flag)))
     assert error.value.code == _capi.NOT_FOUND
     lib.tpd_arena_free(a._handle, data)
+    a.close()
+    b.close()
+
+
+def test_a_forked_child_forgets_its_parents_handles_and_may_not_connect(daemon):
+    """A forked child (a DataLoader worker, say) that drops what it inherited, a request not
+    yet answered and clients in a group, answers nothing and ends nothing of its parent's;
+    and it may not connect itself (the library's gRPC would break in both)."""
+    a, b = _pair(daemon)
+    store = b.store(group="g")
+    store.set("k", b"v")
+    a.call_async("g", "b", "echo", b"x", [], 30_000_000, tag=1)
+    request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            request.free()  # would answer INTERNAL
+            store.close()
+            a.close()  # would end the sessions: a and b would leave
+            b.close()
+            try:
+                Client(daemon.socket)
+            except RuntimeError as e:
+                code = 0 if f"forked from process {os.getppid()} after" in str(e) else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            pytest.fail("the forked child hung in its parent's handles")
+        time.sleep(0.02)
+    assert os.waitstatus_to_exitcode(status) == 0
+    request.reply(b"from the parent")
+    assert a.next_event(_capi.QUEUE_REPLIES, timeout=5).read() == (
+        _capi.OK, "", b"from the parent", 0)
+    # Both are still in the group, and the store still open.
+    a.call_async("g", "b", "echo", b"y", [], 5_000_000, tag=2)
+    b.next_event(_capi.QUEUE_REQUESTS, timeout=5).reply(b"again")
+    assert a.next_event(_capi.QUEUE_REPLIES, timeout=5).payload() == b"again"
+    assert store.get("k", timeout=5) == b"v"
+    store.close()
     a.close()
     b.close()

@@ -43,3 +43,14 @@ def test_a_message_naming_a_tensor_it_does_not_carry_is_refused():
     with pytest.raises(ValueError, match="names tensor 0 of the 0 it carries"):
         _pickler.loads(payload, 0, None)
     assert _pickler.loads(pickle.dumps(("no tensors", 1)), 0, None) == ("no tensors", 1)
+
+
+def test_an_rref_pickles_only_into_a_message_to_a_worker():
+    from tpd.rpc.rref import RRef
+    rref = RRef.__new__(RRef)  # refused before anything is counted: no agent needed
+    # As torch: not by Python's pickle; nor by tpd's without a receiver, whose RRef the owner
+    # would have to count.
+    for dumps in (pickle.dumps, _pickler.dumps):
+        with pytest.raises(RuntimeError, match="Can not pickle rref in python pickler, rref can "
+                                               "only be pickled when using RPC"):
+            dumps(rref)

@@ -230,3 +230,15 @@ def test_a_member_killed_while_its_forked_child_lives_is_gone_at_once(daemon):
         observer.close()
     finally:
         os.kill(child, 9)
+
+
+def test_a_forked_child_neither_uses_nor_ends_its_parents_rpc(daemon, workdir):
+    results = rpc_workers.run(scenarios.forked_child, 2, [daemon.socket], file_init(workdir))
+    (me0, peer0), (me1, peer1) = results[0], results[1]
+    assert (peer0, peer1) == (me1, me0)  # each called the other itself, not the child
+
+
+def test_only_a_worker_holding_an_rref_may_delete_fork_or_fetch_it(daemon, workdir):
+    results = rpc_workers.run(scenarios.rref_messages_from_non_holders, 3, [daemon.socket],
+                              file_init(workdir))
+    assert results == {0: True, 1: True, 2: True}

@@ -14,6 +14,8 @@ Every message between workers is one tpd call of method ``tpd.rpc`` whose payloa
 """
 
 import itertools
+import logging
+import os
 import sys
 import threading
 import traceback
@@ -22,7 +24,7 @@ import torch
 from torch._C._distributed_rpc import WorkerInfo
 
 from tpd import _capi
-from tpd.rpc import _pickler
+from tpd.rpc import _pickler, _state
 
 METHOD = "tpd.rpc"
 _METHOD_BYTES = METHOD.encode()
@@ -31,10 +33,12 @@ _METHOD_BYTES = METHOD.encode()
 CALL = 0      # (CALL, func, args, kwargs)
 REMOTE = 1    # (REMOTE, rref_id, func, args, kwargs): run, keep the result as an OwnerRRef
 FETCH = 2     # (FETCH, rref_id): the owner's value, once there
-RREF_ADD = 3  # (RREF_ADD, rref_id): one more user
-RREF_DEL = 4  # (RREF_DEL, rref_id): one user fewer
+RREF_ADD = 3  # (RREF_ADD, rref_id, receiver): the caller passes its RRef on to receiver
+RREF_DEL = 4  # (RREF_DEL, rref_id): the caller's RRef went away
 
 TIMEOUT_MESSAGE = "RPC ran for more than set timeout ({} ms) and will now be marked with an error"
+
+_log = logging.getLogger(__name__)
 
 
 def timeout_error(timeout_s):
@@ -42,13 +46,14 @@ def timeout_error(timeout_s):
 
 
 class _Owned:
-    """A value this worker owns for RRefs: its future and how many RRef objects hold it."""
+    """A value this worker owns for RRefs: its future, and for each worker holding RRef objects
+    of it (this one included) how many."""
 
     __slots__ = ("future", "holders")
 
-    def __init__(self, future):
+    def __init__(self, future, holder):
         self.future = future
-        self.holders = 0
+        self.holders = {holder: 1}
 
 
 def remote_exception_message(worker_info, exc):
@@ -77,7 +82,6 @@ class Agent:
         self._bootstrap_store = bootstrap_store  # torch's rendezvous store, kept as torch does
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # _in_flight fell to 0 (wait_idle)
-        self._owned_changed = threading.Condition(self._lock)  # an RRef value registered
         self._in_flight = 0      # calls this worker made that have not completed
         self._idle_waiters = 0   # threads in wait_idle: only they need _idle notified
         self._workers_by_name = {}
@@ -90,6 +94,7 @@ class Agent:
         self._threads = []
         self._stopped = False
         self.num_worker_threads = int(options.num_worker_threads)
+        self.pid = os.getpid()  # the process it serves (a forked child inherits it unusable)
 
     # --- lifecycle ---
 
@@ -103,6 +108,11 @@ class Agent:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+
+    def check_process(self):
+        """Raises in a forked child: this agent's threads and session are its parent's."""
+        if not _capi.is_mine(self.pid):
+            raise _state.forked_error(self.pid)
 
     def stop(self, join_threads=True):
         """Stops serving and completing; fails the futures still pending."""
@@ -179,6 +189,7 @@ class Agent:
                 self._idle_waiters -= 1
 
     def _started(self):
+        self.check_process()
         with self._lock:
             if self._stopped:
                 raise RuntimeError("RPC agent is shut down")
@@ -192,7 +203,7 @@ class Agent:
 
     def call_sync(self, to, message, timeout=None):
         seconds, timeout_us = self._timeout_us(timeout)
-        payload, descriptors, keep = _pickler.dumps(message)
+        payload, descriptors, keep = _pickler.dumps(message, to.name)
         self._started()
         try:
             event = self.client.call(self._group_bytes, to.name, _METHOD_BYTES, payload,
@@ -204,7 +215,7 @@ class Agent:
 
     def call_async(self, to, message, timeout=None):
         seconds, timeout_us = self._timeout_us(timeout)
-        payload, descriptors, keep = _pickler.dumps(message)
+        payload, descriptors, keep = _pickler.dumps(message, to.name)
         future = torch.futures.Future()
         tag = next(self._tags)
         self._started()
@@ -286,11 +297,13 @@ class Agent:
         elif kind == FETCH:
             self._fetch(event, message[1])
         elif kind == RREF_ADD:
-            self.hold(message[1], 1)
-            self._reply_value(event, None)
+            caller = event.caller
+            self._answer_hold(event, caller, "fork", message[1],
+                              self.fork(message[1], caller, message[2]))
         elif kind == RREF_DEL:
-            self.hold(message[1], -1)
-            self._reply_value(event, None)
+            caller = event.caller
+            self._answer_hold(event, caller, "delete", message[1],
+                              self.release(message[1], caller))
         else:
             self._reply_exception(event, ValueError(f"unknown tpd.rpc message kind {kind!r}"))
 
@@ -327,7 +340,7 @@ class Agent:
 
     def _reply_value(self, event, value):
         try:
-            payload, descriptors, keep = _pickler.dumps((True, value))
+            payload, descriptors, keep = _pickler.dumps((True, value), lambda: event.caller)
         except Exception as exc:
             self._reply_exception(event, exc)
             return
@@ -361,42 +374,81 @@ class Agent:
         event.free()
 
     # --- RRefs this worker owns ---
+    #
+    # Only a worker that holds an RRef may fetch, fork or delete it: the owner counts, per
+    # value, the RRef objects each worker holds, and refuses the others' messages, knowing
+    # the caller from the daemon (which names the member a request came from), never from the
+    # message. Ids are "<creator>#<n>": a remote() creates its value under one of its own.
 
     def new_rref_id(self):
         return f"{self.info.name}#{next(self._rref_ids)}"
 
-    def own(self, rref_id, future, holders):
+    def own(self, rref_id, future, holder):
+        """Registers a value this worker owns, its first RRef held by worker ``holder``; False
+        when ``rref_id`` is taken."""
         with self._lock:
-            owned = self._owned.get(rref_id)
-            if owned is None:
-                owned = self._owned[rref_id] = _Owned(future)
-                self._owned_changed.notify_all()
-            owned.holders += holders
-            return owned
+            if rref_id in self._owned:
+                return False
+            self._owned[rref_id] = _Owned(future, holder)
+            return True
 
     def owned(self, rref_id):
-        # A call through an RRef can overtake the remote() that creates its value (two
-        # messages, served by two threads): wait for the value to be registered.
-        wait = self.rpc_timeout if self.rpc_timeout > 0 else 60.0
-        with self._owned_changed:
-            self._owned_changed.wait_for(lambda: rref_id in self._owned, wait)
+        self.check_process()
+        with self._lock:
             owned = self._owned.get(rref_id)
         if owned is None:
             raise RuntimeError(f"RRef {rref_id} is not owned by {self.info} (deleted?)")
         return owned
 
-    def hold(self, rref_id, delta):
+    def fork(self, rref_id, holder, receiver):
+        """``holder`` passes its RRef on: one more for ``receiver``. False when ``holder``
+        holds none."""
+        self.check_process()
         with self._lock:
             owned = self._owned.get(rref_id)
-            if owned is None:
-                return
-            owned.holders += delta
-            if owned.holders <= 0:
-                del self._owned[rref_id]
+            if owned is None or holder not in owned.holders:
+                return False
+            owned.holders[receiver] = owned.holders.get(receiver, 0) + 1
+            return True
+
+    def release(self, rref_id, holder):
+        """One RRef of ``holder``'s went away; the value goes with the last. False when
+        ``holder`` holds none."""
+        with self._lock:
+            owned = self._owned.get(rref_id)
+            if owned is None or holder not in owned.holders:
+                return False
+            left = owned.holders[holder] - 1
+            if left:
+                owned.holders[holder] = left
+            else:
+                del owned.holders[holder]
+                if not owned.holders:
+                    del self._owned[rref_id]
+            return True
+
+    def _refuse(self, event, message):
+        _log.debug("%s refused an RRef message: %s", self.info, message)
+        self._reply_error(event, RuntimeError, message)
+
+    def _not_held(self, caller, action, rref_id):
+        return (f"worker {caller} holds no RRef {rref_id} owned by {self.info} (deleted?), "
+                f"so may not {action} it")
+
+    def _answer_hold(self, event, caller, action, rref_id, accepted):
+        if accepted:
+            self._reply_value(event, None)
+        else:
+            self._refuse(event, self._not_held(caller, action, rref_id))
 
     def _remote(self, event, rref_id, func, args, kwargs):
+        caller = event.caller
         future = torch.futures.Future()
-        self.own(rref_id, future, 1)  # the creator's RRef
+        if rref_id.rpartition("#")[0] != caller or not self.own(rref_id, future, caller):
+            # Taking another's id, or one in use, would hand the caller others' value.
+            self._refuse(event, f"worker {caller} may not create RRef {rref_id} on "
+                                f"{self.info}: the id is another worker's, or in use")
+            return
         try:
             result = self._invoke(func, args, kwargs)
         except Exception as exc:
@@ -414,10 +466,15 @@ class Agent:
         self._reply_value(event, None)
 
     def _fetch(self, event, rref_id):
-        try:
-            owned = self.owned(rref_id)
-        except RuntimeError as exc:
-            self._reply_exception(event, exc)
+        # Answered at once when the caller holds no RRef of rref_id; a value still being
+        # computed (its remote() arrived, its function runs) is answered once there.
+        caller = event.caller
+        with self._lock:
+            owned = self._owned.get(rref_id)
+            if owned is not None and caller not in owned.holders:
+                owned = None
+        if owned is None:
+            self._refuse(event, self._not_held(caller, "fetch", rref_id))
             return
 
         def answer(done):

@@ -25,6 +25,10 @@ _DTYPES = {
 
 _received = threading.local()  # the storages of the message being unpickled
 
+# Objects whose pickle depends on the worker the message goes to: type -> reduce(obj, that
+# worker's name). rref.py registers RRef (its owner counts the RRef the receiver will build).
+by_receiver = {}
+
 
 def _storage(tensor):
     if hasattr(tensor, "untyped_storage"):
@@ -57,10 +61,16 @@ class _Pickler(pickle.Pickler):
         self.storages = {}    # (device, data_ptr) -> index
         self.descriptors = []  # _capi.Tensor per storage
         self.keep = []         # what keeps each storage's memory alive until sent
+        self.receiver = None   # dumps' receiver
 
     def reducer_override(self, obj):
         if not isinstance(obj, torch.Tensor):
-            return NotImplemented
+            reduce = by_receiver.get(type(obj))
+            if reduce is None:
+                return NotImplemented
+            if callable(self.receiver):
+                self.receiver = self.receiver()
+            return reduce(obj, self.receiver)
         if obj.is_sparse:
             return torch.sparse_coo_tensor, (obj._indices(), obj._values(), obj.size())
         if obj.layout != torch.strided:
@@ -102,12 +112,15 @@ _picklers = threading.local()
 _KEEP_PICKLER_BELOW = 64 << 10
 
 
-def dumps(obj):
-    """(payload, tensor descriptors, keep-alive list) of ``obj``."""
+def dumps(obj, receiver=None):
+    """(payload, tensor descriptors, keep-alive list) of ``obj``, a message to the worker named
+    ``receiver``, or named by what ``receiver()`` returns: asked only when the message holds
+    an object of ``by_receiver`` (a reply's receiver costs a call into the library)."""
     pickler = getattr(_picklers, "pickler", None)
     if pickler is None:
         pickler = _Pickler(io.BytesIO())
     _picklers.pickler = None  # a dumps within this one (a reducer's) makes its own
+    pickler.receiver = receiver
     try:
         pickler.dump(obj)
         payload = pickler.buffer.getvalue()

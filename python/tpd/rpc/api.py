@@ -254,6 +254,8 @@ def shutdown(graceful=True, timeout=0):
     with _state.lock:
         agent = _state.current
     if agent is None:
+        if _state.forked_from is not None:
+            raise _state.forked_error(_state.forked_from)
         return
     try:
         if graceful:
@@ -272,11 +274,15 @@ def shutdown(graceful=True, timeout=0):
 
 @atexit.register
 def _shutdown_at_exit():
-    # A program that forgot shutdown() exits cleanly: its members leave at once.
+    # A program that forgot shutdown() exits cleanly: its members leave at once. Only the
+    # process that called init_rpc: a forked child's exit leaves the parent's membership alone
+    # (the fork hooks forget the agent there, and a child forked by C code, without them, has
+    # another pid).
     agent = _state.current
+    if agent is None or agent.pid != os.getpid():
+        return
     _state.current = None
-    if agent is not None:
-        agent.stop(join_threads=False)
+    agent.stop(join_threads=False)
 
 
 def get_worker_info(worker_name=None):

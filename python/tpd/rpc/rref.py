@@ -1,18 +1,22 @@
 """RRef: a reference to a value that lives on one worker (its owner).
 
-Counting. Every RRef object holds one count on its owner's entry (``Agent.own``): the owner
-drops the value when the count reaches 0. ``remote()`` counts the creator's RRef on the
-owner; pickling an RRef (passing it in a call or a reply) adds one for the RRef the receiver
-will build, before the message leaves (a synchronous call to the owner, or a local count on
-the owner itself); an RRef object going away gives its count back (a fire-and-forget call
-from a user).
+Counting. Every RRef object holds one count on its owner's entry, in the name of the worker
+it lives in (``Agent.own``): the owner drops the value when no worker holds any. ``remote()``
+counts the creator's RRef on the owner; pickling an RRef into a call or a reply (``_fork``)
+adds one for the RRef the receiver will build, before the message leaves (a synchronous call
+to the owner, which takes it only from a worker holding the RRef, or a local count on the
+owner itself); an RRef object going away gives its count back (a fire-and-forget call from a
+user, which the owner takes only from a worker holding the RRef).
 """
 
 import torch
 from torch._C._distributed_rpc import WorkerInfo
 
-from tpd.rpc import _agent, _state
+from tpd.rpc import _agent, _pickler, _state
 from tpd.rpc.constants import UNSET_RPC_TIMEOUT
+
+# torch's words: an RRef travels only in RPC messages, which say who receives it.
+_NOT_IN_RPC = "Can not pickle rref in python pickler, rref can only be pickled when using RPC"
 
 
 def _current():
@@ -40,7 +44,7 @@ class RRef:
         future = torch.futures.Future()
         future.set_result(value)
         self._init(agent, agent.info, agent.new_rref_id(), confirmed=True)
-        agent.own(self._id, future, 1)
+        agent.own(self._id, future, agent.info.name)
 
     def _init(self, agent, owner, rref_id, confirmed):
         self._agent = agent
@@ -99,6 +103,8 @@ class RRef:
 
     def _wait_confirmed(self, timeout):
         if self._confirmation is not None:
+            # In a forked child the confirmation would never come (the parent's agent's).
+            self._agent.check_process()
             self._confirmation.wait()  # raises the creation's error (a timeout, say)
 
     def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
@@ -131,15 +137,7 @@ class RRef:
     # --- counting ---
 
     def __reduce__(self):
-        agent = self._agent
-        # Counted only once the owner registered the value (a remote() still in flight, even
-        # one to this very worker, has not), or the count would land on nothing.
-        self._wait_confirmed(None)
-        if self.is_owner():
-            agent.hold(self._id, 1)
-        else:
-            agent.call_sync(self._owner, (_agent.RREF_ADD, self._id))
-        return _rebuild, (self._owner.name, self._owner.id, self._id)
+        raise RuntimeError(_NOT_IN_RPC)
 
     def __del__(self):
         if not getattr(self, "_counted", False):
@@ -147,14 +145,31 @@ class RRef:
         self._counted = False
         agent = _state.current
         if agent is None or agent is not self._agent:
-            return  # shut down: the owner's table went with it
+            return  # shut down (the owner's table went with it), or a forked child's copy
         try:
             if self.is_owner():
-                agent.hold(self._id, -1)
+                agent.release(self._id, agent.info.name)
             elif self._confirmed:
                 agent.call_async(self._owner, (_agent.RREF_DEL, self._id)).then(_ignore)
         except Exception:  # the owner or this agent is going away: nothing left to count
             pass
+
+
+def _fork(rref, receiver):
+    """Pickles ``rref`` into a message to worker ``receiver``: the owner counts the RRef the
+    receiver will build before the message leaves."""
+    if receiver is None:
+        raise RuntimeError(_NOT_IN_RPC)
+    agent = rref._agent
+    # Counted only once the owner registered the value (a remote() still in flight, even
+    # one to this very worker, has not), or the count would land on nothing.
+    rref._wait_confirmed(None)
+    if rref.is_owner():
+        if not agent.fork(rref._id, agent.info.name, receiver):
+            raise RuntimeError(f"RRef {rref._id} is not owned by {agent.info} (deleted?)")
+    else:
+        agent.call_sync(rref._owner, (_agent.RREF_ADD, rref._id, receiver))
+    return _rebuild, (rref._owner.name, rref._owner.id, rref._id)
 
 
 def _ignore(_):
@@ -173,6 +188,9 @@ def _rebuild(owner_name, owner_id, rref_id):
     rref = RRef.__new__(RRef)
     rref._init(agent, WorkerInfo(owner_name, owner_id), rref_id, confirmed=True)
     return rref
+
+
+_pickler.by_receiver[RRef] = _fork
 
 
 def _type_of(rref):
