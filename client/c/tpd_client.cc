@@ -5,6 +5,8 @@
 
 #include "client/c/tpd_client.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -30,9 +32,26 @@
 #include "client/client.h"
 #include "google/protobuf/util/json_util.h"
 
+namespace {
+
+// Forks this process has been through, counted in the child (pthread_atfork). A handle keeps
+// the count it was made at: in a forked child (a DataLoader worker) the parent's handles are
+// copies whose sockets, rings and heaps the parent still uses, so freeing or closing one there
+// would release the parent's received blocks, answer or drop its requests and end its
+// session. The child leaves them alone instead: it leaks its copies, which die with it.
+std::atomic<uint64_t> g_forks{0};
+[[maybe_unused]] const int kCountForks = pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1); });
+
+uint64_t ForkCount() { return g_forks.load(std::memory_order_relaxed); }
+// Whether a handle made at fork count `made_at` belongs to a parent of this process.
+bool Inherited(uint64_t made_at) { return made_at != ForkCount(); }
+
+}  // namespace
+
 // The library's view of one client: the C++ client, the two event queues, and what DLPack
 // views and arena blocks handed out keep.
 struct tpd_client {
+  const uint64_t made_at_fork = ForkCount();
   std::unique_ptr<tpd::Client> client;
   std::shared_ptr<struct tpd_events> events;
   absl::Mutex arena_mu;
@@ -43,10 +62,12 @@ struct tpd_client {
 
 struct tpd_store {
   tpd::StoreView view;
+  const uint64_t made_at_fork = ForkCount();
 };
 
 // A request to answer, or a call's result.
 struct tpd_event {
+  const uint64_t made_at_fork = ForkCount();
   int kind = 0;
   uint64_t tag = 0;
   int code = TPD_OK;
@@ -356,6 +377,7 @@ struct DLManagedTensor {
 
 // What a DLPack tensor handed out holds: a view of the received tensor (its block), or a copy.
 struct DlpackHolder {
+  const uint64_t made_at_fork = ForkCount();
   DLManagedTensor managed{};
   int64_t shape[1] = {0};
   tpd::Tensor view;
@@ -366,6 +388,7 @@ struct DlpackHolder {
 
 void DeleteDlpack(DLManagedTensor* self) {
   auto* holder = static_cast<DlpackHolder*>(self->manager_ctx);
+  if (Inherited(holder->made_at_fork)) return;  // the parent's block, not this child's
   if (holder->counted != 0) holder->events->rx_view_bytes -= holder->counted;
   delete holder;
 }
@@ -415,7 +438,7 @@ int tpd_client_open(const char* socket_path, int64_t connect_timeout_us,
 }
 
 void tpd_client_stop_events(tpd_client* client) {
-  if (client == nullptr) return;
+  if (client == nullptr || Inherited(client->made_at_fork)) return;
   std::deque<std::unique_ptr<tpd_event>> dropped;
   {
     absl::MutexLock lock(&client->events->mu);
@@ -441,7 +464,7 @@ void tpd_client_stop_events(tpd_client* client) {
 }
 
 void tpd_client_close(tpd_client* client) {
-  if (client == nullptr) return;
+  if (client == nullptr || Inherited(client->made_at_fork)) return;
   tpd_client_stop_events(client);
   try {
     delete client;
@@ -617,7 +640,7 @@ int tpd_arena_in_flight(tpd_client* client, const void* data, int* in_flight) {
 }
 
 void tpd_arena_free(tpd_client* client, void* data) {
-  if (client == nullptr) return;
+  if (client == nullptr || Inherited(client->made_at_fork)) return;
   tpd::Tensor block;  // freed after the lock
   absl::MutexLock lock(&client->arena_mu);
   auto it = client->arena.find(data);
@@ -785,7 +808,7 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
 }
 
 void tpd_event_free(tpd_event* event) {
-  if (event == nullptr) return;
+  if (event == nullptr || Inherited(event->made_at_fork)) return;
   if (event->kind == TPD_EVENT_REQUEST && event->responder.valid()) {
     (void)event->responder.Reply(absl::InternalError(absl::StrCat(
         "the process serving method '", event->method, "' dropped the call unanswered")));
@@ -1006,7 +1029,9 @@ int tpd_store_open(tpd_client* client, const char* group, const char* name_space
   });
 }
 
-void tpd_store_close(tpd_store* store) { delete store; }
+void tpd_store_close(tpd_store* store) {
+  if (store != nullptr && !Inherited(store->made_at_fork)) delete store;
+}
 
 int tpd_store_set(tpd_store* store, const char* key, const char* value, size_t size) {
   return Guarded("tpd_store_set", [&]() -> absl::Status {

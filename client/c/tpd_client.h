@@ -16,6 +16,9 @@
  * - Strings are NUL-terminated UTF-8 unless a length goes with them; what the library returns
  *   in an out-parameter of type char** is freed with tpd_free.
  * - Handles are opaque. A tpd_client is thread-safe; a tpd_event belongs to whoever took it.
+ * - Across fork(): handles belong to the process that made them. In a forked child, freeing
+ *   or closing an inherited client, event, store or DLPack tensor does nothing (the child's
+ *   copy is left to die with it), since the parent still uses what they hold.
  *
  * Semantics are those of the C++ client (client/client.h, client/calls.h); this header says
  * what differs.

@@ -376,11 +376,16 @@ def forked_child(rank, world_size, init_method):
     if rank == 0:
         rref = rpc.remote(peer, w.add, args=(1, 2))
         assert rref.to_here() == 3
+        # A tensor received over tpd: a view of this process's receive heap, which the child
+        # drops (the library leaves the parent's block alone there).
+        received = rpc.rpc_sync(peer, w.add, args=(torch.ones(1 << 16), 1))
         parent = os.getpid()
         read, write = os.pipe()
         child = os.fork()
         if child == 0:
             os.close(read)
+            assert float(received.sum()) == 2.0 * (1 << 16)
+            del received
             report = _in_forked_child(rpc, parent, peer, rref, os.environ["TPD_SOCKET"])
             with os.fdopen(write, "w") as f:
                 f.write(report)
@@ -392,6 +397,8 @@ def forked_child(rank, world_size, init_method):
         assert report == "ok", report
         assert os.waitstatus_to_exitcode(status) == 0, status
         assert rref.to_here() == 3
+        assert float(received.sum()) == 2.0 * (1 << 16)
+        del received
     rpc.api._wait_all_workers()  # rank 1 calls only once the child is gone
     assert rpc.rpc_sync(peer, w.add, args=(2, 2)) == 4
     pids = os.getpid(), rpc.rpc_sync(peer, w.pid)
