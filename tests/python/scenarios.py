@@ -384,7 +384,8 @@ def forked_child(rank, world_size, init_method):
         child = os.fork()
         if child == 0:
             os.close(read)
-            assert float(received.sum()) == 2.0 * (1 << 16)
+            # Reads only: torch's intra-op threads are the parent's, and do not survive a fork.
+            assert received.numel() == 1 << 16 and float(received[-1]) == 2.0
             del received
             report = _in_forked_child(rpc, parent, peer, rref, os.environ["TPD_SOCKET"])
             with os.fdopen(write, "w") as f:
