@@ -6,7 +6,6 @@
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -27,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/random_bytes.h"
 #include "store/remote/peer_mac.h"
 #include "tensorpipe/common/error.h"
 #include "tensorpipe/common/nop.h"
@@ -60,16 +60,6 @@ Error MakeError(Args&&... args) {
 }
 
 Error Failure(std::string what) { return MakeError<TextError>(std::move(what)); }
-
-std::string Random(size_t n) {
-  std::string out(n, '\0');
-  size_t filled = 0;
-  while (filled < n) {
-    const ssize_t got = getrandom(out.data() + filled, n - filled, 0);
-    if (got > 0) filled += static_cast<size_t>(got);
-  }
-  return out;
-}
 
 std::string Mac(const std::string& token, absl::string_view role, absl::string_view nonce_a,
                 absl::string_view nonce_c) {
@@ -332,7 +322,7 @@ class Conn final : public Handler, public std::enable_shared_from_this<Conn> {
     setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     deadline_ = absl::Now() + options_->handshake_timeout;
     state_ = State::kHandshake;
-    nonce_a_ = Random(kNonceBytes);
+    nonce_a_ = RandomBytes(kNonceBytes);
     out_ = nonce_a_;
     need_ = kNonceBytes + kMacBytes;
     events_ = EPOLLIN | EPOLLOUT;
@@ -503,7 +493,7 @@ class Conn final : public Handler, public std::enable_shared_from_this<Conn> {
         proved_ = true;
       } else if (nonce_a_.empty()) {
         nonce_a_ = in;
-        nonce_c_ = Random(kNonceBytes);
+        nonce_c_ = RandomBytes(kNonceBytes);
         out_ += nonce_c_ + Mac(options_->token, "connect", nonce_a_, nonce_c_);
         need_ = kMacBytes;
       } else {

@@ -1,7 +1,6 @@
 #include "daemon/daemon.h"
 
 #include <grp.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/random_bytes.h"
 #include "base/status.h"
 #include "daemon/agent_address.h"
 #include "daemon/logging.h"
@@ -36,13 +36,7 @@ namespace {
 // out helps forge a peer call. Without a token (a daemon alone), a key of this run.
 std::string UserSecretKey(const std::string& token) {
   if (!token.empty()) return store::HmacSha256(token, "tpd-user-secret-key-v1");
-  std::string key(32, '\0');
-  size_t filled = 0;
-  while (filled < key.size()) {
-    const ssize_t got = getrandom(key.data() + filled, key.size() - filled, 0);
-    if (got > 0) filled += static_cast<size_t>(got);
-  }
-  return key;
+  return RandomBytes(32);
 }
 
 store::MemoryStoreOptions StoreOptions(const StoreConfig& config) {

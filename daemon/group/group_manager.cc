@@ -1,11 +1,6 @@
 #include "daemon/group/group_manager.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <atomic>
 #include <random>
 #include <system_error>
@@ -14,6 +9,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/random_bytes.h"
 #include "daemon/logging.h"
 #include "daemon/session_handle.h"
 #include "store/prefix_store.h"
@@ -143,20 +139,7 @@ void GroupManager::HeartbeatTo(StoreEntry* entry) {
 std::string GroupManager::OpenSession(const std::string& client) {
   // The id is the session's only credential on the data socket (docs/security.md): 128 bits
   // from the kernel's CSPRNG, not from a seeded generator.
-  unsigned char bytes[16];
-  size_t filled = 0;
-  while (filled < sizeof(bytes)) {
-    const ssize_t got = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
-    if (got > 0) {
-      filled += static_cast<size_t>(got);
-    } else if (got < 0 && errno != EINTR) {
-      // Linux has had getrandom since 3.17; without it there is no safe session id.
-      DaemonLog().critical("getrandom failed: {}", std::strerror(errno));
-      std::abort();
-    }
-  }
-  const std::string id =
-      absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(bytes), sizeof(bytes)));
+  const std::string id = absl::BytesToHexString(RandomBytes(16));
   std::optional<std::string> evicted;
   {
     absl::MutexLock lock(&mu_);
