@@ -24,6 +24,9 @@ namespace {
 
 constexpr uint64_t kListenTag = 0;
 constexpr uint64_t kWakeTag = 1;
+// Set in the tags of watched processes' pidfds, so the loop tells them from connections
+// without a lookup (ids count up from 2 and never reach it).
+constexpr uint64_t kProcessTagBit = uint64_t{1} << 63;
 
 absl::Status ErrnoError(absl::string_view what, const std::string& path) {
   return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
@@ -228,17 +231,10 @@ void DataSocket::Loop() {
         if (stopping_) return;
       } else if (tag == kListenTag) {
         Accept();
+      } else if (tag & kProcessTagBit) {
+        ProcessExited(tag);
       } else {
-        bool process;
-        {
-          absl::MutexLock lock(&mu_);
-          process = watches_.count(tag) > 0;
-        }
-        if (process) {
-          ProcessExited(tag);
-        } else {
-          OnReadable(tag);
-        }
+        OnReadable(tag);
       }
     }
   }
@@ -401,7 +397,7 @@ void DataSocket::WatchProcess(const std::string& session_id, pid_t pid) {
     return;
   }
   absl::MutexLock lock(&mu_);
-  const uint64_t tag = next_id_++;
+  const uint64_t tag = next_id_++ | kProcessTagBit;
   epoll_event event{};
   event.events = EPOLLIN;
   event.data.u64 = tag;

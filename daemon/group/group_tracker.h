@@ -215,7 +215,8 @@ class GroupTracker : public WorkerTask {
   v1::GroupView ViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Members of `record` on this node from an earlier incarnation that no local session holds.
   // The uid whose sessions hold this group's members on this node, as this daemon's own
-  // sessions say (nullopt: none here). Never read from a record: see OwnNodeOwner in Step.
+  // sessions say (nullopt: none here). Never read from a record: ApplyOps sets the record's
+  // entry for this node from it before it applies joins.
   std::optional<int64_t> LocalOwnerUid() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::set<std::string> StaleOwnMembers(const v1::GroupRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
