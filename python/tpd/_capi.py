@@ -236,14 +236,12 @@ def take_json(ptr):
 #
 # A forked child (a DataLoader worker, multiprocessing's "fork") inherits its parent's
 # handles: the client, events, store handles, whose sockets and shared memory the two
-# processes share. Closing or freeing one there would end the parent's session or answer its
-# requests, and may block on a lock one of the parent's threads held at the fork. So a handle
-# remembers the process that made it (process()) and, anywhere else, is forgotten without a
-# call into the library (is_mine()).
+# processes share. The library itself leaves them alone there (tpd_client.h, "Across
+# fork()"), so dropping them in a child costs the parent nothing. What uses the parent's
+# session on purpose (tpd.rpc's agent) asks is_mine() first.
 #
-# _pid is os.getpid() kept at hand, since every event asks and os.getpid() is a system call.
-# It is None from the start of a fork until its hooks ran: Python may free, in the child, what
-# the parent's other threads held before any of the child's hooks run.
+# _pid is os.getpid() kept at hand, since every call asks and os.getpid() is a system call.
+# It is None from the start of a fork until its hooks ran.
 #
 # Nor may such a child open a client of its own (connecting()): the library's gRPC keeps
 # one epoll set per process, which a forked child shares with its parent, so the child's
@@ -276,13 +274,8 @@ os.register_at_fork(before=_forking, after_in_parent=_forked_in_parent,
                     after_in_child=_forked_in_child)
 
 
-def process():
-    """The id of this process, for a handle made now to remember."""
-    return _pid or os.getpid()
-
-
 def is_mine(made_in):
-    """Whether a handle made in process ``made_in`` is this process's to close or free."""
+    """Whether what process ``made_in`` made is this process's to use."""
     return made_in == _pid or made_in == os.getpid()
 
 

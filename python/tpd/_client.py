@@ -13,23 +13,22 @@ class Event:
     """A request to answer, or a finished call (``_capi.EVENT_*``); frees itself when dropped.
 
     A request dropped unanswered is answered INTERNAL by the library, so a lost request never
-    leaves its caller waiting for a deadline. In a forked child the parent's events are
-    dropped without a word (``_capi.is_mine``).
+    leaves its caller waiting for a deadline. In a forked child the library leaves the parent's
+    events alone (tpd_client.h, "Across fork()").
     """
 
-    __slots__ = ("_ptr", "_lib", "_pid")
+    __slots__ = ("_ptr", "_lib")
 
     def __init__(self, ptr):
         self._lib = _capi.library()
         self._ptr = ptr
-        self._pid = _capi.process()
 
     def __del__(self):
         self.free()
 
     def free(self):
         ptr, self._ptr = self._ptr, None
-        if ptr and _capi.is_mine(self._pid):
+        if ptr:
             self._lib.tpd_event_free(ptr)
 
     @property
@@ -111,13 +110,12 @@ def _tensor_array(tensors):
 class Client:
     """One connection (and, once it joins or serves, one session) to the node's daemon.
 
-    Closing it in a forked child forgets it: the session stays the parent's
-    (``_capi.is_mine``)."""
+    Closing it in a forked child forgets it: the session stays the parent's (the library
+    leaves inherited handles alone, tpd_client.h)."""
 
     def __init__(self, socket_path="", connect_timeout=None, cuda_pool_bytes=0):
         self._lib = _capi.library()
         _capi.connecting()
-        self._pid = _capi.process()
         handle = ctypes.c_void_p()
         _capi.check(self._lib.tpd_client_open(
             _capi.b(socket_path or ""), _capi.timeout_us(connect_timeout), cuda_pool_bytes,
@@ -126,7 +124,7 @@ class Client:
 
     def close(self):
         handle, self._handle = self._handle, None
-        if handle and _capi.is_mine(self._pid):
+        if handle:
             self._lib.tpd_client_close(handle)
 
     def __del__(self):
@@ -240,11 +238,10 @@ class StoreHandle:
         self._client = client
         self._lib = client._lib
         self._store = handle
-        self._pid = _capi.process()
 
     def close(self):
         handle, self._store = self._store, None
-        if handle and _capi.is_mine(self._pid):  # a forked child forgets its parent's
+        if handle:
             self._lib.tpd_store_close(handle)
 
     def __del__(self):

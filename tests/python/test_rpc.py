@@ -209,10 +209,10 @@ def test_a_member_killed_while_its_forked_child_lives_is_gone_at_once(daemon):
     import sys
     import time
     from tpd._client import Client
-    env = dict(os.environ, TPD_SOCKET=daemon.socket)
+    env = dict(os.environ, TPD_SOCKET=daemon.socket, PYTHONPATH=os.pathsep.join(sys.path))
     parent = subprocess.Popen([sys.executable, "-c", _FORKS_THEN_DIES, daemon.socket,
                                f"tcp://{daemon.peer_address}"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.PIPE, stderr=None)
     child = int(parent.stdout.readline())  # the child keeps the pipe open: read one line
     parent.wait(timeout=60)
     parent.stdout.close()
