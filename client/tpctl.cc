@@ -290,7 +290,10 @@ int RunStatus(tpd::Client& client) {
   }
   if (!status->data_socket().empty()) {
     std::cout << "  data:    " << status->data_socket() << ", " << status->attached_session_count()
-              << " sessions attached (max " << status->config().data_max_sessions() << "), "
+              << " sessions attached (max " << status->config().data_max_sessions() << ", "
+              << status->config().data_sessions_kept_free() << " kept for other users, "
+              << (status->config().data_max_shared_memory_bytes() >> 20)
+              << " MiB of segments), "
               << status->open_session_count() << " sessions open (max "
               << status->config().data_max_open_sessions() << ")"
               << (status->config().data_share_memory()

@@ -227,6 +227,8 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   config->set_data_max_sessions_per_uid(config_->data.max_sessions_per_uid);
   config->set_data_max_open_sessions(config_->data.max_open_sessions);
   config->set_data_share_memory(config_->data.share_memory);
+  config->set_data_max_shared_memory_bytes(config_->data.max_shared_memory_bytes);
+  config->set_data_sessions_kept_free(config_->data.sessions_kept_free);
 
   const store::MemoryStoreStats stats = store_->Stats();
   v1::StoreStats* store = response->mutable_store();

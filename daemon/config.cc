@@ -246,6 +246,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Int("arena_bytes", &config.data.arena_bytes),
           reader.Int("max_sessions", &config.data.max_sessions),
           reader.Int("max_sessions_per_uid", &config.data.max_sessions_per_uid),
+          reader.Int("max_shared_memory_bytes", &config.data.max_shared_memory_bytes),
+          reader.Int("sessions_kept_free", &config.data.sessions_kept_free),
           reader.Int("max_open_sessions", &config.data.max_open_sessions),
           reader.Int("max_open_sessions_per_uid", &config.data.max_open_sessions_per_uid),
           reader.Int("max_unidentified_sessions", &config.data.max_unidentified_sessions),
@@ -334,8 +336,6 @@ absl::Status ValidateClientLimits(const Config& config) {
       {"group.max_device_map_entries", g.max_device_map_entries, int64_t{1} << 16},
       {"group.max_env_entries", g.max_env_entries, 4096},
       {"group.max_option_bytes", g.max_option_bytes, 65536},
-      {"data.max_sessions", config.data.max_sessions, 65536},
-      {"data.max_sessions_per_uid", config.data.max_sessions_per_uid, 65536},
       {"data.max_open_sessions", config.data.max_open_sessions, 1 << 20},
       {"data.max_open_sessions_per_uid", config.data.max_open_sessions_per_uid, 1 << 20},
       {"data.max_unidentified_sessions", config.data.max_unidentified_sessions, 1 << 20},
@@ -364,6 +364,24 @@ absl::Status ValidateClientLimits(const Config& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.arena_bytes must be 65536 (64 KiB)..17179869184 (16 GiB), got ",
         config.data.arena_bytes));
+  }
+  // 0 is "derived from the machine" (max_sessions, max_shared_memory_bytes) or "no cap"
+  // (max_sessions_per_uid): see daemon/session_limits.h.
+  const struct {
+    const char* field;
+    int64_t value;
+    int64_t cap;
+  } zero_or_bounded[] = {
+      {"data.max_sessions", config.data.max_sessions, 65536},
+      {"data.max_sessions_per_uid", config.data.max_sessions_per_uid, 65536},
+      {"data.sessions_kept_free", config.data.sessions_kept_free, 65536},
+      {"data.max_shared_memory_bytes", config.data.max_shared_memory_bytes, int64_t{1} << 50},
+  };
+  for (const auto& limit : zero_or_bounded) {
+    if (limit.value < 0 || limit.value > limit.cap) {
+      return absl::InvalidArgumentError(absl::StrCat(limit.field, " must be 0..", limit.cap,
+                                                     ", got ", limit.value));
+    }
   }
   return absl::OkStatus();
 }

@@ -122,15 +122,24 @@ struct DataConfig {
   // session's segment is about twice this. Range 64 KiB..16 GiB.
   int64_t arena_bytes = int64_t{64} << 20;
   // Sessions attached at once; one more is refused RESOURCE_EXHAUSTED naming this setting.
-  int64_t max_sessions = 256;
-  // Sessions one uid may have attached at once (and so the segment memory it makes the daemon
-  // hold: this many segments of about 2 * arena_bytes); one more is RESOURCE_EXHAUSTED.
-  int64_t max_sessions_per_uid = 32;
+  // 0: derived from the machine at start (daemon/session_limits.h): as many segments as
+  // max_shared_memory_bytes holds, at most 64 per core.
+  int64_t max_sessions = 0;
+  // Bytes of segments attached at once: each session's is about 2 * arena_bytes, committed
+  // only as it is used. 0: half the machine's memory (as /dev/shm's default size).
+  int64_t max_shared_memory_bytes = 0;
+  // Places kept free for other users: a uid holding this many attached sessions or more takes
+  // another only while this many places stay free after it, so a job of the node's one user
+  // may use the node and a second user still attaches. At most half of max_sessions.
+  int64_t sessions_kept_free = 32;
+  // A fixed cap on one uid's attached sessions; 0: none (sessions_kept_free shares).
+  int64_t max_sessions_per_uid = 0;
   // Control.OpenSession streams open at once, attached or not; one more is RESOURCE_EXHAUSTED.
   int64_t max_open_sessions = 4096;
   // Sessions of one uid open at once (a session's uid is known once it identified itself on
-  // the data socket); one more identify or attach is RESOURCE_EXHAUSTED.
-  int64_t max_open_sessions_per_uid = 256;
+  // the data socket); one more identify or attach is RESOURCE_EXHAUSTED. Half of
+  // max_open_sessions, so one user's job cannot take every place.
+  int64_t max_open_sessions_per_uid = 2048;
   // A session that has not identified its user by then is ended: it could only hold a place
   // among max_open_sessions. The client library identifies at once.
   absl::Duration session_identify_timeout = absl::Seconds(10);

@@ -18,12 +18,14 @@
 #include "base/status.h"
 #include "daemon/agent_address.h"
 #include "daemon/logging.h"
+#include "daemon/session_limits.h"
 #include "daemon/version.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "proto/shm/attach.h"
+#include "proto/shm/layout.h"
 #include "store/etcd/etcd_credentials.h"
 #include "store/file/path_policy.h"
 #include "store/remote/peer_mac.h"
@@ -181,7 +183,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
     DaemonLog().warn("[socket {}] removed a stale socket file left by a daemon that died",
                      socket_path);
   }
-  std::unique_ptr<Daemon> daemon(new Daemon(config, std::move(socket_path), *std::move(lock)));
+  // The data path's limits the config leaves to the machine are fixed now, once: Admin.Status
+  // and every refusal name the numbers in force.
+  Config resolved = config;
+  shm::SegmentLimits segment;
+  segment.tx_heap_bytes = segment.rx_heap_bytes = static_cast<uint64_t>(config.data.arena_bytes);
+  absl::StatusOr<shm::Layout> layout = shm::ComputeLayout(segment);
+  if (!layout.ok()) return layout.status();
+  std::string derived;
+  resolved.data =
+      ResolveSessionLimits(config.data, layout->total_bytes, ReadMachineFacts(), &derived);
+  if (!derived.empty()) DaemonLog().info("[node] derived from this machine: {}", derived);
+  std::unique_ptr<Daemon> daemon(new Daemon(resolved, std::move(socket_path), *std::move(lock)));
   LogGpus(daemon->gpus_, config.group);
   if (absl::Status status = daemon->LoadPeerTls(); !status.ok()) return status;
   if (absl::Status status = daemon->ServePeers(); !status.ok()) return status;
@@ -396,6 +409,8 @@ absl::Status Daemon::ServeData() {
   options.limits.rx_heap_bytes = static_cast<uint64_t>(config_.data.arena_bytes);
   options.max_sessions = config_.data.max_sessions;
   options.max_sessions_per_uid = config_.data.max_sessions_per_uid;
+  options.sessions_kept_free = config_.data.sessions_kept_free;
+  options.max_shared_memory_bytes = config_.data.max_shared_memory_bytes;
   ControlService* control = control_service_.get();
   options.session_open = [control](const std::string& id) { return control->SessionOpen(id); };
   options.end_session = [control](const std::string& id, const std::string& why) {

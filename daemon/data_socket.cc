@@ -43,6 +43,8 @@ bool SendReply(int socket, const shm::AttachReply& reply, int fd) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataSocket>> DataSocket::Start(DataSocketOptions options) {
+  absl::StatusOr<shm::Layout> layout = shm::ComputeLayout(options.limits);
+  if (!layout.ok()) return layout.status();
   absl::StatusOr<std::unique_ptr<SocketLock>> lock = SocketLock::Acquire(options.path);
   if (!lock.ok()) return lock.status();
   const int listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -82,18 +84,21 @@ absl::StatusOr<std::unique_ptr<DataSocket>> DataSocket::Start(DataSocketOptions 
   wake_event.data.u64 = kWakeTag;
   epoll_ctl(epoll_fd, EPOLL_CTL_ADD, wake_fd, &wake_event);
   std::unique_ptr<DataSocket> socket(
-      new DataSocket(std::move(options), *std::move(lock), listen_fd, wake_fd, epoll_fd));
+      new DataSocket(std::move(options), layout->total_bytes, *std::move(lock), listen_fd,
+                     wake_fd, epoll_fd));
   socket->loop_ = std::thread([raw = socket.get()] { raw->Loop(); });
   DaemonLog().info("[data {}] attaching sessions to shared memory ({} bytes per heap, at most {} "
-                   "sessions)",
+                   "sessions and {} bytes of segments, {} places kept for other users)",
                    socket->path_, socket->options_.limits.tx_heap_bytes,
-                   socket->options_.max_sessions);
+                   socket->options_.max_sessions, socket->options_.max_shared_memory_bytes,
+                   socket->options_.sessions_kept_free);
   return socket;
 }
 
-DataSocket::DataSocket(DataSocketOptions options, std::unique_ptr<SocketLock> lock,
-                       int listen_fd, int wake_fd, int epoll_fd)
+DataSocket::DataSocket(DataSocketOptions options, uint64_t segment_bytes,
+                       std::unique_ptr<SocketLock> lock, int listen_fd, int wake_fd, int epoll_fd)
     : options_(std::move(options)),
+      segment_bytes_(segment_bytes),
       path_(options_.path),
       lock_(std::move(lock)),
       listen_fd_(listen_fd),
@@ -447,14 +452,8 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       refused = absl::AlreadyExistsError(absl::StrCat(
           "session ", SessionHandle(session_id), " is attached already (by pid ", holder.pid,
           "); a session attaches once"));
-    } else if (refused.ok() && CountOf(uid, /*attached=*/true) >= options_.max_sessions_per_uid) {
-      refused = absl::ResourceExhaustedError(absl::StrCat(
-          "data.max_sessions_per_uid (", options_.max_sessions_per_uid,
-          ") sessions of uid ", uid, " are attached to shared memory; end some of them"));
-    } else if (refused.ok() && static_cast<int64_t>(attached_.size()) >= options_.max_sessions) {
-      refused = absl::ResourceExhaustedError(absl::StrCat(
-          "data.max_sessions (", options_.max_sessions,
-          ") sessions are attached to shared memory; raise it or end other sessions"));
+    } else if (refused.ok()) {
+      refused = RoomFor(uid);
     }
   }
   if (refused.ok()) {
@@ -527,6 +526,41 @@ uid_t DataSocket::UidOf(uint64_t id) const {
   absl::MutexLock lock(&mu_);
   auto it = connections_.find(id);
   return it == connections_.end() ? static_cast<uid_t>(-1) : it->second.uid;
+}
+
+absl::Status DataSocket::RoomFor(uid_t uid) const {
+  const int64_t attached = static_cast<int64_t>(attached_.size());
+  const int64_t mine = CountOf(uid, /*attached=*/true);
+  const int64_t free_after = options_.max_sessions - attached - 1;
+  // Every segment is the same size, so the memory bound is a number of sessions too; it is
+  // named apart because an operator may have set max_sessions above what it allows.
+  const int64_t segment_bytes = static_cast<int64_t>(segment_bytes_);
+  if (mine >= options_.max_sessions_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "data.max_sessions_per_uid (", options_.max_sessions_per_uid, ") sessions of uid ", uid,
+        " are attached to shared memory; end some of them"));
+  }
+  if (attached >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "data.max_sessions (", options_.max_sessions,
+        ") sessions are attached to shared memory; raise it or end other sessions"));
+  }
+  if ((attached + 1) * segment_bytes > options_.max_shared_memory_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "data.max_shared_memory_bytes (", options_.max_shared_memory_bytes, ") holds ", attached,
+        " session segments of ", segment_bytes, " bytes (data.arena_bytes ",
+        options_.limits.tx_heap_bytes, " twice), all attached; raise it, lower data.arena_bytes "
+        "or end other sessions"));
+  }
+  if (mine >= options_.sessions_kept_free && free_after < options_.sessions_kept_free) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "data.sessions_kept_free (", options_.sessions_kept_free, "): uid ", uid, " has ", mine,
+        " sessions attached and ", free_after + 1, " of data.max_sessions (",
+        options_.max_sessions, ") places are free; the last ", options_.sessions_kept_free,
+        " are kept for other users' sessions (raise data.max_sessions, or lower "
+        "data.sessions_kept_free on a node with one user)"));
+  }
+  return absl::OkStatus();
 }
 
 int64_t DataSocket::CountOf(uid_t uid, bool attached) const {

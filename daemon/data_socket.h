@@ -60,10 +60,14 @@ struct DataSocketOptions {
   std::string group;
   // Sizes of each session's segment.
   shm::SegmentLimits limits;
-  // Sessions attached at once ([data] max_sessions), and by one uid ([data]
-  // max_sessions_per_uid, which also bounds the segment memory one uid makes the daemon hold).
+  // Sessions attached at once ([data] max_sessions), their segments' bytes together
+  // (max_shared_memory_bytes), and by one uid (max_sessions_per_uid). A uid holding
+  // sessions_kept_free attached sessions or more takes another only while that many places stay
+  // free after it, for other users (docs/security.md, "Per-user bounds").
   int64_t max_sessions = 256;
-  int64_t max_sessions_per_uid = 32;
+  int64_t max_shared_memory_bytes = int64_t{1} << 40;
+  int64_t max_sessions_per_uid = 256;
+  int64_t sessions_kept_free = 0;
   // Connections that have not sent their request yet, in all and from one uid; past it new
   // ones are closed at once.
   int64_t max_pending = 64;
@@ -144,8 +148,8 @@ class DataSocket {
     absl::Time attached_at;
   };
 
-  DataSocket(DataSocketOptions options, std::unique_ptr<SocketLock> lock, int listen_fd,
-             int wake_fd, int epoll_fd);
+  DataSocket(DataSocketOptions options, uint64_t segment_bytes, std::unique_ptr<SocketLock> lock,
+             int listen_fd, int wake_fd, int epoll_fd);
   void Loop();
   void Accept();
   // Closes connections that sent no whole request within request_timeout; returns how long
@@ -172,8 +176,11 @@ class DataSocket {
   uid_t UidOf(uint64_t id) const;
   // How many connections of `uid` are pending (attached == false) or attached.
   int64_t CountOf(uid_t uid, bool attached) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when `uid` may attach one more session now; else RESOURCE_EXHAUSTED naming the bound.
+  absl::Status RoomFor(uid_t uid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DataSocketOptions options_;
+  const uint64_t segment_bytes_;  // of every session's segment, by options_.limits
   const std::string path_;
   std::unique_ptr<SocketLock> lock_;
   const int listen_fd_;

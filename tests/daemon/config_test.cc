@@ -69,6 +69,8 @@ const std::vector<std::string>& AllOptions() {
       "data.arena_bytes",
       "data.max_sessions",
       "data.max_sessions_per_uid",
+      "data.max_shared_memory_bytes",
+      "data.sessions_kept_free",
       "data.max_open_sessions",
       "data.max_open_sessions_per_uid",
       "data.session_identify_timeout_ms",
@@ -750,12 +752,18 @@ TEST(ConfigTest, DataTableHasTheDocumentedDefaultsAndIsRead) {
   const Config defaults;
   EXPECT_EQ(defaults.data.socket_path, "");
   EXPECT_EQ(defaults.data.arena_bytes, 64 << 20);
-  EXPECT_EQ(defaults.data.max_sessions, 256);
-  EXPECT_EQ(defaults.data.max_sessions_per_uid, 32);
+  // 0: derived from the machine at start (session_limits_test), or no fixed cap.
+  EXPECT_EQ(defaults.data.max_sessions, 0);
+  EXPECT_EQ(defaults.data.max_shared_memory_bytes, 0);
+  EXPECT_EQ(defaults.data.max_sessions_per_uid, 0);
+  EXPECT_EQ(defaults.data.sessions_kept_free, 32);
   EXPECT_EQ(defaults.data.max_open_sessions, 4096);
+  EXPECT_EQ(defaults.data.max_open_sessions_per_uid, 2048);
+  EXPECT_TRUE(ValidateConfig(defaults).ok());
   absl::StatusOr<Config> config = ParseConfig(
       "[data]\nsocket = \"/tmp/x/d.sock\"\narena_bytes = 1048576\nmax_sessions = 3\n"
-      "max_sessions_per_uid = 2\nmax_open_sessions = 10\n",
+      "max_sessions_per_uid = 2\nmax_open_sessions = 10\nmax_shared_memory_bytes = 1073741824\n"
+      "sessions_kept_free = 1\n",
       "d.toml");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->data.socket_path, "/tmp/x/d.sock");
@@ -763,6 +771,8 @@ TEST(ConfigTest, DataTableHasTheDocumentedDefaultsAndIsRead) {
   EXPECT_EQ(config->data.max_sessions, 3);
   EXPECT_EQ(config->data.max_sessions_per_uid, 2);
   EXPECT_EQ(config->data.max_open_sessions, 10);
+  EXPECT_EQ(config->data.max_shared_memory_bytes, int64_t{1} << 30);
+  EXPECT_EQ(config->data.sessions_kept_free, 1);
   EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
 }
 
@@ -801,9 +811,11 @@ TEST(ConfigTest, ClientLimitsOutOfRangeNameTheField) {
       {"[group]\nfile_rendezvous_dirs = [\"/a/\"]\n", "group.file_rendezvous_dirs"},
       {"[data]\narena_bytes = 4096\n", "data.arena_bytes"},
       {"[data]\narena_bytes = 17179869185\n", "data.arena_bytes"},
-      {"[data]\nmax_sessions = 0\n", "data.max_sessions"},
+      {"[data]\nmax_sessions = -1\n", "data.max_sessions"},
       {"[data]\nmax_sessions = 65537\n", "data.max_sessions"},
-      {"[data]\nmax_sessions_per_uid = 0\n", "data.max_sessions_per_uid"},
+      {"[data]\nmax_sessions_per_uid = -1\n", "data.max_sessions_per_uid"},
+      {"[data]\nsessions_kept_free = -1\n", "data.sessions_kept_free"},
+      {"[data]\nmax_shared_memory_bytes = -1\n", "data.max_shared_memory_bytes"},
       {"[data]\nmax_open_sessions = 0\n", "data.max_open_sessions"},
       {"[data]\nmax_open_sessions_per_uid = 0\n", "data.max_open_sessions_per_uid"},
       {"[data]\nsession_identify_timeout_ms = 0\n", "data.session_identify_timeout_ms"},

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "proto/shm/attach.h"
+#include "proto/shm/layout.h"
 #include "proto/shm/segment.h"
 #include "tests/testing/wait_until.h"
 
@@ -90,6 +91,7 @@ class DataSocketTest : public ::testing::Test {
     options.limits.tx_heap_bytes = 64 << 10;
     options.limits.rx_heap_bytes = 64 << 10;
     options.max_sessions = 2;
+    Configure(&options);
     options.session_open = [this](const std::string& id) {
       absl::MutexLock lock(&sessions_.mu);
       return sessions_.open.count(id) != 0;
@@ -103,6 +105,9 @@ class DataSocketTest : public ::testing::Test {
     ASSERT_TRUE(socket.ok()) << socket.status();
     socket_ = *std::move(socket);
   }
+  // What a test's fixture sets beyond the options above.
+  virtual void Configure(DataSocketOptions*) {}
+
   void TearDown() override {
     socket_.reset();
     std::filesystem::remove_all(root_);
@@ -202,6 +207,69 @@ TEST_F(DataSocketTest, RefusalsNameTheirReason) {
   EXPECT_EQ(Attach(fds.back(), "a1", &memfd).code(), absl::StatusCode::kAlreadyExists);
   fds.push_back(ConnectTo(socket_->path()));
   EXPECT_EQ(Attach(fds.back(), "ffff", &memfd).code(), absl::StatusCode::kNotFound);
+  for (int fd : fds) close(fd);
+}
+
+// Six places, two kept for other users, and memory for five segments.
+class DataSocketSharesTest : public DataSocketTest {
+ protected:
+  void Configure(DataSocketOptions* options) override {
+    options->max_sessions = 6;
+    options->sessions_kept_free = 2;
+    absl::StatusOr<shm::Layout> layout = shm::ComputeLayout(options->limits);
+    ASSERT_TRUE(layout.ok());
+    options->max_shared_memory_bytes = 5 * static_cast<int64_t>(layout->total_bytes);
+  }
+};
+
+TEST_F(DataSocketSharesTest, AUserAloneTakesAllButTheKeptPlacesAndTheMemoryBoundsThemAll) {
+  std::vector<int> fds;
+  int memfd;
+  for (int i = 0; i < 5; ++i) Open(absl::StrCat("b", i));
+  // This test's one uid takes four places: two stay free for someone else.
+  for (int i = 0; i < 4; ++i) {
+    fds.push_back(ConnectTo(socket_->path()));
+    ASSERT_TRUE(Attach(fds.back(), absl::StrCat("b", i), &memfd).ok()) << i;
+    close(memfd);
+  }
+  fds.push_back(ConnectTo(socket_->path()));
+  absl::Status kept = Attach(fds.back(), "b4", &memfd);
+  EXPECT_EQ(kept.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(kept.message().find("data.sessions_kept_free (2): uid "), std::string::npos) << kept;
+  EXPECT_NE(kept.message().find("has 4 sessions attached and 2 of data.max_sessions (6) places "
+                                "are free"),
+            std::string::npos)
+      << kept;
+  EXPECT_EQ(memfd, -1);
+  for (int fd : fds) close(fd);
+}
+
+// Places for eight, memory for two: the memory bound refuses the third, naming itself.
+class DataSocketMemoryTest : public DataSocketTest {
+ protected:
+  void Configure(DataSocketOptions* options) override {
+    options->max_sessions = 8;
+    absl::StatusOr<shm::Layout> layout = shm::ComputeLayout(options->limits);
+    ASSERT_TRUE(layout.ok());
+    options->max_shared_memory_bytes = 2 * static_cast<int64_t>(layout->total_bytes) + 1;
+  }
+};
+
+TEST_F(DataSocketMemoryTest, SegmentsBeyondMaxSharedMemoryBytesAreRefusedNamingIt) {
+  std::vector<int> fds;
+  int memfd;
+  for (const char* id : {"c1", "c2", "c3"}) Open(id);
+  for (const char* id : {"c1", "c2"}) {
+    fds.push_back(ConnectTo(socket_->path()));
+    absl::Status attached = Attach(fds.back(), id, &memfd);
+    ASSERT_TRUE(attached.ok()) << id << attached;
+    close(memfd);
+  }
+  fds.push_back(ConnectTo(socket_->path()));
+  absl::Status full = Attach(fds.back(), "c3", &memfd);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("data.max_shared_memory_bytes ("), std::string::npos) << full;
+  EXPECT_NE(full.message().find("holds 2 session segments"), std::string::npos) << full;
   for (int fd : fds) close(fd);
 }
 

@@ -222,7 +222,7 @@ TEST_F(AttachTest, StatusListsAttachedSessionsWithTheirCredentials) {
   const testing::ProcessResult tpctl =
       testing::RunProcess({testing::RunfilePath("client/tpctl"), "--socket", socket_, "status"});
   EXPECT_EQ(tpctl.exit_code, 0) << tpctl.output;
-  EXPECT_THAT(tpctl.output, HasSubstr("1 sessions attached (max 8)"));
+  EXPECT_THAT(tpctl.output, HasSubstr("1 sessions attached (max 8, "));
   EXPECT_THAT(tpctl.output, HasSubstr("large tensors shared between sessions of one uid and gid"));
   EXPECT_THAT(tpctl.output, HasSubstr(absl::StrCat("pid ", getpid(), " uid ", getuid())));
   EXPECT_THAT(tpctl.output,

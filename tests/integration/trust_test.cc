@@ -562,6 +562,27 @@ TEST_F(TrustTest, AttachedAndOpenSessionsAreBoundedPerUserAndInAll) {
   EXPECT_THAT(refused.message(), HasSubstr("data.max_open_sessions (20)"));
 }
 
+TEST_F(TrustTest, AUserTakesAllButTheKeptPlacesAndASecondUserGetsThose) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  Start("max_sessions = 8\nsessions_kept_free = 3\n");
+  // This user's job takes what it can: five of eight places, no fixed per-user cap.
+  std::vector<std::unique_ptr<Client>> mine;
+  for (int i = 0; i < 5; ++i) {
+    mine.push_back(Connect());
+    ASSERT_NE(mine.back(), nullptr);
+    ASSERT_TRUE(mine.back()->AttachSharedMemory().ok()) << i;
+  }
+  std::unique_ptr<Client> sixth = Connect();
+  ASSERT_NE(sixth, nullptr);
+  absl::Status kept = sixth->AttachSharedMemory().status();
+  EXPECT_EQ(kept.code(), absl::StatusCode::kResourceExhausted) << kept;
+  EXPECT_THAT(kept.message(), HasSubstr("data.sessions_kept_free (3)"));
+  // The places kept are the second user's; past them the node is full.
+  testing::ProcessResult result = AsSecondUser({"--attach_sessions=4", "--hold_ms=0"});
+  EXPECT_THAT(result.output, HasSubstr("attached: 3")) << result.output;
+  EXPECT_THAT(Step(result.output, "attach_error"), HasSubstr("data.max_sessions (8)"));
+}
+
 TEST_F(TrustTest, CudaTensorsOfAUserWhoCannotOpenTheGpusAreRefusedUnopened) {
   if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
   // Device nodes as a node restricting its GPUs to a group has them: root:root 0660.
