@@ -100,6 +100,11 @@ absl::Status CheckJoinRequest(const v1::JoinRequest& request, const GroupConfig&
                                                    request.secret().size(), " bytes; at most ",
                                                    kMaxGroupSecretBytes, " are accepted"));
   }
+  if (request.abandon().size() > kMaxAbandonBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("JoinRequest.abandon is ",
+                                                   request.abandon().size(), " bytes; at most ",
+                                                   kMaxAbandonBytes, " are accepted"));
+  }
   if (request.env_size() > limits.max_env_entries) {
     return TooMany("JoinRequest.env", request.env_size(), "max_env_entries",
                    limits.max_env_entries);

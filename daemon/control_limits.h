@@ -25,6 +25,8 @@ inline constexpr size_t kMaxInitMethodBytes = 4096;
 inline constexpr size_t kMaxClientDescriptionBytes = 256;
 // Longest JoinRequest.secret (a group's secret; 32 random bytes are plenty).
 inline constexpr size_t kMaxGroupSecretBytes = 1024;
+// Longest JoinRequest.abandon (the reason a rank cannot take part).
+inline constexpr size_t kMaxAbandonBytes = 1024;
 
 absl::Status CheckJoinRequest(const v1::JoinRequest& request, const GroupConfig& limits);
 absl::Status CheckLeaveRequest(const v1::LeaveRequest& request);

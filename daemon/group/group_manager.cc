@@ -502,6 +502,7 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
   spec.world_size = method->world_size;
   spec.options = request.options();
   spec.omit_members = request.omit_members();
+  spec.abandon = request.abandon();
   const absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
                                                           : options_.default_join_timeout;
   (*tracker)->Join(std::move(spec), request.session_id(), absl::Now() + timeout, std::move(done));

@@ -733,11 +733,15 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
       if (op.join) {
         // The incarnation in force when the member is recorded, not when it was asked for.
         op.join->incarnation = incarnation;
-        absl::StatusOr<int64_t> rank = AddMember(&next, *op.join);
+        bool failed = false;
+        absl::StatusOr<int64_t> rank = AddMember(&next, *op.join, &failed);
         results[i] = rank.status();
         if (rank.ok()) {
           joining = true;
           ranks[i] = *rank;
+          changes.emplace_back(next.change(), next.change_detail());
+        } else if (failed) {
+          // Refused, and the group failed for it: that is recorded, so every rank learns.
           changes.emplace_back(next.change(), next.change_detail());
         }
       } else if (RemoveMembers(&next, op.remove, op.change, op.why) > 0) {
@@ -947,9 +951,13 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
                            it->omit_members});
         answers = true;
       } else if (view.phase() == kFailed || view.phase() == kBroken) {
-        settled.push_back({std::move(it->done), view.phase() == kFailed
-                                                    ? absl::InvalidArgumentError(view.reason())
-                                                    : absl::AbortedError(view.reason())});
+        // Options no member may use are torch's ValueError (INVALID_ARGUMENT); a rank that
+        // could not take part, or a member lost, aborts the others' joins.
+        const absl::StatusCode code =
+            view.phase() == kBroken         ? absl::StatusCode::kAborted
+            : latest_.failure_code() == 0 ? absl::StatusCode::kInvalidArgument
+                                          : static_cast<absl::StatusCode>(latest_.failure_code());
+        settled.push_back({std::move(it->done), absl::Status(code, view.reason())});
         // A failed formation frees its ranks: our member leaves so the group can form anew.
         Op op;
         op.remove = [name = it->name, node = node_->name](const v1::Member& m) {

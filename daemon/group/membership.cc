@@ -1,6 +1,7 @@
 #include "daemon/group/membership.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <utility>
@@ -157,11 +158,15 @@ absl::Status ValidateGroupRecord(const v1::GroupRecord& record, absl::string_vie
   } else if (view.world_size() != 0) {
     return bad("a dynamic group with a world_size");
   }
-  if ((view.phase() == kEmpty) != view.members().empty()) {
+  const bool kept_failure = view.phase() == kFailed && view.is_static();
+  if ((view.phase() == kEmpty) != view.members().empty() && !kept_failure) {
     return bad(view.members().empty() ? "no members outside phase EMPTY" : "members in an EMPTY group");
   }
   if (view.phase() == kFormed && view.members_size() != view.world_size()) {
     return bad("FORMED without all ranks");
+  }
+  if (record.failure_code() < 0 || record.failure_code() > 16) {
+    return bad(absl::StrCat("failure code ", record.failure_code()));
   }
   if (view.reason().size() > kMaxRecordStringBytes ||
       record.change_detail().size() > 16 * kMaxRecordStringBytes) {
@@ -205,10 +210,58 @@ std::string SecretVerifier(absl::string_view group, absl::string_view secret) {
 
 namespace {
 
+// A static group that failed to form, whose members all left, within kFailureLingerMs of its
+// failure by `now_ms` (either way: daemons' clocks differ, and a record dated far ahead must not
+// keep a name for ever).
+bool KeepsFailure(const v1::GroupRecord& record, int64_t now_ms) {
+  const v1::GroupView& view = record.view();
+  return view.phase() == kFailed && view.members().empty() &&
+         std::abs(now_ms - record.failed_unix_ms()) < kFailureLingerMs;
+}
+
+// Makes the group FAILED for `reason`; its waiting ranks get `code`.
+void MarkFailed(v1::GroupRecord* record, absl::StatusCode code, const std::string& reason,
+                int64_t now_ms) {
+  v1::GroupView* view = record->mutable_view();
+  view->set_phase(kFailed);
+  view->set_reason(reason);
+  record->set_change("FAILED");
+  record->set_change_detail(reason);
+  record->set_failed_unix_ms(now_ms);
+  record->set_failure_code(code == absl::StatusCode::kInvalidArgument ? 0 : static_cast<int>(code));
+}
+
+// The first joiner of an EMPTY group (or of one whose kept failure expired) starts it: it
+// decides whether the group is static, and who may join it.
+void StartIfEmpty(v1::GroupRecord* record, const JoinSpec& spec) {
+  v1::GroupView* view = record->mutable_view();
+  if (!view->members().empty()) return;
+  const bool is_static = spec.world_size.has_value();
+  view->set_is_static(is_static);
+  view->set_world_size(is_static ? *spec.world_size : 0);
+  view->set_phase(is_static ? kForming : kDynamic);
+  view->clear_reason();
+  record->set_secret_verifier(spec.secret_verifier);
+  record->clear_node_owner_uids();
+  record->clear_failed_unix_ms();
+  record->clear_failure_code();
+}
+
+// The error a static group's rank gets for the options PyTorch refuses as they are set: parsing
+// (ToMemberOptions) and ValidateOptionsAsSet.
+absl::Status OptionsAsSetError(const v1::Member& member, const v1::MemberOptionsRecord& options) {
+  absl::StatusOr<MemberOptions> own = ToMemberOptions(member, options);
+  if (!own.ok()) return own.status();
+  return ValidateOptionsAsSet(*own);
+}
+
 // PERMISSION_DENIED unless the group whose newest record is `record` admits `spec`'s join.
 absl::Status Admit(const v1::GroupRecord& record, const JoinSpec& spec) {
   const v1::GroupView& view = record.view();
-  if (view.members().empty()) return absl::OkStatus();  // anyone may start an EMPTY group
+  // Anyone may start an EMPTY group; only joiners with its secret learn why it failed.
+  if (view.members().empty() && !KeepsFailure(record, spec.since_unix_ms)) {
+    return absl::OkStatus();
+  }
   if (!store::ConstantTimeEquals(record.secret_verifier(), spec.secret_verifier)) {
     return absl::PermissionDeniedError(absl::StrCat(
         "group ", view.group(), " admits only joins that bring its secret, and worker ",
@@ -229,8 +282,11 @@ absl::Status Admit(const v1::GroupRecord& record, const JoinSpec& spec) {
 
 }  // namespace
 
-absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec) {
-  if (absl::Status admitted = Admit(*record, spec); !admitted.ok()) return admitted;
+namespace {
+
+// AddMember, once the join is admitted.
+absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spec,
+                                    bool* failed) {
   // Every check runs against `current` before anything changes, so a refused join leaves
   // the record as it was without copying it: a static group of N ranks would otherwise copy
   // its whole record (O(N)) for every join, O(N^2) over its formation.
@@ -239,7 +295,12 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
   const bool empty = current.members().empty();
   const bool is_static = spec.world_size.has_value();
 
-  if (empty) {
+  if (empty && KeepsFailure(*record, spec.since_unix_ms)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "group ", group, " failed to form ",
+        (spec.since_unix_ms - record->failed_unix_ms()) / 1000, " s ago: ", current.reason(),
+        " (its name is free again ", kFailureLingerMs / 1000, " s after the failure)"));
+  } else if (empty) {
     // The first joiner decides whether the group is static (below, once the join is valid).
   } else if (current.is_static() != is_static) {
     return absl::InvalidArgumentError(
@@ -255,8 +316,8 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
         "static group ", group, " is already formed with all ", current.world_size(), " ranks"));
   } else if (current.phase() == kBroken || current.phase() == kFailed) {
     return absl::FailedPreconditionError(
-        absl::StrCat("group ", group, " is ", current.phase(), " (", current.reason(),
-                     "); it can be formed again once its remaining members have left"));
+        absl::StrCat("group ", group, " is ", current.phase(), ": ", current.reason(),
+                     " (it can be formed again once its remaining members have left)"));
   }
   if (is_static && (*spec.world_size <= 0)) {
     return absl::InvalidArgumentError(
@@ -296,6 +357,23 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
     while (taken.count(rank) > 0) ++rank;  // the lowest free rank
   }
 
+  if (!spec.abandon.empty()) {
+    if (!is_static) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker ", spec.name, " abandons dynamic group ", group,
+          ": only a static group's ranks wait for each other (leave or do not join instead)"));
+    }
+    if (failed == nullptr) return absl::AbortedError(spec.abandon);
+    // Nothing is joined: the group fails, naming the rank, so the others stop waiting.
+    const std::string reason = absl::StrCat("rank ", rank, " (worker ", spec.name,
+                                            ") cannot take part: ", spec.abandon);
+    StartIfEmpty(record, spec);
+    MarkFailed(record, absl::StatusCode::kAborted, reason, spec.since_unix_ms);
+    record->mutable_view()->set_version(current.version() + 1);
+    *failed = true;
+    return absl::AbortedError(reason);
+  }
+
   v1::Member member;
   member.set_name(spec.name);
   member.set_rank(rank);
@@ -319,6 +397,18 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
     if (absl::Status own_error = OwnOptionsError(member, options); !own_error.ok()) {
       return own_error;
     }
+  } else if (absl::Status as_set = OptionsAsSetError(member, options); !as_set.ok()) {
+    // Options PyTorch refuses as they are set never reach its gathering: the rank is refused
+    // at once, and the group fails naming it, so the other ranks do not wait for it.
+    if (failed == nullptr) return as_set;
+    StartIfEmpty(record, spec);
+    MarkFailed(record, absl::StatusCode::kAborted,
+               absl::StrCat("rank ", rank, " (worker ", spec.name,
+                            ") was refused at its join: ", as_set.message()),
+               spec.since_unix_ms);
+    record->mutable_view()->set_version(current.version() + 1);
+    *failed = true;
+    return as_set;
   }
 
   // Only a dynamic join can still be refused (by negotiation with the present members): it
@@ -327,15 +417,7 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
   if (!is_static) copy = *record;
   v1::GroupRecord& next = is_static ? *record : copy;
   v1::GroupView* view = next.mutable_view();
-  if (empty) {
-    view->set_is_static(is_static);
-    view->set_world_size(is_static ? *spec.world_size : 0);
-    view->set_phase(is_static ? kForming : kDynamic);
-    view->clear_reason();
-    // The member that starts the group decides who may join it.
-    next.set_secret_verifier(spec.secret_verifier);
-    next.clear_node_owner_uids();
-  }
+  if (empty) StartIfEmpty(&next, spec);
   next.mutable_node_owner_uids()->insert({spec.node, spec.uid});
   // Members stay sorted by rank: move the newcomer down to its place.
   auto* members = view->mutable_members();
@@ -361,14 +443,35 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec)
       next.set_change_detail(
           absl::StrCat("all ", view->world_size(), " ranks joined; ", spec.name, " was the last"));
     } else {
-      view->set_phase(kFailed);
-      view->set_reason(std::string(status.message()));
-      next.set_change("FAILED");
-      next.set_change_detail(std::string(status.message()));
+      MarkFailed(&next, absl::StatusCode::kInvalidArgument, std::string(status.message()),
+                 spec.since_unix_ms);
     }
   }
   view->set_version(view->version() + 1);
   if (!is_static) *record = std::move(copy);
+  return rank;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec,
+                                  bool* failed) {
+  if (failed != nullptr) *failed = false;
+  if (absl::Status admitted = Admit(*record, spec); !admitted.ok()) return admitted;
+  absl::StatusOr<int64_t> rank = AddAdmitted(record, spec, failed);
+  // Any other rank of a forming static group that cannot join (a name or rank taken, another
+  // world_size) fails the group too: the ranks waiting would otherwise wait for the timeout.
+  const v1::GroupView& view = record->view();
+  if (!rank.ok() && failed != nullptr && !*failed && spec.world_size.has_value() &&
+      absl::IsInvalidArgument(rank.status()) && view.is_static() && view.phase() == kForming) {
+    MarkFailed(record, absl::StatusCode::kAborted,
+               absl::StrCat(spec.rank ? absl::StrCat("rank ", *spec.rank, " (worker ", spec.name, ")")
+                                      : absl::StrCat("worker ", spec.name),
+                            " was refused at its join: ", rank.status().message()),
+               spec.since_unix_ms);
+    record->mutable_view()->set_version(view.version() + 1);
+    *failed = true;
+  }
   return rank;
 }
 
@@ -387,7 +490,12 @@ int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Memb
   std::reverse(removed.begin(), removed.end());
   record->set_change(std::string(change));
   record->set_change_detail(absl::StrCat(store::JoinSummarized(removed, ", "), ": ", why));
-  if (members->empty()) {
+  if (members->empty() && view->phase() == kFailed && view->is_static()) {
+    // Ranks that start late must learn why the group failed, not start it anew and wait for
+    // ranks that are gone: the failure, and the secret that guards its reason, stay until
+    // kFailureLingerMs after it (AddMember).
+    record->clear_node_owner_uids();
+  } else if (members->empty()) {
     // Nobody holds the group any more: whoever starts it next decides who may join.
     record->clear_secret_verifier();
     record->clear_node_owner_uids();

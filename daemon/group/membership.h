@@ -37,6 +37,8 @@ struct JoinSpec {
   int64_t device_count = 0;
   // Answer the join without the group's member list (JoinRequest.omit_members).
   bool omit_members = false;
+  // Not a join: this rank cannot take part, and why (JoinRequest.abandon).
+  std::string abandon;
   // The node's agent address and registered transports/channels (see Node).
   std::string agent_address;
   std::vector<std::string> node_transports;
@@ -52,23 +54,36 @@ struct JoinSpec {
 // "" for no secret.
 std::string SecretVerifier(absl::string_view group, absl::string_view secret);
 
+// How long a static group's failure to form is kept after its last member left: ranks that
+// start later are refused with its reason instead of starting a group that cannot form. Then
+// the name is free again.
+inline constexpr int64_t kFailureLingerMs = 60 * 1000;
+
 // Adds a member to `record` (the newest version; the caller stores the result as the next)
-// and returns its rank. Static groups: a member whose own options are invalid, or the member
-// completing the world when negotiation fails, makes the group FAILED with the error naming
-// the member at fault (the join itself is recorded, so every waiting rank learns the reason;
-// the caller reports the failure); otherwise the last rank makes it FORMED. Dynamic groups:
-// negotiation runs with the newcomer and a failure refuses the join, leaving `record`
-// unchanged. INVALID_ARGUMENT for a join that can never fit: static/dynamic or world_size
-// mismatch, rank out of range or taken, name taken, (dynamic) options invalid.
-// FAILED_PRECONDITION for a static group already formed, or broken/failed while members remain.
+// and returns its rank. Static groups fail at once, with the reason naming the rank: a member
+// whose own options are invalid (recorded, and the group FAILED with INVALID_ARGUMENT for
+// every waiting rank), a rank that abandons (`spec.abandon`: not recorded, the group FAILED
+// with ABORTED), or the member completing the world when negotiation fails; otherwise the last
+// rank makes it FORMED. The caller reports the failure. Dynamic groups: negotiation runs with
+// the newcomer and a failure refuses the join, leaving `record` unchanged. INVALID_ARGUMENT
+// for a join that can never fit: static/dynamic or world_size mismatch, rank out of range or
+// taken, name taken, (dynamic) options invalid, an abandon of a dynamic group.
+// FAILED_PRECONDITION for a static group already formed, broken or failed while members
+// remain, or failed less than kFailureLingerMs before `spec.since_unix_ms`.
 // PERMISSION_DENIED for a join the group does not admit (docs/security.md): a group with
-// members admits only joins that bring its secret, and on each node only its owner's uid; the
-// first member of an EMPTY group sets both.
-absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec);
+// members (or a failure kept) admits only joins that bring its secret, and on each node only
+// its owner's uid; the first member of an EMPTY group sets both.
+//
+// A static join refused in a way the other ranks must learn (an abandon; options PyTorch
+// refuses as they are set, ValidateOptionsAsSet) returns its error and, when `failed` is not
+// null, sets *failed: `record` then holds the next version, the FAILED group, to be stored like
+// any other change. With `failed` null such a join is refused leaving `record` unchanged.
+absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec,
+                                  bool* failed = nullptr);
 
 // Removes every member `remove` selects; returns how many. A FORMED static group becomes
 // BROKEN with `why` as its reason; a group left without members becomes EMPTY (and may be
-// formed anew). `change` is the GroupEvent kind ("LEFT", "EVICTED").
+// formed anew), except that a FAILED static group keeps its failure (see AddMember). `change` is the GroupEvent kind ("LEFT", "EVICTED").
 int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Member&)> remove,
                   absl::string_view change, absl::string_view why);
 

@@ -81,16 +81,9 @@ absl::Status ValidateNameList(absl::string_view member, absl::string_view field,
 }
 
 absl::Status ValidateDevices(const MemberOptions& member) {
+  if (absl::Status status = ValidateOptionsAsSet(member); !status.ok()) return status;
   const std::vector<Device>& devices = member.options.devices;
   const std::string shown = DevicesToString(devices);
-  for (const Device& device : devices) {
-    if (device.is_cpu()) {
-      return Invalid(absl::StrCat(
-          "Node ", member.name,
-          ": `set_devices` expect a list of CUDA devices, but got device type cpu.\ndevices = ",
-          shown));
-    }
-  }
   if (std::set<Device>(devices.begin(), devices.end()).size() != devices.size()) {
     return Invalid(
         absl::StrCat("Node ", member.name, " has duplicated devices\ndevices = ", shown));
@@ -364,6 +357,18 @@ std::vector<std::string> EffectiveTransports(const MemberOptions& member) {
 
 std::vector<std::string> EffectiveChannels(const MemberOptions& member) {
   return Effective(member.options.channels, DefaultChannels(), member.node_channels);
+}
+
+absl::Status ValidateOptionsAsSet(const MemberOptions& member) {
+  for (const Device& device : member.options.devices) {
+    if (device.is_cpu()) {
+      return Invalid(absl::StrCat(
+          "Node ", member.name,
+          ": `set_devices` expect a list of CUDA devices, but got device type cpu.\ndevices = ",
+          DevicesToString(member.options.devices)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateMemberOptions(const MemberOptions& member) {

@@ -143,6 +143,12 @@ std::vector<std::string> EffectiveChannels(const MemberOptions& member);
 // cpu, as in PyTorch), remote worker names valid. INVALID_ARGUMENT naming the member.
 absl::Status ValidateMemberOptions(const MemberOptions& member);
 
+// The checks PyTorch's TensorPipeRpcBackendOptions makes as options are set (set_devices takes
+// CUDA devices only). With the parsing of device strings and maps (ToMemberOptions in
+// membership.cc: PyTorch's torch.device and set_device_map), what a static group refuses at
+// a rank's own join; the checks that need the other ranks wait for them, as PyTorch's do.
+absl::Status ValidateOptionsAsSet(const MemberOptions& member);
+
 // One member's view of the negotiated group: what its TensorPipeAgent would be built with.
 struct NegotiatedMember {
   std::string name;

@@ -372,7 +372,7 @@ TEST(MembershipStaticTest, EveryRankLearnsTheFirstInvalidRankInRankOrderWhatever
   JoinSpec bad2 = Spec("w2", 2, 3);
   bad2.options.add_transports("carrier-pigeon");
   JoinSpec bad1 = Spec("w1", 1, 3);
-  bad1.options.add_devices("gpu7");
+  bad1.options.add_devices("cuda:7");  // the node has two: a check of the gathered options
   // Ranks 2 and then 1 bring invalid options while rank 0 has not joined: rank 0 might be
   // invalid too, and PyTorch would name it first, so the group keeps forming.
   ASSERT_TRUE(AddMember(&record, bad2).ok());
@@ -382,17 +382,115 @@ TEST(MembershipStaticTest, EveryRankLearnsTheFirstInvalidRankInRankOrderWhatever
   // Rank 0 is valid: rank 1, the first invalid rank, is the reason, not rank 2 who came first.
   Join(&record, Spec("w0", 0, 3));
   EXPECT_EQ(record.view().phase(), kFailed);
-  EXPECT_THAT(record.view().reason(), HasSubstr("gpu7"));
+  EXPECT_THAT(record.view().reason(), HasSubstr("Node w1 has devices with invalid indices"));
   EXPECT_THAT(record.view().reason(), Not(HasSubstr("carrier-pigeon")));
 }
 
-TEST(MembershipStaticTest, UnparsableDeviceMapFailsTheGroupNamingWorkerAndNode) {
+TEST(MembershipStaticTest, OptionsTorchRefusesAsTheyAreSetAreRefusedAtTheJoinAndFailTheGroup) {
   v1::GroupRecord record = NewRecord();
-  Join(&record, Spec("w1", 1, 2));
-  Join(&record, WithMap(Spec("w0", 0, 2, "node-a"), "w1", {{"gpu0", "cuda:0"}}));
+  Join(&record, Spec("w1", 1, 3));
+  // An unparsable device: the rank's own error, at once, and the group fails naming it, so w1
+  // (waiting) and rank 2 (not there yet) do not wait for a group that cannot form.
+  bool failed = false;
+  absl::StatusOr<int64_t> rank =
+      AddMember(&record, WithMap(Spec("w0", 0, 3, "node-a"), "w1", {{"gpu0", "cuda:0"}}), &failed);
+  EXPECT_EQ(rank.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(rank.status().message(), HasSubstr("worker w0 on node node-a: device map toward w1"));
+  EXPECT_THAT(rank.status().message(), HasSubstr("Invalid device string"));
+  EXPECT_TRUE(failed);
   EXPECT_EQ(record.view().phase(), kFailed);
-  EXPECT_THAT(record.view().reason(), HasSubstr("worker w0 on node node-a: device map toward w1"));
+  EXPECT_EQ(record.failure_code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_THAT(record.view().reason(), HasSubstr("rank 0 (worker w0) was refused at its join: "));
   EXPECT_THAT(record.view().reason(), HasSubstr("Invalid device string"));
+  EXPECT_EQ(FindMember(record, "w0"), nullptr);
+  // A CPU device among the devices: the same (set_devices refuses it in PyTorch).
+  v1::GroupRecord other = NewRecord();
+  JoinSpec cpu = Spec("w0", 0, 2);
+  cpu.options.add_devices("cpu");
+  rank = AddMember(&other, cpu, &failed);
+  EXPECT_THAT(rank.status().message(), HasSubstr("expect a list of CUDA devices"));
+  EXPECT_TRUE(failed);
+  EXPECT_EQ(other.view().phase(), kFailed);
+  // Without `failed` the join is refused and nothing changes.
+  v1::GroupRecord untouched = NewRecord();
+  EXPECT_FALSE(AddMember(&untouched, cpu).ok());
+  EXPECT_EQ(untouched.view().phase(), kEmpty);
+}
+
+TEST(MembershipStaticTest, ARankThatAbandonsFailsTheGroupNamingItselfAndWhy) {
+  v1::GroupRecord record = NewRecord();
+  Join(&record, Spec("w0", 0, 3));
+  JoinSpec abandon = Spec("w2", 2, 3);
+  abandon.abandon = "data.sessions_kept_free (32): uid 0 has 96 sessions attached";
+  bool failed = false;
+  absl::StatusOr<int64_t> rank = AddMember(&record, abandon, &failed);
+  EXPECT_EQ(rank.status().code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(failed);
+  EXPECT_EQ(record.view().phase(), kFailed);
+  EXPECT_EQ(record.view().reason(),
+            "rank 2 (worker w2) cannot take part: data.sessions_kept_free (32): uid 0 has 96 "
+            "sessions attached");
+  EXPECT_EQ(record.failure_code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_EQ(FindMember(record, "w2"), nullptr);
+  EXPECT_EQ(record.view().version(), 2);
+  // A dynamic group has nobody waiting: nothing to abandon.
+  v1::GroupRecord dynamic = NewRecord();
+  JoinSpec dynamic_abandon = Spec("d0", std::nullopt);
+  dynamic_abandon.abandon = "no";
+  EXPECT_EQ(AddMember(&dynamic, dynamic_abandon, &failed).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(failed);
+}
+
+TEST(MembershipStaticTest, AnyRankRefusedWhileTheGroupFormsFailsIt) {
+  v1::GroupRecord record = NewRecord();
+  Join(&record, Spec("w0", 0, 3));
+  bool failed = false;
+  absl::StatusOr<int64_t> rank = AddMember(&record, Spec("w1", 1, 4), &failed);
+  EXPECT_EQ(rank.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(failed);
+  EXPECT_EQ(record.view().phase(), kFailed);
+  EXPECT_THAT(record.view().reason(),
+              HasSubstr("rank 1 (worker w1) was refused at its join: group g has world_size 3"));
+  // Refusals of a group already failed change nothing more.
+  const int64_t version = record.view().version();
+  EXPECT_FALSE(AddMember(&record, Spec("w2", 2, 3), &failed).ok());
+  EXPECT_FALSE(failed);
+  EXPECT_EQ(record.view().version(), version);
+}
+
+TEST(MembershipStaticTest, AFailureOutlivesItsMembersForLateRanksThenTheNameIsFree) {
+  v1::GroupRecord record = NewRecord();
+  JoinSpec first = Spec("w0", 0, 3);
+  first.secret_verifier = SecretVerifier("g", "s3cret");
+  Join(&record, first);
+  JoinSpec abandon = Spec("w1", 1, 3);
+  abandon.secret_verifier = first.secret_verifier;
+  abandon.abandon = "no shared memory";
+  bool failed = false;
+  ASSERT_FALSE(AddMember(&record, abandon, &failed).ok());
+  ASSERT_TRUE(failed);
+  ASSERT_EQ(RemoveMembers(&record, Named({"w0"}), "LEFT", "the group failed to form"), 1);
+  EXPECT_EQ(record.view().phase(), kFailed);
+  EXPECT_TRUE(record.view().is_static());
+  EXPECT_TRUE(ValidateGroupRecord(record, "g", record.view().version(), "k").ok());
+  // A rank that starts late, with the secret: told why at once.
+  JoinSpec late = Spec("w2", 2, 3);
+  late.secret_verifier = first.secret_verifier;
+  late.since_unix_ms = first.since_unix_ms + 5000;
+  ExpectRefused(&record, late, absl::StatusCode::kFailedPrecondition,
+                {"group g failed to form 5 s ago: rank 1 (worker w1) cannot take part: no shared "
+                 "memory"});
+  // Without the secret: refused, and not told why.
+  JoinSpec stranger = Spec("x0", 0, 1);
+  stranger.since_unix_ms = late.since_unix_ms;
+  ExpectRefused(&record, stranger, absl::StatusCode::kPermissionDenied, {"secret"});
+  // Once the failure is old, the name is free: anyone starts it afresh.
+  stranger.since_unix_ms = first.since_unix_ms + kFailureLingerMs + 1;
+  Join(&record, stranger);
+  EXPECT_EQ(record.view().phase(), kFormed);
+  EXPECT_EQ(record.failed_unix_ms(), 0);
+  EXPECT_EQ(record.view().reason(), "");
 }
 
 // --- Records read from a store: validated before use ----------------------------------------
