@@ -65,8 +65,8 @@ ABSL_FLAG(int, join_timeout_s, 300, "timeout of each Join");
 ABSL_FLAG(std::string, init_method, "",
           "the group's store instead of daemon 0's peer port, e.g. etcd://127.0.0.1:2379/bench "
           "(an etcd started beforehand; the daemons' dial_networks admit loopback)");
-ABSL_FLAG(bool, omit_members, false,
-          "Joins ask for answers without the member list (JoinOptions::omit_members)");
+ABSL_FLAG(bool, include_members, false,
+          "Joins ask for answers with the member list (JoinOptions::include_members)");
 ABSL_FLAG(bool, heartbeat_trace, false,
           "poll daemon 0's store every 100 ms during the Joins and report, per other daemon, the "
           "longest time its heartbeat key stayed unchanged (daemon 0 evicts a node after "
@@ -354,7 +354,7 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
         options.world_size = world_size;
         options.init_method = init_method;
         options.timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
-        options.omit_members = absl::GetFlag(FLAGS_omit_members);
+        options.include_members = absl::GetFlag(FLAGS_include_members);
         barrier.Arrive(4);
         t0 = absl::Now();
         absl::StatusOr<tpd::v1::JoinResponse> response = client->Join(options);
@@ -369,7 +369,7 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
         } else if (response->rank() != r) {
           out.error = absl::StrCat("got rank ", response->rank());
         } else if (response->group().members_size() !=
-                   (options.omit_members ? 0 : world_size)) {
+                   (options.include_members ? world_size : 0)) {
           out.error = absl::StrCat(response->group().members_size(), " members");
         } else {
           out.version = response->group().version();

@@ -414,7 +414,8 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
   }
   *request.mutable_options() = options.options;
   request.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
-  request.set_omit_members(options.omit_members);
+  request.set_include_members(options.include_members);
+  request.set_abandon(options.abandon);
   v1::JoinResponse response;
   absl::Status status =
       FromGrpc(control_->Join(Context(options.timeout, true).get(), request, &response));
@@ -511,7 +512,7 @@ absl::Status Client::Leave(absl::string_view group_name, absl::string_view worke
 }
 
 absl::Status Client::Barrier(absl::string_view group, absl::string_view name,
-                             absl::Duration timeout) {
+                             absl::Duration timeout, std::vector<std::string>* gone) {
   absl::StatusOr<std::string> session = Session();
   if (!session.ok()) return session.status();
   v1::BarrierRequest request;
@@ -520,7 +521,9 @@ absl::Status Client::Barrier(absl::string_view group, absl::string_view name,
   request.set_name(std::string(name));
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::BarrierResponse response;
-  return FromGrpc(control_->Barrier(Context(timeout, true).get(), request, &response));
+  absl::Status status = FromGrpc(control_->Barrier(Context(timeout, true).get(), request, &response));
+  if (status.ok() && gone != nullptr) gone->assign(response.gone().begin(), response.gone().end());
+  return status;
 }
 
 absl::StatusOr<v1::GroupView> Client::GetGroup(absl::string_view group,

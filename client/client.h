@@ -54,9 +54,12 @@ struct JoinOptions {
   // group sets it, every later one must bring it. Empty: none.
   std::string secret;
   absl::Duration timeout = absl::ZeroDuration();  // 0: the daemon's default
-  // The answer's group without its member list (JoinRequest.omit_members): for groups of
-  // thousands of ranks, where every rank receiving every member costs O(N^2). GetGroup has it.
-  bool omit_members = false;
+  // The answer's group with its member list (JoinRequest.include_members). Without (the
+  // default), a group of N ranks does not cost N answers of N members; GetGroup has the list.
+  bool include_members = false;
+  // Static groups: not a join, this rank cannot take part, and why (JoinRequest.abandon). The
+  // group fails at once naming the rank, so the other ranks stop waiting; Join returns ABORTED.
+  std::string abandon;
 };
 
 // A WatchGroup stream: every version of a group, in order.
@@ -225,8 +228,11 @@ class Client {
   // Afterwards this client no longer calls into `group` (FAILED_PRECONDITION until it joins
   // again); a failed Leave lifts the refusals.
   absl::Status Leave(absl::string_view group, absl::string_view name);
+  // Waits until every member of `group` entered the barrier. In a static group, members gone
+  // since it formed count as arrived; their names go to `*gone` when it is not null.
   absl::Status Barrier(absl::string_view group, absl::string_view name,
-                       absl::Duration timeout = absl::ZeroDuration());
+                       absl::Duration timeout = absl::ZeroDuration(),
+                       std::vector<std::string>* gone = nullptr);
   absl::StatusOr<v1::GroupView> GetGroup(absl::string_view group,
                                          absl::string_view init_method = "");
   absl::StatusOr<std::vector<v1::GroupView>> ListGroups();

@@ -188,14 +188,20 @@ grpc::ServerUnaryReactor* ControlService::Leave(grpc::CallbackServerContext* con
 
 grpc::ServerUnaryReactor* ControlService::Barrier(grpc::CallbackServerContext* context,
                                                   const v1::BarrierRequest* request,
-                                                  v1::BarrierResponse*) {
+                                                  v1::BarrierResponse* response) {
   grpc::ServerUnaryReactor* reactor;
   auto finish = Later(context, &reactor, "Barrier");
   if (absl::Status checked = CheckBarrierRequest(*request); !checked.ok()) {
     finish(checked);
     return reactor;
   }
-  groups_->Barrier(*request, [finish](absl::Status status) { finish(status); });
+  groups_->Barrier(*request,
+                   [finish, response](absl::StatusOr<std::vector<std::string>> gone) {
+                     if (gone.ok()) {
+                       for (std::string& name : *gone) response->add_gone(std::move(name));
+                     }
+                     finish(gone.status());
+                   });
   return reactor;
 }
 

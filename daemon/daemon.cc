@@ -191,6 +191,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const Config& config) {
   absl::StatusOr<shm::Layout> layout = shm::ComputeLayout(segment);
   if (!layout.ok()) return layout.status();
   std::string derived;
+  RaiseOpenFileLimit();
   resolved.data =
       ResolveSessionLimits(config.data, layout->total_bytes, ReadMachineFacts(), &derived);
   if (!derived.empty()) DaemonLog().info("[node] derived from this machine: {}", derived);

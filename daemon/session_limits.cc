@@ -31,6 +31,13 @@ MachineFacts ReadMachineFacts() {
   return facts;
 }
 
+void RaiseOpenFileLimit() {
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur >= files.rlim_max) return;
+  files.rlim_cur = files.rlim_max;
+  (void)setrlimit(RLIMIT_NOFILE, &files);
+}
+
 DataConfig ResolveSessionLimits(DataConfig data, uint64_t segment_bytes,
                                 const MachineFacts& machine, std::string* how) {
   std::string said;
@@ -49,7 +56,8 @@ DataConfig ResolveSessionLimits(DataConfig data, uint64_t segment_bytes,
                             ? absl::StrCat("segments of ", segment_bytes >> 20, " MiB that fit")
                             : absl::StrCat(kSessionsPerCore, " per core of ", machine.cores);
     if (machine.open_files > 0) {
-      const int64_t by_files = (machine.open_files - kFilesKept) / kFilesPerSession;
+      const int64_t kept = std::min(kFilesKept, machine.open_files / 4);
+      const int64_t by_files = (machine.open_files - kept) / kFilesPerSession;
       if (by_files < sessions) {
         sessions = by_files;
         bound = absl::StrCat("the open-file limit ", machine.open_files);

@@ -25,10 +25,16 @@ struct MachineFacts {
 
 MachineFacts ReadMachineFacts();
 
+// Raises this process's soft open-file limit to its hard limit (systemd's LimitNOFILE, or the
+// shell's): every attached session holds descriptors, and the soft default of 1024 would make
+// the derived max_sessions small. Best effort.
+void RaiseOpenFileLimit();
+
 // Each attached session gets a thread; beyond this many per core they only queue for CPUs.
 inline constexpr int64_t kSessionsPerCore = 64;
 // Descriptors one attached session holds (its data connection, its process's pidfd, the
-// router's doorbells), and those kept for everything else (gRPC, stores, the agent).
+// router's doorbells), and those kept for everything else (gRPC, stores, the agent): this
+// many, or a quarter of a lower limit.
 inline constexpr int64_t kFilesPerSession = 8;
 inline constexpr int64_t kFilesKept = 1024;
 

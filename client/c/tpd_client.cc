@@ -408,7 +408,7 @@ absl::StatusOr<std::vector<std::string>> Keys(const char* const* keys, int n) {
 
 extern "C" {
 
-int tpd_abi_version(void) { return 2; }
+int tpd_abi_version(void) { return 3; }
 
 const char* tpd_last_error(void) { return last_error.c_str(); }
 
@@ -505,8 +505,10 @@ int tpd_join_options_set(tpd_join_options* options, const char* key, const char*
       o.init_method = v;
     } else if (k == "secret") {
       o.secret = v;
+    } else if (k == "abandon") {
+      o.abandon = v;
     } else if (k == "rank" || k == "world_size" || k == "timeout_us" ||
-               k == "num_worker_threads" || k == "rpc_timeout_us" || k == "omit_members") {
+               k == "num_worker_threads" || k == "rpc_timeout_us" || k == "include_members") {
       absl::StatusOr<int64_t> n = Integer(key, v);
       if (!n.ok()) return n.status();
       if (k == "rank") o.rank = *n;
@@ -518,7 +520,7 @@ int tpd_join_options_set(tpd_join_options* options, const char* key, const char*
         // (the caller's own per-call timeouts stay in microseconds).
         o.options.set_rpc_timeout_ms(*n > 0 && *n < 1000 ? 1 : *n / 1000);
       }
-      if (k == "omit_members") o.omit_members = *n != 0;
+      if (k == "include_members") o.include_members = *n != 0;
     } else if (k == "env") {
       std::pair<std::string, std::string> kv = absl::StrSplit(v, absl::MaxSplits('=', 1));
       if (kv.first.empty() || v.find('=') == std::string::npos) {
@@ -571,10 +573,17 @@ int tpd_leave(tpd_client* client, const char* group, const char* name) {
   });
 }
 
-int tpd_barrier(tpd_client* client, const char* group, const char* name, int64_t timeout_us) {
+int tpd_barrier(tpd_client* client, const char* group, const char* name, int64_t timeout_us,
+                char** response_json) {
   return Guarded("tpd_barrier", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
-    return client->client->Barrier(Str(group), Str(name), WaitTimeout(timeout_us));
+    std::vector<std::string> gone;
+    absl::Status status =
+        client->client->Barrier(Str(group), Str(name), WaitTimeout(timeout_us), &gone);
+    if (!status.ok() || response_json == nullptr) return status;
+    tpd::v1::BarrierResponse response;
+    for (std::string& member : gone) response.add_gone(std::move(member));
+    return ToJson(response, response_json);
   });
 }
 

@@ -99,7 +99,11 @@ void tpd_join_options_free(tpd_join_options* options);
  *                                          none is given the process environment's are sent)
  *   num_worker_threads, rpc_timeout_us     TensorPipeRpcBackendOptions
  *   device, transport, channel             repeated: devices, _transports, _channels
- *   omit_members                           "1": the answer without its member list
+ *   include_members                        "1": the answer with the group's member list
+ *                                          (without, by default: tpd_get_group has it)
+ *   abandon                                static groups: this rank cannot take part, and
+ *                                          why; the group fails at once naming the rank, and
+ *                                          tpd_join returns TPD_ABORTED
  * INVALID_ARGUMENT naming the option for an unknown name or a value that is not its type. */
 int tpd_join_options_set(tpd_join_options* options, const char* key, const char* value);
 /* Adds device_maps[worker][from] = to ("cuda:0", "cpu", or a bare index). */
@@ -111,7 +115,11 @@ int tpd_join_options_add_device_map(tpd_join_options* options, const char* worke
  * option validation). */
 int tpd_join(tpd_client* client, const tpd_join_options* options, char** response_json);
 int tpd_leave(tpd_client* client, const char* group, const char* name);
-int tpd_barrier(tpd_client* client, const char* group, const char* name, int64_t timeout_us);
+/* Waits until every member entered the barrier; in a static group members gone since it formed
+ * count as arrived. `*response_json` (may be NULL): the BarrierResponse, {"gone": [names]}
+ * (proto3 JSON: no "gone" key when nobody was gone). */
+int tpd_barrier(tpd_client* client, const char* group, const char* name, int64_t timeout_us,
+                char** response_json);
 /* The group's view as JSON (GroupView). `init_method` "" or NULL: this daemon's. */
 int tpd_get_group(tpd_client* client, const char* group, const char* init_method,
                   char** view_json);

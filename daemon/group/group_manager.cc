@@ -501,7 +501,7 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
   spec.rank = method->rank;
   spec.world_size = method->world_size;
   spec.options = request.options();
-  spec.omit_members = request.omit_members();
+  spec.omit_members = !request.include_members();
   spec.abandon = request.abandon();
   const absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
                                                           : options_.default_join_timeout;
@@ -528,7 +528,7 @@ void GroupManager::Leave(const v1::LeaveRequest& request,
   (*tracker)->Leave(request.session_id(), request.name(), std::move(done));
 }
 
-void GroupManager::Barrier(const v1::BarrierRequest& request, GroupTracker::Done done) {
+void GroupManager::Barrier(const v1::BarrierRequest& request, GroupTracker::BarrierDone done) {
   if (absl::Status status = CheckSession(request.session_id()); !status.ok()) {
     done(status);
     return;

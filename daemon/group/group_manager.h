@@ -106,7 +106,7 @@ class GroupManager {
   void CancelJoin(const v1::JoinRequest& request);
   void Leave(const v1::LeaveRequest& request,
              absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done);
-  void Barrier(const v1::BarrierRequest& request, GroupTracker::Done done);
+  void Barrier(const v1::BarrierRequest& request, GroupTracker::BarrierDone done);
   // Answers once this daemon has read the group from its store (never blocks the caller).
   void GetGroup(const std::string& group, const std::string& init_method,
                 GroupTracker::ViewDone done);

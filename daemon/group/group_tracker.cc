@@ -256,10 +256,11 @@ void GroupTracker::Shutdown() {
 }
 
 void GroupTracker::Barrier(const std::string& session_id, const std::string& name,
-                           absl::Time deadline, Done done) {
+                           absl::Time deadline, BarrierDone done) {
   int64_t generation = 0;
   int64_t round = 0;
   int64_t expected = 0;
+  bool counts_gone = false;
   bool member = false;
   {
     absl::MutexLock lock(&mu_);
@@ -278,6 +279,7 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
       }
       round = ++it->second.barrier_round;
       expected = view.is_static() ? view.world_size() : view.members_size();
+      counts_gone = view.is_static();
     }
   }
   if (!member) {
@@ -287,8 +289,14 @@ void GroupTracker::Barrier(const std::string& session_id, const std::string& nam
     return;
   }
   // The store calls run on the worker: a slow store must not hold a gRPC thread.
-  BarrierOp op{absl::StrCat("barrier/", generation, "/", round), generation, round, expected,
-               deadline, std::move(done)};
+  BarrierOp op{absl::StrCat("barrier/", generation, "/", round),
+               name,
+               generation,
+               round,
+               expected,
+               counts_gone,
+               deadline,
+               std::move(done)};
   {
     absl::MutexLock lock(&mu_);
     if (!stop_) {
@@ -304,14 +312,23 @@ void GroupTracker::EnterBarrier(BarrierOp op) {
   const std::string& key = op.key;
   const int64_t round = op.round;
   const int64_t expected = op.expected;
-  Done done = std::move(op.done);
+  BarrierDone done = std::move(op.done);
+  // Who arrived, by name, for CompleteWithoutTheGone: set before counting, so whoever sees the
+  // count also finds the names of those it counts.
+  if (op.counts_gone) {
+    if (absl::Status status = group_store_.Set(absl::StrCat(key, "/in/", op.name), "");
+        !status.ok()) {
+      done(status);
+      return;
+    }
+  }
   absl::StatusOr<int64_t> arrived = group_store_.Add(key, 1);
   if (!arrived.ok()) {
     done(arrived.status());
     return;
   }
   if (*arrived >= expected) {
-    if (absl::Status status = group_store_.Set(absl::StrCat(key, "/done"), "1"); !status.ok()) {
+    if (absl::Status status = group_store_.Set(absl::StrCat(key, "/done"), ""); !status.ok()) {
       done(status);
       return;
     }
@@ -327,18 +344,28 @@ void GroupTracker::EnterBarrier(BarrierOp op) {
   struct Cell {
     std::optional<store::WaitId> id;
     bool finished = false;
-    Done done;
+    BarrierDone done;
   };
   auto cell = std::make_shared<Cell>();
   cell->done = std::move(done);
+  if (op.counts_gone) {
+    absl::MutexLock lock(&mu_);
+    OpenBarrier& open = open_barriers_[key];
+    open.generation = op.generation;
+    ++open.waits;
+  }
   absl::StatusOr<store::WaitId> id = group_store_.WaitAsync(
       {absl::StrCat(key, "/done")}, op.deadline,
-      [this, round, expected, cell](absl::StatusOr<std::vector<std::string>> result) {
+      [this, key, round, expected, counts_gone = op.counts_gone,
+       cell](absl::StatusOr<std::vector<std::string>> result) {
         bool stopping;
         {
           absl::MutexLock lock(&mu_);
           cell->finished = true;
           if (cell->id.has_value()) barrier_waits_.erase(*cell->id);
+          if (auto it = open_barriers_.find(key); counts_gone && it != open_barriers_.end()) {
+            if (--it->second.waits <= 0) open_barriers_.erase(it);
+          }
           stopping = stop_;
         }
         if (stopping && !result.ok()) {
@@ -351,17 +378,63 @@ void GroupTracker::EnterBarrier(BarrierOp op) {
                                                               expected, " members")));
           return;
         }
-        cell->done(result.status());
+        if (!result.ok()) {
+          cell->done(result.status());
+          return;
+        }
+        // The done key holds the names of the members that were gone, one per line.
+        std::vector<std::string> gone;
+        if (!result->empty() && !result->front().empty()) {
+          gone = absl::StrSplit(result->front(), '\n');
+        }
+        cell->done(std::move(gone));
       });
   if (!id.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = open_barriers_.find(key); op.counts_gone && it != open_barriers_.end()) {
+        if (--it->second.waits <= 0) open_barriers_.erase(it);
+      }
+    }
     cell->done(id.status());  // the store refused the wait and will not call back
     return;
   }
-  absl::MutexLock lock(&mu_);
-  if (!cell->finished) {
-    cell->id = *id;
-    barrier_waits_.insert(*id);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!cell->finished) {
+      cell->id = *id;
+      barrier_waits_.insert(*id);
+    }
   }
+  if (op.counts_gone && *arrived < expected) CompleteWithoutTheGone(key, op.generation);
+}
+
+void GroupTracker::CompleteWithoutTheGone(const std::string& key, int64_t generation) {
+  std::vector<std::string> keys;
+  std::vector<std::string> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    const v1::GroupView& view = latest_.view();
+    // Only the group formed at `generation`, and only once it lost someone: until then the
+    // count decides.
+    if (!view.is_static() || view.formed_version() != generation ||
+        formed_generation_ != generation || view.members_size() >= view.world_size()) {
+      return;
+    }
+    std::set<std::string> live;
+    for (const v1::Member& member : view.members()) {
+      live.insert(member.name());
+      keys.push_back(absl::StrCat(key, "/in/", member.name()));
+    }
+    for (const std::string& name : formed_names_) {
+      if (live.count(name) == 0) gone.push_back(name);
+    }
+  }
+  absl::StatusOr<bool> all_in = group_store_.Check(keys);
+  if (!all_in.ok() || !*all_in) return;  // the last live member to arrive completes it
+  DaemonLog().info("[group {}] {}: every live member arrived; {} gone, counted as arrived: {}",
+                   group_, key, gone.size(), store::JoinSummarized(gone, ", "));
+  (void)group_store_.Set(absl::StrCat(key, "/done"), absl::StrJoin(gone, "\n"));
 }
 
 v1::GroupView GroupTracker::View() {
@@ -379,8 +452,19 @@ v1::GroupView GroupTracker::ViewLocked() {
   return view;
 }
 
+std::shared_ptr<const v1::GroupView> GroupTracker::SharedViewLocked() {
+  // A damaged group's view is rebuilt each time (it is rare, and says why it is damaged).
+  if (!damaged_.ok()) return std::make_shared<const v1::GroupView>(ViewLocked());
+  // Versions are never reused, so the version names the view.
+  if (view_cache_ == nullptr || view_cache_->version() != latest_.view().version()) {
+    view_cache_ = std::make_shared<const v1::GroupView>(ViewLocked());
+  }
+  return view_cache_;
+}
+
 void GroupTracker::GetView(ViewDone done) {
-  absl::StatusOr<v1::GroupView> view;
+  std::shared_ptr<const v1::GroupView> shared;
+  absl::Status error;
   {
     absl::MutexLock lock(&mu_);
     if (!loaded_) {
@@ -390,12 +474,16 @@ void GroupTracker::GetView(ViewDone done) {
       return;
     }
     if (load_error_.ok()) {
-      view = ViewLocked();
+      shared = SharedViewLocked();
     } else {
-      view = load_error_;
+      error = load_error_;
     }
   }
-  done(std::move(view));
+  if (shared == nullptr) {
+    done(error);
+    return;
+  }
+  done(v1::GroupView(*shared));
 }
 
 bool GroupTracker::Idle() {
@@ -574,10 +662,15 @@ absl::Time GroupTracker::Step() {
   std::vector<Op> ops;
   std::vector<absl::StatusOr<v1::GroupRecord>> arrived;
   std::vector<BarrierOp> barriers;
+  std::map<std::string, OpenBarrier> recheck;
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return absl::InfiniteFuture();
     ArmVersionWait();
+    if (recheck_barriers_) {
+      recheck = open_barriers_;
+      recheck_barriers_ = false;
+    }
     ops.assign(std::make_move_iterator(ops_.begin()), std::make_move_iterator(ops_.end()));
     ops_.clear();
     arrived.assign(std::make_move_iterator(arrived_.begin()),
@@ -588,6 +681,7 @@ absl::Time GroupTracker::Step() {
     barriers_.clear();
   }
   for (BarrierOp& barrier : barriers) EnterBarrier(std::move(barrier));
+  for (const auto& [key, open] : recheck) CompleteWithoutTheGone(key, open.generation);
   for (absl::StatusOr<v1::GroupRecord>& record : arrived) {
     if (record.ok()) {
       Observe(*std::move(record), /*snapshot=*/false);
@@ -618,7 +712,9 @@ absl::Time GroupTracker::Step() {
   if (stop_) return absl::InfiniteFuture();
   // Work queued by this step itself (removals after a failed formation, undone joins) or
   // arrived meanwhile: at once. Else the next tick, or the time to re-arm a refused wait.
-  if (!ops_.empty() || !arrived_.empty() || !barriers_.empty()) return absl::InfinitePast();
+  if (!ops_.empty() || !arrived_.empty() || !barriers_.empty() || recheck_barriers_) {
+    return absl::InfinitePast();
+  }
   return wait_armed_ ? next_tick_ : std::min(next_tick_, rearm_after_);
 }
 
@@ -891,7 +987,18 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
     const bool fresh = record.view().version() > latest_.view().version() &&
                        (snapshot || record.view().version() == latest_.view().version() + 1);
     if (fresh) {
+      const int64_t members_before = latest_.view().members_size();
       latest_ = std::move(record);
+      const v1::GroupView& now = latest_.view();
+      if (now.is_static() && now.phase() == kFormed && now.formed_version() != formed_generation_) {
+        formed_generation_ = now.formed_version();
+        formed_names_.clear();
+        for (const v1::Member& member : now.members()) formed_names_.push_back(member.name());
+      }
+      // A member gone from a formed group: barriers waiting for it may be complete now.
+      if (now.members_size() < members_before && !open_barriers_.empty()) {
+        recheck_barriers_ = true;
+      }
       member_index_.clear();
       for (int i = 0; i < latest_.view().members_size(); ++i) {
         member_index_[latest_.view().members(i).name()] = i;

@@ -79,6 +79,8 @@ class GroupTracker : public WorkerTask {
  public:
   using JoinDone = absl::AnyInvocable<void(absl::StatusOr<v1::JoinResponse>)>;
   using Done = absl::AnyInvocable<void(absl::Status)>;
+  // A barrier's end: the names of the members counted as arrived because they were gone.
+  using BarrierDone = absl::AnyInvocable<void(absl::StatusOr<std::vector<std::string>>)>;
 
   // `root` is the rendezvous store (nodes' liveness keys live there); the group's own keys
   // are under "tpd/group/<group>/" in it. `store_name` names the store in views ("tcp://h:p").
@@ -107,9 +109,10 @@ class GroupTracker : public WorkerTask {
              absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done);
   // Removes every member of a session that ended.
   void EndSession(const std::string& session_id);
-  // Waits until every current member entered the same barrier round.
+  // Waits until every current member entered the same barrier round. In a static group, members
+  // gone since it formed count as arrived: `done` gets their names.
   void Barrier(const std::string& session_id, const std::string& name, absl::Time deadline,
-               Done done);
+               BarrierDone done);
   // Leaves with every local member (daemon shutdown), then Stop().
   void Shutdown();
   // Stops this group's steps and ends everything pending here with UNAVAILABLE: queued ops, joins
@@ -176,11 +179,14 @@ class GroupTracker : public WorkerTask {
   // A barrier entry waiting for the worker to do its store calls.
   struct BarrierOp {
     std::string key;  // "barrier/<generation>/<round>"
+    std::string name;  // the member entering
     int64_t generation = 0;
     int64_t round = 0;
     int64_t expected = 0;
+    // A static group's barrier: members gone count as arrived (CompleteWithoutTheGone).
+    bool counts_gone = false;
     absl::Time deadline;
-    Done done;
+    BarrierDone done;
   };
   // A change this daemon wants recorded.
   struct Op {
@@ -212,7 +218,14 @@ class GroupTracker : public WorkerTask {
   void SettleVersionWaiters();
   // Counts this member into its barrier round and waits (without a thread) for the round.
   void EnterBarrier(BarrierOp op);
+  // A static group's barrier `key` whose live members have all arrived while others are gone
+  // (left, died, evicted) is done, with the names of the gone: they never arrive, and waiting
+  // for them would hold a graceful shutdown until its timeout. Runs on the worker.
+  void CompleteWithoutTheGone(const std::string& key, int64_t generation);
   v1::GroupView ViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ViewLocked, built once per version and shared: every local rank of a big group fetches the
+  // member list (GetGroup), and copying it happens outside the lock.
+  std::shared_ptr<const v1::GroupView> SharedViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Members of `record` on this node from an earlier incarnation that no local session holds.
   // The uid whose sessions hold this group's members on this node, as this daemon's own
   // sessions say (nullopt: none here). Never read from a record: ApplyOps sets the record's
@@ -244,6 +257,7 @@ class GroupTracker : public WorkerTask {
 
   absl::Mutex mu_;
   v1::GroupRecord latest_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const v1::GroupView> view_cache_ ABSL_GUARDED_BY(mu_);  // SharedViewLocked
   // Index of latest_'s members by name (calls look their target up here).
   absl::flat_hash_map<std::string, int> member_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> negotiated_index_ ABSL_GUARDED_BY(mu_);
@@ -268,6 +282,16 @@ class GroupTracker : public WorkerTask {
   std::set<std::pair<std::string, std::string>> cancelled_joins_ ABSL_GUARDED_BY(mu_);
   // Barrier waits in the store, cancelled by Stop().
   std::set<store::WaitId> barrier_waits_ ABSL_GUARDED_BY(mu_);
+  // Static groups' barriers this daemon's members wait in (key -> generation, waits), checked
+  // again when a version removes members; and the members of the formed group, by generation.
+  struct OpenBarrier {
+    int64_t generation = 0;
+    int waits = 0;
+  };
+  std::map<std::string, OpenBarrier> open_barriers_ ABSL_GUARDED_BY(mu_);
+  bool recheck_barriers_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t formed_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> formed_names_ ABSL_GUARDED_BY(mu_);
   // The worker has read the group's newest version once; views and snapshots wait for it.
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;
   // The first read's failure (not DATA_LOSS, which damaged_ holds): GetView answers it.

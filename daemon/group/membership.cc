@@ -215,11 +215,12 @@ namespace {
 // keep a name for ever).
 bool KeepsFailure(const v1::GroupRecord& record, int64_t now_ms) {
   const v1::GroupView& view = record.view();
-  return view.phase() == kFailed && view.members().empty() &&
+  return view.phase() == kFailed && view.members().empty() && record.failed_unix_ms() != 0 &&
          std::abs(now_ms - record.failed_unix_ms()) < kFailureLingerMs;
 }
 
-// Makes the group FAILED for `reason`; its waiting ranks get `code`.
+// Makes the group FAILED for `reason`; its waiting ranks get `code`. `now_ms` 0: every rank
+// was there to learn it (a failed negotiation), so nothing is kept for late ones.
 void MarkFailed(v1::GroupRecord* record, absl::StatusCode code, const std::string& reason,
                 int64_t now_ms) {
   v1::GroupView* view = record->mutable_view();
@@ -444,7 +445,7 @@ absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spe
           absl::StrCat("all ", view->world_size(), " ranks joined; ", spec.name, " was the last"));
     } else {
       MarkFailed(&next, absl::StatusCode::kInvalidArgument, std::string(status.message()),
-                 spec.since_unix_ms);
+                 /*now_ms=*/0);
     }
   }
   view->set_version(view->version() + 1);
@@ -490,7 +491,7 @@ int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Memb
   std::reverse(removed.begin(), removed.end());
   record->set_change(std::string(change));
   record->set_change_detail(absl::StrCat(store::JoinSummarized(removed, ", "), ": ", why));
-  if (members->empty() && view->phase() == kFailed && view->is_static()) {
+  if (members->empty() && view->phase() == kFailed && record->failed_unix_ms() != 0) {
     // Ranks that start late must learn why the group failed, not start it anew and wait for
     // ranks that are gone: the failure, and the secret that guards its reason, stay until
     // kFailureLingerMs after it (AddMember).

@@ -54,9 +54,9 @@ struct JoinSpec {
 // "" for no secret.
 std::string SecretVerifier(absl::string_view group, absl::string_view secret);
 
-// How long a static group's failure to form is kept after its last member left: ranks that
-// start later are refused with its reason instead of starting a group that cannot form. Then
-// the name is free again.
+// How long a static group's failure to form before all its ranks came is kept after its last
+// member left: ranks that start later are refused with its reason instead of starting a group
+// that cannot form. Then the name is free again.
 inline constexpr int64_t kFailureLingerMs = 60 * 1000;
 
 // Adds a member to `record` (the newest version; the caller stores the result as the next)

@@ -12,7 +12,7 @@ import os
 import pathlib
 import threading
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # Status codes (gRPC's).
 OK = 0
@@ -145,7 +145,7 @@ def _declare(lib, path):
         "tpd_join_options_add_device_map": (c.c_int, [p, s, s, s]),
         "tpd_join": (c.c_int, [p, p, pp]),
         "tpd_leave": (c.c_int, [p, s, s]),
-        "tpd_barrier": (c.c_int, [p, s, s, i64]),
+        "tpd_barrier": (c.c_int, [p, s, s, i64, pp]),
         "tpd_get_group": (c.c_int, [p, s, s, pp]),
         "tpd_status": (c.c_int, [p, pp]),
         "tpd_user_secret": (c.c_int, [p, s, pp]),

@@ -161,8 +161,12 @@ class Client:
         _capi.check(self._lib.tpd_leave(self._handle, _capi.b(group), _capi.b(name)))
 
     def barrier(self, group, name, timeout=None):
+        """Waits until every member entered the barrier; returns the names of the members of a
+        static group that were gone (left or died since it formed) and counted as arrived."""
+        out = ctypes.c_void_p()
         _capi.check(self._lib.tpd_barrier(self._handle, _capi.b(group), _capi.b(name),
-                                          _capi.timeout_us(timeout)))
+                                          _capi.timeout_us(timeout), ctypes.byref(out)))
+        return _capi.take_json(out.value).get("gone", [])
 
     def group(self, group, init_method=""):
         out = ctypes.c_void_p()

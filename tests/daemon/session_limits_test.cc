@@ -34,8 +34,11 @@ TEST(SessionLimitsTest, CoresAndOpenFilesBoundTheDerivedNumberToo) {
   EXPECT_EQ(data.max_sessions, 2 * kSessionsPerCore);
   // A low open-file limit: what the descriptors allow after those kept for the rest.
   std::string how;
-  data = ResolveSessionLimits(DataConfig{}, kSegment, {1024 * kGiB, 64, 1024 + 8 * 40}, &how);
-  EXPECT_EQ(data.max_sessions, 40);
+  data = ResolveSessionLimits(DataConfig{}, kSegment, {1024 * kGiB, 64, 4096 + 8 * 40}, &how);
+  EXPECT_EQ(data.max_sessions, 424);  // (4416 - 1024 kept) / 8
+  // Below 4096, a quarter of the limit is kept for the rest.
+  data = ResolveSessionLimits(DataConfig{}, kSegment, {1024 * kGiB, 64, 1024});
+  EXPECT_EQ(data.max_sessions, 96);
   EXPECT_THAT(how, HasSubstr("the open-file limit"));
   // Nothing fits: still one session, and places kept for others never exceed half.
   data = ResolveSessionLimits(DataConfig{}, kSegment, {kGiB / 4, 1, 0});

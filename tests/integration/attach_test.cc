@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -30,6 +31,7 @@
 #include "proto/control.grpc.pb.h"
 #include "proto/shm/attach.h"
 #include "proto/shm/segment.h"
+#include "tests/testing/daemon_nodes.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/wait_until.h"
 
@@ -117,13 +119,17 @@ int CountSegmentMaps(pid_t pid) {
 
 class AttachTest : public ::testing::Test {
  protected:
-  void StartDaemon(int64_t max_sessions) {
+  // Without `max_sessions`, [data] is the shipped default: its limits derived from the machine.
+  void StartDaemon(std::optional<int64_t> max_sessions) {
     socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
     const std::string config = dir_.WriteFile(
         "tpd.toml",
         absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                     "node_name = \"attach\"\n", "[data]\narena_bytes = ", kArenaBytes,
-                     "\nmax_sessions = ", max_sessions, "\n"));
+                     "node_name = \"attach\"\n",
+                     max_sessions ? absl::StrCat("[data]\narena_bytes = ", kArenaBytes,
+                                                 "\nmax_sessions = ", *max_sessions,
+                                                 "\nsessions_kept_free = 0\n")
+                                  : ""));
     auto daemon = DaemonProcess::Start(socket_, {"--config", config});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = *std::move(daemon);
@@ -183,6 +189,43 @@ TEST_F(AttachTest, ClientReceivesASealedSegmentOfTheConfiguredSize) {
   struct stat st;
   ASSERT_EQ(stat(DataSocket().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0660u) << "the data socket has the gRPC socket's mode";
+}
+
+TEST_F(AttachTest, AJobOfFortyEightProcessesOfOneUserFitsTheShippedDefaults) {
+  // More sessions of one uid than the old fixed bound (32), with nothing configured: the job
+  // of a node's one user may use the node (issue 31).
+  constexpr int kRanks = 48;
+  StartDaemon(std::nullopt);
+  std::unique_ptr<Client> observer = Connect();
+  ASSERT_NE(observer, nullptr);
+  absl::StatusOr<v1::StatusResponse> status = observer->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  const v1::ConfigSummary& config = status->config();
+  if (config.data_max_sessions() - config.data_sessions_kept_free() < kRanks) {
+    GTEST_SKIP() << "this machine's memory and cores derive only " << config.data_max_sessions()
+                 << " places (" << config.data_sessions_kept_free() << " kept for other users)";
+  }
+  std::vector<std::unique_ptr<Client>> ranks;
+  std::vector<Client*> clients;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.push_back(Connect());
+    ASSERT_NE(ranks.back(), nullptr);
+    auto segment = ranks.back()->AttachSharedMemory();
+    ASSERT_TRUE(segment.ok()) << "rank " << r << ": " << segment.status();
+    clients.push_back(ranks.back().get());
+  }
+  JoinOptions join;
+  join.group = "big";
+  join.init_method = absl::StrCat("tcp://", status->peer_address());
+  join.timeout = absl::Seconds(120);
+  std::vector<absl::StatusOr<v1::JoinResponse>> joined = testing::JoinStatic(clients, join);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(joined[r].ok()) << "rank " << r << ": " << joined[r].status();
+    EXPECT_EQ(joined[r]->group().phase(), "FORMED");
+  }
+  absl::StatusOr<v1::StatusResponse> after = observer->Status();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->attached_session_count(), kRanks);
 }
 
 TEST_F(AttachTest, StatusListsAttachedSessionsWithTheirCredentials) {

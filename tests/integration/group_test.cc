@@ -63,6 +63,8 @@ class GroupTest : public ::testing::Test {
     options.world_size = world_size;
     options.init_method = init_method_;
     options.timeout = absl::Seconds(60);
+    // These tests read who joined from the answers (by default they leave the list out).
+    options.include_members = true;
     return options;
   }
 
@@ -112,10 +114,77 @@ TEST_F(GroupTest, StaticGroupOfEightFormsOverThreeDaemonsViaTcp) {
   ExpectFormed(JoinStatic("tcp8", 8), 8);
 }
 
-TEST_F(GroupTest, JoinsMayAskForAnswersWithoutTheMemberList) {
-  // Ranks 0..3 omit the list (what thousands of ranks would do); 4..7 get it as usual.
+// Each of `results` but `except` failed naming `reason`: at once (their joins wait 60 s, and a
+// timeout would name the missing ranks instead).
+void ExpectAllFailedFor(const std::vector<absl::StatusOr<v1::JoinResponse>>& results, int except,
+                        const std::string& reason) {
+  for (int r = 0; r < static_cast<int>(results.size()); ++r) {
+    if (r == except) continue;
+    ASSERT_FALSE(results[r].ok()) << "rank " << r;
+    // ABORTED while waiting, FAILED_PRECONDITION for a rank that came after the failure.
+    EXPECT_TRUE(absl::IsAborted(results[r].status()) ||
+                absl::IsFailedPrecondition(results[r].status()))
+        << "rank " << r << ": " << results[r].status();
+    EXPECT_THAT(results[r].status().message(), HasSubstr(reason)) << "rank " << r;
+  }
+}
+
+TEST_F(GroupTest, ARankThatCannotTakePartFailsTheOthersAtOnceNamingItAndWhy) {
+  // Rank 2 was refused shared memory (say): it abandons, and the group fails on every node.
   std::vector<absl::StatusOr<v1::JoinResponse>> results =
-      JoinStatic("lean8", 8, [](int r, JoinOptions* options) { options->omit_members = r < 4; });
+      JoinStatic("abandoned", 4, [](int r, JoinOptions* options) {
+        if (r == 2) options->abandon = "data.max_sessions (1) sessions are attached";
+      });
+  EXPECT_TRUE(absl::IsAborted(results[2].status())) << results[2].status();
+  ExpectAllFailedFor(results, 2,
+                     "rank 2 (worker w2) cannot take part: data.max_sessions (1) sessions are "
+                     "attached");
+  absl::StatusOr<v1::GroupView> view = clients_[0]->GetGroup("abandoned", init_method_);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->phase(), "FAILED");
+
+  // Options PyTorch refuses as they are set (a CPU device among the devices): that rank gets
+  // its own error, the others are told it was refused.
+  results = JoinStatic("cpu-device", 3, [](int r, JoinOptions* options) {
+    if (r == 1) options->options.add_devices("cpu");
+  });
+  EXPECT_TRUE(absl::IsInvalidArgument(results[1].status())) << results[1].status();
+  EXPECT_THAT(results[1].status().message(), HasSubstr("expect a list of CUDA devices"));
+  ExpectAllFailedFor(results, 1,
+                     "rank 1 (worker w1) was refused at its join: worker w1 on node node-b: "
+                     "`set_devices` expect a list of CUDA devices");
+}
+
+TEST_F(GroupTest, AStaticGroupsBarrierCountsMembersGoneAsArrivedAndNamesThem) {
+  ExpectFormed(JoinStatic("bar3", 3), 3);
+  // Rank 2's process goes away without leaving (its session ends: the daemon knows at once).
+  clients_[2].reset();
+  std::vector<std::string> gone[2];
+  absl::Status entered[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      entered[r] = clients_[r]->Barrier("bar3", absl::StrCat("w", r), absl::Seconds(60), &gone[r]);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(entered[r].ok()) << "rank " << r << ": " << entered[r];
+    EXPECT_THAT(gone[r], ::testing::ElementsAre("w2")) << "rank " << r;
+  }
+  // With everyone there, nobody is named.
+  for (const auto& joined : JoinStatic("bar2", 2)) ASSERT_TRUE(joined.ok()) << joined.status();
+  std::vector<std::string> none{"x"};
+  std::thread other([&] { ASSERT_TRUE(clients_[4]->Barrier("bar2", "w1", absl::Seconds(60)).ok()); });
+  EXPECT_TRUE(clients_[3]->Barrier("bar2", "w0", absl::Seconds(60), &none).ok());
+  other.join();
+  EXPECT_TRUE(none.empty());
+}
+
+TEST_F(GroupTest, JoinAnswersLeaveTheMemberListOutUnlessAskedFor) {
+  // Ranks 0..3 take the default (what thousands of ranks do); 4..7 ask for the list.
+  std::vector<absl::StatusOr<v1::JoinResponse>> results = JoinStatic(
+      "lean8", 8, [](int r, JoinOptions* options) { options->include_members = r >= 4; });
   for (int r = 0; r < 8; ++r) {
     ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
     const v1::GroupView& view = results[r]->group();

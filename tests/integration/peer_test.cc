@@ -162,6 +162,7 @@ class PeerTest : public ::testing::Test {
       options.world_size = 2;
       options.init_method = init_method;
       options.timeout = timeout;
+      options.include_members = true;  // ExpectFormed reads the list
       threads.emplace_back([&, r, options] { results[r] = clients[r]->Join(options); });
     }
     for (std::thread& thread : threads) thread.join();

@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import hashlib
 import hmac
+import logging
 import numbers
 import os
 import secrets
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 _init_counter = 0     # as torch: each init_rpc uses a store prefix of its own
+_log = logging.getLogger(__name__)
 
 
 class TensorPipeRpcBackendOptions(_TorchOptions):
@@ -215,8 +217,15 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
         join["world_size"] = int(world_size)
     if rank is not None and rank >= 0:
         join["rank"] = int(rank)
+    if store is not None and store.check([_FAILED_KEY]):
+        # A rank that could not take part said so before this one came (see _abandon).
+        raise RuntimeError(_decode(store.get(_FAILED_KEY)))
     # Serving before joining: a peer may call this worker the moment the group forms.
-    client.serve(_agent.METHOD)
+    try:
+        client.serve(_agent.METHOD)
+    except _capi.TpdError as e:
+        _abandon(client, join, store, str(e))
+        raise RuntimeError(str(e)) from None
     device_maps = {
         worker: {_device(src): _device(dst) for src, dst in mapping.items()}
         for worker, mapping in (options.device_maps or {}).items()
@@ -225,7 +234,8 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
         response = client.join(join, device_maps)
     except _capi.TpdError as e:
         # Options that fail validation (device maps, devices, transports) are torch's
-        # ValueErrors, with its words; anything else a RuntimeError.
+        # ValueErrors, with its words; anything else a RuntimeError. The daemon failed the
+        # group for a join it refused, so the other ranks know already.
         if e.code == _capi.INVALID_ARGUMENT:
             raise ValueError(str(e)) from None
         raise RuntimeError(str(e)) from None
@@ -241,6 +251,29 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
     agent = _agent.Agent(client, group, info, options, world_size, store)
     agent.learn(response.get("group", {}))
     return agent
+
+
+_FAILED_KEY = "tpd/failed"
+
+
+def _decode(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _abandon(client, join, store, reason):
+    """Tells the job that this rank cannot take part, and why, so the other ranks raise at once
+    instead of waiting for it: through the group (a static join's ``abandon``: the group fails
+    naming this rank) and through torch's store for ranks that have not joined yet. Best effort:
+    this rank raises its own error whatever happens here."""
+    if not join.get("world_size"):
+        return  # a dynamic group waits for nobody
+    rank = join.get("rank", "?")
+    said = f"rank {rank} ({join['name']}) cannot take part: {reason}"
+    if store is not None:
+        with contextlib.suppress(Exception):
+            store.set(_FAILED_KEY, said + " (said through the job's rendezvous store)")
+    with contextlib.suppress(_capi.TpdError):
+        client.join(dict(join, abandon=reason[:1000], timeout_us=10_000_000))
 
 
 def _device(device):
@@ -262,7 +295,11 @@ def shutdown(graceful=True, timeout=0):
             wait = timeout if timeout and timeout > 0 else None
             agent.wait_idle(wait)
             if agent.world_size:
-                agent.client.barrier(agent.group, agent.info.name, wait)
+                # Workers that died or left count as arrived: the live ones go on at once.
+                gone = agent.client.barrier(agent.group, agent.info.name, wait)
+                if gone:
+                    _log.warning("RPC shutdown of %s: %s had left or died before it; not "
+                                 "waited for", agent.info.name, ", ".join(gone))
             agent.client.leave(agent.group, agent.info.name)
     except _capi.TpdError as e:
         raise RuntimeError(f"RPC shutdown failed: {e}") from None
