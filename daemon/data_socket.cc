@@ -535,11 +535,6 @@ absl::Status DataSocket::RoomFor(uid_t uid) const {
   // Every segment is the same size, so the memory bound is a number of sessions too; it is
   // named apart because an operator may have set max_sessions above what it allows.
   const int64_t segment_bytes = static_cast<int64_t>(segment_bytes_);
-  if (mine >= options_.max_sessions_per_uid) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "data.max_sessions_per_uid (", options_.max_sessions_per_uid, ") sessions of uid ", uid,
-        " are attached to shared memory; end some of them"));
-  }
   if (attached >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "data.max_sessions (", options_.max_sessions,
@@ -551,6 +546,11 @@ absl::Status DataSocket::RoomFor(uid_t uid) const {
         " session segments of ", segment_bytes, " bytes (data.arena_bytes ",
         options_.limits.tx_heap_bytes, " twice), all attached; raise it, lower data.arena_bytes "
         "or end other sessions"));
+  }
+  if (mine >= options_.max_sessions_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "data.max_sessions_per_uid (", options_.max_sessions_per_uid, ") sessions of uid ", uid,
+        " are attached to shared memory; end some of them"));
   }
   if (mine >= options_.sessions_kept_free && free_after < options_.sessions_kept_free) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -366,7 +366,7 @@ absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spe
     }
     if (failed == nullptr) return absl::AbortedError(spec.abandon);
     // Nothing is joined: the group fails, naming the rank, so the others stop waiting.
-    const std::string reason = absl::StrCat("rank ", rank, " (worker ", spec.name,
+    const std::string reason = absl::StrCat("rank ", rank, " (", spec.name,
                                             ") cannot take part: ", spec.abandon);
     StartIfEmpty(record, spec);
     MarkFailed(record, absl::StatusCode::kAborted, reason, spec.since_unix_ms);
@@ -404,7 +404,7 @@ absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spe
     if (failed == nullptr) return as_set;
     StartIfEmpty(record, spec);
     MarkFailed(record, absl::StatusCode::kAborted,
-               absl::StrCat("rank ", rank, " (worker ", spec.name,
+               absl::StrCat("rank ", rank, " (", spec.name,
                             ") was refused at its join: ", as_set.message()),
                spec.since_unix_ms);
     record->mutable_view()->set_version(current.version() + 1);
@@ -466,7 +466,7 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec,
   if (!rank.ok() && failed != nullptr && !*failed && spec.world_size.has_value() &&
       absl::IsInvalidArgument(rank.status()) && view.is_static() && view.phase() == kForming) {
     MarkFailed(record, absl::StatusCode::kAborted,
-               absl::StrCat(spec.rank ? absl::StrCat("rank ", *spec.rank, " (worker ", spec.name, ")")
+               absl::StrCat(spec.rank ? absl::StrCat("rank ", *spec.rank, " (", spec.name, ")")
                                       : absl::StrCat("worker ", spec.name),
                             " was refused at its join: ", rank.status().message()),
                spec.since_unix_ms);

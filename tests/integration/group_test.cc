@@ -137,7 +137,7 @@ TEST_F(GroupTest, ARankThatCannotTakePartFailsTheOthersAtOnceNamingItAndWhy) {
       });
   EXPECT_TRUE(absl::IsAborted(results[2].status())) << results[2].status();
   ExpectAllFailedFor(results, 2,
-                     "rank 2 (worker w2) cannot take part: data.max_sessions (1) sessions are "
+                     "rank 2 (w2) cannot take part: data.max_sessions (1) sessions are "
                      "attached");
   absl::StatusOr<v1::GroupView> view = clients_[0]->GetGroup("abandoned", init_method_);
   ASSERT_TRUE(view.ok()) << view.status();
@@ -151,7 +151,7 @@ TEST_F(GroupTest, ARankThatCannotTakePartFailsTheOthersAtOnceNamingItAndWhy) {
   EXPECT_TRUE(absl::IsInvalidArgument(results[1].status())) << results[1].status();
   EXPECT_THAT(results[1].status().message(), HasSubstr("expect a list of CUDA devices"));
   ExpectAllFailedFor(results, 1,
-                     "rank 1 (worker w1) was refused at its join: worker w1 on node node-b: "
+                     "rank 1 (w1) was refused at its join: worker w1 on node node-b: "
                      "`set_devices` expect a list of CUDA devices");
 }
 

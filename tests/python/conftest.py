@@ -27,16 +27,18 @@ def daemon_binary():
 
 
 class Daemon:
-    """One tpd on a socket of its own, peer port on loopback, sharing ``token``."""
+    """One tpd on a socket of its own, peer port on loopback, sharing ``token``; ``extra`` is
+    appended to its config (TOML tables)."""
 
-    def __init__(self, root, name, token):
+    def __init__(self, root, name, token, extra=""):
         self.dir = pathlib.Path(root) / name
         self.dir.mkdir(parents=True)
         self.socket = str(self.dir / "tpd.sock")
         self.config = self.dir / "tpd.toml"
         self.config.write_text(
             f'[daemon]\nsocket = "{self.socket}"\n'
-            f'[peer]\nlisten_address = "127.0.0.1:0"\ntoken = "{token}"\nnode_name = "{name}"\n')
+            f'[peer]\nlisten_address = "127.0.0.1:0"\ntoken = "{token}"\nnode_name = "{name}"\n'
+            + extra)
         self.log = open(self.dir / "log", "wb")
         self.proc = subprocess.Popen([daemon_binary(), "--config", str(self.config)],
                                      stdout=self.log, stderr=subprocess.STDOUT)

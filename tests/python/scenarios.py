@@ -191,6 +191,34 @@ def forgets_shutdown(rank, world_size, init_method):
     return True  # and exits without rpc.shutdown()
 
 
+def init_that_may_be_refused(rank, world_size, init_method):
+    """Every rank tries to join; returns what init_rpc raised (its type and message), or None."""
+    try:
+        rpc = _init(rank, world_size, init_method, rpc_timeout=60)
+    except Exception as e:  # noqa: BLE001 - the test judges what was raised
+        return type(e).__name__, str(e)
+    rpc.shutdown(graceful=False)
+    return None
+
+
+def shutdown_after_a_peer_died(rank, world_size, init_method):
+    """The last rank exits right after init without shutdown (a crashed trainer); the others'
+    graceful shutdown must return without waiting for it, and say it was gone."""
+    import logging
+    rpc = _init(rank, world_size, init_method, rpc_timeout=60)
+    if rank == world_size - 1:
+        os._exit(0)
+    warnings = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage())
+
+    logging.getLogger("tpd.rpc.api").addHandler(Keep())
+    rpc.shutdown()
+    return warnings
+
+
 def caller_of_a_dying_peer(rank, world_size, init_method, daemon_pid=None):
     """Rank 1 serves; rank 0 calls a slow function, then kills rank 1's process (or, given
     daemon_pid, rank 1's daemon) mid-call: rank 0 must get an error at once, not at its 60 s

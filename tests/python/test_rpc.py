@@ -1,11 +1,13 @@
 """tpd.rpc against real daemons: workers are processes of their own, as in a real job."""
 
 import os
+import secrets
 
 import pytest
 
 import rpc_workers
 import scenarios
+from conftest import Daemon
 
 
 def file_init(workdir):
@@ -90,6 +92,34 @@ def test_shutdown_waits_for_calls_in_flight(daemon, workdir):
     results = rpc_workers.run(scenarios.shutdown_with_calls_in_flight, 2, [daemon.socket],
                               file_init(workdir))
     assert results == {0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3, 4]}
+
+
+def test_a_rank_refused_shared_memory_fails_every_rank_at_once_naming_it(workdir, monkeypatch):
+    # Places for two sessions of this user: of three ranks, the last to attach is refused. The
+    # others must raise naming it and why, not time out 60 s later naming missing ranks.
+    d = Daemon(workdir, "node0", secrets.token_hex(8),
+               "[data]\nmax_sessions = 2\nsessions_kept_free = 0\n")
+    monkeypatch.setenv("TPD_RPC_HOME", f"tcp://{d.peer_address}")
+    try:
+        results = rpc_workers.run(scenarios.init_that_may_be_refused, 3, [d.socket],
+                                  file_init(workdir))
+    finally:
+        d.stop()
+    refused = [r for r, got in results.items() if got and "data.max_sessions (2)" in got[1]
+               and "cannot take part" not in got[1]]
+    assert len(refused) == 1, results
+    for rank, got in results.items():
+        assert got is not None and got[0] == "RuntimeError", (rank, got)
+        assert "data.max_sessions (2)" in got[1], (rank, got)
+        if rank != refused[0]:
+            assert f"rank {refused[0]} (worker{refused[0]}) cannot take part" in got[1], got
+
+
+def test_graceful_shutdown_does_not_wait_for_a_worker_that_died(daemon, workdir):
+    results = rpc_workers.run(scenarios.shutdown_after_a_peer_died, 3, [daemon.socket],
+                              file_init(workdir), may_die={2})
+    for rank in (0, 1):
+        assert any("worker2" in w and "had left or died" in w for w in results[rank]), results
 
 
 def test_callee_process_killed_mid_call_fails_the_call_at_once(daemon, workdir):

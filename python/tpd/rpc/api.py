@@ -217,7 +217,8 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
         join["world_size"] = int(world_size)
     if rank is not None and rank >= 0:
         join["rank"] = int(rank)
-    if store is not None and store.check([_FAILED_KEY]):
+    # add(key, 0) reads a counter without waiting (torch 1.13's PrefixStore has no check()).
+    if store is not None and store.add(_FAILED_COUNT_KEY, 0) > 0:
         # A rank that could not take part said so before this one came (see _abandon).
         raise RuntimeError(_decode(store.get(_FAILED_KEY)))
     # Serving before joining: a peer may call this worker the moment the group forms.
@@ -254,6 +255,7 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
 
 
 _FAILED_KEY = "tpd/failed"
+_FAILED_COUNT_KEY = "tpd/failed/count"
 
 
 def _decode(value):
@@ -272,6 +274,7 @@ def _abandon(client, join, store, reason):
     if store is not None:
         with contextlib.suppress(Exception):
             store.set(_FAILED_KEY, said + " (said through the job's rendezvous store)")
+            store.add(_FAILED_COUNT_KEY, 1)
     with contextlib.suppress(_capi.TpdError):
         client.join(dict(join, abandon=reason[:1000], timeout_us=10_000_000))
 

@@ -400,7 +400,7 @@ TEST(MembershipStaticTest, OptionsTorchRefusesAsTheyAreSetAreRefusedAtTheJoinAnd
   EXPECT_TRUE(failed);
   EXPECT_EQ(record.view().phase(), kFailed);
   EXPECT_EQ(record.failure_code(), static_cast<int>(absl::StatusCode::kAborted));
-  EXPECT_THAT(record.view().reason(), HasSubstr("rank 0 (worker w0) was refused at its join: "));
+  EXPECT_THAT(record.view().reason(), HasSubstr("rank 0 (w0) was refused at its join: "));
   EXPECT_THAT(record.view().reason(), HasSubstr("Invalid device string"));
   EXPECT_EQ(FindMember(record, "w0"), nullptr);
   // A CPU device among the devices: the same (set_devices refuses it in PyTorch).
@@ -428,7 +428,7 @@ TEST(MembershipStaticTest, ARankThatAbandonsFailsTheGroupNamingItselfAndWhy) {
   EXPECT_TRUE(failed);
   EXPECT_EQ(record.view().phase(), kFailed);
   EXPECT_EQ(record.view().reason(),
-            "rank 2 (worker w2) cannot take part: data.sessions_kept_free (32): uid 0 has 96 "
+            "rank 2 (w2) cannot take part: data.sessions_kept_free (32): uid 0 has 96 "
             "sessions attached");
   EXPECT_EQ(record.failure_code(), static_cast<int>(absl::StatusCode::kAborted));
   EXPECT_EQ(FindMember(record, "w2"), nullptr);
@@ -451,7 +451,7 @@ TEST(MembershipStaticTest, AnyRankRefusedWhileTheGroupFormsFailsIt) {
   EXPECT_TRUE(failed);
   EXPECT_EQ(record.view().phase(), kFailed);
   EXPECT_THAT(record.view().reason(),
-              HasSubstr("rank 1 (worker w1) was refused at its join: group g has world_size 3"));
+              HasSubstr("rank 1 (w1) was refused at its join: group g has world_size 3"));
   // Refusals of a group already failed change nothing more.
   const int64_t version = record.view().version();
   EXPECT_FALSE(AddMember(&record, Spec("w2", 2, 3), &failed).ok());
@@ -479,7 +479,7 @@ TEST(MembershipStaticTest, AFailureOutlivesItsMembersForLateRanksThenTheNameIsFr
   late.secret_verifier = first.secret_verifier;
   late.since_unix_ms = first.since_unix_ms + 5000;
   ExpectRefused(&record, late, absl::StatusCode::kFailedPrecondition,
-                {"group g failed to form 5 s ago: rank 1 (worker w1) cannot take part: no shared "
+                {"group g failed to form 5 s ago: rank 1 (w1) cannot take part: no shared "
                  "memory"});
   // Without the secret: refused, and not told why.
   JoinSpec stranger = Spec("x0", 0, 1);
