@@ -321,6 +321,11 @@ void GroupTracker::EnterBarrier(BarrierOp op) {
       done(status);
       return;
     }
+    // Each member clears its own mark of the round before (best effort, as below).
+    if (round > 1) {
+      (void)group_store_.DeleteKey(
+          absl::StrCat("barrier/", op.generation, "/", round - 1, "/in/", op.name));
+    }
   }
   absl::StatusOr<int64_t> arrived = group_store_.Add(key, 1);
   if (!arrived.ok()) {

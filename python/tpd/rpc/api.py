@@ -97,13 +97,20 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
             raise RuntimeError("RPC is already initialized")
         prefix = f"tpd_rpc_{_init_counter}"
         _init_counter += 1
+    # torch's store first: rank 0 listens sooner, so the other ranks' first dial finds it
+    # (a dial refused costs torch's client a 1 s retry), and a rank whose daemon cannot be
+    # reached can still tell the job (_abandon).
+    store = _torch_store(options, rank, world_size, prefix)
     # The receive pool lent on each CUDA device a worker gets: CUDA tensors sent to it land
     # there (docs/python.md, "Tensors, memory and arena_bytes").
-    client = Client(os.environ.get("TPD_SOCKET", ""),
-                    cuda_pool_bytes=int(os.environ.get("TPD_CUDA_POOL_BYTES", "0")))
     try:
-        group, init_method, secret, store = _rendezvous(client, options, rank, world_size,
-                                                        prefix)
+        client = Client(os.environ.get("TPD_SOCKET", ""),
+                        cuda_pool_bytes=int(os.environ.get("TPD_CUDA_POOL_BYTES", "0")))
+    except _capi.TpdError as e:
+        _tell_store(store, rank, name, world_size, f"cannot reach its tpd daemon: {e}")
+        raise
+    try:
+        group, init_method, secret = _rendezvous(client, options, store)
         agent = _join(client, name, rank, world_size, options, group, init_method, secret,
                       store)
     except BaseException:
@@ -116,8 +123,21 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
     agent.start()
 
 
-def _rendezvous(client, options, rank, world_size, prefix):
-    """(group, tpd init method, secret, torch store or None) of this job.
+def _torch_store(options, rank, world_size, prefix):
+    """The job's torch store under this init_rpc's prefix (torch's own rendezvous, with torch's
+    errors), or None for etcd:// and tpd://, which skip it."""
+    if options.init_method.startswith(("etcd://", "tpd://")):
+        return None
+    if world_size:
+        store, _, _ = next(dist.rendezvous(options.init_method, rank=rank,
+                                           world_size=world_size))
+    else:
+        store = dist._create_store_from_options(options, rank)
+    return dist.PrefixStore(prefix, store)
+
+
+def _rendezvous(client, options, store):
+    """(group, tpd init method, secret) of this job.
 
     Nothing that decides who may join comes from a store others can write (docs/security.md,
     "Python jobs"): the group's home is the job's own configuration (``_home``), and its secret
@@ -129,21 +149,16 @@ def _rendezvous(client, options, rank, world_size, prefix):
     if url.startswith(("etcd://", "tpd://")):
         home = url if url.startswith("etcd://") else "tcp://" + url[len("tpd://"):]
         if secret:
-            return _derive_group(secret, ""), home, secret, None
+            return _derive_group(secret, ""), home, secret
         if os.environ.get("TPD_RPC_OPEN_GROUP") == "1":
-            return os.environ.get("TPD_RPC_GROUP", "rpc"), home, "", None
+            return os.environ.get("TPD_RPC_GROUP", "rpc"), home, ""
         raise RuntimeError(
             f"init_method {url.split('://')[0]}:// needs the job's secret: set TPD_RPC_SECRET "
             "to the same random value in every worker of the job (for example "
             "`python3 -c 'import secrets; print(secrets.token_hex(16))'`); without one any "
             "user of any node could join the job and run code in its workers. "
             "TPD_RPC_OPEN_GROUP=1 allows such an open group on purpose")
-    if world_size:
-        store, _, _ = next(dist.rendezvous(url, rank=rank, world_size=world_size))
-    else:
-        store = dist._create_store_from_options(options, rank)
     home = _home(client, url)
-    store = dist.PrefixStore(prefix, store)
     # The first nonce stored wins (c10d compare_set). Whoever writes it first picks only a
     # number: without this user's secret it cannot tell which group that makes.
     nonce = store.compare_set("tpd/nonce", "", secrets.token_hex(16))
@@ -153,7 +168,7 @@ def _rendezvous(client, options, rank, world_size, prefix):
         secret = client.user_secret("tpd.rpc job secret").hex()
     job_secret = hmac.new(secret.encode(), b"tpd.rpc secret " + nonce.encode(),
                           hashlib.sha256).hexdigest()
-    return _derive_group(secret, nonce), home, job_secret, store
+    return _derive_group(secret, nonce), home, job_secret
 
 
 def _derive_group(secret, nonce):
@@ -269,14 +284,20 @@ def _abandon(client, join, store, reason):
     this rank raises its own error whatever happens here."""
     if not join.get("world_size"):
         return  # a dynamic group waits for nobody
-    rank = join.get("rank", "?")
-    said = f"rank {rank} ({join['name']}) cannot take part: {reason}"
-    if store is not None:
-        with contextlib.suppress(Exception):
-            store.set(_FAILED_KEY, said + " (said through the job's rendezvous store)")
-            store.add(_FAILED_COUNT_KEY, 1)
+    _tell_store(store, join.get("rank", "?"), join["name"], join["world_size"], reason)
     with contextlib.suppress(_capi.TpdError):
         client.join(dict(join, abandon=reason[:1000], timeout_us=10_000_000))
+
+
+def _tell_store(store, rank, name, world_size, reason):
+    """Writes this rank's failure into the job's torch store, where ranks that have not
+    joined yet find it (_join). Best effort; static jobs only."""
+    if store is None or not world_size:
+        return
+    with contextlib.suppress(Exception):
+        store.set(_FAILED_KEY, f"rank {rank} ({name}) cannot take part: {reason} (said through "
+                               "the job's rendezvous store)")
+        store.add(_FAILED_COUNT_KEY, 1)
 
 
 def _device(device):
