@@ -56,7 +56,9 @@ absl::StatusOr<std::unique_ptr<DataSocket>> DataSocket::Start(DataSocketOptions 
   const mode_t old_umask = umask(0177);
   const int bound = bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   umask(old_umask);
-  if (bound != 0 || listen(listen_fd, 128) != 0) {
+  // A job's processes start together: hundreds connect at once, and a full backlog would
+  // refuse them (EAGAIN) before the daemon sees them. SOMAXCONN is the kernel's cap.
+  if (bound != 0 || listen(listen_fd, SOMAXCONN) != 0) {
     const absl::Status status = ErrnoError("cannot listen on the data socket", options.path);
     close(listen_fd);
     return status;
@@ -245,8 +247,50 @@ void DataSocket::Loop() {
   }
 }
 
+bool DataSocket::EvictIdlePending() {
+  std::map<uid_t, int64_t> pending_by_uid;
+  for (const auto& [id, connection] : connections_) {
+    if (connection.session_id.empty()) ++pending_by_uid[connection.uid];
+  }
+  const absl::Time idle_since = absl::Now() - kPendingGrace;
+  std::optional<uint64_t> victim;
+  absl::Time oldest = absl::InfiniteFuture();
+  for (const auto& [id, connection] : connections_) {
+    if (!connection.session_id.empty() || connection.accepted_at > idle_since) continue;
+    if (pending_by_uid[connection.uid] <= options_.max_pending_per_uid) continue;
+    if (connection.accepted_at < oldest) {
+      oldest = connection.accepted_at;
+      victim = id;
+    }
+  }
+  if (!victim) return false;
+  const Connection& connection = connections_.at(*victim);
+  LogRefusal(connection.uid,
+             absl::StrCat("uid ", connection.uid, " holds ", pending_by_uid[connection.uid],
+                          " connections that have not attached yet (its share is ",
+                          options_.max_pending_per_uid, ") and every place is taken: closed its ",
+                          "oldest, idle since ", absl::FormatTime(connection.accepted_at)));
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, connection.fd, nullptr);
+  close(connection.fd);
+  connections_.erase(*victim);
+  return true;
+}
+
 void DataSocket::Accept() {
   while (true) {
+    {
+      // Every place for a connection that has not sent its request is taken. A burst of one
+      // job's processes is served in a moment: the listener waits (they queue in the
+      // backlog) rather than refusing them. A user holding more than its share idle gives up
+      // its oldest, so its connections cannot keep others waiting.
+      absl::MutexLock lock(&mu_);
+      const int64_t pending = static_cast<int64_t>(connections_.size() - attached_.size());
+      if (pending >= options_.max_pending && !EvictIdlePending()) {
+        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+        accept_paused_until_ = absl::Now() + kAcceptPause;
+        return;
+      }
+    }
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       const int error = errno;
@@ -271,20 +315,6 @@ void DataSocket::Accept() {
     uint64_t id;
     {
       absl::MutexLock lock(&mu_);
-      const int64_t pending = static_cast<int64_t>(connections_.size() - attached_.size());
-      // Per uid first: one user holding its share of the places leaves the rest to others.
-      const int64_t pending_of_uid = CountOf(cred.uid, /*attached=*/false);
-      if (pending_of_uid >= options_.max_pending_per_uid || pending >= options_.max_pending) {
-        LogRefusal(cred.uid,
-                   absl::StrCat(pending_of_uid >= options_.max_pending_per_uid
-                                    ? absl::StrCat(pending_of_uid, " connections of uid ",
-                                                   cred.uid)
-                                    : absl::StrCat(pending, " connections"),
-                                " have not attached yet; closed one more from pid ", cred.pid,
-                                " uid ", cred.uid));
-        close(fd);
-        continue;
-      }
       id = next_id_++;
       Connection& connection = connections_[id];
       connection.fd = fd;

@@ -68,9 +68,11 @@ struct DataSocketOptions {
   int64_t max_shared_memory_bytes = int64_t{1} << 40;
   int64_t max_sessions_per_uid = 256;
   int64_t sessions_kept_free = 0;
-  // Connections that have not sent their request yet, in all and from one uid; past it new
-  // ones are closed at once.
-  int64_t max_pending = 64;
+  // Connections that have not sent their request yet, in all, and the share of one uid: with
+  // every place taken the listener waits (a burst of one job's processes queues in the
+  // backlog), unless a uid over its share holds a connection idle for kPendingGrace, which is
+  // closed for the newcomer.
+  int64_t max_pending = 128;
   int64_t max_pending_per_uid = 8;
   // How long a connection may take to send its request before it is closed, so idle
   // connections cannot hold the max_pending places.
@@ -176,6 +178,13 @@ class DataSocket {
   uid_t UidOf(uint64_t id) const;
   // How many connections of `uid` are pending (attached == false) or attached.
   int64_t CountOf(uid_t uid, bool attached) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the oldest connection idle for kPendingGrace without a request, of a uid holding
+  // more than max_pending_per_uid of them; false when there is none.
+  bool EvictIdlePending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A client sends its request as it connects: one that sent none this long is idle. And how
+  // long the listener waits when every place is taken by connections not idle yet.
+  static constexpr absl::Duration kPendingGrace = absl::Milliseconds(100);
+  static constexpr absl::Duration kAcceptPause = absl::Milliseconds(2);
   // OK when `uid` may attach one more session now; else RESOURCE_EXHAUSTED naming the bound.
   absl::Status RoomFor(uid_t uid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
