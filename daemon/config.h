@@ -145,7 +145,7 @@ struct DataConfig {
   absl::Duration session_identify_timeout = absl::Seconds(10);
   // Sessions that have not identified their user, at once: one more ends the oldest of them,
   // so sessions that never identify cannot fill max_open_sessions.
-  int64_t max_unidentified_sessions = 64;
+  int64_t max_unidentified_sessions = 1024;
   // Where the NVIDIA device nodes are (nvidiactl, nvidia<N>): the daemon opens CUDA memory for
   // a session only if its user could open these itself (docs/security.md). Absolute.
   std::string device_dir = "/dev";

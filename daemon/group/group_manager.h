@@ -67,7 +67,7 @@ struct GroupManagerOptions {
   // Sessions not bound to a uid yet, at once: opening one more ends the oldest of them
   // (set_session_ender), so sessions nobody identifies cannot hold the places of sessions
   // that do (a client identifies within milliseconds of opening).
-  int64_t max_unidentified_sessions = 64;
+  int64_t max_unidentified_sessions = 1024;
   // The key of UserSecret: derived from the cluster token, so every daemon of the cluster
   // gives a uid the same secret. Must not be empty.
   std::string user_secret_key;
