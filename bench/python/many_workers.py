@@ -61,6 +61,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "python"))
 
+from bench_daemon import Daemon  # noqa: E402 - after the path to tpd's package
+
 NUM_WORKER_THREADS = 4
 # The all-to-all rounds: the stage each worker reports, and the row's key.
 ROUNDS = {"all-to-all 1st": "all_to_all_1st_s", "all-to-all 2nd": "all_to_all_2nd_s"}
@@ -336,62 +338,6 @@ def run_job(backend, n, daemons, logdir, args):
 
 
 # --- Daemons -------------------------------------------------------------------------------
-
-class Daemon:
-    """One tpd on this host, on a socket of its own and a peer port on loopback: the shipped
-    defaults but for what places it (the config sets no limit)."""
-
-    def __init__(self, binary, root, name, token):
-        self.name = name
-        d = os.path.join(root, name)
-        os.makedirs(d)
-        self.socket = os.path.join(d, "tpd.sock")
-        config = os.path.join(d, "tpd.toml")
-        with open(config, "w") as f:
-            f.write(f'[daemon]\nsocket = "{self.socket}"\nlog_level = "info"\n'
-                    f'[peer]\nlisten_address = "127.0.0.1:0"\ntoken = "{token}"\n'
-                    f'node_name = "{name}"\n')
-        self.log_path = os.path.join(d, "log")
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([binary, "--config", config], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT)
-        from tpd._client import Client
-        deadline = time.monotonic() + 20
-        while True:  # serving once a client gets its status through
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tpd did not start, see {self.log_path}")
-            try:
-                client = Client(self.socket)
-                self.peer_address = client.status()["peer_address"]
-                client.close()
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def peak_mib(self):
-        """VmHWM in MiB; None once the daemon has exited."""
-        if self.proc.poll() is not None:
-            return None
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        return None
-
-    def last_log_line(self):
-        return _last_line(self.log_path)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
 
 def start_daemons(binary, root, count):
     token = secrets.token_hex(8)

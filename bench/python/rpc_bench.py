@@ -32,7 +32,6 @@ import secrets
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,6 +40,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "python"))
+
+from bench_daemon import Daemon  # noqa: E402 - after the path to tpd's package
 
 
 def noop():
@@ -273,30 +274,6 @@ def run_backend(backend, sockets, args):
     return rows
 
 
-class Daemon:
-    def __init__(self, binary, root, name, token):
-        d = os.path.join(root, name)
-        os.makedirs(d)
-        self.socket = os.path.join(d, "tpd.sock")
-        config = os.path.join(d, "tpd.toml")
-        with open(config, "w") as f:
-            f.write(f'[daemon]\nsocket = "{self.socket}"\n[peer]\nlisten_address = '
-                    f'"127.0.0.1:0"\ntoken = "{token}"\nnode_name = "{name}"\n'
-                    f'[data]\narena_bytes = {1 << 30}\n')
-        self.log = open(os.path.join(d, "log"), "wb")
-        self.proc = subprocess.Popen([binary, "--config", config], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        for _ in range(200):
-            if os.path.exists(self.socket):
-                break
-            time.sleep(0.05)
-        time.sleep(0.3)
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 def probe_callbacks(path, n=200000):
     import ctypes
     lib = ctypes.CDLL(path)
@@ -325,7 +302,9 @@ def main():
         return
     root = tempfile.mkdtemp(prefix="tpd-bench-", dir="/tmp")
     token = secrets.token_hex(8)
-    daemons = [Daemon(args.tpd, root, f"node{i}", token) for i in range(2)]
+    # 1 GiB arenas: the 256 MiB tensors of P3 must fit (docs/python.md, "arena_bytes").
+    daemons = [Daemon(args.tpd, root, f"node{i}", token, f"[data]\narena_bytes = {1 << 30}\n")
+               for i in range(2)]
     # Both daemons share this host on ports of their own: the job's group lives at node0's
     # (tpd.rpc would otherwise look for it on each worker's own daemon's port).
     from tpd._client import Client
