@@ -90,6 +90,7 @@ class EtcdRendezvousTest : public ::testing::Test {
       options.world_size = world_size;
       options.init_method = init_method_;
       options.timeout = absl::Seconds(60);
+      options.include_members = true;  // ExpectFormed reads who joined from the answers
       threads.emplace_back([&results, r, client, options] { results[r] = client->Join(options); });
     }
     for (std::thread& thread : threads) thread.join();
@@ -287,6 +288,7 @@ JoinOptions Dynamic(const std::string& group, const std::string& name,
   options.name = name;
   options.init_method = init_method;
   options.timeout = absl::Seconds(60);
+  options.include_members = true;  // the tests check who the answers say is there
   return options;
 }
 
