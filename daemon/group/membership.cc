@@ -327,9 +327,12 @@ absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spe
 
   for (const v1::Member& member : current.members()) {
     if (member.name() == spec.name) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker name ", spec.name, " is already taken in group ", group, " (rank ",
-                       member.rank(), " on node ", member.node(), ")"));
+      // PyTorch's words (and its RuntimeError: not an invalid option, a clash).
+      return absl::AlreadyExistsError(absl::StrCat(
+          "RPC worker name ", spec.name, " is not unique. Workers ", member.rank(), " and ",
+          spec.rank ? absl::StrCat(*spec.rank) : std::string("a new one"),
+          " share the same name (group ", group, ", rank ", member.rank(), " on node ",
+          member.node(), ")"));
     }
   }
   int64_t rank;
@@ -464,7 +467,8 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec,
   // world_size) fails the group too: the ranks waiting would otherwise wait for the timeout.
   const v1::GroupView& view = record->view();
   if (!rank.ok() && failed != nullptr && !*failed && spec.world_size.has_value() &&
-      absl::IsInvalidArgument(rank.status()) && view.is_static() && view.phase() == kForming) {
+      (absl::IsInvalidArgument(rank.status()) || absl::IsAlreadyExists(rank.status())) &&
+      view.is_static() && view.phase() == kForming) {
     MarkFailed(record, absl::StatusCode::kAborted,
                absl::StrCat(spec.rank ? absl::StrCat("rank ", *spec.rank, " (", spec.name, ")")
                                       : absl::StrCat("worker ", spec.name),

@@ -67,7 +67,8 @@ inline constexpr int64_t kFailureLingerMs = 60 * 1000;
 // rank makes it FORMED. The caller reports the failure. Dynamic groups: negotiation runs with
 // the newcomer and a failure refuses the join, leaving `record` unchanged. INVALID_ARGUMENT
 // for a join that can never fit: static/dynamic or world_size mismatch, rank out of range or
-// taken, name taken, (dynamic) options invalid, an abandon of a dynamic group.
+// taken, (dynamic) options invalid, an abandon of a dynamic group. ALREADY_EXISTS for a name
+// taken, in PyTorch's words ("RPC worker name w is not unique").
 // FAILED_PRECONDITION for a static group already formed, broken or failed while members
 // remain, or failed less than kFailureLingerMs before `spec.since_unix_ms`.
 // PERMISSION_DENIED for a join the group does not admit (docs/security.md): a group with

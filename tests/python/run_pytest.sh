@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
 # Runs tpd's Python tests (tests/python) under Debian's python3 (which has python3-torch and
-# python3-pytest from tools/setup.sh), with the binaries from the test's runfiles.
+# python3-pytest from tools/setup.sh), with the binaries from the test's runfiles. Arguments go
+# to pytest; a bare file name is one of tests/python's, and without one the whole folder runs.
 set -euo pipefail
 R="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 export TPD_DAEMON="$R/daemon/tpd"
 export TPD_CLIENT_LIBRARY="$R/client/c/libtpd_client.so"
 export PYTHONPATH="$R/python:$R/tests/python"
 export PYTHONDONTWRITEBYTECODE=1
+args=()
+files=0
+for arg in "$@"; do
+  if [[ $arg == *.py && $arg != -* ]]; then
+    args+=("$R/tests/python/$arg")
+    files=$((files + 1))
+  else
+    args+=("$arg")
+  fi
+done
+if [[ $files -eq 0 ]]; then
+  args+=("$R/tests/python")
+fi
 cd "$TEST_TMPDIR"
 exec /usr/bin/python3 -m pytest -p no:cacheprovider -q -rs \
-  --junitxml="${XML_OUTPUT_FILE:-$TEST_TMPDIR/pytest.xml}" "$R/tests/python" "$@"
+  --junitxml="${XML_OUTPUT_FILE:-$TEST_TMPDIR/pytest.xml}" "${args[@]}"

@@ -114,6 +114,11 @@ class Agent:
         if not _capi.is_mine(self.pid):
             raise _state.forked_error(self.pid)
 
+    @property
+    def stopped(self):
+        """Whether stop() ran: shutdown() deleted this worker's RRefs with it."""
+        return self._stopped
+
     def stop(self, join_threads=True):
         """Stops serving and completing; fails the futures still pending."""
         with self._lock:
@@ -173,6 +178,11 @@ class Agent:
         return self.worker_infos()
 
     # --- calls out ---
+
+    def timeout_seconds(self, timeout):
+        """A call's timeout in seconds as torch reads it: UNSET (negative) or None is the
+        agent's, 0 none."""
+        return self._timeout_us(timeout)[0]
 
     def _timeout_us(self, timeout):
         # torch: a negative (UNSET) timeout is the agent's; 0 is none.
@@ -310,7 +320,15 @@ class Agent:
     def _invoke(self, func, args, kwargs):
         """Runs func: a torch Future for an @async_execution function, else its result as
         _Done."""
-        result = func(*args, **(kwargs or {}))
+        try:
+            result = func(*args, **(kwargs or {}))
+        except TypeError as exc:
+            # torch's agent runs a builtin operator by its schema, and arguments that match
+            # none are its RuntimeError, in these words; Python's binding says TypeError.
+            if torch.jit._builtins._find_builtin(func) is None:
+                raise
+            raise RuntimeError("Overloaded torch operator invoked from Python failed to many any "
+                               f"schema:\n{exc}") from None
         if getattr(func, "_wrapped_async_rpc_function", None) is not None:
             if not isinstance(result, torch._C.Future):  # then() gives the base class
                 raise RuntimeError(

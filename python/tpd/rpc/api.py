@@ -85,6 +85,13 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         raise TypeError("Argument rpc_backend_options must be an instance of RpcBackendOptions")
     if backend is not None and backend != BackendType.TENSORPIPE:
         raise ValueError(f"tpd.rpc runs the TENSORPIPE backend only, not {backend}")
+    if rpc_backend_options is not None and not isinstance(rpc_backend_options, _TorchOptions):
+        # torch's words: with no backend it infers one from the options' type, and the
+        # TENSORPIPE backend takes only its own options.
+        if backend is None:
+            raise TypeError(f"Could not infer backend for options {rpc_backend_options}")
+        raise TypeError("`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`. "
+                        f"{rpc_backend_options}")
     options = rpc_backend_options or TensorPipeRpcBackendOptions()
     for arg, kind in ((name, str), (rank, numbers.Integral),
                       (world_size, (numbers.Integral, type(None)))):

@@ -9,6 +9,8 @@ owner itself); an RRef object going away gives its count back (a fire-and-forget
 user, which the owner takes only from a worker holding the RRef).
 """
 
+import threading
+
 import torch
 from torch._C._distributed_rpc import WorkerInfo
 
@@ -96,16 +98,50 @@ class RRef:
         return _unwrap(self._agent.owned(self._id).future)
 
     def to_here(self, timeout=UNSET_RPC_TIMEOUT):
+        self._check_not_deleted("to_here()")
         if self.is_owner():
             return self.local_value()
         self._wait_confirmed(timeout)
         return self._agent.call_sync(self._owner, (_agent.FETCH, self._id), timeout)
 
-    def _wait_confirmed(self, timeout):
+    def _check_not_deleted(self, action):
+        # torch's words: shutdown() deletes a worker's user RRefs.
+        if self._agent.stopped and not self.is_owner():
+            raise RuntimeError(f"User RRef with RRefId={self._id} and ForkId={self._id} has been "
+                               f"deleted. Cannot call {action} on it after deletion.")
+
+    def _get_future(self):
+        """The future of this RRef's creation on its owner (torch's, for profiling and tests):
+        done once the owner ran the function remote() sent, failed with what failed it (a
+        timeout, say); done already for an RRef this worker built or received."""
         if self._confirmation is not None:
-            # In a forked child the confirmation would never come (the parent's agent's).
-            self._agent.check_process()
-            self._confirmation.wait()  # raises the creation's error (a timeout, say)
+            return self._confirmation
+        done = torch.futures.Future()
+        done.set_result(None)
+        return done
+
+    def _serialize(self):
+        # torch's own pickler (torch.distributed.rpc.internal) asks for this; tpd.rpc's RRefs
+        # travel only in tpd.rpc's messages, which say who receives them.
+        if self._agent.stopped and not self.is_owner():
+            raise RuntimeError("Cannot call fork an UserRRef after deletion.")
+        raise RuntimeError(_NOT_IN_RPC)
+
+    def _wait_confirmed(self, timeout):
+        """Waits until the owner ran remote()'s function, at most the call's `timeout` (torch's
+        timeout error past it), and raises the creation's error if it failed."""
+        confirmation = self._confirmation
+        if confirmation is None:
+            return
+        # In a forked child the confirmation would never come (the parent's agent's).
+        self._agent.check_process()
+        seconds = self._agent.timeout_seconds(timeout)
+        if seconds > 0 and not confirmation.done():
+            done = threading.Event()
+            confirmation.add_done_callback(lambda _: done.set())
+            if not done.wait(seconds):
+                raise _agent.timeout_error(seconds)
+        confirmation.wait()
 
     def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
         return _Proxy(self, "rpc_sync", timeout)
@@ -123,12 +159,22 @@ class RRef:
         return kind
 
     def _get_type(self, timeout=UNSET_RPC_TIMEOUT, blocking=True):
-        kind = self._agent.call_sync(self._owner, (_agent.CALL, _type_of, (self,), {}), timeout)
-        if blocking:
-            return kind
-        future = torch.futures.Future()
-        future.set_result(kind)
-        return future
+        """The type of the value (torch's). Blocking, errors are raised here; else a Future
+        that fails with them (the owner's error, a timeout)."""
+        if not blocking:
+            future = torch.futures.Future()
+
+            def settle():
+                try:
+                    future.set_result(self._get_type(timeout))
+                except Exception as exc:
+                    future.set_exception(exc)
+            threading.Thread(target=settle, name="tpd-rref-type", daemon=True).start()
+            return future
+        # The creation counts against the timeout too: a remote() still running its function
+        # must not hold this call past it.
+        self._wait_confirmed(timeout)
+        return self._agent.call_sync(self._owner, (_agent.CALL, _type_of, (self,), {}), timeout)
 
     def __repr__(self):
         kind = "OwnerRRef" if self.is_owner() else "UserRRef"

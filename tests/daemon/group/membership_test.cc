@@ -303,8 +303,9 @@ TEST(MembershipStaticTest, RefusesTakenRankNamingItsHolderAndNode) {
 TEST(MembershipStaticTest, RefusesTakenName) {
   v1::GroupRecord record = NewRecord();
   Join(&record, Spec("w0", 0, 3, "node-a"));
-  ExpectRefused(&record, Spec("w0", 1, 3, "node-b"), absl::StatusCode::kInvalidArgument,
-                {"worker name w0 is already taken in group g (rank 0 on node node-a)"});
+  ExpectRefused(&record, Spec("w0", 1, 3, "node-b"), absl::StatusCode::kAlreadyExists,
+                {"RPC worker name w0 is not unique. Workers 0 and 1 share the same name (group g, "
+                 "rank 0 on node node-a)"});
 }
 
 TEST(MembershipStaticTest, RefusesStaticJoinWithoutRank) {
