@@ -127,6 +127,11 @@ CORE = [
     "test_init_pg_then_rpc",
     "test_init_rpc_then_pg",
     "test_init_rpc_twice",
+    "test_async_class_rref_proxy",
+    "test_async_class_rref_proxy_async",
+    "test_async_class_rref_proxy_remote",
+    "test_my_parameter_server",
+    "test_callback_with_ret",
 ]
 
 
@@ -186,6 +191,7 @@ TENSORPIPE = [
     "test_dynamic_rpc_init_rpc_without_rank",
     "test_dynamic_rpc_new_rank_can_communicated_with_existing_rank",
     "test_dynamic_rpc_existing_rank_can_communicate_with_new_rank",
+    "test_my_parameter_server_sparse",
 ]
 
 

@@ -9,8 +9,9 @@ Every message between workers is one tpd call of method ``tpd.rpc`` whose payloa
   queue (blocked in C with the GIL released) and run them; a call to an
   ``@async_execution`` function answers when its future completes, from whichever thread
   completes it;
-- one "tpd-rpc-replies" thread completes the futures of ``rpc_async`` and ``remote`` (their
-  callbacks run there, as torch runs them on its agent's threads).
+- ``num_worker_threads`` "tpd-rpc-replies" threads complete the futures of ``rpc_async`` and
+  ``remote`` (their callbacks run there, as torch runs them on its agent's pool: a callback
+  that waits for another call leaves the others to deliver its reply).
 """
 
 import itertools
@@ -102,7 +103,11 @@ class Agent:
         self.client.serve(METHOD)
         for i in range(self.num_worker_threads):
             self._spawn(self._serve_loop, f"tpd-rpc-worker-{i}")
-        self._spawn(self._reply_loop, "tpd-rpc-replies")
+        # Replies complete futures, and a future's then() callbacks run on the thread that
+        # completes it: one that waits for another call's reply must leave others to deliver
+        # it. As torch's agent runs callbacks on its pool, so this pool has as many threads.
+        for i in range(self.num_worker_threads):
+            self._spawn(self._reply_loop, f"tpd-rpc-replies-{i}")
 
     def _spawn(self, target, name):
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -329,13 +334,15 @@ class Agent:
                 raise
             raise RuntimeError("Overloaded torch operator invoked from Python failed to many any "
                                f"schema:\n{exc}") from None
-        if getattr(func, "_wrapped_async_rpc_function", None) is not None:
-            if not isinstance(result, torch._C.Future):  # then() gives the base class
-                raise RuntimeError(
-                    "Functions decorated with @rpc.async_function must return a "
-                    f"torch.futures.Future object, but got {type(result)}")
-            return result
-        return _Done(result)
+        if isinstance(result, AsyncResult):  # an @async_execution method behind an RRef proxy
+            result = result.future
+        elif getattr(func, "_wrapped_async_rpc_function", None) is None:
+            return _Done(result)
+        if not isinstance(result, torch._C.Future):  # then() gives the base class
+            raise RuntimeError(
+                "Functions decorated with @rpc.async_function must return a "
+                f"torch.futures.Future object, but got {type(result)}")
+        return result
 
     def _run(self, event, func, args, kwargs):
         try:
@@ -508,6 +515,17 @@ class Agent:
 
     def _remote_error(self, exc):
         return _RemoteError(type(exc), remote_exception_message(self.info, exc))
+
+
+class AsyncResult:
+    """What a call through an RRef proxy returns when the method it ran is an
+    @async_execution one: its Future, to be answered once done (the proxy's own function is
+    not marked, the method is)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future):
+        self.future = future
 
 
 class _Done:

@@ -244,7 +244,11 @@ def _type_of(rref):
 
 
 def _invoke_method(rref, name, args, kwargs):
-    return getattr(rref.local_value(), name)(*args, **kwargs)
+    method = getattr(rref.local_value(), name)
+    result = method(*args, **kwargs)
+    if getattr(method, "_wrapped_async_rpc_function", None) is not None:
+        return _agent.AsyncResult(result)
+    return result
 
 
 class _Proxy:
