@@ -109,6 +109,13 @@ absl::StatusOr<uint64_t> ShapeBytes(shm::DType dtype, const std::vector<int64_t>
 
 std::string ArenaFull(const shm::HeapAllocator& tx, uint64_t request, absl::string_view what) {
   const shm::HeapAllocator::Stats stats = tx.GetStats();
+  if (request > stats.heap_bytes) {
+    // Nothing freed or awaited would make room: only a larger heap can.
+    return absl::StrCat("the shared arena (tx heap of ", stats.heap_bytes, " bytes) cannot hold ",
+                        what, " of ", request, " bytes at all: the daemon's [data] arena_bytes "
+                        "sizes each heap; it must be at least ", request,
+                        " (docs/python.md, \"Tensors, memory and arena_bytes\")");
+  }
   return absl::StrCat("the shared arena (tx heap of ", stats.heap_bytes, " bytes) cannot hold ",
                       what, " of ", request, " bytes (", stats.used_bytes,
                       " in use, largest free block ", stats.largest_free,

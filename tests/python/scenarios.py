@@ -127,9 +127,10 @@ def bad_arguments(rank, world_size, init_method):
     expect(TypeError, "cannot be sent over RPC", rpc.rpc_sync, "worker0", w.identity,
            (torch.ones(2).to_mkldnn() if torch.backends.mkldnn.is_available()
             else torch.ones(2, 2).to_sparse_csr(),))
-    # A tensor larger than the shared arena (64 MiB here): refused, naming the arena.
-    expect(RuntimeError, "arena", rpc.rpc_sync, "worker0", w.identity,
-           (torch.ones(20 << 20),))
+    # A tensor larger than the shared arena (64 MiB here): refused, naming the setting that
+    # would let it through (nothing freed or awaited could).
+    expect(RuntimeError, "[data] arena_bytes sizes each heap; it must be at least",
+           rpc.rpc_sync, "worker0", w.identity, (torch.ones(20 << 20),))
     # The worker still serves after every refusal.
     assert rpc.rpc_sync("worker0", w.add, args=(1, 1)) == 2
     rpc.shutdown()
