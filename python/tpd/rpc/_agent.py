@@ -182,6 +182,14 @@ class Agent:
     def get_worker_infos(self):
         return self.worker_infos()
 
+    def get_debug_info(self):
+        """torch's RpcAgent.get_debug_info, with the keys whose meaning tpd.rpc shares (strings,
+        as torch's): the pool that runs requests, and this worker's calls awaiting replies."""
+        with self._lock:
+            in_flight = self._in_flight
+        return {"agent.thread_pool_size": str(self.num_worker_threads),
+                "agent.num_pending_requests": str(in_flight)}
+
     # --- calls out ---
 
     def timeout_seconds(self, timeout):
