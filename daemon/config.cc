@@ -325,6 +325,9 @@ absl::Status ValidateClientLimits(const Config& config) {
     const char* field;
     int64_t value;
     int64_t cap;
+    // 0 is allowed where it means "derived from the machine" (data.max_sessions,
+    // max_shared_memory_bytes: daemon/session_limits.h), "no cap" or "none kept".
+    int64_t min = 1;
   };
   const GroupConfig& g = config.group;
   const Limit limits[] = {
@@ -336,6 +339,10 @@ absl::Status ValidateClientLimits(const Config& config) {
       {"group.max_device_map_entries", g.max_device_map_entries, int64_t{1} << 16},
       {"group.max_env_entries", g.max_env_entries, 4096},
       {"group.max_option_bytes", g.max_option_bytes, 65536},
+      {"data.max_sessions", config.data.max_sessions, 65536, 0},
+      {"data.max_sessions_per_uid", config.data.max_sessions_per_uid, 65536, 0},
+      {"data.sessions_kept_free", config.data.sessions_kept_free, 65536, 0},
+      {"data.max_shared_memory_bytes", config.data.max_shared_memory_bytes, int64_t{1} << 50, 0},
       {"data.max_open_sessions", config.data.max_open_sessions, 1 << 20},
       {"data.max_open_sessions_per_uid", config.data.max_open_sessions_per_uid, 1 << 20},
       {"data.max_unidentified_sessions", config.data.max_unidentified_sessions, 1 << 20},
@@ -344,9 +351,9 @@ absl::Status ValidateClientLimits(const Config& config) {
       {"agent.max_message_bytes", config.agent.max_message_bytes, int64_t{1} << 40},
   };
   for (const Limit& limit : limits) {
-    if (limit.value < 1 || limit.value > limit.cap) {
-      return absl::InvalidArgumentError(absl::StrCat(limit.field, " must be 1..", limit.cap,
-                                                     ", got ", limit.value));
+    if (limit.value < limit.min || limit.value > limit.cap) {
+      return absl::InvalidArgumentError(absl::StrCat(limit.field, " must be ", limit.min, "..",
+                                                     limit.cap, ", got ", limit.value));
     }
   }
   for (const std::string& dir : g.file_rendezvous_dirs) {
@@ -364,24 +371,6 @@ absl::Status ValidateClientLimits(const Config& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.arena_bytes must be 65536 (64 KiB)..17179869184 (16 GiB), got ",
         config.data.arena_bytes));
-  }
-  // 0 is "derived from the machine" (max_sessions, max_shared_memory_bytes) or "no cap"
-  // (max_sessions_per_uid): see daemon/session_limits.h.
-  const struct {
-    const char* field;
-    int64_t value;
-    int64_t cap;
-  } zero_or_bounded[] = {
-      {"data.max_sessions", config.data.max_sessions, 65536},
-      {"data.max_sessions_per_uid", config.data.max_sessions_per_uid, 65536},
-      {"data.sessions_kept_free", config.data.sessions_kept_free, 65536},
-      {"data.max_shared_memory_bytes", config.data.max_shared_memory_bytes, int64_t{1} << 50},
-  };
-  for (const auto& limit : zero_or_bounded) {
-    if (limit.value < 0 || limit.value > limit.cap) {
-      return absl::InvalidArgumentError(absl::StrCat(limit.field, " must be 0..", limit.cap,
-                                                     ", got ", limit.value));
-    }
   }
   return absl::OkStatus();
 }

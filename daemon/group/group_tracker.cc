@@ -368,9 +368,7 @@ void GroupTracker::EnterBarrier(BarrierOp op) {
           absl::MutexLock lock(&mu_);
           cell->finished = true;
           if (cell->id.has_value()) barrier_waits_.erase(*cell->id);
-          if (auto it = open_barriers_.find(key); counts_gone && it != open_barriers_.end()) {
-            if (--it->second.waits <= 0) open_barriers_.erase(it);
-          }
+          if (counts_gone) CloseOpenBarrier(key);
           stopping = stop_;
         }
         if (stopping && !result.ok()) {
@@ -397,9 +395,7 @@ void GroupTracker::EnterBarrier(BarrierOp op) {
   if (!id.ok()) {
     {
       absl::MutexLock lock(&mu_);
-      if (auto it = open_barriers_.find(key); op.counts_gone && it != open_barriers_.end()) {
-        if (--it->second.waits <= 0) open_barriers_.erase(it);
-      }
+      if (op.counts_gone) CloseOpenBarrier(key);
     }
     cell->done(id.status());  // the store refused the wait and will not call back
     return;
@@ -412,6 +408,11 @@ void GroupTracker::EnterBarrier(BarrierOp op) {
     }
   }
   if (op.counts_gone && *arrived < expected) CompleteWithoutTheGone(key, op.generation);
+}
+
+void GroupTracker::CloseOpenBarrier(const std::string& key) {
+  auto it = open_barriers_.find(key);
+  if (it != open_barriers_.end() && --it->second.waits <= 0) open_barriers_.erase(it);
 }
 
 void GroupTracker::CompleteWithoutTheGone(const std::string& key, int64_t generation) {

@@ -222,6 +222,8 @@ class GroupTracker : public WorkerTask {
   // (left, died, evicted) is done, with the names of the gone: they never arrive, and waiting
   // for them would hold a graceful shutdown until its timeout. Runs on the worker.
   void CompleteWithoutTheGone(const std::string& key, int64_t generation);
+  // One wait in barrier `key` ended (open_barriers_).
+  void CloseOpenBarrier(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::GroupView ViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ViewLocked, built once per version and shared: every local rank of a big group fetches the
   // member list (GetGroup), and copying it happens outside the lock.

@@ -248,6 +248,21 @@ void StartIfEmpty(v1::GroupRecord* record, const JoinSpec& spec) {
   record->clear_failure_code();
 }
 
+// A rank of a forming (or EMPTY) static group that cannot join: the group fails at once, as
+// the next version, and its waiting ranks get ABORTED with `reason`.
+void FailForming(v1::GroupRecord* record, const JoinSpec& spec, const std::string& reason) {
+  StartIfEmpty(record, spec);
+  const int64_t version = record->view().version();
+  MarkFailed(record, absl::StatusCode::kAborted, reason, spec.since_unix_ms);
+  record->mutable_view()->set_version(version + 1);
+}
+
+// "rank R (name)", or "worker name" for a join that named no rank.
+std::string RankOf(const JoinSpec& spec, std::optional<int64_t> rank) {
+  return rank ? absl::StrCat("rank ", *rank, " (", spec.name, ")")
+              : absl::StrCat("worker ", spec.name);
+}
+
 // The error a static group's rank gets for the options PyTorch refuses as they are set: parsing
 // (ToMemberOptions) and ValidateOptionsAsSet.
 absl::Status OptionsAsSetError(const v1::Member& member, const v1::MemberOptionsRecord& options) {
@@ -369,11 +384,8 @@ absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spe
     }
     if (failed == nullptr) return absl::AbortedError(spec.abandon);
     // Nothing is joined: the group fails, naming the rank, so the others stop waiting.
-    const std::string reason = absl::StrCat("rank ", rank, " (", spec.name,
-                                            ") cannot take part: ", spec.abandon);
-    StartIfEmpty(record, spec);
-    MarkFailed(record, absl::StatusCode::kAborted, reason, spec.since_unix_ms);
-    record->mutable_view()->set_version(current.version() + 1);
+    const std::string reason = absl::StrCat(RankOf(spec, rank), " cannot take part: ", spec.abandon);
+    FailForming(record, spec, reason);
     *failed = true;
     return absl::AbortedError(reason);
   }
@@ -405,12 +417,8 @@ absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spe
     // Options PyTorch refuses as they are set never reach its gathering: the rank is refused
     // at once, and the group fails naming it, so the other ranks do not wait for it.
     if (failed == nullptr) return as_set;
-    StartIfEmpty(record, spec);
-    MarkFailed(record, absl::StatusCode::kAborted,
-               absl::StrCat("rank ", rank, " (", spec.name,
-                            ") was refused at its join: ", as_set.message()),
-               spec.since_unix_ms);
-    record->mutable_view()->set_version(current.version() + 1);
+    FailForming(record, spec,
+                absl::StrCat(RankOf(spec, rank), " was refused at its join: ", as_set.message()));
     *failed = true;
     return as_set;
   }
@@ -469,12 +477,9 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec,
   if (!rank.ok() && failed != nullptr && !*failed && spec.world_size.has_value() &&
       (absl::IsInvalidArgument(rank.status()) || absl::IsAlreadyExists(rank.status())) &&
       view.is_static() && view.phase() == kForming) {
-    MarkFailed(record, absl::StatusCode::kAborted,
-               absl::StrCat(spec.rank ? absl::StrCat("rank ", *spec.rank, " (", spec.name, ")")
-                                      : absl::StrCat("worker ", spec.name),
-                            " was refused at its join: ", rank.status().message()),
-               spec.since_unix_ms);
-    record->mutable_view()->set_version(view.version() + 1);
+    FailForming(record, spec,
+                absl::StrCat(RankOf(spec, spec.rank), " was refused at its join: ",
+                             rank.status().message()));
     *failed = true;
   }
   return rank;
