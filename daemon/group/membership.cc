@@ -319,8 +319,11 @@ absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spe
   } else if (empty) {
     // The first joiner decides whether the group is static (below, once the join is valid).
   } else if (current.is_static() != is_static) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group ", group, " is ", current.is_static() ? "static" : "dynamic",
+    // torch's words first (its agent says them for the same mix, and tests match them).
+    return absl::FailedPreconditionError(
+        absl::StrCat("RPC group mixes statically and dynamically initialized members which is "
+                     "not supported: group ", group, " is ",
+                     current.is_static() ? "static" : "dynamic",
                      " but worker ", spec.name, " joins it as ",
                      is_static ? "static (world_size given)" : "dynamic (no world_size)"));
   } else if (is_static && current.world_size() != *spec.world_size) {

@@ -218,6 +218,37 @@ def test_a_tpd_init_method_job_has_a_group_of_its_own_named_from_its_secret(daem
     assert names[0] != names[1] and all(n.startswith("rpc-") for n in names), names
 
 
+_JOINS_DYNAMIC = """
+import sys
+import tpd.rpc as rpc
+rpc.init_rpc("w1", rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+    init_method="tpd://" + sys.argv[1]))
+"""
+
+
+def test_a_dynamic_worker_joining_a_static_job_is_refused_in_torchs_words(daemon, monkeypatch):
+    """The daemon refuses the mix of members present (a tpd:// job has no torch store to
+    remember it), with torch's RuntimeError and words."""
+    import subprocess
+    import sys
+    import tpd.rpc as rpc
+    monkeypatch.setenv("TPD_SOCKET", daemon.socket)
+    monkeypatch.setenv("TPD_RPC_SECRET", "one job's secret")
+    rpc.init_rpc("w0", rank=0, world_size=1, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tpd://{daemon.peer_address}"))
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", _JOINS_DYNAMIC, daemon.peer_address],
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+            capture_output=True, text=True, timeout=120)
+        assert rpc.rpc_sync("w0", max, args=(1, 2)) == 2  # the static job goes on
+    finally:
+        rpc.shutdown()
+    assert child.returncode != 0
+    assert ("RuntimeError: RPC group mixes statically and dynamically initialized members "
+            "which is not supported") in child.stderr, child.stderr
+
+
 _FORKS_THEN_DIES = """
 import os, signal, sys, time
 from tpd._client import Client

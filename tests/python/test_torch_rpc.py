@@ -191,6 +191,7 @@ TENSORPIPE = [
     "test_dynamic_rpc_init_rpc_without_rank",
     "test_dynamic_rpc_new_rank_can_communicated_with_existing_rank",
     "test_dynamic_rpc_existing_rank_can_communicate_with_new_rank",
+    "test_dynamic_and_static_init_rpc_together",
     "test_my_parameter_server_sparse",
     "test_set_and_get_num_worker_threads",
 ]

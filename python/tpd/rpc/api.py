@@ -243,6 +243,9 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
     if store is not None and store.add(_FAILED_COUNT_KEY, 0) > 0:
         # A rank that could not take part said so before this one came (see _abandon).
         raise RuntimeError(_decode(store.get(_FAILED_KEY)))
+    if store is not None and _mixes_kinds(store, bool(world_size)):
+        _abandon(client, join, store, _MIXED)
+        raise RuntimeError(_MIXED)
     # Serving before joining: a peer may call this worker the moment the group forms.
     try:
         client.serve(_agent.METHOD)
@@ -278,6 +281,24 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
 
 _FAILED_KEY = "tpd/failed"
 _FAILED_COUNT_KEY = "tpd/failed/count"
+
+
+_STATIC_COUNT_KEY = "tpd/static/count"
+_DYNAMIC_COUNT_KEY = "tpd/dynamic/count"
+_MIXED = ("RPC group mixes statically and dynamically initialized members which is not "
+          "supported.")
+
+
+def _mixes_kinds(store, is_static):
+    """Whether workers of the other kind (static: world_size given; dynamic: none) came to this
+    job's torch store. torch refuses such a job through its store, which outlives the workers:
+    a dynamic worker coming after the static ones have gone is refused too (the daemon refuses
+    only the mix of members present). Each worker counts its kind, then reads the other's: of
+    two that race, the later one sees the earlier."""
+    mine, other = ((_STATIC_COUNT_KEY, _DYNAMIC_COUNT_KEY) if is_static
+                   else (_DYNAMIC_COUNT_KEY, _STATIC_COUNT_KEY))
+    store.add(mine, 1)
+    return store.add(other, 0) > 0
 
 
 def _decode(value):

@@ -268,16 +268,18 @@ TEST(MembershipStaticTest, RefusesWorldSizeMismatchNamingBothSizes) {
 TEST(MembershipStaticTest, RefusesStaticJoinToDynamicGroup) {
   v1::GroupRecord record = NewRecord();
   Join(&record, Spec("d0", std::nullopt));
-  ExpectRefused(&record, Spec("w1", 1, 2), absl::StatusCode::kInvalidArgument,
-                {"group g is dynamic", "w1", "joins it as static"});
+  ExpectRefused(&record, Spec("w1", 1, 2), absl::StatusCode::kFailedPrecondition,
+                {"RPC group mixes statically and dynamically initialized members",
+                 "group g is dynamic", "w1", "joins it as static"});
 }
 
 TEST(MembershipStaticTest, RefusesDynamicJoinToStaticGroup) {
   v1::GroupRecord record = NewRecord();
   Join(&record, Spec("w0", 0, 2));
-  ExpectRefused(&record, Spec("d1", std::nullopt), absl::StatusCode::kInvalidArgument,
-                {"group g is static", "d1", "joins it as dynamic"});
-  ExpectRefused(&record, Spec("d1", 1), absl::StatusCode::kInvalidArgument,
+  ExpectRefused(&record, Spec("d1", std::nullopt), absl::StatusCode::kFailedPrecondition,
+                {"RPC group mixes statically and dynamically initialized members",
+                 "group g is static", "d1", "joins it as dynamic"});
+  ExpectRefused(&record, Spec("d1", 1), absl::StatusCode::kFailedPrecondition,
                 {"group g is static", "d1", "joins it as dynamic"});
 }
 
