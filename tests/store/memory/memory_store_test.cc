@@ -103,6 +103,113 @@ TEST(MemoryStoreTest, WritesPastMaxTotalBytesAreRefusedAndChangeNothing) {
   EXPECT_TRUE(store.Set("b", "123456789").ok());
 }
 
+StoreShare ShareOf(std::string writer, int64_t max_bytes, int64_t max_keys, int64_t max_waiters) {
+  return {std::move(writer), max_bytes, max_keys, max_waiters, "per_uid"};
+}
+
+TEST(MemoryStoreTest, AWritersShareBoundsItsBytesAndKeysAndLeavesOthersTheirs) {
+  MemoryStore store;
+  std::unique_ptr<Store> alice = store.ChargedTo(ShareOf("uid 1000", 20, 3, 0));
+  std::unique_ptr<Store> bob = store.ChargedTo(ShareOf("uid 1001", 20, 3, 0));
+  ASSERT_TRUE(alice->Set("a1", std::string(8, 'x')).ok());  // 10 bytes
+  ASSERT_TRUE(alice->Add("a2", 12345678).ok());             // 10 bytes: the share is full
+  absl::Status refused = alice->Set("a3", "");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(),
+              ::testing::HasSubstr("uid 1000 holds 20 bytes of the store and this write adds 2; "
+                                   "its share, store.max_bytes_per_uid, is 20"));
+  for (absl::Status also : {alice->Append("a1", "y"), alice->MultiSet({"a3"}, {""}),
+                            alice->CompareSet("a3", "", "z").status()}) {
+    EXPECT_EQ(also.code(), absl::StatusCode::kResourceExhausted) << also;
+  }
+  // The other writer's share is its own, and the daemon's writes count only in the totals.
+  EXPECT_TRUE(bob->Set("b1", std::string(18, 'y')).ok());
+  EXPECT_TRUE(store.Set("daemon", std::string(100, 'd')).ok());
+  // A value no larger fits; a deleted key gives its bytes back to the writer it was charged to.
+  EXPECT_TRUE(alice->Set("a1", "12345678").ok());
+  ASSERT_TRUE(*bob->DeleteKey("a2"));
+  EXPECT_TRUE(alice->Set("a3", "").ok());
+  EXPECT_TRUE(alice->Set("a4", "").ok());
+  refused = alice->Set("a5", "");
+  EXPECT_THAT(refused.message(),
+              ::testing::HasSubstr("uid 1000 holds 3 keys of the store and this write adds 1; "
+                                   "its share, store.max_keys_per_uid, is 3"));
+  MemoryStoreStats stats = store.Stats();
+  ASSERT_EQ(stats.writers.size(), 3u);
+  EXPECT_EQ(stats.writers[0].writer, "the daemon");
+  EXPECT_EQ(stats.writers[1].writer, "uid 1000");
+  EXPECT_EQ(stats.writers[1].keys, 3);
+  EXPECT_EQ(stats.writers[1].bytes, 14);
+  EXPECT_EQ(stats.writers[2].bytes, 20);
+}
+
+TEST(MemoryStoreTest, AKeyOverwrittenByAnotherWriterIsChargedToIt) {
+  MemoryStore store;
+  std::unique_ptr<Store> alice = store.ChargedTo(ShareOf("uid 1000", 100, 0, 0));
+  std::unique_ptr<Store> bob = store.ChargedTo(ShareOf("uid 1001", 100, 0, 0));
+  ASSERT_TRUE(alice->Set("k", std::string(50, 'a')).ok());
+  ASSERT_TRUE(bob->Set("k", std::string(10, 'b')).ok());
+  MemoryStoreStats stats = store.Stats();
+  ASSERT_EQ(stats.writers.size(), 1u);  // alice holds nothing now
+  EXPECT_EQ(stats.writers[0].writer, "uid 1001");
+  EXPECT_EQ(stats.writers[0].bytes, 11);
+  // A second view of one writer shares its account.
+  std::unique_ptr<Store> bob_again = store.ChargedTo(ShareOf("uid 1001", 100, 0, 0));
+  EXPECT_EQ(bob_again->Set("k2", std::string(89, 'b')).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(alice->Set("k2", std::string(89, 'a')).ok());
+}
+
+TEST(MemoryStoreTest, AWritersWaitingCallsAreBoundedAndGiveTheirPlaceBackWhenTheyEnd) {
+  MemoryStore store;
+  std::unique_ptr<Store> alice = store.ChargedTo(ShareOf("uid 1000", 0, 0, 2));
+  std::unique_ptr<Store> bob = store.ChargedTo(ShareOf("uid 1001", 0, 0, 2));
+  std::vector<absl::Status> ends;
+  absl::Mutex mu;
+  auto wait = [&](Store& as, std::string key, absl::Duration timeout) {
+    return as.WaitAsync({std::move(key)}, absl::Now() + timeout,
+                        [&](absl::StatusOr<std::vector<std::string>> result) {
+                          absl::MutexLock lock(&mu);
+                          ends.push_back(result.status());
+                        });
+  };
+  absl::StatusOr<WaitId> first = wait(*alice, "x", absl::Hours(1));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(wait(*alice, "y", absl::Milliseconds(1)).ok());
+  // Wait until the short wait has timed out: its place is free again.
+  for (int i = 0; i < 1000 && store.Stats().waiters > 1; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(wait(*alice, "z", absl::Hours(1)).ok());
+  absl::StatusOr<WaitId> refused = wait(*alice, "w", absl::Hours(1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              ::testing::HasSubstr("uid 1000 has 2 store calls waiting; its share, "
+                                   "store.max_waiters_per_uid, is 2"));
+  EXPECT_TRUE(wait(*bob, "w", absl::Hours(1)).ok());
+  // A wait a key ends, one cancelled and those shutdown ends give their places back too.
+  ASSERT_TRUE(store.Set("x", "1").ok());
+  absl::StatusOr<WaitId> cancelled = wait(*alice, "w", absl::Hours(1));
+  ASSERT_TRUE(cancelled.ok());
+  store.CancelWait(*cancelled);
+  EXPECT_TRUE(wait(*alice, "w", absl::Hours(1)).ok());
+  store.Shutdown();
+  EXPECT_EQ(store.Stats().waiters, 0);
+  ASSERT_EQ(store.Stats().writers.size(), 1u);  // the daemon's key "x" only
+  EXPECT_EQ(store.Stats().writers[0].writer, "the daemon");
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(ends.size(), 6u);
+}
+
+TEST(MemoryStoreTest, KeysPastMaxKeysAreRefusedNamingTheSetting) {
+  MemoryStoreOptions options;
+  options.max_keys = 2;
+  MemoryStore store(options);
+  ASSERT_TRUE(store.MultiSet({"a", "b"}, {"1", "2"}).ok());
+  absl::Status refused = store.Set("c", "3");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("the store holds 2 keys and this write adds "
+                                                      "1; the limit store.max_keys is 2"));
+  EXPECT_TRUE(store.Set("a", "overwritten").ok());
+}
+
 TEST(MemoryStoreTest, AppendWakesAWaiterOnTheKey) {
   WaitResult result;
   MemoryStore store;
