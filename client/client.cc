@@ -638,8 +638,13 @@ absl::Status StoreView::Unary(grpc::Status (v1::Store::Stub::*method)(grpc::Clie
 absl::StatusOr<std::unique_ptr<grpc::ClientContext>> StoreView::Context(absl::Duration wait,
                                                                         bool waits) const {
   std::unique_ptr<grpc::ClientContext> context = client_->Context(wait, waits);
-  if (group_.empty()) return context;
   absl::StatusOr<std::string> session = client_->Session();
+  if (group_.empty()) {
+    // The daemon charges the call to this process's user (docs/security.md, "Per-user
+    // bounds"); without a session it counts among the callers without one.
+    if (session.ok()) context->AddMetadata(kStoreSessionMetadata, *session);
+    return context;
+  }
   if (!session.ok()) return session.status();
   context->AddMetadata(kStoreGroupMetadata, group_);
   context->AddMetadata(kStoreSessionMetadata, *session);

@@ -241,6 +241,10 @@ int RunStatus(tpd::Client& client) {
             << ", log level " << status->config().log_level() << "\n"
             << "  store:   " << store.num_keys() << " keys, " << store.bytes() << " bytes, "
             << store.waiters() << " waiting calls\n";
+  for (const tpd::v1::StoreWriter& writer : store.writers()) {
+    std::cout << "           " << writer.writer() << ": " << writer.keys() << " keys, "
+              << writer.bytes() << " bytes, " << writer.waiters() << " waiting\n";
+  }
   if (!store.calls().empty()) {
     std::vector<std::string> calls;
     for (const auto& [method, count] :

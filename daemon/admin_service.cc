@@ -235,6 +235,13 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   store->set_num_keys(stats.num_keys);
   store->set_bytes(stats.bytes);
   store->set_waiters(stats.waiters);
+  for (const store::StoreWriterUse& use : stats.writers) {
+    v1::StoreWriter* writer = store->add_writers();
+    writer->set_writer(use.writer);
+    writer->set_keys(use.keys);
+    writer->set_bytes(use.bytes);
+    writer->set_waiters(use.waiters);
+  }
   for (const auto& [method, count] : store_calls_->Calls())
     (*store->mutable_calls())[method] = count;
   for (const auto& [code, count] : store_calls_->Errors()) (*store->mutable_errors())[code] = count;

@@ -2,7 +2,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
@@ -197,6 +199,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Int("max_keys_per_request", &s.max_keys_per_request),
           reader.Int("max_waiters", &s.max_waiters),
           reader.Int("max_total_bytes", &s.max_total_bytes),
+          reader.Int("max_keys", &s.max_keys),
+          reader.Int("max_bytes_per_uid", &s.max_bytes_per_uid),
+          reader.Int("max_keys_per_uid", &s.max_keys_per_uid),
+          reader.Int("max_waiters_per_uid", &s.max_waiters_per_uid),
+          reader.Int("max_bytes_without_session", &s.max_bytes_without_session),
+          reader.Int("max_keys_without_session", &s.max_keys_without_session),
+          reader.Int("max_waiters_without_session", &s.max_waiters_without_session),
           reader.Int("max_namespace_bytes", &s.max_namespace_bytes), reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
@@ -422,6 +431,7 @@ absl::Status ValidateConfig(const Config& config) {
         positive("store.max_key_bytes", s.max_key_bytes),
         positive("store.max_value_bytes", s.max_value_bytes),
         positive("store.max_total_bytes", s.max_total_bytes),
+        positive("store.max_keys", s.max_keys),
         positive("store.max_keys_per_request", s.max_keys_per_request),
         positive("store.max_waiters", s.max_waiters),
         positive("peer.heartbeat_interval_ms",
@@ -437,6 +447,19 @@ absl::Status ValidateConfig(const Config& config) {
         positive("data.session_identify_timeout_ms",
                  absl::ToInt64Milliseconds(config.data.session_identify_timeout))}) {
     if (!status.ok()) return status;
+  }
+  // A share of 0 leaves that writer bounded by the totals only.
+  for (const auto& [field, value] : std::initializer_list<std::pair<const char*, int64_t>>{
+           {"store.max_bytes_per_uid", s.max_bytes_per_uid},
+           {"store.max_keys_per_uid", s.max_keys_per_uid},
+           {"store.max_waiters_per_uid", s.max_waiters_per_uid},
+           {"store.max_bytes_without_session", s.max_bytes_without_session},
+           {"store.max_keys_without_session", s.max_keys_without_session},
+           {"store.max_waiters_without_session", s.max_waiters_without_session}}) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " must be >= 0 (0: bounded by the store's totals only), got ", value));
+    }
   }
   // gRPC's own message limit is derived from these, so they are capped well below overflow.
   auto at_most = [](const char* field, int64_t value, int64_t cap, const char* cap_text) {

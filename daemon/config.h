@@ -28,9 +28,19 @@ struct StoreConfig {
   int64_t max_keys_per_request = 1024;
   // Most calls waiting on keys at once, daemon-wide (RESOURCE_EXHAUSTED past it).
   int64_t max_waiters = 100000;
-  // Most bytes of keys and values the daemon's store holds, all writers together
-  // (RESOURCE_EXHAUSTED past it).
+  // Most bytes of keys and values, and most keys, the daemon's store holds, all writers
+  // together (RESOURCE_EXHAUSTED past it).
   int64_t max_total_bytes = int64_t{1} << 30;
+  int64_t max_keys = int64_t{1} << 20;
+  // The share of one uid (store calls of its sessions, over gRPC or shared memory) and of all
+  // callers without a session together: bytes and keys charged to it (a key to its last
+  // writer) and store calls waiting at once. 0: bounded by the totals only.
+  int64_t max_bytes_per_uid = int64_t{256} << 20;
+  int64_t max_keys_per_uid = int64_t{1} << 18;
+  int64_t max_waiters_per_uid = 25000;
+  int64_t max_bytes_without_session = int64_t{64} << 20;
+  int64_t max_keys_without_session = int64_t{1} << 16;
+  int64_t max_waiters_without_session = 4096;
   // Longest namespace a store call may name (INVALID_ARGUMENT past it). The namespace is
   // copied into every key of the call, so namespace + key stays within this plus
   // max_key_bytes. Namespaces are printable text: no control characters (NUL, newline).

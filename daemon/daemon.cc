@@ -46,6 +46,7 @@ store::MemoryStoreOptions StoreOptions(const StoreConfig& config) {
   options.max_waiters = config.max_waiters;
   options.max_value_bytes = config.max_value_bytes;
   options.max_total_bytes = config.max_total_bytes;
+  options.max_keys = config.max_keys;
   return options;
 }
 
@@ -156,9 +157,10 @@ Daemon::Daemon(const Config& config, std::string socket_path, std::unique_ptr<So
       gpus_(cuda::DiscoverGpus()),
       store_(StoreOptions(config.store)),
       client_store_(&store_),
+      peer_writes_(store_.ChargedTo({"peer daemons"})),
       store_service_(&client_store_, config_.store, &store_calls_),
       peer_auth_(PeerAuthFor(config_.peer), start_time_),
-      peer_store_service_(&store_, config_.store, &store_calls_, &peer_auth_) {}
+      peer_store_service_(peer_writes_.get(), config_.store, &store_calls_, &peer_auth_) {}
 
 absl::Status Daemon::LoadPeerTls() {
   const PeerConfig& peer = config_.peer;
@@ -363,6 +365,17 @@ absl::Status Daemon::Serve() {
   store_service_.set_group_stores([manager](const std::string& session, const std::string& group) {
     return manager->GroupStore(session, group);
   });
+  store_service_.set_charging(
+      [store = &store_](store::StoreShare share) -> std::shared_ptr<store::Store> {
+        // The client view over the writer's charged view, which it keeps.
+        struct Charged : ClientStore {
+          explicit Charged(std::unique_ptr<store::Store> writer)
+              : ClientStore(writer.get()), charged(std::move(writer)) {}
+          const std::unique_ptr<store::Store> charged;
+        };
+        return std::make_shared<Charged>(store->ChargedTo(std::move(share)));
+      },
+      [manager](const std::string& session) { return manager->SessionUid(session); });
   admin_service_ = std::make_unique<AdminService>(&config_, socket_path_, start_time_, &serving_,
                                                   &store_, &store_calls_, &control_calls_,
                                                   &in_flight_, peer_address_, groups_.get());

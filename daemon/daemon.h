@@ -83,8 +83,11 @@ class Daemon {
   const cuda::GpuDiscovery gpus_;
 
   store::MemoryStore store_;
-  // store_ as local clients reach it through the Store service: without the daemon's keys.
+  // store_ as local clients reach it through the Store service: without the daemon's keys
+  // (each caller's writes charged to its share: StoreService::set_charging).
   ClientStore client_store_;
+  // store_ as peers write it (group records, group stores): charged in all, with no share.
+  std::unique_ptr<store::Store> peer_writes_;
   CallStats store_calls_;
   CallStats control_calls_;
   InFlightCalls in_flight_;

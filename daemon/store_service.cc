@@ -134,6 +134,29 @@ absl::StatusOr<StoreService::Scoped> StoreService::Admit(const grpc::CallbackSer
   return Scoped{*std::move(owner), std::move(view)};
 }
 
+absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Root(const std::string* session_id) {
+  // The root store is the daemon's and outlives every call: nothing to own.
+  if (!charged_root_ || auth_ != nullptr) {
+    return std::shared_ptr<store::Store>(std::shared_ptr<void>(), root_);
+  }
+  std::optional<int64_t> uid;
+  if (session_id != nullptr) {
+    absl::StatusOr<int64_t> bound = session_uid_(*session_id);
+    if (!bound.ok()) return bound.status();
+    uid = *bound;
+  }
+  absl::MutexLock lock(&roots_mu_);
+  std::shared_ptr<store::Store>& root = uid ? uid_roots_[*uid] : sessionless_root_;
+  if (root == nullptr) {
+    root = uid ? charged_root_({absl::StrCat("uid ", *uid), limits_.max_bytes_per_uid,
+                                limits_.max_keys_per_uid, limits_.max_waiters_per_uid, "per_uid"})
+               : charged_root_({"callers without a session", limits_.max_bytes_without_session,
+                                limits_.max_keys_without_session,
+                                limits_.max_waiters_without_session, "without_session"});
+  }
+  return root;
+}
+
 absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Reached(
     const grpc::CallbackServerContext& context, const char* method,
     const google::protobuf::Message& request) {
@@ -144,8 +167,12 @@ absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Reached(
   }
   const auto& metadata = context.client_metadata();
   auto group = metadata.find(kStoreGroupMetadata);
-  // The root store is the daemon's and outlives every call: nothing to own.
-  if (group == metadata.end()) return std::shared_ptr<store::Store>(std::shared_ptr<void>(), root_);
+  auto session = metadata.find(kStoreSessionMetadata);
+  if (group == metadata.end()) {
+    if (auth_ != nullptr || session == metadata.end()) return Root(nullptr);
+    const std::string id(session->second.data(), session->second.size());
+    return Root(&id);
+  }
   if (auth_ != nullptr) {
     return absl::InvalidArgumentError(
         "a group's store is served to local clients on the daemon's unix socket, not to peers");
@@ -155,7 +182,6 @@ absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Reached(
       !valid.ok()) {
     return valid;
   }
-  auto session = metadata.find(kStoreSessionMetadata);
   if (session == metadata.end() || session->second.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("a request for group '", name,
                                                       "''s store must carry its session (metadata ",
@@ -484,8 +510,7 @@ absl::Status StoreService::Parse(const char* method, const std::string& bytes, R
 
 absl::StatusOr<std::shared_ptr<store::Store>> StoreService::LocalStore(
     const std::string& session_id, const std::string& group) {
-  // The root store is the daemon's and outlives every call: nothing to own.
-  if (group.empty()) return std::shared_ptr<store::Store>(std::shared_ptr<void>(), root_);
+  if (group.empty()) return Root(&session_id);
   if (absl::Status valid = ValidateGroupName("the store call's group", group); !valid.ok()) {
     return valid;
   }

@@ -31,6 +31,9 @@
 #include "daemon/peer_auth.h"
 #include "proto/store.grpc.pb.h"
 #include "proto/store_scope.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "store/memory/memory_store.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
 
@@ -51,6 +54,20 @@ class StoreService final : public v1::Store::CallbackService {
   // How requests naming a group find its store; set once, before the service serves (without
   // it they are FAILED_PRECONDITION).
   void set_group_stores(GroupStores group_stores) { group_stores_ = std::move(group_stores); }
+
+  // The daemon's store as the writer of `share` reaches it (MemoryStore::ChargedTo under the
+  // client view), and the uid a session is bound to.
+  using ChargedRoot = std::function<std::shared_ptr<store::Store>(store::StoreShare share)>;
+  using SessionUid = std::function<absl::StatusOr<int64_t>(const std::string& session_id)>;
+  // Charges the daemon's store to its writers (docs/security.md, "Per-user bounds"): a call of
+  // a session (over shared memory, or over gRPC with the metadata `tpd-session`) to its uid's
+  // share, any other to the share of callers without a session. Set once, before the service
+  // serves; without it every call reaches `root` as it is (the peer port's instance: peers
+  // are bounded by the store's totals).
+  void set_charging(ChargedRoot charged_root, SessionUid session_uid) {
+    charged_root_ = std::move(charged_root);
+    session_uid_ = std::move(session_uid);
+  }
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const v1::SetRequest* request,
                                 v1::SetResponse* response) override;
@@ -119,6 +136,9 @@ class StoreService final : public v1::Store::CallbackService {
   absl::StatusOr<Scoped> Admit(const grpc::CallbackServerContext& context, const char* method,
                                const google::protobuf::Message& request,
                                const std::string& name_space);
+  // The daemon's store as this caller reaches it: charged to the uid of `session_id`, or to
+  // callers without a session when it is null (the root as it is without set_charging).
+  absl::StatusOr<std::shared_ptr<store::Store>> Root(const std::string* session_id);
   // The store the call reaches: the root, or the group its metadata names.
   absl::StatusOr<std::shared_ptr<store::Store>> Reached(const grpc::CallbackServerContext& context,
                                                         const char* method,
@@ -177,6 +197,13 @@ class StoreService final : public v1::Store::CallbackService {
   CallStats* const stats_;
   PeerAuth* const auth_;
   GroupStores group_stores_;
+  ChargedRoot charged_root_;
+  SessionUid session_uid_;
+  absl::Mutex roots_mu_;
+  // One charged view per uid that called (a few dozen bytes each), and one for callers
+  // without a session.
+  absl::flat_hash_map<int64_t, std::shared_ptr<store::Store>> uid_roots_ ABSL_GUARDED_BY(roots_mu_);
+  std::shared_ptr<store::Store> sessionless_root_ ABSL_GUARDED_BY(roots_mu_);
 };
 
 }  // namespace tpd

@@ -190,23 +190,25 @@ absl::Status GroupManager::BindSessionUid(const std::string& session_id, int64_t
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> GroupManager::SessionUid(const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end() || !it->second.uid) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", SessionHandle(session_id),
+        it == sessions_.end() ? " is not open"
+                              : " has not identified its user on the data socket yet"));
+  }
+  return *it->second.uid;
+}
+
 absl::StatusOr<std::string> GroupManager::UserSecret(const std::string& session_id,
                                                      absl::string_view purpose) {
-  int64_t uid;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session_id);
-    if (it == sessions_.end() || !it->second.uid) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session ", SessionHandle(session_id),
-          it == sessions_.end() ? " is not open"
-                                : " has not identified its user on the data socket yet"));
-    }
-    uid = *it->second.uid;
-  }
+  absl::StatusOr<int64_t> uid = SessionUid(session_id);
+  if (!uid.ok()) return uid.status();
   // Length-prefixed, so no (uid, purpose) pair encodes like another.
   return store::HmacSha256(options_.user_secret_key,
-                           absl::StrCat("tpd-user-secret-v1 uid=", uid, " purpose=",
+                           absl::StrCat("tpd-user-secret-v1 uid=", *uid, " purpose=",
                                         purpose.size(), ":", purpose));
 }
 

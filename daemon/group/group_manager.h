@@ -95,6 +95,9 @@ class GroupManager {
     session_ender_ = std::move(end);
   }
 
+  // The uid `session_id` is bound to: FAILED_PRECONDITION for a session not open or not
+  // identified yet.
+  absl::StatusOr<int64_t> SessionUid(const std::string& session_id);
   // The secret of the uid `session_id` is bound to, for `purpose` (Control.UserSecret):
   // HMAC(user_secret_key, uid, purpose). FAILED_PRECONDITION for a session not open or not
   // identified yet.

@@ -39,6 +39,13 @@ const std::vector<std::string>& AllOptions() {
       "store.max_keys_per_request",
       "store.max_waiters",
       "store.max_total_bytes",
+      "store.max_keys",
+      "store.max_bytes_per_uid",
+      "store.max_keys_per_uid",
+      "store.max_waiters_per_uid",
+      "store.max_bytes_without_session",
+      "store.max_keys_without_session",
+      "store.max_waiters_without_session",
       "store.max_namespace_bytes",
       "peer.listen_address",
       "peer.token",
@@ -240,6 +247,30 @@ max_waiters = 40
   EXPECT_EQ(config->store.max_keys_per_request, 30);
   EXPECT_EQ(config->store.max_waiters, 40);
   EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
+}
+
+TEST(ConfigTest, StoreSharesAreReadAndMayNotBeNegative) {
+  absl::StatusOr<Config> config = ParseConfig(
+      "[store]\nmax_keys = 9\nmax_bytes_per_uid = 0\nmax_keys_per_uid = 5\n"
+      "max_waiters_per_uid = 6\nmax_bytes_without_session = 7\n"
+      "max_keys_without_session = 8\nmax_waiters_without_session = 3\n",
+      "shares.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->store.max_keys, 9);
+  EXPECT_EQ(config->store.max_bytes_per_uid, 0);  // bounded by the totals only
+  EXPECT_EQ(config->store.max_keys_per_uid, 5);
+  EXPECT_EQ(config->store.max_waiters_per_uid, 6);
+  EXPECT_EQ(config->store.max_bytes_without_session, 7);
+  EXPECT_EQ(config->store.max_keys_without_session, 8);
+  EXPECT_EQ(config->store.max_waiters_without_session, 3);
+  EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
+  config->store.max_waiters_without_session = -1;
+  absl::Status refused = ValidateConfig(*config);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("store.max_waiters_without_session must be >= 0"));
+  config->store.max_waiters_without_session = 1;
+  config->store.max_keys = 0;
+  EXPECT_THAT(ValidateConfig(*config).message(), ::testing::HasSubstr("store.max_keys must be > 0"));
 }
 
 TEST(ConfigTest, ShareMemoryIsOnUnlessTurnedOff) {

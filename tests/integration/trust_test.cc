@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -581,6 +582,53 @@ TEST_F(TrustTest, AUserTakesAllButTheKeptPlacesAndASecondUserGetsThose) {
   testing::ProcessResult result = AsSecondUser({"--attach_sessions=4", "--hold_ms=0"});
   EXPECT_THAT(result.output, HasSubstr("attached: 3")) << result.output;
   EXPECT_THAT(Step(result.output, "attach_error"), HasSubstr("data.max_sessions (8)"));
+}
+
+// The daemon's store: each uid fills its own share, callers without a session share one, and
+// what they hold leaves everyone else room (docs/security.md, "Per-user bounds").
+TEST_F(TrustTest, AUserFillsOnlyItsShareOfTheStoreAndOthersKeepTheirs) {
+  Start(absl::StrCat("[store]\nmax_total_bytes = ", 48 << 20, "\nmax_bytes_per_uid = ", 16 << 20,
+                     "\nmax_bytes_without_session = ", 8 << 20, "\n"));
+  if (HasFatalFailure()) return;
+  // Through the client library: its session's uid is charged.
+  testing::ProcessResult filled = AsSecondUser({"--store_fill_mib=40"});
+  EXPECT_THAT(filled.output, HasSubstr("store_filled: 15\n")) << filled.output;
+  EXPECT_THAT(Step(filled.output, "store_fill"),
+              AllOf(HasSubstr("RESOURCE_EXHAUSTED"), HasSubstr("uid 65534 holds 15728"),
+                    HasSubstr("its share, store.max_bytes_per_uid, is 16777216")));
+  // By raw calls that name no session: the share of all such callers; a session named that
+  // is nobody's is refused, not charged to anyone.
+  filled = AsSecondUser({"--store_fill_mib=40", "--store_without_session",
+                         "--raw_session=made-up"});
+  EXPECT_THAT(Step(filled.output, "store_named_session"),
+              AllOf(HasSubstr("FAILED_PRECONDITION"), HasSubstr("is not open")));
+  EXPECT_THAT(filled.output, HasSubstr("store_filled: 7\n")) << filled.output;
+  EXPECT_THAT(Step(filled.output, "store_fill"),
+              AllOf(HasSubstr("callers without a session holds"),
+                    HasSubstr("its share, store.max_bytes_without_session, is 8388608")));
+  // This user (root) still has its whole share, though the other user's keys stay.
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  const std::string value(1 << 20, 'r');
+  for (int i = 0; i < 15; ++i) {
+    ASSERT_TRUE(client->Set(absl::StrCat("mine", i), value).ok()) << i;
+  }
+  // The other user's values were overwritten by this one: they are charged here now.
+  absl::Status over = client->Set("fill0", value);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_THAT(over.message(), HasSubstr("uid 0 holds"));
+  ASSERT_TRUE(*client->DeleteKey("mine0"));
+  EXPECT_TRUE(client->Set("fill0", value).ok());
+  testing::ProcessResult again = AsSecondUser({"--store_fill_mib=1"});
+  EXPECT_THAT(Step(again.output, "store_fill"), HasSubstr("store_fill: OK")) << again.output;
+  // Operators see who holds what.
+  absl::StatusOr<v1::StatusResponse> status = client->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  std::map<std::string, int64_t> keys;
+  for (const v1::StoreWriter& writer : status->store().writers()) keys[writer.writer()] = writer.keys();
+  EXPECT_EQ(keys["uid 0"], 14);  // mine1..mine14: fill0 went back to the other user
+  EXPECT_EQ(keys["uid 65534"], 9);  // fill0 again, and fill7..fill14
+  EXPECT_EQ(keys["callers without a session"], 6);  // fill1..fill6
 }
 
 TEST_F(TrustTest, CudaTensorsOfAUserWhoCannotOpenTheGpusAreRefusedUnopened) {

@@ -9,6 +9,8 @@
 //       [--tensor_bytes=N]                                     ... with an arena tensor
 //   second_user --socket=S --attach_sessions=40                 attach as many sessions
 //   second_user --socket=S --user_secret=P                      print its user's secret for P
+//   second_user --socket=S --store_fill_mib=N [--store_without_session]
+//       write 1 MiB values to the daemon's store until N are in or one is refused
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -26,6 +28,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/control.grpc.pb.h"
+#include "proto/store.grpc.pb.h"
+#include "proto/store_scope.h"
 #include "proto/shm/attach.h"
 #include "proto/shm/descriptor.h"
 #include "tests/testing/raw_session.h"
@@ -49,6 +53,10 @@ ABSL_FLAG(int64_t, tensor_bytes, 0,
 ABSL_FLAG(int, attach_sessions, 0, "sessions to open and attach, one client each");
 ABSL_FLAG(int, hold_ms, 0, "how long to hold what was attached before exiting");
 ABSL_FLAG(std::string, user_secret, "", "a purpose to ask Control.UserSecret for");
+ABSL_FLAG(int, store_fill_mib, 0, "1 MiB values to write to the daemon's store");
+ABSL_FLAG(bool, store_without_session, false,
+          "--store_fill_mib writes with raw gRPC calls that name no session (and first one that "
+          "names --raw_session)");
 
 namespace {
 
@@ -59,6 +67,44 @@ void Print(const std::string& step, const absl::Status& status) {
 
 absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+// Writes 1 MiB values "fill<i>" until `n` are in or one is refused: through the client
+// library (its session's uid is charged), or by raw gRPC calls that name no session.
+void FillStore(const std::string& socket, int n, bool without_session) {
+  const std::string value(1 << 20, 'v');
+  absl::Status refused;
+  int stored = 0;
+  if (without_session) {
+    auto stub = tpd::v1::Store::NewStub(
+        grpc::CreateChannel(absl::StrCat("unix:", socket), grpc::InsecureChannelCredentials()));
+    auto set = [&](const std::string& key, const std::string& session) {
+      tpd::v1::SetRequest request;
+      request.set_key(key);
+      request.set_value(value);
+      tpd::v1::SetResponse response;
+      grpc::ClientContext context;
+      if (!session.empty()) context.AddMetadata(tpd::kStoreSessionMetadata, session);
+      return FromGrpc(stub->Set(&context, request, &response));
+    };
+    if (const std::string forged = absl::GetFlag(FLAGS_raw_session); !forged.empty()) {
+      Print("store_named_session", set("named", forged));
+    }
+    for (; stored < n && refused.ok(); stored += refused.ok()) {
+      refused = set(absl::StrCat("fill", stored), "");
+    }
+  } else {
+    absl::StatusOr<std::unique_ptr<tpd::Client>> client = tpd::Client::Connect(socket);
+    if (!client.ok()) {
+      Print("connect", client.status());
+      return;
+    }
+    for (; stored < n && refused.ok(); stored += refused.ok()) {
+      refused = (*client)->Set(absl::StrCat("fill", stored), value);
+    }
+  }
+  std::printf("store_filled: %d\n", stored);
+  Print("store_fill", refused);
 }
 
 void Raw(const std::string& socket) {
@@ -176,6 +222,9 @@ int main(int argc, char** argv) {
         client.ok() ? (*client)->UserSecret(purpose) : client.status();
     Print("user_secret", secret.status());
     if (secret.ok()) std::printf("user_secret_hex: %s\n", absl::BytesToHexString(*secret).c_str());
+  }
+  if (const int n = absl::GetFlag(FLAGS_store_fill_mib); n > 0) {
+    FillStore(socket, n, absl::GetFlag(FLAGS_store_without_session));
   }
   if (const int n = absl::GetFlag(FLAGS_attach_sessions); n > 0) {
     std::vector<std::unique_ptr<tpd::Client>> clients;
