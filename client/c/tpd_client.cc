@@ -408,7 +408,7 @@ absl::StatusOr<std::vector<std::string>> Keys(const char* const* keys, int n) {
 
 extern "C" {
 
-int tpd_abi_version(void) { return 3; }
+int tpd_abi_version(void) { return TPD_ABI_VERSION; }
 
 const char* tpd_last_error(void) { return last_error.c_str(); }
 

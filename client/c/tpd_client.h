@@ -56,7 +56,9 @@ enum {
 
 #define TPD_TIMEOUT_DEFAULT (-1)
 
-/* The ABI's version: bumped when a function changes incompatibly. */
+/* The ABI's version: bumped when a function changes incompatibly. A binding built on this
+ * header checks tpd_abi_version() against TPD_ABI_VERSION before it calls anything else. */
+#define TPD_ABI_VERSION 3
 int tpd_abi_version(void);
 
 /* The message of the last failed call on this thread ("" after a success). Valid until the
