@@ -131,6 +131,11 @@ class Client:
         if getattr(self, "_handle", None):
             self.close()
 
+    def detach(self):
+        """Gives the client's handle up to whoever took it (the TPD agent, tpd.backend), which
+        closes it: this object no longer uses or closes it."""
+        self._handle = None
+
     def stop_events(self):
         if self._handle:
             self._lib.tpd_client_stop_events(self._handle)

@@ -223,6 +223,21 @@ def _home(client, url):
 
 
 def _join(client, name, rank, world_size, options, group, init_method, secret, store):
+    response = _join_group(client, name, rank, world_size, options, group, init_method, secret,
+                           store, _agent.METHOD)
+    info = WorkerInfo(name, int(response.get("rank", 0)))
+    agent = _agent.Agent(client, group, info, options, world_size, store)
+    agent.learn(response.get("group", {}))
+    return agent
+
+
+def _join_group(client, name, rank, world_size, options, group, init_method, secret, store,
+                method):
+    """Joins `client` to the job's group as worker `name`, serving `method`, and returns the
+    join's response once every rank of a static group has joined (tpd's barrier). Shared by
+    tpd.rpc and the TPD backend (tpd.backend), with torch's errors: ValueError for options
+    torch refuses, RuntimeError for anything else; a static rank that cannot take part tells
+    the others at once."""
     join = {
         "group": group,
         "name": name,
@@ -248,7 +263,7 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
         raise RuntimeError(_MIXED)
     # Serving before joining: a peer may call this worker the moment the group forms.
     try:
-        client.serve(_agent.METHOD)
+        client.serve(method)
     except _capi.TpdError as e:
         _abandon(client, join, store, str(e))
         raise RuntimeError(str(e)) from None
@@ -273,10 +288,7 @@ def _join(client, name, rank, world_size, options, group, init_method, secret, s
             client.barrier(group, name, float(options.rpc_timeout) or None)
         except _capi.TpdError as e:
             raise RuntimeError(str(e)) from None
-    info = WorkerInfo(name, int(response.get("rank", 0)))
-    agent = _agent.Agent(client, group, info, options, world_size, store)
-    agent.learn(response.get("group", {}))
-    return agent
+    return response
 
 
 _FAILED_KEY = "tpd/failed"

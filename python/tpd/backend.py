@@ -1,0 +1,85 @@
+"""torch.distributed.rpc itself on tpd: ``import tpd.backend`` registers the ``TPD`` backend.
+
+    import torch.distributed.rpc as rpc
+    import tpd.backend  # noqa: F401 (registers BackendType.TPD)
+
+    rpc.init_rpc("worker0", rank=0, world_size=2, backend=rpc.BackendType.TPD,
+                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method="env://"))
+
+Everything torch builds above its agent then runs on the node's tpd daemon: RRefs, distributed
+autograd, ``DistributedOptimizer``, ``RemoteModule``, TorchScript calls. The options are
+torch's own ``TensorPipeRpcBackendOptions``; the job's rendezvous is tpd.rpc's (one group per
+``init_rpc``, named and keyed from this user's secret, docs/python.md "Rendezvous"). The agent
+is the C++ extension ``tpd._C`` (python/tpd/csrc), built against the installed torch.
+"""
+
+import os
+
+import torch.distributed.rpc as _rpc
+from torch.distributed.rpc import backend_registry as _registry
+
+from . import _capi
+from ._client import Client
+from .rpc import api as _api
+
+_METHOD = "torch.rpc"  # what the agent serves (python/tpd/csrc/agent.cc)
+
+
+def _extension():
+    try:
+        from . import _C
+    except ImportError as e:
+        import torch
+        raise ImportError(
+            f"the TPD backend needs tpd's torch extension tpd._C, built against this torch "
+            f"({torch.__version__}): {e}. Build it with `python3 python/tpd/csrc/build.py` "
+            "(torch's C++ headers: Debian's libtorch-dev) or `pip install ./python`; tpd.rpc "
+            "works without it") from None
+    import torch
+    # torch's C++ ABI changes between minor versions: 1.13.x and 2.11.x are different torches.
+    if _C.TORCH_VERSION.split(".")[:2] != torch.__version__.split(".")[:2]:
+        raise ImportError(f"tpd._C was built against torch {_C.TORCH_VERSION} but this is torch "
+                          f"{torch.__version__}: rebuild it (python3 python/tpd/csrc/build.py)")
+    return _C
+
+
+def _construct_options(rpc_timeout, init_method, num_worker_threads=16, _transports=None,
+                       _channels=None, **kwargs):
+    return _rpc.TensorPipeRpcBackendOptions(
+        rpc_timeout=rpc_timeout, init_method=init_method, num_worker_threads=num_worker_threads,
+        _transports=_transports, _channels=_channels)
+
+
+def _init_backend(store, name, rank, world_size, rpc_backend_options):
+    """torch's init_rpc calls this with its rendezvous store (under this init's prefix): the
+    job joins a tpd group, and torch starts the agent returned."""
+    _C = _extension()
+    options = rpc_backend_options
+    if not isinstance(options, _rpc.TensorPipeRpcBackendOptions):
+        raise TypeError(f"`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`. {options}")
+    if options.device_maps or options.devices:
+        raise ValueError("the TPD backend moves CPU tensors only for now: device maps and "
+                         "devices are not supported yet (tpd.rpc has them)")
+    client = Client(os.environ.get("TPD_SOCKET", ""))
+    try:
+        group, init_method, secret = _api._rendezvous(client, options, store)
+        response = _api._join_group(client, name, rank, world_size, options, group, init_method,
+                                    secret, store, _METHOD)
+        workers = [(m["name"], int(m["rank"])) for m in client.group(group).get("members", [])]
+        agent = _C.TpdAgent(
+            library=_capi.library()._name, client=client._handle.value, group=group, name=name,
+            rank=int(response.get("rank", rank)), is_static=bool(world_size), workers=workers,
+            num_worker_threads=int(options.num_worker_threads),
+            rpc_timeout_seconds=float(options.rpc_timeout))
+    except BaseException:
+        client.close()
+        raise
+    client.detach()  # the agent owns the client now, and closes it at shutdown
+    return agent
+
+
+if "TPD" not in _registry.BackendType.__members__:
+    _registry.register_backend("TPD", _construct_options, _init_backend)
+    # register_backend makes a new BackendType enum in the registry; torch.distributed.rpc's
+    # name for it is the old one, which init_rpc's isinstance check would refuse.
+    _rpc.BackendType = _registry.BackendType

@@ -1,0 +1,295 @@
+#include "python/tpd/csrc/agent.h"
+
+#include <torch/csrc/distributed/rpc/request_callback_impl.h>
+#include <torch/csrc/distributed/rpc/utils.h>
+
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+
+namespace tpd::torch_agent {
+namespace {
+
+constexpr char kMethod[] = "torch.rpc";
+
+// What precedes torch's wire encoding in a tpd payload.
+struct Header {
+  uint32_t magic;
+  int32_t type;  // rpc::MessageType
+  int64_t id;
+};
+constexpr uint32_t kMagic = 0x4d445054;  // "TPDM"
+
+std::string Encode(const rpc::Message& message) {
+  for (const at::Tensor& tensor : message.tensors()) {
+    TORCH_CHECK(tensor.device().is_cpu(),
+                "the TPD backend sends CPU tensors only (issue 32: CUDA tensors through "
+                "device maps are not built yet); got a tensor on ",
+                tensor.device());
+  }
+  const std::string body = rpc::wireSerialize(message.payload(), message.tensors());
+  const Header header{kMagic, static_cast<int32_t>(message.type()), message.id()};
+  std::string wire(sizeof(header) + body.size(), '\0');
+  std::memcpy(wire.data(), &header, sizeof(header));
+  std::memcpy(wire.data() + sizeof(header), body.data(), body.size());
+  return wire;
+}
+
+// The message a peer sent; throws std::runtime_error for bytes that are none.
+c10::intrusive_ptr<rpc::Message> Decode(const char* data, size_t size) {
+  Header header;
+  if (size < sizeof(header)) {
+    throw std::runtime_error("a TPD message of " + std::to_string(size) +
+                             " bytes is shorter than its header");
+  }
+  std::memcpy(&header, data, sizeof(header));
+  if (header.magic != kMagic) throw std::runtime_error("not a TPD message (bad magic)");
+  auto [payload, tensors] = rpc::wireDeserialize(data + sizeof(header), size - sizeof(header));
+  return c10::make_intrusive<rpc::Message>(std::move(payload), std::move(tensors),
+                                           static_cast<rpc::MessageType>(header.type), header.id);
+}
+
+std::chrono::milliseconds Millis(float seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+void Fail(rpc::JitFuture& future, const std::string& message) {
+  future.setErrorIfNeeded(std::make_exception_ptr(std::runtime_error(message)));
+}
+
+}  // namespace
+
+TpdAgent::TpdAgent(AgentOptions options)
+    : rpc::RpcAgent(rpc::WorkerInfo(options.name, options.rank),
+                    std::make_unique<rpc::RequestCallbackImpl>(),
+                    Millis(options.rpc_timeout_seconds)),
+      options_(std::move(options)),
+      api_(options_.library),
+      client_(reinterpret_cast<tpd_client*>(options_.client)),
+      pool_(options_.num_worker_threads) {
+  TORCH_CHECK(client_ != nullptr, "TpdAgent needs a tpd client");
+  for (const auto& [name, rank] : options_.workers) {
+    by_name_[name] = workers_.size();
+    by_id_[static_cast<rpc::worker_id_t>(rank)] = workers_.size();
+    workers_.emplace_back(name, rank);
+  }
+}
+
+TpdAgent::~TpdAgent() {
+  // A started agent that was never shut down (the process exits without rpc.shutdown): stop
+  // its threads.
+  if (events_.joinable()) {
+    stopped_ = true;
+    api_.stop_events(client_);
+    events_.join();
+  }
+  if (client_ != nullptr) api_.client_close(client_);
+}
+
+std::string TpdAgent::LastError() const {
+  const char* error = api_.last_error();
+  return error != nullptr ? error : "unknown error";
+}
+
+c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
+                                                  c10::intrusive_ptr<rpc::Message> message,
+                                                  float rpc_timeout_seconds,
+                                                  const rpc::DeviceMap& /*device_map*/) {
+  TORCH_CHECK(rpcAgentRunning_.load(), "the TPD agent of ", workerInfo_.name_,
+              " is not running (RPC is shut down or not started)");
+  auto future = c10::make_intrusive<rpc::JitFuture>(at::AnyClassType::get());
+  const std::chrono::milliseconds timeout = rpc_timeout_seconds == rpc::kUnsetRpcTimeout
+                                                ? getRpcTimeout()
+                                                : Millis(rpc_timeout_seconds);
+  uint64_t tag;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tag = next_tag_++;
+    message->setId(static_cast<int64_t>(tag));
+  }
+  const std::string wire = Encode(*message);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_[tag] = Pending{future, timeout.count()};
+  }
+  // timeout 0: no deadline, for torch and for tpd alike.
+  if (api_.call_async(client_, options_.group.c_str(), to.name_.c_str(), kMethod, wire.data(),
+                      wire.size(), nullptr, 0, timeout.count() * 1000, tag) != TPD_OK) {
+    const std::string why = LastError();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.erase(tag);
+    }
+    idle_.notify_all();
+    Fail(*future, why);
+  }
+  return future;
+}
+
+void TpdAgent::TakeEvents() {
+  while (true) {
+    tpd_event* event = nullptr;
+    const int code = api_.next_event(client_, TPD_QUEUE_REQUESTS | TPD_QUEUE_REPLIES,
+                                     TPD_TIMEOUT_DEFAULT, &event);
+    if (code == TPD_CANCELLED || stopped_) {
+      if (event != nullptr) api_.event_free(event);
+      return;
+    }
+    if (code != TPD_OK) continue;
+    tpd_event_info info;
+    api_.event_read(event, &info);
+    if (info.kind == TPD_EVENT_REQUEST) {
+      ++serving_;
+      pool_.run([this, event] { Serve(event); });
+    } else if (info.kind == TPD_EVENT_REPLY) {
+      pool_.run([this, event] { Complete(event); });
+    } else {
+      api_.event_free(event);
+    }
+  }
+}
+
+void TpdAgent::Serve(tpd_event* request) {
+  tpd_event_info info;
+  api_.event_read(request, &info);
+  c10::intrusive_ptr<rpc::Message> message;
+  try {
+    message = Decode(info.payload, info.payload_size);
+  } catch (const std::exception& e) {
+    api_.reply_error(request, TPD_INVALID_ARGUMENT, e.what());
+    api_.event_free(request);
+    if (--serving_ == 0) idle_.notify_all();
+    return;
+  }
+  const int64_t id = message->id();
+  c10::intrusive_ptr<rpc::JitFuture> response;
+  try {
+    response = (*cb_)(*message, {});
+  } catch (const std::exception& e) {
+    response = c10::make_intrusive<rpc::JitFuture>(at::AnyClassType::get());
+    response->markCompleted(rpc::createExceptionResponse(e, id));
+  }
+  response->addCallback(
+      [this, request, id](rpc::JitFuture& done) { Respond(request, id, done); });
+}
+
+void TpdAgent::Respond(tpd_event* request, int64_t id, rpc::JitFuture& response) {
+  c10::intrusive_ptr<rpc::Message> message =
+      response.hasError() ? rpc::createExceptionResponse(response.tryRetrieveErrorMessage(), id)
+                          : response.value().toCustomClass<rpc::Message>();
+  message->setId(id);
+  std::string wire;
+  try {
+    wire = Encode(*message);
+  } catch (const std::exception& e) {
+    wire = Encode(*rpc::createExceptionResponse(e, id));
+  }
+  // A caller gone meanwhile is no error here: the daemon dropped its call.
+  api_.reply(request, wire.data(), wire.size(), nullptr, 0, 0);
+  api_.event_free(request);
+  if (--serving_ == 0) idle_.notify_all();
+}
+
+void TpdAgent::Complete(tpd_event* reply) {
+  tpd_event_info info;
+  api_.event_read(reply, &info);
+  Pending pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(info.tag);
+    if (it == pending_.end()) {  // failed at shutdown already
+      api_.event_free(reply);
+      return;
+    }
+    pending = std::move(it->second);
+    pending_.erase(it);
+  }
+  idle_.notify_all();
+  if (info.code == TPD_OK) {
+    try {
+      pending.future->markCompleted(c10::IValue(Decode(info.payload, info.payload_size)));
+    } catch (const std::exception& e) {
+      Fail(*pending.future, e.what());
+    }
+  } else if (info.code == TPD_DEADLINE_EXCEEDED) {
+    std::string text = rpc::kRpcTimeoutErrorStr;
+    text.replace(text.find("{}"), 2, std::to_string(pending.timeout_ms));
+    Fail(*pending.future, rpc::makeRPCError(text, rpc::RPCErrorType::TIMEOUT));
+  } else {
+    Fail(*pending.future, info.message);
+  }
+  api_.event_free(reply);
+}
+
+const rpc::WorkerInfo& TpdAgent::getWorkerInfo(const std::string& name) const {
+  auto it = by_name_.find(name);
+  TORCH_CHECK(it != by_name_.end(), "name:", workerInfo_.name_, ",rank:", workerInfo_.id_,
+              " could not find destination name ", name);
+  return workers_[it->second];
+}
+
+const rpc::WorkerInfo& TpdAgent::getWorkerInfo(rpc::worker_id_t id) const {
+  auto it = by_id_.find(id);
+  TORCH_CHECK(it != by_id_.end(), "name:", workerInfo_.name_, ",rank:", workerInfo_.id_,
+              " could not find destination id ", id);
+  return workers_[it->second];
+}
+
+std::vector<rpc::WorkerInfo> TpdAgent::getWorkerInfos() const { return workers_; }
+
+void TpdAgent::join(bool shutdown, float timeout) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto done = [&] { return pending_.empty(); };
+    if (timeout > 0) {
+      idle_.wait_for(lock, Millis(timeout), done);
+    } else {
+      idle_.wait(lock, done);
+    }
+  }
+  if (!shutdown || !options_.is_static) return;
+  char* json = nullptr;
+  const int code =
+      api_.barrier(client_, options_.group.c_str(), options_.name.c_str(),
+                   timeout > 0 ? static_cast<int64_t>(timeout * 1e6) : TPD_TIMEOUT_DEFAULT, &json);
+  api_.free(json);
+  TORCH_CHECK(code == TPD_OK, "RPC shutdown failed: ", LastError());
+}
+
+void TpdAgent::startImpl() {
+  events_ = std::thread([this] { TakeEvents(); });
+}
+
+void TpdAgent::shutdownImpl() {
+  stopped_ = true;
+  api_.stop_events(client_);
+  if (events_.joinable()) events_.join();
+  pool_.waitWorkComplete();
+  std::unordered_map<uint64_t, Pending> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(pending_);
+  }
+  idle_.notify_all();
+  for (auto& [tag, call] : pending) {
+    Fail(*call.future, "RPC agent of " + workerInfo_.name_ +
+                           " is shutting down: the call got no answer before shutdown");
+  }
+  api_.leave(client_, options_.group.c_str(), options_.name.c_str());
+  api_.client_close(client_);
+  client_ = nullptr;
+}
+
+std::unordered_map<std::string, std::string> TpdAgent::getMetrics() {
+  std::unordered_map<std::string, std::string> metrics;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    metrics["agent.num_pending_requests"] = std::to_string(pending_.size());
+  }
+  metrics["agent.num_requests_serving"] = std::to_string(serving_.load());
+  metrics["agent.thread_pool_size"] = std::to_string(options_.num_worker_threads);
+  metrics["agent.num_idle_threads"] = std::to_string(pool_.numAvailable());
+  return metrics;
+}
+
+}  // namespace tpd::torch_agent

@@ -1,0 +1,116 @@
+// TpdAgent: torch's RpcAgent whose transport is the node's tpd daemon, so everything torch
+// builds above its agent (RRefs, distributed autograd, DistributedOptimizer, RemoteModule,
+// TorchScript calls, the profiler) runs on tpd. `import tpd.backend` registers it as
+// BackendType.TPD (docs/python.md, "Two ways in").
+//
+// A torch Message travels as one tpd call of method "torch.rpc" to the worker's name in the
+// job's group: a 16-byte header (magic, message type, message id) and torch's own wire
+// encoding of the payload and tensors (rpc/utils.h wireSerialize). Its answer comes back as the
+// call's reply in the same form, or as a tpd error, which fails the future in torch's words
+// (timeouts: RPCErrorType::TIMEOUT).
+//
+// Threads: one event thread takes the client's events (requests to serve, replies to calls)
+// and hands each to a pool of num_worker_threads threads, which run torch's request callback
+// and complete the futures of calls, as torch's TensorPipe agent does: a callback that waits on
+// another RPC never blocks the thread that would deliver its reply.
+//
+// Thread safety: thread-safe; torch calls send from any thread.
+
+#ifndef TPD_PYTHON_CSRC_AGENT_H_
+#define TPD_PYTHON_CSRC_AGENT_H_
+
+#include <c10/core/thread_pool.h>
+#include <torch/csrc/distributed/rpc/rpc_agent.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "python/tpd/csrc/client_api.h"
+
+namespace tpd::torch_agent {
+
+namespace rpc = ::torch::distributed::rpc;
+
+struct AgentOptions {
+  std::string library;  // libtpd_client.so, as tpd._capi loaded it
+  // The worker's tpd_client*, joined to `group` as `name` and serving method "torch.rpc"
+  // (requests wait in its queue until start()). The agent owns it from here and closes it.
+  uintptr_t client = 0;
+  std::string group;
+  std::string name;
+  int64_t rank = 0;
+  bool is_static = true;  // world_size given: shutdown waits for every rank (tpd's barrier)
+  std::vector<std::pair<std::string, int64_t>> workers;  // name, rank: the group's members
+  int num_worker_threads = 16;
+  float rpc_timeout_seconds = 60;
+};
+
+class TpdAgent final : public rpc::RpcAgent {
+ public:
+  explicit TpdAgent(AgentOptions options);
+  // Stops the agent if it runs (a process that exits without rpc.shutdown) and closes the
+  // client.
+  ~TpdAgent() override;
+
+  c10::intrusive_ptr<rpc::JitFuture> send(const rpc::WorkerInfo& to,
+                                          c10::intrusive_ptr<rpc::Message> message,
+                                          float rpc_timeout_seconds,
+                                          const rpc::DeviceMap& device_map) override;
+
+  using rpc::RpcAgent::getWorkerInfo;
+  const rpc::WorkerInfo& getWorkerInfo(const std::string& name) const override;
+  const rpc::WorkerInfo& getWorkerInfo(rpc::worker_id_t id) const override;
+  std::vector<rpc::WorkerInfo> getWorkerInfos() const override;
+
+  // Waits until this worker's calls are answered; with `shutdown` in a static group, then until
+  // every rank got there too (tpd's barrier: ranks that died count as arrived).
+  void join(bool shutdown, float timeout) override;
+  void sync() override {}
+  void startImpl() override;
+  // Stops taking events, fails the calls still waiting ("RPC agent ... is shutting down"),
+  // leaves the group and closes the client.
+  void shutdownImpl() override;
+  std::unordered_map<std::string, std::string> getMetrics() override;
+
+ private:
+  struct Pending {
+    c10::intrusive_ptr<rpc::JitFuture> future;
+    int64_t timeout_ms;
+  };
+
+  void addGilWaitTime(std::chrono::microseconds /*wait*/) override {}
+  void TakeEvents();
+  void Serve(tpd_event* request);
+  void Respond(tpd_event* request, int64_t id, rpc::JitFuture& response);
+  void Complete(tpd_event* reply);
+  std::string LastError() const;
+
+  const AgentOptions options_;
+  const ClientApi api_;
+  tpd_client* client_;  // null once closed (shutdownImpl)
+  std::vector<rpc::WorkerInfo> workers_;  // by rank order of options_.workers
+  std::unordered_map<std::string, size_t> by_name_;
+  std::unordered_map<rpc::worker_id_t, size_t> by_id_;
+
+  c10::ThreadPool pool_;
+  std::thread events_;
+  std::atomic<bool> stopped_{false};
+
+  std::mutex mu_;
+  std::condition_variable idle_;
+  uint64_t next_tag_ = 1;                          // guarded by mu_
+  std::unordered_map<uint64_t, Pending> pending_;  // guarded by mu_
+  std::atomic<int64_t> serving_{0};                // requests taken, not yet answered
+};
+
+}  // namespace tpd::torch_agent
+
+#endif  // TPD_PYTHON_CSRC_AGENT_H_

@@ -1,0 +1,64 @@
+"""Builds tpd._C, the TPD agent (torch's RpcAgent on tpd), against the torch this Python has.
+
+    python3 python/tpd/csrc/build.py [--out python/tpd/_C.so] [--root REPO]
+
+Bazel runs it (//python:torch_agent), and so does the GPU machine's bundle, where torch is
+another version (torch extensions are built where they run). `pip install ./python` builds
+the same sources through setuptools (python/setup.py). The flags are torch's own for its
+extensions (torch.utils.cpp_extension), so the binding shares torch's pybind11 types.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import sysconfig
+
+SOURCES = ["agent.cc", "client_api.cc", "module.cc"]
+
+
+def compile_flags():
+    """The compiler flags torch gives its extensions, and those of this module."""
+    import torch
+    from torch.utils import cpp_extension
+    # torch's headers use std::iterator, which C++17 deprecates: warnings that are not ours.
+    flags = ["-O2", "-fPIC", "-std=c++17", "-Wno-deprecated-declarations",
+             "-DTORCH_EXTENSION_NAME=_C",
+             "-DTORCH_API_INCLUDE_EXTENSION_H",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+    for name in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
+        value = getattr(torch._C, f"_PYBIND11_{name}", None)
+        if value is not None:
+            flags.append(f'-DPYBIND11_{name}="{value}"')
+    includes = cpp_extension.include_paths() + [sysconfig.get_paths()["include"]]
+    return flags + [f"-I{path}" for path in includes]
+
+
+def link_flags():
+    from torch.utils import cpp_extension
+    flags = []
+    for path in cpp_extension.library_paths():
+        flags += [f"-L{path}", f"-Wl,-rpath,{path}"]
+    return flags + ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(here, "..", "_C.so"))
+    parser.add_argument("--root", default=os.path.join(here, "..", "..", ".."),
+                        help="the repository, whose client/c/tpd_client.h the sources include")
+    parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
+    args = parser.parse_args()
+    try:
+        flags = compile_flags()
+    except ImportError as e:
+        sys.exit(f"cannot build tpd._C: {e} (it needs torch and its headers: Debian's "
+                 "python3-torch and libtorch-dev)")
+    command = ([args.cxx, "-shared", "-o", args.out, f"-I{args.root}"] + flags +
+               [os.path.join(here, source) for source in SOURCES] + link_flags())
+    sys.exit(subprocess.call(command))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+// tpd._C: the TPD agent's Python binding. A subclass of torch's RpcAgent binding, so torch's
+// own functions (_set_and_start_rpc_agent, get_worker_info, get_debug_info, ...) take it.
+
+#include <torch/csrc/utils/pybind.h>
+#include <torch/extension.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "python/tpd/csrc/agent.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using tpd::torch_agent::AgentOptions;
+  using tpd::torch_agent::TpdAgent;
+  // RpcAgent's Python type is made by torch.distributed.rpc's import.
+  py::module::import("torch.distributed.rpc");
+  m.attr("TORCH_VERSION") = TORCH_VERSION;
+  py::class_<TpdAgent, torch::distributed::rpc::RpcAgent, std::shared_ptr<TpdAgent>>(m,
+                                                                                     "TpdAgent")
+      .def(py::init([](std::string library, uintptr_t client, std::string group, std::string name,
+                       int64_t rank, bool is_static,
+                       std::vector<std::pair<std::string, int64_t>> workers,
+                       int num_worker_threads, float rpc_timeout_seconds) {
+             AgentOptions options;
+             options.library = std::move(library);
+             options.client = client;
+             options.group = std::move(group);
+             options.name = std::move(name);
+             options.rank = rank;
+             options.is_static = is_static;
+             options.workers = std::move(workers);
+             options.num_worker_threads = num_worker_threads;
+             options.rpc_timeout_seconds = rpc_timeout_seconds;
+             return std::make_shared<TpdAgent>(std::move(options));
+           }),
+           py::arg("library"), py::arg("client"), py::arg("group"), py::arg("name"),
+           py::arg("rank"), py::arg("is_static"), py::arg("workers"),
+           py::arg("num_worker_threads"), py::arg("rpc_timeout_seconds"))
+      .def("join", &TpdAgent::join, py::call_guard<py::gil_scoped_release>(),
+           py::arg("shutdown") = false, py::arg("timeout") = 0)
+      .def("shutdown", &TpdAgent::shutdown, py::call_guard<py::gil_scoped_release>());
+}
