@@ -26,6 +26,7 @@ _METHOD = "torch.rpc"  # what the agent serves (python/tpd/csrc/agent.cc)
 
 
 def _extension():
+    """tpd._C, checked against this torch; ImportError naming what is missing."""
     try:
         from . import _C
     except ImportError as e:
@@ -53,7 +54,6 @@ def _construct_options(rpc_timeout, init_method, num_worker_threads=16, _transpo
 def _init_backend(store, name, rank, world_size, rpc_backend_options):
     """torch's init_rpc calls this with its rendezvous store (under this init's prefix): the
     job joins a tpd group, and torch starts the agent returned."""
-    _C = _extension()
     options = rpc_backend_options
     if not isinstance(options, _rpc.TensorPipeRpcBackendOptions):
         raise TypeError(f"`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`. {options}")
@@ -66,7 +66,7 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
         response = _api._join_group(client, name, rank, world_size, options, group, init_method,
                                     secret, store, _METHOD)
         workers = [(m["name"], int(m["rank"])) for m in client.group(group).get("members", [])]
-        agent = _C.TpdAgent(
+        agent = _extension().TpdAgent(
             library=_capi.library()._name, client=client._handle.value, group=group, name=name,
             rank=int(response.get("rank", rank)), is_static=bool(world_size), workers=workers,
             num_worker_threads=int(options.num_worker_threads),
@@ -78,6 +78,7 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
     return agent
 
 
+_extension()  # at import: a program without it learns so before init_rpc
 if "TPD" not in _registry.BackendType.__members__:
     _registry.register_backend("TPD", _construct_options, _init_backend)
     # register_backend makes a new BackendType enum in the registry; torch.distributed.rpc's

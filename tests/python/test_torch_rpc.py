@@ -8,12 +8,8 @@ own, unchanged; each rank is a process of its own, all on one tpd daemon this mo
 CORE lists the tests that must pass (docs/python.md says why the others do not run).
 """
 
-import atexit
 import os
-import secrets
-import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "shims"))
 
@@ -40,6 +36,8 @@ from torch.testing._internal.distributed.rpc.tensorpipe_rpc_agent_test_fixture i
     TensorPipeRpcAgentTestFixture,
 )
 from torch.testing._internal.common_distributed import MultiProcessTestCase  # noqa: E402
+
+from torch_harness import OnTpd, keep_only  # noqa: E402
 
 # The tests that must pass: calls sync and async, builtins and user functions, exceptions,
 # timeouts, futures, async_execution, worker info, init and shutdown, remote and RRef basics.
@@ -135,48 +133,11 @@ CORE = [
 ]
 
 
-class TpdDaemon:
-    """The one daemon of the run, started by the first test (in the parent process)."""
-    daemon = None
-
-
-def _ensure_daemon():
-    if TpdDaemon.daemon is None:
-        import conftest
-        root = tempfile.mkdtemp(prefix="tpd-torch-", dir="/tmp")
-        TpdDaemon.daemon = conftest.Daemon(root, "node0", secrets.token_hex(8))
-        os.environ["TPD_SOCKET"] = TpdDaemon.daemon.socket
-        os.environ["TPD_RPC_HOME"] = f"tcp://{TpdDaemon.daemon.peer_address}"
-        atexit.register(_stop_daemon, root)  # the ranks' processes are gone by then
-    return TpdDaemon.daemon
-
-
-def _stop_daemon(root):
-    TpdDaemon.daemon.stop()
-    shutil.rmtree(root, ignore_errors=True)
-
-
-class _OnTpd:
-    """Runs a torch test class's ranks as processes on this run's tpd daemon."""
-
-    def setUp(self):
-        _ensure_daemon()
-        super().setUp()
-        self._spawn_processes()
-
-
-def _keep_only(cls, torch_tests, kept):
-    # Only the listed tests are collected; docs/python.md says why the others are not.
-    for name in dir(torch_tests):
-        if name.startswith("test_") and name not in kept:
-            setattr(cls, name, None)
-
-
-class TpdRpcTest(_OnTpd, TensorPipeRpcAgentTestFixture, rpc_test.RpcTest, MultiProcessTestCase):
+class TpdRpcTest(OnTpd, TensorPipeRpcAgentTestFixture, rpc_test.RpcTest, MultiProcessTestCase):
     """torch's RpcTest, its ranks on tpd."""
 
 
-_keep_only(TpdRpcTest, rpc_test.RpcTest, CORE)
+keep_only(TpdRpcTest, rpc_test.RpcTest, CORE)
 
 
 # torch's TensorPipeAgentRpcTest cases that apply to tpd: options of the wrong type, builtin
@@ -197,12 +158,12 @@ TENSORPIPE = [
 ]
 
 
-class TpdTensorPipeRpcTest(_OnTpd, TensorPipeRpcAgentTestFixture,
+class TpdTensorPipeRpcTest(OnTpd, TensorPipeRpcAgentTestFixture,
                            rpc_test.TensorPipeAgentRpcTest, MultiProcessTestCase):
     """torch's TensorPipeAgentRpcTest, its ranks on tpd."""
 
 
-_keep_only(TpdTensorPipeRpcTest, rpc_test.TensorPipeAgentRpcTest, TENSORPIPE)
+keep_only(TpdTensorPipeRpcTest, rpc_test.TensorPipeAgentRpcTest, TENSORPIPE)
 
 
 # torch's CUDA RPC tests that apply to tpd (device maps validated at init, tensors moved by
@@ -240,9 +201,9 @@ CUDA = [
 ]
 
 
-class TpdCudaRpcTest(_OnTpd, TensorPipeRpcAgentTestFixture,
+class TpdCudaRpcTest(OnTpd, TensorPipeRpcAgentTestFixture,
                      rpc_test.TensorPipeAgentCudaRpcTest, MultiProcessTestCase):
     """torch's TensorPipeAgentCudaRpcTest, its ranks on tpd."""
 
 
-_keep_only(TpdCudaRpcTest, rpc_test.TensorPipeAgentCudaRpcTest, CUDA)
+keep_only(TpdCudaRpcTest, rpc_test.TensorPipeAgentCudaRpcTest, CUDA)

@@ -207,7 +207,14 @@ void TpdAgent::Complete(tpd_event* reply) {
   idle_.notify_all();
   if (info.code == TPD_OK) {
     try {
-      pending.future->markCompleted(c10::IValue(Decode(info.payload, info.payload_size)));
+      c10::intrusive_ptr<rpc::Message> response = Decode(info.payload, info.payload_size);
+      if (response->type() == rpc::MessageType::EXCEPTION) {
+        // The callee's error, in its words (torch's agents fail the future with it).
+        const std::vector<char>& text = response->payload();
+        Fail(*pending.future, std::string(text.begin(), text.end()));
+      } else {
+        pending.future->markCompleted(c10::IValue(std::move(response)));
+      }
     } catch (const std::exception& e) {
       Fail(*pending.future, e.what());
     }

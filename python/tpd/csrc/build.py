@@ -1,6 +1,8 @@
 """Builds tpd._C, the TPD agent (torch's RpcAgent on tpd), against the torch this Python has.
 
-    python3 python/tpd/csrc/build.py [--out python/tpd/_C.so] [--root REPO]
+    python3 python/tpd/csrc/build.py [--out OUT] [--root REPO]
+
+writes python/tpd/_C<EXT_SUFFIX> (_C.cpython-311-x86_64-linux-gnu.so) by default.
 
 Bazel runs it (//python:torch_agent), and so does the GPU machine's bundle, where torch is
 another version (torch extensions are built where they run). `pip install ./python` builds
@@ -45,7 +47,8 @@ def link_flags():
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(here, "..", "_C.so"))
+    parser.add_argument("--out", default=os.path.join(
+        here, "..", "_C" + sysconfig.get_config_var("EXT_SUFFIX")))
     parser.add_argument("--root", default=os.path.join(here, "..", "..", ".."),
                         help="the repository, whose client/c/tpd_client.h the sources include")
     parser.add_argument("--cxx", default=os.environ.get("CXX", "g++"))

@@ -1,0 +1,94 @@
+"""PyTorch's own generic RPC test suites (torch/testing/_internal/distributed/rpc_utils.py,
+GENERIC_TESTS) run with backend=TPD: torch.distributed.rpc itself, its agent tpd's (tpd._C),
+through an RpcAgentTestFixture for TPD, the way torch runs them for its TensorPipe agent. The
+tests, their fixtures (dist_init) and their assertions are torch's own, unchanged; each rank
+is a process of its own, all on one tpd daemon this module starts.
+
+    python3 -m pytest tests/python/test_torch_backend.py              # CI's cases
+    TPD_TORCH_SUITES=all python3 -m pytest tests/python/test_torch_backend.py   # every case
+
+CI runs the cases listed per suite below, chosen to cover each suite within CI's time budget
+(a case costs ~4 s here: its ranks are processes that import torch). docs/python.md lists
+the counts of a run of every case and names each case that does not pass, with the reason.
+"""
+
+import os
+import sys
+
+# torch's test helpers import `expecttest`, which Debian does not package: a stand-in.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "shims"))
+
+import torch.distributed.rpc as rpc  # noqa: E402
+from torch.testing._internal.common_distributed import MultiProcessTestCase  # noqa: E402
+from torch.testing._internal.distributed.rpc.rpc_agent_test_fixture import (  # noqa: E402
+    RpcAgentTestFixture,
+)
+from torch.testing._internal.distributed.rpc_utils import GENERIC_TESTS  # noqa: E402
+
+import tpd.backend  # noqa: E402,F401 (registers BackendType.TPD)
+from torch_harness import OnTpd, keep_only  # noqa: E402
+
+
+class TpdBackendFixture(RpcAgentTestFixture):
+    """torch's fixture for an agent, for TPD: its backend, options and error words."""
+
+    @property
+    def rpc_backend(self):
+        return rpc.backend_registry.BackendType["TPD"]
+
+    @property
+    def rpc_backend_options(self):
+        return rpc.backend_registry.construct_rpc_backend_options(
+            self.rpc_backend, init_method=self.init_method)
+
+    def get_shutdown_error_regex(self):
+        # As torch's TensorPipe fixture: shutdown errors differ by where the call was.
+        return ".*"
+
+    def get_timeout_error_regex(self):
+        return "RPC ran for more than"
+
+
+# The cases CI runs, per suite (TPD_TORCH_SUITES=all runs every case of every suite).
+CI = {
+    "RpcTest": [
+        "test_worker_id",
+        "test_self_add",
+        "test_add",
+        "test_multi_rpc",
+        "test_py_user_defined",
+        "test_py_raise_in_user_func",
+        "test_rpc_timeouts",
+        "test_async_function_simple",
+        "test_rref_forward_chain",
+        "test_wait_all_exit_early_python",
+        "test_local_shutdown",
+    ],
+    "ParameterServerTest": ["test_batch_updating_parameter_server"],
+    "DistAutogradTest": [
+        "test_backward_simple",
+        "test_backward_multiple_round_trips",
+        "test_backward_rref",
+        "test_error_in_context",
+    ],
+    "DistOptimizerTest": ["test_dist_optim"],
+    "JitRpcTest": ["test_torchscript_function", "test_remote_script_module"],
+    "JitDistAutogradTest": ["test_get_gradients"],
+    "RemoteModuleTest": ["test_forward_sync", "test_remote_parameters"],
+    "ThreeWorkersRemoteModuleTest": ["test_send_remote_module_over_the_wire"],
+    "DdpUnderDistAutogradTest": ["test_backward_ddp_inside"],
+    "DdpComparisonTest": ["test_ddp_comparison"],
+    "ReinforcementLearningRpcTest": ["test_rl_rpc"],
+}
+
+_ALL = os.environ.get("TPD_TORCH_SUITES") == "all"
+
+for _suite in GENERIC_TESTS:
+    _name = f"Tpd{_suite.__name__}"
+    _class = type(_name, (OnTpd, _suite, TpdBackendFixture, MultiProcessTestCase),
+                  {"__doc__": f"torch's {_suite.__name__}, with backend=TPD."})
+    _class.__module__ = __name__  # the ranks' processes find it by this module's name
+    if not _ALL:
+        keep_only(_class, _suite, CI.get(_suite.__name__, []))
+    globals()[_name] = _class
+del _suite, _name, _class  # not test classes themselves
