@@ -76,8 +76,10 @@ CI = {
     "JitDistAutogradTest": ["test_get_gradients"],
     "RemoteModuleTest": ["test_forward_sync", "test_remote_parameters"],
     "ThreeWorkersRemoteModuleTest": ["test_send_remote_module_over_the_wire"],
-    "DdpUnderDistAutogradTest": ["test_backward_ddp_inside"],
-    "DdpComparisonTest": ["test_ddp_comparison"],
+    # DdpUnderDistAutogradTest and DdpComparisonTest: none here. Debian's torch 1.13 cannot
+    # build DistributedDataParallel under Python 3.11 (its torch.distributed._shard has a
+    # dataclass default Python 3.11 refuses), whatever the RPC backend; they run on the GPU
+    # machine's torch 2.11 (docs/python.md).
     "ReinforcementLearningRpcTest": ["test_rl_rpc"],
 }
 
