@@ -22,6 +22,7 @@ PACKAGES=(
   etcd-server              # etcd 3.4: the real cluster tests/store/etcd starts on loopback
   python3-torch            # PyTorch 1.13 (CPU): tpd.rpc runs beside torch.distributed.rpc
   libtorch-dev python3-pybind11 python3-dev  # torch's C++ headers: tpd._C, the TPD backend
+  python3-torchvision      # ResNet blocks of PyTorch's RPC examples (tests/python/pytorch_examples)
   python3-pytest           # tests/python
   python3-pip python3-wheel  # tests/python checks `pip install ./python` works offline
   binutils                 # nm: tests/python checks what libtpd_client.so exports

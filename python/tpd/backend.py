@@ -70,7 +70,8 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
             library=_capi.library()._name, client=client._handle.value, group=group, name=name,
             rank=int(response.get("rank", rank)), is_static=bool(world_size), workers=workers,
             num_worker_threads=int(options.num_worker_threads),
-            rpc_timeout_seconds=float(options.rpc_timeout))
+            rpc_timeout_seconds=float(options.rpc_timeout),
+            arena_bytes=int(client.call_stats().get("arena_bytes", 0)))
     except BaseException:
         client.close()
         raise

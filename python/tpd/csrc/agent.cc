@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/rpc/request_callback_impl.h>
 #include <torch/csrc/distributed/rpc/utils.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <stdexcept>
@@ -91,6 +92,21 @@ std::string TpdAgent::LastError() const {
   return error != nullptr ? error : "unknown error";
 }
 
+template <typename Attempt>
+int TpdAgent::WithRoom(uint64_t bytes, std::chrono::steady_clock::time_point deadline,
+                       Attempt attempt) {
+  std::chrono::milliseconds pause(1);
+  while (true) {
+    const int code = attempt();
+    if (code != TPD_RESOURCE_EXHAUSTED || bytes > options_.arena_bytes || stopped_ ||
+        std::chrono::steady_clock::now() + pause > deadline) {
+      return code;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+}
+
 c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
                                                   c10::intrusive_ptr<rpc::Message> message,
                                                   float rpc_timeout_seconds,
@@ -113,8 +129,13 @@ c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
     pending_[tag] = Pending{future, timeout.count()};
   }
   // timeout 0: no deadline, for torch and for tpd alike.
-  if (api_.call_async(client_, options_.group.c_str(), to.name_.c_str(), kMethod, wire.data(),
-                      wire.size(), nullptr, 0, timeout.count() * 1000, tag) != TPD_OK) {
+  const auto deadline = timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout
+                                            : std::chrono::steady_clock::time_point::max();
+  const int code = WithRoom(wire.size(), deadline, [&] {
+    return api_.call_async(client_, options_.group.c_str(), to.name_.c_str(), kMethod,
+                           wire.data(), wire.size(), nullptr, 0, timeout.count() * 1000, tag);
+  });
+  if (code != TPD_OK) {
     const std::string why = LastError();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -184,8 +205,14 @@ void TpdAgent::Respond(tpd_event* request, int64_t id, rpc::JitFuture& response)
   } catch (const std::exception& e) {
     wire = Encode(*rpc::createExceptionResponse(e, id));
   }
-  // A caller gone meanwhile is no error here: the daemon dropped its call.
-  api_.reply(request, wire.data(), wire.size(), nullptr, 0, 0);
+  // A caller gone meanwhile is no error here: the daemon dropped its call. A reply that cannot
+  // be sent (no room in the arena within the RPC timeout) fails the caller with the reason.
+  const int code = WithRoom(wire.size(), std::chrono::steady_clock::now() + getRpcTimeout(), [&] {
+    return api_.reply(request, wire.data(), wire.size(), nullptr, 0, 0);
+  });
+  if (code != TPD_OK && code != TPD_CANCELLED) {
+    api_.reply_error(request, code, LastError().c_str());
+  }
   api_.event_free(request);
   if (--serving_ == 0) idle_.notify_all();
 }

@@ -51,6 +51,9 @@ struct AgentOptions {
   std::vector<std::pair<std::string, int64_t>> workers;  // name, rank: the group's members
   int num_worker_threads = 16;
   float rpc_timeout_seconds = 60;
+  // The client's shared arena (tx heap): a message that fits it but finds no room now waits
+  // for calls in flight to give theirs back; a larger one fails at once.
+  uint64_t arena_bytes = 0;
 };
 
 class TpdAgent final : public rpc::RpcAgent {
@@ -87,6 +90,10 @@ class TpdAgent final : public rpc::RpcAgent {
   };
 
   void addGilWaitTime(std::chrono::microseconds /*wait*/) override {}
+  // Runs `attempt` (a call or reply of `bytes`) until it is not refused for want of room in
+  // the arena, or `deadline` passes; returns its last code.
+  template <typename Attempt>
+  int WithRoom(uint64_t bytes, std::chrono::steady_clock::time_point deadline, Attempt attempt);
   void TakeEvents();
   void Serve(tpd_event* request);
   void Respond(tpd_event* request, int64_t id, rpc::JitFuture& response);

@@ -24,7 +24,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](std::string library, uintptr_t client, std::string group, std::string name,
                        int64_t rank, bool is_static,
                        std::vector<std::pair<std::string, int64_t>> workers,
-                       int num_worker_threads, float rpc_timeout_seconds) {
+                       int num_worker_threads, float rpc_timeout_seconds,
+                       uint64_t arena_bytes) {
              AgentOptions options;
              options.library = std::move(library);
              options.client = client;
@@ -35,11 +36,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              options.workers = std::move(workers);
              options.num_worker_threads = num_worker_threads;
              options.rpc_timeout_seconds = rpc_timeout_seconds;
+             options.arena_bytes = arena_bytes;
              return std::make_shared<TpdAgent>(std::move(options));
            }),
            py::arg("library"), py::arg("client"), py::arg("group"), py::arg("name"),
            py::arg("rank"), py::arg("is_static"), py::arg("workers"),
-           py::arg("num_worker_threads"), py::arg("rpc_timeout_seconds"))
+           py::arg("num_worker_threads"), py::arg("rpc_timeout_seconds"),
+           py::arg("arena_bytes"))
       .def("join", &TpdAgent::join, py::call_guard<py::gil_scoped_release>(),
            py::arg("shutdown") = false, py::arg("timeout") = 0)
       .def("shutdown", &TpdAgent::shutdown, py::call_guard<py::gil_scoped_release>());
