@@ -309,6 +309,11 @@ void TpdAgent::shutdownImpl() {
   client_ = nullptr;
 }
 
+void TpdAgent::addGilWaitTime(std::chrono::microseconds wait) {
+  gil_wait_us_ += wait.count();
+  ++gil_waits_;
+}
+
 std::unordered_map<std::string, std::string> TpdAgent::getMetrics() {
   std::unordered_map<std::string, std::string> metrics;
   {
@@ -318,6 +323,11 @@ std::unordered_map<std::string, std::string> TpdAgent::getMetrics() {
   metrics["agent.num_requests_serving"] = std::to_string(serving_.load());
   metrics["agent.thread_pool_size"] = std::to_string(options_.num_worker_threads);
   metrics["agent.num_idle_threads"] = std::to_string(pool_.numAvailable());
+  if (isGILProfilingEnabled()) {
+    const int64_t waits = gil_waits_.load();
+    metrics["agent.gil_average_wait_time_us"] =
+        std::to_string(waits > 0 ? gil_wait_us_.load() / waits : 0);
+  }
   return metrics;
 }
 

@@ -89,7 +89,9 @@ class TpdAgent final : public rpc::RpcAgent {
     int64_t timeout_ms;
   };
 
-  void addGilWaitTime(std::chrono::microseconds /*wait*/) override {}
+  // How long torch's Python handlers waited for the GIL (with enableGILProfiling): the
+  // metric agent.gil_average_wait_time_us, as torch's agents report it.
+  void addGilWaitTime(std::chrono::microseconds wait) override;
   // Runs `attempt` (a call or reply of `bytes`) until it is not refused for want of room in
   // the arena, or `deadline` passes; returns its last code.
   template <typename Attempt>
@@ -116,6 +118,8 @@ class TpdAgent final : public rpc::RpcAgent {
   uint64_t next_tag_ = 1;                          // guarded by mu_
   std::unordered_map<uint64_t, Pending> pending_;  // guarded by mu_
   std::atomic<int64_t> serving_{0};                // requests taken, not yet answered
+  std::atomic<int64_t> gil_waits_{0};
+  std::atomic<int64_t> gil_wait_us_{0};
 };
 
 }  // namespace tpd::torch_agent

@@ -16,6 +16,8 @@ namespace py = pybind11;
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using tpd::torch_agent::AgentOptions;
   using tpd::torch_agent::TpdAgent;
+  using torch::distributed::rpc::WorkerInfo;
+  using torch::distributed::rpc::worker_id_t;
   // RpcAgent's Python type is made by torch.distributed.rpc's import.
   py::module::import("torch.distributed.rpc");
   m.attr("TORCH_VERSION") = TORCH_VERSION;
@@ -43,6 +45,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("rank"), py::arg("is_static"), py::arg("workers"),
            py::arg("num_worker_threads"), py::arg("rpc_timeout_seconds"),
            py::arg("arena_bytes"))
+      // torch's RpcAgent binding has no get_worker_info(id): this attribute replaces it, so
+      // it carries all three (this worker, by name, by id), as torch's agents bind them.
+      .def("get_worker_info",
+           static_cast<const WorkerInfo& (TpdAgent::*)() const>(&TpdAgent::getWorkerInfo),
+           py::call_guard<py::gil_scoped_release>())
+      .def("get_worker_info",
+           static_cast<const WorkerInfo& (TpdAgent::*)(const std::string&) const>(
+               &TpdAgent::getWorkerInfo),
+           py::call_guard<py::gil_scoped_release>())
+      .def("get_worker_info",
+           static_cast<const WorkerInfo& (TpdAgent::*)(worker_id_t) const>(
+               &TpdAgent::getWorkerInfo),
+           py::call_guard<py::gil_scoped_release>())
       .def("join", &TpdAgent::join, py::call_guard<py::gil_scoped_release>(),
            py::arg("shutdown") = false, py::arg("timeout") = 0)
       .def("shutdown", &TpdAgent::shutdown, py::call_guard<py::gil_scoped_release>());
