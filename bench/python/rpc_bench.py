@@ -2,14 +2,16 @@
 
     python3 bench/python/rpc_bench.py --tpd bazel-bin/daemon/tpd [--cuda] [--quick]
 
-For each backend (torch's own TensorPipe agent, then tpd.rpc) two worker processes are
-started, rank 0 measuring and rank 1 answering, and for tpd both on one daemon ("one node")
-and on two daemons ("two daemons", joined over their peer ports). Rows:
+For each backend (torch's own TensorPipe agent, then tpd.rpc, and with --backend torch's RPC
+module on tpd: backend=TPD, tpd._C) two worker processes are started, rank 0 measuring and
+rank 1 answering, and for tpd both on one daemon ("one node") and on two daemons ("two
+daemons", joined over their peer ports). Rows:
 
 - P1 empty call: rpc_sync of a function returning None, p50 and p99 (µs);
 - P2 rpc_async throughput: calls/s with 64 in flight;
 - P3 CPU tensor round trip of 1, 16 and 256 MiB (the callee returns what it got), median ms;
-- P4 (--cuda, two GPUs) a CUDA tensor cuda:0 -> cuda:1 and back by device maps, median ms.
+- P4 (--cuda, two GPUs) a CUDA tensor cuda:0 -> cuda:1 and back by device maps, median ms
+  (not for backend=TPD, which moves CPU tensors only so far).
 
 Every ratio is torch's time over tpd's (above 1: tpd is faster), from the same run.
 
@@ -242,20 +244,27 @@ def _worker(rank, backend, init_method, socket_path, args, queue):
     os.environ["TPD_SOCKET"] = socket_path or ""
     os.environ["TPD_CUDA_POOL_BYTES"] = str(1 << 30)  # 256 MiB tensors, both ways
     import torch
-    if backend == "torch":
-        import torch.distributed.rpc as rpc
-    else:
+    if backend == "tpd":
         import tpd.rpc as rpc
+    else:
+        import torch.distributed.rpc as rpc
     options = rpc.TensorPipeRpcBackendOptions(init_method=init_method, rpc_timeout=300,
                                               num_worker_threads=16)
-    if args.cuda:
+    cuda = args.cuda and backend != "TPD"
+    if cuda:
         options.set_device_map("bench1" if rank == 0 else "bench0",
                                {0: 1} if rank == 0 else {1: 0})
     if args.breakdown:
         _stamp_library_calls()
-    rpc.init_rpc(f"bench{rank}", rank=rank, world_size=2, rpc_backend_options=options)
+    if backend == "TPD":
+        import tpd.backend  # noqa: F401 (registers BackendType.TPD)
+        rpc.init_rpc(f"bench{rank}", rank=rank, world_size=2, rpc_backend_options=options,
+                     backend=rpc.BackendType.TPD)
+    else:
+        rpc.init_rpc(f"bench{rank}", rank=rank, world_size=2, rpc_backend_options=options)
     measure = _breakdown if args.breakdown else _measure
-    rows = measure(rpc, torch, args) if rank == 0 else None
+    rows = measure(rpc, torch, argparse.Namespace(**dict(vars(args), cuda=cuda))) \
+        if rank == 0 else None
     rpc.shutdown()
     queue.put(rows) if rows is not None else None
 
@@ -296,6 +305,8 @@ def main():
     parser.add_argument("--tpd", help="the tpd binary")
     parser.add_argument("--cuda", action="store_true", help="also CUDA tensors (two GPUs)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--backend", action="store_true",
+                        help="also torch's RPC module with backend=TPD (needs tpd._C)")
     args = parser.parse_args()
     if args.probe:
         probe_callbacks(args.probe)
@@ -325,23 +336,29 @@ def main():
     try:
         results = {
             "torch": run_backend("torch", [None, None], args),
-            "tpd one node": run_backend("tpd", [daemons[0].socket] * 2, args),
-            "tpd two daemons": run_backend("tpd", [d.socket for d in daemons], args),
+            "tpd.rpc 1 node": run_backend("tpd", [daemons[0].socket] * 2, args),
+            "tpd.rpc 2 daemons": run_backend("tpd", [d.socket for d in daemons], args),
         }
+        if args.backend:
+            results["TPD 1 node"] = run_backend("TPD", [daemons[0].socket] * 2, args)
+            results["TPD 2 daemons"] = run_backend("TPD", [d.socket for d in daemons], args)
     finally:
         for d in daemons:
             d.stop()
         shutil.rmtree(root, ignore_errors=True)
-    torch_rows = results["torch"]
-    print(f"{'row':48} {'torch':>10} {'tpd 1 node':>11} {'ratio':>6} "
-          f"{'tpd 2 daemons':>14} {'ratio':>6}")
-    for row, base in torch_rows.items():
-        one = results["tpd one node"][row]
-        two = results["tpd two daemons"][row]
-        higher_better = "calls/s" in row
-        r1 = one / base if higher_better else base / one
-        r2 = two / base if higher_better else base / two
-        print(f"{row:48} {base:10.1f} {one:11.1f} {r1:6.2f} {two:14.1f} {r2:6.2f}")
+    # Each column's value, and torch's time over its (above 1: faster than torch).
+    columns = [name for name in results if name != "torch"]
+    print(f"{'row':46} {'torch':>9}" + "".join(f" {name:>17} {'ratio':>5}" for name in columns))
+    for row, base in results["torch"].items():
+        line = f"{row:46} {base:9.1f}"
+        for name in columns:
+            value = results[name].get(row)
+            if value is None:
+                line += f" {'-':>17} {'-':>5}"
+                continue
+            ratio = value / base if "calls/s" in row else base / value
+            line += f" {value:17.1f} {ratio:5.2f}"
+        print(line)
 
 
 if __name__ == "__main__":

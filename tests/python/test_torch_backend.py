@@ -53,6 +53,8 @@ class TpdBackendFixture(RpcAgentTestFixture):
 CI = {
     "RpcTest": [
         "test_worker_id",
+        "test_send_to_rank",
+        "test_disable_gil_profiling",
         "test_self_add",
         "test_add",
         "test_multi_rpc",

@@ -13,7 +13,10 @@ namespace {
 
 constexpr char kMethod[] = "torch.rpc";
 
-// What precedes torch's wire encoding in a tpd payload.
+// A torch message on tpd: the header is the call's payload, and torch's wire encoding of the
+// message's payload and tensors travels as one tensor of bytes, which the library copies into
+// the shared arena and the receiver reads where it lands (one copy fewer each way than a
+// payload of both).
 struct Header {
   uint32_t magic;
   int32_t type;  // rpc::MessageType
@@ -21,31 +24,49 @@ struct Header {
 };
 constexpr uint32_t kMagic = 0x4d445054;  // "TPDM"
 
-std::string Encode(const rpc::Message& message) {
+struct Wire {
+  Header header;
+  std::string body;
+
+  tpd_tensor Tensor() const {
+    tpd_tensor tensor{};
+    tensor.dtype = TPD_UINT8;
+    tensor.ndim = 1;
+    tensor.shape[0] = static_cast<int64_t>(body.size());
+    tensor.data = body.data();
+    tensor.nbytes = body.size();
+    tensor.device_type = TPD_CPU;
+    return tensor;
+  }
+};
+
+Wire Encode(const rpc::Message& message) {
   for (const at::Tensor& tensor : message.tensors()) {
     TORCH_CHECK(tensor.device().is_cpu(),
                 "the TPD backend sends CPU tensors only (issue 32: CUDA tensors through "
                 "device maps are not built yet); got a tensor on ",
                 tensor.device());
   }
-  const std::string body = rpc::wireSerialize(message.payload(), message.tensors());
-  const Header header{kMagic, static_cast<int32_t>(message.type()), message.id()};
-  std::string wire(sizeof(header) + body.size(), '\0');
-  std::memcpy(wire.data(), &header, sizeof(header));
-  std::memcpy(wire.data() + sizeof(header), body.data(), body.size());
-  return wire;
+  return Wire{Header{kMagic, static_cast<int32_t>(message.type()), message.id()},
+              rpc::wireSerialize(message.payload(), message.tensors())};
 }
 
-// The message a peer sent; throws std::runtime_error for bytes that are none.
-c10::intrusive_ptr<rpc::Message> Decode(const char* data, size_t size) {
+// The message a peer sent (`info` read from `event`); throws std::runtime_error for an event
+// that carries none.
+c10::intrusive_ptr<rpc::Message> Decode(const ClientApi& api, const tpd_event* event,
+                                        const tpd_event_info& info) {
   Header header;
-  if (size < sizeof(header)) {
-    throw std::runtime_error("a TPD message of " + std::to_string(size) +
-                             " bytes is shorter than its header");
+  tpd_tensor body;
+  if (info.payload_size != sizeof(header) || info.num_tensors != 1 ||
+      api.event_tensor(event, 0, &body) != TPD_OK || body.dtype != TPD_UINT8 ||
+      body.ndim != 1 || body.device_type != TPD_CPU) {
+    throw std::runtime_error("not a TPD message: a " + std::to_string(info.payload_size) +
+                             "-byte payload and " + std::to_string(info.num_tensors) +
+                             " tensors, not a header and torch's encoding");
   }
-  std::memcpy(&header, data, sizeof(header));
+  std::memcpy(&header, info.payload, sizeof(header));
   if (header.magic != kMagic) throw std::runtime_error("not a TPD message (bad magic)");
-  auto [payload, tensors] = rpc::wireDeserialize(data + sizeof(header), size - sizeof(header));
+  auto [payload, tensors] = rpc::wireDeserialize(body.data, body.nbytes);
   return c10::make_intrusive<rpc::Message>(std::move(payload), std::move(tensors),
                                            static_cast<rpc::MessageType>(header.type), header.id);
 }
@@ -123,7 +144,8 @@ c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
     tag = next_tag_++;
     message->setId(static_cast<int64_t>(tag));
   }
-  const std::string wire = Encode(*message);
+  const Wire wire = Encode(*message);
+  const tpd_tensor body = wire.Tensor();
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_[tag] = Pending{future, timeout.count()};
@@ -131,9 +153,10 @@ c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
   // timeout 0: no deadline, for torch and for tpd alike.
   const auto deadline = timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout
                                             : std::chrono::steady_clock::time_point::max();
-  const int code = WithRoom(wire.size(), deadline, [&] {
+  const int code = WithRoom(wire.body.size(), deadline, [&] {
     return api_.call_async(client_, options_.group.c_str(), to.name_.c_str(), kMethod,
-                           wire.data(), wire.size(), nullptr, 0, timeout.count() * 1000, tag);
+                           reinterpret_cast<const char*>(&wire.header), sizeof(wire.header),
+                           &body, 1, timeout.count() * 1000, tag);
   });
   if (code != TPD_OK) {
     const std::string why = LastError();
@@ -175,7 +198,7 @@ void TpdAgent::Serve(tpd_event* request) {
   api_.event_read(request, &info);
   c10::intrusive_ptr<rpc::Message> message;
   try {
-    message = Decode(info.payload, info.payload_size);
+    message = Decode(api_, request, info);
   } catch (const std::exception& e) {
     api_.reply_error(request, TPD_INVALID_ARGUMENT, e.what());
     api_.event_free(request);
@@ -199,15 +222,17 @@ void TpdAgent::Respond(tpd_event* request, int64_t id, rpc::JitFuture& response)
       response.hasError() ? rpc::createExceptionResponse(response.tryRetrieveErrorMessage(), id)
                           : response.value().toCustomClass<rpc::Message>();
   message->setId(id);
-  std::string wire;
+  Wire wire;
   try {
     wire = Encode(*message);
   } catch (const std::exception& e) {
     wire = Encode(*rpc::createExceptionResponse(e, id));
   }
+  const tpd_tensor body = wire.Tensor();
   // A caller gone meanwhile is no error here: the daemon dropped its call. A reply the arena
   // has no room for is not sent: the library answers the caller with the reason instead.
-  api_.reply(request, wire.data(), wire.size(), nullptr, 0, 0);
+  api_.reply(request, reinterpret_cast<const char*>(&wire.header), sizeof(wire.header), &body, 1,
+             0);
   api_.event_free(request);
   if (--serving_ == 0) idle_.notify_all();
 }
@@ -229,7 +254,7 @@ void TpdAgent::Complete(tpd_event* reply) {
   idle_.notify_all();
   if (info.code == TPD_OK) {
     try {
-      c10::intrusive_ptr<rpc::Message> response = Decode(info.payload, info.payload_size);
+      c10::intrusive_ptr<rpc::Message> response = Decode(api_, reply, info);
       if (response->type() == rpc::MessageType::EXCEPTION) {
         // The callee's error, in its words (torch's agents fail the future with it).
         const std::vector<char>& text = response->payload();

@@ -4,8 +4,9 @@
 // BackendType.TPD (docs/python.md, "Two ways in").
 //
 // A torch Message travels as one tpd call of method "torch.rpc" to the worker's name in the
-// job's group: a 16-byte header (magic, message type, message id) and torch's own wire
-// encoding of the payload and tensors (rpc/utils.h wireSerialize). Its answer comes back as the
+// job's group: a 16-byte header (magic, message type, message id) as the call's payload, and
+// torch's own wire encoding of the message's payload and tensors (rpc/utils.h wireSerialize)
+// as one tensor of bytes. Its answer comes back as the
 // call's reply in the same form, or as a tpd error, which fails the future in torch's words
 // (timeouts: RPCErrorType::TIMEOUT).
 //

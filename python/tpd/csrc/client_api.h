@@ -29,6 +29,7 @@ struct ClientApi {
   decltype(&tpd_next_event) next_event;
   decltype(&tpd_event_free) event_free;
   decltype(&tpd_event_read) event_read;
+  decltype(&tpd_event_tensor) event_tensor;
   decltype(&tpd_reply) reply;
   decltype(&tpd_reply_error) reply_error;
   decltype(&tpd_call_async) call_async;
