@@ -108,6 +108,10 @@ TpdAgent::~TpdAgent() {
   if (client_ != nullptr) api_.client_close(client_);
 }
 
+std::string TpdAgent::Where() const {
+  return "name:" + workerInfo_.name_ + ",rank:" + std::to_string(workerInfo_.id_);
+}
+
 std::string TpdAgent::LastError() const {
   const char* error = api_.last_error();
   return error != nullptr ? error : "unknown error";
@@ -277,15 +281,17 @@ void TpdAgent::Complete(tpd_event* reply) {
 
 const rpc::WorkerInfo& TpdAgent::getWorkerInfo(const std::string& name) const {
   auto it = by_name_.find(name);
-  TORCH_CHECK(it != by_name_.end(), "name:", workerInfo_.name_, ",rank:", workerInfo_.id_,
-              " could not find destination name ", name);
+  if (it == by_name_.end()) {
+    throw std::runtime_error(Where() + " could not find destination name " + name);
+  }
   return workers_[it->second];
 }
 
 const rpc::WorkerInfo& TpdAgent::getWorkerInfo(rpc::worker_id_t id) const {
   auto it = by_id_.find(id);
-  TORCH_CHECK(it != by_id_.end(), "name:", workerInfo_.name_, ",rank:", workerInfo_.id_,
-              " could not find destination id ", id);
+  if (it == by_id_.end()) {
+    throw std::runtime_error(Where() + " could not find destination id " + std::to_string(id));
+  }
   return workers_[it->second];
 }
 
@@ -307,7 +313,7 @@ void TpdAgent::join(bool shutdown, float timeout) {
       api_.barrier(client_, options_.group.c_str(), options_.name.c_str(),
                    timeout > 0 ? static_cast<int64_t>(timeout * 1e6) : TPD_TIMEOUT_DEFAULT, &json);
   api_.free(json);
-  TORCH_CHECK(code == TPD_OK, "RPC shutdown failed: ", LastError());
+  if (code != TPD_OK) throw std::runtime_error("RPC shutdown failed: " + LastError());
 }
 
 void TpdAgent::startImpl() {

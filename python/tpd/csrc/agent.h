@@ -15,6 +15,9 @@
 // and complete the futures of calls, as torch's TensorPipe agent does: a callback that waits on
 // another RPC never blocks the thread that would deliver its reply.
 //
+// Errors Python may see are std::runtime_error (RuntimeError), not c10::Error: torch 2.11's
+// Python crashed translating a c10::Error this module threw from its binding.
+//
 // Thread safety: thread-safe; torch calls send from any thread.
 
 #ifndef TPD_PYTHON_CSRC_AGENT_H_
@@ -102,6 +105,8 @@ class TpdAgent final : public rpc::RpcAgent {
   void Respond(tpd_event* request, int64_t id, rpc::JitFuture& response);
   void Complete(tpd_event* reply);
   std::string LastError() const;
+  // "name:<worker>,rank:<id>", as torch's agents start their lookup errors.
+  std::string Where() const;
 
   const AgentOptions options_;
   const ClientApi api_;

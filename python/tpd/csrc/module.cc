@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,10 +14,25 @@
 
 namespace py = pybind11;
 
+namespace {
+
+// Runs `f`, turning torch's c10::Error into std::runtime_error, which this module's own pybind
+// raises as RuntimeError. (A c10::Error left to cross into torch's translator from a module
+// built apart from torch crashed torch 2.11's Python with SIGSEGV.)
+template <typename F>
+auto Translated(F f) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(e.what_without_backtrace());
+  }
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using tpd::torch_agent::AgentOptions;
   using tpd::torch_agent::TpdAgent;
-  using torch::distributed::rpc::WorkerInfo;
   using torch::distributed::rpc::worker_id_t;
   // RpcAgent's Python type is made by torch.distributed.rpc's import.
   py::module::import("torch.distributed.rpc");
@@ -47,18 +63,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("arena_bytes"))
       // torch's RpcAgent binding has no get_worker_info(id): this attribute replaces it, so
       // it carries all three (this worker, by name, by id), as torch's agents bind them.
-      .def("get_worker_info",
-           static_cast<const WorkerInfo& (TpdAgent::*)() const>(&TpdAgent::getWorkerInfo),
-           py::call_guard<py::gil_scoped_release>())
-      .def("get_worker_info",
-           static_cast<const WorkerInfo& (TpdAgent::*)(const std::string&) const>(
-               &TpdAgent::getWorkerInfo),
-           py::call_guard<py::gil_scoped_release>())
-      .def("get_worker_info",
-           static_cast<const WorkerInfo& (TpdAgent::*)(worker_id_t) const>(
-               &TpdAgent::getWorkerInfo),
-           py::call_guard<py::gil_scoped_release>())
-      .def("join", &TpdAgent::join, py::call_guard<py::gil_scoped_release>(),
-           py::arg("shutdown") = false, py::arg("timeout") = 0)
-      .def("shutdown", &TpdAgent::shutdown, py::call_guard<py::gil_scoped_release>());
+      .def(
+          "get_worker_info",
+          [](const TpdAgent& agent) { return agent.getWorkerInfo(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "get_worker_info",
+          [](const TpdAgent& agent, const std::string& name) {
+            return Translated([&] { return agent.getWorkerInfo(name); });
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "get_worker_info",
+          [](const TpdAgent& agent, worker_id_t id) {
+            return Translated([&] { return agent.getWorkerInfo(id); });
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "join",
+          [](TpdAgent& agent, bool shutdown, float timeout) {
+            Translated([&] { agent.join(shutdown, timeout); });
+          },
+          py::call_guard<py::gil_scoped_release>(), py::arg("shutdown") = false,
+          py::arg("timeout") = 0)
+      .def(
+          "shutdown", [](TpdAgent& agent) { Translated([&] { agent.shutdown(); }); },
+          py::call_guard<py::gil_scoped_release>());
 }
