@@ -25,14 +25,17 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _environment(daemon, **extra):
+    """A program's environment: the daemon's socket, the job's home on it, the stand-ins."""
+    return dict(
+        os.environ, TPD_SOCKET=daemon.socket, TPD_RPC_HOME=f"tcp://{daemon.peer_address}",
+        PYTHONPATH=os.pathsep.join([os.path.join(EXAMPLES, "stand_ins")] + sys.path), **extra)
+
+
 def run_example(daemon, workdir, program, *args, env=None, timeout=300):
     """Runs pytorch_examples/`program` to its end; returns its output."""
     path = os.path.join(EXAMPLES, program)
-    environment = dict(
-        os.environ, TPD_SOCKET=daemon.socket, TPD_RPC_HOME=f"tcp://{daemon.peer_address}",
-        MASTER_PORT=str(_free_port()),
-        PYTHONPATH=os.pathsep.join([os.path.join(EXAMPLES, "stand_ins")] + sys.path))
-    environment.update(env or {})
+    environment = _environment(daemon, MASTER_PORT=str(_free_port()), **(env or {}))
     result = subprocess.run([sys.executable, path, *args], cwd=workdir, env=environment,
                             capture_output=True, text=True, timeout=timeout)
     output = result.stdout + result.stderr
@@ -60,9 +63,7 @@ def test_parameter_server_with_distributed_optimizer(daemon, workdir):
     # by an inplace operation", and the server then waits forever.)
     port = str(_free_port())
     program = os.path.join(EXAMPLES, "parameter_server", "rpc_parameter_server.py")
-    environment = dict(
-        os.environ, TPD_SOCKET=daemon.socket, TPD_RPC_HOME=f"tcp://{daemon.peer_address}",
-        PYTHONPATH=os.pathsep.join([os.path.join(EXAMPLES, "stand_ins")] + sys.path))
+    environment = _environment(daemon)
     ranks = [subprocess.Popen(
         [sys.executable, program, "--world_size=2", f"--rank={rank}", "--master_addr=127.0.0.1",
          f"--master_port={port}"], cwd=workdir, env=environment, stdout=subprocess.PIPE,
