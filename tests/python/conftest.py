@@ -18,7 +18,9 @@ import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "python"))
+# After PYTHONPATH: under Bazel that is the runfiles' python/, which also holds the built
+# tpd._C; the source tree's python/ is for a plain `pytest tests/python`.
+sys.path.append(str(REPO / "python"))
 sys.path.insert(0, str(HERE))
 
 
