@@ -76,7 +76,7 @@ void FillStore(const std::string& socket, int n, bool without_session) {
   absl::Status refused;
   int stored = 0;
   if (without_session) {
-    auto stub = tpd::v1::Store::NewStub(
+    auto store = tpd::v1::Store::NewStub(
         grpc::CreateChannel(absl::StrCat("unix:", socket), grpc::InsecureChannelCredentials()));
     auto set = [&](const std::string& key, const std::string& session) {
       tpd::v1::SetRequest request;
@@ -85,7 +85,7 @@ void FillStore(const std::string& socket, int n, bool without_session) {
       tpd::v1::SetResponse response;
       grpc::ClientContext context;
       if (!session.empty()) context.AddMetadata(tpd::kStoreSessionMetadata, session);
-      return FromGrpc(stub->Set(&context, request, &response));
+      return FromGrpc(store->Set(&context, request, &response));
     };
     if (const std::string forged = absl::GetFlag(FLAGS_raw_session); !forged.empty()) {
       Print("store_named_session", set("named", forged));
