@@ -376,6 +376,12 @@ absl::Status Daemon::Serve() {
         return std::make_shared<Charged>(store->ChargedTo(std::move(share)));
       },
       [manager](const std::string& session) { return manager->SessionUid(session); });
+  // Peers' calls for their users (members' group-store keys homed here) are charged to those
+  // users; the peers' own writes (records, heartbeats) to the peer daemons' account.
+  peer_store_service_.set_charging(
+      [store = &store_](store::StoreShare share) -> std::shared_ptr<store::Store> {
+        return store->ChargedTo(std::move(share));
+      });
   admin_service_ = std::make_unique<AdminService>(&config_, socket_path_, start_time_, &serving_,
                                                   &store_, &store_calls_, &control_calls_,
                                                   &in_flight_, peer_address_, groups_.get());

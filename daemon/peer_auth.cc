@@ -44,7 +44,8 @@ PeerAuth::PeerAuth(PeerAuthOptions options, absl::Time start)
       log_(options_.log_interval, options_.max_log_hosts) {}
 
 absl::Status PeerAuth::Check(std::optional<absl::string_view> header, absl::string_view method,
-                             const google::protobuf::Message& request, absl::Time now) {
+                             const google::protobuf::Message& request, absl::Time now,
+                             std::optional<store::StoreUser>* on_behalf) {
   if (!header.has_value()) {
     return Refuse(method, absl::StrCat("no MAC (no ", store::kPeerAuthHeader, " header)"),
                   "only tpd daemons of this release may call the peer port");
@@ -76,17 +77,19 @@ absl::Status PeerAuth::Check(std::optional<absl::string_view> header, absl::stri
       !fresh.ok()) {
     return Refuse(method, fresh.message(), "a recorded call is accepted only once");
   }
+  if (on_behalf != nullptr) *on_behalf = std::move(fields.on_behalf);
   return absl::OkStatus();
 }
 
 absl::Status PeerAuth::Admit(const grpc::CallbackServerContext& context, absl::string_view method,
-                             const google::protobuf::Message& request) {
+                             const google::protobuf::Message& request,
+                             std::optional<store::StoreUser>* on_behalf) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(store::kPeerAuthHeader);
   std::optional<absl::string_view> header;
   if (it != metadata.end()) header = absl::string_view(it->second.data(), it->second.size());
   const absl::Time now = absl::Now();
-  absl::Status status = Check(header, method, request, now);
+  absl::Status status = Check(header, method, request, now, on_behalf);
   if (!status.ok()) LogRejection(context.peer(), status, now);
   return status;
 }

@@ -31,6 +31,7 @@
 #include "base/log_limiter.h"
 #include "daemon/replay_guard.h"
 #include "google/protobuf/message.h"
+#include "store/store.h"
 #include "grpcpp/server_context.h"
 
 namespace tpd {
@@ -59,9 +60,12 @@ class PeerAuth {
   void set_port(int port) { port_.store(port); }
 
   // Admits the call `method` ("/tpd.v1.Store/Set") with `request`, reading the MAC from the
-  // call's metadata; logs a refusal (rate-limited) with the caller's address.
+  // call's metadata; logs a refusal (rate-limited) with the caller's address. An admitted
+  // call made on behalf of a user of the calling node names that user in `*on_behalf` (when
+  // not null; nullopt for the calling daemon's own call).
   absl::Status Admit(const grpc::CallbackServerContext& context, absl::string_view method,
-                     const google::protobuf::Message& request);
+                     const google::protobuf::Message& request,
+                     std::optional<store::StoreUser>* on_behalf = nullptr);
 
   // Signs the successful answer `response` to an admitted call (store/remote/peer_mac.h):
   // adds the reply MAC, bound to the call's own MAC, to the call's trailing metadata.
@@ -69,7 +73,8 @@ class PeerAuth {
 
   // The decision itself: `header` is the MAC header's value, nullopt when absent. Does not log.
   absl::Status Check(std::optional<absl::string_view> header, absl::string_view method,
-                     const google::protobuf::Message& request, absl::Time now);
+                     const google::protobuf::Message& request, absl::Time now,
+                     std::optional<store::StoreUser>* on_behalf = nullptr);
 
  private:
   // Logs `status` for `peer` unless a line for its host was logged within log_interval.

@@ -136,7 +136,7 @@ absl::StatusOr<StoreService::Scoped> StoreService::Admit(const grpc::CallbackSer
 
 absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Root(const std::string* session_id) {
   // The root store is the daemon's and outlives every call: nothing to own.
-  if (!charged_root_ || auth_ != nullptr) {
+  if (!charged_root_) {
     return std::shared_ptr<store::Store>(std::shared_ptr<void>(), root_);
   }
   std::optional<int64_t> uid;
@@ -157,19 +157,36 @@ absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Root(const std::stri
   return root;
 }
 
+std::shared_ptr<store::Store> StoreService::PeerRoot(const std::optional<store::StoreUser>& user) {
+  if (!user.has_value() || !charged_root_) {
+    return std::shared_ptr<store::Store>(std::shared_ptr<void>(), root_);
+  }
+  absl::MutexLock lock(&roots_mu_);
+  std::shared_ptr<store::Store>& root = peer_user_roots_[{user->uid, user->node}];
+  if (root == nullptr) {
+    root = charged_root_({absl::StrCat("uid ", user->uid, " of node ", user->node),
+                          limits_.max_bytes_per_uid, limits_.max_keys_per_uid,
+                          limits_.max_waiters_per_uid, "per_uid"});
+  }
+  return root;
+}
+
 absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Reached(
     const grpc::CallbackServerContext& context, const char* method,
     const google::protobuf::Message& request) {
+  std::optional<store::StoreUser> on_behalf;
   if (auth_ != nullptr) {
-    absl::Status admitted = auth_->Admit(
-        context, absl::StrCat("/", v1::Store::service_full_name(), "/", method), request);
+    absl::Status admitted =
+        auth_->Admit(context, absl::StrCat("/", v1::Store::service_full_name(), "/", method),
+                     request, &on_behalf);
     if (!admitted.ok()) return admitted;
   }
   const auto& metadata = context.client_metadata();
   auto group = metadata.find(kStoreGroupMetadata);
   auto session = metadata.find(kStoreSessionMetadata);
   if (group == metadata.end()) {
-    if (auth_ != nullptr || session == metadata.end()) return Root(nullptr);
+    if (auth_ != nullptr) return PeerRoot(on_behalf);
+    if (session == metadata.end()) return Root(nullptr);
     const std::string id(session->second.data(), session->second.size());
     return Root(&id);
   }

@@ -23,7 +23,9 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/functional/any_invocable.h"
 #include "daemon/call_stats.h"
@@ -61,10 +63,11 @@ class StoreService final : public v1::Store::CallbackService {
   using SessionUid = std::function<absl::StatusOr<int64_t>(const std::string& session_id)>;
   // Charges the daemon's store to its writers (docs/security.md, "Per-user bounds"): a call of
   // a session (over shared memory, or over gRPC with the metadata `tpd-session`) to its uid's
-  // share, any other to the share of callers without a session. Set once, before the service
-  // serves; without it every call reaches `root` as it is (the peer port's instance: peers
-  // are bounded by the store's totals).
-  void set_charging(ChargedRoot charged_root, SessionUid session_uid) {
+  // share, any other to the share of callers without a session. On the peer port (no
+  // `session_uid` needed), a call a peer makes on behalf of one of its node's users to that
+  // user's share, "uid U of node N"; the peer daemons' own calls reach `root` as it is. Set
+  // once, before the service serves; without it every call reaches `root` as it is.
+  void set_charging(ChargedRoot charged_root, SessionUid session_uid = nullptr) {
     charged_root_ = std::move(charged_root);
     session_uid_ = std::move(session_uid);
   }
@@ -139,6 +142,9 @@ class StoreService final : public v1::Store::CallbackService {
   // The daemon's store as this caller reaches it: charged to the uid of `session_id`, or to
   // callers without a session when it is null (the root as it is without set_charging).
   absl::StatusOr<std::shared_ptr<store::Store>> Root(const std::string* session_id);
+  // The daemon's store as a peer's call reaches it: charged to `user` when the call was made
+  // on its behalf (with set_charging), else the root as it is.
+  std::shared_ptr<store::Store> PeerRoot(const std::optional<store::StoreUser>& user);
   // The store the call reaches: the root, or the group its metadata names.
   absl::StatusOr<std::shared_ptr<store::Store>> Reached(const grpc::CallbackServerContext& context,
                                                         const char* method,
@@ -204,6 +210,10 @@ class StoreService final : public v1::Store::CallbackService {
   // without a session.
   absl::flat_hash_map<int64_t, std::shared_ptr<store::Store>> uid_roots_ ABSL_GUARDED_BY(roots_mu_);
   std::shared_ptr<store::Store> sessionless_root_ ABSL_GUARDED_BY(roots_mu_);
+  // On the peer port: one per user of another node that called (token holders only name
+  // them).
+  absl::flat_hash_map<std::pair<int64_t, std::string>, std::shared_ptr<store::Store>>
+      peer_user_roots_ ABSL_GUARDED_BY(roots_mu_);
 };
 
 }  // namespace tpd

@@ -8,6 +8,7 @@
 #define TPD_STORE_STORE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,15 @@ inline bool SurelyNotApplied(const absl::Status& status) {
 
 class Leases;
 
+// A user of a node: whom a daemon's store calls are made for, when it makes them on a local
+// user's behalf.
+struct StoreUser {
+  int64_t uid = 0;
+  std::string node;  // the node's name ([peer] node_name)
+
+  bool operator==(const StoreUser& other) const { return uid == other.uid && node == other.node; }
+};
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -51,6 +61,11 @@ class Store {
   // The store's leases, for backends whose server expires keys itself (etcd); nullptr for
   // those without (their users prove liveness by writing changing values instead).
   virtual Leases* leases() { return nullptr; }
+
+  // This store as the calls of `user`, a local user of this node, reach it: a store another
+  // daemon serves charges them to that user's share there (remote/remote_store.h). nullptr
+  // for backends that tell no writers apart (file, etcd, memory: callers charge locally).
+  virtual std::unique_ptr<Store> OnBehalfOf(const StoreUser& user) { return nullptr; }
 
   // Sets `key` to `value` and wakes every waiter whose keys are now all present.
   virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;

@@ -238,14 +238,19 @@ absl::StatusOr<std::shared_ptr<store::Store>> GroupManager::GroupStore(
         "this client's session holds no member of group ", GroupName(group),
         " on this daemon: only members may use a group's store (join it first)"));
   }
-  // The user keys, apart from the group's own records; the tracker (and through it the
-  // rendezvous store) lives while the returned pointer does.
+  // Members' sessions are bound to their uid (a join needs it).
+  absl::StatusOr<int64_t> uid = SessionUid(session_id);
+  if (!uid.ok()) return uid.status();
+  // The user keys, apart from the group's own records, as this member's user reaches them;
+  // the tracker (and through it the rendezvous store) lives while the returned pointer does.
   struct UserKeys : store::PrefixStore {
-    explicit UserKeys(std::shared_ptr<GroupTracker> of)
-        : PrefixStore("store", of->keys()), tracker(std::move(of)) {}
+    UserKeys(std::shared_ptr<GroupTracker> of, std::unique_ptr<store::Store> keys)
+        : PrefixStore("store", keys.get()), tracker(std::move(of)), group_keys(std::move(keys)) {}
     const std::shared_ptr<GroupTracker> tracker;
+    const std::unique_ptr<store::Store> group_keys;
   };
-  return std::make_shared<UserKeys>(std::move(tracker));
+  std::unique_ptr<store::Store> keys = tracker->KeysFor({*uid, node_.name});
+  return std::make_shared<UserKeys>(std::move(tracker), std::move(keys));
 }
 
 std::optional<std::string> GroupManager::SessionOf(const std::string& group,

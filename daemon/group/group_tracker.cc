@@ -33,6 +33,7 @@ GroupTracker::GroupTracker(std::string group, std::string store_name, store::Sto
     : group_(group),
       store_name_(std::move(store_name)),
       liveness_(liveness),
+      root_(root),
       group_store_(absl::StrCat("tpd/group/", group), root),
       log_(&group_store_, group),
       node_(node),
@@ -556,6 +557,18 @@ std::optional<v1::DeviceMap> GroupTracker::DeviceMapOf(const std::string& from,
   auto map = maps.find(to);
   if (map == maps.end()) return std::nullopt;
   return map->second;
+}
+
+std::unique_ptr<store::Store> GroupTracker::KeysFor(const store::StoreUser& user) {
+  // The prefix over the user's view of the store, which it keeps.
+  struct Keys : store::PrefixStore {
+    Keys(std::string prefix, std::unique_ptr<store::Store> of)
+        : PrefixStore(std::move(prefix), of.get()), base(std::move(of)) {}
+    const std::unique_ptr<store::Store> base;
+  };
+  std::unique_ptr<store::Store> theirs = root_->OnBehalfOf(user);
+  if (theirs == nullptr) return std::make_unique<store::PrefixStore>("", &group_store_);
+  return std::make_unique<Keys>(absl::StrCat("tpd/group/", group_), std::move(theirs));
 }
 
 bool GroupTracker::Holds(const std::string& session_id) {

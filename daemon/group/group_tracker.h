@@ -149,9 +149,11 @@ class GroupTracker : public WorkerTask {
                                            bool reverse);
   // `session_id` holds a member here, or has a join on its way.
   bool Holds(const std::string& session_id);
-  // The group's keys in its rendezvous store ("tpd/group/<group>/..."), for the user keys
-  // GroupManager::GroupStore serves under them. Valid while the tracker lives.
-  store::Store* keys() { return &group_store_; }
+  // The group's keys in its rendezvous store ("tpd/group/<group>/...") as the calls of
+  // `user`, a local user, reach them: a store another daemon serves charges them to that
+  // user's share there (store::Store::OnBehalfOf). For the user keys GroupManager::GroupStore
+  // serves under them; valid while the tracker lives.
+  std::unique_ptr<store::Store> KeysFor(const store::StoreUser& user);
   // Other nodes of the group and when this daemon last saw their heartbeat change.
   std::map<std::string, absl::Time> PeerHeartbeats();
   // Sends `watcher` a SNAPSHOT (now, or after the first read of the store), then every
@@ -251,6 +253,7 @@ class GroupTracker : public WorkerTask {
   const std::string group_;
   const std::string store_name_;
   NodeLiveness* const liveness_;
+  store::Store* const root_;
   store::PrefixStore group_store_;
   GroupLog log_;
   Node* const node_;

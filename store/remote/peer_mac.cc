@@ -5,6 +5,7 @@
 #include <openssl/hmac.h>
 #include <openssl/sha.h>
 
+#include <utility>
 #include <vector>
 
 #include "absl/random/random.h"
@@ -58,6 +59,10 @@ std::string ComputePeerMac(absl::string_view key, const PeerMacFields& fields) {
   AppendU64(fields.sender_id, &input);
   AppendU64(fields.sequence, &input);
   AppendField(fields.body_digest, &input);
+  if (fields.on_behalf.has_value()) {
+    AppendU64(static_cast<uint64_t>(fields.on_behalf->uid), &input);
+    AppendField(fields.on_behalf->node, &input);
+  }
   return HmacSha256(key, input);
 }
 
@@ -78,12 +83,16 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
 std::string FormatPeerAuthHeader(const PeerMacFields& fields, absl::string_view mac) {
   return absl::StrCat(kPeerMacVersion, " aud=", fields.audience, " ts=", fields.timestamp_ms,
                       " sender=", absl::Hex(fields.sender_id, absl::kZeroPad16),
-                      " seq=", fields.sequence, " mac=", absl::BytesToHexString(mac));
+                      " seq=", fields.sequence, " mac=", absl::BytesToHexString(mac),
+                      fields.on_behalf.has_value()
+                          ? absl::StrCat(" for=", fields.on_behalf->uid, "@",
+                                         absl::BytesToHexString(fields.on_behalf->node))
+                          : "");
 }
 
 absl::StatusOr<ParsedPeerAuth> ParsePeerAuthHeader(absl::string_view value) {
   std::vector<absl::string_view> words = absl::StrSplit(value, ' ');
-  if (words.size() != 6 || words[0] != kPeerMacVersion) {
+  if ((words.size() != 6 && words.size() != 7) || words[0] != kPeerMacVersion) {
     return absl::InvalidArgumentError(
         absl::StrCat("the ", kPeerAuthHeader, " header is not \"", kPeerMacVersion,
                      " aud=.. ts=.. sender=.. seq=.. mac=..\" (a daemon of another release?)"));
@@ -109,6 +118,26 @@ absl::StatusOr<ParsedPeerAuth> ParsePeerAuthHeader(absl::string_view value) {
         absl::StrCat("the ", kPeerAuthHeader, " header has a malformed field"));
   }
   parsed.mac = absl::HexStringToBytes(parts[4]);
+  if (words.size() == 7) {
+    // for=<uid>@<hex node>: a decimal uid that fits a uid_t, a node name of 1 to 255 bytes.
+    absl::string_view user = words[6];
+    const bool named = absl::ConsumePrefix(&user, "for=");
+    const std::pair<absl::string_view, absl::string_view> uid_node =
+        absl::StrSplit(user, absl::MaxSplits('@', 1));
+    const absl::string_view node_hex = uid_node.second;
+    StoreUser on_behalf;
+    const bool well_formed =
+        named && absl::SimpleAtoi(uid_node.first, &on_behalf.uid) && on_behalf.uid >= 0 &&
+        on_behalf.uid <= 0xffffffffLL && !node_hex.empty() && node_hex.size() <= 2 * 255 &&
+        node_hex.size() % 2 == 0 &&
+        node_hex.find_first_not_of("0123456789abcdef") == absl::string_view::npos;
+    if (!well_formed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the ", kPeerAuthHeader, " header has a malformed for= field"));
+    }
+    on_behalf.node = absl::HexStringToBytes(node_hex);
+    parsed.fields.on_behalf = std::move(on_behalf);
+  }
   return parsed;
 }
 
@@ -139,7 +168,8 @@ absl::StatusOr<std::string> ParsePeerReplyHeader(absl::string_view value) {
 }
 
 SignedCall PeerCallSigner::SignCall(absl::string_view method,
-                                    const google::protobuf::Message& request, absl::Time now) {
+                                    const google::protobuf::Message& request,
+                                    const std::optional<StoreUser>& on_behalf, absl::Time now) {
   PeerMacFields fields;
   fields.method = std::string(method);
   fields.audience = audience_;
@@ -147,6 +177,7 @@ SignedCall PeerCallSigner::SignCall(absl::string_view method,
   fields.sender_id = sender_id_;
   fields.sequence = next_sequence_.fetch_add(1, std::memory_order_relaxed);
   fields.body_digest = RequestDigest(request);
+  fields.on_behalf = on_behalf;
   SignedCall call;
   call.mac = ComputePeerMac(key_, fields);
   call.header = FormatPeerAuthHeader(fields, call.mac);

@@ -5,12 +5,15 @@
 // A call carries one metadata entry, kPeerAuthHeader, whose value is
 //
 //   tpd-mac-v1 aud=<host:port> ts=<unix ms> sender=<16 hex> seq=<decimal> mac=<64 hex>
+//              [for=<uid>@<hex of the node's name>]
 //
 // where mac = HMAC-SHA256(token, canonical encoding of: the version tag, the full gRPC
 // method name ("/tpd.v1.Store/Set"), the audience (the "host:port" the caller dialed), the
-// timestamp, the sender id (random per RemoteStore), the sender's sequence number, and the
-// SHA-256 of the request serialized deterministically). Every variable-length field is
-// length-prefixed, so no two field lists encode alike.
+// timestamp, the sender id (random per RemoteStore), the sender's sequence number, the
+// SHA-256 of the request serialized deterministically, and, for a call made on behalf of a
+// local user of the calling node, that uid and node). Every variable-length field is
+// length-prefixed and the optional one comes last, so no two field lists encode alike (and a
+// call without it is signed as by daemons that never send one).
 //
 // What it gives: a callee that knows the token can tell that a holder of the token made
 // exactly this call (method and request) to a daemon on this port, recently (timestamp),
@@ -33,12 +36,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "google/protobuf/message.h"
+#include "store/store.h"
 
 namespace tpd::store {
 
@@ -55,6 +60,10 @@ struct PeerMacFields {
   uint64_t sender_id = 0;
   uint64_t sequence = 0;
   std::string body_digest;  // RequestDigest() of the request: 32 bytes
+  // The local user of the calling daemon's node the call is made for (a member's use of its
+  // group's store), charged to that user's share by the serving daemon; absent: the calling
+  // daemon's own call.
+  std::optional<StoreUser> on_behalf;
 };
 
 // SHA-256 (32 raw bytes) of `request` serialized with deterministic serialization.
@@ -109,10 +118,12 @@ class PeerCallSigner {
   // The header value for a call of `method` with `request`, stamped `now`.
   std::string Sign(absl::string_view method, const google::protobuf::Message& request,
                    absl::Time now = absl::Now()) {
-    return SignCall(method, request, now).header;
+    return SignCall(method, request, std::nullopt, now).header;
   }
-  // The same, with the MAC the answer will be bound to.
+  // The same for a call made on behalf of `user` (or the daemon's own: nullopt), with the MAC
+  // the answer will be bound to.
   SignedCall SignCall(absl::string_view method, const google::protobuf::Message& request,
+                      const std::optional<StoreUser>& on_behalf,
                       absl::Time now = absl::Now());
 
   uint64_t sender_id() const { return sender_id_; }

@@ -96,23 +96,23 @@ RemoteStore::~RemoteStore() {
   cq_thread_.join();
 }
 
-std::string RemoteStore::Sign(grpc::ClientContext* context, const char* method,
-                              const google::protobuf::Message& request) {
+std::string RemoteStore::Sign(grpc::ClientContext* context, const OnBehalf& user,
+                              const char* method, const google::protobuf::Message& request) {
   if (options_.token.empty()) return "";
-  SignedCall call =
-      signer_.SignCall(absl::StrCat("/", v1::Store::service_full_name(), "/", method), request);
+  SignedCall call = signer_.SignCall(
+      absl::StrCat("/", v1::Store::service_full_name(), "/", method), request, user);
   context->AddMetadata(kPeerAuthHeader, call.header);
   return std::move(call.mac);
 }
 
 template <typename Request, typename Response>
 absl::Status RemoteStore::Unary(
-    const char* method,
+    const OnBehalf& user, const char* method,
     grpc::Status (v1::Store::Stub::*invoke)(grpc::ClientContext*, const Request&, Response*),
     const Request& request, Response* response) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
-  const std::string call_mac = Sign(&context, method, request);
+  const std::string call_mac = Sign(&context, user, method, request);
   const grpc::Status status = (stub_.get()->*invoke)(&context, request, response);
   return Answer(context, status, call_mac, *response);
 }
@@ -160,85 +160,92 @@ absl::Status RemoteStore::FromGrpc(const grpc::Status& status) const {
   }
 }
 
-absl::Status RemoteStore::Set(absl::string_view key, absl::string_view value) {
+absl::Status RemoteStore::SetFor(const OnBehalf& user, absl::string_view key,
+                                 absl::string_view value) {
   v1::SetRequest request;
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::SetResponse response;
-  return Unary("Set", &v1::Store::Stub::Set, request, &response);
+  return Unary(user, "Set", &v1::Store::Stub::Set, request, &response);
 }
 
-absl::Status RemoteStore::MultiSet(const std::vector<std::string>& keys,
-                                   const std::vector<std::string>& values) {
+absl::Status RemoteStore::MultiSetFor(const OnBehalf& user, const std::vector<std::string>& keys,
+                                      const std::vector<std::string>& values) {
   v1::MultiSetRequest request;
   request.mutable_keys()->Add(keys.begin(), keys.end());
   request.mutable_values()->Add(values.begin(), values.end());
   v1::MultiSetResponse response;
-  return Unary("MultiSet", &v1::Store::Stub::MultiSet, request, &response);
+  return Unary(user, "MultiSet", &v1::Store::Stub::MultiSet, request, &response);
 }
 
-absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key, int64_t delta) {
+absl::StatusOr<int64_t> RemoteStore::AddFor(const OnBehalf& user, absl::string_view key,
+                                            int64_t delta) {
   v1::AddRequest request;
   request.set_key(std::string(key));
   request.set_delta(delta);
   v1::AddResponse response;
-  absl::Status status = Unary("Add", &v1::Store::Stub::Add, request, &response);
+  absl::Status status = Unary(user, "Add", &v1::Store::Stub::Add, request, &response);
   if (!status.ok()) return status;
   return response.value();
 }
 
-absl::StatusOr<std::string> RemoteStore::CompareSet(absl::string_view key,
-                                                    absl::string_view expected,
-                                                    absl::string_view desired) {
+absl::StatusOr<std::string> RemoteStore::CompareSetFor(const OnBehalf& user,
+                                                       absl::string_view key,
+                                                       absl::string_view expected,
+                                                       absl::string_view desired) {
   v1::CompareSetRequest request;
   request.set_key(std::string(key));
   request.set_expected_value(std::string(expected));
   request.set_desired_value(std::string(desired));
   v1::CompareSetResponse response;
-  absl::Status status = Unary("CompareSet", &v1::Store::Stub::CompareSet, request, &response);
+  absl::Status status = Unary(user, "CompareSet", &v1::Store::Stub::CompareSet, request, &response);
   if (!status.ok()) return status;
   return std::move(*response.mutable_value());
 }
 
-absl::Status RemoteStore::Append(absl::string_view key, absl::string_view value) {
+absl::Status RemoteStore::AppendFor(const OnBehalf& user, absl::string_view key,
+                                    absl::string_view value) {
   v1::AppendRequest request;
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::AppendResponse response;
-  return Unary("Append", &v1::Store::Stub::Append, request, &response);
+  return Unary(user, "Append", &v1::Store::Stub::Append, request, &response);
 }
 
-absl::StatusOr<bool> RemoteStore::Check(const std::vector<std::string>& keys) {
+absl::StatusOr<bool> RemoteStore::CheckFor(const OnBehalf& user,
+                                           const std::vector<std::string>& keys) {
   v1::CheckRequest request;
   request.mutable_keys()->Add(keys.begin(), keys.end());
   v1::CheckResponse response;
-  absl::Status status = Unary("Check", &v1::Store::Stub::Check, request, &response);
+  absl::Status status = Unary(user, "Check", &v1::Store::Stub::Check, request, &response);
   if (!status.ok()) return status;
   return response.ready();
 }
 
-absl::StatusOr<bool> RemoteStore::DeleteKey(absl::string_view key) {
+absl::StatusOr<bool> RemoteStore::DeleteKeyFor(const OnBehalf& user, absl::string_view key) {
   v1::DeleteKeyRequest request;
   request.set_key(std::string(key));
   v1::DeleteKeyResponse response;
-  absl::Status status = Unary("DeleteKey", &v1::Store::Stub::DeleteKey, request, &response);
+  absl::Status status = Unary(user, "DeleteKey", &v1::Store::Stub::DeleteKey, request, &response);
   if (!status.ok()) return status;
   return response.deleted();
 }
 
-absl::StatusOr<int64_t> RemoteStore::NumKeys(absl::string_view prefix) {
+absl::StatusOr<int64_t> RemoteStore::NumKeysFor(const OnBehalf& user,
+                                                absl::string_view prefix) {
   // The root namespace with the prefix as asked. (Mapping a "<ns>/" prefix onto the
   // namespace alone counted "a/..." for "a" and every key for "/".)
   v1::NumKeysRequest request;
   request.set_prefix(std::string(prefix));
   v1::NumKeysResponse response;
-  absl::Status status = Unary("NumKeys", &v1::Store::Stub::NumKeys, request, &response);
+  absl::Status status = Unary(user, "NumKeys", &v1::Store::Stub::NumKeys, request, &response);
   if (!status.ok()) return status;
   return response.num_keys();
 }
 
-absl::StatusOr<WaitId> RemoteStore::WaitAsync(std::vector<std::string> keys, absl::Time deadline,
-                                              WaitCallback done) {
+absl::StatusOr<WaitId> RemoteStore::WaitAsyncFor(const OnBehalf& user,
+                                                 std::vector<std::string> keys,
+                                                 absl::Time deadline, WaitCallback done) {
   auto wait = std::make_shared<PendingWait>();
   wait->request.mutable_keys()->Add(keys.begin(), keys.end());
   // The serving daemon ends the wait with DEADLINE_EXCEEDED naming the keys; the RPC
@@ -249,7 +256,7 @@ absl::StatusOr<WaitId> RemoteStore::WaitAsync(std::vector<std::string> keys, abs
   if (deadline != absl::InfiniteFuture()) {
     wait->context.set_deadline(absl::ToChronoTime(deadline + absl::Seconds(2)));
   }
-  wait->call_mac = Sign(&wait->context, "MultiGet", wait->request);
+  wait->call_mac = Sign(&wait->context, user, "MultiGet", wait->request);
   wait->done = std::move(done);
   WaitId id;
   {
@@ -263,6 +270,92 @@ absl::StatusOr<WaitId> RemoteStore::WaitAsync(std::vector<std::string> keys, abs
   wait->call->StartCall();
   wait->call->Finish(&wait->response, &wait->status, reinterpret_cast<void*>(id));
   return id;
+}
+
+// The calls of one local user: the same connection, each call signed naming the user.
+class RemoteStore::ForUser final : public Store {
+ public:
+  ForUser(RemoteStore* store, StoreUser user) : store_(store), user_(std::move(user)) {}
+
+  absl::Status Set(absl::string_view key, absl::string_view value) override {
+    return store_->SetFor(user_, key, value);
+  }
+  absl::Status MultiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::string>& values) override {
+    return store_->MultiSetFor(user_, keys, values);
+  }
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override {
+    return store_->AddFor(user_, key, delta);
+  }
+  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
+                                         absl::string_view desired) override {
+    return store_->CompareSetFor(user_, key, expected, desired);
+  }
+  absl::Status Append(absl::string_view key, absl::string_view value) override {
+    return store_->AppendFor(user_, key, value);
+  }
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override {
+    return store_->CheckFor(user_, keys);
+  }
+  absl::StatusOr<bool> DeleteKey(absl::string_view key) override {
+    return store_->DeleteKeyFor(user_, key);
+  }
+  absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) override {
+    return store_->NumKeysFor(user_, prefix);
+  }
+  absl::StatusOr<WaitId> WaitAsync(std::vector<std::string> keys, absl::Time deadline,
+                                   WaitCallback done) override {
+    return store_->WaitAsyncFor(user_, std::move(keys), deadline, std::move(done));
+  }
+  void CancelWait(WaitId id) override { store_->CancelWait(id); }
+
+ private:
+  RemoteStore* const store_;
+  const OnBehalf user_;
+};
+
+std::unique_ptr<Store> RemoteStore::OnBehalfOf(const StoreUser& user) {
+  return std::make_unique<ForUser>(this, user);
+}
+
+absl::Status RemoteStore::Set(absl::string_view key, absl::string_view value) {
+  return SetFor(std::nullopt, key, value);
+}
+
+absl::Status RemoteStore::MultiSet(const std::vector<std::string>& keys,
+                                   const std::vector<std::string>& values) {
+  return MultiSetFor(std::nullopt, keys, values);
+}
+
+absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key, int64_t delta) {
+  return AddFor(std::nullopt, key, delta);
+}
+
+absl::StatusOr<std::string> RemoteStore::CompareSet(absl::string_view key,
+                                                    absl::string_view expected,
+                                                    absl::string_view desired) {
+  return CompareSetFor(std::nullopt, key, expected, desired);
+}
+
+absl::Status RemoteStore::Append(absl::string_view key, absl::string_view value) {
+  return AppendFor(std::nullopt, key, value);
+}
+
+absl::StatusOr<bool> RemoteStore::Check(const std::vector<std::string>& keys) {
+  return CheckFor(std::nullopt, keys);
+}
+
+absl::StatusOr<bool> RemoteStore::DeleteKey(absl::string_view key) {
+  return DeleteKeyFor(std::nullopt, key);
+}
+
+absl::StatusOr<int64_t> RemoteStore::NumKeys(absl::string_view prefix) {
+  return NumKeysFor(std::nullopt, prefix);
+}
+
+absl::StatusOr<WaitId> RemoteStore::WaitAsync(std::vector<std::string> keys, absl::Time deadline,
+                                              WaitCallback done) {
+  return WaitAsyncFor(std::nullopt, std::move(keys), deadline, std::move(done));
 }
 
 void RemoteStore::CancelWait(WaitId id) {

@@ -18,6 +18,7 @@
 #define TPD_STORE_REMOTE_REMOTE_STORE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,19 +79,41 @@ class RemoteStore : public Store {
   // Returns at once; the callback follows on the completion thread, with CANCELLED.
   void CancelWait(WaitId id) override;
 
+  // This store as `user`'s calls reach it: each signed naming the user (peer_mac.h), so the
+  // serving daemon charges them to that user's share of its store. Cheap (no connection of
+  // its own); this store must outlive the view.
+  std::unique_ptr<Store> OnBehalfOf(const StoreUser& user) override;
+
  private:
   RemoteStore(std::string address, RemoteStoreOptions options);
   struct PendingWait;
+  class ForUser;
+  using OnBehalf = std::optional<StoreUser>;  // nullopt: the daemon's own call
+
+  // The Store methods, for `user`.
+  absl::Status SetFor(const OnBehalf& user, absl::string_view key, absl::string_view value);
+  absl::Status MultiSetFor(const OnBehalf& user, const std::vector<std::string>& keys,
+                           const std::vector<std::string>& values);
+  absl::StatusOr<int64_t> AddFor(const OnBehalf& user, absl::string_view key, int64_t delta);
+  absl::StatusOr<std::string> CompareSetFor(const OnBehalf& user, absl::string_view key,
+                                            absl::string_view expected,
+                                            absl::string_view desired);
+  absl::Status AppendFor(const OnBehalf& user, absl::string_view key, absl::string_view value);
+  absl::StatusOr<bool> CheckFor(const OnBehalf& user, const std::vector<std::string>& keys);
+  absl::StatusOr<bool> DeleteKeyFor(const OnBehalf& user, absl::string_view key);
+  absl::StatusOr<int64_t> NumKeysFor(const OnBehalf& user, absl::string_view prefix);
+  absl::StatusOr<WaitId> WaitAsyncFor(const OnBehalf& user, std::vector<std::string> keys,
+                                      absl::Time deadline, WaitCallback done);
 
   // One unary call of `method` (e.g. "Set"), with the call timeout as deadline: signed, and
   // its answer checked (Answer).
   template <typename Request, typename Response>
-  absl::Status Unary(const char* method,
+  absl::Status Unary(const OnBehalf& user, const char* method,
                      grpc::Status (v1::Store::Stub::*invoke)(grpc::ClientContext*, const Request&,
                                                              Response*),
                      const Request& request, Response* response);
   // Adds the call's MAC to `context`; returns it ("" without a token).
-  std::string Sign(grpc::ClientContext* context, const char* method,
+  std::string Sign(grpc::ClientContext* context, const OnBehalf& user, const char* method,
                    const google::protobuf::Message& request);
   void DrainCompletions();
   // The call's outcome: FromGrpc of `status`, and for a success, the answer's MAC checked

@@ -84,6 +84,27 @@ TEST_F(PeerAuthTest, AMacEditedInTheHeaderIsABadMac) {
   ExpectRefused(Check(header, request_), "bad MAC");
 }
 
+TEST_F(PeerAuthTest, ACallForAUserNamesItAndTheUserCannotBeChangedOnTheWay) {
+  const store::StoreUser user{65534, "node-b"};
+  std::optional<store::StoreUser> named;
+  const std::string header = signer_.SignCall(kMethod, request_, user, kNow).header;
+  ASSERT_TRUE(auth_.Check(header, kMethod, request_, kNow, &named).ok());
+  ASSERT_TRUE(named.has_value());
+  EXPECT_EQ(*named, user);
+  // The daemon's own call names no one.
+  ASSERT_TRUE(auth_.Check(signer_.Sign(kMethod, request_, kNow), kMethod, request_, kNow, &named)
+                  .ok());
+  EXPECT_FALSE(named.has_value());
+  // Someone on the path who charges the call to another user (uid 0: "6e6f64652d62" is
+  // node-b), or drops the user to make it the daemon's own, breaks the MAC.
+  std::string to_root = signer_.SignCall(kMethod, request_, user, kNow).header;
+  to_root.replace(to_root.find("for=65534@"), 10, "for=0@");
+  ExpectRefused(Check(to_root, request_), "bad MAC");
+  std::string dropped = signer_.SignCall(kMethod, request_, user, kNow).header;
+  dropped.erase(dropped.find(" for="));
+  ExpectRefused(Check(dropped, request_), "bad MAC");
+}
+
 TEST_F(PeerAuthTest, StaleTimestampsAreRefused) {
   ExpectRefused(Check(signer_.Sign(kMethod, request_, kNow - absl::Seconds(31)), request_),
                 "stale timestamp");

@@ -631,6 +631,37 @@ TEST_F(TrustTest, AUserFillsOnlyItsShareOfTheStoreAndOthersKeepTheirs) {
   EXPECT_EQ(keys["callers without a session"], 6);  // fill1..fill6
 }
 
+TEST_F(TrustTest, AGroupsStoreChargesEachMembersUserNotThePeerDaemons) {
+  if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
+  // A tcp:// group's store is reached through the home daemon's peer port, this daemon's own
+  // here as on any node: the home charges each write to the member's user on its node.
+  Start(absl::StrCat("[store]\nmax_total_bytes = ", 64 << 20, "\nmax_bytes_per_uid = ", 16 << 20,
+                     "\n"));
+  if (HasFatalFailure()) return;
+  testing::ProcessResult filled =
+      AsSecondUser({"--group=mine", "--name=x", absl::StrCat("--init_method=", init_method_),
+                    "--group_store_fill_mib=40"});
+  EXPECT_THAT(Step(filled.output, "join"), HasSubstr("OK")) << filled.output;
+  EXPECT_THAT(filled.output, HasSubstr("group_store_filled: 15\n")) << filled.output;
+  EXPECT_THAT(Step(filled.output, "group_store_fill"),
+              AllOf(HasSubstr("RESOURCE_EXHAUSTED"), HasSubstr("uid 65534 of node trust holds"),
+                    HasSubstr("its share, store.max_bytes_per_uid, is 16777216")));
+  // Root's members still have root's whole share, and it ends at the same bound.
+  std::unique_ptr<Client> a = Echoer("g", "a");
+  ASSERT_NE(a, nullptr);
+  const StoreView store = a->GroupStore("g");
+  const std::string value(1 << 20, 'r');
+  for (int i = 0; i < 15; ++i) ASSERT_TRUE(store.Set(absl::StrCat("mine", i), value).ok()) << i;
+  absl::Status over = store.Set("mine15", value);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_THAT(over.message(), HasSubstr("uid 0 of node trust holds"));
+  absl::StatusOr<v1::StatusResponse> status = a->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  std::map<std::string, int64_t> keys;
+  for (const v1::StoreWriter& writer : status->store().writers()) keys[writer.writer()] = writer.keys();
+  EXPECT_EQ(keys["uid 0 of node trust"], 15);
+}
+
 TEST_F(TrustTest, CudaTensorsOfAUserWhoCannotOpenTheGpusAreRefusedUnopened) {
   if (const std::string why = testing::CannotSwitchUser(); !why.empty()) GTEST_SKIP() << why;
   // Device nodes as a node restricting its GPUs to a group has them: root:root 0660.

@@ -11,7 +11,10 @@
 //   second_user --socket=S --user_secret=P                      print its user's secret for P
 //   second_user --socket=S --store_fill_mib=N [--store_without_session]
 //       write 1 MiB values to the daemon's store until N are in or one is refused
+//   second_user --socket=S --group=g --name=x --init_method=tcp://... --group_store_fill_mib=N
+//       ... to the store of the group it joined
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -54,6 +57,7 @@ ABSL_FLAG(int, attach_sessions, 0, "sessions to open and attach, one client each
 ABSL_FLAG(int, hold_ms, 0, "how long to hold what was attached before exiting");
 ABSL_FLAG(std::string, user_secret, "", "a purpose to ask Control.UserSecret for");
 ABSL_FLAG(int, store_fill_mib, 0, "1 MiB values to write to the daemon's store");
+ABSL_FLAG(int, group_store_fill_mib, 0, "1 MiB values to write to the joined group's store");
 ABSL_FLAG(bool, store_without_session, false,
           "--store_fill_mib writes with raw gRPC calls that name no session (and first one that "
           "names --raw_session)");
@@ -69,16 +73,27 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-// Writes 1 MiB values "fill<i>" until `n` are in or one is refused: through the client
-// library (its session's uid is charged), or by raw gRPC calls that name no session.
-void FillStore(const std::string& socket, int n, bool without_session) {
+// Writes 1 MiB values "fill<i>" with `set` until `n` are in or one is refused; prints
+// "<step>ed: <count>" and the refusal as <step>.
+void Fill(const std::string& step, int n,
+          const std::function<absl::Status(const std::string&, const std::string&)>& set) {
   const std::string value(1 << 20, 'v');
   absl::Status refused;
   int stored = 0;
+  for (; stored < n && refused.ok(); stored += refused.ok()) {
+    refused = set(absl::StrCat("fill", stored), value);
+  }
+  std::printf("%sed: %d\n", step.c_str(), stored);
+  Print(step, refused);
+}
+
+// Fills the daemon's store: through the client library (its session's uid is charged), or by
+// raw gRPC calls that name no session.
+void FillStore(const std::string& socket, int n, bool without_session) {
   if (without_session) {
     auto store = tpd::v1::Store::NewStub(
         grpc::CreateChannel(absl::StrCat("unix:", socket), grpc::InsecureChannelCredentials()));
-    auto set = [&](const std::string& key, const std::string& session) {
+    auto set = [&](const std::string& key, const std::string& value, const std::string& session) {
       tpd::v1::SetRequest request;
       request.set_key(key);
       request.set_value(value);
@@ -88,23 +103,21 @@ void FillStore(const std::string& socket, int n, bool without_session) {
       return FromGrpc(store->Set(&context, request, &response));
     };
     if (const std::string forged = absl::GetFlag(FLAGS_raw_session); !forged.empty()) {
-      Print("store_named_session", set("named", forged));
+      Print("store_named_session", set("named", "v", forged));
     }
-    for (; stored < n && refused.ok(); stored += refused.ok()) {
-      refused = set(absl::StrCat("fill", stored), "");
-    }
-  } else {
-    absl::StatusOr<std::unique_ptr<tpd::Client>> client = tpd::Client::Connect(socket);
-    if (!client.ok()) {
-      Print("connect", client.status());
-      return;
-    }
-    for (; stored < n && refused.ok(); stored += refused.ok()) {
-      refused = (*client)->Set(absl::StrCat("fill", stored), value);
-    }
+    Fill("store_fill", n, [&](const std::string& key, const std::string& value) {
+      return set(key, value, "");
+    });
+    return;
   }
-  std::printf("store_filled: %d\n", stored);
-  Print("store_fill", refused);
+  absl::StatusOr<std::unique_ptr<tpd::Client>> client = tpd::Client::Connect(socket);
+  if (!client.ok()) {
+    Print("connect", client.status());
+    return;
+  }
+  Fill("store_fill", n, [&](const std::string& key, const std::string& value) {
+    return (*client)->Set(key, value);
+  });
 }
 
 void Raw(const std::string& socket) {
@@ -209,6 +222,12 @@ int main(int argc, char** argv) {
                     static_cast<int>(stats.tensors_received_shared),
                     static_cast<int>(stats.peer_segments_mapped));
       }
+    }
+    if (const int n = absl::GetFlag(FLAGS_group_store_fill_mib); n > 0) {
+      const tpd::StoreView store = (*client)->GroupStore(options.group);
+      Fill("group_store_fill", n, [&](const std::string& key, const std::string& value) {
+        return store.Set(key, value);
+      });
     }
     if (const std::string other = absl::GetFlag(FLAGS_group_store); !other.empty()) {
       const tpd::StoreView store = (*client)->GroupStore(other);

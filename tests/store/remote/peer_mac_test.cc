@@ -97,6 +97,39 @@ TEST(PeerMacTest, MalformedHeadersAreInvalidArgument) {
   }
 }
 
+TEST(PeerMacTest, AUserACallIsMadeForIsUnderTheMacAndInTheHeader) {
+  PeerMacFields fields = Fields();
+  const std::string mac = ComputePeerMac("secret", fields);
+  fields.on_behalf = StoreUser{65534, "node b"};
+  const std::string for_user = ComputePeerMac("secret", fields);
+  EXPECT_NE(for_user, mac) << "a call for a user is not the daemon's own";
+  PeerMacFields other = fields;
+  other.on_behalf->uid = 0;
+  EXPECT_NE(ComputePeerMac("secret", other), for_user);
+  other = fields;
+  other.on_behalf->node = "node c";
+  EXPECT_NE(ComputePeerMac("secret", other), for_user);
+
+  // The node's name travels in hex: a name with spaces keeps the header's words apart.
+  const std::string header = FormatPeerAuthHeader(fields, for_user);
+  EXPECT_THAT(header, HasSubstr(" for=65534@6e6f64652062"));
+  absl::StatusOr<ParsedPeerAuth> parsed = ParsePeerAuthHeader(header);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_TRUE(parsed->fields.on_behalf.has_value());
+  EXPECT_EQ(*parsed->fields.on_behalf, *fields.on_behalf);
+  EXPECT_FALSE(ParsePeerAuthHeader(FormatPeerAuthHeader(Fields(), mac))->fields.on_behalf);
+
+  const std::string base = FormatPeerAuthHeader(Fields(), mac);
+  for (const std::string& bad :
+       {std::string(" user=1@61"), std::string(" for=1"), std::string(" for=1@"),
+        std::string(" for=x@61"), std::string(" for=-1@61"), std::string(" for=4294967296@61"),
+        std::string(" for=1@6"), std::string(" for=1@zz"), std::string(" for=1@") +
+        std::string(512, '6')}) {
+    EXPECT_EQ(ParsePeerAuthHeader(base + bad).status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
 TEST(PeerMacTest, SignerCountsSequencesAndNamesItsAudience) {
   PeerCallSigner signer("secret", "127.0.0.1:4000");
   v1::SetRequest request;
@@ -119,8 +152,8 @@ TEST(PeerMacTest, SignerCountsSequencesAndNamesItsAudience) {
 TEST(PeerMacTest, AReplyMacBindsTheAnswerToItsCallAndTheToken) {
   PeerCallSigner signer("secret", "127.0.0.1:4000");
   v1::SetRequest request;
-  const SignedCall call = signer.SignCall("/m", request);
-  const SignedCall other = signer.SignCall("/m", request);
+  const SignedCall call = signer.SignCall("/m", request, std::nullopt);
+  const SignedCall other = signer.SignCall("/m", request, std::nullopt);
   ASSERT_EQ(ParsePeerAuthHeader(call.header)->mac, call.mac);
   v1::GetResponse answer;
   answer.set_value("v");
