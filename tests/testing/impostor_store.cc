@@ -7,16 +7,17 @@
 
 namespace tpd::testing {
 
-ImpostorStore::ImpostorStore(std::string reply_key) : reply_key_(std::move(reply_key)) {
+ImpostorStore::ImpostorStore(std::string reply_key, std::string host)
+    : reply_key_(std::move(reply_key)), host_(std::move(host)) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(absl::StrCat(host_, ":0"), grpc::InsecureServerCredentials(), &port_);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
 }
 
 ImpostorStore::~ImpostorStore() { server_->Shutdown(); }
 
-std::string ImpostorStore::address() const { return absl::StrCat("127.0.0.1:", port_); }
+std::string ImpostorStore::address() const { return absl::StrCat(host_, ":", port_); }
 
 grpc::Status ImpostorStore::Set(grpc::ServerContext* context, const v1::SetRequest*,
                                 v1::SetResponse* response) {

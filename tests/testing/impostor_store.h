@@ -18,8 +18,8 @@ namespace tpd::testing {
 
 class ImpostorStore final : public v1::Store::Service {
  public:
-  // Listens on 127.0.0.1, a port of its own.
-  explicit ImpostorStore(std::string reply_key);
+  // Listens on `host` (an IP literal of the caller's network namespace), a port of its own.
+  explicit ImpostorStore(std::string reply_key, std::string host = "127.0.0.1");
   ~ImpostorStore() override;
   std::string address() const;
 
@@ -34,6 +34,7 @@ class ImpostorStore final : public v1::Store::Service {
   grpc::Status Answer(grpc::ServerContext* context, const google::protobuf::Message& response);
 
   const std::string reply_key_;
+  const std::string host_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
 };
