@@ -18,7 +18,10 @@
  * - Handles are opaque. A tpd_client is thread-safe; a tpd_event belongs to whoever took it.
  * - Across fork(): handles belong to the process that made them. In a forked child, freeing
  *   or closing an inherited client, event, store or DLPack tensor does nothing (the child's
- *   copy is left to die with it), since the parent still uses what they hold.
+ *   copy is left to die with it), since the parent still uses what they hold. A child forked
+ *   after this library was loaded cannot open clients through the same copy (gRPC keeps one
+ *   epoll set per process, shared with the parent across fork): load a copy of its own with
+ *   dlmopen(LM_ID_NEWLM, ...) and open them through that, as tpd's Python package does.
  *
  * Semantics are those of the C++ client (client/client.h, client/calls.h); this header says
  * what differs.

@@ -111,7 +111,7 @@ def library():
         for path in _candidates():
             tried.append(str(path))
             if path.is_file():
-                lib = ctypes.CDLL(str(path))
+                lib = _load(path)
                 lib.tpd_abi_version.restype = ctypes.c_int
                 lib.tpd_abi_version.argtypes = []
                 if lib.tpd_abi_version() != ABI_VERSION:
@@ -124,6 +124,29 @@ def library():
         raise RuntimeError(
             "libtpd_client.so not found (set TPD_CLIENT_LIBRARY, or build it with "
             "`bazel build //client/c:libtpd_client.so`); looked at: " + ", ".join(tried))
+
+
+_LM_ID_NEWLM = -1
+_RTLD_NOW = 2
+
+
+def _load(path):
+    """The library at ``path``: the process's copy, or in a child forked after its parent loaded
+    one, a copy of the child's own (see "Handles and fork")."""
+    if _forked_from is None:
+        return ctypes.CDLL(str(path))
+    libc = ctypes.CDLL(None)
+    libc.dlmopen.restype = ctypes.c_void_p
+    libc.dlmopen.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_int]
+    libc.dlerror.restype = ctypes.c_char_p
+    handle = libc.dlmopen(_LM_ID_NEWLM, os.fsencode(path), _RTLD_NOW)
+    if not handle:
+        raise RuntimeError(
+            f"this process (pid {os.getpid()}) was forked from process {_forked_from} after "
+            f"tpd's client library was loaded there, and a copy of its own could not be loaded "
+            f"({(libc.dlerror() or b'').decode('utf-8', 'replace')}): start processes that "
+            "use tpd with multiprocessing's 'spawn' or 'forkserver' start method, or exec them")
+    return ctypes.CDLL(str(path), handle=handle)
 
 
 def _declare(lib, path):
@@ -196,10 +219,11 @@ def _declare(lib, path):
         fn.argtypes = argtypes
 
 
-def check(code):
-    """Raises TpdError for a failed call (the message read on this thread, as the ABI says)."""
+def check(code, lib=None):
+    """Raises TpdError for a failed call of ``lib`` (the loaded library when None; the message
+    read on this thread, as the ABI says)."""
     if code != OK:
-        raise TpdError(code, library().tpd_last_error().decode("utf-8", "replace"))
+        raise TpdError(code, (lib or library()).tpd_last_error().decode("utf-8", "replace"))
 
 
 def b(text):
@@ -209,27 +233,27 @@ def b(text):
     return str(text).encode("utf-8")
 
 
-def take_string(ptr):
-    """The char* the library returned (freed here) as str."""
+def take_string(ptr, lib=None):
+    """The char* ``lib`` (the loaded library when None) returned, freed here, as str."""
     if not ptr:
         return ""
     try:
         return ctypes.string_at(ptr).decode("utf-8")
     finally:
-        library().tpd_free(ptr)
+        (lib or library()).tpd_free(ptr)
 
 
-def take_bytes(ptr, size):
+def take_bytes(ptr, size, lib=None):
     if not ptr:
         return b""
     try:
         return ctypes.string_at(ptr, size)
     finally:
-        library().tpd_free(ptr)
+        (lib or library()).tpd_free(ptr)
 
 
-def take_json(ptr):
-    return json.loads(take_string(ptr))
+def take_json(ptr, lib=None):
+    return json.loads(take_string(ptr, lib))
 
 
 # --- Handles and fork ---
@@ -243,14 +267,15 @@ def take_json(ptr):
 # _pid is os.getpid() kept at hand, since every call asks and os.getpid() is a system call.
 # It is None from the start of a fork until its hooks ran.
 #
-# Nor may such a child open a client of its own (connecting()): the library's gRPC keeps
-# one epoll set per process, which a forked child shares with its parent, so the child's
-# connection hangs while the parent's gRPC thread takes the child's events, and crashes on
-# them (seen with a serving parent every time). Until the library starts afresh in a forked
-# child, processes that use tpd are started by spawn, forkserver or exec.
+# A child that opens clients of its own (its own init_rpc, a tpd.Store) gets a copy of the
+# library of its own: the parent's copy keeps gRPC's polling in one epoll set per process,
+# which the child shares with its parent, so a connection made through it hangs while the
+# parent's gRPC thread takes the child's events, and crashes on them (seen with a serving
+# parent every time). library() loads the fresh copy with dlmopen(LM_ID_NEWLM): a link-map
+# namespace of its own, so its gRPC, its threads and its epoll set are the child's alone, while
+# the handles the child inherited keep calling the parent's copy, which leaves them alone.
 _pid = os.getpid()
-_connected = False   # a client was opened here, or in a parent before it forked this process
-_forked_from = None  # in a child forked after a client was opened: its parent
+_forked_from = None  # in a child forked after the library was loaded: its parent
 
 
 def _forking():
@@ -264,10 +289,12 @@ def _forked_in_parent():
 
 
 def _forked_in_child():
-    global _pid, _forked_from
+    global _pid, _forked_from, _lib, _lib_lock
     _pid = os.getpid()
-    if _connected:
+    _lib_lock = threading.Lock()  # another thread of the parent may have held it
+    if _lib is not None:
         _forked_from = os.getppid()
+        _lib = None
 
 
 os.register_at_fork(before=_forking, after_in_parent=_forked_in_parent,
@@ -277,19 +304,6 @@ os.register_at_fork(before=_forking, after_in_parent=_forked_in_parent,
 def is_mine(made_in):
     """Whether what process ``made_in`` made is this process's to use."""
     return made_in == _pid or made_in == os.getpid()
-
-
-def connecting():
-    """Called before a client connects: raises in a process forked after the library connected
-    (see above)."""
-    global _connected
-    if _forked_from is not None:
-        raise RuntimeError(
-            f"this process (pid {os.getpid()}) was forked from process {_forked_from} after "
-            "tpd's client library connected there, and the library cannot connect again in a "
-            "forked child: start processes that use tpd with multiprocessing's 'spawn' or "
-            "'forkserver' start method, or exec them")
-    _connected = True
 
 
 def timeout_us(seconds):

@@ -9,7 +9,27 @@ import ctypes
 from tpd import _capi
 
 
-class Event:
+class _Library:
+    """What a handle's calls need of the library copy that made it (``self._lib``): a forked
+    child loads a copy of its own (_capi.library), while handles it inherited keep their
+    parent's."""
+
+    __slots__ = ()
+
+    def _ok(self, code):
+        _capi.check(code, self._lib)
+
+    def _json(self, ptr):
+        return _capi.take_json(ptr, self._lib)
+
+    def _string(self, ptr):
+        return _capi.take_string(ptr, self._lib)
+
+    def _bytes(self, ptr, size):
+        return _capi.take_bytes(ptr, size, self._lib)
+
+
+class Event(_Library):
     """A request to answer, or a finished call (``_capi.EVENT_*``); frees itself when dropped.
 
     A request dropped unanswered is answered INTERNAL by the library, so a lost request never
@@ -48,7 +68,7 @@ class Event:
         """(code, message, payload, number of tensors) with one call into the library: what
         status(), payload() and num_tensors() return."""
         info = _capi.EventInfo()
-        _capi.check(self._lib.tpd_event_read(self._ptr, info))
+        self._ok(self._lib.tpd_event_read(self._ptr, info))
         size = info.payload_size
         payload = ctypes.string_at(info.payload, size) if size else b""
         message = info.message.decode("utf-8", "replace") if info.code else ""
@@ -74,18 +94,18 @@ class Event:
         """The i-th tensor as a "dltensor" capsule of its bytes (uint8, 1-D); ``copy`` as
         tpd_event_tensor_dlpack's: -1 lets the library keep the receive heap from starving."""
         managed = ctypes.c_void_p()
-        _capi.check(self._lib.tpd_event_tensor_dlpack(self._ptr, i, copy, ctypes.byref(managed)))
+        self._ok(self._lib.tpd_event_tensor_dlpack(self._ptr, i, copy, ctypes.byref(managed)))
         return _capsule(managed.value)
 
     def reply(self, payload, tensors=(), release_tag=0):
         """Answers the request; with ``release_tag``, an EVENT_RELEASED with it follows on the
         replies queue once the daemon no longer reads the reply's CUDA tensors."""
         array, n = _tensor_array(tensors)
-        _capi.check(self._lib.tpd_reply(self._ptr, payload, len(payload), array, n,
+        self._ok(self._lib.tpd_reply(self._ptr, payload, len(payload), array, n,
                                         release_tag))
 
     def reply_error(self, code, message):
-        _capi.check(self._lib.tpd_reply_error(self._ptr, code, _capi.b(message)))
+        self._ok(self._lib.tpd_reply_error(self._ptr, code, _capi.b(message)))
 
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
@@ -107,7 +127,7 @@ def _tensor_array(tensors):
     return array, n
 
 
-class Client:
+class Client(_Library):
     """One connection (and, once it joins or serves, one session) to the node's daemon.
 
     Closing it in a forked child forgets it: the session stays the parent's (the library
@@ -115,9 +135,8 @@ class Client:
 
     def __init__(self, socket_path="", connect_timeout=None, cuda_pool_bytes=0):
         self._lib = _capi.library()
-        _capi.connecting()
         handle = ctypes.c_void_p()
-        _capi.check(self._lib.tpd_client_open(
+        self._ok(self._lib.tpd_client_open(
             _capi.b(socket_path or ""), _capi.timeout_us(connect_timeout), cuda_pool_bytes,
             ctypes.byref(handle)))
         self._handle = handle
@@ -151,55 +170,55 @@ class Client:
         try:
             for key, value in options.items():
                 for v in value if isinstance(value, (list, tuple)) else [value]:
-                    _capi.check(self._lib.tpd_join_options_set(opts, _capi.b(key), _capi.b(v)))
+                    self._ok(self._lib.tpd_join_options_set(opts, _capi.b(key), _capi.b(v)))
             for worker, mapping in (device_maps or {}).items():
                 for src, dst in mapping.items():
-                    _capi.check(self._lib.tpd_join_options_add_device_map(
+                    self._ok(self._lib.tpd_join_options_add_device_map(
                         opts, _capi.b(worker), _capi.b(src), _capi.b(dst)))
             out = ctypes.c_void_p()
-            _capi.check(self._lib.tpd_join(self._handle, opts, ctypes.byref(out)))
-            return _capi.take_json(out.value)
+            self._ok(self._lib.tpd_join(self._handle, opts, ctypes.byref(out)))
+            return self._json(out.value)
         finally:
             self._lib.tpd_join_options_free(opts)
 
     def leave(self, group, name):
-        _capi.check(self._lib.tpd_leave(self._handle, _capi.b(group), _capi.b(name)))
+        self._ok(self._lib.tpd_leave(self._handle, _capi.b(group), _capi.b(name)))
 
     def barrier(self, group, name, timeout=None):
         """Waits until every member entered the barrier; returns the names of the members of a
         static group that were gone (left or died since it formed) and counted as arrived."""
         out = ctypes.c_void_p()
-        _capi.check(self._lib.tpd_barrier(self._handle, _capi.b(group), _capi.b(name),
+        self._ok(self._lib.tpd_barrier(self._handle, _capi.b(group), _capi.b(name),
                                           _capi.timeout_us(timeout), ctypes.byref(out)))
-        return _capi.take_json(out.value).get("gone", [])
+        return self._json(out.value).get("gone", [])
 
     def group(self, group, init_method=""):
         out = ctypes.c_void_p()
-        _capi.check(self._lib.tpd_get_group(self._handle, _capi.b(group), _capi.b(init_method),
+        self._ok(self._lib.tpd_get_group(self._handle, _capi.b(group), _capi.b(init_method),
                                             ctypes.byref(out)))
-        return _capi.take_json(out.value)
+        return self._json(out.value)
 
     def user_secret(self, purpose):
         """32 bytes only this process's user gets for ``purpose``, the same from every daemon
         of the cluster (Control.UserSecret)."""
         out = ctypes.c_void_p()
-        _capi.check(self._lib.tpd_user_secret(self._handle, _capi.b(purpose), ctypes.byref(out)))
-        return bytes.fromhex(_capi.take_string(out.value))
+        self._ok(self._lib.tpd_user_secret(self._handle, _capi.b(purpose), ctypes.byref(out)))
+        return bytes.fromhex(self._string(out.value))
 
     def status(self):
         out = ctypes.c_void_p()
-        _capi.check(self._lib.tpd_status(self._handle, ctypes.byref(out)))
-        return _capi.take_json(out.value)
+        self._ok(self._lib.tpd_status(self._handle, ctypes.byref(out)))
+        return self._json(out.value)
 
     def call_stats(self):
         out = ctypes.c_void_p()
-        _capi.check(self._lib.tpd_call_stats(self._handle, ctypes.byref(out)))
-        return _capi.take_json(out.value)
+        self._ok(self._lib.tpd_call_stats(self._handle, ctypes.byref(out)))
+        return self._json(out.value)
 
     # --- calls ---
 
     def serve(self, method):
-        _capi.check(self._lib.tpd_serve(self._handle, _capi.b(method)))
+        self._ok(self._lib.tpd_serve(self._handle, _capi.b(method)))
 
     def next_event(self, queues, timeout=None):
         """The next event of ``queues``, or None when none came within ``timeout`` seconds.
@@ -209,7 +228,7 @@ class Client:
                                         ctypes.byref(out))
         if code == _capi.DEADLINE_EXCEEDED:
             return None
-        _capi.check(code)
+        self._ok(code)
         return Event(out.value)
 
     def call(self, group, worker, method, payload, tensors=(), timeout_us=_capi.TIMEOUT_DEFAULT):
@@ -220,12 +239,12 @@ class Client:
                                   _capi.b(method), payload, len(payload), array, n, timeout_us,
                                   ctypes.byref(out))
         if not out.value:
-            _capi.check(code)  # refused before the call: bad arguments
+            self._ok(code)  # refused before the call: bad arguments
         return Event(out.value)
 
     def call_async(self, group, worker, method, payload, tensors, timeout_us, tag):
         array, n = _tensor_array(tensors)
-        _capi.check(self._lib.tpd_call_async(self._handle, _capi.b(group), _capi.b(worker),
+        self._ok(self._lib.tpd_call_async(self._handle, _capi.b(group), _capi.b(worker),
                                              _capi.b(method), payload, len(payload), array, n,
                                              timeout_us, tag))
 
@@ -235,12 +254,12 @@ class Client:
         """The daemon's store (``group`` ""), or the store ``group``'s members share on every
         node (this client must hold a member of it), under ``namespace``."""
         handle = ctypes.c_void_p()
-        _capi.check(self._lib.tpd_store_open(self._handle, _capi.b(group or ""),
+        self._ok(self._lib.tpd_store_open(self._handle, _capi.b(group or ""),
                                              _capi.b(namespace or ""), ctypes.byref(handle)))
         return StoreHandle(self, handle)
 
 
-class StoreHandle:
+class StoreHandle(_Library):
     """A store reached through a Client (Client.store), which it keeps alive."""
 
     def __init__(self, client, handle):
@@ -258,29 +277,29 @@ class StoreHandle:
             self.close()
 
     def set(self, key, value):
-        _capi.check(self._lib.tpd_store_set(self._store, _capi.b(key), value, len(value)))
+        self._ok(self._lib.tpd_store_set(self._store, _capi.b(key), value, len(value)))
 
     def get(self, key, timeout=None):
         out = ctypes.c_void_p()
         size = ctypes.c_size_t()
-        _capi.check(self._lib.tpd_store_get(self._store, _capi.b(key),
+        self._ok(self._lib.tpd_store_get(self._store, _capi.b(key),
                                             _capi.timeout_us(timeout), ctypes.byref(out),
                                             ctypes.byref(size)))
-        return _capi.take_bytes(out.value, size.value)
+        return self._bytes(out.value, size.value)
 
     def add(self, key, delta):
         result = ctypes.c_int64()
-        _capi.check(self._lib.tpd_store_add(self._store, _capi.b(key), delta,
+        self._ok(self._lib.tpd_store_add(self._store, _capi.b(key), delta,
                                             ctypes.byref(result)))
         return result.value
 
     def compare_set(self, key, expected, desired):
         out = ctypes.c_void_p()
         size = ctypes.c_size_t()
-        _capi.check(self._lib.tpd_store_compare_set(self._store, _capi.b(key), expected,
+        self._ok(self._lib.tpd_store_compare_set(self._store, _capi.b(key), expected,
                                                     len(expected), desired, len(desired),
                                                     ctypes.byref(out), ctypes.byref(size)))
-        return _capi.take_bytes(out.value, size.value)
+        return self._bytes(out.value, size.value)
 
     def _keys(self, keys):
         encoded = [_capi.b(k) for k in keys]
@@ -288,21 +307,21 @@ class StoreHandle:
 
     def wait(self, keys, timeout=None):
         array, n = self._keys(keys)
-        _capi.check(self._lib.tpd_store_wait(self._store, array, n, _capi.timeout_us(timeout)))
+        self._ok(self._lib.tpd_store_wait(self._store, array, n, _capi.timeout_us(timeout)))
 
     def check(self, keys):
         array, n = self._keys(keys)
         ready = ctypes.c_int()
-        _capi.check(self._lib.tpd_store_check(self._store, array, n, ctypes.byref(ready)))
+        self._ok(self._lib.tpd_store_check(self._store, array, n, ctypes.byref(ready)))
         return bool(ready.value)
 
     def delete_key(self, key):
         deleted = ctypes.c_int()
-        _capi.check(self._lib.tpd_store_delete_key(self._store, _capi.b(key),
+        self._ok(self._lib.tpd_store_delete_key(self._store, _capi.b(key),
                                                    ctypes.byref(deleted)))
         return bool(deleted.value)
 
     def num_keys(self):
         n = ctypes.c_int64()
-        _capi.check(self._lib.tpd_store_num_keys(self._store, ctypes.byref(n)))
+        self._ok(self._lib.tpd_store_num_keys(self._store, ctypes.byref(n)))
         return n.value

@@ -60,6 +60,12 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
     if options.device_maps or options.devices:
         raise ValueError("the TPD backend moves CPU tensors only for now: device maps and "
                          "devices are not supported yet (tpd.rpc has them)")
+    if _capi._forked_from is not None:
+        # tpd._C finds the library by its path, i.e. the parent's copy, not this child's.
+        raise RuntimeError(
+            f"backend=TPD cannot start in a process forked from process {_capi._forked_from} "
+            "after tpd's client library was loaded there: start it with multiprocessing's "
+            "'spawn' or 'forkserver' start method, or exec it (tpd.rpc can init in a forked child)")
     client = Client(os.environ.get("TPD_SOCKET", ""))
     try:
         group, init_method, secret = _api._rendezvous(client, options, store)
