@@ -492,3 +492,98 @@ def rref_messages_from_non_holders(rank, world_size, init_method):
         assert not agent._owned, list(agent._owned)
     rpc.shutdown()
     return True
+
+
+# --- backend=TPD: torch.distributed.rpc itself, its agent tpd's (tests/python/test_backend.py)
+
+
+def _init_torch_rpc(rank, world_size, init_method):
+    import torch.distributed.rpc as rpc
+    import tpd.backend  # noqa: F401 (registers BackendType.TPD)
+    rpc.init_rpc(f"worker{rank}", backend=rpc.BackendType.TPD, rank=rank, world_size=world_size,
+                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method=init_method))
+    return rpc
+
+
+def identity(x):
+    return x
+
+
+def keep(store, key, tensor):
+    """Keeps a received tensor in this process (rank 1's `kept`)."""
+    _kept.setdefault(store, {})[key] = tensor
+    return True
+
+
+def kept_sums(store):
+    return {key: float(t.sum()) for key, t in _kept.get(store, {}).items()}
+
+
+_kept = {}
+
+
+def backend_tensors(rank, world_size, init_method):
+    """Tensors through backend=TPD (their storages apart from the pickled metadata, received
+    as views of the receive heap while it has room): every dtype, shape and layout comes back
+    equal, two views of one storage stay one storage; a small view of a storage larger than the
+    arena sends only what it views; tensors the callee keeps stay intact while many more
+    arrive."""
+    rpc = _init_torch_rpc(rank, world_size, init_method)
+    if rank == 0:
+        base = torch.arange(24, dtype=torch.float64).reshape(4, 6)
+        values = {
+            "float64_transposed": base.t(),
+            "int8": torch.tensor([-3, 0, 7], dtype=torch.int8),
+            "bool": torch.tensor([True, False, True]),
+            "bfloat16": torch.ones(5, dtype=torch.bfloat16),
+            "empty": torch.empty(0, 3),
+            "scalar": torch.tensor(2.5),
+            "slice": base[1:3, 2:5],
+            "shared": (base, base[0]),  # two tensors of one storage stay one storage
+            "grad": torch.ones(3, requires_grad=True),
+        }
+        back = rpc.rpc_sync("worker1", identity, args=(values,))
+        for key, value in values.items():
+            if key == "shared":
+                assert torch.equal(back[key][0], base) and torch.equal(back[key][1], base[0])
+                back[key][0][0, 0] = 100.0
+                assert float(back[key][1][0]) == 100.0, "one storage on the far side too"
+                continue
+            assert back[key].dtype == value.dtype, key
+            assert back[key].shape == value.shape, key
+            assert torch.equal(back[key], value.detach()), key
+        # 64 MiB of storage under a 16 MiB arena: only the 1000 elements viewed travel.
+        big = torch.arange(16 << 20, dtype=torch.float32)
+        assert torch.equal(rpc.rpc_sync("worker1", torch.add, args=(big[:1000], 1)),
+                           big[:1000] + 1)
+        # Rank 1 keeps 40 tensors of 1 MiB, more than its 16 MiB receive heap holds as views.
+        for i in range(40):
+            assert rpc.rpc_sync("worker1", keep, args=("t", i, torch.full((1 << 18,), float(i))))
+        sums = rpc.rpc_sync("worker1", kept_sums, args=("t",))
+        assert sums == {i: float(i) * (1 << 18) for i in range(40)}, sums
+    rpc.shutdown()
+    return True
+
+
+def backend_in_forked_child(rank, world_size, init_method):
+    """A process forked after its parent loaded tpd's client library cannot start backend=TPD
+    (tpd._C finds the parent's copy of the library), and says what to do instead."""
+    import tpd._client
+    tpd._client.Client(os.environ["TPD_SOCKET"]).close()  # the parent loaded the library
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read)
+        try:
+            _init_torch_rpc(rank, world_size, f"{init_method}-child")
+            report = "init_rpc started"
+        except RuntimeError as e:
+            report = str(e)
+        with os.fdopen(write, "w") as f:
+            f.write(report)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        report = f.read()
+    os.waitpid(child, 0)
+    return report

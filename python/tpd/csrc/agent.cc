@@ -1,7 +1,10 @@
 #include "python/tpd/csrc/agent.h"
 
+#include <ATen/dlpack.h>
 #include <torch/csrc/distributed/rpc/request_callback_impl.h>
 #include <torch/csrc/distributed/rpc/utils.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
 
 #include <algorithm>
 #include <cstring>
@@ -13,28 +16,47 @@ namespace {
 
 constexpr char kMethod[] = "torch.rpc";
 
-// A torch message on tpd: the header is the call's payload, and torch's wire encoding of the
-// message's payload and tensors travels as one tensor of bytes, which the library copies into
-// the shared arena and the receiver reads where it lands (one copy fewer each way than a
-// payload of both).
+// A torch message on tpd, as torch's TensorPipe agent splits it: the call's payload is a
+// header; its first tensor, the body, holds the message's payload and the pickled metadata of
+// its tensors (torch's jit pickle, as rpc::wireSerialize writes it); each further tensor is the
+// bytes of one storage the metadata names ("0", "1", ...). The library copies each storage
+// once into the shared arena, and the receiver's tensors are views of its receive heap: no
+// copy into or out of a byte string on either side.
 struct Header {
   uint32_t magic;
   int32_t type;  // rpc::MessageType
   int64_t id;
 };
-constexpr uint32_t kMagic = 0x4d445054;  // "TPDM"
+constexpr uint32_t kMagic = 0x32445054;  // "TPD2"
+
+// Before the payload in the body: its length (the metadata takes the rest).
+using PayloadLength = uint64_t;
 
 struct Wire {
   Header header;
   std::string body;
+  std::vector<at::Tensor> storages;  // their storages' bytes follow the body
 
-  tpd_tensor Tensor() const {
+  // The call's tensors: the body, then each storage's bytes. They point into this Wire: valid
+  // while it lives unchanged.
+  std::vector<tpd_tensor> Tensors() const {
+    std::vector<tpd_tensor> tensors;
+    tensors.reserve(1 + storages.size());
+    tensors.push_back(Bytes(body.data(), body.size()));
+    for (const at::Tensor& storage : storages) {
+      const ::torch::jit::WriteableTensorData data = ::torch::jit::getWriteableTensorData(storage);
+      tensors.push_back(Bytes(data.data(), data.sizeInBytes()));
+    }
+    return tensors;
+  }
+
+  static tpd_tensor Bytes(const void* data, uint64_t nbytes) {
     tpd_tensor tensor{};
     tensor.dtype = TPD_UINT8;
     tensor.ndim = 1;
-    tensor.shape[0] = static_cast<int64_t>(body.size());
-    tensor.data = body.data();
-    tensor.nbytes = body.size();
+    tensor.shape[0] = static_cast<int64_t>(nbytes);
+    tensor.data = data;
+    tensor.nbytes = nbytes;
     tensor.device_type = TPD_CPU;
     return tensor;
   }
@@ -47,8 +69,43 @@ Wire Encode(const rpc::Message& message) {
                 "device maps are not built yet); got a tensor on ",
                 tensor.device());
   }
-  return Wire{Header{kMagic, static_cast<int32_t>(message.type()), message.id()},
-              rpc::wireSerialize(message.payload(), message.tensors())};
+  Wire wire;
+  wire.header = Header{kMagic, static_cast<int32_t>(message.type()), message.id()};
+  const std::vector<char>& payload = message.payload();
+  const PayloadLength length = payload.size();
+  wire.body.append(reinterpret_cast<const char*>(&length), sizeof(length));
+  wire.body.append(payload.data(), payload.size());
+  if (!message.tensors().empty()) {
+    // The tensors' metadata, their storages apart (views of a much larger storage cloned
+    // first, as torch does, so a slice does not send its whole base).
+    ::torch::jit::Pickler pickler(
+        [&](const char* data, size_t size) { wire.body.append(data, size); });
+    pickler.protocol();
+    pickler.pushIValue(rpc::cloneSparseTensors(message.tensors()));
+    pickler.stop();
+    wire.storages = pickler.tensorData();
+  }
+  return wire;
+}
+
+// A received storage's bytes, viewed where they lie in the receive heap (or copied out by the
+// library when its views already hold half of it): the DataPtr keeps them until the last
+// tensor using them goes.
+at::DataPtr Received(const ClientApi& api, const tpd_event* event, int i) {
+  void* handle = nullptr;
+  if (api.event_tensor_dlpack(event, i, /*copy=*/-1, &handle) != TPD_OK) {
+    throw std::runtime_error("tensor " + std::to_string(i) + " of a TPD message: " +
+                             (api.last_error() != nullptr ? api.last_error() : "unreadable"));
+  }
+  auto* managed = static_cast<DLManagedTensor*>(handle);
+  void* data = static_cast<char*>(managed->dl_tensor.data) + managed->dl_tensor.byte_offset;
+  return at::DataPtr(
+      data, managed,
+      [](void* context) {
+        auto* held = static_cast<DLManagedTensor*>(context);
+        if (held->deleter != nullptr) held->deleter(held);
+      },
+      at::Device(at::kCPU));
 }
 
 // The message a peer sent (`info` read from `event`); throws std::runtime_error for an event
@@ -57,16 +114,56 @@ c10::intrusive_ptr<rpc::Message> Decode(const ClientApi& api, const tpd_event* e
                                         const tpd_event_info& info) {
   Header header;
   tpd_tensor body;
-  if (info.payload_size != sizeof(header) || info.num_tensors != 1 ||
+  if (info.payload_size != sizeof(header) || info.num_tensors < 1 ||
       api.event_tensor(event, 0, &body) != TPD_OK || body.dtype != TPD_UINT8 ||
       body.ndim != 1 || body.device_type != TPD_CPU) {
     throw std::runtime_error("not a TPD message: a " + std::to_string(info.payload_size) +
                              "-byte payload and " + std::to_string(info.num_tensors) +
-                             " tensors, not a header and torch's encoding");
+                             " tensors, not a header, a body and storages");
   }
   std::memcpy(&header, info.payload, sizeof(header));
-  if (header.magic != kMagic) throw std::runtime_error("not a TPD message (bad magic)");
-  auto [payload, tensors] = rpc::wireDeserialize(body.data, body.nbytes);
+  if (header.magic != kMagic) {
+    throw std::runtime_error("not a TPD message of this release (bad magic): run one tpd "
+                             "Python package on every worker");
+  }
+  const char* const bytes = static_cast<const char*>(body.data);
+  PayloadLength length;
+  if (body.nbytes < sizeof(length)) throw std::runtime_error("a TPD message's body is cut");
+  std::memcpy(&length, bytes, sizeof(length));
+  if (length > body.nbytes - sizeof(length)) {
+    throw std::runtime_error("a TPD message's payload runs past its body");
+  }
+  std::vector<char> payload(bytes + sizeof(length), bytes + sizeof(length) + length);
+  std::vector<at::Tensor> tensors;
+  const char* const meta = bytes + sizeof(length) + length;
+  const size_t meta_size = body.nbytes - sizeof(length) - length;
+  if (meta_size > 0) {
+    size_t read = 0;
+    auto reader = [&](char* out, size_t n) {
+      n = std::min(n, meta_size - read);
+      std::memcpy(out, meta + read, n);
+      read += n;
+      return n;
+    };
+    auto storage = [&](const std::string& name) -> at::DataPtr {
+      // Storage "k" is tensor k + 1 of the call.
+      size_t used = 0;
+      int k = -1;
+      try {
+        k = std::stoi(name, &used);
+      } catch (const std::exception&) {
+      }
+      if (used != name.size() || k < 0 || k + 1 >= static_cast<int>(info.num_tensors)) {
+        throw std::runtime_error("a TPD message's metadata names storage '" + name +
+                                 "', which it does not carry");
+      }
+      return Received(api, event, k + 1);
+    };
+    ::torch::jit::Unpickler unpickler(reader, nullptr, nullptr, storage, {});
+    for (const at::Tensor& tensor : unpickler.parse_ivalue().toTensorList()) {
+      tensors.push_back(tensor);
+    }
+  }
   return c10::make_intrusive<rpc::Message>(std::move(payload), std::move(tensors),
                                            static_cast<rpc::MessageType>(header.type), header.id);
 }
@@ -149,7 +246,9 @@ c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
     message->setId(static_cast<int64_t>(tag));
   }
   const Wire wire = Encode(*message);
-  const tpd_tensor body = wire.Tensor();
+  const std::vector<tpd_tensor> tensors = wire.Tensors();
+  uint64_t bytes = 0;
+  for (const tpd_tensor& tensor : tensors) bytes += tensor.nbytes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_[tag] = Pending{future, timeout.count()};
@@ -157,10 +256,11 @@ c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
   // timeout 0: no deadline, for torch and for tpd alike.
   const auto deadline = timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout
                                             : std::chrono::steady_clock::time_point::max();
-  const int code = WithRoom(wire.body.size(), deadline, [&] {
+  const int code = WithRoom(bytes, deadline, [&] {
     return api_.call_async(client_, options_.group.c_str(), to.name_.c_str(), kMethod,
                            reinterpret_cast<const char*>(&wire.header), sizeof(wire.header),
-                           &body, 1, timeout.count() * 1000, tag);
+                           tensors.data(), static_cast<int>(tensors.size()),
+                           timeout.count() * 1000, tag);
   });
   if (code != TPD_OK) {
     const std::string why = LastError();
@@ -232,11 +332,11 @@ void TpdAgent::Respond(tpd_event* request, int64_t id, rpc::JitFuture& response)
   } catch (const std::exception& e) {
     wire = Encode(*rpc::createExceptionResponse(e, id));
   }
-  const tpd_tensor body = wire.Tensor();
   // A caller gone meanwhile is no error here: the daemon dropped its call. A reply the arena
   // has no room for is not sent: the library answers the caller with the reason instead.
-  api_.reply(request, reinterpret_cast<const char*>(&wire.header), sizeof(wire.header), &body, 1,
-             0);
+  const std::vector<tpd_tensor> tensors = wire.Tensors();
+  api_.reply(request, reinterpret_cast<const char*>(&wire.header), sizeof(wire.header),
+             tensors.data(), static_cast<int>(tensors.size()), 0);
   api_.event_free(request);
   if (--serving_ == 0) idle_.notify_all();
 }

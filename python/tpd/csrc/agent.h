@@ -4,11 +4,12 @@
 // BackendType.TPD (docs/python.md, "Two ways in").
 //
 // A torch Message travels as one tpd call of method "torch.rpc" to the worker's name in the
-// job's group: a 16-byte header (magic, message type, message id) as the call's payload, and
-// torch's own wire encoding of the message's payload and tensors (rpc/utils.h wireSerialize)
-// as one tensor of bytes. Its answer comes back as the
-// call's reply in the same form, or as a tpd error, which fails the future in torch's words
-// (timeouts: RPCErrorType::TIMEOUT).
+// job's group: a 16-byte header (magic, message type, message id) as the call's payload; a
+// body tensor with the message's payload and its tensors' metadata (torch's jit pickle, as
+// rpc/utils.h wireSerialize writes it); and each storage the tensors use as a tensor of its
+// own, which the receiver's tensors view where it landed (as torch's TensorPipe agent splits
+// a message). Its answer comes back as the call's reply in the same form, or as a tpd error,
+// which fails the future in torch's words (timeouts: RPCErrorType::TIMEOUT).
 //
 // Threads: one event thread takes the client's events (requests to serve, replies to calls)
 // and hands each to a pool of num_worker_threads threads, which run torch's request callback

@@ -44,6 +44,7 @@ ClientApi::ClientApi(const std::string& path) {
   Resolve(library, path, "tpd_event_free", &event_free);
   Resolve(library, path, "tpd_event_read", &event_read);
   Resolve(library, path, "tpd_event_tensor", &event_tensor);
+  Resolve(library, path, "tpd_event_tensor_dlpack", &event_tensor_dlpack);
   Resolve(library, path, "tpd_reply", &reply);
   Resolve(library, path, "tpd_reply_error", &reply_error);
   Resolve(library, path, "tpd_call_async", &call_async);

@@ -30,6 +30,7 @@ struct ClientApi {
   decltype(&tpd_event_free) event_free;
   decltype(&tpd_event_read) event_read;
   decltype(&tpd_event_tensor) event_tensor;
+  decltype(&tpd_event_tensor_dlpack) event_tensor_dlpack;
   decltype(&tpd_reply) reply;
   decltype(&tpd_reply_error) reply_error;
   decltype(&tpd_call_async) call_async;

@@ -1,0 +1,32 @@
+"""backend=TPD (tpd._C, tpd.backend) beyond torch's own suites (test_torch_backend.py): how
+tensors travel, and where it does not start."""
+
+import os
+
+import pytest
+
+import rpc_workers
+import scenarios
+from conftest import Daemon
+
+
+@pytest.fixture
+def small_arena(workdir, monkeypatch):
+    """A daemon whose sessions have 16 MiB heaps each way."""
+    d = Daemon(workdir, "node0", os.urandom(8).hex(), extra="[data]\narena_bytes = 16777216\n")
+    monkeypatch.setenv("TPD_RPC_HOME", f"tcp://{d.peer_address}")
+    yield d
+    d.stop()
+
+
+def test_tensors_of_every_kind_arrive_intact_and_kept_ones_stay_so(small_arena, workdir):
+    results = rpc_workers.run(scenarios.backend_tensors, 2, [small_arena.socket],
+                              f"file://{workdir}/rendezvous")
+    assert results == {0: True, 1: True}
+
+
+def test_backend_tpd_does_not_start_in_a_forked_child(daemon, workdir):
+    results = rpc_workers.run(scenarios.backend_in_forked_child, 1, [daemon.socket],
+                              f"file://{workdir}/rendezvous")
+    assert "backend=TPD cannot start in a process forked from process" in results[0], results
+    assert "'spawn'" in results[0], results
