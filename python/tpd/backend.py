@@ -13,6 +13,8 @@ torch's own ``TensorPipeRpcBackendOptions``; the job's rendezvous is tpd.rpc's (
 is the C++ extension ``tpd._C`` (python/tpd/csrc), built against the installed torch.
 """
 
+import ctypes
+import functools
 import os
 
 import torch.distributed.rpc as _rpc
@@ -51,6 +53,30 @@ def _construct_options(rpc_timeout, init_method, num_worker_threads=16, _transpo
         _transports=_transports, _channels=_channels)
 
 
+def _members(client, group):
+    """What lists ``group``'s members now, [(name, rank)], through ``client``'s handle (which
+    the agent owns from init on, and asks only while it runs): a dynamic group's agent asks it
+    for workers that joined since."""
+    lib, handle = client._lib, client._handle.value
+
+    def members():
+        out = ctypes.c_void_p()
+        _capi.check(lib.tpd_get_group(handle, _capi.b(group), None, ctypes.byref(out)), lib)
+        view = _capi.take_json(out.value, lib)
+        return [(m["name"], int(m.get("rank", 0))) for m in view.get("members", [])]
+    return members
+
+
+def _leave_alone(name):
+    """A dynamic group's worker leaves without waiting for the others, as in torch's own
+    dynamic groups: torch's shutdown treats every agent but its TensorPipe one as static, and
+    gathers every worker its init named (``_ALL_WORKER_NAMES``, this worker's view at its join,
+    which differs between workers that joined at different times: the gather then waits for
+    the wrong workers, or for ones already gone). Naming only this worker there makes that
+    gather its own; the daemon tells the others it left."""
+    _rpc.api._ALL_WORKER_NAMES = {name}
+
+
 def _init_backend(store, name, rank, world_size, rpc_backend_options):
     """torch's init_rpc calls this with its rendezvous store (under this init's prefix): the
     job joins a tpd group, and torch starts the agent returned."""
@@ -71,13 +97,15 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
         group, init_method, secret = _api._rendezvous(client, options, store)
         response = _api._join_group(client, name, rank, world_size, options, group, init_method,
                                     secret, store, _METHOD)
-        workers = [(m["name"], int(m["rank"])) for m in client.group(group).get("members", [])]
+        workers = _members(client, group)()
         agent = _extension().TpdAgent(
             library=_capi.library()._name, client=client._handle.value, group=group, name=name,
             rank=int(response.get("rank", rank)), is_static=bool(world_size), workers=workers,
             num_worker_threads=int(options.num_worker_threads),
             rpc_timeout_seconds=float(options.rpc_timeout),
-            arena_bytes=int(client.call_stats().get("arena_bytes", 0)))
+            arena_bytes=int(client.call_stats().get("arena_bytes", 0)),
+            members=None if world_size else _members(client, group),
+            started=None if world_size else functools.partial(_leave_alone, name))
     except BaseException:
         client.close()
         raise

@@ -2,6 +2,8 @@
 tensors travel, and where it does not start."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -30,3 +32,18 @@ def test_backend_tpd_does_not_start_in_a_forked_child(daemon, workdir):
                               f"file://{workdir}/rendezvous")
     assert "backend=TPD cannot start in a process forked from process" in results[0], results
     assert "'spawn'" in results[0], results
+
+
+def test_a_worker_that_exits_without_shutdown_exits_cleanly(daemon, workdir):
+    """A program that ends without rpc.shutdown() (torch's tests that set up RPC themselves
+    do) exits with its own status, not an abort from the agent's teardown."""
+    program = (
+        "import torch.distributed.rpc as rpc, tpd.backend\n"
+        "rpc.init_rpc('w0', backend=rpc.BackendType.TPD, rank=0, world_size=1,\n"
+        f"             rpc_backend_options=rpc.TensorPipeRpcBackendOptions("
+        f"init_method='file://{workdir}/rendezvous'))\n"
+        "assert rpc.rpc_sync('w0', max, args=(1, 2)) == 2\n")
+    env = dict(os.environ, TPD_SOCKET=daemon.socket)
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]

@@ -23,6 +23,7 @@ from torch.testing._internal.common_distributed import MultiProcessTestCase  # n
 from torch.testing._internal.distributed.rpc.rpc_agent_test_fixture import (  # noqa: E402
     RpcAgentTestFixture,
 )
+from torch.testing._internal.distributed.rpc.rpc_test import TensorPipeAgentRpcTest  # noqa: E402
 from torch.testing._internal.distributed.rpc_utils import GENERIC_TESTS  # noqa: E402
 
 import tpd.backend  # noqa: E402,F401 (registers BackendType.TPD)
@@ -96,3 +97,20 @@ for _suite in GENERIC_TESTS:
         keep_only(_class, _suite, CI.get(_suite.__name__, []))
     globals()[_name] = _class
 del _suite, _name, _class  # not test classes themselves
+
+# torch's cases of dynamic groups (world_size=None) live among its TensorPipe agent's own; they
+# are written for any agent, so they run here too (all of them, in CI as well).
+DYNAMIC = [
+    "test_dynamic_rpc_init_rpc",
+    "test_dynamic_rpc_new_rank_can_communicated_with_existing_rank",
+    "test_dynamic_rpc_existing_rank_can_communicate_with_new_rank",
+    "test_dynamic_rpc_init_rpc_without_rank",
+    "test_dynamic_and_static_init_rpc_together",
+]
+
+
+class TpdDynamicRpcTest(OnTpd, TensorPipeAgentRpcTest, TpdBackendFixture, MultiProcessTestCase):
+    """torch's cases of dynamic groups, with backend=TPD."""
+
+
+keep_only(TpdDynamicRpcTest, TensorPipeAgentRpcTest, DYNAMIC)

@@ -187,22 +187,51 @@ TpdAgent::TpdAgent(AgentOptions options)
       client_(reinterpret_cast<tpd_client*>(options_.client)),
       pool_(options_.num_worker_threads) {
   TORCH_CHECK(client_ != nullptr, "TpdAgent needs a tpd client");
-  for (const auto& [name, rank] : options_.workers) {
+  Learn(options_.workers);
+}
+
+void TpdAgent::Learn(const std::vector<std::pair<std::string, int64_t>>& members) const {
+  std::lock_guard<std::mutex> lock(workers_mu_);
+  for (const auto& [name, rank] : members) {
+    if (by_name_.count(name) > 0) continue;
     by_name_[name] = workers_.size();
     by_id_[static_cast<rpc::worker_id_t>(rank)] = workers_.size();
     workers_.emplace_back(name, rank);
   }
 }
 
+std::optional<std::vector<std::pair<std::string, int64_t>>> TpdAgent::Refresh() const {
+  // After shutdown the client is closed: what is known stays known.
+  if (options_.is_static || !options_.members || stopped_) return std::nullopt;
+  std::vector<std::pair<std::string, int64_t>> members = options_.members();
+  Learn(members);
+  return members;
+}
+
+const rpc::WorkerInfo* TpdAgent::Known(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(workers_mu_);
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &workers_[it->second];
+}
+
+const rpc::WorkerInfo* TpdAgent::Known(rpc::worker_id_t id) const {
+  std::lock_guard<std::mutex> lock(workers_mu_);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : &workers_[it->second];
+}
+
 TpdAgent::~TpdAgent() {
-  // A started agent that was never shut down (the process exits without rpc.shutdown): stop
-  // its threads.
-  if (events_.joinable()) {
-    stopped_ = true;
-    api_.stop_events(client_);
-    events_.join();
+  // torch's RpcAgent destructor would shut a running agent down itself, calling shutdownImpl
+  // when it is pure virtual again (the process aborted): shut down here, as torch's TensorPipe
+  // agent does in its destructor. An agent still running here belongs to a process exiting
+  // without rpc.shutdown: it stops its threads and tells no one (the daemon ends the worker's
+  // session with its process), and completes no future (Python may be gone).
+  exiting_ = true;
+  if (rpcAgentRunning_.load()) {
+    shutdown();
+  } else if (client_ != nullptr) {
+    api_.client_close(client_);  // made, never started
   }
-  if (client_ != nullptr) api_.client_close(client_);
 }
 
 std::string TpdAgent::Where() const {
@@ -380,22 +409,32 @@ void TpdAgent::Complete(tpd_event* reply) {
 }
 
 const rpc::WorkerInfo& TpdAgent::getWorkerInfo(const std::string& name) const {
-  auto it = by_name_.find(name);
-  if (it == by_name_.end()) {
+  const rpc::WorkerInfo* known = Known(name);
+  if (known == nullptr && Refresh()) known = Known(name);  // joined since, in a dynamic group
+  if (known == nullptr) {
     throw std::runtime_error(Where() + " could not find destination name " + name);
   }
-  return workers_[it->second];
+  return *known;
 }
 
 const rpc::WorkerInfo& TpdAgent::getWorkerInfo(rpc::worker_id_t id) const {
-  auto it = by_id_.find(id);
-  if (it == by_id_.end()) {
+  const rpc::WorkerInfo* known = Known(id);
+  if (known == nullptr && Refresh()) known = Known(id);
+  if (known == nullptr) {
     throw std::runtime_error(Where() + " could not find destination id " + std::to_string(id));
   }
-  return workers_[it->second];
+  return *known;
 }
 
-std::vector<rpc::WorkerInfo> TpdAgent::getWorkerInfos() const { return workers_; }
+std::vector<rpc::WorkerInfo> TpdAgent::getWorkerInfos() const {
+  std::optional<std::vector<std::pair<std::string, int64_t>>> now = Refresh();
+  std::lock_guard<std::mutex> lock(workers_mu_);
+  if (!now.has_value()) return std::vector<rpc::WorkerInfo>(workers_.begin(), workers_.end());
+  // A dynamic group's members now: those that left are no longer listed.
+  std::vector<rpc::WorkerInfo> infos;
+  for (const auto& member : *now) infos.push_back(workers_[by_name_.at(member.first)]);
+  return infos;
+}
 
 void TpdAgent::join(bool shutdown, float timeout) {
   {
@@ -418,12 +457,14 @@ void TpdAgent::join(bool shutdown, float timeout) {
 
 void TpdAgent::startImpl() {
   events_ = std::thread([this] { TakeEvents(); });
+  if (options_.started) options_.started();
 }
 
 void TpdAgent::shutdownImpl() {
   stopped_ = true;
   api_.stop_events(client_);
   if (events_.joinable()) events_.join();
+  if (exiting_) return;
   pool_.waitWorkComplete();
   std::unordered_map<uint64_t, Pending> pending;
   {

@@ -30,8 +30,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -54,6 +57,13 @@ struct AgentOptions {
   int64_t rank = 0;
   bool is_static = true;  // world_size given: shutdown waits for every rank (tpd's barrier)
   std::vector<std::pair<std::string, int64_t>> workers;  // name, rank: the group's members
+  // In a dynamic group (not is_static), the group's members now, asked when a name or id is
+  // not known yet (a worker that joined since) and for getWorkerInfos (which lists those in
+  // the group now). Called from any thread; never under the agent's locks.
+  std::function<std::vector<std::pair<std::string, int64_t>>()> members;
+  // Run once the agent started, on the thread that started it (tpd.backend's adjustment of
+  // torch's Python state for dynamic groups).
+  std::function<void()> started;
   int num_worker_threads = 16;
   float rpc_timeout_seconds = 60;
   // The client's shared arena (tx heap): a message that fits it but finds no room now waits
@@ -64,8 +74,8 @@ struct AgentOptions {
 class TpdAgent final : public rpc::RpcAgent {
  public:
   explicit TpdAgent(AgentOptions options);
-  // Stops the agent if it runs (a process that exits without rpc.shutdown) and closes the
-  // client.
+  // Shuts the agent down if it runs (a process that exits without rpc.shutdown: quietly, see
+  // the .cc) and closes the client.
   ~TpdAgent() override;
 
   c10::intrusive_ptr<rpc::JitFuture> send(const rpc::WorkerInfo& to,
@@ -109,16 +119,28 @@ class TpdAgent final : public rpc::RpcAgent {
   // "name:<worker>,rank:<id>", as torch's agents start their lookup errors.
   std::string Where() const;
 
+  // Adds the workers of `members` not known yet.
+  void Learn(const std::vector<std::pair<std::string, int64_t>>& members) const;
+  // In a dynamic group: the group's members now, learned; nullopt in a static group.
+  std::optional<std::vector<std::pair<std::string, int64_t>>> Refresh() const;
+  // The known worker `name` / `id`, or null.
+  const rpc::WorkerInfo* Known(const std::string& name) const;
+  const rpc::WorkerInfo* Known(rpc::worker_id_t id) const;
+
   const AgentOptions options_;
   const ClientApi api_;
   tpd_client* client_;  // null once closed (shutdownImpl)
-  std::vector<rpc::WorkerInfo> workers_;  // by rank order of options_.workers
-  std::unordered_map<std::string, size_t> by_name_;
-  std::unordered_map<rpc::worker_id_t, size_t> by_id_;
+
+  // Every worker known (a deque: torch keeps references to them), and where each is.
+  mutable std::mutex workers_mu_;
+  mutable std::deque<rpc::WorkerInfo> workers_;                       // guarded by workers_mu_
+  mutable std::unordered_map<std::string, size_t> by_name_;           // guarded by workers_mu_
+  mutable std::unordered_map<rpc::worker_id_t, size_t> by_id_;        // guarded by workers_mu_
 
   c10::ThreadPool pool_;
   std::thread events_;
   std::atomic<bool> stopped_{false};
+  bool exiting_ = false;  // destroyed while running: see ~TpdAgent
 
   std::mutex mu_;
   std::condition_variable idle_;

@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -28,6 +29,34 @@ auto Translated(F f) {
   }
 }
 
+// A Python object kept by C++: dropped with the GIL (or left to the process's end once the
+// interpreter is gone).
+std::shared_ptr<py::object> Held(py::object object) {
+  return std::shared_ptr<py::object>(new py::object(std::move(object)), [](py::object* held) {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    delete held;
+  });
+}
+
+// A dynamic group's members, from `members`, a Python callable returning [(name, rank)]:
+// called from any thread, taking the GIL.
+std::function<std::vector<std::pair<std::string, int64_t>>()> Members(py::object members) {
+  return [held = Held(std::move(members))] {
+    py::gil_scoped_acquire gil;
+    return (*held)().cast<std::vector<std::pair<std::string, int64_t>>>();
+  };
+}
+
+// `started`, a Python callable, run once the agent started (torch's init_rpc has set its own
+// state by then).
+std::function<void()> Started(py::object started) {
+  return [held = Held(std::move(started))] {
+    py::gil_scoped_acquire gil;
+    (*held)();
+  };
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -43,7 +72,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        int64_t rank, bool is_static,
                        std::vector<std::pair<std::string, int64_t>> workers,
                        int num_worker_threads, float rpc_timeout_seconds,
-                       uint64_t arena_bytes) {
+                       uint64_t arena_bytes, py::object members, py::object started) {
              AgentOptions options;
              options.library = std::move(library);
              options.client = client;
@@ -55,12 +84,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              options.num_worker_threads = num_worker_threads;
              options.rpc_timeout_seconds = rpc_timeout_seconds;
              options.arena_bytes = arena_bytes;
+             if (!members.is_none()) options.members = Members(std::move(members));
+             if (!started.is_none()) options.started = Started(std::move(started));
              return std::make_shared<TpdAgent>(std::move(options));
            }),
            py::arg("library"), py::arg("client"), py::arg("group"), py::arg("name"),
            py::arg("rank"), py::arg("is_static"), py::arg("workers"),
            py::arg("num_worker_threads"), py::arg("rpc_timeout_seconds"),
-           py::arg("arena_bytes"))
+           py::arg("arena_bytes"), py::arg("members") = py::none(),
+           py::arg("started") = py::none())
       // torch's RpcAgent binding has no get_worker_info(id): this attribute replaces it, so
       // it carries all three (this worker, by name, by id), as torch's agents bind them.
       .def(
