@@ -7,6 +7,9 @@ is a process of its own, all on one tpd daemon this module starts.
     python3 -m pytest tests/python/test_torch_backend.py              # CI's cases
     TPD_TORCH_SUITES=all python3 -m pytest tests/python/test_torch_backend.py   # every case
 
+torch's cases of dynamic groups (TpdDynamicRpcTest) come from its TensorPipe agent's suite,
+where torch keeps them; they run in CI too.
+
 CI runs the cases listed per suite below, chosen to cover each suite within CI's time budget
 (a case costs ~4 s here: its ranks are processes that import torch). docs/python.md lists
 the counts of a run of every case and names each case that does not pass, with the reason.

@@ -11,6 +11,9 @@
 // a message). Its answer comes back as the call's reply in the same form, or as a tpd error,
 // which fails the future in torch's words (timeouts: RPCErrorType::TIMEOUT).
 //
+// Workers: a static group's are the group's at init; a dynamic group's agent asks the daemon
+// (AgentOptions::members) for workers it does not know yet.
+//
 // Threads: one event thread takes the client's events (requests to serve, replies to calls)
 // and hands each to a pool of num_worker_threads threads, which run torch's request callback
 // and complete the futures of calls, as torch's TensorPipe agent does: a callback that waits on
