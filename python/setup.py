@@ -30,12 +30,15 @@ def _extension():
     sys.path.insert(0, os.path.join(HERE, "tpd", "csrc"))
     import build  # python/tpd/csrc/build.py: the flags, shared with Bazel's build
 
+    import torch
+    cuda = bool(torch.version.cuda)
     extension = cpp_extension.CppExtension(
         name="tpd._C",
         sources=[os.path.join("tpd", "csrc", source) for source in build.SOURCES],
-        include_dirs=[ROOT],
+        include_dirs=[ROOT] + ([build.cuda_include()] if cuda else []),
+        define_macros=[("TPD_TORCH_CUDA", None)] if cuda else [],
         extra_compile_args=["-std=c++17", "-Wno-deprecated-declarations"],
-        libraries=["torch_python"])
+        libraries=["torch_python"] + (["c10_cuda"] if cuda else []))
     return (extension, cpp_extension.BuildExtension), None
 
 

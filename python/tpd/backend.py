@@ -83,21 +83,22 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
     options = rpc_backend_options
     if not isinstance(options, _rpc.TensorPipeRpcBackendOptions):
         raise TypeError(f"`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`. {options}")
-    if options.device_maps or options.devices:
-        raise ValueError("the TPD backend moves CPU tensors only for now: device maps and "
-                         "devices are not supported yet (tpd.rpc has them)")
     if _capi._forked_from is not None:
         # tpd._C finds the library by its path, i.e. the parent's copy, not this child's.
         raise RuntimeError(
             f"backend=TPD cannot start in a process forked from process {_capi._forked_from} "
             "after tpd's client library was loaded there: start it with multiprocessing's "
             "'spawn' or 'forkserver' start method, or exec it (tpd.rpc can init in a forked child)")
-    client = Client(os.environ.get("TPD_SOCKET", ""))
+    # CUDA tensors sent to this worker land in a receive pool on each of its devices
+    # (docs/python.md, "Tensors, memory and arena_bytes").
+    client = Client(os.environ.get("TPD_SOCKET", ""),
+                    cuda_pool_bytes=int(os.environ.get("TPD_CUDA_POOL_BYTES", "0")))
     try:
         group, init_method, secret = _api._rendezvous(client, options, store)
         response = _api._join_group(client, name, rank, world_size, options, group, init_method,
                                     secret, store, _METHOD)
         workers = _members(client, group)()
+        negotiated = response.get("negotiated", {})
         agent = _extension().TpdAgent(
             library=_capi.library()._name, client=client._handle.value, group=group, name=name,
             rank=int(response.get("rank", rank)), is_static=bool(world_size), workers=workers,
@@ -105,7 +106,10 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
             rpc_timeout_seconds=float(options.rpc_timeout),
             arena_bytes=int(client.call_stats().get("arena_bytes", 0)),
             members=None if world_size else _members(client, group),
-            started=None if world_size else functools.partial(_leave_alone, name))
+            started=None if world_size else functools.partial(_leave_alone, name),
+            devices=list(negotiated.get("devices", [])),
+            device_maps={worker: dict(mapping.get("devices", {}))
+                         for worker, mapping in negotiated.get("device_maps", {}).items()})
     except BaseException:
         client.close()
         raise

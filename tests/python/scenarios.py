@@ -276,31 +276,67 @@ def cuda_maps(rank, world_size, init_method):
     options.set_device_map(peer, {0: 1} if rank == 0 else {1: 0})
     rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)
     if rank == 0:
-        x = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
-        # The callee sees the tensor on cuda:1; its answer comes back on cuda:0.
-        assert rpc.rpc_sync(peer, w.device_of, args=(x,)) == "cuda:1"
-        y = rpc.rpc_sync(peer, w.add, args=(x, 1))
-        assert y.device == torch.device("cuda:0"), y.device
-        assert torch.equal(y, x + 1)
-        # Views of one CUDA storage arrive sharing it, on the mapped device.
-        a, b = rpc.rpc_sync(peer, w.identity, args=((x[10:20], x[::1024]),))
-        assert a.device == torch.device("cuda:0") and torch.equal(a, x[10:20])
-        assert torch.equal(b, x[::1024])
-        # Work queued on the caller's current stream before the call is seen by the callee.
-        stream = torch.cuda.Stream(device="cuda:0")
-        with torch.cuda.stream(stream):
-            z = torch.zeros(1 << 22, device="cuda:0")
-            torch.cuda._sleep(10_000_000)
-            z.fill_(3.0)
-            total = rpc.rpc_sync(peer, w.total, args=(z,))
-        assert total == 3.0 * (1 << 22), total
-        # A CUDA tensor many times the callee's receive pool's default fails cleanly.
-        fut = rpc.rpc_async(peer, w.add, args=(torch.ones(80 << 20, device="cuda:0"), 1))
-        e = _raises(RuntimeError, fut.wait)
-        assert "pool" in str(e), str(e)
-        assert rpc.rpc_sync(peer, w.add, args=(x[:4], 1)).device == torch.device("cuda:0")
+        _cuda_calls(rpc, peer)
     rpc.shutdown()
     return True
+
+
+def backend_cuda_maps(rank, world_size, init_method):
+    """cuda_maps with backend=TPD, and what torch builds above its agent with CUDA tensors:
+    an RRef of a CUDA value, distributed autograd through a call whose tensors the maps move
+    (its gradients come back by the same maps, mirrored on both sides)."""
+    import torch.distributed.autograd as dist_autograd
+    import torch.distributed.rpc as rpc
+
+    import tpd.backend  # noqa: F401 (registers BackendType.TPD)
+    options = rpc.TensorPipeRpcBackendOptions(init_method=init_method)
+    peer = f"worker{1 - rank}"
+    options.set_device_map(peer, {0: 1} if rank == 0 else {1: 0})
+    rpc.init_rpc(f"worker{rank}", backend=rpc.BackendType.TPD, rank=rank,
+                 world_size=world_size, rpc_backend_options=options)
+    if rank == 0:
+        _cuda_calls(rpc, peer)
+        x = torch.arange(16, dtype=torch.float32, device="cuda:0")
+        rref = rpc.remote(peer, w.add, args=(x, 2))
+        here = rref.to_here()
+        assert here.device == torch.device("cuda:0") and torch.equal(here, x + 2)
+        a = torch.rand(8, device="cuda:0", requires_grad=True)
+        b = torch.rand(8, device="cuda:0", requires_grad=True)
+        with dist_autograd.context() as context_id:
+            out = rpc.rpc_sync(peer, torch.mul, args=(a, b))
+            assert out.device == torch.device("cuda:0"), out.device
+            dist_autograd.backward(context_id, [out.sum()])
+            grads = dist_autograd.get_gradients(context_id)
+            assert torch.equal(grads[a], b) and torch.equal(grads[b], a)
+    rpc.shutdown()
+    return True
+
+
+def _cuda_calls(rpc, peer):
+    """Calls from worker0 (cuda:0) to `peer`, whose map puts cuda:0 on its cuda:1."""
+    x = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
+    # The callee sees the tensor on cuda:1; its answer comes back on cuda:0.
+    assert rpc.rpc_sync(peer, w.device_of, args=(x,)) == "cuda:1"
+    y = rpc.rpc_sync(peer, w.add, args=(x, 1))
+    assert y.device == torch.device("cuda:0"), y.device
+    assert torch.equal(y, x + 1)
+    # Views of one CUDA storage arrive sharing it, on the mapped device.
+    a, b = rpc.rpc_sync(peer, w.identity, args=((x[10:20], x[::1024]),))
+    assert a.device == torch.device("cuda:0") and torch.equal(a, x[10:20])
+    assert torch.equal(b, x[::1024])
+    # Work queued on the caller's current stream before the call is seen by the callee.
+    stream = torch.cuda.Stream(device="cuda:0")
+    with torch.cuda.stream(stream):
+        z = torch.zeros(1 << 22, device="cuda:0")
+        torch.cuda._sleep(10_000_000)
+        z.fill_(3.0)
+        total = rpc.rpc_sync(peer, w.total, args=(z,))
+    assert total == 3.0 * (1 << 22), total
+    # A CUDA tensor many times the callee's receive pool's default fails cleanly.
+    fut = rpc.rpc_async(peer, w.add, args=(torch.ones(80 << 20, device="cuda:0"), 1))
+    e = _raises(RuntimeError, fut.wait)
+    assert "pool" in str(e), str(e)
+    assert rpc.rpc_sync(peer, w.add, args=(x[:4], 1)).device == torch.device("cuda:0")
 
 
 def group_store_shared(rank, world_size, init_method):

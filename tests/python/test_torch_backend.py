@@ -18,16 +18,25 @@ the counts of a run of every case and names each case that does not pass, with t
 import os
 import sys
 
+import pytest
+
 # torch's test helpers import `expecttest`, which Debian does not package: a stand-in.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "shims"))
 
+import torch  # noqa: E402
 import torch.distributed.rpc as rpc  # noqa: E402
 from torch.testing._internal.common_distributed import MultiProcessTestCase  # noqa: E402
 from torch.testing._internal.distributed.rpc.rpc_agent_test_fixture import (  # noqa: E402
     RpcAgentTestFixture,
 )
-from torch.testing._internal.distributed.rpc.rpc_test import TensorPipeAgentRpcTest  # noqa: E402
-from torch.testing._internal.distributed.rpc_utils import GENERIC_TESTS  # noqa: E402
+from torch.testing._internal.distributed.rpc.rpc_test import (  # noqa: E402
+    TensorPipeAgentCudaRpcTest,
+    TensorPipeAgentRpcTest,
+)
+from torch.testing._internal.distributed.rpc_utils import (  # noqa: E402
+    GENERIC_CUDA_TESTS,
+    GENERIC_TESTS,
+)
 
 import tpd.backend  # noqa: E402,F401 (registers BackendType.TPD)
 from torch_harness import OnTpd, keep_only  # noqa: E402
@@ -117,3 +126,26 @@ class TpdDynamicRpcTest(OnTpd, TensorPipeAgentRpcTest, TpdBackendFixture, MultiP
 
 
 keep_only(TpdDynamicRpcTest, TensorPipeAgentRpcTest, DYNAMIC)
+
+
+# CUDA: torch's GENERIC_CUDA_TESTS, and the CUDA cases of its TensorPipe agent's suite (device
+# maps, streams, CUDA futures and RRefs: written for any agent with device maps), on machines
+# with a GPU (torch's skip_if_lt_x_gpu skips a case that needs more than there are). Without
+# one they are not collected at all (each case would still spawn its ranks to skip):
+# test_cuda_suites_need_a_gpu says so. docs/python.md has the GPU machine's counts.
+if torch.cuda.is_available():
+    for _suite in GENERIC_CUDA_TESTS:
+        _name = f"Tpd{_suite.__name__}"
+        _class = type(_name, (OnTpd, _suite, TpdBackendFixture, MultiProcessTestCase),
+                      {"__doc__": f"torch's {_suite.__name__}, with backend=TPD."})
+        _class.__module__ = __name__
+        globals()[_name] = _class
+    del _suite, _name, _class
+
+    class TpdTensorPipeCudaRpcTest(OnTpd, TensorPipeAgentCudaRpcTest, TpdBackendFixture,
+                                   MultiProcessTestCase):
+        """torch's TensorPipe agent's CUDA cases, with backend=TPD."""
+else:
+    def test_cuda_suites_need_a_gpu():
+        pytest.skip("no CUDA GPU here: torch's CUDA suites with backend=TPD run on the GPU "
+                    "machine (docs/python.md, backend=TPD's counts)")

@@ -1,10 +1,15 @@
 #include "python/tpd/csrc/agent.h"
 
 #include <ATen/dlpack.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/distributed/rpc/request_callback_impl.h>
 #include <torch/csrc/distributed/rpc/utils.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/csrc/jit/serialization/unpickler.h>
+
+#ifdef TPD_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -17,69 +22,79 @@ namespace {
 constexpr char kMethod[] = "torch.rpc";
 
 // A torch message on tpd, as torch's TensorPipe agent splits it: the call's payload is a
-// header; its first tensor, the body, holds the message's payload and the pickled metadata of
-// its tensors (torch's jit pickle, as rpc::wireSerialize writes it); each further tensor is the
-// bytes of one storage the metadata names ("0", "1", ...). The library copies each storage
-// once into the shared arena, and the receiver's tensors are views of its receive heap: no
-// copy into or out of a byte string on either side.
+// header, the message's payload and the pickled metadata of its tensors (torch's jit pickle,
+// as rpc::wireSerialize writes it); each of the call's tensors is the bytes of one storage the
+// metadata names ("0", "1", ...). The library copies a CPU storage once into the shared
+// arena, and the receiver's tensors are views of its receive heap: no copy into or out of a
+// byte string on either side. A CUDA storage goes by pointer; the daemon copies it to the
+// device the group's device maps name (the payload is no tensor: maps move CPU tensors too).
 struct Header {
   uint32_t magic;
   int32_t type;  // rpc::MessageType
   int64_t id;
+  uint64_t payload_size;  // the message's payload; the metadata takes the rest
 };
-constexpr uint32_t kMagic = 0x32445054;  // "TPD2"
+constexpr uint32_t kMagic = 0x33445054;  // "TPD3"
 
-// Before the payload in the body: its length (the metadata takes the rest).
-using PayloadLength = uint64_t;
+// The CUDA stream (cudaStream_t) current on `device`: the daemon copies a CUDA tensor after
+// the work queued there before the call, as torch's agent sends on the caller's streams.
+void* CurrentStream(c10::DeviceIndex device) {
+#ifdef TPD_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(device).stream();
+#else
+  throw std::runtime_error("a CUDA tensor on device " + std::to_string(device) +
+                           ", but tpd._C was built for a torch without CUDA: rebuild it");
+#endif
+}
 
 struct Wire {
-  Header header;
-  std::string body;
-  std::vector<at::Tensor> storages;  // their storages' bytes follow the body
+  std::string payload;  // header, the message's payload, the metadata
+  // Tensors whose storages the call carries. A CUDA storage is read by the daemon after the
+  // call or reply went: kept until the call completes or the reply is released.
+  std::vector<at::Tensor> storages;
 
-  // The call's tensors: the body, then each storage's bytes. They point into this Wire: valid
-  // while it lives unchanged.
+  // The call's tensors: each storage's bytes (CUDA ones by pointer, after the current
+  // stream's work). They point into the storages: valid while this Wire lives.
   std::vector<tpd_tensor> Tensors() const {
     std::vector<tpd_tensor> tensors;
-    tensors.reserve(1 + storages.size());
-    tensors.push_back(Bytes(body.data(), body.size()));
-    for (const at::Tensor& storage : storages) {
-      const ::torch::jit::WriteableTensorData data = ::torch::jit::getWriteableTensorData(storage);
-      tensors.push_back(Bytes(data.data(), data.sizeInBytes()));
+    tensors.reserve(storages.size());
+    for (const at::Tensor& tensor : storages) {
+      const c10::Storage& storage = tensor.storage();
+      tpd_tensor bytes{};
+      bytes.dtype = TPD_UINT8;
+      bytes.ndim = 1;
+      bytes.shape[0] = static_cast<int64_t>(storage.nbytes());
+      bytes.data = storage.data();
+      bytes.nbytes = storage.nbytes();
+      bytes.device_type = TPD_CPU;
+      if (tensor.is_cuda()) {
+        bytes.device_type = TPD_CUDA;
+        bytes.device_index = tensor.device().index();
+        bytes.stream = CurrentStream(tensor.device().index());
+      }
+      tensors.push_back(bytes);
     }
     return tensors;
   }
 
-  static tpd_tensor Bytes(const void* data, uint64_t nbytes) {
-    tpd_tensor tensor{};
-    tensor.dtype = TPD_UINT8;
-    tensor.ndim = 1;
-    tensor.shape[0] = static_cast<int64_t>(nbytes);
-    tensor.data = data;
-    tensor.nbytes = nbytes;
-    tensor.device_type = TPD_CPU;
-    return tensor;
+  bool HasCuda() const {
+    return std::any_of(storages.begin(), storages.end(),
+                       [](const at::Tensor& tensor) { return tensor.is_cuda(); });
   }
 };
 
 Wire Encode(const rpc::Message& message) {
-  for (const at::Tensor& tensor : message.tensors()) {
-    TORCH_CHECK(tensor.device().is_cpu(),
-                "the TPD backend sends CPU tensors only (issue 32: CUDA tensors through "
-                "device maps are not built yet); got a tensor on ",
-                tensor.device());
-  }
   Wire wire;
-  wire.header = Header{kMagic, static_cast<int32_t>(message.type()), message.id()};
   const std::vector<char>& payload = message.payload();
-  const PayloadLength length = payload.size();
-  wire.body.append(reinterpret_cast<const char*>(&length), sizeof(length));
-  wire.body.append(payload.data(), payload.size());
+  const Header header{kMagic, static_cast<int32_t>(message.type()), message.id(),
+                      payload.size()};
+  wire.payload.append(reinterpret_cast<const char*>(&header), sizeof(header));
+  wire.payload.append(payload.data(), payload.size());
   if (!message.tensors().empty()) {
     // The tensors' metadata, their storages apart (views of a much larger storage cloned
     // first, as torch does, so a slice does not send its whole base).
     ::torch::jit::Pickler pickler(
-        [&](const char* data, size_t size) { wire.body.append(data, size); });
+        [&](const char* data, size_t size) { wire.payload.append(data, size); });
     pickler.protocol();
     pickler.pushIValue(rpc::cloneSparseTensors(message.tensors()));
     pickler.stop();
@@ -89,8 +104,9 @@ Wire Encode(const rpc::Message& message) {
 }
 
 // A received storage's bytes, viewed where they lie in the receive heap (or copied out by the
-// library when its views already hold half of it): the DataPtr keeps them until the last
-// tensor using them goes.
+// library when its views already hold half of it), or in the CUDA receive pool of the device
+// the device maps chose (the daemon's copy has completed): the DataPtr keeps them until the
+// last tensor using them goes.
 at::DataPtr Received(const ClientApi& api, const tpd_event* event, int i) {
   void* handle = nullptr;
   if (api.event_tensor_dlpack(event, i, /*copy=*/-1, &handle) != TPD_OK) {
@@ -99,13 +115,16 @@ at::DataPtr Received(const ClientApi& api, const tpd_event* event, int i) {
   }
   auto* managed = static_cast<DLManagedTensor*>(handle);
   void* data = static_cast<char*>(managed->dl_tensor.data) + managed->dl_tensor.byte_offset;
+  const at::Device device = managed->dl_tensor.device.device_type == kDLCUDA
+                                ? at::Device(at::kCUDA, managed->dl_tensor.device.device_id)
+                                : at::Device(at::kCPU);
   return at::DataPtr(
       data, managed,
       [](void* context) {
         auto* held = static_cast<DLManagedTensor*>(context);
         if (held->deleter != nullptr) held->deleter(held);
       },
-      at::Device(at::kCPU));
+      device);
 }
 
 // The message a peer sent (`info` read from `event`); throws std::runtime_error for an event
@@ -113,30 +132,24 @@ at::DataPtr Received(const ClientApi& api, const tpd_event* event, int i) {
 c10::intrusive_ptr<rpc::Message> Decode(const ClientApi& api, const tpd_event* event,
                                         const tpd_event_info& info) {
   Header header;
-  tpd_tensor body;
-  if (info.payload_size != sizeof(header) || info.num_tensors < 1 ||
-      api.event_tensor(event, 0, &body) != TPD_OK || body.dtype != TPD_UINT8 ||
-      body.ndim != 1 || body.device_type != TPD_CPU) {
+  if (info.payload_size < sizeof(header)) {
     throw std::runtime_error("not a TPD message: a " + std::to_string(info.payload_size) +
-                             "-byte payload and " + std::to_string(info.num_tensors) +
-                             " tensors, not a header, a body and storages");
+                             "-byte payload, shorter than its header");
   }
   std::memcpy(&header, info.payload, sizeof(header));
   if (header.magic != kMagic) {
     throw std::runtime_error("not a TPD message of this release (bad magic): run one tpd "
                              "Python package on every worker");
   }
-  const char* const bytes = static_cast<const char*>(body.data);
-  PayloadLength length;
-  if (body.nbytes < sizeof(length)) throw std::runtime_error("a TPD message's body is cut");
-  std::memcpy(&length, bytes, sizeof(length));
-  if (length > body.nbytes - sizeof(length)) {
-    throw std::runtime_error("a TPD message's payload runs past its body");
+  const char* const bytes = info.payload + sizeof(header);
+  const uint64_t size = info.payload_size - sizeof(header);
+  if (header.payload_size > size) {
+    throw std::runtime_error("a TPD message's payload runs past its end");
   }
-  std::vector<char> payload(bytes + sizeof(length), bytes + sizeof(length) + length);
+  std::vector<char> payload(bytes, bytes + header.payload_size);
   std::vector<at::Tensor> tensors;
-  const char* const meta = bytes + sizeof(length) + length;
-  const size_t meta_size = body.nbytes - sizeof(length) - length;
+  const char* const meta = bytes + header.payload_size;
+  const size_t meta_size = size - header.payload_size;
   if (meta_size > 0) {
     size_t read = 0;
     auto reader = [&](char* out, size_t n) {
@@ -146,20 +159,22 @@ c10::intrusive_ptr<rpc::Message> Decode(const ClientApi& api, const tpd_event* e
       return n;
     };
     auto storage = [&](const std::string& name) -> at::DataPtr {
-      // Storage "k" is tensor k + 1 of the call.
+      // Storage "k" is tensor k of the call.
       size_t used = 0;
       int k = -1;
       try {
         k = std::stoi(name, &used);
       } catch (const std::exception&) {
       }
-      if (used != name.size() || k < 0 || k + 1 >= static_cast<int>(info.num_tensors)) {
+      if (used != name.size() || k < 0 || k >= static_cast<int>(info.num_tensors)) {
         throw std::runtime_error("a TPD message's metadata names storage '" + name +
                                  "', which it does not carry");
       }
-      return Received(api, event, k + 1);
+      return Received(api, event, k);
     };
-    ::torch::jit::Unpickler unpickler(reader, nullptr, nullptr, storage, {});
+    // Tensors made on their storage's device (where the maps put them), not the sender's.
+    ::torch::jit::Unpickler unpickler(reader, nullptr, nullptr, storage, {},
+                                      /*use_storage_device=*/true);
     for (const at::Tensor& tensor : unpickler.parse_ivalue().toTensorList()) {
       tensors.push_back(tensor);
     }
@@ -185,7 +200,8 @@ TpdAgent::TpdAgent(AgentOptions options)
       options_(std::move(options)),
       api_(options_.library),
       client_(reinterpret_cast<tpd_client*>(options_.client)),
-      pool_(options_.num_worker_threads) {
+      pool_(options_.num_worker_threads),
+      devices_(options_.devices) {
   TORCH_CHECK(client_ != nullptr, "TpdAgent needs a tpd client");
   Learn(options_.workers);
 }
@@ -261,10 +277,22 @@ int TpdAgent::WithRoom(uint64_t bytes, std::chrono::steady_clock::time_point dea
 c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
                                                   c10::intrusive_ptr<rpc::Message> message,
                                                   float rpc_timeout_seconds,
-                                                  const rpc::DeviceMap& /*device_map*/) {
+                                                  const rpc::DeviceMap& device_map) {
   TORCH_CHECK(rpcAgentRunning_.load(), "the TPD agent of ", workerInfo_.name_,
               " is not running (RPC is shut down or not started)");
-  auto future = c10::make_intrusive<rpc::JitFuture>(at::AnyClassType::get());
+  // Futures on this worker's devices, as torch's agent makes them: their callbacks run on
+  // streams that waited for the value's work.
+  auto future = c10::make_intrusive<rpc::JitFuture>(at::AnyClassType::get(), devices_);
+  if (!device_map.empty() && device_map != getDeviceMap(to)) {
+    // torch passes a map of its own only for distributed autograd's gradients, by the reverse
+    // of the map their forward pass took; the daemon moves tensors by the maps set at init.
+    Fail(*future, "the TPD backend moves tensors to " + to.name_ +
+                      " by the device maps set at init_rpc, not by the one this call names "
+                      "(distributed autograd's backward pass): set_device_map(\"" +
+                      to.name_ + "\", ...) on " + workerInfo_.name_ +
+                      " to mirror the map toward it");
+    return future;
+  }
   const std::chrono::milliseconds timeout = rpc_timeout_seconds == rpc::kUnsetRpcTimeout
                                                 ? getRpcTimeout()
                                                 : Millis(rpc_timeout_seconds);
@@ -274,22 +302,25 @@ c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
     tag = next_tag_++;
     message->setId(static_cast<int64_t>(tag));
   }
-  const Wire wire = Encode(*message);
+  Wire wire = Encode(*message);
   const std::vector<tpd_tensor> tensors = wire.Tensors();
-  uint64_t bytes = 0;
-  for (const tpd_tensor& tensor : tensors) bytes += tensor.nbytes;
+  uint64_t bytes = wire.payload.size();  // what the arena holds: no CUDA tensor
+  for (const tpd_tensor& tensor : tensors) {
+    if (tensor.device_type == TPD_CPU) bytes += tensor.nbytes;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_[tag] = Pending{future, timeout.count()};
+    // CUDA storages stay until the call completes: the daemon reads them after it went.
+    pending_[tag] = Pending{future, timeout.count(),
+                            wire.HasCuda() ? std::move(wire.storages) : std::vector<at::Tensor>{}};
   }
   // timeout 0: no deadline, for torch and for tpd alike.
   const auto deadline = timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout
                                             : std::chrono::steady_clock::time_point::max();
   const int code = WithRoom(bytes, deadline, [&] {
     return api_.call_async(client_, options_.group.c_str(), to.name_.c_str(), kMethod,
-                           reinterpret_cast<const char*>(&wire.header), sizeof(wire.header),
-                           tensors.data(), static_cast<int>(tensors.size()),
-                           timeout.count() * 1000, tag);
+                           wire.payload.data(), wire.payload.size(), tensors.data(),
+                           static_cast<int>(tensors.size()), timeout.count() * 1000, tag);
   });
   if (code != TPD_OK) {
     const std::string why = LastError();
@@ -320,6 +351,10 @@ void TpdAgent::TakeEvents() {
       pool_.run([this, event] { Serve(event); });
     } else if (info.kind == TPD_EVENT_REPLY) {
       pool_.run([this, event] { Complete(event); });
+    } else if (info.kind == TPD_EVENT_RELEASED) {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_.erase(info.tag);  // the daemon has read the reply's CUDA storages
+      api_.event_free(event);
     } else {
       api_.event_free(event);
     }
@@ -339,9 +374,16 @@ void TpdAgent::Serve(tpd_event* request) {
     return;
   }
   const int64_t id = message->id();
+  // The request runs on streams of its own on each of this worker's devices, as in torch's
+  // agent (its CUDA tensors are ready on any stream: the daemon's copy has completed).
+  std::vector<c10::Stream> streams;
+  for (const c10::Device& device : devices_) {
+    streams.push_back(c10::impl::VirtualGuardImpl(device.type())
+                          .getStreamFromGlobalPool(device, /*isHighPriority=*/false));
+  }
   c10::intrusive_ptr<rpc::JitFuture> response;
   try {
-    response = (*cb_)(*message, {});
+    response = (*cb_)(*message, std::move(streams));
   } catch (const std::exception& e) {
     response = c10::make_intrusive<rpc::JitFuture>(at::AnyClassType::get());
     response->markCompleted(rpc::createExceptionResponse(e, id));
@@ -356,16 +398,31 @@ void TpdAgent::Respond(tpd_event* request, int64_t id, rpc::JitFuture& response)
                           : response.value().toCustomClass<rpc::Message>();
   message->setId(id);
   Wire wire;
+  std::vector<tpd_tensor> tensors;
   try {
     wire = Encode(*message);
+    tensors = wire.Tensors();
   } catch (const std::exception& e) {
     wire = Encode(*rpc::createExceptionResponse(e, id));
+    tensors.clear();
+  }
+  // CUDA storages are sent after the work queued on the current streams (torch's future runs
+  // this callback on streams that waited for the response's work), and kept until the daemon
+  // releases them.
+  uint64_t release_tag = 0;
+  if (wire.HasCuda()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_tag = next_tag_++;
+    released_[release_tag] = std::move(wire.storages);
   }
   // A caller gone meanwhile is no error here: the daemon dropped its call. A reply the arena
   // has no room for is not sent: the library answers the caller with the reason instead.
-  const std::vector<tpd_tensor> tensors = wire.Tensors();
-  api_.reply(request, reinterpret_cast<const char*>(&wire.header), sizeof(wire.header),
-             tensors.data(), static_cast<int>(tensors.size()), 0);
+  if (api_.reply(request, wire.payload.data(), wire.payload.size(), tensors.data(),
+                 static_cast<int>(tensors.size()), release_tag) != TPD_OK &&
+      release_tag != 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_.erase(release_tag);
+  }
   api_.event_free(request);
   if (--serving_ == 0) idle_.notify_all();
 }
@@ -393,7 +450,8 @@ void TpdAgent::Complete(tpd_event* reply) {
         const std::vector<char>& text = response->payload();
         Fail(*pending.future, std::string(text.begin(), text.end()));
       } else {
-        pending.future->markCompleted(c10::IValue(std::move(response)));
+        std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> storages = response->getStorages();
+        pending.future->markCompleted(c10::IValue(std::move(response)), std::move(storages));
       }
     } catch (const std::exception& e) {
       Fail(*pending.future, e.what());
@@ -424,6 +482,11 @@ const rpc::WorkerInfo& TpdAgent::getWorkerInfo(rpc::worker_id_t id) const {
     throw std::runtime_error(Where() + " could not find destination id " + std::to_string(id));
   }
   return *known;
+}
+
+rpc::DeviceMap TpdAgent::getDeviceMap(const rpc::WorkerInfo& to) const {
+  auto it = options_.device_maps.find(to.name_);
+  return it == options_.device_maps.end() ? rpc::DeviceMap{} : it->second;
 }
 
 std::vector<rpc::WorkerInfo> TpdAgent::getWorkerInfos() const {
@@ -479,6 +542,8 @@ void TpdAgent::shutdownImpl() {
   api_.leave(client_, options_.group.c_str(), options_.name.c_str());
   api_.client_close(client_);
   client_ = nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  released_.clear();  // the session ended: the daemon reads none of them any more
 }
 
 void TpdAgent::addGilWaitTime(std::chrono::microseconds wait) {

@@ -4,12 +4,13 @@
 // BackendType.TPD (docs/python.md, "Two ways in").
 //
 // A torch Message travels as one tpd call of method "torch.rpc" to the worker's name in the
-// job's group: a 16-byte header (magic, message type, message id) as the call's payload; a
-// body tensor with the message's payload and its tensors' metadata (torch's jit pickle, as
-// rpc/utils.h wireSerialize writes it); and each storage the tensors use as a tensor of its
-// own, which the receiver's tensors view where it landed (as torch's TensorPipe agent splits
-// a message). Its answer comes back as the call's reply in the same form, or as a tpd error,
-// which fails the future in torch's words (timeouts: RPCErrorType::TIMEOUT).
+// job's group: its payload a header (magic, message type, message id), the message's payload
+// and its tensors' metadata (torch's jit pickle, as rpc/utils.h wireSerialize writes it); its
+// tensors each storage the message's tensors use, which the receiver's tensors view where it
+// landed (as torch's TensorPipe agent splits a message). CUDA storages go by pointer after the
+// sender's current streams, to the devices the group's device maps name. Its answer comes back
+// as the call's reply in the same form, or as a tpd error, which fails the future in torch's
+// words (timeouts: RPCErrorType::TIMEOUT).
 //
 // Workers: a static group's are the group's at init; a dynamic group's agent asks the daemon
 // (AgentOptions::members) for workers it does not know yet.
@@ -67,6 +68,10 @@ struct AgentOptions {
   // Run once the agent started, on the thread that started it (tpd.backend's adjustment of
   // torch's Python state for dynamic groups).
   std::function<void()> started;
+  // What the group's negotiation gave this worker (JoinResponse.negotiated): its devices and
+  // its device map toward each worker, as torch's TensorPipe agent reports them.
+  std::vector<c10::Device> devices;
+  std::unordered_map<std::string, rpc::DeviceMap> device_maps;
   int num_worker_threads = 16;
   float rpc_timeout_seconds = 60;
   // The client's shared arena (tx heap): a message that fits it but finds no room now waits
@@ -90,6 +95,8 @@ class TpdAgent final : public rpc::RpcAgent {
   const rpc::WorkerInfo& getWorkerInfo(const std::string& name) const override;
   const rpc::WorkerInfo& getWorkerInfo(rpc::worker_id_t id) const override;
   std::vector<rpc::WorkerInfo> getWorkerInfos() const override;
+  rpc::DeviceMap getDeviceMap(const rpc::WorkerInfo& to) const override;
+  const std::vector<c10::Device>& getDevices() const override { return devices_; }
 
   // Waits until this worker's calls are answered; with `shutdown` in a static group, then until
   // every rank got there too (tpd's barrier: ranks that died count as arrived).
@@ -105,6 +112,7 @@ class TpdAgent final : public rpc::RpcAgent {
   struct Pending {
     c10::intrusive_ptr<rpc::JitFuture> future;
     int64_t timeout_ms;
+    std::vector<at::Tensor> cuda_storages;  // the daemon reads them until the call completes
   };
 
   // How long torch's Python handlers waited for the GIL (with enableGILProfiling): the
@@ -141,6 +149,7 @@ class TpdAgent final : public rpc::RpcAgent {
   mutable std::unordered_map<rpc::worker_id_t, size_t> by_id_;        // guarded by workers_mu_
 
   c10::ThreadPool pool_;
+  const std::vector<c10::Device> devices_;
   std::thread events_;
   std::atomic<bool> stopped_{false};
   bool exiting_ = false;  // destroyed while running: see ~TpdAgent
@@ -149,6 +158,9 @@ class TpdAgent final : public rpc::RpcAgent {
   std::condition_variable idle_;
   uint64_t next_tag_ = 1;                          // guarded by mu_
   std::unordered_map<uint64_t, Pending> pending_;  // guarded by mu_
+  // The CUDA storages of replies sent, by release tag, until the daemon read them
+  // (TPD_EVENT_RELEASED).
+  std::unordered_map<uint64_t, std::vector<at::Tensor>> released_;  // guarded by mu_
   std::atomic<int64_t> serving_{0};                // requests taken, not yet answered
   std::atomic<int64_t> gil_waits_{0};
   std::atomic<int64_t> gil_wait_us_{0};

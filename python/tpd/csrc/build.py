@@ -33,7 +33,34 @@ def compile_flags():
         if value is not None:
             flags.append(f'-DPYBIND11_{name}="{value}"')
     includes = cpp_extension.include_paths() + [sysconfig.get_paths()["include"]]
+    if torch.version.cuda:
+        # CUDA tensors: the agent reads torch's current CUDA streams (c10/cuda), whose headers
+        # include the CUDA runtime's.
+        flags.append("-DTPD_TORCH_CUDA")
+        includes.append(cuda_include())
     return flags + [f"-I{path}" for path in includes]
+
+
+def cuda_include():
+    """Where cuda_runtime_api.h is: $TPD_CUDA_INCLUDE, the CUDA toolkit's, or the one the
+    torch wheel's CUDA runtime package brings (nvidia/*/include)."""
+    import glob
+    candidates = [os.environ.get("TPD_CUDA_INCLUDE", "")]
+    candidates += [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")]
+    for path in sys.path:
+        candidates += sorted(glob.glob(os.path.join(path, "nvidia", "*", "include")))
+    for candidate in candidates:
+        if candidate and os.path.exists(os.path.join(candidate, "cuda_runtime_api.h")):
+            return candidate
+    sys.exit("cannot build tpd._C for this torch with CUDA: no cuda_runtime_api.h (set "
+             "$TPD_CUDA_INCLUDE to the CUDA toolkit's include directory)")
+
+
+def libraries():
+    """The torch libraries the module links."""
+    import torch
+    return ["c10", "torch", "torch_cpu", "torch_python"] + (["c10_cuda"] if torch.version.cuda
+                                                             else [])
 
 
 def link_flags():
@@ -41,7 +68,7 @@ def link_flags():
     flags = []
     for path in cpp_extension.library_paths():
         flags += [f"-L{path}", f"-Wl,-rpath,{path}"]
-    return flags + ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+    return flags + [f"-l{library}" for library in libraries()]
 
 
 def main():

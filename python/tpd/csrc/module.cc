@@ -8,6 +8,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -72,7 +73,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        int64_t rank, bool is_static,
                        std::vector<std::pair<std::string, int64_t>> workers,
                        int num_worker_threads, float rpc_timeout_seconds,
-                       uint64_t arena_bytes, py::object members, py::object started) {
+                       uint64_t arena_bytes, py::object members, py::object started,
+                       std::vector<std::string> devices,
+                       std::unordered_map<std::string,
+                                          std::unordered_map<std::string, std::string>>
+                           device_maps) {
              AgentOptions options;
              options.library = std::move(library);
              options.client = client;
@@ -84,6 +89,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              options.num_worker_threads = num_worker_threads;
              options.rpc_timeout_seconds = rpc_timeout_seconds;
              options.arena_bytes = arena_bytes;
+             for (const std::string& device : devices) options.devices.emplace_back(device);
+             for (const auto& [worker, map] : device_maps) {
+               torch::distributed::rpc::DeviceMap& to = options.device_maps[worker];
+               for (const auto& [from, target] : map) {
+                 to.emplace(c10::Device(from), c10::Device(target));
+               }
+             }
              if (!members.is_none()) options.members = Members(std::move(members));
              if (!started.is_none()) options.started = Started(std::move(started));
              return std::make_shared<TpdAgent>(std::move(options));
@@ -92,7 +104,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("rank"), py::arg("is_static"), py::arg("workers"),
            py::arg("num_worker_threads"), py::arg("rpc_timeout_seconds"),
            py::arg("arena_bytes"), py::arg("members") = py::none(),
-           py::arg("started") = py::none())
+           py::arg("started") = py::none(), py::arg("devices") = std::vector<std::string>{},
+           py::arg("device_maps") =
+               std::unordered_map<std::string, std::unordered_map<std::string, std::string>>{})
       // torch's RpcAgent binding has no get_worker_info(id): this attribute replaces it, so
       // it carries all three (this worker, by name, by id), as torch's agents bind them.
       .def(
