@@ -840,8 +840,8 @@ void CallEngine::Expire() {
 CallFuture CallEngine::CallAsync(const std::string& group, const std::string& from,
                                  const std::string& worker, const std::string& method,
                                  std::string_view payload, absl::Span<const Tensor> tensors,
-                                 absl::Duration timeout) {
-  return Start(shm::Op::kCall, group, from, worker, method, payload, tensors, timeout);
+                                 absl::Duration timeout, uint16_t flags) {
+  return Start(shm::Op::kCall, group, from, worker, method, payload, tensors, timeout, flags);
 }
 
 absl::StatusOr<std::string> CallEngine::StoreCall(const std::string& group,
@@ -859,7 +859,7 @@ absl::StatusOr<std::string> CallEngine::StoreCall(const std::string& group,
 CallFuture CallEngine::Start(shm::Op op, const std::string& group, const std::string& from,
                              const std::string& worker, const std::string& method,
                              std::string_view payload, absl::Span<const Tensor> tensors,
-                             absl::Duration timeout) {
+                             absl::Duration timeout, uint16_t flags) {
   auto state = std::make_shared<CallState>();
   state->copies = std::any_of(tensors.begin(), tensors.end(),
                               [](const Tensor& t) { return t.is_cuda() && t.size() > 0; });
@@ -900,7 +900,7 @@ CallFuture CallEngine::Start(shm::Op op, const std::string& group, const std::st
   // its request); the library still gives up on it past `timeout`.
   const int64_t deadline_ns = none || op != shm::Op::kCall ? 0 : absl::ToUnixNanos(deadline);
   absl::Status submitted =
-      Submit(op, id, deadline_ns, 0, 0, {group, worker, method, from}, payload, tensors);
+      Submit(op, id, deadline_ns, flags, 0, {group, worker, method, from}, payload, tensors);
   if (!submitted.ok()) {
     absl::MutexLock lock(&mu_);
     Finish(id, Prefixed(submitted, CallName(group, worker, method), " was not sent: "));

@@ -352,10 +352,11 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // timeout, FAILED_PRECONDITION while `from` is leaving, RESOURCE_EXHAUSTED when the arena
   // cannot hold the message, UNAVAILABLE when the session's ring broke, CANCELLED when the
   // engine goes away first. Payload and non-arena tensors are copied before this returns.
+  // `flags`: shm::kFlagReverseMap or 0 (Client::CallOptions).
   CallFuture CallAsync(const std::string& group, const std::string& from,
                        const std::string& worker, const std::string& method,
                        std::string_view payload, absl::Span<const Tensor> tensors,
-                       absl::Duration timeout);
+                       absl::Duration timeout, uint16_t flags = 0);
   // CallAsync and Wait.
   absl::StatusOr<Message> Call(const std::string& group, const std::string& from,
                                const std::string& worker, const std::string& method,
@@ -418,7 +419,7 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // registers its future: CallAsync and StoreCall.
   CallFuture Start(shm::Op op, const std::string& group, const std::string& from,
                    const std::string& worker, const std::string& method, std::string_view payload,
-                   absl::Span<const Tensor> tensors, absl::Duration timeout);
+                   absl::Span<const Tensor> tensors, absl::Duration timeout, uint16_t flags = 0);
   using WorkerKey = std::pair<std::string, std::string>;  // (group, worker)
   struct Outgoing {
     std::shared_ptr<calls_internal::CallState> state;

@@ -22,6 +22,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/shm/attach.h"
+#include "proto/shm/descriptor.h"
 #include "proto/shm/fd_message.h"
 #include "proto/store_scope.h"
 
@@ -342,15 +343,15 @@ absl::StatusOr<absl::Duration> CallTimeout(std::optional<absl::Duration> timeout
 CallFuture Client::CallAsync(const std::string& group, const std::string& worker,
                              const std::string& method, std::string_view payload,
                              const std::vector<Tensor>& tensors,
-                             std::optional<absl::Duration> timeout) {
+                             std::optional<absl::Duration> timeout, bool by_reverse_map) {
   absl::StatusOr<Joined> from = CallerIn(group);
   if (!from.ok()) return CallFuture::Ready(from.status());
   absl::StatusOr<absl::Duration> wait = CallTimeout(timeout, from->rpc_timeout, worker);
   if (!wait.ok()) return CallFuture::Ready(wait.status());
   absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
   if (!calls.ok()) return CallFuture::Ready(calls.status());
-  CallFuture future =
-      (*calls)->CallAsync(group, from->name, worker, method, payload, tensors, *wait);
+  CallFuture future = (*calls)->CallAsync(group, from->name, worker, method, payload, tensors,
+                                          *wait, by_reverse_map ? shm::kFlagReverseMap : 0);
   ReleaseCallEngine(*std::move(calls));
   return future;
 }

@@ -289,10 +289,15 @@ class Client {
   // heap is full; UNIMPLEMENTED for a method the callee does not handle; a handler's error
   // with its own code, its message prefixed "remote handler of worker 'w' method 'm'
   // failed: "; CANCELLED when this client detaches during the call.
+  //
+  // `by_reverse_map`: CUDA tensors go by the reverse of `worker`'s device map toward this
+  // worker (the map its replies take) instead of this worker's map toward it, as PyTorch's
+  // distributed autograd sends gradients back by the map their forward pass took.
   CallFuture CallAsync(const std::string& group, const std::string& worker,
                        const std::string& method, std::string_view payload,
                        const std::vector<Tensor>& tensors = {},
-                       std::optional<absl::Duration> timeout = std::nullopt);
+                       std::optional<absl::Duration> timeout = std::nullopt,
+                       bool by_reverse_map = false);
   // CallAsync and Wait.
   absl::StatusOr<Message> Call(const std::string& group, const std::string& worker,
                                const std::string& method, std::string_view payload,

@@ -360,7 +360,7 @@ absl::StatusOr<std::vector<router::Place>> CallRouter::PlaceTensors(
     const router::MapUse& use, bool reply, const std::vector<shm::TensorEntry>& tensors) {
   if (tensors.empty()) return std::vector<router::Place>{};
   return router::PlaceTensors(
-      use,
+      use, reply,
       options_.device_map ? options_.device_map(use.group, use.from, use.to, reply) : std::nullopt,
       tensors);
 }
@@ -391,8 +391,9 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
                      "' on this daemon: a caller must have joined the group it calls into")));
     return;
   }
-  absl::StatusOr<std::vector<router::Place>> places =
-      PlaceTensors({group, from, worker}, /*reply=*/false, call->tensors);
+  // A call flagged so goes by the map the callee's replies to the caller take.
+  absl::StatusOr<std::vector<router::Place>> places = PlaceTensors(
+      {group, from, worker}, /*reply=*/(d.flags & shm::kFlagReverseMap) != 0, call->tensors);
   if (!places.ok()) {
     refuse(Prefixed(places.status(), CallName(worker, method), ": "));
     return;

@@ -1007,14 +1007,27 @@ int tpd_call_async(tpd_client* client, const char* group, const char* worker,
                    const char* method, const char* payload, size_t size,
                    const tpd_tensor* tensors, int num_tensors, int64_t timeout_us,
                    uint64_t tag) {
+  return tpd_call_async_flags(client, group, worker, method, payload, size, tensors, num_tensors,
+                              timeout_us, tag, 0);
+}
+
+int tpd_call_async_flags(tpd_client* client, const char* group, const char* worker,
+                         const char* method, const char* payload, size_t size,
+                         const tpd_tensor* tensors, int num_tensors, int64_t timeout_us,
+                         uint64_t tag, uint32_t flags) {
   return Guarded("tpd_call_async", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if ((flags & ~static_cast<uint32_t>(TPD_CALL_REVERSE_MAP)) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flags ", flags, " has unknown bits (known: TPD_CALL_REVERSE_MAP)"));
+    }
     absl::StatusOr<std::string_view> bytes = Bytes(payload, size, "payload");
     if (!bytes.ok()) return bytes.status();
     absl::StatusOr<std::vector<tpd::Tensor>> converted = ToTensors(client, tensors, num_tensors);
     if (!converted.ok()) return converted.status();
     tpd::CallFuture future = client->client->CallAsync(
-        Str(group), Str(worker), Str(method), *bytes, *converted, CallTimeout(timeout_us));
+        Str(group), Str(worker), Str(method), *bytes, *converted, CallTimeout(timeout_us),
+        (flags & TPD_CALL_REVERSE_MAP) != 0);
     std::shared_ptr<tpd_events> events = client->events;
     future.Then([events, tag](const absl::StatusOr<tpd::Message>& result) {
       std::unique_ptr<tpd_event> event = ReplyEvent(events, tag, result);

@@ -271,6 +271,17 @@ int tpd_call_async(tpd_client* client, const char* group, const char* worker,
                    const tpd_tensor* tensors, int num_tensors, int64_t timeout_us,
                    uint64_t tag);
 
+/* Flags of tpd_call_async_flags. TPD_CALL_REVERSE_MAP: the call's CUDA tensors go by the
+ * reverse of the callee's device map toward the caller (the map the callee's replies take)
+ * instead of the caller's own map toward the callee: how torch's distributed autograd sends
+ * gradients back by the map their forward pass took. */
+enum { TPD_CALL_REVERSE_MAP = 1 };
+/* tpd_call_async with `flags` (TPD_CALL_*; INVALID_ARGUMENT for an unknown bit). */
+int tpd_call_async_flags(tpd_client* client, const char* group, const char* worker,
+                         const char* method, const char* payload, size_t size,
+                         const tpd_tensor* tensors, int num_tensors, int64_t timeout_us,
+                         uint64_t tag, uint32_t flags);
+
 /* --- The store (c10d semantics: proto/store.proto) --- */
 
 typedef struct tpd_store tpd_store;

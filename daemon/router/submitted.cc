@@ -25,7 +25,7 @@ absl::StatusOr<Submitted> ReadSubmitted(const shm::Segment& segment, const shm::
   return Submitted{*std::move(message), *std::move(tensors)};
 }
 
-absl::StatusOr<std::vector<Place>> PlaceTensors(const MapUse& use,
+absl::StatusOr<std::vector<Place>> PlaceTensors(const MapUse& use, bool reply,
                                                 const std::optional<v1::DeviceMap>& map,
                                                 const std::vector<shm::TensorEntry>& tensors) {
   bool on_device = false;
@@ -41,12 +41,13 @@ absl::StatusOr<std::vector<Place>> PlaceTensors(const MapUse& use,
     }
     if (!target || (!cuda && *target == "cpu")) {
       if (!cuda) continue;  // a cpu tensor with no cpu entry (or cpu -> cpu) stays on the cpu
-      // PyTorch's wording (tensorpipe_utils.cpp, getDevicesForTensors).
+      // PyTorch's wording (tensorpipe_agent.cpp getDevicesForRemote, tensorpipe_utils.cpp
+      // getDevicesForTensors).
       return absl::InvalidArgumentError(absl::StrCat(
           "TensorPipe RPC backend only supports CPU tensors by default, please move your "
           "tensors to CPU before sending them over RPC, or call `set_device_map` on "
-          "`TensorPipeRpcBackendOptions` to explicitly configure device mapping. Request "
-          "device mapping is not available for destination ",
+          "`TensorPipeRpcBackendOptions` to explicitly configure device mapping. ",
+          reply ? "Response" : "Request", " device mapping is not available for destination ",
           use.to, " for device ", device, " but received a tensor on that device."));
     }
     on_device = true;

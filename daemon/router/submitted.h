@@ -45,8 +45,9 @@ struct MapUse {
 
 // Where `tensors` land by `map` (the sender's map toward the receiver; its reverse map for a
 // reply): PyTorch's getDevicesForTensors, with its error for a CUDA tensor the map does not
-// place. Empty when every tensor stays in host memory.
-absl::StatusOr<std::vector<Place>> PlaceTensors(const MapUse& use,
+// place ("Request" or, for a `reply`, "Response device mapping is not available ...").
+// Empty when every tensor stays in host memory.
+absl::StatusOr<std::vector<Place>> PlaceTensors(const MapUse& use, bool reply,
                                                 const std::optional<v1::DeviceMap>& map,
                                                 const std::vector<shm::TensorEntry>& tensors);
 

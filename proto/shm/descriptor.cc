@@ -155,6 +155,9 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
   if ((d.flags & kFlagError) != 0 && op != Op::kReply) {
     return refuse("flags", d.flags, "has the error bit, which only a reply may carry");
   }
+  if ((d.flags & kFlagReverseMap) != 0 && op != Op::kCall) {
+    return refuse("flags", d.flags, "has the reverse-map bit, which only a call may carry");
+  }
   if (d.call_id == 0) return refuse("call_id", d.call_id, "must not be 0");
   if (d.deadline_unix_ns < 0) {
     return refuse("deadline_unix_ns", d.deadline_unix_ns, "is negative (0 means no deadline)");

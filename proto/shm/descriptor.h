@@ -56,7 +56,11 @@ enum class Op : uint8_t {
 // daemon with no payload at all means RESOURCE_EXHAUSTED: the receiver's rx heap had no room
 // for the message, and the call failed rather than go unanswered.
 inline constexpr uint16_t kFlagError = 1u << 0;
-inline constexpr uint16_t kKnownFlags = kFlagError;
+// kCall only: its tensors go by the reverse of the callee's device map toward the caller (the
+// map the callee's replies take), not by the caller's map toward the callee: PyTorch's
+// distributed autograd sends gradients back by the map their forward pass took.
+inline constexpr uint16_t kFlagReverseMap = 1u << 1;
+inline constexpr uint16_t kKnownFlags = kFlagError | kFlagReverseMap;
 
 // Which ring a descriptor came through; decides which heap its ranges must lie in.
 enum class Direction : uint8_t {

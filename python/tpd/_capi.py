@@ -39,6 +39,7 @@ CODE_NAMES = {
 TIMEOUT_DEFAULT = -1
 CPU = 0
 CUDA = 1
+CALL_REVERSE_MAP = 1  # tpd_call_async_flags
 EVENT_REQUEST = 1
 EVENT_REPLY = 2
 EVENT_RELEASED = 3
@@ -195,6 +196,9 @@ def _declare(lib, path):
                                i64, pp]),
         "tpd_call_async": (c.c_int, [p, s, s, s, c.c_char_p, c.c_size_t, c.POINTER(Tensor),
                                      c.c_int, i64, c.c_uint64]),
+        "tpd_call_async_flags": (c.c_int, [p, s, s, s, c.c_char_p, c.c_size_t,
+                                           c.POINTER(Tensor), c.c_int, i64, c.c_uint64,
+                                           c.c_uint32]),
         "tpd_store_open": (c.c_int, [p, s, s, pp]),
         "tpd_store_close": (None, [p]),
         "tpd_store_set": (c.c_int, [p, s, c.c_char_p, c.c_size_t]),

@@ -242,11 +242,13 @@ class Client(_Library):
             self._ok(code)  # refused before the call: bad arguments
         return Event(out.value)
 
-    def call_async(self, group, worker, method, payload, tensors, timeout_us, tag):
+    def call_async(self, group, worker, method, payload, tensors, timeout_us, tag, flags=0):
+        """Starts a call; its reply arrives on the replies queue with ``tag``. ``flags``:
+        _capi.CALL_REVERSE_MAP (tpd_call_async_flags)."""
         array, n = _tensor_array(tensors)
-        self._ok(self._lib.tpd_call_async(self._handle, _capi.b(group), _capi.b(worker),
-                                             _capi.b(method), payload, len(payload), array, n,
-                                             timeout_us, tag))
+        self._ok(self._lib.tpd_call_async_flags(self._handle, _capi.b(group), _capi.b(worker),
+                                                   _capi.b(method), payload, len(payload), array,
+                                                   n, timeout_us, tag, flags))
 
     # --- the store ---
 

@@ -13,6 +13,7 @@ torch's own ``TensorPipeRpcBackendOptions``; the job's rendezvous is tpd.rpc's (
 is the C++ extension ``tpd._C`` (python/tpd/csrc), built against the installed torch.
 """
 
+import atexit
 import ctypes
 import functools
 import os
@@ -67,6 +68,11 @@ def _members(client, group):
     return members
 
 
+def _maps(negotiated):
+    """{worker: {"cuda:0": "cuda:1"}} of a NegotiatedMember's maps (proto3 JSON)."""
+    return {worker: dict(mapping.get("devices", {})) for worker, mapping in negotiated.items()}
+
+
 def _leave_alone(name):
     """A dynamic group's worker leaves without waiting for the others, as in torch's own
     dynamic groups: torch's shutdown treats every agent but its TensorPipe one as static, and
@@ -75,6 +81,18 @@ def _leave_alone(name):
     the wrong workers, or for ones already gone). Naming only this worker there makes that
     gather its own; the daemon tells the others it left."""
     _rpc.api._ALL_WORKER_NAMES = {name}
+
+
+def _stop_at_exit():
+    """A program that ends without ``rpc.shutdown()``: the agent's threads stop before the
+    interpreter finalizes (TpdAgent::StopAtExit; a thread calling into a finalizing Python
+    aborts the process)."""
+    try:
+        agent = _rpc.api._get_current_rpc_agent()
+    except RuntimeError:  # RPC not initialized, or shut down
+        return
+    if isinstance(agent, _extension().TpdAgent):
+        agent._stop_at_exit()
 
 
 def _init_backend(store, name, rank, world_size, rpc_backend_options):
@@ -108,8 +126,8 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
             members=None if world_size else _members(client, group),
             started=None if world_size else functools.partial(_leave_alone, name),
             devices=list(negotiated.get("devices", [])),
-            device_maps={worker: dict(mapping.get("devices", {}))
-                         for worker, mapping in negotiated.get("device_maps", {}).items()})
+            device_maps=_maps(negotiated.get("device_maps", {})),
+            reverse_device_maps=_maps(negotiated.get("reverse_device_maps", {})))
     except BaseException:
         client.close()
         raise
@@ -118,6 +136,7 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
 
 
 _extension()  # at import: a program without it learns so before init_rpc
+atexit.register(_stop_at_exit)
 if "TPD" not in _registry.BackendType.__members__:
     _registry.register_backend("TPD", _construct_options, _init_backend)
     # register_backend makes a new BackendType enum in the registry; torch.distributed.rpc's

@@ -283,15 +283,17 @@ def cuda_maps(rank, world_size, init_method):
 
 def backend_cuda_maps(rank, world_size, init_method):
     """cuda_maps with backend=TPD, and what torch builds above its agent with CUDA tensors:
-    an RRef of a CUDA value, distributed autograd through a call whose tensors the maps move
-    (its gradients come back by the same maps, mirrored on both sides)."""
+    an RRef of a CUDA value, distributed autograd through a call whose tensors the map moves.
+    Only worker0 sets a map: worker1's replies, and the gradients its backward pass sends
+    back, go by the reverse of worker0's (TPD_CALL_REVERSE_MAP)."""
     import torch.distributed.autograd as dist_autograd
     import torch.distributed.rpc as rpc
 
     import tpd.backend  # noqa: F401 (registers BackendType.TPD)
     options = rpc.TensorPipeRpcBackendOptions(init_method=init_method)
     peer = f"worker{1 - rank}"
-    options.set_device_map(peer, {0: 1} if rank == 0 else {1: 0})
+    if rank == 0:
+        options.set_device_map(peer, {0: 1})
     rpc.init_rpc(f"worker{rank}", backend=rpc.BackendType.TPD, rank=rank,
                  world_size=world_size, rpc_backend_options=options)
     if rank == 0:

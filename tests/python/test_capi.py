@@ -83,6 +83,27 @@ def _bytes_tensor(data):
     return t
 
 
+def test_a_call_by_the_reverse_map_is_delivered_and_unknown_flags_are_refused(daemon):
+    """TPD_CALL_REVERSE_MAP (torch's distributed autograd sends gradients by the reverse of
+    the forward pass's map) passes the daemon's checks; what it changes, where CUDA tensors
+    land, is tested on the GPU machine (test_backend.py)."""
+    a, b = _pair(daemon)
+    data = ctypes.create_string_buffer(b"gradient", 8)
+    a.call_async("g", "b", "echo", b"back", [_bytes_tensor(data)], 5_000_000, tag=4,
+                 flags=_capi.CALL_REVERSE_MAP)
+    request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
+    assert request.read() == (_capi.OK, "", b"back", 1)
+    request.reply(b"done")
+    reply = a.next_event(_capi.QUEUE_REPLIES, timeout=5)
+    assert (reply.tag, reply.status(), reply.payload()) == (4, (0, ""), b"done")
+    with pytest.raises(_capi.TpdError) as error:
+        a.call_async("g", "b", "echo", b"x", [], 5_000_000, tag=5, flags=4)
+    assert error.value.code == _capi.INVALID_ARGUMENT
+    assert "flags 4 has unknown bits" in str(error.value)
+    a.close()
+    b.close()
+
+
 def test_requests_answered_later_from_another_thread_with_tensors(daemon):
     a, b = _pair(daemon)
     data = ctypes.create_string_buffer(b"tensor bytes", 12)

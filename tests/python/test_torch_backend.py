@@ -134,6 +134,9 @@ keep_only(TpdDynamicRpcTest, TensorPipeAgentRpcTest, DYNAMIC)
 # one they are not collected at all (each case would still spawn its ranks to skip):
 # test_cuda_suites_need_a_gpu says so. docs/python.md has the GPU machine's counts.
 if torch.cuda.is_available():
+    # CUDA tensors a worker receives land in a receive pool per device (256 MiB by default);
+    # torch's cases keep several 160 MB tensors received at once (test_owner_rref_forward_*).
+    os.environ.setdefault("TPD_CUDA_POOL_BYTES", str(1 << 30))
     for _suite in GENERIC_CUDA_TESTS:
         _name = f"Tpd{_suite.__name__}"
         _class = type(_name, (OnTpd, _suite, TpdBackendFixture, MultiProcessTestCase),

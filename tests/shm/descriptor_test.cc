@@ -165,6 +165,12 @@ TEST(DescriptorTest, EveryBadDescriptorIsRefusedNamingTheFieldAndValue) {
       {[](Descriptor* d) { d->reserved2 = 1; }, "reserved2 1 must be 0"},
       {[](Descriptor* d) { d->flags = 0x8000; }, "flags 32768 has unknown bits"},
       {[](Descriptor* d) { d->flags = kFlagError; }, "flags 1 has the error bit"},
+      {[&](Descriptor* d) {
+         d->op = as(Op::kReply);
+         d->deadline_unix_ns = 0;
+         d->flags = kFlagReverseMap;
+       },
+       "flags 2 has the reverse-map bit, which only a call may carry"},
       {[](Descriptor* d) { d->call_id = 0; }, "call_id 0 must not be 0"},
       {[](Descriptor* d) { d->deadline_unix_ns = -5; }, "deadline_unix_ns -5 is negative"},
       {[&](Descriptor* d) { d->op = as(Op::kReply); },

@@ -183,6 +183,21 @@ c10::intrusive_ptr<rpc::Message> Decode(const ClientApi& api, const tpd_event* e
                                            static_cast<rpc::MessageType>(header.type), header.id);
 }
 
+// Throws torch's error (its TensorPipe agent's, in send) for a CUDA tensor of `message` that
+// `map`, the map toward `to`, does not place. The daemon checks too; this makes the refusal
+// synchronous, as torch's is (rpc.remote raises rather than its RRef failing later).
+void CheckMapped(const rpc::Message& message, const rpc::DeviceMap& map, const std::string& to) {
+  for (const at::Tensor& tensor : message.tensors()) {
+    if (!tensor.is_cuda() || map.count(tensor.device()) > 0) continue;
+    throw std::runtime_error(
+        "TensorPipe RPC backend only supports CPU tensors by default, please move your tensors "
+        "to CPU before sending them over RPC, or call `set_device_map` on "
+        "`TensorPipeRpcBackendOptions` to explicitly configure device mapping. Request device "
+        "mapping is not available for destination " +
+        to + " for device " + tensor.device().str() + " but received a tensor on that device.");
+  }
+}
+
 std::chrono::milliseconds Millis(float seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
@@ -283,16 +298,23 @@ c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
   // Futures on this worker's devices, as torch's agent makes them: their callbacks run on
   // streams that waited for the value's work.
   auto future = c10::make_intrusive<rpc::JitFuture>(at::AnyClassType::get(), devices_);
-  if (!device_map.empty() && device_map != getDeviceMap(to)) {
-    // torch passes a map of its own only for distributed autograd's gradients, by the reverse
-    // of the map their forward pass took; the daemon moves tensors by the maps set at init.
-    Fail(*future, "the TPD backend moves tensors to " + to.name_ +
-                      " by the device maps set at init_rpc, not by the one this call names "
-                      "(distributed autograd's backward pass): set_device_map(\"" +
-                      to.name_ + "\", ...) on " + workerInfo_.name_ +
-                      " to mirror the map toward it");
-    return future;
+  // torch names a map of its own only for distributed autograd's gradients: the reverse of
+  // the map their forward pass took, which the daemon knows as the callee's map toward this
+  // worker. Any other map is not one the group negotiated.
+  const rpc::DeviceMap configured = getDeviceMap(to);
+  uint32_t flags = 0;
+  if (!device_map.empty() && device_map != configured) {
+    auto reverse = options_.reverse_device_maps.find(to.name_);
+    if (reverse == options_.reverse_device_maps.end() || reverse->second != device_map) {
+      Fail(*future, "the TPD backend moves tensors to " + to.name_ +
+                        " by the device maps the group negotiated at init_rpc (this worker's "
+                        "map toward it, or the reverse of its map toward this worker); this "
+                        "call names another");
+      return future;
+    }
+    flags = TPD_CALL_REVERSE_MAP;
   }
+  CheckMapped(*message, device_map.empty() ? configured : device_map, to.name_);
   const std::chrono::milliseconds timeout = rpc_timeout_seconds == rpc::kUnsetRpcTimeout
                                                 ? getRpcTimeout()
                                                 : Millis(rpc_timeout_seconds);
@@ -318,9 +340,10 @@ c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
   const auto deadline = timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout
                                             : std::chrono::steady_clock::time_point::max();
   const int code = WithRoom(bytes, deadline, [&] {
-    return api_.call_async(client_, options_.group.c_str(), to.name_.c_str(), kMethod,
-                           wire.payload.data(), wire.payload.size(), tensors.data(),
-                           static_cast<int>(tensors.size()), timeout.count() * 1000, tag);
+    return api_.call_async_flags(client_, options_.group.c_str(), to.name_.c_str(), kMethod,
+                                 wire.payload.data(), wire.payload.size(), tensors.data(),
+                                 static_cast<int>(tensors.size()), timeout.count() * 1000, tag,
+                                 flags);
   });
   if (code != TPD_OK) {
     const std::string why = LastError();
@@ -523,12 +546,13 @@ void TpdAgent::startImpl() {
   if (options_.started) options_.started();
 }
 
-void TpdAgent::shutdownImpl() {
+void TpdAgent::StopTakingEvents() {
   stopped_ = true;
   api_.stop_events(client_);
   if (events_.joinable()) events_.join();
-  if (exiting_) return;
-  pool_.waitWorkComplete();
+}
+
+void TpdAgent::FailPending() {
   std::unordered_map<uint64_t, Pending> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -539,6 +563,20 @@ void TpdAgent::shutdownImpl() {
     Fail(*call.future, "RPC agent of " + workerInfo_.name_ +
                            " is shutting down: the call got no answer before shutdown");
   }
+}
+
+void TpdAgent::StopAtExit() {
+  if (!rpcAgentRunning_.load() || client_ == nullptr) return;
+  StopTakingEvents();
+  FailPending();  // wakes tasks that wait on a call
+  pool_.waitWorkComplete();
+}
+
+void TpdAgent::shutdownImpl() {
+  StopTakingEvents();
+  if (exiting_) return;
+  pool_.waitWorkComplete();
+  FailPending();
   api_.leave(client_, options_.group.c_str(), options_.name.c_str());
   api_.client_close(client_);
   client_ = nullptr;

@@ -72,6 +72,9 @@ struct AgentOptions {
   // its device map toward each worker, as torch's TensorPipe agent reports them.
   std::vector<c10::Device> devices;
   std::unordered_map<std::string, rpc::DeviceMap> device_maps;
+  // Per worker, the reverse of its map toward this one: the map torch names for the gradients
+  // distributed autograd sends it back (sent with TPD_CALL_REVERSE_MAP).
+  std::unordered_map<std::string, rpc::DeviceMap> reverse_device_maps;
   int num_worker_threads = 16;
   float rpc_timeout_seconds = 60;
   // The client's shared arena (tx heap): a message that fits it but finds no room now waits
@@ -108,6 +111,13 @@ class TpdAgent final : public rpc::RpcAgent {
   void shutdownImpl() override;
   std::unordered_map<std::string, std::string> getMetrics() override;
 
+  // At the interpreter's exit with the agent still running (a program that ends without
+  // rpc.shutdown()): stops taking events, fails the calls still waiting and waits for the
+  // pool's tasks, with the GIL released by the caller, so that no thread of the agent calls
+  // into Python once it finalizes (Python ends such a thread with pthread_exit, which aborts
+  // the process when it unwinds through torch's frames). tpd.backend runs it from atexit.
+  void StopAtExit();
+
  private:
   struct Pending {
     c10::intrusive_ptr<rpc::JitFuture> future;
@@ -123,6 +133,10 @@ class TpdAgent final : public rpc::RpcAgent {
   template <typename Attempt>
   int WithRoom(uint64_t bytes, std::chrono::steady_clock::time_point deadline, Attempt attempt);
   void TakeEvents();
+  // Stops the event thread: no request or reply is taken after this returns.
+  void StopTakingEvents();
+  // Fails every call still waiting for its reply (shutdown).
+  void FailPending();
   void Serve(tpd_event* request);
   void Respond(tpd_event* request, int64_t id, rpc::JitFuture& response);
   void Complete(tpd_event* reply);

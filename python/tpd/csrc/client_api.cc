@@ -47,7 +47,7 @@ ClientApi::ClientApi(const std::string& path) {
   Resolve(library, path, "tpd_event_tensor_dlpack", &event_tensor_dlpack);
   Resolve(library, path, "tpd_reply", &reply);
   Resolve(library, path, "tpd_reply_error", &reply_error);
-  Resolve(library, path, "tpd_call_async", &call_async);
+  Resolve(library, path, "tpd_call_async_flags", &call_async_flags);
 }
 
 }  // namespace tpd::torch_agent

@@ -33,7 +33,7 @@ struct ClientApi {
   decltype(&tpd_event_tensor_dlpack) event_tensor_dlpack;
   decltype(&tpd_reply) reply;
   decltype(&tpd_reply_error) reply_error;
-  decltype(&tpd_call_async) call_async;
+  decltype(&tpd_call_async_flags) call_async_flags;
 };
 
 }  // namespace tpd::torch_agent

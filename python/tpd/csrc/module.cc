@@ -58,6 +58,19 @@ std::function<void()> Started(py::object started) {
   };
 }
 
+// Device maps per worker as negotiation reports them: {"cuda:0": "cuda:1"}.
+using DeviceMaps = std::unordered_map<std::string, std::unordered_map<std::string, std::string>>;
+
+std::unordered_map<std::string, torch::distributed::rpc::DeviceMap> ToTorch(
+    const DeviceMaps& maps) {
+  std::unordered_map<std::string, torch::distributed::rpc::DeviceMap> out;
+  for (const auto& [worker, map] : maps) {
+    torch::distributed::rpc::DeviceMap& to = out[worker];
+    for (const auto& [from, target] : map) to.emplace(c10::Device(from), c10::Device(target));
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -75,9 +88,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        int num_worker_threads, float rpc_timeout_seconds,
                        uint64_t arena_bytes, py::object members, py::object started,
                        std::vector<std::string> devices,
-                       std::unordered_map<std::string,
-                                          std::unordered_map<std::string, std::string>>
-                           device_maps) {
+                       DeviceMaps device_maps, DeviceMaps reverse_device_maps) {
              AgentOptions options;
              options.library = std::move(library);
              options.client = client;
@@ -90,12 +101,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              options.rpc_timeout_seconds = rpc_timeout_seconds;
              options.arena_bytes = arena_bytes;
              for (const std::string& device : devices) options.devices.emplace_back(device);
-             for (const auto& [worker, map] : device_maps) {
-               torch::distributed::rpc::DeviceMap& to = options.device_maps[worker];
-               for (const auto& [from, target] : map) {
-                 to.emplace(c10::Device(from), c10::Device(target));
-               }
-             }
+             options.device_maps = ToTorch(device_maps);
+             options.reverse_device_maps = ToTorch(reverse_device_maps);
              if (!members.is_none()) options.members = Members(std::move(members));
              if (!started.is_none()) options.started = Started(std::move(started));
              return std::make_shared<TpdAgent>(std::move(options));
@@ -105,8 +112,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("num_worker_threads"), py::arg("rpc_timeout_seconds"),
            py::arg("arena_bytes"), py::arg("members") = py::none(),
            py::arg("started") = py::none(), py::arg("devices") = std::vector<std::string>{},
-           py::arg("device_maps") =
-               std::unordered_map<std::string, std::unordered_map<std::string, std::string>>{})
+           py::arg("device_maps") = DeviceMaps{}, py::arg("reverse_device_maps") = DeviceMaps{})
       // torch's RpcAgent binding has no get_worker_info(id): this attribute replaces it, so
       // it carries all three (this worker, by name, by id), as torch's agents bind them.
       .def(
@@ -134,5 +140,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("timeout") = 0)
       .def(
           "shutdown", [](TpdAgent& agent) { Translated([&] { agent.shutdown(); }); },
-          py::call_guard<py::gil_scoped_release>());
+          py::call_guard<py::gil_scoped_release>())
+      .def("_stop_at_exit", &TpdAgent::StopAtExit, py::call_guard<py::gil_scoped_release>());
 }
