@@ -10,8 +10,7 @@ daemons", joined over their peer ports). Rows:
 - P1 empty call: rpc_sync of a function returning None, p50 and p99 (µs);
 - P2 rpc_async throughput: calls/s with 64 in flight;
 - P3 CPU tensor round trip of 1, 16 and 256 MiB (the callee returns what it got), median ms;
-- P4 (--cuda, two GPUs) a CUDA tensor cuda:0 -> cuda:1 and back by device maps, median ms
-  (not for backend=TPD, which moves CPU tensors only so far).
+- P4 (--cuda, two GPUs) a CUDA tensor cuda:0 -> cuda:1 and back by device maps, median ms.
 
 Every ratio is torch's time over tpd's (above 1: tpd is faster), from the same run.
 
@@ -250,7 +249,7 @@ def _worker(rank, backend, init_method, socket_path, args, queue):
         import torch.distributed.rpc as rpc
     options = rpc.TensorPipeRpcBackendOptions(init_method=init_method, rpc_timeout=300,
                                               num_worker_threads=16)
-    cuda = args.cuda and backend != "TPD"
+    cuda = args.cuda
     if cuda:
         options.set_device_map("bench1" if rank == 0 else "bench0",
                                {0: 1} if rank == 0 else {1: 0})
