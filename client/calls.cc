@@ -1108,6 +1108,22 @@ std::optional<CallEngine::Incoming> CallEngine::Read(const LentTurn* lent) {
   return kept;
 }
 
+void CallEngine::Break(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  BreakLocked(why);
+}
+
+void CallEngine::BreakLocked(const absl::Status& why) {
+  if (broken_.ok()) broken_ = absl::UnavailableError(why.message());
+  std::vector<uint64_t> ids;
+  for (const auto& [id, call] : waiting_) ids.push_back(id);
+  for (uint64_t id : ids) {
+    const Outgoing& call = waiting_.at(id);
+    Finish(id, absl::UnavailableError(absl::StrCat(
+                   CallName(call.from.first, call.worker, call.method), ": ", broken_.message())));
+  }
+}
+
 bool CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<Incoming>* kept,
                                const LentTurn* lent) {
   while (!*kept) {
@@ -1129,16 +1145,8 @@ bool CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<
     absl::StatusOr<size_t> n = ready.ok() ? completions_.TryPopBatch(batch) : ready.status();
     if (!n.ok()) {
       absl::MutexLock lock(&mu_);
-      broken_ = absl::UnavailableError(
-          absl::StrCat("the session's completion ring broke: ", n.status().message()));
-      std::vector<uint64_t> ids;
-      for (const auto& [id, call] : waiting_) ids.push_back(id);
-      for (uint64_t id : ids) {
-        const Outgoing& call = waiting_.at(id);
-        Finish(id, absl::UnavailableError(absl::StrCat(
-                       CallName(call.from.first, call.worker, call.method), ": ",
-                       broken_.message())));
-      }
+      BreakLocked(absl::UnavailableError(
+          absl::StrCat("the session's completion ring broke: ", n.status().message())));
       return false;
     }
     for (size_t i = 0; i < *n; ++i) OnCompletion(batch[i], kept);

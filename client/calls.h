@@ -336,6 +336,10 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   void HandleDeferred(const std::string& method, DeferredHandler handler);
   // Grows the handler pool to at least `threads` (never shrinks).
   void EnsureHandlerThreads(int threads);
+  // The session ended on the daemon's side (it exited, restarted or ended the session): no
+  // reply will come through the rings, so the calls waiting fail now, UNAVAILABLE with `why`,
+  // rather than at their deadlines, and later calls are refused with it.
+  void Break(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   // Lends the daemon a receive pool of `bytes` on cuda:`device` (once per device; later calls
   // for that device return OK): CUDA tensors sent to this client's workers land there.
   // Errors: the driver's (no GPU, cuMemAlloc failed), the daemon's refusal.
@@ -448,6 +452,9 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Answers the call `id` (no-op when it was answered already).
   void Finish(uint64_t id, absl::StatusOr<Message> result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Breaks the engine for `why` (the first reason stays): every call waiting fails UNAVAILABLE
+  // naming it and the reason, and later calls are refused with it.
+  void BreakLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the state's result and queues its callbacks on the pool.
   void Complete(const std::shared_ptr<calls_internal::CallState>& state,
                 absl::StatusOr<Message> result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

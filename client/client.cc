@@ -184,11 +184,23 @@ absl::StatusOr<std::string> Client::Session() {
   session_id_ = event.session_id();
   data_socket_ = event.data_socket();
   // The stream carries nothing more today; reading it keeps it open and notices its end.
-  session_reader_ = std::thread([this, reader] {
+  session_reader_ = std::thread([this, reader, session = session_id_] {
     v1::SessionEvent ignored;
     while (reader->Read(&ignored)) {
     }
-    reader->Finish();
+    const absl::Status ended = FromGrpc(reader->Finish());
+    // No reply will come through this session's rings: its calls fail now, naming the daemon,
+    // not at their deadlines (a client closing itself has detached its engine already).
+    std::shared_ptr<CallEngine> engine;
+    {
+      absl::MutexLock lock(&data_mu_);
+      if (attached_session_ == session) engine = calls_;
+    }
+    if (engine != nullptr) {
+      engine->Break(absl::UnavailableError(absl::StrCat(
+          "the tpd daemon at ", socket_path_, " ended this client's session (it exited, ",
+          "restarted or ended the session)", ended.ok() ? "" : ": ", ended.message())));
+    }
     // Members of this session are gone with it; the next group call opens a new session.
     absl::MutexLock lock(&session_mu_);
     session_id_.clear();

@@ -149,3 +149,21 @@ def device_of(x):
 
 def total(x):
     return float(x.sum())
+
+
+class _SlowBackward(torch.autograd.Function):
+    """x * 2 whose backward pass takes `seconds` (a worker killed during it)."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad * 2, None
+
+
+def slow_backward(x, seconds):
+    return _SlowBackward.apply(x, seconds)

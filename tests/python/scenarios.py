@@ -535,11 +535,69 @@ def rref_messages_from_non_holders(rank, world_size, init_method):
 # --- backend=TPD: torch.distributed.rpc itself, its agent tpd's (tests/python/test_backend.py)
 
 
-def _init_torch_rpc(rank, world_size, init_method):
+def backend_own_daemon_restarted(rank, world_size, init_method, daemon_pid=None,
+                                 restart=None):
+    """backend=TPD: the workers' daemon is killed and another started on its socket while the
+    job runs. Calls fail naming the daemon, none hangs; the new daemon knows nothing of the job,
+    and shutdown ends at once. Rank 0 kills and restarts it (`restart`: the daemon's command);
+    returns (message, seconds the failing call took, the new daemon's pid)."""
+    import signal
+    import subprocess
+    rpc = _init_torch_rpc(rank, world_size, init_method, rpc_timeout=60)
+    if rank == 1:
+        time.sleep(600)  # killed with the job's end
+        return None
+    assert rpc.rpc_sync("worker1", w.add, args=(1, 2)) == 3
+    fut = rpc.rpc_async("worker1", w.sleep_then, args=(300, 1))
+    time.sleep(0.5)
+    os.kill(daemon_pid, signal.SIGKILL)
+    new = subprocess.Popen(restart, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    start = time.monotonic()
+    message = str(_raises(RuntimeError, fut.wait))
+    took = time.monotonic() - start
+    later = str(_raises(RuntimeError, rpc.rpc_sync, "worker1", w.add, args=(1, 2)))
+    assert later, later
+    start = time.monotonic()
+    try:
+        rpc.shutdown(graceful=False)
+    except RuntimeError:
+        pass  # its daemon is gone: saying so is fine, waiting is not
+    assert time.monotonic() - start < 10
+    return message, took, later, new.pid
+
+
+def backend_killed_during_backward(rank, world_size, init_method):
+    """backend=TPD: worker1 is SIGKILLed while it runs its part of a distributed backward
+    pass. worker0's backward raises (it does not wait out the timeout), and its autograd
+    context is gone once it leaves it: nothing leaks. Returns (message, seconds, debug info)."""
+    import signal
+    import threading
+
+    import torch.distributed.autograd as dist_autograd
+    rpc = _init_torch_rpc(rank, world_size, init_method, rpc_timeout=60)
+    if rank == 1:
+        time.sleep(600)  # killed by rank 0
+        return None
+    victim = rpc.rpc_sync("worker1", w.pid)
+    x = torch.ones(4, requires_grad=True)
+    start = None
+    with dist_autograd.context() as context_id:
+        y = rpc.rpc_sync("worker1", w.slow_backward, args=(x, 300))
+        threading.Timer(1.0, os.kill, args=(victim, signal.SIGKILL)).start()
+        start = time.monotonic()
+        message = str(_raises(RuntimeError, dist_autograd.backward, context_id, [y.sum()]))
+        took = time.monotonic() - start
+    info = dist_autograd._get_debug_info()
+    rpc.shutdown(graceful=False)
+    return message, took, info
+
+
+def _init_torch_rpc(rank, world_size, init_method, **kwargs):
     import torch.distributed.rpc as rpc
     import tpd.backend  # noqa: F401 (registers BackendType.TPD)
     rpc.init_rpc(f"worker{rank}", backend=rpc.BackendType.TPD, rank=rank, world_size=world_size,
-                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method=init_method))
+                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method=init_method,
+                                                                     **kwargs))
     return rpc
 
 

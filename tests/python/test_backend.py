@@ -67,3 +67,34 @@ def test_cuda_tensors_follow_the_device_maps_across_two_daemons(two_daemons, wor
     results = rpc_workers.run(scenarios.backend_cuda_maps, 2, [d.socket for d in two_daemons],
                               f"file://{workdir}/rendezvous")
     assert results == {0: True, 1: True}
+
+
+def test_a_daemon_restarted_under_a_running_job_fails_its_calls_naming_it(workdir, monkeypatch):
+    d = Daemon(workdir, "node0", os.urandom(8).hex())
+    monkeypatch.setenv("TPD_RPC_HOME", f"tcp://{d.peer_address}")
+    new_pid = None
+    try:
+        results = rpc_workers.run(
+            scenarios.backend_own_daemon_restarted, 2, [d.socket],
+            f"file://{workdir}/rendezvous", may_die={1}, daemon_pid=d.proc.pid,
+            restart=[d.proc.args[0], "--config", str(d.config)])
+        message, took, later, new_pid = results[0]
+        # The call in flight: at once, naming the worker and the daemon that ended it.
+        assert "worker1" in message and d.socket in message and took < 30, (message, took)
+        # A call after: refused, naming the daemon (gone, or new and knowing no such job).
+        assert d.socket in later or "daemon" in later, later
+    finally:
+        if new_pid is not None:
+            os.kill(new_pid, 9)
+        d.stop()
+
+
+def test_a_worker_killed_during_a_distributed_backward_pass_fails_it_and_leaks_nothing(
+        daemon, workdir):
+    results = rpc_workers.run(scenarios.backend_killed_during_backward, 2, [daemon.socket],
+                              f"file://{workdir}/rendezvous", may_die={1})
+    message, took, info = results[0]
+    assert "worker1" in message, message
+    assert took < 30, (took, message)
+    assert int(info["num_autograd_contexts"]) == 0, info
+    assert int(info["num_current_backward_passes"]) == 0, info
