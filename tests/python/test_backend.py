@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 import rpc_workers
 import scenarios
@@ -48,25 +47,6 @@ def test_a_worker_that_exits_without_shutdown_exits_cleanly(daemon, workdir):
     done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
-
-
-needs_two_gpus = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-    reason="needs two CUDA GPUs (run on the GPU machine: docs/python.md)")
-
-
-@needs_two_gpus
-def test_cuda_tensors_follow_the_device_maps_on_one_node(daemon, workdir):
-    results = rpc_workers.run(scenarios.backend_cuda_maps, 2, [daemon.socket],
-                              f"file://{workdir}/rendezvous")
-    assert results == {0: True, 1: True}
-
-
-@needs_two_gpus
-def test_cuda_tensors_follow_the_device_maps_across_two_daemons(two_daemons, workdir):
-    results = rpc_workers.run(scenarios.backend_cuda_maps, 2, [d.socket for d in two_daemons],
-                              f"file://{workdir}/rendezvous")
-    assert results == {0: True, 1: True}
 
 
 def test_a_daemon_restarted_under_a_running_job_fails_its_calls_naming_it(workdir, monkeypatch):
