@@ -2,20 +2,28 @@
 cores (each case spawns its ranks afresh and waits mostly on their imports, so a 32-core GPU
 machine runs a dozen at a time).
 
-    python3 tools/pytest_shards.py -n 12 [--log-dir DIR] -- tests/python/test_torch_backend.py -k Cuda
+    python3 tools/pytest_shards.py -n 12 [--log-dir DIR] [--deadline S] -- \
+        tests/python/test_torch_backend.py -k Cuda
 
 Collects the cases once (pytest --collect-only), deals them out round robin, runs one pytest
-per share with the same arguments, and prints each share's summary line, the cases that did
-not pass, and "N passed, N failed, N skipped" over all of them. Exits non-zero when a case
-failed or a share ended abnormally. Each share's output is in DIR/shard-K.log.
+per share with the same arguments, and prints the cases that did not pass and "N passed,
+N failed, N skipped" over all of them. With --deadline, shares still running after S seconds
+are stopped and the cases they had not finished are counted as such (a machine lent for a
+while still reports what it ran). Exits non-zero when a case failed, did not finish, or a
+share ended abnormally. Each share's output is in DIR/shard-K.log.
 """
 
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+
+# pytest -v's line for a case: "test_x.py::Class::test_y PASSED    [ 10%]".
+_OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
 
 
 def collect(pytest_args, root):
@@ -32,6 +40,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=os.cpu_count() or 1, help="processes at once")
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="stop the shares still running after this many seconds")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     pytest_args = [a for a in args.pytest_args if a != "--"]
@@ -54,29 +64,38 @@ def main():
     running = []
     for k, share in enumerate(shares):
         log = open(os.path.join(log_dir, f"shard-{k}.log"), "w")
-        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs"]
-        command += [o for o in options if o not in ("-q", "-x")] + share
+        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rfEs"]
+        command += [o for o in options if o not in ("-q", "-v", "-x")] + share
+        # A session of its own: a share stopped at the deadline takes its daemons and ranks.
         running.append((k, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                  cwd=root), log))
-    totals = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+                                            cwd=root, start_new_session=True), log, share))
+    deadline = time.monotonic() + args.deadline if args.deadline else None
+    outcomes = {}
     abnormal = False
-    for k, process, log in running:
-        code = process.wait()
+    for k, process, log, share in running:
+        try:
+            code = process.wait(timeout=None if deadline is None
+                                else max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            code = process.wait()
         log.close()
         with open(log.name) as f:
-            text = f.read()
-        lines = text.strip().splitlines()
-        summary = lines[-1] if lines else "(no output)"
-        print(f"shard {k}: {summary}")
-        for line in lines:
-            if line.startswith(("FAILED", "ERROR")):
-                print(f"  {line}")
-        for count, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary):
-            totals["error" if word.startswith("error") else word] += int(count)
+            for line in f:
+                match = _OUTCOME.match(line)
+                if match:
+                    outcomes[match.group(1)] = match.group(2)
         abnormal |= code not in (0, 1, 5)
-    print(f"{totals['passed']} passed, {totals['failed'] + totals['error']} failed, "
-          f"{totals['skipped']} skipped")
-    sys.exit(1 if abnormal or totals["failed"] or totals["error"] else 0)
+    counts = {}
+    for case in ids:
+        outcome = outcomes.get(case, "NOT FINISHED")
+        counts[outcome] = counts.get(outcome, 0) + 1
+        if outcome not in ("PASSED", "SKIPPED", "XFAIL"):
+            print(f"  {outcome} {case}")
+    failed = counts.get("FAILED", 0) + counts.get("ERROR", 0)
+    print(f"{counts.get('PASSED', 0)} passed, {failed} failed, {counts.get('SKIPPED', 0)} "
+          f"skipped, {counts.get('NOT FINISHED', 0)} not finished")
+    sys.exit(1 if abnormal or failed or counts.get("NOT FINISHED") else 0)
 
 
 if __name__ == "__main__":
