@@ -198,6 +198,14 @@ void CheckMapped(const rpc::Message& message, const rpc::DeviceMap& map, const s
   }
 }
 
+// The map of `maps` toward worker `name`; an empty one when it names none.
+const rpc::DeviceMap& MapToward(const std::unordered_map<std::string, rpc::DeviceMap>& maps,
+                                const std::string& name) {
+  static const rpc::DeviceMap kNone;
+  auto it = maps.find(name);
+  return it == maps.end() ? kNone : it->second;
+}
+
 std::chrono::milliseconds Millis(float seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
@@ -215,8 +223,7 @@ TpdAgent::TpdAgent(AgentOptions options)
       options_(std::move(options)),
       api_(options_.library),
       client_(reinterpret_cast<tpd_client*>(options_.client)),
-      pool_(options_.num_worker_threads),
-      devices_(options_.devices) {
+      pool_(options_.num_worker_threads) {
   TORCH_CHECK(client_ != nullptr, "TpdAgent needs a tpd client");
   Learn(options_.workers);
 }
@@ -297,15 +304,14 @@ c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
               " is not running (RPC is shut down or not started)");
   // Futures on this worker's devices, as torch's agent makes them: their callbacks run on
   // streams that waited for the value's work.
-  auto future = c10::make_intrusive<rpc::JitFuture>(at::AnyClassType::get(), devices_);
+  auto future = c10::make_intrusive<rpc::JitFuture>(at::AnyClassType::get(), options_.devices);
   // torch names a map of its own only for distributed autograd's gradients: the reverse of
   // the map their forward pass took, which the daemon knows as the callee's map toward this
   // worker. Any other map is not one the group negotiated.
-  const rpc::DeviceMap configured = getDeviceMap(to);
+  const rpc::DeviceMap& configured = MapToward(options_.device_maps, to.name_);
   uint32_t flags = 0;
   if (!device_map.empty() && device_map != configured) {
-    auto reverse = options_.reverse_device_maps.find(to.name_);
-    if (reverse == options_.reverse_device_maps.end() || reverse->second != device_map) {
+    if (MapToward(options_.reverse_device_maps, to.name_) != device_map) {
       Fail(*future, "the TPD backend moves tensors to " + to.name_ +
                         " by the device maps the group negotiated at init_rpc (this worker's "
                         "map toward it, or the reverse of its map toward this worker); this "
@@ -400,7 +406,7 @@ void TpdAgent::Serve(tpd_event* request) {
   // The request runs on streams of its own on each of this worker's devices, as in torch's
   // agent (its CUDA tensors are ready on any stream: the daemon's copy has completed).
   std::vector<c10::Stream> streams;
-  for (const c10::Device& device : devices_) {
+  for (const c10::Device& device : options_.devices) {
     streams.push_back(c10::impl::VirtualGuardImpl(device.type())
                           .getStreamFromGlobalPool(device, /*isHighPriority=*/false));
   }
@@ -508,8 +514,7 @@ const rpc::WorkerInfo& TpdAgent::getWorkerInfo(rpc::worker_id_t id) const {
 }
 
 rpc::DeviceMap TpdAgent::getDeviceMap(const rpc::WorkerInfo& to) const {
-  auto it = options_.device_maps.find(to.name_);
-  return it == options_.device_maps.end() ? rpc::DeviceMap{} : it->second;
+  return MapToward(options_.device_maps, to.name_);
 }
 
 std::vector<rpc::WorkerInfo> TpdAgent::getWorkerInfos() const {

@@ -99,7 +99,7 @@ class TpdAgent final : public rpc::RpcAgent {
   const rpc::WorkerInfo& getWorkerInfo(rpc::worker_id_t id) const override;
   std::vector<rpc::WorkerInfo> getWorkerInfos() const override;
   rpc::DeviceMap getDeviceMap(const rpc::WorkerInfo& to) const override;
-  const std::vector<c10::Device>& getDevices() const override { return devices_; }
+  const std::vector<c10::Device>& getDevices() const override { return options_.devices; }
 
   // Waits until this worker's calls are answered; with `shutdown` in a static group, then until
   // every rank got there too (tpd's barrier: ranks that died count as arrived).
@@ -163,7 +163,6 @@ class TpdAgent final : public rpc::RpcAgent {
   mutable std::unordered_map<rpc::worker_id_t, size_t> by_id_;        // guarded by workers_mu_
 
   c10::ThreadPool pool_;
-  const std::vector<c10::Device> devices_;
   std::thread events_;
   std::atomic<bool> stopped_{false};
   bool exiting_ = false;  // destroyed while running: see ~TpdAgent
