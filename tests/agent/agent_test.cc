@@ -9,6 +9,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -685,9 +686,23 @@ TEST(AgentTest, AnswersAfterTheRequestsDeadlineAreNotSent) {
   std::unique_ptr<Agent> b = UvAgent("node-b");
   ASSERT_TRUE(a && b);
   HoldingHandler holding(*b);
+  // The callee's deadline is its arrival plus the time left when it was sent, so it may end after
+  // the caller's; a busy machine can also take longer than a short timeout to connect the pipe
+  // (a call whose deadline passes before it is written is never sent). Connect first, then wait
+  // for the request to arrive and for a whole timeout after that before answering.
+  absl::StatusOr<Message> warm = absl::UnknownError("not answered");
+  std::thread warm_call([&] { warm = CallAndWait(*a, PeerOf(*b), MakeMessage("warm", 1, {}, 94)); });
+  ASSERT_TRUE(WaitUntil([&] { return holding.held() == 1; }));
+  ASSERT_EQ(holding.ReleaseAll().size(), 1u);
+  warm_call.join();
+  ASSERT_TRUE(warm.ok()) << warm.status();
+
+  constexpr absl::Duration kTimeout = absl::Milliseconds(300);
   absl::StatusOr<Message> reply =
-      CallAndWait(*a, PeerOf(*b), MakeMessage("slow", 1, {}, 95), absl::Milliseconds(100));
+      CallAndWait(*a, PeerOf(*b), MakeMessage("slow", 1, {}, 95), kTimeout);
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(WaitUntil([&] { return holding.held() == 1; }));
+  absl::SleepFor(kTimeout);
   std::vector<absl::Status> sent = holding.ReleaseAll();
   ASSERT_EQ(sent.size(), 1u);
   EXPECT_EQ(sent[0].code(), absl::StatusCode::kDeadlineExceeded);
