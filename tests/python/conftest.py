@@ -81,18 +81,6 @@ class Daemon:
         self.log.close()
 
 
-def pytest_collection_modifyitems(config, items):
-    """Bazel's test sharding (a target's shard_count): this shard runs every total-th test, so
-    a long suite splits into runs that each stay well inside the target's timeout."""
-    total = int(os.environ.get("TEST_TOTAL_SHARDS", "1"))
-    if total <= 1:
-        return
-    index = int(os.environ["TEST_SHARD_INDEX"])
-    if os.environ.get("TEST_SHARD_STATUS_FILE"):
-        pathlib.Path(os.environ["TEST_SHARD_STATUS_FILE"]).touch()  # "this runner shards"
-    items[:] = [item for i, item in enumerate(items) if i % total == index]
-
-
 @pytest.fixture
 def workdir():
     path = tempfile.mkdtemp(prefix="tpd-py-", dir="/tmp")

@@ -1,13 +1,15 @@
-"""What the workers of tests/python/test_rpc.py run, in processes of their own (spawned, so
-importable by name, as torch pickles functions by reference)."""
+"""What the workers of tests/python/test_rpc.py run, in processes of their own
+(rank_processes.RankProcess: they import this module by name, as torch pickles functions by
+reference)."""
 
-import multiprocessing
 import os
 import signal
 import time
 import traceback
 
 import torch
+
+import rank_processes
 
 
 # --- functions called remotely ---
@@ -98,11 +100,11 @@ def run(target, world_size, sockets, init_method, timeout=120, may_die=(), **kwa
     """Runs ``target(rank, world_size, init_method, **kwargs)`` in world_size processes, rank r
     on daemon sockets[r % len(sockets)]; returns {rank: result}; raises naming a rank that
     failed, with its traceback. Ranks in ``may_die`` may be killed by the scenario."""
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(target, r, world_size, sockets[r % len(sockets)],
-                                              init_method, queue, kwargs))
-             for r in range(world_size)]
+    queue = rank_processes.queue()
+    procs = [rank_processes.RankProcess(
+        target=_child,
+        args=(target, r, world_size, sockets[r % len(sockets)], init_method, queue, kwargs))
+        for r in range(world_size)]
     for p in procs:
         p.start()
     results = {}

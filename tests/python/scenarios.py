@@ -117,7 +117,15 @@ def bad_arguments(rank, world_size, init_method):
            rpc.init_rpc, "a", rpc_backend_options={"init_method": "env://"})
     expect(RuntimeError, "must be of type", rpc.init_rpc, 7, rank=0, world_size=1,
            rpc_backend_options=w.options(init_method))
-    rpc = _init(rank, world_size, init_method)
+    # Registering TPD makes torch's registry a new BackendType enum; members of the new one and
+    # of the one tpd.rpc and torch bound before both name backends (torch's own tests pass
+    # the registry's), and tpd.rpc itself runs TENSORPIPE only.
+    import tpd.backend  # noqa: F401
+    from torch.distributed.rpc import backend_registry
+    expect(ValueError, "tpd.rpc runs the TENSORPIPE backend only", rpc.init_rpc, "a",
+           backend=backend_registry.BackendType.TPD)
+    rpc.init_rpc(f"worker{rank}", backend=backend_registry.BackendType.TENSORPIPE, rank=rank,
+                 world_size=world_size, rpc_backend_options=w.options(init_method))
     expect(RuntimeError, "RPC is already initialized", rpc.init_rpc, "again", rank=rank,
            world_size=world_size, rpc_backend_options=w.options(init_method))
     expect(TypeError, "function should be callable.", rpc.rpc_sync, "worker0", 3)

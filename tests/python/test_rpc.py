@@ -63,7 +63,7 @@ def test_bad_url_keeps_torchs_error(daemon, monkeypatch):
 
 def test_bad_arguments_at_every_entry_point(daemon, workdir):
     results = rpc_workers.run(scenarios.bad_arguments, 1, [daemon.socket], file_init(workdir))
-    assert len(results[0]) == 11
+    assert len(results[0]) == 12
 
 
 def test_a_thousand_concurrent_rpc_async(daemon, workdir):

@@ -11,7 +11,8 @@ torch's cases of dynamic groups (TpdDynamicRpcTest) come from its TensorPipe age
 where torch keeps them; they run in CI too.
 
 CI runs the cases listed per suite below, chosen to cover each suite within CI's time budget
-(a case costs ~4 s here: its ranks are processes that import torch). docs/python.md lists
+(a case costs ~1-2 s here: its ranks are processes, forked from a server that has imported
+torch, rank_processes.py). docs/python.md lists
 the counts of a run of every case and names each case that does not pass, with the reason.
 """
 

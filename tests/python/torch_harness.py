@@ -1,12 +1,14 @@
 """What the modules that run torch's own RPC test suites against tpd share: one tpd daemon for
-the run, which the ranks' processes (torch's MultiProcessTestCase spawns them) reach through
-the environment, and the choice of torch's cases to run."""
+the run, which the ranks' processes (rank_processes.RankProcess, started by torch's
+MultiProcessTestCase) reach through the environment, and the choice of torch's cases to run."""
 
 import atexit
 import os
 import secrets
 import shutil
 import tempfile
+
+from rank_processes import RankProcess
 
 
 class _Daemon:
@@ -36,7 +38,7 @@ class OnTpd:
     def setUp(self):
         _ensure_daemon()
         super().setUp()
-        self._spawn_processes()
+        self._start_processes(RankProcess)
 
 
 def keep_only(cls, torch_tests, kept):

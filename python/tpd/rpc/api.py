@@ -23,7 +23,7 @@ import urllib.parse
 import torch
 import torch.distributed as dist
 from torch._C._distributed_rpc import WorkerInfo
-from torch.distributed.rpc import BackendType, RpcBackendOptions
+from torch.distributed.rpc import BackendType, RpcBackendOptions, backend_registry
 from torch.distributed.rpc import TensorPipeRpcBackendOptions as _TorchOptions
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
@@ -75,15 +75,23 @@ def _wait_all():
             del _thread_local_var.future_list
 
 
+def _is_backend_type(backend):
+    """Whether ``backend`` is a member of torch's BackendType. Registering a backend (``import
+    tpd.backend`` registers TPD) makes the registry a new enum, while names bound before (this
+    module's, torch's own tests') keep the old one: members of either count."""
+    current = backend_registry.BackendType
+    return isinstance(backend, (current, BackendType)) and backend.name in current.__members__
+
+
 def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
     """Joins this process to the job's tpd group as worker ``name`` (torch's init_rpc)."""
     global _init_counter
-    if backend is not None and not isinstance(backend, BackendType):
+    if backend is not None and not _is_backend_type(backend):
         raise TypeError("Argument backend must be a member of BackendType")
     if rpc_backend_options is not None and not isinstance(rpc_backend_options,
                                                           RpcBackendOptions):
         raise TypeError("Argument rpc_backend_options must be an instance of RpcBackendOptions")
-    if backend is not None and backend != BackendType.TENSORPIPE:
+    if backend is not None and backend.name != "TENSORPIPE":
         raise ValueError(f"tpd.rpc runs the TENSORPIPE backend only, not {backend}")
     if rpc_backend_options is not None and not isinstance(rpc_backend_options, _TorchOptions):
         # torch's words: with no backend it infers one from the options' type, and the
