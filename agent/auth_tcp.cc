@@ -77,8 +77,8 @@ bool ParseAddress(const std::string& addr, sockaddr_storage* out, socklen_t* len
     if (close + 1 < addr.size()) {
       if (addr[close + 1] != ':' || !absl::SimpleAtoi(addr.substr(close + 2), &port)) return false;
     }
-  } else if (const size_t colon = addr.rfind(':'); colon != std::string::npos &&
-                                                   addr.find(':') == colon) {
+  } else if (const size_t colon = addr.rfind(':');
+             colon != std::string::npos && addr.find(':') == colon) {
     host = addr.substr(0, colon);
     if (!absl::SimpleAtoi(addr.substr(colon + 1), &port)) return false;
   }
@@ -134,7 +134,8 @@ class Handler {
 // while watched.
 class Loop {
  public:
-  Loop() : epoll_fd_(epoll_create1(EPOLL_CLOEXEC)), wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+  Loop()
+      : epoll_fd_(epoll_create1(EPOLL_CLOEXEC)), wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
     epoll_event event{};
     event.events = EPOLLIN;
     event.data.u64 = 0;
@@ -221,8 +222,8 @@ class Loop {
     epoll_event events[64];
     absl::Time next_tick = absl::Now() + kTick;
     while (!stop_) {
-      const int timeout =
-          static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(next_tick - absl::Now())));
+      const int timeout = static_cast<int>(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(next_tick - absl::Now())));
       const int n = epoll_wait(epoll_fd_, events, 64, timeout);
       for (int i = 0; i < n; ++i) {
         if (events[i].data.u64 == 0) {
@@ -466,8 +467,8 @@ class Conn final : public Handler, public std::enable_shared_from_this<Conn> {
     while (got_ < need_) {
       const ssize_t n = recv(fd_, in_.data() + got_, need_ - got_, 0);
       if (n == 0) {
-        Fail(Failure(absl::StrCat("connection from/to ", peer_,
-                                  " closed during the transport handshake")));
+        Fail(Failure(
+            absl::StrCat("connection from/to ", peer_, " closed during the transport handshake")));
         return;
       }
       if (n < 0) {
@@ -854,9 +855,8 @@ class ListenerHandle final : public tensorpipe::transport::Listener {
   std::string addr() const override { return addr_; }
   void setId(std::string id) override { (void)id; }
   void close() override {
-    loop_->Defer([impl = impl_] {
-      impl->Close(MakeError<tensorpipe::transport::ListenerClosedError>());
-    });
+    loop_->Defer(
+        [impl = impl_] { impl->Close(MakeError<tensorpipe::transport::ListenerClosedError>()); });
   }
 
  private:

@@ -76,8 +76,8 @@ bool VerifyPipeMac(absl::string_view token, PipeMacRole role, const PipeTranscri
 
 std::string NewPipeNonce() {
   std::string nonce(kPipeNonceBytes, '\0');
-  const int ok = RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()),
-                            static_cast<int>(nonce.size()));
+  const int ok =
+      RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size()));
   // OpenSSL's CSPRNG fails only when it cannot seed (no getrandom, no /dev/urandom): a
   // handshake without fresh nonces would be replayable, so that is fatal, not ignorable.
   if (ok != 1) {

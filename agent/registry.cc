@@ -31,13 +31,13 @@ bool Allowed(const std::vector<std::string>& allowed, const std::string& name) {
 absl::Status CheckKnown(const std::vector<std::string>& names, const std::vector<Candidate>& known,
                         absl::string_view kind) {
   for (const std::string& name : names) {
-    const bool found = std::any_of(known.begin(), known.end(),
-                                   [&](const Candidate& c) { return c.name == name; });
+    const bool found =
+        std::any_of(known.begin(), known.end(), [&](const Candidate& c) { return c.name == name; });
     if (!found) {
       std::vector<std::string> known_names;
       for (const Candidate& c : known) known_names.push_back(c.name);
-      return absl::InvalidArgumentError(absl::StrCat("Unknown ", kind, ": \"", name,
-                                                     "\" (known: ", JoinNames(known_names), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Unknown ", kind, ": \"", name, "\" (known: ", JoinNames(known_names), ")"));
     }
   }
   return absl::OkStatus();
@@ -304,9 +304,9 @@ std::string Registry::PickChannel(const std::map<std::string, std::string>& remo
 std::string Registry::Describe() const {
   std::string out = "transports (highest priority first):";
   auto append = [&out](const Candidate& c) {
-    absl::StrAppend(&out, "\n  ", c.name, " (", c.priority, "): ",
-                    c.registered ? "registered" : "not registered", c.reason.empty() ? "" : ", ",
-                    c.reason);
+    absl::StrAppend(&out, "\n  ", c.name, " (", c.priority,
+                    "): ", c.registered ? "registered" : "not registered",
+                    c.reason.empty() ? "" : ", ", c.reason);
   };
   for (const Candidate& c : transports_) append(c);
   absl::StrAppend(&out, "\nchannels (highest priority first):");

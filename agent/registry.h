@@ -31,8 +31,8 @@
 #define TPD_AGENT_REGISTRY_H_
 
 #include <cstdint>
-#include <map>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>

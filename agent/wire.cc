@@ -114,16 +114,15 @@ absl::Status PrepareHeader(Message& msg, uint64_t max_bytes) {
       continue;
     }
     if (descriptor.chunk_bytes() < kMinChunkBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", i, "'s chunks of ",
-                                                     descriptor.chunk_bytes(),
-                                                     " bytes are below the minimum of ",
-                                                     kMinChunkBytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", i, "'s chunks of ", descriptor.chunk_bytes(),
+                       " bytes are below the minimum of ", kMinChunkBytes));
     }
     chunks += ChunkCount(descriptor);
   }
   if (chunks > kMaxChunksPerMessage) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the message's tensors make ", chunks, " chunks, more than ", kMaxChunksPerMessage));
+    return absl::InvalidArgumentError(absl::StrCat("the message's tensors make ", chunks,
+                                                   " chunks, more than ", kMaxChunksPerMessage));
   }
   if (chunks > 0 && (!msg.when_chunk_ready || msg.keepalive == nullptr)) {
     return absl::InvalidArgumentError(
@@ -261,9 +260,9 @@ absl::Status ParseHello(const tensorpipe::Descriptor& descriptor, v1::PipeHello:
     return absl::InvalidArgumentError("its handshake message is not a PipeHello");
   }
   if (hello->version() != kPipeAuthVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("it speaks \"", hello->version().substr(0, 32), "\", not \"",
-                     kPipeAuthVersion, "\" (another release?)"));
+    return absl::InvalidArgumentError(absl::StrCat("it speaks \"", hello->version().substr(0, 32),
+                                                   "\", not \"", kPipeAuthVersion,
+                                                   "\" (another release?)"));
   }
   if (hello->step() != step) {
     return absl::InvalidArgumentError(absl::StrCat("expected handshake step ",

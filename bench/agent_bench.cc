@@ -86,8 +86,8 @@ AgentOptions Options(const std::string& id, const std::string& transport,
   AgentOptions options;
   options.id = id;
   options.cluster_token = "bench-token";
-  options.transports = transport == "shm" ? std::vector<std::string>{"uv", "shm"}
-                                          : std::vector<std::string>{"uv"};
+  options.transports =
+      transport == "shm" ? std::vector<std::string>{"uv", "shm"} : std::vector<std::string>{"uv"};
   options.channels = {channel};
   options.mpt_lanes = absl::GetFlag(FLAGS_mpt_lanes);
   return options;
@@ -111,7 +111,8 @@ bool AgentRoundTrip(Agent& agent, const PeerId& peer, char* data, size_t size) {
   agent.Send(peer, std::move(message), absl::Now() + kCallTimeout,
              [&](absl::StatusOr<Message> reply) {
                ok = reply.ok();
-               if (!ok) std::fprintf(stderr, "call failed: %s\n", reply.status().ToString().c_str());
+               if (!ok)
+                 std::fprintf(stderr, "call failed: %s\n", reply.status().ToString().c_str());
                done.Notify();
              });
   done.WaitForNotification();
@@ -135,7 +136,11 @@ std::string SizeName(size_t size) {
 }
 
 int Iterations(size_t size) {
-  int n = size == 0 ? 3000 : size <= 65536 ? 1500 : size <= (1 << 20) ? 300 : size <= (8 << 20) ? 60 : 12;
+  int n = size == 0           ? 3000
+          : size <= 65536     ? 1500
+          : size <= (1 << 20) ? 300
+          : size <= (8 << 20) ? 60
+                              : 12;
   return std::max(4, static_cast<int>(n * absl::GetFlag(FLAGS_scale)));
 }
 
@@ -146,8 +151,10 @@ bool MeasurePair(const std::string& transport, const std::string& channel,
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131);
 
   // Raw pipe.
-  auto server_context = RawContext(transport, channel, absl::GetFlag(FLAGS_mpt_lanes), "raw-server");
-  auto client_context = RawContext(transport, channel, absl::GetFlag(FLAGS_mpt_lanes), "raw-client");
+  auto server_context =
+      RawContext(transport, channel, absl::GetFlag(FLAGS_mpt_lanes), "raw-server");
+  auto client_context =
+      RawContext(transport, channel, absl::GetFlag(FLAGS_mpt_lanes), "raw-client");
   auto server = std::make_unique<RawServer>(*server_context, transport == "shm", max_size);
   std::shared_ptr<tensorpipe::Pipe> pipe = client_context->connect(server->url());
 
@@ -155,25 +162,25 @@ bool MeasurePair(const std::string& transport, const std::string& channel,
   auto server_agent = Agent::Create(Options("bench-server", transport, channel));
   auto client_agent = Agent::Create(Options("bench-client", transport, channel));
   if (!server_agent.ok() || !client_agent.ok()) {
-    std::fprintf(stderr, "%s+%s: cannot create agents: %s %s\n", transport.c_str(),
-                 channel.c_str(), server_agent.status().ToString().c_str(),
+    std::fprintf(stderr, "%s+%s: cannot create agents: %s %s\n", transport.c_str(), channel.c_str(),
+                 server_agent.status().ToString().c_str(),
                  client_agent.status().ToString().c_str());
     return false;
   }
   Agent* server_raw = server_agent->get();
   auto inbox = std::make_shared<std::vector<char>>(std::max<size_t>(max_size, 1));
   (*server_agent)
-      ->SetHandler(Handler{
-          [inbox](const tpd::v1::AgentMessage&, size_t payload,
-                  absl::Span<const size_t> tensors) -> absl::StatusOr<Destination> {
-            Destination d;
-            d.payload = payload > 0 ? inbox->data() : nullptr;
-            for (size_t i = 0; i < tensors.size(); ++i) d.tensors.push_back(inbox->data());
-            return d;
-          },
-          [server_raw](InboundRequest request) {
-            server_raw->Respond(request.reply_to, Message{});
-          }});
+      ->SetHandler(
+          Handler{[inbox](const tpd::v1::AgentMessage&, size_t payload,
+                          absl::Span<const size_t> tensors) -> absl::StatusOr<Destination> {
+                    Destination d;
+                    d.payload = payload > 0 ? inbox->data() : nullptr;
+                    for (size_t i = 0; i < tensors.size(); ++i) d.tensors.push_back(inbox->data());
+                    return d;
+                  },
+                  [server_raw](InboundRequest request) {
+                    server_raw->Respond(request.reply_to, Message{});
+                  }});
   const PeerId peer{(*server_agent)->id(), (*server_agent)->address()};
 
   // Warm-up: opens and authenticates the pipes, and faults in the buffers.
@@ -211,8 +218,8 @@ bool MeasurePair(const std::string& transport, const std::string& channel,
         agent_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
       }
     }
-    rows->push_back({absl::StrCat(transport, "+", channel), size, Summarize(raw_us),
-                     Summarize(agent_us)});
+    rows->push_back(
+        {absl::StrCat(transport, "+", channel), size, Summarize(raw_us), Summarize(agent_us)});
     const Row& row = rows->back();
     std::fprintf(stderr, "  %s %s: raw p50 %.1f us, agent p50 %.1f us\n", row.pair.c_str(),
                  SizeName(size).c_str(), row.raw.p50, row.agent.p50);
@@ -258,10 +265,9 @@ int main(int argc, char** argv) {
     const double raw_gbps = bandwidth ? row.size / (row.raw.p50 * 1e3) : 0;
     const double agent_gbps = bandwidth ? row.size / (row.agent.p50 * 1e3) : 0;
     std::printf("| %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %s | %.2f | %s |\n",
-                row.pair.c_str(), SizeName(row.size).c_str(), row.raw.p50, row.raw.p90,
-                row.raw.p99, row.agent.p50, row.agent.p90, row.agent.p99,
-                number(bandwidth, raw_gbps).c_str(), number(bandwidth, agent_gbps).c_str(),
-                row.agent.p50 / row.raw.p50,
+                row.pair.c_str(), SizeName(row.size).c_str(), row.raw.p50, row.raw.p90, row.raw.p99,
+                row.agent.p50, row.agent.p90, row.agent.p99, number(bandwidth, raw_gbps).c_str(),
+                number(bandwidth, agent_gbps).c_str(), row.agent.p50 / row.raw.p50,
                 number(bandwidth, agent_gbps / raw_gbps).c_str());
   }
   return 0;

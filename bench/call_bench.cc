@@ -125,9 +125,10 @@ int main(int argc, char** argv) {
   const int tensor_bytes = absl::GetFlag(FLAGS_tensor_bytes);
   const int tensor_calls = absl::GetFlag(FLAGS_tensor_calls);
   std::vector<double> copied;
-  if (!measure(tensor_calls,
-               {tpd::Tensor(tpd::shm::DType::kUInt8, {tensor_bytes}, std::string(tensor_bytes, 'x'))},
-               &copied)) {
+  if (!measure(
+          tensor_calls,
+          {tpd::Tensor(tpd::shm::DType::kUInt8, {tensor_bytes}, std::string(tensor_bytes, 'x'))},
+          &copied)) {
     return 1;
   }
   absl::StatusOr<tpd::Tensor> arena = a->AllocateTensor(tpd::shm::DType::kUInt8, {tensor_bytes});
@@ -142,8 +143,8 @@ int main(int argc, char** argv) {
   const tpd::CallEngineStats callee = *b->GetCallStats();
   std::vector<double> pair = SocketpairRoundTrips(warmup, calls);
   std::printf("%-36s %8s %8s %8s %8s\n", "round trip", "p50_us", "p90_us", "p99_us", "ratio");
-  std::printf("%-36s %8.1f %8.1f %8.1f %8.2f\n", "socketpair 1 B (baseline)",
-              Percentile(pair, 0.5), Percentile(pair, 0.9), Percentile(pair, 0.99), 1.0);
+  std::printf("%-36s %8.1f %8.1f %8.1f %8.2f\n", "socketpair 1 B (baseline)", Percentile(pair, 0.5),
+              Percentile(pair, 0.9), Percentile(pair, 0.99), 1.0);
   std::printf("%-36s %8.1f %8.1f %8.1f %8.2f\n", "local hop, empty call", Percentile(local, 0.5),
               Percentile(local, 0.9), Percentile(local, 0.99),
               Percentile(local, 0.5) / Percentile(pair, 0.5));
@@ -167,12 +168,13 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(callee.calls_run_by_reader),
       static_cast<unsigned long long>(callee.handoffs_to_spinner),
       static_cast<unsigned long long>(callee.handoffs_woken));
-  std::printf("releases deferred to the next push: caller %llu (%llu pushed alone), "
-              "callee %llu (%llu pushed alone)\n",
-              static_cast<unsigned long long>(stats.releases_deferred),
-              static_cast<unsigned long long>(stats.release_flushes),
-              static_cast<unsigned long long>(callee.releases_deferred),
-              static_cast<unsigned long long>(callee.release_flushes));
+  std::printf(
+      "releases deferred to the next push: caller %llu (%llu pushed alone), "
+      "callee %llu (%llu pushed alone)\n",
+      static_cast<unsigned long long>(stats.releases_deferred),
+      static_cast<unsigned long long>(stats.release_flushes),
+      static_cast<unsigned long long>(callee.releases_deferred),
+      static_cast<unsigned long long>(callee.release_flushes));
   // Which of the empty calls' four ring hops found the other side asleep (warm-up included).
   // A hop that did costs a futex wake-up; one that found it spinning costs a cache line.
   const double n = warmup + calls;

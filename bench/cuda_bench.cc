@@ -189,12 +189,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "join b: %s\n", s.ToString().c_str());
     return 1;
   }
-  (void)b->Handle("oneway", [](const tpd::Message&) -> absl::StatusOr<tpd::Message> {
-    return tpd::Message{};
-  });
-  (void)b->Handle("echo", [](const tpd::Message& request) -> absl::StatusOr<tpd::Message> {
-    return request;
-  });
+  (void)b->Handle(
+      "oneway", [](const tpd::Message&) -> absl::StatusOr<tpd::Message> { return tpd::Message{}; });
+  (void)b->Handle(
+      "echo", [](const tpd::Message& request) -> absl::StatusOr<tpd::Message> { return request; });
 
   api.ctx_set_current(contexts[0]);
   CUdeviceptr src = 0, same = 0, peer = 0;
@@ -223,8 +221,8 @@ int main(int argc, char** argv) {
       absl::StatusOr<tpd::Message> reply =
           a->Call("bench", "b", method, "", tensors, absl::Seconds(10));
       if (!reply.ok()) {
-        std::fprintf(stderr, "%s %lu bytes: %s\n", method.c_str(), static_cast<unsigned long>(bytes),
-                     reply.status().ToString().c_str());
+        std::fprintf(stderr, "%s %lu bytes: %s\n", method.c_str(),
+                     static_cast<unsigned long>(bytes), reply.status().ToString().c_str());
         std::exit(1);
       }
     });
@@ -264,9 +262,9 @@ int main(int argc, char** argv) {
   });
   std::printf("GPUs: %d, tpd maps cuda:0 -> cuda:%d%s; one event record + synchronize: %.1f us\n",
               count, target, remote ? " on a second daemon (staged)" : "", event_us);
-  std::printf("%-12s %10s %10s %9s %10s %9s %10s %9s %10s %10s %9s %8s %8s\n", "bytes",
-              "d2d_us", "peer_us", "peer_GB/s", "h2d_GB/s", "d2h_GB/s", "oneway_us", "GB/s",
-              "dcopy_us", "echo_us", "cpu_us", "vs_peer", "vs_cpu");
+  std::printf("%-12s %10s %10s %9s %10s %9s %10s %9s %10s %10s %9s %8s %8s\n", "bytes", "d2d_us",
+              "peer_us", "peer_GB/s", "h2d_GB/s", "d2h_GB/s", "oneway_us", "GB/s", "dcopy_us",
+              "echo_us", "cpu_us", "vs_peer", "vs_cpu");
   for (uint64_t bytes : sizes) {
     const double d2d = bytes > 0 ? raw(same, src, bytes) : 0;
     const double p2p = bytes > 0 ? raw(peer, src, bytes) : 0;

@@ -18,8 +18,8 @@
 // for "etcd's own client".
 
 #include <atomic>
-#include <functional>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -144,7 +144,8 @@ int main(int argc, char** argv) {
   const int threads = absl::GetFlag(FLAGS_threads);
   const absl::Duration seconds = absl::Seconds(absl::GetFlag(FLAGS_seconds));
   const std::string value(absl::GetFlag(FLAGS_value_bytes), 'v');
-  const std::string prefix = absl::StrCat("/tpd-etcd-bench-", absl::Uniform<uint32_t>(absl::BitGen()));
+  const std::string prefix =
+      absl::StrCat("/tpd-etcd-bench-", absl::Uniform<uint32_t>(absl::BitGen()));
   absl::StatusOr<std::unique_ptr<tpd::store::EtcdStore>> store =
       tpd::store::EtcdStore::Create(endpoints, prefix);
   if (!store.ok()) {

@@ -194,7 +194,7 @@ bool StartDaemons(int count, int world_size, Daemons* out) {
 
 // One EtcdStore per daemon on the etcd of `init_method`, or none when it is not etcd://.
 std::vector<std::unique_ptr<tpd::store::EtcdStore>> EtcdStores(const std::string& init_method,
-                                                              int count) {
+                                                               int count) {
   std::vector<std::unique_ptr<tpd::store::EtcdStore>> stores;
   absl::StatusOr<tpd::store::InitMethod> parsed =
       tpd::store::ParseInitMethod(init_method, std::nullopt, std::nullopt, {});
@@ -236,8 +236,7 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
   const std::string init_method = absl::GetFlag(FLAGS_init_method).empty()
                                       ? absl::StrCat("tcp://", daemons.store_address)
                                       : absl::GetFlag(FLAGS_init_method);
-  std::vector<std::unique_ptr<tpd::store::EtcdStore>> etcd =
-      EtcdStores(init_method, daemon_count);
+  std::vector<std::unique_ptr<tpd::store::EtcdStore>> etcd = EtcdStores(init_method, daemon_count);
 
   // Clients connect and open their sessions up front: neither is part of forming the group.
   // A Leave from a group the daemon does not know opens the session and changes nothing.
@@ -368,8 +367,7 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
                                    response->group().reason(), ")");
         } else if (response->rank() != r) {
           out.error = absl::StrCat("got rank ", response->rank());
-        } else if (response->group().members_size() !=
-                   (options.include_members ? world_size : 0)) {
+        } else if (response->group().members_size() != (options.include_members ? world_size : 0)) {
           out.error = absl::StrCat(response->group().members_size(), " members");
         } else {
           out.version = response->group().version();
@@ -461,8 +459,8 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
   for (int d = 1; d < daemon_count && absl::GetFlag(FLAGS_heartbeat_trace); ++d) {
     const Heartbeat& beat = heartbeats[d];
     if (beat.first_seen == absl::InfinitePast()) {
-      std::fprintf(stderr, "[%d ranks] heartbeat of node %d: never seen by daemon 0\n",
-                   world_size, d);
+      std::fprintf(stderr, "[%d ranks] heartbeat of node %d: never seen by daemon 0\n", world_size,
+                   d);
       continue;
     }
     std::fprintf(stderr,
@@ -502,8 +500,8 @@ int main(int argc, char** argv) {
   RaiseFileLimit(*std::max_element(sizes.begin(), sizes.end()));
 
   std::printf("%7s %7s %11s %11s %7s %9s %9s %9s %9s %8s %12s %10s\n", "ranks", "daemons",
-              "formation_s", "baseline_s", "ratio", "join_p50", "join_p99", "set_p50",
-              "set_p99", "version", "etcd_put_s", "etcd_ratio");
+              "formation_s", "baseline_s", "ratio", "join_p50", "join_p99", "set_p50", "set_p99",
+              "version", "etcd_put_s", "etcd_ratio");
   std::fflush(stdout);
   for (int world_size : sizes) {
     Result result;

@@ -91,8 +91,8 @@ int main(int argc, char** argv) {
   config.data.arena_bytes = 1 << 20;
   // All clients are this process's (one uid): past the default per-uid cap (32) the rest
   // would be refused.
-  config.data.max_sessions_per_uid = std::max<int64_t>(config.data.max_sessions_per_uid,
-                                                       absl::GetFlag(FLAGS_clients));
+  config.data.max_sessions_per_uid =
+      std::max<int64_t>(config.data.max_sessions_per_uid, absl::GetFlag(FLAGS_clients));
   absl::StatusOr<std::unique_ptr<tpd::Daemon>> daemon = tpd::Daemon::Start(config);
   if (!daemon.ok()) {
     std::fprintf(stderr, "%s\n", daemon.status().ToString().c_str());
@@ -104,8 +104,7 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<tpd::Client>> clients;
   const std::string init_method = absl::StrCat("tcp://", (*daemon)->peer_address());
   for (int i = 0; i < absl::GetFlag(FLAGS_clients); ++i) {
-    absl::StatusOr<std::unique_ptr<tpd::Client>> client =
-        tpd::Client::Connect(config.socket_path);
+    absl::StatusOr<std::unique_ptr<tpd::Client>> client = tpd::Client::Connect(config.socket_path);
     if (!client.ok()) {
       std::fprintf(stderr, "client %d: %s\n", i, client.status().ToString().c_str());
       return 1;
@@ -116,9 +115,8 @@ int main(int argc, char** argv) {
     join.init_method = init_method;
     absl::Status status = (*client)->Join(join).status();
     if (status.ok()) {
-      status = (*client)->Handle("noop", [](const tpd::Message& m) -> absl::StatusOr<tpd::Message> {
-        return m;
-      });
+      status = (*client)->Handle(
+          "noop", [](const tpd::Message& m) -> absl::StatusOr<tpd::Message> { return m; });
     }
     if (!status.ok()) {
       std::fprintf(stderr, "client %d: %s\n", i, status.ToString().c_str());

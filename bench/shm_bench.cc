@@ -220,10 +220,10 @@ std::vector<double> RingRoundTrips(Mode mode, int count) {
   // The client maps the segment from the fd, as a real client does.
   absl::StatusOr<tpd::shm::Segment> client = tpd::shm::Segment::Map(dup(daemon.fd()));
   if (!client.ok()) Die(client.status().ToString());
-  tpd::shm::RingProducer submissions(client->base(), client->layout().submission,
-                                     "submission ring", SpinFor(mode));
-  tpd::shm::RingConsumer completions(client->base(), client->layout().completion,
-                                     "completion ring", SpinFor(mode));
+  tpd::shm::RingProducer submissions(client->base(), client->layout().submission, "submission ring",
+                                     SpinFor(mode));
+  tpd::shm::RingConsumer completions(client->base(), client->layout().completion, "completion ring",
+                                     SpinFor(mode));
   std::vector<double> samples;
   const int warmup = count / 10;
   Descriptor call{};
@@ -265,8 +265,8 @@ double IdleConsumerCpuMs() {
   if (wait4(pid, &status, 0, &usage) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     Die("idle consumer");
   }
-  return usage.ru_utime.tv_sec * 1e3 + usage.ru_utime.tv_usec / 1e3 +
-         usage.ru_stime.tv_sec * 1e3 + usage.ru_stime.tv_usec / 1e3;
+  return usage.ru_utime.tv_sec * 1e3 + usage.ru_utime.tv_usec / 1e3 + usage.ru_stime.tv_sec * 1e3 +
+         usage.ru_stime.tv_usec / 1e3;
 }
 
 // Nanoseconds per allocate+free pair, with up to 64 blocks live, of sizes 64 B .. 64 KiB.
@@ -307,14 +307,13 @@ int main(int argc, char** argv) {
   const double idle_cpu_ms = IdleConsumerCpuMs();
 
   tpd::shm::HeapAllocator heap("bench heap", {0, uint64_t{1} << 30});
-  const double heap_ns = AllocFreeNs(
-      [&](uint64_t bytes) { return *heap.Allocate(bytes); },
-      [&](uint64_t offset) {
-        if (!heap.Free(offset).ok()) Die("heap free");
-      });
-  const double malloc_ns = AllocFreeNs(
-      [](uint64_t bytes) { return reinterpret_cast<uint64_t>(std::malloc(bytes)); },
-      [](uint64_t block) { std::free(reinterpret_cast<void*>(block)); });
+  const double heap_ns = AllocFreeNs([&](uint64_t bytes) { return *heap.Allocate(bytes); },
+                                     [&](uint64_t offset) {
+                                       if (!heap.Free(offset).ok()) Die("heap free");
+                                     });
+  const double malloc_ns =
+      AllocFreeNs([](uint64_t bytes) { return reinterpret_cast<uint64_t>(std::malloc(bytes)); },
+                  [](uint64_t block) { std::free(reinterpret_cast<void*>(block)); });
 
   std::printf("| row | p50 | p90 | p99 | unit |\n|---|---|---|---|---|\n");
   auto row = [](const char* name, const Percentiles& p, const char* unit) {
@@ -327,8 +326,9 @@ int main(int argc, char** argv) {
   row("ring adaptive round trip", adaptive, "µs");
   row("ring futex round trip", futex, "µs");
 
-  std::printf("\n| ring row | p50 vs spin | p50 vs uds | p50 as memcpy bytes (1 MiB rate) |\n"
-              "|---|---|---|---|\n");
+  std::printf(
+      "\n| ring row | p50 vs spin | p50 vs uds | p50 as memcpy bytes (1 MiB rate) |\n"
+      "|---|---|---|---|\n");
   auto ratios = [&](const char* name, const Percentiles& p) {
     std::printf("| %s | %.2f | %.3f | %.0f B |\n", name, p.p50 / spin.p50, p.p50 / uds.p50,
                 p.p50 * 1e3 * copy_1m.p50);

@@ -81,8 +81,7 @@ thread_local shm::SpinWindow cuda_caller_spin(shm::kCopySpin);
 
 std::string CallName(const std::string& group, const std::string& worker,
                      const std::string& method) {
-  return absl::StrCat("call to worker '", worker, "' method '", method, "' of group '", group,
-                      "'");
+  return absl::StrCat("call to worker '", worker, "' method '", method, "' of group '", group, "'");
 }
 
 // product(shape) * item size, checked.
@@ -94,8 +93,8 @@ absl::StatusOr<uint64_t> ShapeBytes(shm::DType dtype, const std::vector<int64_t>
         absl::StrCat(what, ": dtype ", static_cast<int>(dtype), " is not a dtype"));
   }
   if (shape.size() > shm::kMaxTensorDims) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", shape.size(), " dims, at most ",
-                                                   int{shm::kMaxTensorDims}));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", shape.size(), " dims, at most ", int{shm::kMaxTensorDims}));
   }
   uint64_t n = item;
   for (int64_t dim : shape) {
@@ -112,9 +111,10 @@ std::string ArenaFull(const shm::HeapAllocator& tx, uint64_t request, absl::stri
   if (request > stats.heap_bytes) {
     // Nothing freed or awaited would make room: only a larger heap can.
     return absl::StrCat("the shared arena (tx heap of ", stats.heap_bytes, " bytes) cannot hold ",
-                        what, " of ", request, " bytes at all: the daemon's [data] arena_bytes "
-                        "sizes each heap; it must be at least ", request,
-                        " (docs/python.md, \"Tensors, memory and arena_bytes\")");
+                        what, " of ", request,
+                        " bytes at all: the daemon's [data] arena_bytes "
+                        "sizes each heap; it must be at least ",
+                        request, " (docs/python.md, \"Tensors, memory and arena_bytes\")");
   }
   return absl::StrCat("the shared arena (tx heap of ", stats.heap_bytes, " bytes) cannot hold ",
                       what, " of ", request, " bytes (", stats.used_bytes,
@@ -180,8 +180,8 @@ class Link {
         break;
       }
       if (!*space) {
-        status = absl::UnavailableError(absl::StrCat("the submission ring stayed full for ",
-                                                     absl::FormatDuration(kRingWait)));
+        status = absl::UnavailableError(
+            absl::StrCat("the submission ring stayed full for ", absl::FormatDuration(kRingWait)));
         break;
       }
     }
@@ -393,10 +393,10 @@ struct PendingReply {
     if (answered.exchange(true)) return;
     std::shared_ptr<CallEngine> live = engine.lock();
     if (live == nullptr) return;
-    (void)live->Answer(call_id, worker, method, /*from_handler=*/false,
-                       absl::InternalError(absl::StrCat(
-                           "the handler of worker '", worker, "' method '", method,
-                           "' dropped the call without answering it")));
+    (void)live->Answer(
+        call_id, worker, method, /*from_handler=*/false,
+        absl::InternalError(absl::StrCat("the handler of worker '", worker, "' method '", method,
+                                         "' dropped the call without answering it")));
     ReleaseCallEngine(std::move(live));
   }
 
@@ -439,8 +439,7 @@ Tensor::Tensor(shm::DType dtype, std::vector<int64_t> shape, std::string bytes)
   keep_ = std::move(owned);
 }
 
-Tensor Tensor::Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* data,
-                      size_t size) {
+Tensor Tensor::Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* data, size_t size) {
   Tensor tensor;
   tensor.dtype_ = dtype;
   tensor.shape_ = std::move(shape);
@@ -593,9 +592,8 @@ absl::Status Responder::Reply(absl::StatusOr<Message> reply) const {
         "' cannot be answered: the client's shared memory was detached (the daemon answered "
         "its caller)"));
   }
-  absl::Status sent =
-      engine->Answer(call.call_id, call.worker, call.method, /*from_handler=*/true,
-                     std::move(reply));
+  absl::Status sent = engine->Answer(call.call_id, call.worker, call.method, /*from_handler=*/true,
+                                     std::move(reply));
   ReleaseCallEngine(std::move(engine));
   return sent;
 }
@@ -629,9 +627,9 @@ CallEngine::~CallEngine() {
     for (const auto& [id, call] : waiting_) ids.push_back(id);
     for (uint64_t id : ids) {
       const Outgoing& call = waiting_.at(id);
-      Finish(id, absl::CancelledError(absl::StrCat(
-                     CallName(call.from.first, call.worker, call.method),
-                     ": the client's shared memory was detached during the call")));
+      Finish(id, absl::CancelledError(
+                     absl::StrCat(CallName(call.from.first, call.worker, call.method),
+                                  ": the client's shared memory was detached during the call")));
     }
     dropped.swap(incoming_);
     for (const Incoming& incoming : dropped) serving_.erase(incoming.call_id);
@@ -656,7 +654,7 @@ CallEngine::~CallEngine() {
 DeferredHandler AnswerOnReturn(Handler handler) {
   return [handler = std::move(handler)](Message request, Responder responder) {
     absl::StatusOr<Message> reply = handler(request);
-    request = Message{};  // its rx blocks' releases ride on the reply
+    request = Message{};                      // its rx blocks' releases ride on the reply
     (void)responder.Reply(std::move(reply));  // a failure went to the caller instead
   };
 }
@@ -706,8 +704,7 @@ absl::StatusOr<Tensor> CallEngine::AllocateTensor(shm::DType dtype, std::vector<
   return tensor;
 }
 
-void CallEngine::Complete(const std::shared_ptr<CallState>& state,
-                          absl::StatusOr<Message> result) {
+void CallEngine::Complete(const std::shared_ptr<CallState>& state, absl::StatusOr<Message> result) {
   std::vector<CallCallback> callbacks;
   {
     absl::MutexLock lock(&state->mu);
@@ -814,9 +811,9 @@ void CallEngine::Finish(uint64_t id, absl::StatusOr<Message> result) {
   if (!result.ok() && result.status().code() == absl::StatusCode::kDeadlineExceeded &&
       !absl::StartsWith(result.status().message(), kRemotePrefix)) {
     // The daemon's message names worker, method and deadline; add what the caller asked.
-    result = absl::DeadlineExceededError(absl::StrCat(
-        result.status().message(), " (group '", call.from.first, "', timeout ",
-        absl::FormatDuration(call.timeout), ")"));
+    result = absl::DeadlineExceededError(absl::StrCat(result.status().message(), " (group '",
+                                                      call.from.first, "', timeout ",
+                                                      absl::FormatDuration(call.timeout), ")"));
   }
   Complete(call.state, std::move(result));
 }
@@ -829,11 +826,11 @@ void CallEngine::Expire() {
   }
   for (uint64_t id : expired) {
     const Outgoing& call = waiting_.at(id);
-    Finish(id, absl::DeadlineExceededError(absl::StrCat(
-                   CallName(call.from.first, call.worker, call.method),
-                   " got no answer by its deadline ",
-                   absl::FormatTime(call.deadline, absl::UTCTimeZone()), " plus ",
-                   absl::FormatDuration(kDeadlineGrace), " (not even the daemon's)")));
+    Finish(id, absl::DeadlineExceededError(
+                   absl::StrCat(CallName(call.from.first, call.worker, call.method),
+                                " got no answer by its deadline ",
+                                absl::FormatTime(call.deadline, absl::UTCTimeZone()), " plus ",
+                                absl::FormatDuration(kDeadlineGrace), " (not even the daemon's)")));
   }
 }
 
@@ -875,9 +872,9 @@ CallFuture CallEngine::Start(shm::Op op, const std::string& group, const std::st
       refused = absl::CancelledError(
           absl::StrCat(CallName(group, worker, method), ": the call engine is stopping"));
     } else if (leaving_.count({group, from}) > 0) {
-      refused = absl::FailedPreconditionError(
-          absl::StrCat("worker '", from, "' is leaving group '", group,
-                       "' and makes no new calls (", CallName(group, worker, method), ")"));
+      refused = absl::FailedPreconditionError(absl::StrCat("worker '", from, "' is leaving group '",
+                                                           group, "' and makes no new calls (",
+                                                           CallName(group, worker, method), ")"));
     }
     if (!refused.ok()) {
       Complete(state, refused);
@@ -910,8 +907,7 @@ CallFuture CallEngine::Start(shm::Op op, const std::string& group, const std::st
 
 absl::StatusOr<Message> CallEngine::Call(const std::string& group, const std::string& from,
                                          const std::string& worker, const std::string& method,
-                                         std::string_view payload,
-                                         absl::Span<const Tensor> tensors,
+                                         std::string_view payload, absl::Span<const Tensor> tensors,
                                          absl::Duration timeout) {
   CallFuture future = CallAsync(group, from, worker, method, payload, tensors, timeout);
   future.Wait();
@@ -930,8 +926,8 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
     }
   }
   if (tensors.size() > shm::kMaxTensorsPerMessage) {
-    return absl::InvalidArgumentError(absl::StrCat("at most ", shm::kMaxTensorsPerMessage,
-                                                   " tensors per message"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("at most ", shm::kMaxTensorsPerMessage, " tensors per message"));
   }
   // What each tensor needs in the block: a CUDA tensor its export record, an arena tensor of
   // this segment nothing (it stays in place), any other its bytes.
@@ -945,8 +941,8 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
     absl::StatusOr<uint64_t> bytes = ShapeBytes(tensor.dtype_, tensor.shape_, what);
     if (!bytes.ok()) return bytes.status();
     if (*bytes != tensor.size_) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": shape and dtype need ", *bytes,
-                                                     " bytes, data has ", tensor.size_));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": shape and dtype need ", *bytes, " bytes, data has ", tensor.size_));
     }
     if (tensor.is_cuda()) {
       if (tensor.device_.index < 0 ||
@@ -1036,8 +1032,9 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
   // Pinned before the push: the release for this block can only come after it.
   if (!pins.empty()) link_->pinned[*block] = std::move(pins);
   if (!leases.empty()) link_->leases[*block] = std::move(leases);
-  absl::Status pushed = link_->open ? link_->Push(&d)
-                                    : absl::UnavailableError("the client's shared memory is detached");
+  absl::Status pushed = link_->open
+                            ? link_->Push(&d)
+                            : absl::UnavailableError("the client's shared memory is detached");
   if (!pushed.ok()) {
     (void)link_->tx.Free(*block);
     auto it = link_->pinned.find(*block);
@@ -1062,8 +1059,8 @@ absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_n
 void CallEngine::ReplyError(uint64_t call_id, const absl::Status& status) {
   std::string message(status.message());
   if (message.size() > shm::kMaxMessageName) message.resize(shm::kMaxMessageName);
-  const auto code = status.code() == absl::StatusCode::kOk ? absl::StatusCode::kUnknown
-                                                           : status.code();
+  const auto code =
+      status.code() == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : status.code();
   // Nothing more to do when even this cannot go: the caller's deadline answers the call.
   (void)Submit(shm::Op::kReply, call_id, 0, shm::kFlagError, static_cast<uint32_t>(code),
                {"", "", message, ""}, "", {});
@@ -1074,7 +1071,7 @@ std::optional<CallEngine::Incoming> CallEngine::Read(const LentTurn* lent) {
   defer_releases_of = link_.get();
   shm::Descriptor batch[64];
   std::optional<Incoming> kept;
-  bool ended = false;  // stopping, or the ring broke: nobody reads after this thread
+  bool ended = false;               // stopping, or the ring broke: nobody reads after this thread
   std::function<void()> wake_lent;  // called once the lock is dropped
   while (!ended) {
     ended = !ReadUntilKept(batch, &kept, lent);
@@ -1171,7 +1168,8 @@ void CallEngine::OnCompletion(const shm::Descriptor& d, std::optional<Incoming>*
     peers_.Forget(d.call_id);
     return;
   }
-  if (d.op != static_cast<uint8_t>(shm::Op::kCall) && d.op != static_cast<uint8_t>(shm::Op::kReply)) {
+  if (d.op != static_cast<uint8_t>(shm::Op::kCall) &&
+      d.op != static_cast<uint8_t>(shm::Op::kReply)) {
     return;
   }
   uint8_t* const base = link_->base();
@@ -1179,9 +1177,9 @@ void CallEngine::OnCompletion(const shm::Descriptor& d, std::optional<Incoming>*
   // holds it.
   std::shared_ptr<RxBlock> block =
       d.payload_offset != 0
-          ? std::make_shared<RxBlock>(link_, d.payload_offset,
-                                      d.payload_length + uint64_t{d.tensor_count} *
-                                                             sizeof(shm::TensorEntry))
+          ? std::make_shared<RxBlock>(
+                link_, d.payload_offset,
+                d.payload_length + uint64_t{d.tensor_count} * sizeof(shm::TensorEntry))
           : nullptr;
   absl::StatusOr<shm::ParsedMessage> parsed =
       shm::ParseMessage(base, d.payload_offset, d.payload_length);
@@ -1327,9 +1325,9 @@ void CallEngine::OnCompletion(const shm::Descriptor& d, std::optional<Incoming>*
       return;
     }
   }
-  ReplyError(d.call_id, absl::UnavailableError(absl::StrCat("worker '", incoming.to.second,
-                                                            "' is leaving group '",
-                                                            incoming.to.first, "'")));
+  ReplyError(d.call_id,
+             absl::UnavailableError(absl::StrCat("worker '", incoming.to.second,
+                                                 "' is leaving group '", incoming.to.first, "'")));
 }
 
 void CallEngine::ThreadLoop() {
@@ -1409,10 +1407,10 @@ void CallEngine::Serve(Incoming incoming) {
     incoming.copies_block.reset();
   }
   if (!handler) {
-    (void)Answer(incoming.call_id, worker, incoming.method, /*from_handler=*/false,
-                 absl::UnimplementedError(absl::StrCat("worker '", worker,
-                                                       "' has no handler for method '",
-                                                       incoming.method, "' (Client::Handle)")));
+    (void)Answer(
+        incoming.call_id, worker, incoming.method, /*from_handler=*/false,
+        absl::UnimplementedError(absl::StrCat("worker '", worker, "' has no handler for method '",
+                                              incoming.method, "' (Client::Handle)")));
     return;
   }
   auto pending =
@@ -1448,9 +1446,8 @@ absl::Status CallEngine::AwaitCopies(absl::Span<shm::CopySignal* const> signals,
   return absl::OkStatus();
 }
 
-absl::Status CallEngine::Answer(uint64_t id, const std::string& worker,
-                                const std::string& method, bool from_handler,
-                                absl::StatusOr<Message> reply) {
+absl::Status CallEngine::Answer(uint64_t id, const std::string& worker, const std::string& method,
+                                bool from_handler, absl::StatusOr<Message> reply) {
   absl::Status sent;
   if (reply.ok()) {
     sent = Submit(shm::Op::kReply, id, 0, 0, 0, {}, reply->payload, reply->tensors);

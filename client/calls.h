@@ -55,10 +55,10 @@
 namespace tpd {
 
 namespace calls_internal {
-class Link;         // the engine's half of a segment: tx heap allocator, submission ring
-struct ArenaBlock;  // a block of the tx heap (an arena tensor's bytes)
-struct RxBlock;     // a block of the rx heap; released to the daemon when it goes
-struct CallState;   // one call's result, shared by the engine and its CallFutures
+class Link;           // the engine's half of a segment: tx heap allocator, submission ring
+struct ArenaBlock;    // a block of the tx heap (an arena tensor's bytes)
+struct RxBlock;       // a block of the rx heap; released to the daemon when it goes
+struct CallState;     // one call's result, shared by the engine and its CallFutures
 struct PendingReply;  // an incoming call not yet answered, shared by its Responders
 }  // namespace calls_internal
 
@@ -67,9 +67,7 @@ struct Device {
   shm::DeviceType type = shm::DeviceType::kCpu;
   int index = 0;
   std::string ToString() const;  // "cpu", "cuda:0"
-  bool operator==(const Device& other) const {
-    return type == other.type && index == other.index;
-  }
+  bool operator==(const Device& other) const { return type == other.type && index == other.index; }
 };
 
 // Where a Tensor's bytes are.
@@ -97,8 +95,7 @@ class Tensor {
   // Call/CallAsync that sends it has returned (they are copied once into the arena before
   // it does). A handler's reply is sent after the handler returns: borrow only memory that
   // outlives the handler there.
-  static Tensor Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* data,
-                       size_t size);
+  static Tensor Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* data, size_t size);
   // Refers to CUDA device memory of this process: `device_pointer` (a CUdeviceptr, or a
   // torch tensor's data_ptr()) on cuda:`device`, written on `stream` (a CUstream or
   // cudaStream_t; null: the legacy default stream). Not copied when sent: the daemon copies
@@ -143,8 +140,7 @@ class Tensor {
   // An arena tensor is sent where it lies, so writing into it while in_flight() changes what
   // the daemon, or a receiver reading it in place, reads.
   char* mutable_data() {
-    return storage_ == TensorStorage::kOwned || storage_ == TensorStorage::kArena ? data_
-                                                                                   : nullptr;
+    return storage_ == TensorStorage::kOwned || storage_ == TensorStorage::kArena ? data_ : nullptr;
   }
 
   // An owned copy of the bytes (releases nothing: this Tensor keeps what it holds). A CUDA
@@ -165,7 +161,7 @@ class Tensor {
   // What keeps the bytes alive: the owned string, the rx block, or the arena block.
   std::shared_ptr<void> keep_;
   std::shared_ptr<calls_internal::ArenaBlock> arena_;  // kArena only
-  char* data_ = nullptr;  // a device pointer for a CUDA tensor
+  char* data_ = nullptr;                               // a device pointer for a CUDA tensor
   size_t size_ = 0;
   void* stream_ = nullptr;  // a CUDA tensor's stream
   bool in_sender_memory_ = false;
@@ -263,8 +259,8 @@ class CallFuture {
 
 // Counters of one engine, for tests and benchmarks.
 struct CallEngineStats {
-  uint64_t arena_bytes = 0;        // the tx heap's size
-  uint64_t arena_used_bytes = 0;   // in live blocks: arena tensors and unreleased messages
+  uint64_t arena_bytes = 0;       // the tx heap's size
+  uint64_t arena_used_bytes = 0;  // in live blocks: arena tensors and unreleased messages
   uint64_t arena_live_blocks = 0;
   uint64_t bytes_copied_in = 0;    // user bytes copied into the arena (payloads, tensors)
   uint64_t tensors_copied_in = 0;  // tensors copied into a message block
@@ -272,8 +268,8 @@ struct CallEngineStats {
   uint64_t bytes_copied_out = 0;   // bytes copied out of the rx heap (payloads)
   uint64_t rx_blocks_held = 0;     // received blocks not yet released (views alive)
   int handler_threads = 0;
-  int handlers_running = 0;         // incoming calls taken off the queue and not yet answered
-  int workers_leaving = 0;         // BeginLeave'd and not rejoined
+  int handlers_running = 0;  // incoming calls taken off the queue and not yet answered
+  int workers_leaving = 0;   // BeginLeave'd and not rejoined
   // Work (an incoming call, a future's callbacks) handed to the pool: taken by a pool thread
   // that was spinning for it, or by one woken through the condition variable.
   uint64_t handoffs_to_spinner = 0;
@@ -357,10 +353,10 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // cannot hold the message, UNAVAILABLE when the session's ring broke, CANCELLED when the
   // engine goes away first. Payload and non-arena tensors are copied before this returns.
   // `flags`: shm::kFlagReverseMap or 0 (Client::CallOptions).
-  CallFuture CallAsync(const std::string& group, const std::string& from,
-                       const std::string& worker, const std::string& method,
-                       std::string_view payload, absl::Span<const Tensor> tensors,
-                       absl::Duration timeout, uint16_t flags = 0);
+  CallFuture CallAsync(const std::string& group, const std::string& from, const std::string& worker,
+                       const std::string& method, std::string_view payload,
+                       absl::Span<const Tensor> tensors, absl::Duration timeout,
+                       uint16_t flags = 0);
   // CallAsync and Wait.
   absl::StatusOr<Message> Call(const std::string& group, const std::string& from,
                                const std::string& worker, const std::string& method,

@@ -534,7 +534,8 @@ absl::Status Client::Barrier(absl::string_view group, absl::string_view name,
   request.set_name(std::string(name));
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::BarrierResponse response;
-  absl::Status status = FromGrpc(control_->Barrier(Context(timeout, true).get(), request, &response));
+  absl::Status status =
+      FromGrpc(control_->Barrier(Context(timeout, true).get(), request, &response));
   if (status.ok() && gone != nullptr) gone->assign(response.gone().begin(), response.gone().end());
   return status;
 }

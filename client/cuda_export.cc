@@ -54,7 +54,8 @@ struct CudaExporter::Impl {
     if (context == nullptr) {
       CUdevice handle;
       const std::string name = absl::StrCat("cuda:", device);
-      if (absl::Status s = driver->Check(api.device_get(&handle, device), "cuDeviceGet(" + name + ")");
+      if (absl::Status s =
+              driver->Check(api.device_get(&handle, device), "cuDeviceGet(" + name + ")");
           !s.ok()) {
         return s;
       }
@@ -91,9 +92,8 @@ absl::StatusOr<CudaExporter*> CudaExporter::Get() {
 
 CudaExporter::CudaExporter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-absl::StatusOr<uint64_t> CudaExporter::Export(uint64_t device_pointer, uint64_t bytes,
-                                              int device, void* stream,
-                                              shm::CudaExport* record) {
+absl::StatusOr<uint64_t> CudaExporter::Export(uint64_t device_pointer, uint64_t bytes, int device,
+                                              void* stream, shm::CudaExport* record) {
   const cuda::Driver* driver = impl_->driver;
   const cuda::DriverApi& api = driver->api();
   absl::StatusOr<std::unique_ptr<Impl::Scope>> scope = impl_->Enter(device);
@@ -109,14 +109,13 @@ absl::StatusOr<uint64_t> CudaExporter::Export(uint64_t device_pointer, uint64_t 
   }
   const uint64_t offset = device_pointer - base;
   if (offset > size || bytes > size - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("[", offset, ", +", bytes,
-                                                   ") runs past its allocation of ", size,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("[", offset, ", +", bytes, ") runs past its allocation of ", size, " bytes"));
   }
   unsigned long long buffer_id = 0;
-  if (absl::Status s = driver->Check(
-          api.pointer_get_attribute(&buffer_id, CU_POINTER_ATTRIBUTE_BUFFER_ID, base),
-          "cuPointerGetAttribute(BUFFER_ID)");
+  if (absl::Status s =
+          driver->Check(api.pointer_get_attribute(&buffer_id, CU_POINTER_ATTRIBUTE_BUFFER_ID, base),
+                        "cuPointerGetAttribute(BUFFER_ID)");
       !s.ok()) {
     return s;
   }
@@ -159,9 +158,9 @@ absl::StatusOr<DevicePool> CudaExporter::AllocatePool(int device, uint64_t bytes
   pool.device = device;
   pool.bytes = bytes;
   CUdeviceptr base = 0;
-  if (absl::Status s = driver->Check(api.mem_alloc(&base, bytes),
-                                     absl::StrCat("cuMemAlloc(", bytes, " bytes on cuda:", device,
-                                                  ")"));
+  if (absl::Status s =
+          driver->Check(api.mem_alloc(&base, bytes),
+                        absl::StrCat("cuMemAlloc(", bytes, " bytes on cuda:", device, ")"));
       !s.ok()) {
     return s;
   }
@@ -193,8 +192,7 @@ absl::StatusOr<CudaExporter*> CudaExporter::Get() {
       "this client library was built without the CUDA toolkit's cuda.h: no CUDA tensors");
 }
 CudaExporter::CudaExporter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-absl::StatusOr<uint64_t> CudaExporter::Export(uint64_t, uint64_t, int, void*,
-                                              shm::CudaExport*) {
+absl::StatusOr<uint64_t> CudaExporter::Export(uint64_t, uint64_t, int, void*, shm::CudaExport*) {
   return absl::UnimplementedError("no CUDA in this build");
 }
 absl::StatusOr<DevicePool> CudaExporter::AllocatePool(int, uint64_t) {

@@ -45,8 +45,8 @@ class CudaExporter {
   // `stream` first, so the bytes are final when the daemon reads them: one host-side stream
   // synchronize, measured at ~2 us on an idle stream, where a cross-process IPC event cost
   // the call ~400 us (docs/BENCHMARKS.md, B6). The record carries no event.
-  absl::StatusOr<uint64_t> Export(uint64_t device_pointer, uint64_t bytes, int device,
-                                  void* stream, shm::CudaExport* record);
+  absl::StatusOr<uint64_t> Export(uint64_t device_pointer, uint64_t bytes, int device, void* stream,
+                                  shm::CudaExport* record);
 
   // `bytes` of fresh device memory on `device` and its IPC handle.
   absl::StatusOr<DevicePool> AllocatePool(int device, uint64_t bytes);

@@ -46,8 +46,7 @@ absl::Status CheckSocketOwner(const std::string& path) {
   }
   const uid_t self = geteuid();
   if (st.st_uid == 0 || st.st_uid == self) return absl::OkStatus();
-  if (path == kSystemSocketPath && DirHeldBy(kSystemSocketDir, st.st_uid) &&
-      DirHeldBy("/run", 0)) {
+  if (path == kSystemSocketPath && DirHeldBy(kSystemSocketDir, st.st_uid) && DirHeldBy("/run", 0)) {
     return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrFormat(

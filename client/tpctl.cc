@@ -117,8 +117,8 @@ void Print(const std::string& text, const std::string& json) {
 void PrintBackends(const char* kind,
                    const google::protobuf::RepeatedPtrField<tpd::v1::AgentBackend>& backends) {
   for (const tpd::v1::AgentBackend& backend : backends) {
-    std::cout << "    " << kind << " " << absl::StrFormat("%-10s %5d  ", backend.name(),
-                                                          backend.priority())
+    std::cout << "    " << kind << " "
+              << absl::StrFormat("%-10s %5d  ", backend.name(), backend.priority())
               << (backend.registered() ? "registered" : "not registered");
     if (!backend.reason().empty()) {
       std::cout << (backend.registered() ? " (" : ": ") << backend.reason()
@@ -170,11 +170,10 @@ void PrintAgent(const tpd::v1::AgentStatus& agent) {
 // The node's GPUs: a summary line, then one line per GPU with the devices it can access as
 // peers; or "no GPUs: <reason>".
 void PrintGpus(const tpd::v1::GpuStatus& gpus, int64_t group_device_count) {
-  const std::string told =
-      group_device_count == gpus.devices_size()
-          ? ""
-          : absl::StrCat(" (groups are told ", group_device_count,
-                         " CUDA devices: [group] cuda_device_count)");
+  const std::string told = group_device_count == gpus.devices_size()
+                               ? ""
+                               : absl::StrCat(" (groups are told ", group_device_count,
+                                              " CUDA devices: [group] cuda_device_count)");
   if (gpus.devices_size() == 0) {
     std::string why = gpus.unavailable_reason();
     if (why.empty()) {
@@ -196,9 +195,9 @@ void PrintGpus(const tpd::v1::GpuStatus& gpus, int64_t group_device_count) {
     }
     std::cout << "    cuda:" << gpu.index() << " " << gpu.name() << ", "
               << gpu.total_memory_bytes() / (1024 * 1024) << " MiB, compute "
-              << gpu.compute_capability_major() << "." << gpu.compute_capability_minor()
-              << ", PCI " << gpu.pci_bus_id() << ", " << gpu.uuid() << "; peer access: "
-              << (peers.empty() ? "none" : absl::StrJoin(peers, ", ")) << "\n";
+              << gpu.compute_capability_major() << "." << gpu.compute_capability_minor() << ", PCI "
+              << gpu.pci_bus_id() << ", " << gpu.uuid()
+              << "; peer access: " << (peers.empty() ? "none" : absl::StrJoin(peers, ", ")) << "\n";
   }
   if (!gpus.copies_unavailable().empty()) {
     std::cout << "    calls with CUDA tensors: unavailable: " << gpus.copies_unavailable() << "\n";
@@ -296,8 +295,7 @@ int RunStatus(tpd::Client& client) {
     std::cout << "  data:    " << status->data_socket() << ", " << status->attached_session_count()
               << " sessions attached (max " << status->config().data_max_sessions() << ", "
               << status->config().data_sessions_kept_free() << " kept for other users, "
-              << (status->config().data_max_shared_memory_bytes() >> 20)
-              << " MiB of segments), "
+              << (status->config().data_max_shared_memory_bytes() >> 20) << " MiB of segments), "
               << status->open_session_count() << " sessions open (max "
               << status->config().data_max_open_sessions() << ")"
               << (status->config().data_share_memory()
@@ -467,9 +465,9 @@ absl::Status ParseDeviceMaps(const std::string& text, tpd::v1::BackendOptions* o
       }
       auto [it, inserted] = map.mutable_devices()->insert({kv.first, kv.second});
       if (!inserted && it->second != kv.second) {
-        return absl::InvalidArgumentError(absl::StrCat("device ", kv.first, " is mapped twice toward ",
-                                                       to, " (to ", it->second, " and to ",
-                                                       kv.second, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("device ", kv.first,
+                                                       " is mapped twice toward ", to, " (to ",
+                                                       it->second, " and to ", kv.second, ")"));
       }
     }
   }

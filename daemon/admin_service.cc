@@ -1,9 +1,9 @@
 #include "daemon/admin_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <map>
-
-#include <unistd.h>
 
 #include "absl/strings/str_format.h"
 #include "daemon/session_handle.h"
@@ -127,9 +127,8 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   if (data_socket_ != nullptr) {
     response->set_data_socket(data_socket_->path());
     std::vector<DataSocket::SessionInfo> sessions = data_socket_->Sessions();
-    std::sort(sessions.begin(), sessions.end(), [](const auto& a, const auto& b) {
-      return a.attached_at < b.attached_at;
-    });
+    std::sort(sessions.begin(), sessions.end(),
+              [](const auto& a, const auto& b) { return a.attached_at < b.attached_at; });
     response->set_attached_session_count(static_cast<int64_t>(sessions.size()));
     for (const auto& [uid, use] : data_socket_->UsePerUid()) {
       v1::UidUse* out = response->add_uid_use();

@@ -75,10 +75,10 @@ absl::StatusOr<std::string> DialableAgentUrls(const std::string& address,
     return absl::StartsWith(url, "uv://");
   });
   if (!has_uv) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "agent address '", shown, "' has no uv:// URL inside peer.dial_networks (",
-        allowed.ToString(), ")", refused.empty() ? "" : "; refused: ",
-        absl::StrJoin(refused, ", ")));
+    return absl::PermissionDeniedError(
+        absl::StrCat("agent address '", shown, "' has no uv:// URL inside peer.dial_networks (",
+                     allowed.ToString(), ")",
+                     refused.empty() ? "" : "; refused: ", absl::StrJoin(refused, ", ")));
   }
   return absl::StrJoin(dialable, ",");
 }

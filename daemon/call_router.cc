@@ -111,9 +111,9 @@ absl::Status CallRouter::Attach(const std::string& session_id, uid_t uid, gid_t 
   try {
     session->thread = std::thread([this, session] { Serve(session); });
   } catch (const std::system_error& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot start a thread for session ", session->handle, ": ", e.what(),
-        " (a tasks or pids limit of the daemon's service reached?)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start a thread for session ", session->handle, ": ", e.what(),
+                     " (a tasks or pids limit of the daemon's service reached?)"));
   }
   sessions_[session_id] = std::move(session);
   return absl::OkStatus();
@@ -193,8 +193,8 @@ bool CallRouter::draining() {
 }
 
 absl::Status CallRouter::StoppingError() const {
-  return absl::UnavailableError(absl::StrCat(
-      "the tpd daemon on node ", options_.node, " is stopping and takes no new calls"));
+  return absl::UnavailableError(absl::StrCat("the tpd daemon on node ", options_.node,
+                                             " is stopping and takes no new calls"));
 }
 
 void CallRouter::Serve(std::shared_ptr<Session> session) {
@@ -226,7 +226,8 @@ void CallRouter::Serve(std::shared_ptr<Session> session) {
     absl::StatusOr<bool> ready = session->submissions->WaitForData(
         absl::Now() + wait, long_spin ? &after_call : nullptr, call_received);
     if (long_spin) --call_spinners_;
-    absl::StatusOr<size_t> n = ready.ok() ? session->submissions->TryPopBatch(batch) : ready.status();
+    absl::StatusOr<size_t> n =
+        ready.ok() ? session->submissions->TryPopBatch(batch) : ready.status();
     if (!n.ok()) {
       EndSession(*session, n.status().ToString());
       break;
@@ -346,12 +347,12 @@ void CallRouter::HandleDevicePool(const std::shared_ptr<Session>& session,
   // ValidateDescriptor checked the payload is one record inside the tx heap.
   std::memcpy(&record, session->segment->base() + d.payload_offset, sizeof(record));
   session->Release(d.payload_offset);
-  absl::Status lent = !session->cuda_allowed.ok() ? session->cuda_allowed
-                      : session->cuda == nullptr
-                          ? absl::FailedPreconditionError(absl::StrCat(
-                                "receive pool on cuda:", record.device, " refused: ",
-                                options_.no_cuda))
-                          : options_.cuda->AddPool(*session->cuda, record);
+  absl::Status lent =
+      !session->cuda_allowed.ok() ? session->cuda_allowed
+      : session->cuda == nullptr
+          ? absl::FailedPreconditionError(absl::StrCat("receive pool on cuda:", record.device,
+                                                       " refused: ", options_.no_cuda))
+          : options_.cuda->AddPool(*session->cuda, record);
   if (!lent.ok()) Warn(*session, "receive pool", lent);
   Fail(session, d.call_id, lent);
 }
@@ -522,20 +523,19 @@ void CallRouter::HandleCancel(const std::shared_ptr<Session>& session, const shm
   // (the agent's call ends by its reply, its deadline or its pipe).
   if (std::optional<Pending> local = pending_.TakeByCaller(session->id, d.call_id)) {
     Fail(session, d.call_id,
-         absl::CancelledError(absl::StrCat(CallName(local->worker, local->method),
-                                           " was cancelled by the caller")));
+         absl::CancelledError(
+             absl::StrCat(CallName(local->worker, local->method), " was cancelled by the caller")));
   } else if (std::optional<router::Outgoing> remote =
                  remote_.calls().Take({session->id, d.call_id})) {
     Fail(session, d.call_id,
-         absl::CancelledError(absl::StrCat(CallName(remote->worker, remote->method),
-                                           " on node ", remote->node,
-                                           " was cancelled by the caller")));
+         absl::CancelledError(absl::StrCat(CallName(remote->worker, remote->method), " on node ",
+                                           remote->node, " was cancelled by the caller")));
   }
 }
 
 void CallRouter::FailNode(const std::string& node, const std::string& why) {
-  const absl::Status lost = absl::UnavailableError(
-      absl::StrCat("node ", node, " was evicted from the group: ", why));
+  const absl::Status lost =
+      absl::UnavailableError(absl::StrCat("node ", node, " was evicted from the group: ", why));
   for (const auto& [key, call] : remote_.calls().TakeNode(node)) {
     Fail(Find(key.first), key.second,
          absl::UnavailableError(
@@ -577,9 +577,9 @@ void CallRouter::OnDeadline(const Pending& p) {
   // had to go.
   if (p.remote) return;
   Fail(Find(p.caller), p.caller_call_id,
-       absl::DeadlineExceededError(absl::StrCat(
-           CallName(p.worker, p.method), " passed its deadline ",
-           absl::FormatTime(p.deadline, absl::UTCTimeZone()), " with no reply")));
+       absl::DeadlineExceededError(
+           absl::StrCat(CallName(p.worker, p.method), " passed its deadline ",
+                        absl::FormatTime(p.deadline, absl::UTCTimeZone()), " with no reply")));
 }
 
 }  // namespace tpd

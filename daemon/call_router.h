@@ -83,12 +83,12 @@ struct SessionCallStats {
                                 // completion ring
   int64_t calls_in_flight = 0;  // its calls awaiting replies
   uint64_t rx_heap_bytes = 0;
-  uint64_t rx_heap_used = 0;     // the daemon's blocks in its rx heap not yet released (may
-                                 // lag while the session's lock is held)
-  SessionCudaStats cuda;         // its receive pools and the IPC mappings the daemon holds
-  uint64_t reader_wakeups = 0;   // posts that woke its client's reader
-  uint64_t daemon_sleeps = 0;    // its thread slept waiting for submissions
-  uint64_t bytes_shared = 0;     // host tensor bytes it received in other sessions' memory
+  uint64_t rx_heap_used = 0;    // the daemon's blocks in its rx heap not yet released (may
+                                // lag while the session's lock is held)
+  SessionCudaStats cuda;        // its receive pools and the IPC mappings the daemon holds
+  uint64_t reader_wakeups = 0;  // posts that woke its client's reader
+  uint64_t daemon_sleeps = 0;   // its thread slept waiting for submissions
+  uint64_t bytes_shared = 0;    // host tensor bytes it received in other sessions' memory
 };
 
 class CallRouter {

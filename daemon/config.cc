@@ -198,8 +198,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Int("max_value_bytes", &s.max_value_bytes),
           reader.Int("max_keys_per_request", &s.max_keys_per_request),
           reader.Int("max_waiters", &s.max_waiters),
-          reader.Int("max_total_bytes", &s.max_total_bytes),
-          reader.Int("max_keys", &s.max_keys),
+          reader.Int("max_total_bytes", &s.max_total_bytes), reader.Int("max_keys", &s.max_keys),
           reader.Int("max_bytes_per_uid", &s.max_bytes_per_uid),
           reader.Int("max_keys_per_uid", &s.max_keys_per_uid),
           reader.Int("max_waiters_per_uid", &s.max_waiters_per_uid),
@@ -243,8 +242,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Int("max_devices", &config.group.max_devices),
           reader.Int("max_device_map_entries", &config.group.max_device_map_entries),
           reader.Int("max_env_entries", &config.group.max_env_entries),
-          reader.Int("max_option_bytes", &config.group.max_option_bytes),
-          reader.NoUnknownKeys()}) {
+          reader.Int("max_option_bytes", &config.group.max_option_bytes), reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
   }
@@ -277,8 +275,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
           reader.Int("mpt_lanes", &config.agent.mpt_lanes),
           reader.Int("max_message_bytes", &config.agent.max_message_bytes),
           reader.Int("cuda_chunk_bytes", &config.agent.cuda_chunk_bytes),
-          reader.StringList("accept_networks", &accept_networks),
-          reader.NoUnknownKeys()}) {
+          reader.StringList("accept_networks", &accept_networks), reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
     if (agent->get("accept_networks") != nullptr) config.agent.accept_networks = accept_networks;
@@ -286,17 +283,17 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
   if (const toml::table* etcd = SubTable(root, "etcd")) {
     if (etcd->get("password") != nullptr) {
       // Not echoed: it may well be the password.
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": [etcd] password is not a setting: put the password in a file only the "
-                  "daemon's user can read and name it in [etcd] password_file"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source,
+                       ": [etcd] password is not a setting: put the password in a file only the "
+                       "daemon's user can read and name it in [etcd] password_file"));
     }
     TableReader reader(*etcd, "etcd", std::string(source));
     EtcdConfig& e = config.etcd;
     for (absl::Status status :
          {reader.String("user", &e.user), reader.String("password_file", &e.password_file),
           reader.String("ca_file", &e.ca_file), reader.String("cert_file", &e.cert_file),
-          reader.String("key_file", &e.key_file),
-          reader.Millis("call_timeout_ms", &e.call_timeout),
+          reader.String("key_file", &e.key_file), reader.Millis("call_timeout_ms", &e.call_timeout),
           reader.Millis("connect_timeout_ms", &e.connect_timeout), reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;
     }
@@ -368,18 +365,18 @@ absl::Status ValidateClientLimits(const Config& config) {
   for (const std::string& dir : g.file_rendezvous_dirs) {
     if (absl::Status status = store::ValidateRendezvousDir(dir); !status.ok()) return status;
   }
-  if (config.agent.cuda_chunk_bytes != 0 &&
-      (config.agent.cuda_chunk_bytes < (int64_t{1} << 20) ||
-       config.agent.cuda_chunk_bytes > (int64_t{1} << 30))) {
+  if (config.agent.cuda_chunk_bytes != 0 && (config.agent.cuda_chunk_bytes < (int64_t{1} << 20) ||
+                                             config.agent.cuda_chunk_bytes > (int64_t{1} << 30))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "agent.cuda_chunk_bytes must be 0 (whole tensors) or 1048576 (1 MiB)..1073741824 "
         "(1 GiB), got ",
         config.agent.cuda_chunk_bytes));
   }
-  if (config.data.arena_bytes < (int64_t{64} << 10) || config.data.arena_bytes > (int64_t{16} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.arena_bytes must be 65536 (64 KiB)..17179869184 (16 GiB), got ",
-        config.data.arena_bytes));
+  if (config.data.arena_bytes < (int64_t{64} << 10) ||
+      config.data.arena_bytes > (int64_t{16} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.arena_bytes must be 65536 (64 KiB)..17179869184 (16 GiB), got ",
+                     config.data.arena_bytes));
   }
   return absl::OkStatus();
 }
@@ -418,8 +415,9 @@ absl::Status ValidateEtcd(const EtcdConfig& etcd) {
 absl::Status ValidateConfig(const Config& config) {
   if (absl::Status status = ValidateClientLimits(config); !status.ok()) return status;
   if (!absl::StartsWith(config.data.device_dir, "/")) {
-    return absl::InvalidArgumentError(absl::StrCat("data.device_dir must be an absolute path, got \"",
-                                                   absl::CEscape(config.data.device_dir), "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.device_dir must be an absolute path, got \"",
+                     absl::CEscape(config.data.device_dir), "\""));
   }
   auto positive = [](const char* field, int64_t value) -> absl::Status {
     if (value > 0) return absl::OkStatus();
@@ -457,8 +455,8 @@ absl::Status ValidateConfig(const Config& config) {
            {"store.max_keys_without_session", s.max_keys_without_session},
            {"store.max_waiters_without_session", s.max_waiters_without_session}}) {
     if (value < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, " must be >= 0 (0: bounded by the store's totals only), got ", value));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " must be >= 0 (0: bounded by the store's totals only), got ", value));
     }
   }
   // gRPC's own message limit is derived from these, so they are capped well below overflow.
@@ -486,8 +484,7 @@ absl::Status ValidateConfig(const Config& config) {
           "agent.listen_address is set but peer.listen_address is not: the agent serves only "
           "daemons that share the peer token");
     }
-    if (absl::Status status =
-            ValidateHostPort("agent.listen_address", config.agent.listen_address);
+    if (absl::Status status = ValidateHostPort("agent.listen_address", config.agent.listen_address);
         !status.ok()) {
       return status;
     }
@@ -520,15 +517,15 @@ absl::Status ValidateConfig(const Config& config) {
                             : "agent.accept_networks (unset: peer.dial_networks)";
     if (accept.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, " is empty, so no peer daemon could connect to the agent: set "
-                 "agent.accept_networks to the cluster's networks (\"0.0.0.0/0\" and \"::/0\" "
-                 "admit every host)"));
+          field,
+          " is empty, so no peer daemon could connect to the agent: set "
+          "agent.accept_networks to the cluster's networks (\"0.0.0.0/0\" and \"::/0\" "
+          "admit every host)"));
     }
     if (accept.size() > kMaxAgentAcceptNetworks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, " has ", accept.size(), " networks; at most ",
-                       kMaxAgentAcceptNetworks,
-                       " fit the agent's socket filter: merge them into fewer, wider networks"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " has ", accept.size(), " networks; at most ", kMaxAgentAcceptNetworks,
+          " fit the agent's socket filter: merge them into fewer, wider networks"));
     }
   }
   const std::pair<const char*, const std::string*> tls_files[] = {

@@ -114,8 +114,8 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
     }
     if (ended && session_end_hook_) session_end_hook_(id);
   };
-  auto* reactor = new StreamReactor<v1::SessionEvent>(
-      sink, end, [this, end, handle, stream, client] {
+  auto* reactor =
+      new StreamReactor<v1::SessionEvent>(sink, end, [this, end, handle, stream, client] {
         end();
         DaemonLog().info("[session {}] ended ({})", handle, client);
         absl::MutexLock lock(&mu_);
@@ -195,13 +195,12 @@ grpc::ServerUnaryReactor* ControlService::Barrier(grpc::CallbackServerContext* c
     finish(checked);
     return reactor;
   }
-  groups_->Barrier(*request,
-                   [finish, response](absl::StatusOr<std::vector<std::string>> gone) {
-                     if (gone.ok()) {
-                       for (std::string& name : *gone) response->add_gone(std::move(name));
-                     }
-                     finish(gone.status());
-                   });
+  groups_->Barrier(*request, [finish, response](absl::StatusOr<std::vector<std::string>> gone) {
+    if (gone.ok()) {
+      for (std::string& name : *gone) response->add_gone(std::move(name));
+    }
+    finish(gone.status());
+  });
   return reactor;
 }
 
@@ -211,10 +210,9 @@ grpc::ServerUnaryReactor* ControlService::UserSecret(grpc::CallbackServerContext
   grpc::ServerUnaryReactor* reactor;
   auto finish = Later(context, &reactor, "UserSecret");
   if (request->purpose().size() > kMaxUserSecretPurposeBytes) {
-    finish(absl::InvalidArgumentError(absl::StrCat("UserSecretRequest.purpose is ",
-                                                   request->purpose().size(),
-                                                   " bytes; the limit is ",
-                                                   kMaxUserSecretPurposeBytes)));
+    finish(absl::InvalidArgumentError(
+        absl::StrCat("UserSecretRequest.purpose is ", request->purpose().size(),
+                     " bytes; the limit is ", kMaxUserSecretPurposeBytes)));
     return reactor;
   }
   absl::StatusOr<std::string> secret =

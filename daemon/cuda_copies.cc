@@ -39,8 +39,7 @@ struct Mapping {
 // where it lies: it must be an allocation on `device`. The reason otherwise, the mapping
 // closed again.
 absl::StatusOr<Mapping> OpenOnDevice(const cuda::Driver& driver,
-                                     const uint8_t (&bytes)[shm::kCudaIpcHandleBytes],
-                                     int device) {
+                                     const uint8_t (&bytes)[shm::kCudaIpcHandleBytes], int device) {
   const cuda::DriverApi& api = driver.api();
   CUipcMemHandle handle;
   std::memcpy(&handle, bytes, sizeof(handle));
@@ -54,10 +53,9 @@ absl::StatusOr<Mapping> OpenOnDevice(const cuda::Driver& driver,
   }
   int ordinal = -1;
   CUdeviceptr base = 0;
-  const bool found =
-      api.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, mapping.base) ==
-          CUDA_SUCCESS &&
-      api.mem_get_address_range(&base, &mapping.size, mapping.base) == CUDA_SUCCESS;
+  const bool found = api.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                               mapping.base) == CUDA_SUCCESS &&
+                     api.mem_get_address_range(&base, &mapping.size, mapping.base) == CUDA_SUCCESS;
   if (!found || ordinal != device) {
     (void)api.ipc_close_mem_handle(mapping.base);
     return absl::InvalidArgumentError(found ? absl::StrCat("its allocation is on cuda:", ordinal)
@@ -304,8 +302,8 @@ absl::Status CudaCopies::AddPool(SessionMemory& session, const shm::DevicePoolRe
                                                    " CUDA devices"));
   }
   if (record.reserved != 0 || record.bytes < 2 * shm::kHeapAlignment) {
-    return absl::InvalidArgumentError(absl::StrCat("receive pool on cuda:", device, ": ",
-                                                   record.bytes, " bytes is too small"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("receive pool on cuda:", device, ": ", record.bytes, " bytes is too small"));
   }
   absl::MutexLock lock(&session.mu_);
   if (session.pools_.count(device) > 0) {
@@ -330,9 +328,8 @@ absl::Status CudaCopies::AddPool(SessionMemory& session, const shm::DevicePoolRe
   pool.bytes = record.bytes;
   // Offsets start at one alignment unit so that 0 never names a block.
   const uint64_t usable = (record.bytes / shm::kHeapAlignment - 1) * shm::kHeapAlignment;
-  pool.heap = std::make_unique<shm::HeapAllocator>(
-      absl::StrCat("receive pool on cuda:", device),
-      shm::Region{shm::kHeapAlignment, usable});
+  pool.heap = std::make_unique<shm::HeapAllocator>(absl::StrCat("receive pool on cuda:", device),
+                                                   shm::Region{shm::kHeapAlignment, usable});
   CudaLog().info("[session {}] lent a receive pool of {} bytes on cuda:{}", session.id_,
                  record.bytes, device);
   return absl::OkStatus();
@@ -343,9 +340,9 @@ absl::StatusOr<uint64_t> CudaCopies::AllocatePool(SessionMemory& session, int de
   absl::MutexLock lock(&session.mu_);
   auto it = session.pools_.find(device);
   if (it == session.pools_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "its client lent no receive pool on cuda:", device,
-        " (a client makes one for each device its group's negotiation gives it)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("its client lent no receive pool on cuda:", device,
+                     " (a client makes one for each device its group's negotiation gives it)"));
   }
   return it->second.heap->Allocate(bytes);
 }
@@ -360,8 +357,8 @@ absl::Status CudaCopies::FreePool(SessionMemory& session, int device, uint64_t o
   return it->second.heap->Free(offset);
 }
 
-absl::StatusOr<CopyEnd> CudaCopies::PoolAddress(SessionMemory& session, int device,
-                                                uint64_t offset, int via) {
+absl::StatusOr<CopyEnd> CudaCopies::PoolAddress(SessionMemory& session, int device, uint64_t offset,
+                                                int via) {
   absl::MutexLock lock(&session.mu_);
   auto it = session.pools_.find(device);
   if (it == session.pools_.end()) {
@@ -398,8 +395,9 @@ absl::StatusOr<CudaCopies::Source> CudaCopies::Resolve(SessionMemory& session,
   }
   for (uint8_t byte : record.reserved) {
     if (byte != 0) {
-      return refuse("its export record's reserved bytes are not zero (the daemon waits on no "
-                    "event of a client's: synchronize the tensor's stream before sending)");
+      return refuse(
+          "its export record's reserved bytes are not zero (the daemon waits on no "
+          "event of a client's: synchronize the tensor's stream before sending)");
     }
   }
   absl::MutexLock lock(&session.mu_);
@@ -459,9 +457,9 @@ void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const
     absl::Status issued = impl_->Current(device);
     CUstream stream = impl_->streams[device];
     if (issued.ok()) {
-      issued = impl_->driver->Check(api.memcpy_async(copy.dst.address, copy.src.address,
-                                                     copy.bytes, stream),
-                                    absl::StrCat("cuMemcpyAsync(", copy.bytes, " bytes)"));
+      issued = impl_->driver->Check(
+          api.memcpy_async(copy.dst.address, copy.src.address, copy.bytes, stream),
+          absl::StrCat("cuMemcpyAsync(", copy.bytes, " bytes)"));
     }
     if (!issued.ok()) {
       if (job.status.ok()) job.status = issued;
@@ -487,12 +485,11 @@ void CudaCopies::Run(std::vector<Copy> copies, std::vector<std::shared_ptr<const
     }
     absl::Status recorded = impl_->Current(device);
     if (recorded.ok() && event == nullptr) {
-      recorded = impl_->driver->Check(api.event_create(&event, CU_EVENT_DISABLE_TIMING),
-                                      "cuEventCreate");
+      recorded =
+          impl_->driver->Check(api.event_create(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     }
     if (recorded.ok()) {
-      recorded = impl_->driver->Check(api.event_record(event, impl_->streams[d]),
-                                      "cuEventRecord");
+      recorded = impl_->driver->Check(api.event_record(event, impl_->streams[d]), "cuEventRecord");
       if (recorded.ok()) {
         job.events.push_back({device, event});
         continue;
@@ -555,7 +552,9 @@ void CudaCopies::Flush() {
 }
 
 CudaCopyStats CudaCopies::Stats() {
-  auto name = [](int device) { return device < 0 ? std::string("cpu") : absl::StrCat("cuda:", device); };
+  auto name = [](int device) {
+    return device < 0 ? std::string("cpu") : absl::StrCat("cuda:", device);
+  };
   CudaCopyStats stats;
   absl::MutexLock lock(&impl_->mu);
   for (const auto& [route, counts] : impl_->routes) {

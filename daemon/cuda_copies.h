@@ -4,20 +4,22 @@
 // allocation holding a CUDA tensor with CUDA IPC (a CudaExport record in its tx heap) and
 // lends the daemon a receive pool on each device it receives on (kDevicePool). The daemon
 // opens each exported allocation once per session (opening costs about a millisecond; later
-// calls from the same allocation reuse the mapping), copies device to device (peer access enabled between every pair of GPUs that
-// allows it, so cuda:0 -> cuda:1 goes over NVLink, never through the host), host to device or
-// device to host for maps with `cpu` on one side, records an event, and runs the call's
-// continuation once the event completed: on its copy thread, or inline when little is queued. A session's mappings are closed
-// when the session is gone and no copy uses them any more (FAULTS C1: a dead client leaves
-// nothing mapped in the daemon, and nothing was ever mapped in another client).
+// calls from the same allocation reuse the mapping), copies device to device (peer access enabled
+// between every pair of GPUs that allows it, so cuda:0 -> cuda:1 goes over NVLink, never through
+// the host), host to device or device to host for maps with `cpu` on one side, records an event,
+// and runs the call's continuation once the event completed: on its copy thread, or inline when
+// little is queued. A session's mappings are closed when the session is gone and no copy uses them
+// any more (FAULTS C1: a dead client leaves nothing mapped in the daemon, and nothing was ever
+// mapped in another client).
 //
 // Everything a client sends is checked with the driver, not believed: the exported
 // allocation's device must be the one the tensor names and the tensor must lie inside it;
 // a pool's allocation must be on its device and at least as large as it says.
 //
 // Thread safety: thread-safe. One copy thread ("tpd-cuda") waits for large copies and runs
-// their continuations; session and TensorPipe threads issue copies (and wait for theirs when their streams hold at most kInlineBytes). A SessionMemory has its own mutex, never held
-// while calling into another SessionMemory.
+// their continuations; session and TensorPipe threads issue copies (and wait for theirs when their
+// streams hold at most kInlineBytes). A SessionMemory has its own mutex, never held while calling
+// into another SessionMemory.
 
 #ifndef TPD_DAEMON_CUDA_COPIES_H_
 #define TPD_DAEMON_CUDA_COPIES_H_
@@ -102,8 +104,7 @@ class CudaCopies {
   // Where offset `offset` of the session's pool on `device` is, for a copy run by device
   // `via` (the pool is mapped into that device's context on first use: a peer copy is then a
   // copy within one context, over NVLink, never staged through the host).
-  absl::StatusOr<CopyEnd> PoolAddress(SessionMemory& session, int device, uint64_t offset,
-                                      int via);
+  absl::StatusOr<CopyEnd> PoolAddress(SessionMemory& session, int device, uint64_t offset, int via);
 
   // The submitted CUDA tensor `entry` with its export record: opens the allocation (once per
   // session) and its event, checks that the tensor lies inside the allocation on its device.

@@ -126,14 +126,14 @@ int64_t CudaDeviceCount(const GroupConfig& config, const cuda::GpuDiscovery& gpu
 void LogGpus(const cuda::GpuDiscovery& gpus, const GroupConfig& config) {
   spdlog::logger& log = CudaLog();
   if (gpus.gpus.empty()) {
-    log.info("[node] no GPUs: {}",
-             gpus.unavailable_reason.empty()
-                 ? absl::StrCat("the NVIDIA driver (CUDA ", cuda::DriverVersionText(gpus.driver_version),
-                                ") reports no devices")
-                 : gpus.unavailable_reason);
+    log.info("[node] no GPUs: {}", gpus.unavailable_reason.empty()
+                                       ? absl::StrCat("the NVIDIA driver (CUDA ",
+                                                      cuda::DriverVersionText(gpus.driver_version),
+                                                      ") reports no devices")
+                                       : gpus.unavailable_reason);
   } else {
-    log.info("[node] NVIDIA driver for CUDA {}: {} GPUs", cuda::DriverVersionText(gpus.driver_version),
-             gpus.gpus.size());
+    log.info("[node] NVIDIA driver for CUDA {}: {} GPUs",
+             cuda::DriverVersionText(gpus.driver_version), gpus.gpus.size());
     for (const cuda::Gpu& gpu : gpus.gpus) {
       log.info("[cuda:{}] {}, {} MiB, compute capability {}.{}, PCI {}, {}", gpu.index, gpu.name,
                gpu.total_memory_bytes >> 20, gpu.compute_capability_major,
@@ -248,9 +248,8 @@ absl::Status Daemon::StartAgent() {
   agent::AgentOptions options;
   options.id = NodeName(config_, peer_address_);
   const std::string peer_host = peer_address_.substr(0, peer_address_.rfind(':'));
-  options.listen_address = config_.agent.listen_address.empty()
-                               ? absl::StrCat(peer_host, ":0")
-                               : config_.agent.listen_address;
+  options.listen_address = config_.agent.listen_address.empty() ? absl::StrCat(peer_host, ":0")
+                                                                : config_.agent.listen_address;
   options.cluster_token = config_.peer.token;
   options.transports = config_.agent.transports;
   // TensorPipe's shm transport keeps a reactor thread polling one core at 100% for as long as
@@ -277,10 +276,11 @@ absl::Status Daemon::StartAgent() {
                    agent_->address());
   const std::string host = options.listen_address.substr(0, options.listen_address.rfind(':'));
   if (host == "0.0.0.0" || host == "[::]") {
-    DaemonLog().warn("[agent {}] listening on the wildcard host {}: its URLs name that host, so "
-                     "only peers on this machine can dial them; set agent.listen_address to an "
-                     "address other nodes reach",
-                     options.id, host);
+    DaemonLog().warn(
+        "[agent {}] listening on the wildcard host {}: its URLs name that host, so "
+        "only peers on this machine can dial them; set agent.listen_address to an "
+        "address other nodes reach",
+        options.id, host);
   }
   return absl::OkStatus();
 }
@@ -338,8 +338,7 @@ absl::Status Daemon::Serve() {
   etcd_files.ca_file = config_.etcd.ca_file;
   etcd_files.cert_file = config_.etcd.cert_file;
   etcd_files.key_file = config_.etcd.key_file;
-  absl::StatusOr<store::EtcdCredentials> etcd_credentials =
-      store::LoadEtcdCredentials(etcd_files);
+  absl::StatusOr<store::EtcdCredentials> etcd_credentials = store::LoadEtcdCredentials(etcd_files);
   if (!etcd_credentials.ok()) return etcd_credentials.status();
   etcd.credentials = *std::move(etcd_credentials);
   // The default file:// directory is created when missing (as the unit's StateDirectory=
@@ -347,20 +346,18 @@ absl::Status Daemon::Serve() {
   for (const std::string& dir : config_.group.file_rendezvous_dirs) {
     if (dir != store::kDefaultFileRendezvousDir) continue;
     if (absl::Status status = store::CreateRendezvousDir(dir); !status.ok()) {
-      DaemonLog().warn("[rendezvous {}] {}; file:// rendezvous under it fails until it exists",
-                       dir, std::string(status.message()));
+      DaemonLog().warn("[rendezvous {}] {}; file:// rendezvous under it fails until it exists", dir,
+                       std::string(status.message()));
     }
   }
   groups.tracker.heartbeat_interval = config_.peer.heartbeat_interval;
   groups.tracker.heartbeat_timeout = config_.peer.heartbeat_timeout;
   groups_ = std::make_unique<group::GroupManager>(std::move(groups));
-  control_service_ =
-      std::make_unique<ControlService>(groups_.get(), &control_calls_, config_.group,
-                                       config_.data.max_open_sessions);
+  control_service_ = std::make_unique<ControlService>(groups_.get(), &control_calls_, config_.group,
+                                                      config_.data.max_open_sessions);
   ControlService* control = control_service_.get();
-  groups_->set_session_ender([control](const std::string& id, const std::string& why) {
-    control->EndSession(id, why);
-  });
+  groups_->set_session_ender(
+      [control](const std::string& id, const std::string& why) { control->EndSession(id, why); });
   group::GroupManager* manager = groups_.get();
   store_service_.set_group_stores([manager](const std::string& session, const std::string& group) {
     return manager->GroupStore(session, group);
@@ -408,7 +405,9 @@ absl::Status Daemon::Serve() {
     return absl::UnavailableError(
         absl::StrCat("cannot serve on unix socket ", socket_path_, " (see the gRPC error above)"));
   }
-  if (absl::Status status = SetSocketOwnership(socket_path_, config_.socket_mode, config_.socket_group); !status.ok()) {
+  if (absl::Status status =
+          SetSocketOwnership(socket_path_, config_.socket_mode, config_.socket_group);
+      !status.ok()) {
     server_->Shutdown();
     return status;
   }
@@ -445,8 +444,9 @@ absl::Status Daemon::ServeData() {
   calls.lookup = [groups](const std::string& group, const std::string& worker) {
     return groups->SessionOf(group, worker);
   };
-  calls.member = [groups](const std::string& group, const std::string& worker,
-                          int64_t* version) { return groups->MemberNamed(group, worker, version); };
+  calls.member = [groups](const std::string& group, const std::string& worker, int64_t* version) {
+    return groups->MemberNamed(group, worker, version);
+  };
   calls.when_version = [groups](const std::string& group, int64_t version, absl::Time deadline,
                                 std::function<void(bool)> done) {
     groups->WhenVersion(group, version, deadline, std::move(done));
@@ -461,8 +461,8 @@ absl::Status Daemon::ServeData() {
   calls.max_calls_in_flight = config_.data.max_calls_in_flight;
   // Room for every call's answer and a release each for its request and its reply, twice
   // over: a client that reads its completions never comes near it.
-  calls.max_unposted = static_cast<size_t>(4 * config_.data.max_calls_in_flight) +
-                       options.limits.completion_slots;
+  calls.max_unposted =
+      static_cast<size_t>(4 * config_.data.max_calls_in_flight) + options.limits.completion_slots;
   // As many as one caller may have in flight: one program's burst of calls always fits.
   calls.max_waiting_calls = static_cast<size_t>(config_.data.max_calls_in_flight);
   calls.device_map = [groups](const std::string& group, const std::string& from,
@@ -470,11 +470,10 @@ absl::Status Daemon::ServeData() {
     return groups->DeviceMapOf(group, from, to, reverse);
   };
   if (gpus_.gpus.empty()) {
-    cuda_unavailable_ = absl::StrCat("node ", groups->node().name, " has no GPUs (",
-                                     gpus_.unavailable_reason.empty()
-                                         ? "the driver reports none"
-                                         : gpus_.unavailable_reason,
-                                     ")");
+    cuda_unavailable_ = absl::StrCat(
+        "node ", groups->node().name, " has no GPUs (",
+        gpus_.unavailable_reason.empty() ? "the driver reports none" : gpus_.unavailable_reason,
+        ")");
   } else {
     absl::StatusOr<const cuda::Driver*> driver = cuda::Driver::Load();
     absl::StatusOr<std::unique_ptr<CudaCopies>> copies =
@@ -537,9 +536,10 @@ void Daemon::Shutdown() {
   // ones are refused meanwhile.
   const absl::Time grace_end = absl::Now() + config_.shutdown_grace;
   if (const size_t left = calls_->Drain(grace_end); left > 0) {
-    DaemonLog().warn("[socket {}] {} calls still in flight after the grace period; they are "
-                     "answered UNAVAILABLE",
-                     socket_path_, left);
+    DaemonLog().warn(
+        "[socket {}] {} calls still in flight after the grace period; they are "
+        "answered UNAVAILABLE",
+        socket_path_, left);
   }
   // Members leave explicitly (other daemons see LEFT, not a late eviction), then the streams
   // of sessions and watches end, then the store's waiters.

@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<DataSocket>> DataSocket::Start(DataSocketOptions 
   const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   if (wake_fd < 0 || epoll_fd < 0) {
-    const absl::Status status = ErrnoError("cannot create the loop of the data socket", options.path);
+    const absl::Status status =
+        ErrnoError("cannot create the loop of the data socket", options.path);
     close(listen_fd);
     if (wake_fd >= 0) close(wake_fd);
     if (epoll_fd >= 0) close(epoll_fd);
@@ -85,15 +86,14 @@ absl::StatusOr<std::unique_ptr<DataSocket>> DataSocket::Start(DataSocketOptions 
   wake_event.events = EPOLLIN;
   wake_event.data.u64 = kWakeTag;
   epoll_ctl(epoll_fd, EPOLL_CTL_ADD, wake_fd, &wake_event);
-  std::unique_ptr<DataSocket> socket(
-      new DataSocket(std::move(options), layout->total_bytes, *std::move(lock), listen_fd,
-                     wake_fd, epoll_fd));
+  std::unique_ptr<DataSocket> socket(new DataSocket(
+      std::move(options), layout->total_bytes, *std::move(lock), listen_fd, wake_fd, epoll_fd));
   socket->loop_ = std::thread([raw = socket.get()] { raw->Loop(); });
-  DaemonLog().info("[data {}] attaching sessions to shared memory ({} bytes per heap, at most {} "
-                   "sessions and {} bytes of segments, {} places kept for other users)",
-                   socket->path_, socket->options_.limits.tx_heap_bytes,
-                   socket->options_.max_sessions, socket->options_.max_shared_memory_bytes,
-                   socket->options_.sessions_kept_free);
+  DaemonLog().info(
+      "[data {}] attaching sessions to shared memory ({} bytes per heap, at most {} "
+      "sessions and {} bytes of segments, {} places kept for other users)",
+      socket->path_, socket->options_.limits.tx_heap_bytes, socket->options_.max_sessions,
+      socket->options_.max_shared_memory_bytes, socket->options_.sessions_kept_free);
   return socket;
 }
 
@@ -301,9 +301,10 @@ void DataSocket::Accept() {
         epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
         accept_paused_until_ = absl::Now() + absl::Milliseconds(100);
       }
-      LogRefusal(static_cast<uid_t>(-1), absl::StrCat("accept: ", std::strerror(error),
-                              error == EMFILE || error == ENFILE ? "; accepting again in 100 ms"
-                                                                 : ""));
+      LogRefusal(
+          static_cast<uid_t>(-1),
+          absl::StrCat("accept: ", std::strerror(error),
+                       error == EMFILE || error == ENFILE ? "; accepting again in 100 ms" : ""));
       return;
     }
     ucred cred{};
@@ -358,7 +359,8 @@ void DataSocket::OnReadable(uint64_t id) {
   }
   request.append(buffer, static_cast<size_t>(got));
   if (request.size() > shm::kAttachRequestBytes) {
-    LogRefusal(UidOf(id), absl::StrCat("connection ", id, " sent more than an attach request; closed"));
+    LogRefusal(UidOf(id),
+               absl::StrCat("connection ", id, " sent more than an attach request; closed"));
     Close(id, false);
     return;
   }
@@ -369,7 +371,8 @@ void DataSocket::OnReadable(uint64_t id) {
   }
   absl::StatusOr<shm::DataRequest> decoded = shm::DecodeDataRequest(request);
   if (!decoded.ok()) {
-    LogRefusal(UidOf(id), absl::StrCat("connection ", id, ": ", decoded.status().message(), "; closed"));
+    LogRefusal(UidOf(id),
+               absl::StrCat("connection ", id, ": ", decoded.status().message(), "; closed"));
     Close(id, false);
     return;
   }
@@ -457,8 +460,7 @@ void DataSocket::ProcessExited(uint64_t tag) {
   }
   DaemonLog().info("[session {}] its process (pid {}) exited; ending the session",
                    SessionHandle(watch.session_id), watch.pid);
-  options_.end_session(watch.session_id,
-                       absl::StrCat("its process (pid ", watch.pid, ") exited"));
+  options_.end_session(watch.session_id, absl::StrCat("its process (pid ", watch.pid, ") exited"));
 }
 
 void DataSocket::Attach(uint64_t id, const std::string& session_id) {
@@ -479,9 +481,9 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
     absl::MutexLock lock(&mu_);
     if (refused.ok() && attached_.count(session_id) != 0) {
       const Connection& holder = connections_.at(attached_.at(session_id));
-      refused = absl::AlreadyExistsError(absl::StrCat(
-          "session ", SessionHandle(session_id), " is attached already (by pid ", holder.pid,
-          "); a session attaches once"));
+      refused = absl::AlreadyExistsError(absl::StrCat("session ", SessionHandle(session_id),
+                                                      " is attached already (by pid ", holder.pid,
+                                                      "); a session attaches once"));
     } else if (refused.ok()) {
       refused = RoomFor(uid);
     }
@@ -539,7 +541,8 @@ void DataSocket::Attach(uint64_t id, const std::string& session_id) {
       return;
     }
   }
-  LogRefusal(uid, absl::StrCat("attach from pid ", pid, " uid ", uid, " refused: ", refused.ToString()));
+  LogRefusal(uid,
+             absl::StrCat("attach from pid ", pid, " uid ", uid, " refused: ", refused.ToString()));
   shm::AttachReply reply;
   reply.status = refused;
   SendReply(fd, reply, -1);
@@ -566,16 +569,17 @@ absl::Status DataSocket::RoomFor(uid_t uid) const {
   // named apart because an operator may have set max_sessions above what it allows.
   const int64_t segment_bytes = static_cast<int64_t>(segment_bytes_);
   if (attached >= options_.max_sessions) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "data.max_sessions (", options_.max_sessions,
-        ") sessions are attached to shared memory; raise it or end other sessions"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("data.max_sessions (", options_.max_sessions,
+                     ") sessions are attached to shared memory; raise it or end other sessions"));
   }
   if ((attached + 1) * segment_bytes > options_.max_shared_memory_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "data.max_shared_memory_bytes (", options_.max_shared_memory_bytes, ") holds ", attached,
-        " session segments of ", segment_bytes, " bytes (data.arena_bytes ",
-        options_.limits.tx_heap_bytes, " twice), all attached; raise it, lower data.arena_bytes "
-        "or end other sessions"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("data.max_shared_memory_bytes (", options_.max_shared_memory_bytes, ") holds ",
+                     attached, " session segments of ", segment_bytes, " bytes (data.arena_bytes ",
+                     options_.limits.tx_heap_bytes,
+                     " twice), all attached; raise it, lower data.arena_bytes "
+                     "or end other sessions"));
   }
   if (mine >= options_.max_sessions_per_uid) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -585,8 +589,8 @@ absl::Status DataSocket::RoomFor(uid_t uid) const {
   if (mine >= options_.sessions_kept_free && free_after < options_.sessions_kept_free) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "data.sessions_kept_free (", options_.sessions_kept_free, "): uid ", uid, " has ", mine,
-        " sessions attached and ", free_after + 1, " of data.max_sessions (",
-        options_.max_sessions, ") places are free; the last ", options_.sessions_kept_free,
+        " sessions attached and ", free_after + 1, " of data.max_sessions (", options_.max_sessions,
+        ") places are free; the last ", options_.sessions_kept_free,
         " are kept for other users' sessions (raise data.max_sessions, or lower "
         "data.sessions_kept_free on a node with one user)"));
   }

@@ -27,9 +27,8 @@ std::vector<std::string> DeviceNodes(const std::string& device_dir) {
   while (dirent* entry = readdir(dir)) {
     const absl::string_view name = entry->d_name;
     absl::string_view digits = name;
-    if (name == "nvidiactl" ||
-        (absl::ConsumePrefix(&digits, "nvidia") && !digits.empty() &&
-         std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit))) {
+    if (name == "nvidiactl" || (absl::ConsumePrefix(&digits, "nvidia") && !digits.empty() &&
+                                std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit))) {
       nodes.push_back(absl::StrCat(device_dir, "/", name));
     }
   }

@@ -31,8 +31,8 @@
 #include "base/log_limiter.h"
 #include "daemon/replay_guard.h"
 #include "google/protobuf/message.h"
-#include "store/store.h"
 #include "grpcpp/server_context.h"
+#include "store/store.h"
 
 namespace tpd {
 

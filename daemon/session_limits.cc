@@ -42,8 +42,8 @@ DataConfig ResolveSessionLimits(DataConfig data, uint64_t segment_bytes,
                                 const MachineFacts& machine, std::string* how) {
   std::string said;
   if (data.max_shared_memory_bytes == 0) {
-    data.max_shared_memory_bytes = std::max<int64_t>(machine.memory_bytes / 2,
-                                                     static_cast<int64_t>(segment_bytes));
+    data.max_shared_memory_bytes =
+        std::max<int64_t>(machine.memory_bytes / 2, static_cast<int64_t>(segment_bytes));
     absl::StrAppend(&said, "data.max_shared_memory_bytes ", Gib(data.max_shared_memory_bytes),
                     " (half of ", Gib(machine.memory_bytes), " of memory)");
   }
@@ -64,8 +64,8 @@ DataConfig ResolveSessionLimits(DataConfig data, uint64_t segment_bytes,
       }
     }
     data.max_sessions = std::clamp<int64_t>(sessions, 1, 65536);
-    absl::StrAppend(&said, said.empty() ? "" : "; ", "data.max_sessions ", data.max_sessions,
-                    " (", bound, ")");
+    absl::StrAppend(&said, said.empty() ? "" : "; ", "data.max_sessions ", data.max_sessions, " (",
+                    bound, ")");
   }
   if (data.max_sessions_per_uid == 0 || data.max_sessions_per_uid > data.max_sessions) {
     data.max_sessions_per_uid = data.max_sessions;

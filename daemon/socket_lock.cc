@@ -142,8 +142,8 @@ absl::Status SetSocketOwnership(const std::string& path, mode_t mode, const std:
         absl::StrCat("daemon.socket_group \"", group, "\" is not a group on this machine"));
   }
   if (chown(path.c_str(), -1, entry->gr_gid) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot give socket ", path, " to group ",
-                                                      group, ": ", std::strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot give socket ", path, " to group ", group, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }

@@ -200,9 +200,9 @@ absl::StatusOr<std::shared_ptr<store::Store>> StoreService::Reached(
     return valid;
   }
   if (session == metadata.end() || session->second.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("a request for group '", name,
-                                                      "''s store must carry its session (metadata ",
-                                                      kStoreSessionMetadata, "): join the group first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("a request for group '", name, "''s store must carry its session (metadata ",
+                     kStoreSessionMetadata, "): join the group first"));
   }
   if (!group_stores_) {
     return absl::FailedPreconditionError("this daemon serves no group stores");

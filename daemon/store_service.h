@@ -27,14 +27,14 @@
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/call_stats.h"
 #include "daemon/config.h"
 #include "daemon/peer_auth.h"
 #include "proto/store.grpc.pb.h"
 #include "proto/store_scope.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "store/memory/memory_store.h"
 #include "store/prefix_store.h"
 #include "store/store.h"

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
-#include "absl/strings/cord.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 

@@ -22,8 +22,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -40,7 +40,8 @@ namespace {
 // would release the parent's received blocks, answer or drop its requests and end its
 // session. The child leaves them alone instead: it leaks its copies, which die with it.
 std::atomic<uint64_t> g_forks{0};
-[[maybe_unused]] const int kCountForks = pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1); });
+[[maybe_unused]] const int kCountForks =
+    pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1); });
 
 uint64_t ForkCount() { return g_forks.load(std::memory_order_relaxed); }
 // Whether a handle made at fork count `made_at` belongs to a parent of this process.
@@ -74,7 +75,7 @@ struct tpd_event {
   std::string status_message;
   tpd::Message message;  // payload, tensors, caller
   std::string method;
-  tpd::Responder responder;  // requests only
+  tpd::Responder responder;                   // requests only
   std::shared_ptr<struct tpd_events> events;  // the DLPack policy's counters
 };
 
@@ -283,9 +284,8 @@ absl::StatusOr<std::vector<tpd::Tensor>> ToTensors(tpd_client* client, const tpd
       if (t.device_index < 0) {
         return absl::InvalidArgumentError(absl::StrCat(what, ": cuda:", t.device_index));
       }
-      out.push_back(tpd::Tensor::Cuda(dtype, std::move(shape),
-                                      reinterpret_cast<uint64_t>(t.data), t.device_index,
-                                      t.stream, keep));
+      out.push_back(tpd::Tensor::Cuda(dtype, std::move(shape), reinterpret_cast<uint64_t>(t.data),
+                                      t.device_index, t.stream, keep));
       continue;
     }
     if (t.device_type != TPD_CPU) {
@@ -295,8 +295,8 @@ absl::StatusOr<std::vector<tpd::Tensor>> ToTensors(tpd_client* client, const tpd
     if (t.data == nullptr && t.nbytes > 0) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": NULL data of ", t.nbytes, " bytes"));
     }
-    tpd::Tensor borrowed = tpd::Tensor::Borrow(dtype, {static_cast<int64_t>(t.nbytes)}, t.data,
-                                               t.nbytes);
+    tpd::Tensor borrowed =
+        tpd::Tensor::Borrow(dtype, {static_cast<int64_t>(t.nbytes)}, t.data, t.nbytes);
     if (client != nullptr) {
       absl::MutexLock lock(&client->arena_mu);
       auto it = client->arena.find(t.data);
@@ -304,7 +304,8 @@ absl::StatusOr<std::vector<tpd::Tensor>> ToTensors(tpd_client* client, const tpd
     }
     // The tensor as the caller describes it, over the bytes it gave (checked to match).
     absl::StatusOr<tpd::Tensor> shaped = borrowed.Reshaped(dtype, std::move(shape));
-    if (!shaped.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", shaped.status().message()));
+    if (!shaped.ok())
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", shaped.status().message()));
     out.push_back(*std::move(shaped));
   }
   return out;
@@ -416,8 +417,8 @@ void tpd_free(void* p) { std::free(p); }
 
 // --- Clients ---
 
-int tpd_client_open(const char* socket_path, int64_t connect_timeout_us,
-                    uint64_t cuda_pool_bytes, tpd_client** out) {
+int tpd_client_open(const char* socket_path, int64_t connect_timeout_us, uint64_t cuda_pool_bytes,
+                    tpd_client** out) {
   return Guarded("tpd_client_open", [&]() -> absl::Status {
     if (absl::Status s = Required(out, "out"); !s.ok()) return s;
     *out = nullptr;
@@ -507,8 +508,8 @@ int tpd_join_options_set(tpd_join_options* options, const char* key, const char*
       o.secret = v;
     } else if (k == "abandon") {
       o.abandon = v;
-    } else if (k == "rank" || k == "world_size" || k == "timeout_us" ||
-               k == "num_worker_threads" || k == "rpc_timeout_us" || k == "include_members") {
+    } else if (k == "rank" || k == "world_size" || k == "timeout_us" || k == "num_worker_threads" ||
+               k == "rpc_timeout_us" || k == "include_members") {
       absl::StatusOr<int64_t> n = Integer(key, v);
       if (!n.ok()) return n.status();
       if (k == "rank") o.rank = *n;
@@ -541,8 +542,8 @@ int tpd_join_options_set(tpd_join_options* options, const char* key, const char*
   });
 }
 
-int tpd_join_options_add_device_map(tpd_join_options* options, const char* worker,
-                                    const char* from, const char* to) {
+int tpd_join_options_add_device_map(tpd_join_options* options, const char* worker, const char* from,
+                                    const char* to) {
   return Guarded("tpd_join_options_add_device_map", [&]() -> absl::Status {
     if (absl::Status s = Required(options, "options"); !s.ok()) return s;
     if (worker == nullptr || from == nullptr || to == nullptr) {
@@ -591,8 +592,8 @@ int tpd_get_group(tpd_client* client, const char* group, const char* init_method
                   char** view_json) {
   return Guarded("tpd_get_group", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
-    absl::StatusOr<tpd::v1::GroupView> view = client->client->GetGroup(Str(group),
-                                                                         Str(init_method));
+    absl::StatusOr<tpd::v1::GroupView> view =
+        client->client->GetGroup(Str(group), Str(init_method));
     if (!view.ok()) return view.status();
     return ToJson(*view, view_json);
   });
@@ -808,9 +809,9 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
         continue;
       }
       const int both = TPD_QUEUE_REQUESTS | TPD_QUEUE_REPLIES;
-      absl::CondVar& cv = (queues & both) == both          ? events.any_cv
+      absl::CondVar& cv = (queues & both) == both         ? events.any_cv
                           : (queues & TPD_QUEUE_REQUESTS) ? events.requests_cv
-                                                           : events.replies_cv;
+                                                          : events.replies_cv;
       timed_out = cv.WaitWithDeadline(&events.mu, deadline);
     }
   });
@@ -975,8 +976,8 @@ int tpd_reply_error(tpd_event* event, int code, const char* message) {
       return absl::InvalidArgumentError("tpd_reply_error: the event is not a request");
     }
     if (code <= TPD_OK || code > TPD_UNAUTHENTICATED) code = TPD_UNKNOWN;
-    absl::Status sent = event->responder.Reply(
-        absl::Status(static_cast<absl::StatusCode>(code), Str(message)));
+    absl::Status sent =
+        event->responder.Reply(absl::Status(static_cast<absl::StatusCode>(code), Str(message)));
     event->responder = tpd::Responder();
     return sent;
   });
@@ -1003,10 +1004,9 @@ int tpd_call(tpd_client* client, const char* group, const char* worker, const ch
   });
 }
 
-int tpd_call_async(tpd_client* client, const char* group, const char* worker,
-                   const char* method, const char* payload, size_t size,
-                   const tpd_tensor* tensors, int num_tensors, int64_t timeout_us,
-                   uint64_t tag) {
+int tpd_call_async(tpd_client* client, const char* group, const char* worker, const char* method,
+                   const char* payload, size_t size, const tpd_tensor* tensors, int num_tensors,
+                   int64_t timeout_us, uint64_t tag) {
   return tpd_call_async_flags(client, group, worker, method, payload, size, tensors, num_tensors,
                               timeout_us, tag, 0);
 }
@@ -1025,9 +1025,9 @@ int tpd_call_async_flags(tpd_client* client, const char* group, const char* work
     if (!bytes.ok()) return bytes.status();
     absl::StatusOr<std::vector<tpd::Tensor>> converted = ToTensors(client, tensors, num_tensors);
     if (!converted.ok()) return converted.status();
-    tpd::CallFuture future = client->client->CallAsync(
-        Str(group), Str(worker), Str(method), *bytes, *converted, CallTimeout(timeout_us),
-        (flags & TPD_CALL_REVERSE_MAP) != 0);
+    tpd::CallFuture future =
+        client->client->CallAsync(Str(group), Str(worker), Str(method), *bytes, *converted,
+                                  CallTimeout(timeout_us), (flags & TPD_CALL_REVERSE_MAP) != 0);
     std::shared_ptr<tpd_events> events = client->events;
     future.Then([events, tag](const absl::StatusOr<tpd::Message>& result) {
       std::unique_ptr<tpd_event> event = ReplyEvent(events, tag, result);
@@ -1039,8 +1039,7 @@ int tpd_call_async_flags(tpd_client* client, const char* group, const char* work
 
 // --- The store ---
 
-int tpd_store_open(tpd_client* client, const char* group, const char* name_space,
-                   tpd_store** out) {
+int tpd_store_open(tpd_client* client, const char* group, const char* name_space, tpd_store** out) {
   return Guarded("tpd_store_open", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
     if (absl::Status s = Required(out, "out"); !s.ok()) return s;
@@ -1096,17 +1095,15 @@ int tpd_store_compare_set(tpd_store* store, const char* key, const char* expecte
     if (!was.ok()) return was.status();
     absl::StatusOr<std::string_view> wanted = Bytes(desired, desired_size, "desired value");
     if (!wanted.ok()) return wanted.status();
-    absl::StatusOr<std::string> now = store->view.CompareSet(
-        Str(key), absl::string_view(was->data(), was->size()),
-        absl::string_view(wanted->data(), wanted->size()));
+    absl::StatusOr<std::string> now =
+        store->view.CompareSet(Str(key), absl::string_view(was->data(), was->size()),
+                               absl::string_view(wanted->data(), wanted->size()));
     if (!now.ok()) return now.status();
     return TakeBytes(*now, value, size);
   });
 }
 
-
-int tpd_store_wait(tpd_store* store, const char* const* keys, int num_keys,
-                   int64_t timeout_us) {
+int tpd_store_wait(tpd_store* store, const char* const* keys, int num_keys, int64_t timeout_us) {
   return Guarded("tpd_store_wait", [&]() -> absl::Status {
     if (absl::Status s = Required(store, "store"); !s.ok()) return s;
     absl::StatusOr<std::vector<std::string>> list = Keys(keys, num_keys);
@@ -1161,17 +1158,13 @@ int tpd_call_stats(tpd_client* client, char** stats_json) {
     const tpd::CallEngineStats& s = *stats;
     *stats_json = Copy(absl::StrCat(
         "{\"arena_bytes\": ", s.arena_bytes, ", \"arena_used_bytes\": ", s.arena_used_bytes,
-        ", \"arena_live_blocks\": ", s.arena_live_blocks,
-        ", \"bytes_copied_in\": ", s.bytes_copied_in,
-        ", \"tensors_copied_in\": ", s.tensors_copied_in,
-        ", \"tensors_in_place\": ", s.tensors_in_place,
-        ", \"rx_blocks_held\": ", s.rx_blocks_held,
-        ", \"handler_threads\": ", s.handler_threads,
-        ", \"handlers_running\": ", s.handlers_running,
-        ", \"cuda_tensors_sent\": ", s.cuda_tensors_sent,
-        ", \"cuda_tensors_received\": ", s.cuda_tensors_received,
-        ", \"cuda_pool_blocks_held\": ", s.cuda_pool_blocks_held,
-        ", \"rx_view_bytes\": ", client->events->rx_view_bytes.load(),
+        ", \"arena_live_blocks\": ", s.arena_live_blocks, ", \"bytes_copied_in\": ",
+        s.bytes_copied_in, ", \"tensors_copied_in\": ", s.tensors_copied_in,
+        ", \"tensors_in_place\": ", s.tensors_in_place, ", \"rx_blocks_held\": ", s.rx_blocks_held,
+        ", \"handler_threads\": ", s.handler_threads, ", \"handlers_running\": ",
+        s.handlers_running, ", \"cuda_tensors_sent\": ", s.cuda_tensors_sent,
+        ", \"cuda_tensors_received\": ", s.cuda_tensors_received, ", \"cuda_pool_blocks_held\": ",
+        s.cuda_pool_blocks_held, ", \"rx_view_bytes\": ", client->events->rx_view_bytes.load(),
         ", \"rx_heap_bytes\": ", client->events->rx_heap_bytes.load(), "}"));
     return absl::OkStatus();
   });

@@ -79,8 +79,8 @@ typedef struct tpd_client tpd_client;
  * system one). `connect_timeout_us`: how long to wait for the daemon (TPD_TIMEOUT_DEFAULT: 5 s).
  * `cuda_pool_bytes`: the receive pool lent on each CUDA device a join gives this client's
  * workers (0: the library's default, 256 MiB). */
-int tpd_client_open(const char* socket_path, int64_t connect_timeout_us,
-                    uint64_t cuda_pool_bytes, tpd_client** out);
+int tpd_client_open(const char* socket_path, int64_t connect_timeout_us, uint64_t cuda_pool_bytes,
+                    tpd_client** out);
 /* Ends the session (its members leave at once), wakes every tpd_next_event waiting on the
  * client with TPD_CANCELLED, and frees it. Events, calls and tensors taken from it stay
  * valid; answering a request after this fails. NULL: no-op. */
@@ -112,8 +112,8 @@ void tpd_join_options_free(tpd_join_options* options);
  * INVALID_ARGUMENT naming the option for an unknown name or a value that is not its type. */
 int tpd_join_options_set(tpd_join_options* options, const char* key, const char* value);
 /* Adds device_maps[worker][from] = to ("cuda:0", "cpu", or a bare index). */
-int tpd_join_options_add_device_map(tpd_join_options* options, const char* worker,
-                                    const char* from, const char* to);
+int tpd_join_options_add_device_map(tpd_join_options* options, const char* worker, const char* from,
+                                    const char* to);
 
 /* Joins; `*response_json` (may be NULL) receives the JoinResponse as JSON (proto3 JSON
  * names). Errors with the daemon's code and message (torch's wording for bad init methods and
@@ -126,8 +126,7 @@ int tpd_leave(tpd_client* client, const char* group, const char* name);
 int tpd_barrier(tpd_client* client, const char* group, const char* name, int64_t timeout_us,
                 char** response_json);
 /* The group's view as JSON (GroupView). `init_method` "" or NULL: this daemon's. */
-int tpd_get_group(tpd_client* client, const char* group, const char* init_method,
-                  char** view_json);
+int tpd_get_group(tpd_client* client, const char* group, const char* init_method, char** view_json);
 /* Admin.Status of the daemon as JSON. */
 // A secret of this process's user for `purpose` (Control.UserSecret): 64 hex digits in
 // *secret_hex (free with tpd_free), the same for this uid on every daemon of the cluster.
@@ -138,9 +137,18 @@ int tpd_status(tpd_client* client, char** status_json);
 
 /* dtype codes (proto/shm/descriptor.h DType). */
 enum {
-  TPD_FLOAT32 = 1, TPD_FLOAT64 = 2, TPD_FLOAT16 = 3, TPD_BFLOAT16 = 4, TPD_INT8 = 5,
-  TPD_UINT8 = 6, TPD_INT16 = 7, TPD_INT32 = 8, TPD_INT64 = 9, TPD_BOOL = 10,
-  TPD_COMPLEX64 = 11, TPD_COMPLEX128 = 12,
+  TPD_FLOAT32 = 1,
+  TPD_FLOAT64 = 2,
+  TPD_FLOAT16 = 3,
+  TPD_BFLOAT16 = 4,
+  TPD_INT8 = 5,
+  TPD_UINT8 = 6,
+  TPD_INT16 = 7,
+  TPD_INT32 = 8,
+  TPD_INT64 = 9,
+  TPD_BOOL = 10,
+  TPD_COMPLEX64 = 11,
+  TPD_COMPLEX128 = 12,
 };
 enum { TPD_CPU = 0, TPD_CUDA = 1 };
 
@@ -152,13 +160,13 @@ enum { TPD_CPU = 0, TPD_CUDA = 1 };
  * call completes. */
 typedef struct tpd_tensor {
   int32_t dtype;
-  int32_t ndim;             /* at most 8 */
+  int32_t ndim; /* at most 8 */
   int64_t shape[8];
-  const void* data;         /* host pointer, or device pointer for TPD_CUDA */
+  const void* data; /* host pointer, or device pointer for TPD_CUDA */
   uint64_t nbytes;
-  int32_t device_type;      /* TPD_CPU or TPD_CUDA */
+  int32_t device_type; /* TPD_CPU or TPD_CUDA */
   int32_t device_index;
-  void* stream;             /* CUDA only */
+  void* stream; /* CUDA only */
 } tpd_tensor;
 
 /* A block of the shared arena of `nbytes`, for a CPU tensor to be sent with no copy; `*data`
@@ -266,10 +274,9 @@ int tpd_call(tpd_client* client, const char* group, const char* worker, const ch
 /* Starts the call; its result arrives as a TPD_EVENT_REPLY with `tag` on the replies queue.
  * Every started call delivers exactly one event (its reply, its error, its deadline, or
  * CANCELLED when the client closes first). An error here means nothing was started. */
-int tpd_call_async(tpd_client* client, const char* group, const char* worker,
-                   const char* method, const char* payload, size_t size,
-                   const tpd_tensor* tensors, int num_tensors, int64_t timeout_us,
-                   uint64_t tag);
+int tpd_call_async(tpd_client* client, const char* group, const char* worker, const char* method,
+                   const char* payload, size_t size, const tpd_tensor* tensors, int num_tensors,
+                   int64_t timeout_us, uint64_t tag);
 
 /* Flags of tpd_call_async_flags. TPD_CALL_REVERSE_MAP: the call's CUDA tensors go by the
  * reverse of the callee's device map toward the caller (the map the callee's replies take)
@@ -291,8 +298,7 @@ typedef struct tpd_store tpd_store;
  * only a client holding a member of the group may use (calls answer PERMISSION_DENIED
  * otherwise). `name_space` ("" or NULL: none) keeps keys apart within it. `client` must
  * outlive the store. */
-int tpd_store_open(tpd_client* client, const char* group, const char* name_space,
-                   tpd_store** out);
+int tpd_store_open(tpd_client* client, const char* group, const char* name_space, tpd_store** out);
 /* NULL: no-op. */
 void tpd_store_close(tpd_store* store);
 
@@ -304,8 +310,7 @@ int tpd_store_add(tpd_store* store, const char* key, int64_t delta, int64_t* res
 int tpd_store_compare_set(tpd_store* store, const char* key, const char* expected,
                           size_t expected_size, const char* desired, size_t desired_size,
                           char** value, size_t* size);
-int tpd_store_wait(tpd_store* store, const char* const* keys, int num_keys,
-                   int64_t timeout_us);
+int tpd_store_wait(tpd_store* store, const char* const* keys, int num_keys, int64_t timeout_us);
 /* `*ready` 1 when every key exists. */
 int tpd_store_check(tpd_store* store, const char* const* keys, int num_keys, int* ready);
 /* `*deleted` 1 when the key existed. */
@@ -319,7 +324,7 @@ int tpd_store_num_keys(tpd_store* store, int64_t* num_keys);
 int tpd_call_stats(tpd_client* client, char** stats_json);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
 #endif /* TPD_CLIENT_C_TPD_CLIENT_H_ */

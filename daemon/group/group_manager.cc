@@ -98,10 +98,10 @@ void GroupManager::ReapLoop() {
       }
       for (auto it = trackers_.begin(); it != trackers_.end();) {
         if (now - it->second.last_used >= options_.idle_release && it->second.tracker->Idle()) {
-          DaemonLog().info("[group {}] [store {}] released: no local member, watcher or call "
-                           "for {}",
-                           it->first, it->second.store_name,
-                           absl::FormatDuration(options_.idle_release));
+          DaemonLog().info(
+              "[group {}] [store {}] released: no local member, watcher or call "
+              "for {}",
+              it->first, it->second.store_name, absl::FormatDuration(options_.idle_release));
           released.push_back(std::move(it->second.tracker));
           it = trackers_.erase(it);
         } else {
@@ -181,9 +181,9 @@ absl::Status GroupManager::BindSessionUid(const std::string& session_id, int64_t
     int64_t of_uid = 0;
     for (const auto& [id, session] : sessions_) of_uid += session.uid == uid;
     if (of_uid >= options_.max_sessions_per_uid) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "data.max_open_sessions_per_uid (", options_.max_sessions_per_uid,
-          ") sessions of uid ", uid, " are open; end some of them"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("data.max_open_sessions_per_uid (", options_.max_sessions_per_uid,
+                       ") sessions of uid ", uid, " are open; end some of them"));
     }
   }
   bound = uid;
@@ -207,9 +207,9 @@ absl::StatusOr<std::string> GroupManager::UserSecret(const std::string& session_
   absl::StatusOr<int64_t> uid = SessionUid(session_id);
   if (!uid.ok()) return uid.status();
   // Length-prefixed, so no (uid, purpose) pair encodes like another.
-  return store::HmacSha256(options_.user_secret_key,
-                           absl::StrCat("tpd-user-secret-v1 uid=", *uid, " purpose=",
-                                        purpose.size(), ":", purpose));
+  return store::HmacSha256(
+      options_.user_secret_key,
+      absl::StrCat("tpd-user-secret-v1 uid=", *uid, " purpose=", purpose.size(), ":", purpose));
 }
 
 void GroupManager::EndSession(const std::string& session_id) {
@@ -234,9 +234,9 @@ absl::StatusOr<std::shared_ptr<store::Store>> GroupManager::GroupStore(
   if (absl::Status status = CheckSession(session_id); !status.ok()) return status;
   std::shared_ptr<GroupTracker> tracker = Known(group);
   if (tracker == nullptr || !tracker->Holds(session_id)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "this client's session holds no member of group ", GroupName(group),
-        " on this daemon: only members may use a group's store (join it first)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("this client's session holds no member of group ", GroupName(group),
+                     " on this daemon: only members may use a group's store (join it first)"));
   }
   // Members' sessions are bound to their uid (a join needs it).
   absl::StatusOr<int64_t> uid = SessionUid(session_id);
@@ -254,7 +254,7 @@ absl::StatusOr<std::shared_ptr<store::Store>> GroupManager::GroupStore(
 }
 
 std::optional<std::string> GroupManager::SessionOf(const std::string& group,
-                                                  const std::string& name) {
+                                                   const std::string& name) {
   std::shared_ptr<GroupTracker> tracker = Known(group);
   if (tracker == nullptr) return std::nullopt;
   return tracker->SessionOf(name);
@@ -312,10 +312,10 @@ absl::Status GroupManager::CheckSessionGroups(const std::string& session_id,
     if (tracker->Holds(session_id)) ++held;
   }
   if (held < options_.max_groups_per_session) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "this client's session already holds members in ", held,
-      " groups; the limit group.max_groups_per_session is ", options_.max_groups_per_session,
-      " (leave a group first)"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("this client's session already holds members in ", held,
+                   " groups; the limit group.max_groups_per_session is ",
+                   options_.max_groups_per_session, " (leave a group first)"));
 }
 
 absl::Status GroupManager::CheckSession(const std::string& session_id) {
@@ -347,8 +347,8 @@ absl::StatusOr<std::shared_ptr<GroupManager::StoreEntry>> GroupManager::StoreFor
   entry->name = name;
   entry->store = *std::move(store);
   entry->liveness = std::make_unique<NodeLiveness>(
-      entry->store.get(), name, node_.name, &node_.incarnation,
-      options_.tracker.heartbeat_timeout, options_.tracker.heartbeat_interval / 2,
+      entry->store.get(), name, node_.name, &node_.incarnation, options_.tracker.heartbeat_timeout,
+      options_.tracker.heartbeat_interval / 2,
       [this](uint64_t lost) { Reincarnate(lost, "its liveness lease expired"); });
   absl::StatusOr<std::unique_ptr<GroupWorker>> worker = GroupWorker::Start(name);
   if (!worker.ok()) return worker.status();
@@ -391,18 +391,20 @@ absl::StatusOr<std::shared_ptr<GroupTracker>> GroupManager::TrackerFor(
       absl::StrCat(" (groups without local members or watchers are released after ",
                    absl::FormatDuration(options_.idle_release), ")");
   if (static_cast<int64_t>(trackers_.size()) >= options_.max_groups) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this daemon already follows ", trackers_.size(), " groups; the limit group.max_groups is ",
-        options_.max_groups, released));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this daemon already follows ", trackers_.size(),
+                     " groups; the limit group.max_groups is ", options_.max_groups, released));
   }
   // Shares, so that no one user, nor lookups that nobody answers for, fill the table.
   int64_t same_share = 0;
   for (const auto& [name, followed] : trackers_) same_share += followed.uid == uid;
   if (!uid && same_share >= options_.max_unattributed_groups) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this daemon already follows ", same_share, " groups for lookups and watches; the limit "
-        "group.max_unattributed_groups is ", options_.max_unattributed_groups,
-        " (a member's group counts against its user instead)", released));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this daemon already follows ", same_share,
+                     " groups for lookups and watches; the limit "
+                     "group.max_unattributed_groups is ",
+                     options_.max_unattributed_groups,
+                     " (a member's group counts against its user instead)", released));
   }
   if (uid && same_share >= options_.max_groups_per_uid) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -412,8 +414,7 @@ absl::StatusOr<std::shared_ptr<GroupTracker>> GroupManager::TrackerFor(
   // The tracker keeps its store open: the deleter holds the entry until the tracker is gone.
   std::shared_ptr<GroupTracker> tracker(
       new GroupTracker(group, entry->name, entry->store.get(), entry->liveness.get(),
-                       entry->worker.get(), &node_,
-                       options_.tracker,
+                       entry->worker.get(), &node_, options_.tracker,
                        [this](uint64_t lost) { Reincarnate(lost, "evicted from a group"); }),
       [entry](GroupTracker* doomed) { delete doomed; });
   trackers_[group] = TrackerEntry{tracker, entry->name, absl::Now(), uid};

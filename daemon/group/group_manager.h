@@ -20,8 +20,8 @@
 #define TPD_DAEMON_GROUP_GROUP_MANAGER_H_
 
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -101,8 +101,7 @@ class GroupManager {
   // The secret of the uid `session_id` is bound to, for `purpose` (Control.UserSecret):
   // HMAC(user_secret_key, uid, purpose). FAILED_PRECONDITION for a session not open or not
   // identified yet.
-  absl::StatusOr<std::string> UserSecret(const std::string& session_id,
-                                         absl::string_view purpose);
+  absl::StatusOr<std::string> UserSecret(const std::string& session_id, absl::string_view purpose);
 
   void Join(const v1::JoinRequest& request, GroupTracker::JoinDone done);
   // The Join `request` was cancelled by its client (gone, or past its deadline).

@@ -20,7 +20,6 @@ namespace {
 // resynchronization after a gap (versions deleted while this daemon was stopped) can come.
 constexpr absl::Duration kVersionWaitSlice = absl::Seconds(2);
 
-
 // The same store error is logged at most once per this interval per group.
 constexpr absl::Duration kErrorLogInterval = absl::Seconds(30);
 
@@ -360,39 +359,40 @@ void GroupTracker::EnterBarrier(BarrierOp op) {
     open.generation = op.generation;
     ++open.waits;
   }
-  absl::StatusOr<store::WaitId> id = group_store_.WaitAsync(
-      {absl::StrCat(key, "/done")}, op.deadline,
-      [this, key, round, expected, counts_gone = op.counts_gone,
-       cell](absl::StatusOr<std::vector<std::string>> result) {
-        bool stopping;
-        {
-          absl::MutexLock lock(&mu_);
-          cell->finished = true;
-          if (cell->id.has_value()) barrier_waits_.erase(*cell->id);
-          if (counts_gone) CloseOpenBarrier(key);
-          stopping = stop_;
-        }
-        if (stopping && !result.ok()) {
-          cell->done(absl::UnavailableError("the tpd daemon is stopping"));
-          return;
-        }
-        if (result.status().code() == absl::StatusCode::kDeadlineExceeded) {
-          cell->done(absl::DeadlineExceededError(absl::StrCat("group ", group_, ": barrier round ",
-                                                              round, " timed out waiting for all ",
-                                                              expected, " members")));
-          return;
-        }
-        if (!result.ok()) {
-          cell->done(result.status());
-          return;
-        }
-        // The done key holds the names of the members that were gone, one per line.
-        std::vector<std::string> gone;
-        if (!result->empty() && !result->front().empty()) {
-          gone = absl::StrSplit(result->front(), '\n');
-        }
-        cell->done(std::move(gone));
-      });
+  absl::StatusOr<store::WaitId> id =
+      group_store_.WaitAsync({absl::StrCat(key, "/done")}, op.deadline,
+                             [this, key, round, expected, counts_gone = op.counts_gone,
+                              cell](absl::StatusOr<std::vector<std::string>> result) {
+                               bool stopping;
+                               {
+                                 absl::MutexLock lock(&mu_);
+                                 cell->finished = true;
+                                 if (cell->id.has_value()) barrier_waits_.erase(*cell->id);
+                                 if (counts_gone) CloseOpenBarrier(key);
+                                 stopping = stop_;
+                               }
+                               if (stopping && !result.ok()) {
+                                 cell->done(absl::UnavailableError("the tpd daemon is stopping"));
+                                 return;
+                               }
+                               if (result.status().code() == absl::StatusCode::kDeadlineExceeded) {
+                                 cell->done(absl::DeadlineExceededError(absl::StrCat(
+                                     "group ", group_, ": barrier round ", round,
+                                     " timed out waiting for all ", expected, " members")));
+                                 return;
+                               }
+                               if (!result.ok()) {
+                                 cell->done(result.status());
+                                 return;
+                               }
+                               // The done key holds the names of the members that were gone, one
+                               // per line.
+                               std::vector<std::string> gone;
+                               if (!result->empty() && !result->front().empty()) {
+                                 gone = absl::StrSplit(result->front(), '\n');
+                               }
+                               cell->done(std::move(gone));
+                             });
   if (!id.ok()) {
     {
       absl::MutexLock lock(&mu_);
@@ -650,9 +650,9 @@ void GroupTracker::Load() {
     absl::MutexLock lock(&mu_);
     loaded_ = true;
     if (!load.ok() && load.code() != absl::StatusCode::kDataLoss) {
-      load_error_ = absl::UnavailableError(absl::StrCat(
-          "group ", group_, ": cannot read its rendezvous store ", store_name_, ": ",
-          load.message()));
+      load_error_ = absl::UnavailableError(absl::StrCat("group ", group_,
+                                                        ": cannot read its rendezvous store ",
+                                                        store_name_, ": ", load.message()));
     }
     view = load_error_.ok() ? absl::StatusOr<v1::GroupView>(ViewLocked()) : load_error_;
     view_waiters = std::move(view_waiters_);
@@ -886,8 +886,7 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
     next.set_change(change);
     next.set_change_detail(store::JoinSummarized(details, "; "));
     // Peers judge this node's members by the incarnation its liveness key names.
-    const absl::Status announced =
-        joining ? liveness_->Announce(incarnation) : absl::OkStatus();
+    const absl::Status announced = joining ? liveness_->Announce(incarnation) : absl::OkStatus();
     if (absl::IsAborted(announced) && attempt < 100) continue;  // a new incarnation: redo
     absl::StatusOr<bool> appended =
         announced.ok() ? log_.TryAppend(next) : absl::StatusOr<bool>(announced);
@@ -933,8 +932,8 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
           ops_.push_back(std::move(undo));
           continue;
         }
-        local_[name] = LocalMember{ops[i].session_id, ops[i].join->incarnation,
-                                   ops[i].join->uid, absl::Now()};
+        local_[name] =
+            LocalMember{ops[i].session_id, ops[i].join->incarnation, ops[i].join->uid, absl::Now()};
         pending_joins_.push_back({name, ops[i].session_id, ops[i].deadline,
                                   std::move(ops[i].join_done), ops[i].join->omit_members});
       }
@@ -1050,12 +1049,13 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
             if (liveness_->MayHaveLookedSilentSince(it->second.recorded)) {
               evicted = it->second.incarnation;
             } else {
-              DaemonLog().warn("[group {}] [worker {}] version {} removes a member this node "
-                               "kept alive (its heartbeat in store {} was never late): the "
-                               "record is not acted on beyond this group; node {} keeps "
-                               "incarnation {}",
-                               group_, it->first, latest_.view().version(), store_name_,
-                               node_->name, it->second.incarnation);
+              DaemonLog().warn(
+                  "[group {}] [worker {}] version {} removes a member this node "
+                  "kept alive (its heartbeat in store {} was never late): the "
+                  "record is not acted on beyond this group; node {} keeps "
+                  "incarnation {}",
+                  group_, it->first, latest_.view().version(), store_name_, node_->name,
+                  it->second.incarnation);
             }
           }
           it = local_.erase(it);
@@ -1073,15 +1073,15 @@ void GroupTracker::Observe(v1::GroupRecord record, bool snapshot) {
                                       "worker ", it->name, " was removed from group ", group_,
                                       " before it formed: ", latest_.change_detail()))});
       } else if (!view.is_static() || view.phase() == kFormed) {
-        settled.push_back({std::move(it->done), absl::OkStatus(), member->rank(), it->name,
-                           it->omit_members});
+        settled.push_back(
+            {std::move(it->done), absl::OkStatus(), member->rank(), it->name, it->omit_members});
         answers = true;
       } else if (view.phase() == kFailed || view.phase() == kBroken) {
         // Options no member may use are torch's ValueError (INVALID_ARGUMENT); a rank that
         // could not take part, or a member lost, aborts the others' joins.
-        const absl::StatusCode code =
-            view.phase() == kBroken         ? absl::StatusCode::kAborted
-            : latest_.failure_code() == 0 ? absl::StatusCode::kInvalidArgument
+        const absl::StatusCode code = view.phase() == kBroken ? absl::StatusCode::kAborted
+                                      : latest_.failure_code() == 0
+                                          ? absl::StatusCode::kInvalidArgument
                                           : static_cast<absl::StatusCode>(latest_.failure_code());
         settled.push_back({std::move(it->done), absl::Status(code, view.reason())});
         // A failed formation frees its ranks: our member leaves so the group can form anew.

@@ -71,7 +71,8 @@ struct TrackerOptions {
   // outlive the tracker. Join deadlines given to Join() are on this clock.
   Clock* clock = Clock::Real();
   // Runs (on the worker, no lock held) when the heartbeat check evicts another node that went
-  // silent (not one that restarted), with the node and why: the daemon fails calls to it at once instead of at their deadline.
+  // silent (not one that restarted), with the node and why: the daemon fails calls to it at once
+  // instead of at their deadline.
   std::function<void(const std::string& node, const std::string& why)> on_node_lost;
 };
 
@@ -180,7 +181,7 @@ class GroupTracker : public WorkerTask {
   };
   // A barrier entry waiting for the worker to do its store calls.
   struct BarrierOp {
-    std::string key;  // "barrier/<generation>/<round>"
+    std::string key;   // "barrier/<generation>/<round>"
     std::string name;  // the member entering
     int64_t generation = 0;
     int64_t round = 0;
@@ -321,7 +322,7 @@ class GroupTracker : public WorkerTask {
   absl::Time last_heartbeat_check_ = absl::InfinitePast();  // worker only
 
   GroupWorker* const worker_;
-  absl::Time next_tick_ = absl::InfinitePast();  // worker only
+  absl::Time next_tick_ = absl::InfinitePast();      // worker only
   absl::Time next_catch_up_ = absl::InfinitePast();  // worker only
   std::atomic<int64_t> steps_{0};
 };

@@ -8,15 +8,13 @@
 
 namespace tpd::group {
 
-absl::StatusOr<std::unique_ptr<GroupWorker>> GroupWorker::Start(std::string name,
-                                                                 Clock* clock) {
+absl::StatusOr<std::unique_ptr<GroupWorker>> GroupWorker::Start(std::string name, Clock* clock) {
   std::unique_ptr<GroupWorker> worker(new GroupWorker(std::move(name), clock));
   try {
     worker->thread_ = std::thread([raw = worker.get()] { raw->Loop(); });
   } catch (const std::system_error& error) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot start a worker for the groups of ", worker->name_, ": ",
-                     error.what()));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot start a worker for the groups of ",
+                                                     worker->name_, ": ", error.what()));
   }
   return worker;
 }

@@ -76,9 +76,10 @@ void NodeLiveness::Stop() {
   if (!leased() || lease_ == 0) return;
   absl::Status revoked = leases_->RevokeLease(lease_);
   if (!revoked.ok()) {
-    DaemonLog().info("[node {}] [store {}] liveness lease {:016x} not revoked ({}); it expires "
-                     "within {}",
-                     node_, store_name_, lease_, Describe(revoked), absl::FormatDuration(ttl_));
+    DaemonLog().info(
+        "[node {}] [store {}] liveness lease {:016x} not revoked ({}); it expires "
+        "within {}",
+        node_, store_name_, lease_, Describe(revoked), absl::FormatDuration(ttl_));
   }
   lease_ = 0;
   written_ = 0;
@@ -121,9 +122,10 @@ absl::Status NodeLiveness::WriteLocked(uint64_t incarnation) {
 }
 
 void NodeLiveness::LeaseLostLocked(const absl::Status& why) {
-  DaemonLog().warn("[node {}] [store {}] liveness lease {:016x} expired ({}): peers may have "
-                   "evicted this node's members",
-                   node_, store_name_, lease_, std::string(why.message()));
+  DaemonLog().warn(
+      "[node {}] [store {}] liveness lease {:016x} expired ({}): peers may have "
+      "evicted this node's members",
+      node_, store_name_, lease_, std::string(why.message()));
   // The incarnation the lost key named is the one peers may have evicted: leave it, unless
   // the node already did (its trackers saw the eviction first; GroupManager::Reincarnate
   // takes a new one only from `lost`).
@@ -168,9 +170,8 @@ absl::StatusOr<std::optional<std::string>> NodeLiveness::ReadPeer(const std::str
   absl::MutexLock lock(&peers_mu_);
   if (peers_.size() >= kMaxPeersRemembered) {
     // Nodes that left every group of the store: forget what is no longer fresh.
-    absl::erase_if(peers_, [&](const auto& entry) {
-      return now - entry.second.at >= peer_reads_fresh_for_;
-    });
+    absl::erase_if(
+        peers_, [&](const auto& entry) { return now - entry.second.at >= peer_reads_fresh_for_; });
   }
   peers_[node] = PeerRead{value, now};
   return value;

@@ -26,8 +26,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/status/statusor.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "store/store.h"
@@ -108,7 +108,7 @@ class NodeLiveness {
   const std::function<void(uint64_t incarnation)> on_lease_lost_;
 
   absl::Mutex mu_;
-  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;  // 0: none granted (yet, or since one expired)
+  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;     // 0: none granted (yet, or since one expired)
   uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;  // the incarnation the key names
   absl::Time last_renewed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // or granted
   int64_t counter_ ABSL_GUARDED_BY(mu_) = 0;

@@ -133,8 +133,9 @@ absl::Status ValidateGroupRecord(const v1::GroupRecord& record, absl::string_vie
     return absl::DataLossError(absl::StrCat("group ", group, ": record ", key,
                                             " in the rendezvous store is not a valid tpd group "
                                             "record (",
-                                            problem, "); the group cannot be followed until it "
-                                                     "is removed from that store"));
+                                            problem,
+                                            "); the group cannot be followed until it "
+                                            "is removed from that store"));
   };
   const v1::GroupView& view = record.view();
   if (view.group() != group) return bad("it names another group");
@@ -147,8 +148,8 @@ absl::Status ValidateGroupRecord(const v1::GroupRecord& record, absl::string_vie
     return bad(absl::StrCat("more than ", kMaxRecordMembers, " members"));
   }
   if (!record.secret_verifier().empty() && record.secret_verifier().size() != 32) {
-    return bad(absl::StrCat("a secret verifier of ", record.secret_verifier().size(),
-                            " bytes, not 32"));
+    return bad(
+        absl::StrCat("a secret verifier of ", record.secret_verifier().size(), " bytes, not 32"));
   }
   if (view.is_static()) {
     if (view.world_size() <= 0 || view.world_size() > kMaxRecordMembers) {
@@ -160,7 +161,8 @@ absl::Status ValidateGroupRecord(const v1::GroupRecord& record, absl::string_vie
   }
   const bool kept_failure = view.phase() == kFailed && view.is_static();
   if ((view.phase() == kEmpty) != view.members().empty() && !kept_failure) {
-    return bad(view.members().empty() ? "no members outside phase EMPTY" : "members in an EMPTY group");
+    return bad(view.members().empty() ? "no members outside phase EMPTY"
+                                      : "members in an EMPTY group");
   }
   if (view.phase() == kFormed && view.members_size() != view.world_size()) {
     return bad("FORMED without all ranks");
@@ -178,8 +180,9 @@ absl::Status ValidateGroupRecord(const v1::GroupRecord& record, absl::string_vie
     if (member.name().empty() || member.name().size() > kMaxRecordStringBytes ||
         member.node().empty() || member.node().size() > kMaxRecordStringBytes ||
         member.agent_address().size() > kMaxRecordStringBytes) {
-      return bad("a member with an empty or oversized name or node, or an oversized agent "
-                 "address");
+      return bad(
+          "a member with an empty or oversized name or node, or an oversized agent "
+          "address");
     }
     if (member.rank() < 0 || (view.is_static() && member.rank() >= view.world_size())) {
       return bad(absl::StrCat("rank ", member.rank(), " out of range"));
@@ -280,18 +283,17 @@ absl::Status Admit(const v1::GroupRecord& record, const JoinSpec& spec) {
   }
   if (!store::ConstantTimeEquals(record.secret_verifier(), spec.secret_verifier)) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "group ", view.group(), " admits only joins that bring its secret, and worker ",
-        spec.name,
+        "group ", view.group(), " admits only joins that bring its secret, and worker ", spec.name,
         record.secret_verifier().empty()
             ? " brought one to a group started without a secret (join without one)"
-            : spec.secret_verifier.empty() ? " brought none (JoinRequest.secret)"
-                                           : " brought another one (JoinRequest.secret)"));
+        : spec.secret_verifier.empty() ? " brought none (JoinRequest.secret)"
+                                       : " brought another one (JoinRequest.secret)"));
   }
   auto owner = record.node_owner_uids().find(spec.node);
   if (owner != record.node_owner_uids().end() && owner->second != spec.uid) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "group ", view.group(), " belongs to uid ", owner->second, " on node ", spec.node,
-        ": uid ", spec.uid, " may not join it there (worker ", spec.name, ")"));
+        "group ", view.group(), " belongs to uid ", owner->second, " on node ", spec.node, ": uid ",
+        spec.uid, " may not join it there (worker ", spec.name, ")"));
   }
   return absl::OkStatus();
 }
@@ -301,8 +303,7 @@ absl::Status Admit(const v1::GroupRecord& record, const JoinSpec& spec) {
 namespace {
 
 // AddMember, once the join is admitted.
-absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spec,
-                                    bool* failed) {
+absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spec, bool* failed) {
   // Every check runs against `current` before anything changes, so a refused join leaves
   // the record as it was without copying it: a static group of N ranks would otherwise copy
   // its whole record (O(N)) for every join, O(N^2) over its formation.
@@ -313,19 +314,18 @@ absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spe
 
   if (empty && KeepsFailure(*record, spec.since_unix_ms)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "group ", group, " failed to form ",
-        (spec.since_unix_ms - record->failed_unix_ms()) / 1000, " s ago: ", current.reason(),
-        " (its name is free again ", kFailureLingerMs / 1000, " s after the failure)"));
+        "group ", group, " failed to form ", (spec.since_unix_ms - record->failed_unix_ms()) / 1000,
+        " s ago: ", current.reason(), " (its name is free again ", kFailureLingerMs / 1000,
+        " s after the failure)"));
   } else if (empty) {
     // The first joiner decides whether the group is static (below, once the join is valid).
   } else if (current.is_static() != is_static) {
     // torch's words first (its agent says them for the same mix, and tests match them).
-    return absl::FailedPreconditionError(
-        absl::StrCat("RPC group mixes statically and dynamically initialized members which is "
-                     "not supported: group ", group, " is ",
-                     current.is_static() ? "static" : "dynamic",
-                     " but worker ", spec.name, " joins it as ",
-                     is_static ? "static (world_size given)" : "dynamic (no world_size)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "RPC group mixes statically and dynamically initialized members which is "
+        "not supported: group ",
+        group, " is ", current.is_static() ? "static" : "dynamic", " but worker ", spec.name,
+        " joins it as ", is_static ? "static (world_size given)" : "dynamic (no world_size)"));
   } else if (is_static && current.world_size() != *spec.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("group ", group, " has world_size ",
                                                    current.world_size(), " but worker ", spec.name,
@@ -346,11 +346,11 @@ absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spe
   for (const v1::Member& member : current.members()) {
     if (member.name() == spec.name) {
       // PyTorch's words (and its RuntimeError: not an invalid option, a clash).
-      return absl::AlreadyExistsError(absl::StrCat(
-          "RPC worker name ", spec.name, " is not unique. Workers ", member.rank(), " and ",
-          spec.rank ? absl::StrCat(*spec.rank) : std::string("a new one"),
-          " share the same name (group ", group, ", rank ", member.rank(), " on node ",
-          member.node(), ")"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("RPC worker name ", spec.name, " is not unique. Workers ", member.rank(),
+                       " and ", spec.rank ? absl::StrCat(*spec.rank) : std::string("a new one"),
+                       " share the same name (group ", group, ", rank ", member.rank(), " on node ",
+                       member.node(), ")"));
     }
   }
   int64_t rank;
@@ -387,7 +387,8 @@ absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spe
     }
     if (failed == nullptr) return absl::AbortedError(spec.abandon);
     // Nothing is joined: the group fails, naming the rank, so the others stop waiting.
-    const std::string reason = absl::StrCat(RankOf(spec, rank), " cannot take part: ", spec.abandon);
+    const std::string reason =
+        absl::StrCat(RankOf(spec, rank), " cannot take part: ", spec.abandon);
     FailForming(record, spec, reason);
     *failed = true;
     return absl::AbortedError(reason);
@@ -469,8 +470,7 @@ absl::StatusOr<int64_t> AddAdmitted(v1::GroupRecord* record, const JoinSpec& spe
 
 }  // namespace
 
-absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec,
-                                  bool* failed) {
+absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec, bool* failed) {
   if (failed != nullptr) *failed = false;
   if (absl::Status admitted = Admit(*record, spec); !admitted.ok()) return admitted;
   absl::StatusOr<int64_t> rank = AddAdmitted(record, spec, failed);
@@ -481,8 +481,8 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec,
       (absl::IsInvalidArgument(rank.status()) || absl::IsAlreadyExists(rank.status())) &&
       view.is_static() && view.phase() == kForming) {
     FailForming(record, spec,
-                absl::StrCat(RankOf(spec, spec.rank), " was refused at its join: ",
-                             rank.status().message()));
+                absl::StrCat(RankOf(spec, spec.rank),
+                             " was refused at its join: ", rank.status().message()));
     *failed = true;
   }
   return rank;

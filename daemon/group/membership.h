@@ -84,7 +84,8 @@ absl::StatusOr<int64_t> AddMember(v1::GroupRecord* record, const JoinSpec& spec,
 
 // Removes every member `remove` selects; returns how many. A FORMED static group becomes
 // BROKEN with `why` as its reason; a group left without members becomes EMPTY (and may be
-// formed anew), except that a FAILED static group keeps its failure (see AddMember). `change` is the GroupEvent kind ("LEFT", "EVICTED").
+// formed anew), except that a FAILED static group keeps its failure (see AddMember). `change` is
+// the GroupEvent kind ("LEFT", "EVICTED").
 int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Member&)> remove,
                   absl::string_view change, absl::string_view why);
 

@@ -308,11 +308,12 @@ absl::StatusOr<std::vector<Device>> ParseDevices(const std::vector<std::string>&
 }
 
 std::string DevicesToString(const std::vector<Device>& devices) {
-  return absl::StrCat(
-      "[",
-      store::JoinSummarized(
-          devices, ", ", [](std::string* out, const Device& d) { absl::StrAppend(out, d.ToString()); }),
-      "]");
+  return absl::StrCat("[",
+                      store::JoinSummarized(devices, ", ",
+                                            [](std::string* out, const Device& d) {
+                                              absl::StrAppend(out, d.ToString());
+                                            }),
+                      "]");
 }
 
 std::string DeviceMapToString(const DeviceMap& map) {

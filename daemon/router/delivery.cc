@@ -12,8 +12,8 @@ namespace tpd::router {
 
 struct Delivery::Placement {
   const Letter& letter;
-  const uint8_t* in;  // the sender's segment
-  uint64_t peer = 0;  // the sender's peer id when some tensors are shared, else 0
+  const uint8_t* in;         // the sender's segment
+  uint64_t peer = 0;         // the sender's peer id when some tensors are shared, else 0
   std::vector<bool> shared;  // per tensor, when `peer` is set
   uint64_t shared_bytes = 0;
   shm::BlockPlan plan;

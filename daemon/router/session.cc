@@ -43,17 +43,15 @@ Session::~Session() {
 }
 
 absl::Status Session::EndedError() const {
-  return absl::UnavailableError(ring_error.empty()
-                                    ? absl::StrCat("session ", handle, " ended")
-                                    : ring_error);
+  return absl::UnavailableError(ring_error.empty() ? absl::StrCat("session ", handle, " ended")
+                                                   : ring_error);
 }
 
 absl::StatusOr<bool> Session::Push(const shm::Descriptor& d) {
   // A release for a session with calls awaiting replies goes without a wake-up: the reply
   // (or the call's failure) rings and the client reads both (its reader also polls every
   // 50 ms). One wake-up less per call on each side.
-  const bool quiet =
-      d.op == static_cast<uint8_t>(shm::Op::kRelease) && calls_in_flight.load() > 0;
+  const bool quiet = d.op == static_cast<uint8_t>(shm::Op::kRelease) && calls_in_flight.load() > 0;
   // A reply ends its call before the client can see it: a client that asks Admin.Status
   // right after its call returned finds it no longer in flight.
   const bool reply = d.op == static_cast<uint8_t>(shm::Op::kReply);
@@ -84,9 +82,9 @@ absl::Status Session::Post(const shm::Descriptor& d) {
     // the callee is not reading, and the caller hears so at once instead of the session being
     // ended.
     if (waiting_calls >= limits.max_waiting_calls) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the completion ring of session ", handle, " is full and ", waiting_calls,
-          " calls wait for room on it (its client is not reading its completions)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the completion ring of session ", handle, " is full and ", waiting_calls,
+                       " calls wait for room on it (its client is not reading its completions)"));
     }
     ++waiting_calls;
   } else if (unposted.size() - waiting_calls >= limits.max_unposted) {

@@ -35,8 +35,8 @@ std::string UuidText(const CUuuid& uuid) {
 absl::StatusOr<GpuDiscovery> DiscoverGpus(const Driver& driver) {
   const DriverApi& api = driver.api();
   GpuDiscovery out;
-  if (absl::Status s = driver.Check(api.driver_get_version(&out.driver_version),
-                                    "cuDriverGetVersion");
+  if (absl::Status s =
+          driver.Check(api.driver_get_version(&out.driver_version), "cuDriverGetVersion");
       !s.ok()) {
     return s;
   }
@@ -62,8 +62,8 @@ absl::StatusOr<GpuDiscovery> DiscoverGpus(const Driver& driver) {
     }
     gpu.name = name;
     size_t bytes = 0;
-    if (absl::Status s = driver.Check(api.device_total_mem(&bytes, device),
-                                      "cuDeviceTotalMem" + what);
+    if (absl::Status s =
+            driver.Check(api.device_total_mem(&bytes, device), "cuDeviceTotalMem" + what);
         !s.ok()) {
       return s;
     }
@@ -77,9 +77,9 @@ absl::StatusOr<GpuDiscovery> DiscoverGpus(const Driver& driver) {
           std::make_tuple(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, &domain, "PCI_DOMAIN_ID"),
           std::make_tuple(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, &bus, "PCI_BUS_ID"),
           std::make_tuple(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, &slot, "PCI_DEVICE_ID")}) {
-      if (absl::Status s = driver.Check(api.device_get_attribute(value, attribute, device),
-                                        absl::StrCat("cuDeviceGetAttribute(", Device(i), ", ",
-                                                     label, ")"));
+      if (absl::Status s =
+              driver.Check(api.device_get_attribute(value, attribute, device),
+                           absl::StrCat("cuDeviceGetAttribute(", Device(i), ", ", label, ")"));
           !s.ok()) {
         return s;
       }
@@ -87,8 +87,7 @@ absl::StatusOr<GpuDiscovery> DiscoverGpus(const Driver& driver) {
     gpu.pci_bus_id = absl::StrFormat("%04X:%02X:%02X.0", domain, bus, slot);
     CUuuid uuid;
     std::memset(&uuid, 0, sizeof(uuid));
-    if (absl::Status s = driver.Check(api.device_get_uuid(&uuid, device),
-                                      "cuDeviceGetUuid" + what);
+    if (absl::Status s = driver.Check(api.device_get_uuid(&uuid, device), "cuDeviceGetUuid" + what);
         !s.ok()) {
       return s;
     }
@@ -102,9 +101,9 @@ absl::StatusOr<GpuDiscovery> DiscoverGpus(const Driver& driver) {
         continue;
       }
       int can = 0;
-      if (absl::Status s = driver.Check(api.device_can_access_peer(&can, devices[i], devices[j]),
-                                        absl::StrCat("cuDeviceCanAccessPeer(", Device(i), ", ",
-                                                     Device(j), ")"));
+      if (absl::Status s =
+              driver.Check(api.device_can_access_peer(&can, devices[i], devices[j]),
+                           absl::StrCat("cuDeviceCanAccessPeer(", Device(i), ", ", Device(j), ")"));
           !s.ok()) {
         return s;
       }

@@ -21,8 +21,8 @@
 namespace tpd::cuda {
 
 struct Gpu {
-  int index = 0;                   // cuda:index
-  std::string name;                // "NVIDIA H100 80GB HBM3"
+  int index = 0;     // cuda:index
+  std::string name;  // "NVIDIA H100 80GB HBM3"
   uint64_t total_memory_bytes = 0;
   int compute_capability_major = 0;  // 9.0 for Hopper
   int compute_capability_minor = 0;

@@ -29,8 +29,7 @@ uint64_t Get64(const char* at) {
 absl::Status CheckSessionId(absl::string_view id) {
   if (id.empty() || id.size() > kMaxSessionIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("attach request: session id of ", id.size(),
-                                                   " bytes; 1..", kMaxSessionIdBytes,
-                                                   " expected"));
+                                                   " bytes; 1..", kMaxSessionIdBytes, " expected"));
   }
   for (char c : id) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
@@ -84,9 +83,8 @@ absl::StatusOr<std::string> DecodeAttachRequest(absl::string_view bytes) {
 
 absl::StatusOr<DataRequest> DecodeDataRequest(absl::string_view bytes) {
   if (bytes.size() != kAttachRequestBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("attach request of ", bytes.size(),
-                                                   " bytes; exactly ", kAttachRequestBytes,
-                                                   " expected"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attach request of ", bytes.size(), " bytes; exactly ", kAttachRequestBytes, " expected"));
   }
   DataRequest request;
   if (std::memcmp(bytes.data(), kIdentifyMagic, 8) == 0) {
@@ -95,14 +93,13 @@ absl::StatusOr<DataRequest> DecodeDataRequest(absl::string_view bytes) {
     return absl::InvalidArgumentError("attach request: wrong magic (not a tpd client?)");
   }
   if (const uint32_t version = Get32(bytes.data() + 8); version != kAttachVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("attach request: version ", version,
-                                                   "; this daemon speaks ", kAttachVersion));
+    return absl::InvalidArgumentError(
+        absl::StrCat("attach request: version ", version, "; this daemon speaks ", kAttachVersion));
   }
   const uint32_t length = Get32(bytes.data() + 12);
   if (length == 0 || length > kMaxSessionIdBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attach request: session id length ", length, "; 1..", kMaxSessionIdBytes,
-                     " expected"));
+    return absl::InvalidArgumentError(absl::StrCat("attach request: session id length ", length,
+                                                   "; 1..", kMaxSessionIdBytes, " expected"));
   }
   const absl::string_view id = bytes.substr(16, length);
   if (absl::Status status = CheckSessionId(id); !status.ok()) return status;
@@ -116,8 +113,7 @@ absl::StatusOr<DataRequest> DecodeDataRequest(absl::string_view bytes) {
 std::array<uint8_t, kAttachReplyBytes> EncodeAttachReply(const AttachReply& reply) {
   std::array<uint8_t, kAttachReplyBytes> out{};
   std::memcpy(out.data(), kReplyMagic, 8);
-  const absl::string_view message =
-      reply.status.message().substr(0, kMaxAttachMessageBytes);
+  const absl::string_view message = reply.status.message().substr(0, kMaxAttachMessageBytes);
   Put32(out.data() + 8, static_cast<uint32_t>(reply.status.code()));
   Put32(out.data() + 12, static_cast<uint32_t>(message.size()));
   Put64(out.data() + 16, reply.segment_bytes);
@@ -139,8 +135,8 @@ absl::StatusOr<AttachReply> DecodeAttachReply(absl::string_view bytes) {
   AttachReply reply;
   reply.segment_bytes = Get64(bytes.data() + 16);
   if (code != 0) {
-    reply.status = absl::Status(static_cast<absl::StatusCode>(code),
-                                std::string(bytes.substr(24, length)));
+    reply.status =
+        absl::Status(static_cast<absl::StatusCode>(code), std::string(bytes.substr(24, length)));
   }
   return reply;
 }

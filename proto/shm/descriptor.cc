@@ -32,8 +32,8 @@ class Refuser {
   absl::Status operator()(absl::string_view field, const absl::AlphaNum& value,
                           absl::string_view why) const {
     return absl::InvalidArgumentError(absl::StrCat(DirectionName(direction_), " descriptor (op ",
-                                                   OpName(d_.op), ", call ", d_.call_id, "): ",
-                                                   field, " ", value, " ", why));
+                                                   OpName(d_.op), ", call ", d_.call_id,
+                                                   "): ", field, " ", value, " ", why));
   }
 
  private:
@@ -46,8 +46,8 @@ absl::Status CheckRange(const Refuser& refuse, absl::string_view offset_field, u
                         absl::string_view length_field, uint64_t length, const Region& heap,
                         const char* heap_name) {
   if (length == 0) {
-    if (offset != 0) return refuse(offset_field, offset, absl::StrCat("must be 0 when ",
-                                                                      length_field, " is 0"));
+    if (offset != 0)
+      return refuse(offset_field, offset, absl::StrCat("must be 0 when ", length_field, " is 0"));
     return absl::OkStatus();
   }
   if (!heap.Contains(offset, 0) || offset == heap.end()) {
@@ -145,8 +145,7 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
   }
   if (d.device_pool > kMaxCudaDevices) {
     return refuse("device_pool", d.device_pool,
-                  absl::StrCat("names no CUDA device (1 + an index below ", kMaxCudaDevices,
-                               ")"));
+                  absl::StrCat("names no CUDA device (1 + an index below ", kMaxCudaDevices, ")"));
   }
   if (d.reserved2 != 0) return refuse("reserved2", d.reserved2, "must be 0");
   if ((d.flags & ~kKnownFlags) != 0) {
@@ -192,9 +191,9 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
                                  DescribeRegion(heap), " it releases into"));
     }
     if ((d.payload_offset - heap.offset) % kHeapAlignment != 0) {
-      return refuse("payload_offset", d.payload_offset,
-                    absl::StrCat("is not a block start (blocks are ", kHeapAlignment,
-                                 "-byte aligned)"));
+      return refuse(
+          "payload_offset", d.payload_offset,
+          absl::StrCat("is not a block start (blocks are ", kHeapAlignment, "-byte aligned)"));
     }
     return absl::OkStatus();
   }
@@ -236,8 +235,7 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
 
 absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Layout& layout,
                                  Direction direction) {
-  auto refuse = [&](absl::string_view field, const absl::AlphaNum& value,
-                    absl::string_view why) {
+  auto refuse = [&](absl::string_view field, const absl::AlphaNum& value, absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(DirectionName(direction), " tensor ", index,
                                                    ": ", field, " ", value, " ", why));
   };
@@ -259,8 +257,7 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
       return refuse("device_handle", e.device_handle, "must be 0 for cpu in a submission");
     }
   } else if (e.device_index >= kMaxCudaDevices) {
-    return refuse("device_index", e.device_index,
-                  absl::StrCat("is not below ", kMaxCudaDevices));
+    return refuse("device_index", e.device_index, absl::StrCat("is not below ", kMaxCudaDevices));
   }
   uint64_t expected = item;
   for (int dim = 0; dim < kMaxTensorDims; ++dim) {
@@ -307,8 +304,8 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
     if (e.device_handle % alignof(CudaExport) != 0 || !heap.Contains(e.device_handle, 0) ||
         !heap.Contains(e.device_handle, sizeof(CudaExport))) {
       return refuse("device_handle", e.device_handle,
-                    absl::StrCat("is not an aligned CUDA export record inside the ", heap_name,
-                                 " ", DescribeRegion(heap)));
+                    absl::StrCat("is not an aligned CUDA export record inside the ", heap_name, " ",
+                                 DescribeRegion(heap)));
     }
     return absl::OkStatus();
   }
@@ -325,8 +322,8 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
   }
   if (!heap.Contains(e.offset, e.length)) {
     return refuse("length", e.length,
-                  absl::StrCat("at offset ", e.offset, " runs past the end of the ", heap_name,
-                               " ", DescribeRegion(heap)));
+                  absl::StrCat("at offset ", e.offset, " runs past the end of the ", heap_name, " ",
+                               DescribeRegion(heap)));
   }
   if (e.offset % item != 0) {
     return refuse("offset", e.offset,

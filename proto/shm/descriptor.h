@@ -71,19 +71,19 @@ enum class Direction : uint8_t {
 // One ring slot. Fields not used by an op must be zero (reserved ones always), so garbage is
 // refused rather than ignored and later versions can give them a meaning.
 struct Descriptor {
-  uint8_t op;               // Op
-  uint8_t reserved0;        // must be 0
-  uint16_t flags;           // kFlag* bits
-  uint32_t tensor_count;    // entries in the tensor table, at most kMaxTensorsPerMessage
-  uint64_t call_id;         // non-zero; chosen by the side that made the call
-  int64_t deadline_unix_ns; // kCall only: absolute deadline, 0 for none
-  uint64_t payload_offset;  // kRelease: the block released; 0 when payload_length is 0
-  uint64_t payload_length;  // kRelease: 0
+  uint8_t op;                    // Op
+  uint8_t reserved0;             // must be 0
+  uint16_t flags;                // kFlag* bits
+  uint32_t tensor_count;         // entries in the tensor table, at most kMaxTensorsPerMessage
+  uint64_t call_id;              // non-zero; chosen by the side that made the call
+  int64_t deadline_unix_ns;      // kCall only: absolute deadline, 0 for none
+  uint64_t payload_offset;       // kRelease: the block released; 0 when payload_length is 0
+  uint64_t payload_length;       // kRelease: 0
   uint64_t tensor_table_offset;  // tensor_count TensorEntry; 0 when tensor_count is 0
   // kRelease by the client only: 0 releases a block of the rx heap; 1 + d a block of its
   // receive pool on cuda:d, payload_offset then being the offset in that pool. Else 0.
   uint64_t device_pool;
-  uint64_t reserved2;            // must be 0
+  uint64_t reserved2;  // must be 0
 };
 static_assert(std::is_trivially_copyable_v<Descriptor>);
 static_assert(std::is_standard_layout_v<Descriptor>);
@@ -131,15 +131,15 @@ enum class DeviceType : uint8_t {
 // otherwise device_handle is the segment offset of a CopySignal in the rx heap
 // (proto/shm/copy_signal.h, kCopySignalBytes) that says when they are.
 struct TensorEntry {
-  uint8_t dtype;          // DType
-  uint8_t ndim;           // <= kMaxTensorDims
-  uint8_t device_type;    // DeviceType
-  uint8_t reserved0;      // must be 0
-  uint32_t device_index;  // 0 for kCpu; < kMaxCudaDevices for kCuda
-  uint64_t offset;        // aligned to the dtype's item size; 0 when length is 0
-  uint64_t length;        // == product(shape[0..ndim)) * item size
-  int64_t shape[kMaxTensorDims];   // >= 0; dims past ndim must be 0
-  uint64_t device_handle;          // see above
+  uint8_t dtype;                  // DType
+  uint8_t ndim;                   // <= kMaxTensorDims
+  uint8_t device_type;            // DeviceType
+  uint8_t reserved0;              // must be 0
+  uint32_t device_index;          // 0 for kCpu; < kMaxCudaDevices for kCuda
+  uint64_t offset;                // aligned to the dtype's item size; 0 when length is 0
+  uint64_t length;                // == product(shape[0..ndim)) * item size
+  int64_t shape[kMaxTensorDims];  // >= 0; dims past ndim must be 0
+  uint64_t device_handle;         // see above
 };
 static_assert(std::is_trivially_copyable_v<TensorEntry>);
 static_assert(std::is_standard_layout_v<TensorEntry>);
@@ -158,7 +158,7 @@ inline constexpr size_t kCudaIpcHandleBytes = 64;
 // the record is submitted (the client synchronizes the tensor's stream first): the daemon
 // never waits on an event of a client's, which could stall every copy on that device.
 struct alignas(8) CudaExport {
-  uint8_t memory[kCudaIpcHandleBytes];  // CUipcMemHandle of the allocation's base
+  uint8_t memory[kCudaIpcHandleBytes];         // CUipcMemHandle of the allocation's base
   uint8_t reserved[kCudaIpcHandleBytes + 16];  // must be 0
 };
 static_assert(std::is_trivially_copyable_v<CudaExport>);
@@ -217,8 +217,7 @@ absl::Status ValidateTensorEntry(const TensorEntry& entry, uint32_t index, const
 // (it bounds the table inside the mapping).
 absl::StatusOr<std::vector<TensorEntry>> ReadTensorTable(const Descriptor& descriptor,
                                                          const void* segment_base,
-                                                         const Layout& layout,
-                                                         Direction direction);
+                                                         const Layout& layout, Direction direction);
 
 }  // namespace tpd::shm
 

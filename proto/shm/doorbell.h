@@ -15,8 +15,8 @@
 // finds seq changed and the wait returns at once; a consumer that read `seq` after the bump
 // also sees the data (the bump is a release, the read an acquire) and does not sleep. So seq
 // moves only when someone sleeps, and a busy ring costs the producer a fence and one load of
-// a cache line nobody writes, not a locked increment per push. The futex is shared (no FUTEX_PRIVATE_FLAG):
-// the word lies in a MAP_SHARED mapping seen by two processes.
+// a cache line nobody writes, not a locked increment per push. The futex is shared (no
+// FUTEX_PRIVATE_FLAG): the word lies in a MAP_SHARED mapping seen by two processes.
 //
 // Trust: the word is writable by the other process. A corrupted `seq` or `sleeping` costs
 // only spurious wake-ups, a missed wake-up of the party that corrupted it, or a wasted

@@ -113,21 +113,25 @@ void HeapAllocator::ReleaseBlock(uint32_t index) { spare_blocks_.push_back(index
 absl::StatusOr<uint64_t> HeapAllocator::Allocate(uint64_t bytes) {
   if (bytes == 0) bytes = 1;
   // Past the heap's size nothing fits; below it, the rounding cannot overflow.
-  const uint64_t granules = bytes <= heap_.bytes ? (bytes + kHeapAlignment - 1) >> kGranuleLog2
-                                                 : 0;
+  const uint64_t granules = bytes <= heap_.bytes ? (bytes + kHeapAlignment - 1) >> kGranuleLog2 : 0;
   const uint32_t index = granules == 0 ? kNone : FindFree(granules);
   if (index == kNone) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        name_, " of ", heap_.bytes, " bytes cannot hold ", bytes, " more bytes (", used_bytes_,
-        " in use, largest free block ", LargestFree(), ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(name_, " of ", heap_.bytes, " bytes cannot hold ", bytes, " more bytes (",
+                     used_bytes_, " in use, largest free block ", LargestFree(), ")"));
   }
   RemoveFree(index);
   if (blocks_[index].granules > granules) {
     // Split: the tail goes back to the bins. NewBlock may move blocks_: indices only.
     const uint32_t rest = NewBlock();
     Block& block = blocks_[index];
-    blocks_[rest] = Block{block.offset + (granules << kGranuleLog2), block.granules - granules,
-                          index, block.next_phys, kNone, kNone, false};
+    blocks_[rest] = Block{block.offset + (granules << kGranuleLog2),
+                          block.granules - granules,
+                          index,
+                          block.next_phys,
+                          kNone,
+                          kNone,
+                          false};
     if (block.next_phys != kNone) blocks_[block.next_phys].prev_phys = rest;
     block.next_phys = rest;
     block.granules = granules;
@@ -216,9 +220,10 @@ absl::Status HeapAllocator::CheckInvariants() const {
   uint32_t previous = kNone;
   for (uint32_t i = blocks_.empty() ? kNone : 0; i != kNone; i = blocks_[i].next_phys) {
     const Block& block = blocks_[i];
-    if (block.offset != cursor) return broken("a block starts at ", block.offset, ", expected ",
-                                              cursor);
-    if (block.prev_phys != previous) return broken("block at ", block.offset, " links back wrongly");
+    if (block.offset != cursor)
+      return broken("a block starts at ", block.offset, ", expected ", cursor);
+    if (block.prev_phys != previous)
+      return broken("block at ", block.offset, " links back wrongly");
     if (block.granules == 0) return broken("block at ", block.offset, " is empty");
     if (block.free && previous_free) return broken("free blocks touch at ", block.offset);
     if (block.free) {

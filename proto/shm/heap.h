@@ -33,9 +33,9 @@ class HeapAllocator {
  public:
   struct Stats {
     uint64_t heap_bytes = 0;
-    uint64_t used_bytes = 0;     // in live blocks (rounded sizes)
+    uint64_t used_bytes = 0;  // in live blocks (rounded sizes)
     uint64_t free_bytes = 0;
-    uint64_t largest_free = 0;   // the largest request that can succeed now (rounded)
+    uint64_t largest_free = 0;  // the largest request that can succeed now (rounded)
     uint64_t live_blocks = 0;
     uint64_t free_blocks = 0;
   };
@@ -99,9 +99,9 @@ class HeapAllocator {
 
   std::string name_;
   Region heap_;
-  std::vector<Block> blocks_;          // nodes; index 0 is the block at heap_.offset
-  std::vector<uint32_t> spare_blocks_;  // unused nodes of blocks_
-  uint64_t bin_bitmap_ = 0;             // bit b: sub_bin_bitmap_[b] != 0
+  std::vector<Block> blocks_;            // nodes; index 0 is the block at heap_.offset
+  std::vector<uint32_t> spare_blocks_;   // unused nodes of blocks_
+  uint64_t bin_bitmap_ = 0;              // bit b: sub_bin_bitmap_[b] != 0
   uint32_t sub_bin_bitmap_[kBins] = {};  // bit s: heads_[b][s] != kNone
   uint32_t heads_[kBins][kSubBins];
   absl::flat_hash_map<uint64_t, uint32_t> live_;  // offset → block

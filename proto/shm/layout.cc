@@ -18,9 +18,9 @@ bool RoundUp(uint64_t value, uint64_t to, uint64_t* out) {
 
 absl::Status CheckSlots(const char* name, uint32_t slots) {
   if (slots < kMinRingSlots || slots > kMaxRingSlots || !absl::has_single_bit(slots)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, " is ", slots, ": it must be a power of two in [", kMinRingSlots,
-                     ", ", kMaxRingSlots, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(name, " is ", slots,
+                                                   ": it must be a power of two in [",
+                                                   kMinRingSlots, ", ", kMaxRingSlots, "]"));
   }
   return absl::OkStatus();
 }
@@ -42,8 +42,8 @@ absl::Status CheckRegion(const char* name, const Region& region, uint64_t not_be
   }
   if (region.offset < not_before) {
     return absl::FailedPreconditionError(
-        absl::StrCat("shared-memory layout: ", name, " ", DescribeRegion(region),
-                     " starts before ", not_before, " (it overlaps the region before it)"));
+        absl::StrCat("shared-memory layout: ", name, " ", DescribeRegion(region), " starts before ",
+                     not_before, " (it overlaps the region before it)"));
   }
   if (!Region{0, total}.Contains(region.offset, region.bytes)) {
     return absl::FailedPreconditionError(
@@ -60,16 +60,15 @@ absl::Status CheckRing(const char* name, const RingLayout& ring, uint64_t not_be
   }
   if (absl::Status s = CheckRegion(name, ring.region, not_before, total); !s.ok()) return s;
   if (ring.region.bytes < RingRegionBytes(ring.slots)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shared-memory layout: ", name, " ", DescribeRegion(ring.region), " holds ",
-        ring.region.bytes, " bytes, fewer than the ", RingRegionBytes(ring.slots), " its ",
-        ring.slots, " slots need"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared-memory layout: ", name, " ", DescribeRegion(ring.region), " holds ",
+                     ring.region.bytes, " bytes, fewer than the ", RingRegionBytes(ring.slots),
+                     " its ", ring.slots, " slots need"));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckHeap(const char* name, const Region& heap, uint64_t not_before,
-                       uint64_t total) {
+absl::Status CheckHeap(const char* name, const Region& heap, uint64_t not_before, uint64_t total) {
   if (absl::Status s = CheckRegion(name, heap, not_before, total); !s.ok()) return s;
   if (heap.bytes < kMinHeapBytes) {
     return absl::FailedPreconditionError(absl::StrCat("shared-memory layout: ", name, " holds ",
@@ -129,15 +128,15 @@ absl::StatusOr<Layout> ComputeLayout(const SegmentLimits& limits) {
 absl::Status ValidateLayout(const Layout& layout) {
   const uint64_t total = layout.total_bytes;
   if (total > kMaxSegmentBytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shared-memory layout: total_bytes ", total, " exceeds ", kMaxSegmentBytes));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared-memory layout: total_bytes ", total, " exceeds ", kMaxSegmentBytes));
   }
   if (absl::Status s = CheckRing("submission ring", layout.submission, kPageBytes, total);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckRing("completion ring", layout.completion,
-                                 layout.submission.region.end(), total);
+  if (absl::Status s =
+          CheckRing("completion ring", layout.completion, layout.submission.region.end(), total);
       !s.ok()) {
     return s;
   }
@@ -171,14 +170,14 @@ void WriteHeader(const Layout& layout, void* segment_base) {
 
 absl::StatusOr<Layout> ReadHeader(const void* segment_base, uint64_t mapped_bytes) {
   if (mapped_bytes < kPageBytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shared-memory segment of ", mapped_bytes, " bytes is smaller than its header page"));
+    return absl::FailedPreconditionError(absl::StrCat("shared-memory segment of ", mapped_bytes,
+                                                      " bytes is smaller than its header page"));
   }
   SegmentHeader header;
   std::memcpy(&header, segment_base, sizeof(header));  // one copy; only the copy is checked
   auto field = [](const char* name, uint64_t value, uint64_t expected) {
-    return absl::FailedPreconditionError(absl::StrCat("shared-memory header: ", name, " is ",
-                                                      value, ", expected ", expected));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared-memory header: ", name, " is ", value, ", expected ", expected));
   };
   if (header.magic != kMagic) return field("magic", header.magic, kMagic);
   if (header.version != kLayoutVersion) {

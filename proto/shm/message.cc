@@ -44,15 +44,15 @@ BlockPlan PlanBlock(uint64_t prefix_bytes, uint64_t body_bytes,
 absl::StatusOr<ParsedMessage> ParseMessage(const uint8_t* base, uint64_t payload_offset,
                                            uint64_t payload_length) {
   if (payload_length < sizeof(MessageHeader)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "message payload_length ", payload_length, " is shorter than its header (",
-        sizeof(MessageHeader), " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat("message payload_length ", payload_length,
+                                                   " is shorter than its header (",
+                                                   sizeof(MessageHeader), " bytes)"));
   }
   MessageHeader header;
   std::memcpy(&header, base + payload_offset, sizeof(header));  // copied out once
   if (header.magic != kMessageMagic) {
-    return absl::InvalidArgumentError(absl::StrCat("message magic ", header.magic, " is not ",
-                                                   kMessageMagic));
+    return absl::InvalidArgumentError(
+        absl::StrCat("message magic ", header.magic, " is not ", kMessageMagic));
   }
   uint64_t used = sizeof(header);
   ParsedMessage parsed;

@@ -31,7 +31,7 @@
 namespace tpd::shm {
 
 inline constexpr uint32_t kMessageMagic = 0x31435054;  // "TPC1"
-inline constexpr uint32_t kMaxMessageName = 4096;       // bytes per name
+inline constexpr uint32_t kMaxMessageName = 4096;      // bytes per name
 
 struct MessageHeader {
   uint32_t magic;

@@ -11,8 +11,7 @@ namespace tpd::shm {
 namespace {
 
 RingControl* ControlAt(void* segment_base, const RingLayout& ring) {
-  return reinterpret_cast<RingControl*>(static_cast<uint8_t*>(segment_base) +
-                                        ring.region.offset);
+  return reinterpret_cast<RingControl*>(static_cast<uint8_t*>(segment_base) + ring.region.offset);
 }
 
 Descriptor* SlotsAt(void* segment_base, const RingLayout& ring) {
@@ -50,9 +49,9 @@ absl::Status RingProducer::RefreshHead() {
   // The consumer's head only moves forward, and never past what we published: it lies in
   // [seen_head_, tail_], distances taken modulo 2^32.
   if (head - seen_head_ > tail_ - seen_head_) {
-    error_ = absl::DataLossError(absl::StrCat(
-        name_, ": the consumer's head ", head, " is outside [", seen_head_, ", ", tail_,
-        "] (it moved backwards or past the producer's tail ", tail_, ")"));
+    error_ = absl::DataLossError(
+        absl::StrCat(name_, ": the consumer's head ", head, " is outside [", seen_head_, ", ",
+                     tail_, "] (it moved backwards or past the producer's tail ", tail_, ")"));
     return error_;
   }
   seen_head_ = head;
@@ -65,7 +64,7 @@ absl::StatusOr<uint32_t> RingProducer::FreeSlots() {
 }
 
 absl::StatusOr<size_t> RingProducer::TryPushBatch(absl::Span<const Descriptor> descriptors,
-                                                   bool wake) {
+                                                  bool wake) {
   absl::StatusOr<uint32_t> free = FreeSlots();
   if (!free.ok()) return free.status();
   const size_t n = std::min<size_t>(*free, descriptors.size());
@@ -110,9 +109,9 @@ absl::Status RingConsumer::RefreshTail() {
   // The producer's tail only moves forward, and at most `capacity_` past our head: it lies in
   // [seen_tail_, head_ + capacity_], distances taken modulo 2^32.
   if (tail - head_ > capacity_) {
-    error_ = absl::DataLossError(absl::StrCat(
-        name_, ": the producer's tail ", tail, " is ", tail - head_, " ahead of the head ", head_,
-        ", more than the ring's ", capacity_, " slots"));
+    error_ = absl::DataLossError(absl::StrCat(name_, ": the producer's tail ", tail, " is ",
+                                              tail - head_, " ahead of the head ", head_,
+                                              ", more than the ring's ", capacity_, " slots"));
     return error_;
   }
   if (tail - head_ < seen_tail_ - head_) {

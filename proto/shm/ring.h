@@ -56,15 +56,14 @@ class RingProducer {
  public:
   // `segment_base` maps a segment whose layout (the owner's private copy) contains `ring`;
   // both outlive this object. `name` ("submission ring") goes into messages.
-  RingProducer(void* segment_base, const RingLayout& ring, std::string name,
-               SpinOptions spin = {}, uint32_t start = 0);
+  RingProducer(void* segment_base, const RingLayout& ring, std::string name, SpinOptions spin = {},
+               uint32_t start = 0);
 
   // Copies `descriptors` into free slots, publishes them and rings the consumer once (unless
   // `wake` is false: a consumer spinning sees them, a sleeping one at its next wake-up — for
   // what is sure to be followed by a rung push, it saves a wake-up).
   // Returns how many fit (0 when the ring is full), or the ring's error.
-  absl::StatusOr<size_t> TryPushBatch(absl::Span<const Descriptor> descriptors,
-                                      bool wake = true);
+  absl::StatusOr<size_t> TryPushBatch(absl::Span<const Descriptor> descriptors, bool wake = true);
   // TryPushBatch of one: true when it was pushed, false when the ring is full.
   absl::StatusOr<bool> TryPush(const Descriptor& descriptor, bool wake = true);
 
@@ -89,8 +88,8 @@ class RingProducer {
   uint32_t capacity_;
   uint32_t mask_;
   std::string name_;
-  Doorbell data_;   // rung here
-  Doorbell space_;  // waited on here
+  Doorbell data_;           // rung here
+  Doorbell space_;          // waited on here
   uint32_t tail_ = 0;       // ours: published up to here
   uint32_t seen_head_ = 0;  // the consumer's head as last checked
   absl::Status error_;
@@ -99,8 +98,8 @@ class RingProducer {
 class RingConsumer {
  public:
   // As RingProducer's.
-  RingConsumer(void* segment_base, const RingLayout& ring, std::string name,
-               SpinOptions spin = {}, uint32_t start = 0);
+  RingConsumer(void* segment_base, const RingLayout& ring, std::string name, SpinOptions spin = {},
+               uint32_t start = 0);
 
   // Copies up to out.size() published descriptors into `out` (private memory: validate the
   // copies, never the slots), frees their slots and rings the producer if it waits for space.
@@ -137,8 +136,8 @@ class RingConsumer {
   uint32_t capacity_;
   uint32_t mask_;
   std::string name_;
-  Doorbell data_;   // waited on here
-  Doorbell space_;  // rung here
+  Doorbell data_;           // waited on here
+  Doorbell space_;          // rung here
   uint32_t head_ = 0;       // ours: taken up to here
   uint32_t seen_tail_ = 0;  // the producer's tail as last checked
   absl::Status error_;

@@ -69,25 +69,23 @@ namespace {
 absl::StatusOr<uint64_t> SealedSize(int fd) {
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shared-memory segment: fd ", fd, " is not a sealable memfd (F_GET_SEALS: ",
-        std::strerror(errno), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared-memory segment: fd ", fd,
+                     " is not a sealable memfd (F_GET_SEALS: ", std::strerror(errno), ")"));
   }
   if ((seals & kRequiredSeals) != kRequiredSeals) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "shared-memory segment: fd ", fd, " carries seals 0x", absl::Hex(seals),
-        ", not all of 0x", absl::Hex(kRequiredSeals),
-        " (seal, shrink, grow): its size could still change"));
+        "shared-memory segment: fd ", fd, " carries seals 0x", absl::Hex(seals), ", not all of 0x",
+        absl::Hex(kRequiredSeals), " (seal, shrink, grow): its size could still change"));
   }
   struct stat st;
   if (fstat(fd, &st) != 0) return Errno("fstat", errno);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (st.st_size < static_cast<off_t>(kPageBytes) || size > kMaxSegmentBytes ||
       size % kPageBytes != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shared-memory segment: fd ", fd, " has ", st.st_size,
-                     " bytes, not a whole number of pages in [", kPageBytes, ", ",
-                     kMaxSegmentBytes, "]"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared-memory segment: fd ", fd, " has ", st.st_size,
+        " bytes, not a whole number of pages in [", kPageBytes, ", ", kMaxSegmentBytes, "]"));
   }
   return size;
 }

@@ -78,9 +78,9 @@ absl::StatusOr<EtcdCredentials> LoadEtcdCredentials(const EtcdCredentialFiles& f
             : "etcd.password_file must be set with etcd.user: a file holding the password");
   }
   if (files.cert_file.empty() != files.key_file.empty()) {
-    return absl::InvalidArgumentError(
-        files.cert_file.empty() ? "etcd.cert_file must be set with etcd.key_file"
-                                : "etcd.key_file must be set with etcd.cert_file");
+    return absl::InvalidArgumentError(files.cert_file.empty()
+                                          ? "etcd.cert_file must be set with etcd.key_file"
+                                          : "etcd.key_file must be set with etcd.cert_file");
   }
   EtcdCredentials credentials;
   credentials.user = files.user;

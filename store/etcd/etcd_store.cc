@@ -59,9 +59,9 @@ std::string PrefixEnd(std::string prefix) {
 // the member refused for want of a leader (it proposes nothing then).
 bool GrpcSurelyNotApplied(const grpc::Status& status) {
   const std::string& message = status.error_message();
-  for (absl::string_view sign : {"etcdserver: no leader", "etcdserver: not capable",
-                                 "failed to connect", "Connection refused",
-                                 "connections to all backends failing", "Socket closed"}) {
+  for (absl::string_view sign :
+       {"etcdserver: no leader", "etcdserver: not capable", "failed to connect",
+        "Connection refused", "connections to all backends failing", "Socket closed"}) {
     if (absl::StrContains(message, sign)) return true;
   }
   return false;
@@ -121,13 +121,13 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what,
       (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
        absl::StrContains(status.error_message(), "larger than max"))) {
     // etcd answers INVALID_ARGUMENT, but nothing is wrong with the request but its size.
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "etcd ", what, " at ", address, ": ", Echo(status.error_message()),
-        "; etcd takes requests up to its --max-request-bytes (1.5 MiB by default)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("etcd ", what, " at ", address, ": ", Echo(status.error_message()),
+                     "; etcd takes requests up to its --max-request-bytes (1.5 MiB by default)"));
   }
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat("etcd ", what, " at ", address, ": ",
-                                   Echo(status.error_message()), hint));
+  return absl::Status(
+      static_cast<absl::StatusCode>(status.error_code()),
+      absl::StrCat("etcd ", what, " at ", address, ": ", Echo(status.error_message()), hint));
 }
 
 // Whether `channel` is connected, or connects, before `deadline`. A connection attempt that
@@ -170,8 +170,8 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(std::vector<std::st
     return absl::InvalidArgumentError("an etcd store needs at least one endpoint (host:port)");
   }
   if (prefix.empty() || absl::EndsWith(prefix, "/")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "etcd key prefix ", KeyName(prefix), " must be non-empty and not end in '/'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd key prefix ", KeyName(prefix), " must be non-empty and not end in '/'"));
   }
   const EtcdCredentials& credentials = options.credentials;
   if (credentials.user.empty() != credentials.password.empty()) {
@@ -186,9 +186,9 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(std::vector<std::st
         "[etcd] cert_file and key_file together");
   }
   if (!options.endpoint_hosts.empty() && options.endpoint_hosts.size() != endpoints.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("etcd endpoint_hosts names ", options.endpoint_hosts.size(),
-                     " hosts for ", endpoints.size(), " endpoints"));
+    return absl::InvalidArgumentError(absl::StrCat("etcd endpoint_hosts names ",
+                                                   options.endpoint_hosts.size(), " hosts for ",
+                                                   endpoints.size(), " endpoints"));
   }
   std::unique_ptr<EtcdStore> store(
       new EtcdStore(std::move(endpoints), std::move(prefix), std::move(options)));
@@ -198,8 +198,8 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(std::vector<std::st
     store->timer_ = std::thread([raw = store.get()] { raw->TimerLoop(); });
     store->watcher_ = std::thread([raw = store.get()] { raw->WatchLoop(); });
   } catch (const std::system_error& error) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot start the threads of the store at ", store->name_, ": ", error.what()));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot start the threads of the store at ",
+                                                     store->name_, ": ", error.what()));
   }
   return store;
 }
@@ -307,9 +307,10 @@ absl::StatusOr<EtcdStore::Token> EtcdStore::GetToken(Endpoint& endpoint, absl::T
     // As clientv3 does: go on without a token.
     if (!auth_disabled_logged_) {
       auth_disabled_logged_ = true;
-      Log()->warn("[store {}] etcd at {} has authentication off; calls go without a token "
-                  "(user \"{}\" is not checked)",
-                  name_, endpoint.address, Echo(user));
+      Log()->warn(
+          "[store {}] etcd at {} has authentication off; calls go without a token "
+          "(user \"{}\" is not checked)",
+          name_, endpoint.address, Echo(user));
     }
   } else if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
              status.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
@@ -317,9 +318,8 @@ absl::StatusOr<EtcdStore::Token> EtcdStore::GetToken(Endpoint& endpoint, absl::T
     // Wrong user or password: the same at every member, so no failover. The message names
     // the user and the endpoint, never the password.
     return absl::UnauthenticatedError(absl::StrCat(
-        "etcd authentication of user \"", Echo(user), "\" at ", endpoint.address,
-        " failed: ", Echo(status.error_message()),
-        "; check the daemon's [etcd] user and password_file"));
+        "etcd authentication of user \"", Echo(user), "\" at ", endpoint.address, " failed: ",
+        Echo(status.error_message()), "; check the daemon's [etcd] user and password_file"));
   } else {
     // UNAVAILABLE, DEADLINE_EXCEEDED, ...: the caller treats it as the endpoint's failure.
     return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
@@ -419,9 +419,9 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
       }
       if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
         why[index] = "no answer";
-        return absl::DeadlineExceededError(absl::StrCat(
-            "etcd ", what, " on ", name_, ": no answer within the store call timeout ",
-            absl::FormatDuration(options_.call_timeout), "; tried ", tried()));
+        return absl::DeadlineExceededError(
+            absl::StrCat("etcd ", what, " on ", name_, ": no answer within the store call timeout ",
+                         absl::FormatDuration(options_.call_timeout), "; tried ", tried()));
       }
       // etcd refused it: nothing was applied.
       return NotApplied(FromGrpc(status, what, endpoint.address));
@@ -438,9 +438,9 @@ absl::Status EtcdStore::CallEtcd(absl::string_view what, Retry retry, EtcdCall c
   if (waited_for_failing) unreachable_since_.store(absl::ToUnixNanos(absl::Now()));
   const std::string listed = tried();
   if (listed.empty()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("etcd ", what, " on ", name_, ": no answer within the store call timeout ",
-                     absl::FormatDuration(options_.call_timeout)));
+    return absl::DeadlineExceededError(absl::StrCat("etcd ", what, " on ", name_,
+                                                    ": no answer within the store call timeout ",
+                                                    absl::FormatDuration(options_.call_timeout)));
   }
   absl::Status unavailable = absl::UnavailableError(absl::StrCat(
       "etcd ", what, " failed: no endpoint of ", name_, " answered; tried ", listed,
@@ -488,11 +488,10 @@ absl::Status EtcdStore::Set(absl::string_view key, absl::string_view value) {
   request.set_key(EtcdKey(key));
   request.set_value(std::string(value));
   PutResponse response;
-  absl::Status status =
-      CallEtcd(absl::StrCat("set of key ", KeyName(key)), Retry::kIdempotent,
-             [&](Endpoint& endpoint, grpc::ClientContext& context) {
-               return endpoint.kv->Put(&context, request, &response);
-             });
+  absl::Status status = CallEtcd(absl::StrCat("set of key ", KeyName(key)), Retry::kIdempotent,
+                                 [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                                   return endpoint.kv->Put(&context, request, &response);
+                                 });
   if (!status.ok()) return status;
   NoteWrite(std::string(key), std::string(value), response.header().revision());
   return absl::OkStatus();
@@ -513,11 +512,11 @@ absl::Status EtcdStore::MultiSet(const std::vector<std::string>& keys,
     put->set_value(values[i]);
   }
   TxnResponse response;
-  absl::Status status = CallEtcd(absl::StrCat("multi_set of keys ", JoinEchoed(keys, ", ")),
-                               Retry::kIdempotent,
-                               [&](Endpoint& endpoint, grpc::ClientContext& context) {
-                                 return endpoint.kv->Txn(&context, request, &response);
-                               });
+  absl::Status status =
+      CallEtcd(absl::StrCat("multi_set of keys ", JoinEchoed(keys, ", ")), Retry::kIdempotent,
+               [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                 return endpoint.kv->Txn(&context, request, &response);
+               });
   if (!status.ok()) return status;
   for (size_t i = 0; i < keys.size(); ++i) {
     NoteWrite(keys[i], values[i], response.header().revision());
@@ -526,17 +525,16 @@ absl::Status EtcdStore::MultiSet(const std::vector<std::string>& keys,
 }
 
 absl::StatusOr<EtcdStore::Update> EtcdStore::ReadModifyWrite(absl::string_view op,
-                                                             absl::string_view key,
-                                                             Decide decide) {
+                                                             absl::string_view key, Decide decide) {
   const std::string etcd_key = EtcdKey(key);
   const std::string what = absl::StrCat(op, " of key ", KeyName(key));
   RangeRequest read;
   read.set_key(etcd_key);
   RangeResponse range;
-  absl::Status status = CallEtcd(what, Retry::kIdempotent,
-                               [&](Endpoint& endpoint, grpc::ClientContext& context) {
-                                 return endpoint.kv->Range(&context, read, &range);
-                               });
+  absl::Status status =
+      CallEtcd(what, Retry::kIdempotent, [&](Endpoint& endpoint, grpc::ClientContext& context) {
+        return endpoint.kv->Range(&context, read, &range);
+      });
   if (!status.ok()) return NotApplied(status);  // a read: nothing was written
   for (int attempt = 0; attempt <= options_.max_conflict_retries; ++attempt) {
     Update update;
@@ -561,9 +559,9 @@ absl::StatusOr<EtcdStore::Update> EtcdStore::ReadModifyWrite(absl::string_view o
     txn.add_failure()->mutable_request_range()->set_key(etcd_key);
     TxnResponse response;
     status = CallEtcd(what, Retry::kOnlyIfNotSent,
-                    [&](Endpoint& endpoint, grpc::ClientContext& context) {
-                      return endpoint.kv->Txn(&context, txn, &response);
-                    });
+                      [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                        return endpoint.kv->Txn(&context, txn, &response);
+                      });
     if (!status.ok()) return status;
     if (response.succeeded()) {
       NoteWrite(std::string(key), **std::move(next), response.header().revision());
@@ -582,8 +580,7 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view key, int64_t delta) {
   int64_t sum = 0;
   absl::StatusOr<Update> update = ReadModifyWrite(
       "add", key,
-      [&](const std::optional<std::string>& current)
-          -> absl::StatusOr<std::optional<std::string>> {
+      [&](const std::optional<std::string>& current) -> absl::StatusOr<std::optional<std::string>> {
         int64_t value = 0;
         if (current.has_value() && !absl::SimpleAtoi(*current, &value)) {
           return absl::FailedPreconditionError(
@@ -600,13 +597,11 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view key, int64_t delta) {
   return sum;
 }
 
-absl::StatusOr<std::string> EtcdStore::CompareSet(absl::string_view key,
-                                                  absl::string_view expected,
+absl::StatusOr<std::string> EtcdStore::CompareSet(absl::string_view key, absl::string_view expected,
                                                   absl::string_view desired) {
   absl::StatusOr<Update> update = ReadModifyWrite(
       "compare_set", key,
-      [&](const std::optional<std::string>& current)
-          -> absl::StatusOr<std::optional<std::string>> {
+      [&](const std::optional<std::string>& current) -> absl::StatusOr<std::optional<std::string>> {
         const bool matches = current.has_value() ? *current == expected : expected.empty();
         if (!matches) return std::nullopt;
         return std::string(desired);
@@ -638,11 +633,10 @@ absl::StatusOr<bool> EtcdStore::DeleteKey(absl::string_view key) {
   DeleteRangeRequest request;
   request.set_key(EtcdKey(key));
   DeleteRangeResponse response;
-  absl::Status status =
-      CallEtcd(absl::StrCat("delete of key ", KeyName(key)), Retry::kIdempotent,
-             [&](Endpoint& endpoint, grpc::ClientContext& context) {
-               return endpoint.kv->DeleteRange(&context, request, &response);
-             });
+  absl::Status status = CallEtcd(absl::StrCat("delete of key ", KeyName(key)), Retry::kIdempotent,
+                                 [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                                   return endpoint.kv->DeleteRange(&context, request, &response);
+                                 });
   if (!status.ok()) return status;
   if (response.deleted() == 0) return false;
   NoteWrite(std::string(key), std::nullopt, response.header().revision());
@@ -657,9 +651,9 @@ absl::StatusOr<int64_t> EtcdStore::NumKeys(absl::string_view prefix) {
   RangeResponse response;
   absl::Status status =
       CallEtcd(absl::StrCat("num_keys under ", KeyName(prefix)), Retry::kIdempotent,
-             [&](Endpoint& endpoint, grpc::ClientContext& context) {
-               return endpoint.kv->Range(&context, request, &response);
-             });
+               [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                 return endpoint.kv->Range(&context, request, &response);
+               });
   if (!status.ok()) return status;
   return response.count();
 }
@@ -707,8 +701,8 @@ absl::Status EtcdStore::KeepLeaseAlive(int64_t id) {
   bool answered = false;
   // One renewal per stream (etcd's stream ends when the client closes its side): renewals
   // come once per heartbeat interval, and a short stream fails over like any other call.
-  absl::Status status = CallEtcd(
-      what, Retry::kIdempotent, [&](Endpoint& endpoint, grpc::ClientContext& context) {
+  absl::Status status =
+      CallEtcd(what, Retry::kIdempotent, [&](Endpoint& endpoint, grpc::ClientContext& context) {
         answered = false;  // this attempt's answer only (the call may be repeated)
         response.Clear();
         std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
@@ -722,8 +716,8 @@ absl::Status EtcdStore::KeepLeaseAlive(int64_t id) {
       });
   if (!status.ok()) return status;
   if (!answered) {
-    return absl::UnavailableError(absl::StrCat("etcd ", what, " on ", name_,
-                                               ": the stream closed without an answer"));
+    return absl::UnavailableError(
+        absl::StrCat("etcd ", what, " on ", name_, ": the stream closed without an answer"));
   }
   // etcd answers an expired (or unknown) lease with a TTL of 0 or less, not an error.
   if (response.ttl() <= 0) {
@@ -737,11 +731,10 @@ absl::Status EtcdStore::RevokeLease(int64_t id) {
   etcdserverpb::LeaseRevokeRequest request;
   request.set_id(id);
   etcdserverpb::LeaseRevokeResponse response;
-  absl::Status status =
-      CallEtcd(absl::StrFormat("revoke of lease %016x", id), Retry::kIdempotent,
-               [&](Endpoint& endpoint, grpc::ClientContext& context) {
-                 return endpoint.lease->LeaseRevoke(&context, request, &response);
-               });
+  absl::Status status = CallEtcd(absl::StrFormat("revoke of lease %016x", id), Retry::kIdempotent,
+                                 [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                                   return endpoint.lease->LeaseRevoke(&context, request, &response);
+                                 });
   if (absl::IsNotFound(status)) return absl::OkStatus();
   return status;
 }
@@ -761,8 +754,9 @@ absl::StatusOr<WaitId> EtcdStore::WaitAsync(std::vector<std::string> keys, absl:
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
       ReadAtOneRevision(unique, &revision);
   if (!values.ok()) return values.status();
-  const bool all_present = std::all_of(values->begin(), values->end(),
-                                       [](const std::optional<std::string>& v) { return v.has_value(); });
+  const bool all_present =
+      std::all_of(values->begin(), values->end(),
+                  [](const std::optional<std::string>& v) { return v.has_value(); });
 
   std::vector<Completion> completions;
   absl::StatusOr<WaitId> id;
@@ -801,18 +795,17 @@ absl::StatusOr<WaitId> EtcdStore::WaitAsync(std::vector<std::string> keys, absl:
       auto self = std::make_shared<WaitId>(0);  // this wait's id, once Add gave it
       id = waiters_.Add(
           keys, deadline,
-          [this, unique, keys, deadline, self, done = std::move(done)](
-              absl::StatusOr<std::vector<std::string>> result) mutable {
+          [this, unique, keys, deadline, self,
+           done = std::move(done)](absl::StatusOr<std::vector<std::string>> result) mutable {
             if (result.ok() && unique.size() > 1) {
               int64_t at = 0;
               absl::StatusOr<std::vector<std::optional<std::string>>> read =
                   ReadAtOneRevision(unique, &at);
               if (!read.ok()) {
                 result = read.status();
-              } else if (std::all_of(read->begin(), read->end(),
-                                     [](const std::optional<std::string>& v) {
-                                       return v.has_value();
-                                     })) {
+              } else if (std::all_of(
+                             read->begin(), read->end(),
+                             [](const std::optional<std::string>& v) { return v.has_value(); })) {
                 for (size_t k = 0; k < keys.size(); ++k) {
                   const size_t i =
                       std::lower_bound(unique.begin(), unique.end(), keys[k]) - unique.begin();
@@ -903,7 +896,8 @@ void EtcdStore::ApplyLocked(const std::string& key, std::optional<std::string> v
   it->second.value = std::move(value);
   it->second.revision = revision;
   if (it->second.value.has_value()) {
-    waiters_.OnKeySet(key, [this](const std::string& k) { return LookupHeld(k); }, out);
+    waiters_.OnKeySet(
+        key, [this](const std::string& k) { return LookupHeld(k); }, out);
   }
 }
 
@@ -931,8 +925,7 @@ const std::string* EtcdStore::LookupHeld(const std::string& key) {
   return it == key_states_.end() ? nullptr : Present(it->second.value);
 }
 
-void EtcdStore::QueueWatchLocked(const std::string& key, KeyState& state,
-                                 int64_t start_revision) {
+void EtcdStore::QueueWatchLocked(const std::string& key, KeyState& state, int64_t start_revision) {
   // A fresh id per watch, so a late answer for an old watch of the key is recognised and
   // dropped.
   state.watch_id = next_watch_id_++;
@@ -1094,10 +1087,11 @@ void EtcdStore::WatchLoop() {
       stale_token = token->generation;
       if (++denials_in_a_row > 1) {
         if (denials_in_a_row == 2) {
-          Log()->warn("[store {}] etcd at {} refuses to watch the store's keys even with a "
-                      "fresh token (permission denied): the etcd user's roles must grant "
-                      "readwrite on the key prefix; retrying every {}",
-                      name_, endpoint.address, absl::FormatDuration(kWatchDeniedPause));
+          Log()->warn(
+              "[store {}] etcd at {} refuses to watch the store's keys even with a "
+              "fresh token (permission denied): the etcd user's roles must grant "
+              "readwrite on the key prefix; retrying every {}",
+              name_, endpoint.address, absl::FormatDuration(kWatchDeniedPause));
         }
         absl::MutexLock lock(&mu_);
         watch_cv_.WaitWithTimeout(&mu_, kWatchDeniedPause);
@@ -1123,9 +1117,10 @@ bool EtcdStore::OnWatchResponse(const WatchResponse& response) {
     // and refuses it with watch id -1 (not the id asked for), so which key is not known.
     // The next stream, opened with a fresh token, watches every key again from the revision
     // after the last seen.
-    Log()->debug("[store {}] etcd refused a watch ({}); reopening the watch stream with a "
-                 "fresh token",
-                 name_, Echo(response.cancel_reason()));
+    Log()->debug(
+        "[store {}] etcd refused a watch ({}); reopening the watch stream with a "
+        "fresh token",
+        name_, Echo(response.cancel_reason()));
     return false;
   }
   std::vector<Completion> completions;

@@ -234,8 +234,7 @@ class EtcdStore : public Store, public Leases {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes queued watch requests to the stream, in order.
   void FlushWatchRequests() ABSL_LOCKS_EXCLUDED(write_mu_, mu_);
-  void FlushWatchRequestsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void FlushWatchRequestsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   void TimerLoop();
   void WatchLoop();
@@ -268,8 +267,8 @@ class EtcdStore : public Store, public Leases {
   absl::Mutex write_mu_;
   // The watch stream, written here under write_mu_ and read by the watch thread alone.
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(write_mu_) = nullptr;
-  grpc::ClientReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>*
-      watch_stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;
+  grpc::ClientReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>* watch_stream_
+      ABSL_GUARDED_BY(write_mu_) = nullptr;
 
   absl::Mutex mu_;
   WaiterTable waiters_ ABSL_GUARDED_BY(mu_);

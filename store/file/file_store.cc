@@ -746,8 +746,7 @@ absl::StatusOr<WaitId> FileStore::WaitAsync(std::vector<std::string> keys, absl:
           waiters_.Cancel(id, &completions);
           completions.clear();  // its callback must not run: the caller gets the error
           return absl::ResourceExhaustedError(absl::StrCat(
-              "file store \"", absl::CEscape(path_), "\" cannot start its poller: ",
-              error.what()));
+              "file store \"", absl::CEscape(path_), "\" cannot start its poller: ", error.what()));
         }
       }
       poller_cv_.Signal();

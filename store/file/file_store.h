@@ -118,8 +118,8 @@ class FileStore : public Store {
   // `allowed_dirs`, following no symbolic link, only a regular file, and creating it only
   // with FileCreation::kCreate (see path_policy.h, whose errors it returns).
   static absl::StatusOr<std::unique_ptr<FileStore>> OpenUnder(
-      const std::vector<std::string>& allowed_dirs, const std::string& path,
-      FileCreation creation, FileStoreOptions options = {});
+      const std::vector<std::string>& allowed_dirs, const std::string& path, FileCreation creation,
+      FileStoreOptions options = {});
 
   // Ends pending waits with UNAVAILABLE, joins the poller and closes the file. The file
   // stays; other FileStores on it are unaffected.

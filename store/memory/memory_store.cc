@@ -115,10 +115,10 @@ absl::Status MemoryStore::RoomLocked(
     }
   }
   if (growth > 0 && bytes_ + growth > options_.max_total_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the store holds ", bytes_, " bytes and this write adds ", growth,
-        "; the limit store.max_total_bytes is ", options_.max_total_bytes,
-        " (delete keys, or raise the setting)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the store holds ", bytes_, " bytes and this write adds ", growth,
+                     "; the limit store.max_total_bytes is ", options_.max_total_bytes,
+                     " (delete keys, or raise the setting)"));
   }
   const int64_t keys = static_cast<int64_t>(data_.size());
   if (new_keys > 0 && keys + new_keys > options_.max_keys) {
@@ -133,8 +133,8 @@ absl::Status MemoryStore::RoomLocked(
   if (share->max_bytes > 0 && charged > 0 && account.bytes + charged > share->max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         share->writer, " holds ", account.bytes, " bytes of the store and this write adds ",
-        charged, "; its share, store.max_bytes_", share->setting_suffix, ", is ",
-        share->max_bytes, " (delete keys, or raise the setting)"));
+        charged, "; its share, store.max_bytes_", share->setting_suffix, ", is ", share->max_bytes,
+        " (delete keys, or raise the setting)"));
   }
   if (share->max_keys > 0 && charged_keys > 0 && account.keys + charged_keys > share->max_keys) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -313,15 +313,14 @@ absl::StatusOr<WaitId> MemoryStore::WaitAsyncAs(Writer writer, std::vector<std::
     Account& account = accounts_[writer.account];
     const StoreShare* share = writer.share;
     if (share != nullptr && share->max_waiters > 0 && account.waiters >= share->max_waiters) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          share->writer, " has ", account.waiters, " store calls waiting; its share, ",
-          "store.max_waiters_", share->setting_suffix, ", is ", share->max_waiters,
-          " (retry later, or raise the setting)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(share->writer, " has ", account.waiters, " store calls waiting; its share, ",
+                       "store.max_waiters_", share->setting_suffix, ", is ", share->max_waiters,
+                       " (retry later, or raise the setting)"));
     }
     // The wait leaves the writer's account when it ends, whichever way (it runs after mu_ is
     // released, as every completion does).
-    WaitCallback counted = [this, account_id = writer.account,
-                            done = std::move(done)](
+    WaitCallback counted = [this, account_id = writer.account, done = std::move(done)](
                                absl::StatusOr<std::vector<std::string>> result) mutable {
       {
         absl::MutexLock lock(&mu_);

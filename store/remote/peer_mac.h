@@ -123,8 +123,7 @@ class PeerCallSigner {
   // The same for a call made on behalf of `user` (or the daemon's own: nullopt), with the MAC
   // the answer will be bound to.
   SignedCall SignCall(absl::string_view method, const google::protobuf::Message& request,
-                      const std::optional<StoreUser>& on_behalf,
-                      absl::Time now = absl::Now());
+                      const std::optional<StoreUser>& on_behalf, absl::Time now = absl::Now());
 
   uint64_t sender_id() const { return sender_id_; }
   const std::string& audience() const { return audience_; }

@@ -51,8 +51,8 @@ absl::StatusOr<std::unique_ptr<RemoteStore>> RemoteStore::Create(std::string add
   try {
     store->cq_thread_ = std::thread([raw = store.get()] { raw->DrainCompletions(); });
   } catch (const std::system_error& error) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot start a thread for the store at ", store->address_, ": ", error.what()));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot start a thread for the store at ",
+                                                     store->address_, ": ", error.what()));
   }
   return store;
 }
@@ -99,17 +99,17 @@ RemoteStore::~RemoteStore() {
 std::string RemoteStore::Sign(grpc::ClientContext* context, const OnBehalf& user,
                               const char* method, const google::protobuf::Message& request) {
   if (options_.token.empty()) return "";
-  SignedCall call = signer_.SignCall(
-      absl::StrCat("/", v1::Store::service_full_name(), "/", method), request, user);
+  SignedCall call = signer_.SignCall(absl::StrCat("/", v1::Store::service_full_name(), "/", method),
+                                     request, user);
   context->AddMetadata(kPeerAuthHeader, call.header);
   return std::move(call.mac);
 }
 
 template <typename Request, typename Response>
-absl::Status RemoteStore::Unary(
-    const OnBehalf& user, const char* method,
-    grpc::Status (v1::Store::Stub::*invoke)(grpc::ClientContext*, const Request&, Response*),
-    const Request& request, Response* response) {
+absl::Status RemoteStore::Unary(const OnBehalf& user, const char* method,
+                                grpc::Status (v1::Store::Stub::*invoke)(grpc::ClientContext*,
+                                                                        const Request&, Response*),
+                                const Request& request, Response* response) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
   const std::string call_mac = Sign(&context, user, method, request);
@@ -127,8 +127,7 @@ absl::Status RemoteStore::Answer(const grpc::ClientContext& context, const grpc:
       header == trailers.end()
           ? absl::NotFoundError(absl::StrCat("no ", kPeerReplyHeader, " trailer"))
           : ParsePeerReplyHeader(absl::string_view(header->second.data(), header->second.size()));
-  if (mac.ok() &&
-      ConstantTimeEquals(*mac, ComputeReplyMac(options_.token, call_mac, response))) {
+  if (mac.ok() && ConstantTimeEquals(*mac, ComputeReplyMac(options_.token, call_mac, response))) {
     return absl::OkStatus();
   }
   return absl::UnauthenticatedError(absl::StrCat(
@@ -150,8 +149,8 @@ absl::Status RemoteStore::FromGrpc(const grpc::Status& status) const {
       return converted;  // the answer may have been lost after the write was applied
     case grpc::StatusCode::UNAVAILABLE:
       // Applied only if it was sent: a connection that never came up sent nothing.
-      for (absl::string_view sign : {"failed to connect", "Connection refused",
-                                     "connections to all backends failing"}) {
+      for (absl::string_view sign :
+           {"failed to connect", "Connection refused", "connections to all backends failing"}) {
         if (absl::StrContains(status.error_message(), sign)) return store::NotApplied(converted);
       }
       return converted;
@@ -189,8 +188,7 @@ absl::StatusOr<int64_t> RemoteStore::AddFor(const OnBehalf& user, absl::string_v
   return response.value();
 }
 
-absl::StatusOr<std::string> RemoteStore::CompareSetFor(const OnBehalf& user,
-                                                       absl::string_view key,
+absl::StatusOr<std::string> RemoteStore::CompareSetFor(const OnBehalf& user, absl::string_view key,
                                                        absl::string_view expected,
                                                        absl::string_view desired) {
   v1::CompareSetRequest request;
@@ -231,8 +229,7 @@ absl::StatusOr<bool> RemoteStore::DeleteKeyFor(const OnBehalf& user, absl::strin
   return response.deleted();
 }
 
-absl::StatusOr<int64_t> RemoteStore::NumKeysFor(const OnBehalf& user,
-                                                absl::string_view prefix) {
+absl::StatusOr<int64_t> RemoteStore::NumKeysFor(const OnBehalf& user, absl::string_view prefix) {
   // The root namespace with the prefix as asked. (Mapping a "<ns>/" prefix onto the
   // namespace alone counted "a/..." for "a" and every key for "/".)
   v1::NumKeysRequest request;
@@ -244,8 +241,8 @@ absl::StatusOr<int64_t> RemoteStore::NumKeysFor(const OnBehalf& user,
 }
 
 absl::StatusOr<WaitId> RemoteStore::WaitAsyncFor(const OnBehalf& user,
-                                                 std::vector<std::string> keys,
-                                                 absl::Time deadline, WaitCallback done) {
+                                                 std::vector<std::string> keys, absl::Time deadline,
+                                                 WaitCallback done) {
   auto wait = std::make_shared<PendingWait>();
   wait->request.mutable_keys()->Add(keys.begin(), keys.end());
   // The serving daemon ends the wait with DEADLINE_EXCEEDED naming the keys; the RPC

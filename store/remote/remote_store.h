@@ -96,8 +96,7 @@ class RemoteStore : public Store {
                            const std::vector<std::string>& values);
   absl::StatusOr<int64_t> AddFor(const OnBehalf& user, absl::string_view key, int64_t delta);
   absl::StatusOr<std::string> CompareSetFor(const OnBehalf& user, absl::string_view key,
-                                            absl::string_view expected,
-                                            absl::string_view desired);
+                                            absl::string_view expected, absl::string_view desired);
   absl::Status AppendFor(const OnBehalf& user, absl::string_view key, absl::string_view value);
   absl::StatusOr<bool> CheckFor(const OnBehalf& user, const std::vector<std::string>& keys);
   absl::StatusOr<bool> DeleteKeyFor(const OnBehalf& user, absl::string_view key);

@@ -435,8 +435,8 @@ absl::Status ParseEtcd(const UrlParts& parts, std::optional<int64_t> rank,
   // A URL without "//" has a null netloc, which StrSplit turns into no pieces at all.
   if (pieces.empty()) pieces.emplace_back();
   if (pieces.size() > kMaxEtcdEndpoints) {
-    return Error(scheme, absl::StrCat(pieces.size(), " endpoints listed; at most ",
-                                      kMaxEtcdEndpoints));
+    return Error(scheme,
+                 absl::StrCat(pieces.size(), " endpoints listed; at most ", kMaxEtcdEndpoints));
   }
   for (size_t i = 0; i < pieces.size(); ++i) {
     InitMethod endpoint;

@@ -32,10 +32,10 @@ namespace {
 
 using testing::CallAndWait;
 using testing::Checksum;
+using ::testing::HasSubstr;
 using testing::MakeMessage;
 using testing::PeerOf;
 using testing::TestOptions;
-using ::testing::HasSubstr;
 
 constexpr uint64_t kChunk = kMinChunkBytes;
 
@@ -214,7 +214,8 @@ class AgentChunksTest : public ::testing::Test {
     echo_.reset();
   }
 
-  void Start(absl::Duration chunk_timeout, uint64_t min_chunk_rate = AgentOptions().min_chunk_rate) {
+  void Start(absl::Duration chunk_timeout,
+             uint64_t min_chunk_rate = AgentOptions().min_chunk_rate) {
     TearDown();
     auto a = Agent::Create(TestOptions("node-a"));
     ASSERT_TRUE(a.ok()) << a.status();
@@ -288,8 +289,8 @@ TEST_F(AgentChunksTest, ManyChunkedCallsAtOnceEachGetTheirOwnBytes) {
   for (int c = 0; c < kCalls; ++c) {
     threads.emplace_back([&, c] {
       ChunkedMessage source = MakeChunked({2 * kChunk + 17, 3 * kChunk}, {0, 1}, 100 + c);
-      source.message.when_chunk_ready = [&source](size_t tensor, uint64_t offset,
-                                                  uint64_t length, ChunkReady ready) {
+      source.message.when_chunk_ready = [&source](size_t tensor, uint64_t offset, uint64_t length,
+                                                  ChunkReady ready) {
         ChunkGate::Pending chunk{tensor, offset, length, std::move(ready)};
         Release(chunk, source);
       };
@@ -329,9 +330,9 @@ TEST_F(AgentChunksTest, AChunkItsSenderCannotProduceFailsOnlyThatMessage) {
   EXPECT_EQ(TensorSums(*good), TruthSums(next));
   EXPECT_EQ(a_->Stats().peers[0].state, PipeState::kReady);
   // The chunk sent as an error counts in no peer's bytes: (100 + 2 MiB) each call.
-  EXPECT_TRUE(tpd::testing::WaitUntil(
-      [&] { return a_->Stats().peers[0].bytes_sent == 2 * (100 + 2 * kChunk); }))
-      << a_->Stats().peers[0].bytes_sent;
+  EXPECT_TRUE(tpd::testing::WaitUntil([&] {
+    return a_->Stats().peers[0].bytes_sent == 2 * (100 + 2 * kChunk);
+  })) << a_->Stats().peers[0].bytes_sent;
 }
 
 TEST_F(AgentChunksTest, ChunksThatStopComingCloseThePipeAtChunkTimeoutAndTheNextCallWorks) {
@@ -340,8 +341,7 @@ TEST_F(AgentChunksTest, ChunksThatStopComingCloseThePipeAtChunkTimeoutAndTheNext
   ChunkGate gate;  // never releases: the chunks stay unwritten
   source.message.when_chunk_ready = gate.Hook();
   const absl::Time start = absl::Now();
-  absl::StatusOr<Message> reply =
-      CallAndWait(*a_, PeerOf(*b_), source.message, absl::Seconds(20));
+  absl::StatusOr<Message> reply = CallAndWait(*a_, PeerOf(*b_), source.message, absl::Seconds(20));
   ASSERT_FALSE(reply.ok());
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnavailable) << reply.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << "closed by the receiver, not the deadline";
@@ -368,8 +368,7 @@ TEST_F(AgentChunksTest, ChunksDrippedWithinChunkTimeoutStillMustAllComeByTheRate
       Release(chunk, source);
     }
   });
-  absl::StatusOr<Message> reply =
-      CallAndWait(*a_, PeerOf(*b_), source.message, absl::Seconds(20));
+  absl::StatusOr<Message> reply = CallAndWait(*a_, PeerOf(*b_), source.message, absl::Seconds(20));
   dripper.join();
   ASSERT_FALSE(reply.ok());
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnavailable) << reply.status();

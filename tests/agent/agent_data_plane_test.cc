@@ -108,8 +108,8 @@ TEST_P(AgentDataPlaneTest, ZeroToSixtyFourTensorsRoundTrip) {
 }
 
 TEST_P(AgentDataPlaneTest, TensorsFromZeroBytesToSixtyFourMiBRoundTrip) {
-  std::vector<size_t> sizes = {0, 1, 4096, 65536, size_t{1} << 20, size_t{8} << 20,
-                               size_t{64} << 20};
+  std::vector<size_t> sizes = {
+      0, 1, 4096, 65536, size_t{1} << 20, size_t{8} << 20, size_t{64} << 20};
   const char* big = std::getenv("TPD_AGENT_TEST_1GIB");
   if (big != nullptr && std::string(big) == "1") sizes.push_back(size_t{1} << 30);
   uint64_t seed = 1000;
@@ -133,8 +133,8 @@ TEST_P(AgentDataPlaneTest, ConcurrentCallsBothWaysEachGetTheirOwnReply) {
     std::vector<std::unique_ptr<Outstanding>> calls;
     for (int i = 0; i < kCallsPerThread; ++i) {
       const uint64_t seed = static_cast<uint64_t>(thread) * 100000 + i;
-      Message request = MakeMessage(absl::StrCat("echo-", seed), 64 + i, {size_t(i) * 100, 7},
-                                    seed);
+      Message request =
+          MakeMessage(absl::StrCat("echo-", seed), 64 + i, {size_t(i) * 100, 7}, seed);
       auto call = std::make_unique<Outstanding>();
       call->sent = Checksums(request);
       Outstanding* raw = call.get();

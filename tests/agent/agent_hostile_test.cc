@@ -157,7 +157,6 @@ int Threads() { return CountEntries("/proc/self/task"); }
 // ---------------------------------------------------------------------------------------------
 // Raw TensorPipe, for playing a peer without the token (as agent_test.cc does).
 
-
 // Reads one message (metadata only, its payloads and tensors into scratch); the metadata, or
 // an error once the pipe fails.
 absl::StatusOr<std::string> ReadMetadata(tensorpipe::Pipe& pipe) {
@@ -621,8 +620,7 @@ TEST_F(AgentHostileTest, PeersThatBreakTheChunkProtocolHaveTheirPipesClosed) {
   {
     RawContext raw;
     const std::string url = absl::StrCat("uv://127.0.0.1:", port_);
-    auto attack = [&](const std::string& what,
-                      const std::function<void(tensorpipe::Pipe&)>& send) {
+    auto attack = [&](const std::string& what, const std::function<void(tensorpipe::Pipe&)>& send) {
       std::shared_ptr<tensorpipe::Pipe> pipe = raw.context().connect(url);
       ASSERT_TRUE(Authenticate(*pipe, url)) << what;
       send(*pipe);
@@ -630,9 +628,8 @@ TEST_F(AgentHostileTest, PeersThatBreakTheChunkProtocolHaveTheirPipesClosed) {
       pipe->close();
       ExpectServesGoodCallsOnly();
     };
-    attack("a chunk of a message never sent", [&](tensorpipe::Pipe& pipe) {
-      Write(pipe, ChunkHeader(7, 0, 0), {}, {one_mib});
-    });
+    attack("a chunk of a message never sent",
+           [&](tensorpipe::Pipe& pipe) { Write(pipe, ChunkHeader(7, 0, 0), {}, {one_mib}); });
     attack("a chunk off a chunk boundary", [&](tensorpipe::Pipe& pipe) {
       Write(pipe, ChunkedRequest(1, 2 * kMiB, kMiB), {}, {""});
       Write(pipe, ChunkHeader(1, 0, 12345), {}, {one_mib});

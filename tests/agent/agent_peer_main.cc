@@ -33,16 +33,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   tpd::agent::Agent* raw = agent->get();
-  (*agent)->SetHandler(tpd::agent::Handler{nullptr, [raw](tpd::agent::InboundRequest request) {
-    if (request.message.header.method() == "hold") return;  // never answered
-    tpd::agent::Message response;
-    response.header.set_method(request.message.header.method());
-    *response.header.mutable_tensors() = request.message.header.tensors();
-    response.payload = request.message.payload;
-    response.tensors = request.message.tensors;
-    response.keepalive = request.message.keepalive;
-    raw->Respond(request.reply_to, std::move(response));
-  }});
+  (*agent)->SetHandler(
+      tpd::agent::Handler{nullptr, [raw](tpd::agent::InboundRequest request) {
+                            if (request.message.header.method() == "hold")
+                              return;  // never answered
+                            tpd::agent::Message response;
+                            response.header.set_method(request.message.header.method());
+                            *response.header.mutable_tensors() = request.message.header.tensors();
+                            response.payload = request.message.payload;
+                            response.tensors = request.message.tensors;
+                            response.keepalive = request.message.keepalive;
+                            raw->Respond(request.reply_to, std::move(response));
+                          }});
   std::printf("ADDRESS %s\n", (*agent)->address().c_str());
   std::fflush(stdout);
   std::string line;

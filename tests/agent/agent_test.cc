@@ -3,6 +3,8 @@
 // handler refusals and allocators. Two agents in one process over uv + basic, plus raw
 // TensorPipe pipes playing the attacker.
 
+#include "agent/agent.h"
+
 #include <tensorpipe/tensorpipe.h>
 
 #include <algorithm>
@@ -18,7 +20,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "agent/agent.h"
 #include "agent/pipe_auth.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -29,10 +30,10 @@
 namespace tpd::agent {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::CallAndWait;
 using testing::Checksums;
 using testing::EchoHandler;
+using ::testing::HasSubstr;
 using testing::MakeMessage;
 using testing::PeerOf;
 using testing::RawContext;
@@ -139,7 +140,6 @@ class Outcomes {
 // ---------------------------------------------------------------------------------------------
 // Raw TensorPipe, for playing a peer without the token.
 
-
 // Reads one message with no payload or tensors; its metadata, or an error.
 absl::StatusOr<std::string> ReadMetadata(tensorpipe::Pipe& pipe) {
   struct State {
@@ -147,27 +147,27 @@ absl::StatusOr<std::string> ReadMetadata(tensorpipe::Pipe& pipe) {
     absl::StatusOr<std::string> result;
   };
   auto state = std::make_shared<State>();
-  pipe.readDescriptor([state, &pipe](const tensorpipe::Error& error,
-                                     tensorpipe::Descriptor descriptor) {
-    if (error) {
-      state->result = absl::UnavailableError(error.what());
-      state->done.Notify();
-      return;
-    }
-    state->result = descriptor.metadata;
-    tensorpipe::Allocation allocation;
-    std::vector<std::shared_ptr<std::vector<char>>> buffers;
-    for (const auto& payload : descriptor.payloads) {
-      buffers.push_back(std::make_shared<std::vector<char>>(payload.length + 1));
-      allocation.payloads.push_back({buffers.back()->data()});
-    }
-    for (const auto& tensor : descriptor.tensors) {
-      buffers.push_back(std::make_shared<std::vector<char>>(tensor.length + 1));
-      allocation.tensors.push_back({tensorpipe::CpuBuffer{buffers.back()->data()}});
-    }
-    pipe.read(std::move(allocation),
-              [state, buffers](const tensorpipe::Error&) { state->done.Notify(); });
-  });
+  pipe.readDescriptor(
+      [state, &pipe](const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
+        if (error) {
+          state->result = absl::UnavailableError(error.what());
+          state->done.Notify();
+          return;
+        }
+        state->result = descriptor.metadata;
+        tensorpipe::Allocation allocation;
+        std::vector<std::shared_ptr<std::vector<char>>> buffers;
+        for (const auto& payload : descriptor.payloads) {
+          buffers.push_back(std::make_shared<std::vector<char>>(payload.length + 1));
+          allocation.payloads.push_back({buffers.back()->data()});
+        }
+        for (const auto& tensor : descriptor.tensors) {
+          buffers.push_back(std::make_shared<std::vector<char>>(tensor.length + 1));
+          allocation.tensors.push_back({tensorpipe::CpuBuffer{buffers.back()->data()}});
+        }
+        pipe.read(std::move(allocation),
+                  [state, buffers](const tensorpipe::Error&) { state->done.Notify(); });
+      });
   if (!state->done.WaitForNotificationWithTimeout(kWait)) {
     return absl::DeadlineExceededError("nothing to read");
   }
@@ -271,7 +271,8 @@ TEST(AgentTest, APeerWithAnotherTokenGetsNothingDeliveredAndItsPipeClosed) {
   // when the caller's side has already seen the pipe close.
   EXPECT_TRUE(WaitUntil([&] {
     return a->Stats().auth_failures >= 1u && m->Stats().auth_failures >= 1u;
-  })) << "auth_failures: a " << a->Stats().auth_failures << ", m " << m->Stats().auth_failures;
+  })) << "auth_failures: a "
+      << a->Stats().auth_failures << ", m " << m->Stats().auth_failures;
 }
 
 TEST(AgentTest, AnImpostorListenerWithoutTheTokenLearnsNoRequest) {
@@ -288,8 +289,7 @@ TEST(AgentTest, AnImpostorListenerWithoutTheTokenLearnsNoRequest) {
   });
 
   Outcomes outcomes;
-  a->Send(impostor, MakeMessage("secret", 100, {1000}, 3), absl::Now() + kWait,
-          outcomes.Track());
+  a->Send(impostor, MakeMessage("secret", 100, {1000}, 3), absl::Now() + kWait, outcomes.Track());
   ASSERT_TRUE(outcomes.AllDone());
   ASSERT_EQ(outcomes.statuses().size(), 1u);
   EXPECT_FALSE(outcomes.statuses()[0].ok());
@@ -345,8 +345,7 @@ TEST(AgentTest, AnUnauthenticatedSenderReachesNoHandler) {
     EXPECT_FALSE(ReadMetadata(*pipe).ok()) << "no proof but the pipe closing";
   }
   EXPECT_EQ(echo.requests(), 0);
-  EXPECT_TRUE(WaitUntil([&] { return a->Stats().auth_failures == 2; }))
-      << a->Stats().auth_failures;
+  EXPECT_TRUE(WaitUntil([&] { return a->Stats().auth_failures == 2; })) << a->Stats().auth_failures;
 }
 
 TEST(AgentTest, ARelayedHandshakeIsRefusedByTheRealDaemon) {
@@ -401,8 +400,8 @@ TEST(AgentTest, ALateCallFailsWithDeadlineExceededNamingPeerMethodAndTime) {
   ASSERT_TRUE(a && b);
   HoldingHandler holding(*b);
   const absl::Time start = absl::Now();
-  absl::StatusOr<Message> reply = CallAndWait(*a, PeerOf(*b), MakeMessage("train.step", 8, {}, 6),
-                                              absl::Milliseconds(200));
+  absl::StatusOr<Message> reply =
+      CallAndWait(*a, PeerOf(*b), MakeMessage("train.step", 8, {}, 6), absl::Milliseconds(200));
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kDeadlineExceeded) << reply.status();
   EXPECT_THAT(reply.status().message(), HasSubstr("method \"train.step\""));
@@ -473,8 +472,8 @@ TEST(AgentTest, DestroyingThePeerFailsPendingCallsAtOnceNamingIt) {
   auto holding = std::make_unique<HoldingHandler>(*b);
   Outcomes outcomes;
   for (int i = 0; i < 10; ++i) {
-    a->Send(PeerOf(*b), MakeMessage("hold", 100, {4096}, 10 + i),
-            absl::Now() + absl::Seconds(120), outcomes.Track());
+    a->Send(PeerOf(*b), MakeMessage("hold", 100, {4096}, 10 + i), absl::Now() + absl::Seconds(120),
+            outcomes.Track());
   }
   ASSERT_TRUE(WaitUntil([&] { return holding->held() == 10; }));
   const absl::Time killed = absl::Now();
@@ -691,7 +690,8 @@ TEST(AgentTest, AnswersAfterTheRequestsDeadlineAreNotSent) {
   // (a call whose deadline passes before it is written is never sent). Connect first, then wait
   // for the request to arrive and for a whole timeout after that before answering.
   absl::StatusOr<Message> warm = absl::UnknownError("not answered");
-  std::thread warm_call([&] { warm = CallAndWait(*a, PeerOf(*b), MakeMessage("warm", 1, {}, 94)); });
+  std::thread warm_call(
+      [&] { warm = CallAndWait(*a, PeerOf(*b), MakeMessage("warm", 1, {}, 94)); });
   ASSERT_TRUE(WaitUntil([&] { return holding.held() == 1; }));
   ASSERT_EQ(holding.ReleaseAll().size(), 1u);
   warm_call.join();

@@ -87,11 +87,8 @@ TEST(AgentTwoProcessTest, CallsWithTensorsThenAPeerKilledFailsItsCallsAtOnce) {
 }
 
 TEST(AgentTwoProcessTest, EveryTransportPairWorksAcrossProcesses) {
-  for (const auto& [transports, channels] :
-       std::vector<std::pair<std::string, std::string>>{{"uv", "basic"},
-                                                        {"uv", "mpt_uv"},
-                                                        {"uv,shm", "basic"},
-                                                        {"uv,shm", "cma"}}) {
+  for (const auto& [transports, channels] : std::vector<std::pair<std::string, std::string>>{
+           {"uv", "basic"}, {"uv", "mpt_uv"}, {"uv,shm", "basic"}, {"uv,shm", "cma"}}) {
     SCOPED_TRACE(absl::StrCat(transports, " + ", channels));
     std::unique_ptr<PeerProcess> peer_process = StartPeer(
         "node-b",
@@ -101,8 +98,8 @@ TEST(AgentTwoProcessTest, EveryTransportPairWorksAcrossProcesses) {
       ADD_FAILURE() << "the peer did not start (not viable here?)";
       continue;
     }
-    auto created = Agent::Create(testing::TestOptions(
-        "node-a", absl::StrSplit(transports, ','), {channels}));
+    auto created =
+        Agent::Create(testing::TestOptions("node-a", absl::StrSplit(transports, ','), {channels}));
     ASSERT_TRUE(created.ok()) << created.status();
     Message request = MakeMessage("echo", 1000, {size_t{4} << 20, 0, 17}, 7);
     const auto sums = Checksums(request);

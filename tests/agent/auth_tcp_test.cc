@@ -146,11 +146,10 @@ TEST(AuthTcpTest, TwoContextsWithOneTokenExchangeMessagesBothWays) {
   std::string into(5, '\0');
   absl::Notification got;
   std::string error;
-  incoming->read(into.data(), into.size(),
-                 [&](const tensorpipe::Error& e, const void*, size_t) {
-                   if (e) error = e.what();
-                   got.Notify();
-                 });
+  incoming->read(into.data(), into.size(), [&](const tensorpipe::Error& e, const void*, size_t) {
+    if (e) error = e.what();
+    got.Notify();
+  });
   EXPECT_FALSE(WriteAndWait(*outgoing, "fixed"));
   ASSERT_TRUE(got.WaitForNotificationWithTimeout(kWait));
   EXPECT_EQ(error, "");

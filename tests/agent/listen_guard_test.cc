@@ -231,8 +231,7 @@ int FilterLength(int port) {
   int length = -1;
   const std::array<unsigned char, 16> loopback = Bytes(AF_INET, "127.0.0.1");
   EXPECT_TRUE(ForEachListeningTcpSocket([&](const ListeningSocket& socket) {
-                if (socket.family != AF_INET || socket.address != loopback ||
-                    socket.port != port) {
+                if (socket.family != AF_INET || socket.address != loopback || socket.port != port) {
                   return;
                 }
                 socklen_t blocks = 0;  // 0 asks for the number of instructions only
@@ -535,9 +534,9 @@ std::unique_ptr<PeerProcess> StartChild() {
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
     const std::string name = entry.substr(0, entry.find('='));
-    if (name != "XML_OUTPUT_FILE" && name != "GTEST_OUTPUT" &&
-        name != "TEST_PREMATURE_EXIT_FILE" && name != "GTEST_SHARD_INDEX" &&
-        name != "GTEST_TOTAL_SHARDS" && name != "TEST_SHARD_STATUS_FILE") {
+    if (name != "XML_OUTPUT_FILE" && name != "GTEST_OUTPUT" && name != "TEST_PREMATURE_EXIT_FILE" &&
+        name != "GTEST_SHARD_INDEX" && name != "GTEST_TOTAL_SHARDS" &&
+        name != "TEST_SHARD_STATUS_FILE") {
       env_strings.push_back(entry);
     }
   }

@@ -89,8 +89,9 @@ TEST(RegistryTest, AGroupsListsNarrowWhatIsRegisteredAndDescribeSaysSo) {
   EXPECT_THAT(Find((*registry)->transports(), "shm")->reason,
               HasSubstr("not in the allowed transports [uv]"));
   EXPECT_FALSE(Find((*registry)->channels(), "cma")->registered);
-  EXPECT_THAT((*registry)->Describe(),
-              HasSubstr("cma (1200): not registered, not in the allowed channels [basic, cuda_ipc]"));
+  EXPECT_THAT(
+      (*registry)->Describe(),
+      HasSubstr("cma (1200): not registered, not in the allowed channels [basic, cuda_ipc]"));
   EXPECT_EQ((*registry)->BootstrapOrder(), std::vector<std::string>{"uv"});
   const auto urls = (*registry)->ListenUrls("0");
   ASSERT_EQ(urls.size(), 1u);

@@ -55,22 +55,22 @@ TEST(TensorPipeSmokeTest, UvAndBasicCarryAPayloadAndATensorOverLoopback) {
   std::string payload_in;
   std::vector<char> tensor_in;
   absl::Notification read;
-  server_pipe->readDescriptor([&](const tensorpipe::Error& error,
-                                  tensorpipe::Descriptor descriptor) {
-    ASSERT_FALSE(error) << error.what();
-    EXPECT_EQ(descriptor.metadata, "smoke");
-    ASSERT_EQ(descriptor.payloads.size(), 1u);
-    ASSERT_EQ(descriptor.tensors.size(), 1u);
-    payload_in.resize(descriptor.payloads[0].length);
-    tensor_in.resize(descriptor.tensors[0].length);
-    tensorpipe::Allocation allocation;
-    allocation.payloads.push_back({payload_in.data()});
-    allocation.tensors.push_back({tensorpipe::CpuBuffer{tensor_in.data()}});
-    server_pipe->read(std::move(allocation), [&](const tensorpipe::Error& error) {
-      EXPECT_FALSE(error) << error.what();
-      read.Notify();
-    });
-  });
+  server_pipe->readDescriptor(
+      [&](const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
+        ASSERT_FALSE(error) << error.what();
+        EXPECT_EQ(descriptor.metadata, "smoke");
+        ASSERT_EQ(descriptor.payloads.size(), 1u);
+        ASSERT_EQ(descriptor.tensors.size(), 1u);
+        payload_in.resize(descriptor.payloads[0].length);
+        tensor_in.resize(descriptor.tensors[0].length);
+        tensorpipe::Allocation allocation;
+        allocation.payloads.push_back({payload_in.data()});
+        allocation.tensors.push_back({tensorpipe::CpuBuffer{tensor_in.data()}});
+        server_pipe->read(std::move(allocation), [&](const tensorpipe::Error& error) {
+          EXPECT_FALSE(error) << error.what();
+          read.Notify();
+        });
+      });
   ASSERT_TRUE(read.WaitForNotificationWithTimeout(kTimeout));
   ASSERT_TRUE(written.WaitForNotificationWithTimeout(kTimeout));
   EXPECT_EQ(payload_in, payload);

@@ -99,15 +99,15 @@ TEST(WireTest, HeapDestinationAlignsEachTensorAndCheckDestinationNamesWhatIsMiss
   ASSERT_NE(placed->payload, nullptr);
   EXPECT_EQ(placed->tensors[1], nullptr);
   for (size_t i : {size_t{0}, size_t{2}}) {
-    const auto offset = static_cast<char*>(placed->tensors[i]) - static_cast<char*>(placed->payload);
+    const auto offset =
+        static_cast<char*>(placed->tensors[i]) - static_cast<char*>(placed->payload);
     EXPECT_EQ(offset % kTensorAlignment, 0) << i;
     EXPECT_GE(offset, 7) << i;
   }
   EXPECT_TRUE(CheckDestination(*placed, 7, sizes).ok());
   Destination missing = *placed;
   missing.tensors[2] = nullptr;
-  EXPECT_THAT(CheckDestination(missing, 7, sizes).message(),
-              HasSubstr("no buffer for tensor 2"));
+  EXPECT_THAT(CheckDestination(missing, 7, sizes).message(), HasSubstr("no buffer for tensor 2"));
   EXPECT_THAT(CheckDestination(*placed, 7, {3}).message(), HasSubstr("3 tensor buffers for 1"));
   Destination none;
   EXPECT_THAT(CheckDestination(none, 1, {}).message(), HasSubstr("no payload buffer"));

@@ -127,10 +127,10 @@ class Gpus {
   std::map<CUdeviceptr, int> allocations_ ABSL_GUARDED_BY(mu_);
 };
 
-#define REQUIRE_GPUS(n)                                                                      \
-  if (gpus_ == nullptr) GTEST_SKIP() << "no usable NVIDIA driver: " << gpus_error_;          \
-  if (gpus_->count() < (n)) {                                                                \
-    GTEST_SKIP() << "needs " << (n) << " GPUs, this machine has " << gpus_->count();         \
+#define REQUIRE_GPUS(n)                                                              \
+  if (gpus_ == nullptr) GTEST_SKIP() << "no usable NVIDIA driver: " << gpus_error_;  \
+  if (gpus_->count() < (n)) {                                                        \
+    GTEST_SKIP() << "needs " << (n) << " GPUs, this machine has " << gpus_->count(); \
   }
 
 // The bytes of `tensor` wherever it lies.
@@ -173,7 +173,8 @@ class CudaCallsTest : public ::testing::Test {
     options.timeout = absl::Seconds(30);
     for (const auto& [to, map] : maps) {
       auto& out = (*options.options.mutable_device_maps())[to];
-      for (const auto& [from_device, to_device] : map) (*out.mutable_devices())[from_device] = to_device;
+      for (const auto& [from_device, to_device] : map)
+        (*out.mutable_devices())[from_device] = to_device;
     }
     for (const std::string& device : devices) options.options.add_devices(device);
     return client->Join(options).status();
@@ -210,7 +211,8 @@ class CudaCallsTest : public ::testing::Test {
                    const Tensor& t = request.tensors.at(0);
                    return Message{absl::StrCat(t.device().ToString(), ":",
                                                std::hash<std::string>()(gpus_->Read(t))),
-                                  {}, ""};
+                                  {},
+                                  ""};
                  }).ok());
   }
 
@@ -291,9 +293,9 @@ TEST_F(CudaCallsTest, Cuda0ToCuda1AndBackByTheReverseMap) {
   HandleEcho(b_.get());
   for (size_t bytes : {size_t{0}, size_t{8}, size_t{1} << 20, size_t{256} << 20}) {
     const CUdeviceptr ptr = gpus_->Alloc(0, bytes, 7);
-    absl::StatusOr<Message> reply = a->Call(
-        "g", "b", "echo", "",
-        {Tensor::Cuda(shm::DType::kUInt8, {static_cast<int64_t>(bytes)}, ptr, 0)});
+    absl::StatusOr<Message> reply =
+        a->Call("g", "b", "echo", "",
+                {Tensor::Cuda(shm::DType::kUInt8, {static_cast<int64_t>(bytes)}, ptr, 0)});
     ASSERT_TRUE(reply.ok()) << reply.status();
     EXPECT_EQ(reply->payload, Expect({{"cuda:1", Pattern(bytes, 7)}})) << bytes << " bytes";
     ASSERT_EQ(reply->tensors.size(), 1u);
@@ -310,12 +312,10 @@ TEST_F(CudaCallsTest, AGibibyteCrossesGpus) {
   const size_t bytes = size_t{1} << 30;
   HandleSum(b_.get());
   const CUdeviceptr ptr = gpus_->Alloc(0, bytes, 11);
-  absl::StatusOr<Message> reply =
-      a->Call("g", "b", "sum", "",
-              {Tensor::Cuda(shm::DType::kFloat32, {int64_t{1} << 28}, ptr, 0)});
+  absl::StatusOr<Message> reply = a->Call(
+      "g", "b", "sum", "", {Tensor::Cuda(shm::DType::kFloat32, {int64_t{1} << 28}, ptr, 0)});
   ASSERT_TRUE(reply.ok()) << reply.status();
-  EXPECT_EQ(reply->payload,
-            absl::StrCat("cuda:1:", std::hash<std::string>()(Pattern(bytes, 11))));
+  EXPECT_EQ(reply->payload, absl::StrCat("cuda:1:", std::hash<std::string>()(Pattern(bytes, 11))));
 }
 
 TEST_F(CudaCallsTest, SwappedDevicesAndManyTensors) {
@@ -325,7 +325,8 @@ TEST_F(CudaCallsTest, SwappedDevicesAndManyTensors) {
   ASSERT_TRUE(Join(a.get(), "a", {{"b", {{"cuda:0", "cuda:1"}, {"cuda:1", "cuda:0"}}}}).ok());
   ASSERT_TRUE(Join(b.get(), "b", {}).ok());
   HandleEcho(b.get());
-  EchoSwapped(a.get(), [](int i) { return 1000 + 4 * static_cast<size_t>(i); }, 100);
+  EchoSwapped(
+      a.get(), [](int i) { return 1000 + 4 * static_cast<size_t>(i); }, 100);
 }
 
 TEST_F(CudaCallsTest, CpuAndCudaMixedInOneCallByCpuMaps) {
@@ -339,10 +340,9 @@ TEST_F(CudaCallsTest, CpuAndCudaMixedInOneCallByCpuMaps) {
   HandleEcho(b.get());
   const std::string host = Pattern(3 << 20, 1);
   const CUdeviceptr ptr = gpus_->Alloc(0, 5 << 20, 2);
-  absl::StatusOr<Message> reply =
-      a->Call("g", "b", "echo", "",
-              {Tensor(shm::DType::kUInt8, {3 << 20}, host),
-               Tensor::Cuda(shm::DType::kUInt8, {5 << 20}, ptr, 0)});
+  absl::StatusOr<Message> reply = a->Call("g", "b", "echo", "",
+                                          {Tensor(shm::DType::kUInt8, {3 << 20}, host),
+                                           Tensor::Cuda(shm::DType::kUInt8, {5 << 20}, ptr, 0)});
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->payload, Expect({{"cuda:0", host}, {"cpu", Pattern(5 << 20, 2)}}));
   ASSERT_EQ(reply->tensors.size(), 2u);
@@ -365,10 +365,10 @@ TEST_F(CudaCallsTest, StagedAcrossTwoDaemonsThereAndBack) {
   for (size_t bytes : {size_t{0}, size_t{8}, (size_t{1} << 20) + 3, size_t{64} << 20}) {
     const CUdeviceptr ptr = gpus_->Alloc(0, bytes, 21);
     const std::string host = Pattern(bytes / 2, 22);
-    absl::StatusOr<Message> reply = a->Call(
-        "g", "b", "echo", "",
-        {Tensor::Cuda(shm::DType::kUInt8, {static_cast<int64_t>(bytes)}, ptr, 0),
-         Tensor(shm::DType::kUInt8, {static_cast<int64_t>(host.size())}, host)});
+    absl::StatusOr<Message> reply =
+        a->Call("g", "b", "echo", "",
+                {Tensor::Cuda(shm::DType::kUInt8, {static_cast<int64_t>(bytes)}, ptr, 0),
+                 Tensor(shm::DType::kUInt8, {static_cast<int64_t>(host.size())}, host)});
     ASSERT_TRUE(reply.ok()) << reply.status();
     EXPECT_EQ(reply->payload, Expect({{"cuda:1", Pattern(bytes, 21)}, {"cuda:0", host}}))
         << bytes << " bytes";
@@ -382,7 +382,8 @@ TEST_F(CudaCallsTest, StagedAcrossTwoDaemonsThereAndBack) {
   absl::StatusOr<v1::StatusResponse> status = a->Status();
   ASSERT_TRUE(status.ok());
   std::map<std::string, uint64_t> routes;
-  for (const v1::CudaCopyCount& route : status->gpus().copies()) routes[route.route()] = route.bytes();
+  for (const v1::CudaCopyCount& route : status->gpus().copies())
+    routes[route.route()] = route.bytes();
   EXPECT_GT(routes["cuda:0->cpu"], 0u) << "a's daemon staged a's tensors to host";
   EXPECT_GT(routes["cpu->cuda:0"], 0u) << "and landed b's replies on a's cuda:0";
 }
@@ -395,8 +396,8 @@ TEST_F(CudaCallsTest, AGibibyteStagedAcrossTwoDaemons) {
   HandleSum(b_.get());
   const size_t bytes = size_t{1} << 30;
   const CUdeviceptr ptr = gpus_->Alloc(0, bytes, 31);
-  absl::StatusOr<Message> reply = a->Call(
-      "g", "b", "sum", "", {Tensor::Cuda(shm::DType::kUInt8, {int64_t{1} << 30}, ptr, 0)});
+  absl::StatusOr<Message> reply =
+      a->Call("g", "b", "sum", "", {Tensor::Cuda(shm::DType::kUInt8, {int64_t{1} << 30}, ptr, 0)});
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->payload, absl::StrCat("cuda:1:", std::hash<std::string>()(Pattern(bytes, 31))));
 }
@@ -478,8 +479,7 @@ TEST_F(CudaCallsTest, CallsBothWaysAtOnce) {
     for (int i = 0; i < 50; ++i) {
       const absl::StatusOr<Message>& reply = futures[i].Wait();
       ASSERT_TRUE(reply.ok()) << reply.status();
-      EXPECT_EQ(reply->payload,
-                Expect({{absl::StrCat("cuda:", other), Pattern(65536, seed + i)}}));
+      EXPECT_EQ(reply->payload, Expect({{absl::StrCat("cuda:", other), Pattern(65536, seed + i)}}));
       EXPECT_EQ(gpus_->Read(reply->tensors.at(0)), Pattern(65536, seed + i));
     }
   };
@@ -521,16 +521,16 @@ TEST_F(CudaCallsTest, BadDeviceAndBadPointerAreRefusedNamingThem) {
   ASSERT_FALSE(nowhere.ok());
   EXPECT_THAT(nowhere.status().message(), HasSubstr(absl::StrCat("cuda:", gpus_->count() + 3)));
   const std::string host(64, 'x');
-  absl::StatusOr<Message> host_memory = a->Call(
-      "g", "b", "echo", "",
-      {Tensor::Cuda(shm::DType::kUInt8, {64}, reinterpret_cast<uint64_t>(host.data()), 0)});
+  absl::StatusOr<Message> host_memory =
+      a->Call("g", "b", "echo", "",
+              {Tensor::Cuda(shm::DType::kUInt8, {64}, reinterpret_cast<uint64_t>(host.data()), 0)});
   ASSERT_FALSE(host_memory.ok());
   EXPECT_EQ(host_memory.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(host_memory.status().message(), HasSubstr("is not device memory of this process"));
   // A tensor said to be longer than its allocation.
   const CUdeviceptr small = gpus_->Alloc(0, 4096, 1);
-  absl::StatusOr<Message> overrun = a->Call(
-      "g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {1 << 20}, small, 0)});
+  absl::StatusOr<Message> overrun =
+      a->Call("g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {1 << 20}, small, 0)});
   ASSERT_FALSE(overrun.ok());
   EXPECT_THAT(overrun.status().message(), HasSubstr("runs past its allocation"));
   const CUdeviceptr ok = gpus_->Alloc(0, 4096, 9);
@@ -551,8 +551,8 @@ TEST_F(CudaCallsTest, MemoryFreedAndAllocatedAgainIsExportedAnew) {
   // the same address) is another allocation, and its bytes are what arrive.
   for (uint32_t round = 0; round < 4; ++round) {
     const CUdeviceptr ptr = gpus_->Alloc(0, 1 << 20, 40 + round);
-    absl::StatusOr<Message> reply = a->Call(
-        "g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {1 << 20}, ptr, 0)});
+    absl::StatusOr<Message> reply =
+        a->Call("g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {1 << 20}, ptr, 0)});
     ASSERT_TRUE(reply.ok()) << reply.status();
     EXPECT_EQ(reply->payload, Expect({{"cuda:0", Pattern(1 << 20, 40 + round)}})) << round;
     gpus_->Free(ptr);
@@ -566,9 +566,9 @@ TEST_F(CudaCallsTest, ACallTimingOutMidCopyLeavesNothingHeld) {
   HandleEcho(b_.get());
   const CUdeviceptr ptr = gpus_->Alloc(0, size_t{1} << 30, 51);
   // A 1 GiB peer copy takes milliseconds: a 1 ms deadline passes during it.
-  absl::StatusOr<Message> late = a->Call(
-      "g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {int64_t{1} << 30}, ptr, 0)},
-      absl::Milliseconds(1));
+  absl::StatusOr<Message> late =
+      a->Call("g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {int64_t{1} << 30}, ptr, 0)},
+              absl::Milliseconds(1));
   ASSERT_FALSE(late.ok());
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
   // The copy completes, b answers a call nobody waits for, and every pool block goes back.
@@ -585,8 +585,8 @@ TEST_F(CudaCallsTest, ACallTimingOutMidCopyLeavesNothingHeld) {
       },
       absl::Seconds(10)))
       << "receive pool blocks still held";
-  absl::StatusOr<Message> next = a->Call(
-      "g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {4096}, ptr, 0)});
+  absl::StatusOr<Message> next =
+      a->Call("g", "b", "echo", "", {Tensor::Cuda(shm::DType::kUInt8, {4096}, ptr, 0)});
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(gpus_->Read(next->tensors.at(0)), Pattern(4096, 51)) << "a prefix of the same bytes";
 }
@@ -692,10 +692,10 @@ TEST_F(CudaCallsTest, CallerKilledWhileExportedLeavesNoMemoryBehind) {
   ASSERT_TRUE(Join(b.get(), "b", {}, {"cuda:0"}).ok());
   absl::Notification held;
   ASSERT_TRUE(b->Handle("hold", [&](const Message& request) -> absl::StatusOr<Message> {
-                   held.Notify();
-                   absl::SleepFor(absl::Seconds(3));
-                   return Message{};
-                 }).ok());
+                 held.Notify();
+                 absl::SleepFor(absl::Seconds(3));
+                 return Message{};
+               }).ok());
   const size_t before = gpus_->FreeBytes(0);
   const pid_t pid = fork();
   if (pid == 0) {
@@ -712,8 +712,8 @@ TEST_F(CudaCallsTest, CallerKilledWhileExportedLeavesNoMemoryBehind) {
   waitpid(pid, &status, 0);
   // Once the victim's session is gone, the daemon closes its mapping and the driver frees
   // the 512 MiB: free memory comes back to (about) where it was before the victim started.
-  EXPECT_TRUE(WaitUntil([&] { return gpus_->FreeBytes(0) + (64 << 20) >= before; },
-                        absl::Seconds(20)))
+  EXPECT_TRUE(
+      WaitUntil([&] { return gpus_->FreeBytes(0) + (64 << 20) >= before; }, absl::Seconds(20)))
       << "free on cuda:0: " << gpus_->FreeBytes(0) << " of " << before << " before";
   absl::StatusOr<v1::StatusResponse> status_now = b->Status();
   ASSERT_TRUE(status_now.ok());

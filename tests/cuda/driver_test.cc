@@ -11,6 +11,8 @@
 // The daemon tests run the real tpd and tpctl: Admin.Status and `tpctl status` report the
 // GPUs, or "no GPUs: <reason>", and [group] cuda_device_count still overrides the count.
 
+#include "proto/cuda/driver.h"
+
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -23,7 +25,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/cuda/discovery.h"
-#include "proto/cuda/driver.h"
 #include "tests/testing/daemon_process.h"
 
 namespace tpd::cuda {
@@ -35,10 +36,10 @@ using ::testing::MatchesRegex;
 using ::testing::StartsWith;
 
 // The process's driver, or a skip that says why there is none.
-#define SKIP_WITHOUT_GPU(driver)                                                         \
-  absl::StatusOr<const Driver*> driver = Driver::Load();                                \
+#define SKIP_WITHOUT_GPU(driver)                                                       \
+  absl::StatusOr<const Driver*> driver = Driver::Load();                               \
   if (!driver.ok()) GTEST_SKIP() << "no NVIDIA driver: " << driver.status().message(); \
-  do {                                                                                   \
+  do {                                                                                 \
   } while (false)
 
 TEST(DriverTest, MissingLibraryIsAnErrorThatSaysSo) {
@@ -95,8 +96,14 @@ struct FakeGpu {
 };
 
 const FakeGpu kFakeGpus[] = {
-    {"Fake H100", size_t{80} << 30, 9, 0, 0, 0x19, 0, {0x5b, 0x5c, 0x0d, 0x8e, 0, 1, 2, 3, 4, 5,
-                                                        6, 7, 8, 9, 0xab, 0xcd}},
+    {"Fake H100",
+     size_t{80} << 30,
+     9,
+     0,
+     0,
+     0x19,
+     0,
+     {0x5b, 0x5c, 0x0d, 0x8e, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0xab, 0xcd}},
     {"Fake H100", size_t{80} << 30, 9, 0, 0, 0x3b, 0, {1}},
     {"Fake A10", size_t{24} << 30, 8, 6, 1, 0xc1, 2, {2}},
 };
@@ -146,12 +153,23 @@ CUresult FakeAttribute(int* value, CUdevice_attribute attribute, CUdevice device
   const FakeGpu* gpu = Of(device);
   if (gpu == nullptr) return CUDA_ERROR_INVALID_DEVICE;
   switch (attribute) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = gpu->major; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = gpu->minor; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *value = gpu->domain; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *value = gpu->bus; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *value = gpu->slot; break;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      *value = gpu->major;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+      *value = gpu->minor;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+      *value = gpu->domain;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+      *value = gpu->bus;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+      *value = gpu->slot;
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
 }
@@ -212,9 +230,9 @@ TEST(FakeDriverTest, PeerMatrixIsSquareWithATrueDiagonal) {
   const Driver driver(FakeApi());
   absl::StatusOr<GpuDiscovery> gpus = DiscoverGpus(driver);
   ASSERT_TRUE(gpus.ok()) << gpus.status();
-  EXPECT_THAT(gpus->can_access_peer, ElementsAre(ElementsAre(true, true, false),
-                                                 ElementsAre(true, true, false),
-                                                 ElementsAre(false, false, true)));
+  EXPECT_THAT(gpus->can_access_peer,
+              ElementsAre(ElementsAre(true, true, false), ElementsAre(true, true, false),
+                          ElementsAre(false, false, true)));
 }
 
 TEST(FakeDriverTest, AFailingQueryNamesTheCallTheDeviceAndTheDriversError) {

@@ -3,8 +3,8 @@
 
 #include "daemon/agent_address.h"
 
-#include "daemon/tensor_wire.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/tensor_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -32,8 +32,7 @@ TEST(DialableAgentUrlsTest, KeepsUrlsInsideDialNetworksAndShm) {
 
 TEST(DialableAgentUrlsTest, DropsUrlsOutsideAndRefusesWithoutUv) {
   const store::NetworkList allowed = Networks({"10.0.0.0/8"});
-  absl::StatusOr<std::string> urls =
-      DialableAgentUrls("uv://10.0.0.5:1,ibv://8.8.8.8:2", allowed);
+  absl::StatusOr<std::string> urls = DialableAgentUrls("uv://10.0.0.5:1,ibv://8.8.8.8:2", allowed);
   ASSERT_TRUE(urls.ok()) << urls.status();
   EXPECT_EQ(*urls, "uv://10.0.0.5:1");
 
@@ -92,7 +91,8 @@ TEST(TensorWireTest, RefusesWhatAPeerMustNotSend) {
   wire.set_nbytes(16);
   int target = 0;
   ASSERT_TRUE(FromWire(wire, 16, 0, &target).ok());
-  EXPECT_THAT(FromWire(wire, 17, 2, &target).status().message(), HasSubstr("tensor 2"));  // size mismatch
+  EXPECT_THAT(FromWire(wire, 17, 2, &target).status().message(),
+              HasSubstr("tensor 2"));  // size mismatch
 
   v1::TensorDescriptor bad = wire;
   bad.set_dtype("float128");

@@ -267,10 +267,12 @@ TEST(ConfigTest, StoreSharesAreReadAndMayNotBeNegative) {
   config->store.max_waiters_without_session = -1;
   absl::Status refused = ValidateConfig(*config);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(refused.message(), ::testing::HasSubstr("store.max_waiters_without_session must be >= 0"));
+  EXPECT_THAT(refused.message(),
+              ::testing::HasSubstr("store.max_waiters_without_session must be >= 0"));
   config->store.max_waiters_without_session = 1;
   config->store.max_keys = 0;
-  EXPECT_THAT(ValidateConfig(*config).message(), ::testing::HasSubstr("store.max_keys must be > 0"));
+  EXPECT_THAT(ValidateConfig(*config).message(),
+              ::testing::HasSubstr("store.max_keys must be > 0"));
 }
 
 TEST(ConfigTest, ShareMemoryIsOnUnlessTurnedOff) {
@@ -473,9 +475,8 @@ TEST(ConfigTest, NegativeShutdownGraceFromFileParsesThenFailsValidation) {
 }
 
 TEST(ConfigTest, LoadConfigOnMissingFileIsNotFoundNamingPath) {
-  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR")
-                                                                    : "/tmp",
-                                        "/no-such-dir/tpd.toml");
+  const std::string path = absl::StrCat(
+      std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp", "/no-such-dir/tpd.toml");
   absl::StatusOr<Config> config = LoadConfig(path);
   EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(config.status().message(), HasSubstr(path));
@@ -525,10 +526,9 @@ TEST(ConfigTest, ListenAddressMustBeHostAndAPortUpTo65535) {
     config.peer.token = "t";
     EXPECT_TRUE(ValidateConfig(config).ok()) << good << ": " << ValidateConfig(config);
   }
-  for (const char* bad : {"127.0.0.1:65536", "127.0.0.1:4294967297", "127.0.0.1:-1",
-                          "127.0.0.1", "127.0.0.1:", ":29400", "::1:29400", "[::1]29400",
-                          "[::1", "[]:1", "[10.0.0.1]:1", "127.0.0.1:29400x", "127.0.0.1: 1",
-                          "a b:1"}) {
+  for (const char* bad : {"127.0.0.1:65536", "127.0.0.1:4294967297", "127.0.0.1:-1", "127.0.0.1",
+                          "127.0.0.1:", ":29400", "::1:29400", "[::1]29400", "[::1", "[]:1",
+                          "[10.0.0.1]:1", "127.0.0.1:29400x", "127.0.0.1: 1", "a b:1"}) {
     Config config;
     config.peer.listen_address = bad;
     config.peer.token = "t";
@@ -809,9 +809,9 @@ TEST(ConfigTest, DataTableHasTheDocumentedDefaultsAndIsRead) {
 
 TEST(ConfigTest, CudaChunkBytesDefaultsToFourMiBAndZeroSendsWholeTensors) {
   EXPECT_EQ(Config().agent.cuda_chunk_bytes, 4 << 20);
-  for (const char* text : {"[agent]\ncuda_chunk_bytes = 0\n",
-                           "[agent]\ncuda_chunk_bytes = 1048576\n",
-                           "[agent]\ncuda_chunk_bytes = 1073741824\n"}) {
+  for (const char* text :
+       {"[agent]\ncuda_chunk_bytes = 0\n", "[agent]\ncuda_chunk_bytes = 1048576\n",
+        "[agent]\ncuda_chunk_bytes = 1073741824\n"}) {
     absl::StatusOr<Config> config = ParseConfig(text, "c.toml");
     ASSERT_TRUE(config.ok()) << config.status();
     EXPECT_TRUE(ValidateConfig(*config).ok()) << text << ValidateConfig(*config);

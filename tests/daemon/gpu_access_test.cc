@@ -64,7 +64,7 @@ TEST_F(GpuAccessTest, EveryDeviceNodeCountsAndOthersAreIgnored) {
   if (geteuid() != 0) GTEST_SKIP() << "the fake nodes must belong to root to judge another uid";
   Node("nvidiactl", 0666);
   Node("nvidia0", 0666);
-  Node("nvidia1", 0600);  // one GPU closed: the user may not open every GPU
+  Node("nvidia1", 0600);     // one GPU closed: the user may not open every GPU
   Node("nvidia-uvm", 0600);  // not a GPU node: ignored
   absl::Status refused = CheckGpuAccess(kNobody, dir_);
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);

@@ -92,8 +92,8 @@ TEST_F(PeerAuthTest, ACallForAUserNamesItAndTheUserCannotBeChangedOnTheWay) {
   ASSERT_TRUE(named.has_value());
   EXPECT_EQ(*named, user);
   // The daemon's own call names no one.
-  ASSERT_TRUE(auth_.Check(signer_.Sign(kMethod, request_, kNow), kMethod, request_, kNow, &named)
-                  .ok());
+  ASSERT_TRUE(
+      auth_.Check(signer_.Sign(kMethod, request_, kNow), kMethod, request_, kNow, &named).ok());
   EXPECT_FALSE(named.has_value());
   // Someone on the path who charges the call to another user (uid 0: "6e6f64652d62" is
   // node-b), or drops the user to make it the daemon's own, breaks the MAC.

@@ -16,8 +16,8 @@ constexpr uint64_t kSegment = uint64_t{129} << 20;  // two 64 MiB heaps and the 
 TEST(SessionLimitsTest, AGpuNodeServesAJobOf256WorkersOfOneUser) {
   // The GPU machines of docs/BENCHMARKS.md: 128 GiB, 16 cores, systemd's LimitNOFILE.
   std::string how;
-  const DataConfig data = ResolveSessionLimits(DataConfig{}, kSegment, {128 * kGiB, 16, 65536},
-                                               &how);
+  const DataConfig data =
+      ResolveSessionLimits(DataConfig{}, kSegment, {128 * kGiB, 16, 65536}, &how);
   EXPECT_EQ(data.max_shared_memory_bytes, 64 * kGiB);
   EXPECT_EQ(data.max_sessions, 64 * kGiB / static_cast<int64_t>(kSegment));
   // One user alone may attach all but the places kept for others: 256 workers and more.
@@ -61,8 +61,7 @@ TEST(SessionLimitsTest, WhatTheConfigSetsIsKept) {
   EXPECT_EQ(how, "");  // nothing was derived
   // A per-uid cap above the total is the total.
   set.max_sessions_per_uid = 100;
-  EXPECT_EQ(ResolveSessionLimits(set, kSegment, {128 * kGiB, 16, 65536}).max_sessions_per_uid,
-            10);
+  EXPECT_EQ(ResolveSessionLimits(set, kSegment, {128 * kGiB, 16, 65536}).max_sessions_per_uid, 10);
 }
 
 TEST(SessionLimitsTest, ThisMachineYieldsWorkableNumbers) {

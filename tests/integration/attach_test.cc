@@ -4,6 +4,8 @@
 // requests only close their own connection; data.max_sessions is enforced naming itself; a
 // killed client's segment is freed; either half of a session ending ends the other.
 
+#include "proto/shm/attach.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -29,7 +31,6 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
-#include "proto/shm/attach.h"
 #include "proto/shm/segment.h"
 #include "tests/testing/daemon_nodes.h"
 #include "tests/testing/daemon_process.h"
@@ -38,8 +39,8 @@
 namespace tpd {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::DaemonProcess;
+using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::WaitUntil;
 
@@ -123,13 +124,12 @@ class AttachTest : public ::testing::Test {
   void StartDaemon(std::optional<int64_t> max_sessions) {
     socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
     const std::string config = dir_.WriteFile(
-        "tpd.toml",
-        absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                     "node_name = \"attach\"\n",
-                     max_sessions ? absl::StrCat("[data]\narena_bytes = ", kArenaBytes,
-                                                 "\nmax_sessions = ", *max_sessions,
-                                                 "\nsessions_kept_free = 0\n")
-                                  : ""));
+        "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
+                                 "node_name = \"attach\"\n",
+                                 max_sessions ? absl::StrCat("[data]\narena_bytes = ", kArenaBytes,
+                                                             "\nmax_sessions = ", *max_sessions,
+                                                             "\nsessions_kept_free = 0\n")
+                                              : ""));
     auto daemon = DaemonProcess::Start(socket_, {"--config", config});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = *std::move(daemon);
@@ -146,8 +146,8 @@ class AttachTest : public ::testing::Test {
   // A session opened by hand; its id, and its stream kept open in the fixture.
   std::string OpenRawSession() {
     if (control_ == nullptr) {
-      control_ = v1::Control::NewStub(grpc::CreateChannel(absl::StrCat("unix:", socket_),
-                                                          grpc::InsecureChannelCredentials()));
+      control_ = v1::Control::NewStub(
+          grpc::CreateChannel(absl::StrCat("unix:", socket_), grpc::InsecureChannelCredentials()));
     }
     contexts_.push_back(std::make_unique<grpc::ClientContext>());
     streams_.push_back(control_->OpenSession(contexts_.back().get(), v1::OpenSessionRequest()));

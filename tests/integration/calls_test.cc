@@ -44,9 +44,9 @@
 namespace tpd {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Checksum;
 using testing::DaemonProcess;
+using ::testing::HasSubstr;
 using testing::Pattern;
 using testing::TempDir;
 using testing::WaitUntil;
@@ -62,9 +62,9 @@ class CallsTest : public ::testing::Test {
   void SetUp() override {
     socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
     const std::string config = dir_.WriteFile(
-        "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                                 "node_name = \"calls\"\n[data]\narena_bytes = ", arena_bytes_,
-                                 "\n"));
+        "tpd.toml",
+        absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
+                     "node_name = \"calls\"\n[data]\narena_bytes = ", arena_bytes_, "\n"));
     auto daemon = DaemonProcess::Start(socket_, {"--config", config});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = *std::move(daemon);
@@ -77,7 +77,8 @@ class CallsTest : public ::testing::Test {
   }
 
   std::string InitMethod(Client* client) {
-    if (init_method_.empty()) init_method_ = absl::StrCat("tcp://", client->Status()->peer_address());
+    if (init_method_.empty())
+      init_method_ = absl::StrCat("tcp://", client->Status()->peer_address());
     return init_method_;
   }
 
@@ -100,23 +101,24 @@ class CallsTest : public ::testing::Test {
     ASSERT_TRUE(Join(a_.get(), "a").ok());
     ASSERT_TRUE(Join(b_.get(), "b").ok());
     ASSERT_TRUE(b_->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
-                     Message reply = request;
-                     std::string sums;
-                     for (const Tensor& t : request.tensors) absl::StrAppend(&sums, Checksum(t.data()), ",");
-                     reply.payload = absl::StrCat(request.payload, "|", sums);
-                     return reply;
-                   }).ok());
+                    Message reply = request;
+                    std::string sums;
+                    for (const Tensor& t : request.tensors)
+                      absl::StrAppend(&sums, Checksum(t.data()), ",");
+                    reply.payload = absl::StrCat(request.payload, "|", sums);
+                    return reply;
+                  }).ok());
     ASSERT_TRUE(b_->Handle("whoami", [](const Message& request) -> absl::StatusOr<Message> {
-                     return Message{request.caller, {}, ""};
-                   }).ok());
+                    return Message{request.caller, {}, ""};
+                  }).ok());
     ASSERT_TRUE(b_->Handle("sleep", [](const Message& request) -> absl::StatusOr<Message> {
-                     absl::SleepFor(absl::Seconds(2));
-                     return request;
-                   }).ok());
+                    absl::SleepFor(absl::Seconds(2));
+                    return request;
+                  }).ok());
     ASSERT_TRUE(b_->Handle("nap", [](const Message& request) -> absl::StatusOr<Message> {
-                     absl::SleepFor(absl::Milliseconds(300));
-                     return request;
-                   }).ok());
+                    absl::SleepFor(absl::Milliseconds(300));
+                    return request;
+                  }).ok());
   }
 
   int64_t arena_bytes_ = int64_t{64} << 20;
@@ -137,8 +139,8 @@ TEST_F(CallsTest, PayloadOnlyCallAndReply) {
   EXPECT_TRUE(reply->tensors.empty());
   // And the other way, to a method b does not handle.
   ASSERT_TRUE(a_->Handle("ping", [](const Message&) -> absl::StatusOr<Message> {
-                   return Message{"pong", {}, ""};
-                 }).ok());
+                  return Message{"pong", {}, ""};
+                }).ok());
   absl::StatusOr<Message> pong = b_->Call("g", "a", "ping", "", {}, absl::Seconds(10));
   ASSERT_TRUE(pong.ok()) << pong.status();
   EXPECT_EQ(pong->payload, "pong");
@@ -185,7 +187,8 @@ TEST_F(CallsTest, TensorsOfManySizesArriveIntact) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       EXPECT_EQ(reply->tensors[i].dtype(), tensors[i].dtype());
       EXPECT_EQ(reply->tensors[i].shape(), tensors[i].shape());
-      EXPECT_EQ(Checksum(reply->tensors[i].data()), Checksum(tensors[i].data())) << count << "/" << i;
+      EXPECT_EQ(Checksum(reply->tensors[i].data()), Checksum(tensors[i].data()))
+          << count << "/" << i;
     }
   }
 }
@@ -200,7 +203,8 @@ TEST_F(CallsTest, HundredConcurrentCallsEachGetTheirOwnReply) {
       for (int i = 0; i < 50; ++i) {
         calls.emplace_back([&, t, i] {
           const std::string payload = absl::StrCat("call-", t, "-", i);
-          absl::StatusOr<Message> reply = a_->Call("g", "b", "echo", payload, {}, absl::Seconds(30));
+          absl::StatusOr<Message> reply =
+              a_->Call("g", "b", "echo", payload, {}, absl::Seconds(30));
           if (reply.ok() && reply->payload == payload + "|") ++good;
         });
       }
@@ -215,8 +219,8 @@ TEST_F(CallsTest, CallAsyncFuturesEachGetTheirOwnReply) {
   StartPair();
   std::vector<CallFuture> futures;
   for (int i = 0; i < 100; ++i) {
-    futures.push_back(a_->CallAsync("g", "b", "echo", absl::StrCat("async-", i), {},
-                                    absl::Seconds(30)));
+    futures.push_back(
+        a_->CallAsync("g", "b", "echo", absl::StrCat("async-", i), {}, absl::Seconds(30)));
   }
   CallFuture missing = a_->CallAsync("g", "nobody", "echo", "", {}, absl::Seconds(10));
   for (int i = 0; i < 100; ++i) {
@@ -263,10 +267,13 @@ TEST(CallsVictim, Run) {
   options.name = "victim";
   options.init_method = absl::StrCat("tcp://", (*client)->Status()->peer_address());
   if (!(*client)->Join(options).ok()) _exit(3);
-  if (!(*client)->Handle("hang", [](const Message&) -> absl::StatusOr<Message> {
-                   absl::SleepFor(absl::Hours(1));
-                   return Message{};
-                 }).ok()) {
+  if (!(*client)
+           ->Handle("hang",
+                    [](const Message&) -> absl::StatusOr<Message> {
+                      absl::SleepFor(absl::Hours(1));
+                      return Message{};
+                    })
+           .ok()) {
     _exit(4);
   }
   char byte = 1;
@@ -351,7 +358,8 @@ TEST_F(CallsTest, GarbageDescriptorsFailTheirCallOrSessionAndOthersGoOn) {
     while (!answered && absl::Now() < until) {
       ASSERT_TRUE(complete.WaitForData(until).ok());
       shm::Descriptor got{};
-      if (!complete.TryPop(&got).value() || got.op != static_cast<uint8_t>(shm::Op::kReply)) continue;
+      if (!complete.TryPop(&got).value() || got.op != static_cast<uint8_t>(shm::Op::kReply))
+        continue;
       answered = true;
       EXPECT_EQ(got.call_id, 8u);
       auto denied = shm::ParseMessage((*segment)->base(), got.payload_offset, got.payload_length);
@@ -423,10 +431,10 @@ class FakeDaemonTest : public ::testing::Test {
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::make_shared<const shm::Segment>(*std::move(client));
     const shm::Layout& layout = daemon_->layout();
-    submissions_ = std::make_unique<shm::RingConsumer>(daemon_->base(), layout.submission,
-                                                       "submission ring");
-    completions_ = std::make_unique<shm::RingProducer>(daemon_->base(), layout.completion,
-                                                       "completion ring");
+    submissions_ =
+        std::make_unique<shm::RingConsumer>(daemon_->base(), layout.submission, "submission ring");
+    completions_ =
+        std::make_unique<shm::RingProducer>(daemon_->base(), layout.completion, "completion ring");
     engine_ = std::make_unique<CallEngine>(client_, 1);
   }
 
@@ -457,20 +465,20 @@ TEST_F(FakeDaemonTest, ArenaTensorIsSentInPlaceAndPinnedUntilItsMessageIsRelease
   std::memcpy(tensor->mutable_data(), bytes.data(), bytes.size());
   const uint64_t arena_offset =
       reinterpret_cast<const uint8_t*>(tensor->data().data()) - client_->base();
-  CallFuture future = engine_->CallAsync("g", "a", "b", "m", "payload", {*tensor},
-                                         absl::Seconds(30));
+  CallFuture future =
+      engine_->CallAsync("g", "a", "b", "m", "payload", {*tensor}, absl::Seconds(30));
   const shm::Descriptor call = Pop();
   ASSERT_EQ(call.op, static_cast<uint8_t>(shm::Op::kCall));
-  auto table = shm::ReadTensorTable(call, daemon_->base(), daemon_->layout(),
-                                    shm::Direction::kSubmission);
+  auto table =
+      shm::ReadTensorTable(call, daemon_->base(), daemon_->layout(), shm::Direction::kSubmission);
   ASSERT_TRUE(table.ok()) << table.status();
   ASSERT_EQ(table->size(), 1u);
   // The table points at the arena block itself: nothing was copied.
   EXPECT_EQ((*table)[0].offset, arena_offset);
   EXPECT_NE(call.payload_offset, arena_offset);
-  EXPECT_EQ(std::string(reinterpret_cast<const char*>(daemon_->base() + arena_offset),
-                        bytes.size()),
-            bytes);
+  EXPECT_EQ(
+      std::string(reinterpret_cast<const char*>(daemon_->base() + arena_offset), bytes.size()),
+      bytes);
   CallEngineStats stats = engine_->Stats();
   EXPECT_EQ(stats.tensors_in_place, 1u);
   EXPECT_EQ(stats.tensors_copied_in, 0u);
@@ -629,8 +637,8 @@ TEST_F(CallsTest, CancelAnswersCancelledAtOnceAndTheLateReplyIsDropped) {
   absl::StatusOr<Message> next = a_->Call("g", "b", "echo", "next", {}, absl::Seconds(10));
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->payload, "next|");
-  ASSERT_TRUE(WaitUntil([&] { return b_->GetCallStats()->handlers_running == 0; },
-                        absl::Seconds(10)));
+  ASSERT_TRUE(
+      WaitUntil([&] { return b_->GetCallStats()->handlers_running == 0; }, absl::Seconds(10)));
   absl::SleepFor(absl::Milliseconds(100));  // the late reply reaches the daemon and is dropped
   CallFuture after = a_->CallAsync("g", "b", "echo", "after", {}, absl::Seconds(10));
   ASSERT_TRUE(after.Wait().ok()) << after.Wait().status();
@@ -690,15 +698,15 @@ TEST_F(CallsTest, HandlerReadsRequestTensorsInPlaceAndKeepsTheBlockWhileItHoldsT
   std::vector<Tensor> kept;
   bool in_rx_heap = false;
   ASSERT_TRUE(b_->Handle("keep", [&](const Message& request) -> absl::StatusOr<Message> {
-                   absl::MutexLock lock(&mu);
-                   const shm::Region& rx = (*b_segment)->layout().rx_heap;
-                   const uint8_t* at =
-                       reinterpret_cast<const uint8_t*>(request.tensors.at(0).data().data());
-                   in_rx_heap = request.tensors[0].storage() == TensorStorage::kReceived &&
-                                rx.Contains(at - (*b_segment)->base(), request.tensors[0].size());
-                   kept = request.tensors;
-                   return Message{std::to_string(Checksum(request.tensors[0].data())), {}, ""};
-                 }).ok());
+                  absl::MutexLock lock(&mu);
+                  const shm::Region& rx = (*b_segment)->layout().rx_heap;
+                  const uint8_t* at =
+                      reinterpret_cast<const uint8_t*>(request.tensors.at(0).data().data());
+                  in_rx_heap = request.tensors[0].storage() == TensorStorage::kReceived &&
+                               rx.Contains(at - (*b_segment)->base(), request.tensors[0].size());
+                  kept = request.tensors;
+                  return Message{std::to_string(Checksum(request.tensors[0].data())), {}, ""};
+                }).ok());
   // Below the size the daemon shares rather than copies (shared_tensors_test has those).
   const std::string bytes = Pattern(32 << 10, 5);
   const uint64_t copied_out = b_->GetCallStats()->bytes_copied_out;
@@ -738,25 +746,25 @@ TEST_F(PoolCallsTest, HandlerPoolHasTheGroupsNumWorkerThreads) {
   // Each call ("want:ms") waits until `want` handlers have been inside at once (or ms), and
   // says whether they were.
   ASSERT_TRUE(b_->Handle("crowd", [&](const Message& request) -> absl::StatusOr<Message> {
-                   const size_t colon = request.payload.find(':');
-                   const int want = std::stoi(request.payload.substr(0, colon));
-                   const absl::Duration patience =
-                       absl::Milliseconds(std::stoi(request.payload.substr(colon + 1)));
-                   absl::MutexLock lock(&mu);
-                   off_reader = off_reader && ThreadName() == "tpd-calls";
-                   ++inside;
-                   most = std::max(most, inside);
-                   auto enough = [&] { return most >= want; };
-                   const bool met = mu.AwaitWithTimeout(absl::Condition(&enough), patience);
-                   --inside;
-                   return Message{met ? "met" : "alone", {}, ""};
-                 }).ok());
+                  const size_t colon = request.payload.find(':');
+                  const int want = std::stoi(request.payload.substr(0, colon));
+                  const absl::Duration patience =
+                      absl::Milliseconds(std::stoi(request.payload.substr(colon + 1)));
+                  absl::MutexLock lock(&mu);
+                  off_reader = off_reader && ThreadName() == "tpd-calls";
+                  ++inside;
+                  most = std::max(most, inside);
+                  auto enough = [&] { return most >= want; };
+                  const bool met = mu.AwaitWithTimeout(absl::Condition(&enough), patience);
+                  --inside;
+                  return Message{met ? "met" : "alone", {}, ""};
+                }).ok());
   EXPECT_EQ(b_->GetCallStats()->handler_threads, 3);
   auto crowd = [&](int calls, int want, int patience_ms) {
     std::vector<CallFuture> futures;
     for (int i = 0; i < calls; ++i) {
-      futures.push_back(a_->CallAsync("g", "b", "crowd", absl::StrCat(want, ":", patience_ms),
-                                      {}, absl::Seconds(30)));
+      futures.push_back(a_->CallAsync("g", "b", "crowd", absl::StrCat(want, ":", patience_ms), {},
+                                      absl::Seconds(30)));
     }
     int met = 0;
     for (CallFuture& future : futures) {
@@ -882,8 +890,8 @@ TEST_F(CallsTest, FutureWaitForThenAndCallbacksOffTheReaderThread) {
 TEST_F(CallsTest, RemoteHandlerErrorKeepsItsCodeAndIsMarkedRemote) {
   StartPair();
   ASSERT_TRUE(b_->Handle("fail", [](const Message&) -> absl::StatusOr<Message> {
-                   return absl::PermissionDeniedError("not for you");
-                 }).ok());
+                  return absl::PermissionDeniedError("not for you");
+                }).ok());
   absl::StatusOr<Message> reply = a_->Call("g", "b", "fail", "", {}, absl::Seconds(10));
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kPermissionDenied) << reply.status();
   EXPECT_EQ(reply.status().message(),
@@ -896,9 +904,9 @@ TEST_F(SmallArenaCallsTest, FullArenaIsResourceExhaustedNamingItsSizeAndTheReque
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
   EXPECT_THAT(huge.status().message(), HasSubstr("1048576"));
   EXPECT_THAT(huge.status().message(), HasSubstr("2097152"));
-  absl::StatusOr<Message> reply =
-      a_->Call("g", "b", "echo", "", {Tensor(shm::DType::kUInt8, {2 << 20}, std::string(2 << 20, 'x'))},
-               absl::Seconds(10));
+  absl::StatusOr<Message> reply = a_->Call(
+      "g", "b", "echo", "", {Tensor(shm::DType::kUInt8, {2 << 20}, std::string(2 << 20, 'x'))},
+      absl::Seconds(10));
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kResourceExhausted) << reply.status();
   EXPECT_THAT(reply.status().message(), HasSubstr("worker 'b'"));
   EXPECT_THAT(reply.status().message(), HasSubstr("1048576"));
@@ -908,19 +916,19 @@ TEST_F(SmallArenaCallsTest, FullArenaIsResourceExhaustedNamingItsSizeAndTheReque
 TEST_F(CallsTest, LeaveDrainsCallsInFlightBothWaysAndRefusesNewOnes) {
   StartPair();
   ASSERT_TRUE(a_->Handle("nap", [](const Message& request) -> absl::StatusOr<Message> {
-                   absl::SleepFor(absl::Milliseconds(800));
-                   return request;
-                 }).ok());
+                  absl::SleepFor(absl::Milliseconds(800));
+                  return request;
+                }).ok());
   // The daemon answers an attach before its router serves the session (DataSocket::Attach
   // calls on_attach after the reply), so a call into a session that attached a moment ago
   // can be UNAVAILABLE; one call of a's own, served by the router, rules that out.
   ASSERT_TRUE(a_->Call("g", "b", "echo", "warm", {}, absl::Seconds(10)).ok());
   std::atomic<int64_t> handler_done_ns{0};
   ASSERT_TRUE(b_->Handle("slow", [&](const Message& request) -> absl::StatusOr<Message> {
-                   absl::SleepFor(absl::Milliseconds(800));
-                   handler_done_ns = absl::ToUnixNanos(absl::Now());
-                   return request;
-                 }).ok());
+                  absl::SleepFor(absl::Milliseconds(800));
+                  handler_done_ns = absl::ToUnixNanos(absl::Now());
+                  return request;
+                }).ok());
   // In flight: a call to b (its handler runs) and a call from b (a's handler runs).
   CallFuture to_b = a_->CallAsync("g", "b", "slow", "in", {}, absl::Seconds(20));
   CallFuture from_b = b_->CallAsync("g", "a", "nap", "out", {}, absl::Seconds(20));
@@ -961,11 +969,11 @@ TEST_F(CallsTest, HandlerMayDetachItsOwnClient) {
   auto detached = std::make_shared<absl::Notification>();  // outlives the handler's Notify
   Client* b = b_.get();
   ASSERT_TRUE(b_->Handle("detach", [b, detached](const Message&) -> absl::StatusOr<Message> {
-                   // The engine running this handler goes; it must not join this thread here.
-                   b->DetachSharedMemory();
-                   detached->Notify();
-                   return Message{"bye", {}, ""};
-                 }).ok());
+                  // The engine running this handler goes; it must not join this thread here.
+                  b->DetachSharedMemory();
+                  detached->Notify();
+                  return Message{"bye", {}, ""};
+                }).ok());
   absl::StatusOr<Message> reply = a_->Call("g", "b", "detach", "", {}, absl::Seconds(10));
   ASSERT_TRUE(detached->WaitForNotificationWithTimeout(absl::Seconds(10)));
   // The reply may or may not get out before the daemon ends b's session.
@@ -974,20 +982,19 @@ TEST_F(CallsTest, HandlerMayDetachItsOwnClient) {
   EXPECT_EQ(b_->GetCallStats().status().code(), absl::StatusCode::kFailedPrecondition);
   // a goes on.
   ASSERT_TRUE(a_->Handle("ping", [](const Message&) -> absl::StatusOr<Message> {
-                   return Message{"pong", {}, ""};
-                 }).ok());
+                  return Message{"pong", {}, ""};
+                }).ok());
   EXPECT_TRUE(a_->Call("g", "a", "ping", "", {}, absl::Seconds(10)).ok());
 }
-
 
 TEST_F(CallsTest, DeferredHandlerAnswersAfterItReturnedFromAnotherThread) {
   StartPair();
   std::mutex mu;
   std::vector<std::pair<Message, Responder>> parked;
   ASSERT_TRUE(b_->HandleDeferred("later", [&](Message request, Responder responder) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   parked.emplace_back(std::move(request), std::move(responder));
-                 }).ok());
+                  std::lock_guard<std::mutex> lock(mu);
+                  parked.emplace_back(std::move(request), std::move(responder));
+                }).ok());
   CallFuture first = a_->CallAsync("g", "b", "later", "one", {}, absl::Seconds(20));
   CallFuture second = a_->CallAsync("g", "b", "later", "two", {}, absl::Seconds(20));
   ASSERT_TRUE(WaitUntil([&] {
@@ -1150,10 +1157,10 @@ TEST_F(CallsTest, ALentReaderSpinningForTheTurnIsHandedItWithoutAWakeUp) {
 TEST_F(CallsTest, DeferredErrorIsMarkedRemoteAndADroppedResponderAnswersInternal) {
   StartPair();
   ASSERT_TRUE(b_->HandleDeferred("fails", [](Message, Responder responder) {
-                   std::thread([responder] {
-                     (void)responder.Reply(absl::NotFoundError("no such parameter 'w3'"));
-                   }).detach();
-                 }).ok());
+                  std::thread([responder] {
+                    (void)responder.Reply(absl::NotFoundError("no such parameter 'w3'"));
+                  }).detach();
+                }).ok());
   ASSERT_TRUE(b_->HandleDeferred("forgets", [](Message, Responder) {}).ok());
   absl::StatusOr<Message> failed = a_->Call("g", "b", "fails", "", {}, absl::Seconds(10));
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kNotFound) << failed.status();
@@ -1172,9 +1179,9 @@ TEST_F(CallsTest, ResponderOutlivingItsClientAnswersFailedPrecondition) {
   std::mutex mu;
   Responder kept;
   ASSERT_TRUE(b_->HandleDeferred("keep", [&](Message, Responder responder) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   kept = std::move(responder);
-                 }).ok());
+                  std::lock_guard<std::mutex> lock(mu);
+                  kept = std::move(responder);
+                }).ok());
   CallFuture call = a_->CallAsync("g", "b", "keep", "", {}, absl::Seconds(20));
   ASSERT_TRUE(WaitUntil([&] {
     std::lock_guard<std::mutex> lock(mu);
@@ -1192,8 +1199,7 @@ TEST_F(CallsTest, TimeoutsBelowAMillisecondAreKept) {
   StartPair();
   // 500 µs against a 300 ms handler: the call fails at its own deadline, not a millisecond
   // one, and the message shows the timeout as given.
-  absl::StatusOr<Message> reply =
-      a_->Call("g", "b", "nap", "x", {}, absl::Microseconds(500));
+  absl::StatusOr<Message> reply = a_->Call("g", "b", "nap", "x", {}, absl::Microseconds(500));
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kDeadlineExceeded) << reply.status();
   EXPECT_THAT(reply.status().message(), HasSubstr("timeout 500us"));
   // A generous µs timeout is not cut short.

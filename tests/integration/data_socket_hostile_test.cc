@@ -258,7 +258,6 @@ class DataSocketHostileTest : public ::testing::Test {
   }
   void CloseRawSessions() { raw_sessions_.reset(); }
 
-
   TempDir dir_;
   std::string socket_;
   std::string data_socket_;

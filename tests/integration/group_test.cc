@@ -83,13 +83,12 @@ class GroupTest : public ::testing::Test {
 
   // Shared by the nodes: file:// rendezvous files go here (every node allows it).
   TempDir dir_;
-  testing::DaemonNodes nodes_{{"node-a", "node-b", "node-c"}, [this](int) {
-                                return absl::StrCat(
-                                    "heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 1000\n",
-                                    "[group]\ncuda_device_count = 2\n",
-                                    "file_rendezvous_dirs = [\"", dir_.path(), "\"]\n",
-                                    "[daemon]\nshutdown_grace_ms = 600000\n");
-                              }};
+  testing::DaemonNodes nodes_{
+      {"node-a", "node-b", "node-c"}, [this](int) {
+        return absl::StrCat("heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 1000\n",
+                            "[group]\ncuda_device_count = 2\n", "file_rendezvous_dirs = [\"",
+                            dir_.path(), "\"]\n", "[daemon]\nshutdown_grace_ms = 600000\n");
+      }};
   std::string init_method_;
   std::vector<std::unique_ptr<Client>> clients_;
 };
@@ -175,7 +174,8 @@ TEST_F(GroupTest, AStaticGroupsBarrierCountsMembersGoneAsArrivedAndNamesThem) {
   // With everyone there, nobody is named.
   for (const auto& joined : JoinStatic("bar2", 2)) ASSERT_TRUE(joined.ok()) << joined.status();
   std::vector<std::string> none{"x"};
-  std::thread other([&] { ASSERT_TRUE(clients_[4]->Barrier("bar2", "w1", absl::Seconds(60)).ok()); });
+  std::thread other(
+      [&] { ASSERT_TRUE(clients_[4]->Barrier("bar2", "w1", absl::Seconds(60)).ok()); });
   EXPECT_TRUE(clients_[3]->Barrier("bar2", "w0", absl::Seconds(60), &none).ok());
   other.join();
   EXPECT_TRUE(none.empty());
@@ -230,8 +230,7 @@ TEST_F(GroupTest, ClientsCannotReachTheDaemonsOwnKeys) {
 
 TEST_F(GroupTest, MembersOnEveryNodeShareTheGroupsStoreViaTcpAndFile) {
   ExpectFormed(JoinStatic("kv_tcp", 3), 3);
-  testing::ExpectOneGroupStore({clients_[0].get(), clients_[1].get(), clients_[2].get()},
-                               "kv_tcp");
+  testing::ExpectOneGroupStore({clients_[0].get(), clients_[1].get(), clients_[2].get()}, "kv_tcp");
   const std::string path = absl::StrCat(dir_.path(), "/kv_rendezvous");
   ExpectFormed(JoinStatic("kv_file", 3,
                           [&path](int, JoinOptions* options) {
@@ -265,8 +264,8 @@ TEST_F(GroupTest, OnlyAMembersSessionReachesAGroupsStore) {
               absl::StatusCode::kPermissionDenied);
   }
   // Raw requests: a session id that is no session, no session at all, a bad group name.
-  auto stub = v1::Store::NewStub(
-      grpc::CreateChannel(absl::StrCat("unix:", nodes_.socket(0)), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Store::NewStub(grpc::CreateChannel(absl::StrCat("unix:", nodes_.socket(0)),
+                                                     grpc::InsecureChannelCredentials()));
   auto set = [&stub](const std::vector<std::pair<std::string, std::string>>& metadata) {
     grpc::ClientContext context;
     for (const auto& [key, value] : metadata) context.AddMetadata(key, value);
@@ -428,7 +427,8 @@ TEST_F(GroupTest, FailedStaticGroupFormsAgainOnceItsMembersLeft) {
     ASSERT_TRUE(WaitUntil([&] {
       absl::StatusOr<v1::GroupView> view = client->GetGroup("again");
       return view.ok() && view->members_size() == 0;
-    })) << "the FAILED group's members never left, seen from node " << node;
+    })) << "the FAILED group's members never left, seen from node "
+        << node;
   }
   // ...and the same ranks and names form it now.
   ExpectFormed(JoinStatic("again", 3), 3);
@@ -673,8 +673,8 @@ TEST_F(GroupTest, SigtermWithGroupsInUseLeavesExplicitlyAndExitsZero) {
 TEST_F(GroupTest, JoinAbandonedByItsClientIsWithdrawn) {
   // A raw client whose RPC deadline (300 ms) is far shorter than the join's own timeout
   // (the daemon default): when it gives up, its member must not linger in the group.
-  auto channel =
-      grpc::CreateChannel(absl::StrCat("unix:", nodes_.socket(1)), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(absl::StrCat("unix:", nodes_.socket(1)),
+                                     grpc::InsecureChannelCredentials());
   auto stub = v1::Control::NewStub(channel);
   grpc::ClientContext session_context;
   auto session = stub->OpenSession(&session_context, v1::OpenSessionRequest());

@@ -98,8 +98,9 @@ TEST(LifecycleShareTest, LookupsOfMadeUpNamesCannotKeepJobsOut) {
   TempDir dir;
   const std::string socket = absl::StrCat(dir.path(), "/tpd.sock");
   const std::string config = dir.WriteFile(
-      "tpd.toml", "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"t\"\n"
-                  "[group]\nmax_groups = 8\nmax_unattributed_groups = 3\nmax_groups_per_uid = 4\n");
+      "tpd.toml",
+      "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"t\"\n"
+      "[group]\nmax_groups = 8\nmax_unattributed_groups = 3\nmax_groups_per_uid = 4\n");
   auto daemon = DaemonProcess::Start(socket, {"--config", config});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto client = Client::Connect(socket);
@@ -170,7 +171,8 @@ int64_t RssKib(pid_t pid) {
   while (std::getline(status, line)) {
     int64_t kib = 0;
     if (absl::StartsWith(line, "VmRSS:") &&
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(line.substr(6), "kB")), &kib)) {
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(line.substr(6), "kB")),
+                         &kib)) {
       return kib;
     }
   }

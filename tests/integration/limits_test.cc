@@ -348,8 +348,8 @@ TEST(LimitsConfigTest, SessionSurvivesTwoThousandUnknownTransportsUnderAHighLimi
 TEST(LimitsConfigTest, TheStoreHoldsAtMostMaxTotalBytesAndGivesDeletedValuesBack) {
   TempDir dir;
   const std::string socket = absl::StrCat(dir.path(), "/tpd.sock");
-  const std::string config = dir.WriteFile(
-      "tpd.toml", absl::StrCat("[store]\nmax_total_bytes = ", 256 << 20, "\n"));
+  const std::string config =
+      dir.WriteFile("tpd.toml", absl::StrCat("[store]\nmax_total_bytes = ", 256 << 20, "\n"));
   auto daemon = DaemonProcess::Start(socket, {"--config", config});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto client = Client::Connect(socket);

@@ -193,9 +193,10 @@ TEST_F(NetnsTest, AHostOnTheNetworkWithoutTheTokenNeitherJoinsTheJobNorIsFollowe
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   FormAcross(a->get(), b->get(), "job");
   if (HasFatalFailure()) return;
-  ASSERT_TRUE((*b)->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
-                  return request;
-                }).ok());
+  ASSERT_TRUE(
+      (*b)->Handle("echo",
+                   [](const Message& request) -> absl::StatusOr<Message> { return request; })
+          .ok());
 
   // C's daemon reaches A's peer port, but its calls prove another token: nothing it asks is
   // served, so it learns nothing of the job and joins nothing, secret or not.
@@ -225,9 +226,8 @@ TEST_F(NetnsTest, AHostOnTheNetworkWithoutTheTokenNeitherJoinsTheJobNorIsFollowe
   absl::Status followed = join_a_through(absl::StrCat(addr_c_, ":29400"));
   EXPECT_EQ(followed.code(), absl::StatusCode::kUnauthenticated) << followed;
   EXPECT_THAT(followed.message(), HasSubstr("bad MAC"));
-  std::unique_ptr<testing::ImpostorStore> impostor = InNamespace(ns_c_, [&] {
-    return std::make_unique<testing::ImpostorStore>("not-the-token", addr_c_);
-  });
+  std::unique_ptr<testing::ImpostorStore> impostor = InNamespace(
+      ns_c_, [&] { return std::make_unique<testing::ImpostorStore>("not-the-token", addr_c_); });
   ASSERT_NE(impostor, nullptr);
   followed = join_a_through(impostor->address());
   EXPECT_EQ(followed.code(), absl::StatusCode::kUnauthenticated) << followed;

@@ -30,8 +30,8 @@
 namespace tpd {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::DaemonProcess;
+using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::WaitUntil;
 
@@ -44,11 +44,10 @@ class RemoteCallerTest : public ::testing::Test {
     for (int i = 0; i < kNodes; ++i) {
       sockets_[i] = absl::StrCat(dirs_[i].path(), "/tpd.sock");
       const std::string config = dirs_[i].WriteFile(
-          "tpd.toml",
-          absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                       "node_name = \"", names[i], "\"\n",
-                       "heartbeat_interval_ms = 200\nheartbeat_timeout_ms = 2000\n",
-                       "[data]\narena_bytes = ", 4 << 20, "\n"));
+          "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
+                                   "node_name = \"", names[i], "\"\n",
+                                   "heartbeat_interval_ms = 200\nheartbeat_timeout_ms = 2000\n",
+                                   "[data]\narena_bytes = ", 4 << 20, "\n"));
       auto daemon = DaemonProcess::Start(sockets_[i], {"--config", config});
       ASSERT_TRUE(daemon.ok()) << daemon.status();
       daemons_[i] = *std::move(daemon);

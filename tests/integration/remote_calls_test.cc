@@ -14,13 +14,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <set>
 #include <sstream>
-
-#include <atomic>
-#include <future>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -41,8 +40,8 @@ namespace tpd {
 namespace {
 
 using ::testing::AnyOf;
-using ::testing::HasSubstr;
 using testing::Checksum;
+using ::testing::HasSubstr;
 using testing::Pattern;
 
 // Replies with the request's payload, "|", each tensor's checksum, and the tensors themselves.
@@ -79,8 +78,8 @@ class RemoteCallsTest : public ::testing::Test {
   std::unique_ptr<Client> Connect(int i) { return nodes_.Connect(i); }
 
   // Joins `name` with `rank` into static group `group` of `world`; call from as many threads.
-  absl::Status Join(Client* client, const std::string& group, const std::string& name,
-                    int64_t rank, int64_t world) {
+  absl::Status Join(Client* client, const std::string& group, const std::string& name, int64_t rank,
+                    int64_t world) {
     JoinOptions options;
     options.group = group;
     options.name = name;
@@ -149,12 +148,11 @@ class RemoteCallsTest : public ::testing::Test {
   int victim_ready_fd_ = -1;
   // Appended to both daemons' config (an [agent] table), set before SetUp.
   std::string agent_config_;
-  testing::DaemonNodes nodes_{{"node0", "node1"}, [this](int) {
-                                return absl::StrCat(
-                                    "heartbeat_interval_ms = 200\nheartbeat_timeout_ms = 2000\n",
-                                    "[data]\narena_bytes = ", int64_t{256} << 20, "\n",
-                                    agent_config_);
-                              }};
+  testing::DaemonNodes nodes_{
+      {"node0", "node1"}, [this](int) {
+        return absl::StrCat("heartbeat_interval_ms = 200\nheartbeat_timeout_ms = 2000\n",
+                            "[data]\narena_bytes = ", int64_t{256} << 20, "\n", agent_config_);
+      }};
   std::string init_method_;
   std::unique_ptr<Client> a_;
   std::unique_ptr<Client> b_;
@@ -198,8 +196,7 @@ TEST_F(RemoteCallsTest, TensorsOfManySizesArriveIntact) {
       absl::StrAppend(&expected_sums, Checksum(t.data()), ",");
       tensors.push_back(std::move(t));
     }
-    absl::StatusOr<Message> reply =
-        a_->Call("g", "b", "echo", "p", tensors, absl::Seconds(60));
+    absl::StatusOr<Message> reply = a_->Call("g", "b", "echo", "p", tensors, absl::Seconds(60));
     ASSERT_TRUE(reply.ok()) << c.count << " x " << c.bytes << ": " << reply.status();
     EXPECT_EQ(reply->payload, absl::StrCat("p|", expected_sums));
     ASSERT_EQ(reply->tensors.size(), tensors.size());
@@ -257,9 +254,8 @@ TEST_F(RemoteCallsTest, ErrorsNameTheWorker) {
 
 TEST_F(RemoteCallsTest, PeerDaemonKilledMidCallIsUnavailableNamingTheNode) {
   StartPair();
-  auto pending = std::async(std::launch::async, [&] {
-    return a_->Call("g", "b", "sleep", "", {}, absl::Seconds(60));
-  });
+  auto pending = std::async(std::launch::async,
+                            [&] { return a_->Call("g", "b", "sleep", "", {}, absl::Seconds(60)); });
   absl::SleepFor(absl::Milliseconds(300));  // the request is at b's handler
   const absl::Time killed = absl::Now();
   nodes_.daemon(1)->Signal(SIGKILL);
@@ -318,8 +314,8 @@ TEST_P(RemoteCallsWireTest, TensorsAndConcurrentCallsArriveIntact) {
   }
   std::vector<CallFuture> calls;
   for (int i = 0; i < 40; ++i) {
-    calls.push_back((i % 2 == 0 ? a_ : b_)->CallAsync("g", i % 2 == 0 ? "b" : "a", "echo",
-                                                      absl::StrCat(i)));
+    calls.push_back(
+        (i % 2 == 0 ? a_ : b_)->CallAsync("g", i % 2 == 0 ? "b" : "a", "echo", absl::StrCat(i)));
   }
   for (int i = 0; i < 40; ++i) {
     const absl::StatusOr<Message>& reply = calls[i].Wait();
@@ -337,9 +333,8 @@ INSTANTIATE_TEST_SUITE_P(Wires, RemoteCallsWireTest,
 
 TEST_F(RemoteCallsTest, FrozenPeerDaemonIsEvictedAndItsCallsFailAtOnceNamingIt) {
   StartPair();
-  auto pending = std::async(std::launch::async, [&] {
-    return a_->Call("g", "b", "sleep", "", {}, absl::Seconds(60));
-  });
+  auto pending = std::async(std::launch::async,
+                            [&] { return a_->Call("g", "b", "sleep", "", {}, absl::Seconds(60)); });
   absl::SleepFor(absl::Milliseconds(300));  // the request is at b's handler
   // SIGSTOP keeps node1's sockets open (no pipe error): only the heartbeat can tell.
   const absl::Time frozen = absl::Now();
@@ -411,10 +406,13 @@ TEST(RemoteVictim, Run) {
   const int ready = atoi(getenv("TPD_REMOTE_VICTIM_FD"));
   auto client = Client::Connect(socket);
   if (!client.ok()) _exit(2);
-  if (!(*client)->Handle("hang", [](const Message&) -> absl::StatusOr<Message> {
-                   absl::SleepFor(absl::Hours(1));
-                   return Message{};
-                 }).ok()) {
+  if (!(*client)
+           ->Handle("hang",
+                    [](const Message&) -> absl::StatusOr<Message> {
+                      absl::SleepFor(absl::Hours(1));
+                      return Message{};
+                    })
+           .ok()) {
     _exit(3);
   }
   JoinOptions options;
@@ -455,8 +453,8 @@ TEST_F(RemoteCallsTest, CalleeProcessKilledMidCallFailsTheCallerFastNamingIt) {
   EXPECT_THAT(reply.status().message(), HasSubstr("'victim'"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   // node1 unmapped the victim's shared memory and serves on.
-  EXPECT_TRUE(testing::WaitUntil([&] { return SessionMappings(nodes_.daemon(1)->pid()) == baseline; },
-                         absl::Seconds(10)));
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] { return SessionMappings(nodes_.daemon(1)->pid()) == baseline; }, absl::Seconds(10)));
   auto b = Connect(1);
   ASSERT_NE(b, nullptr);
   EXPECT_TRUE(b->Serving().value_or(false));
@@ -468,9 +466,9 @@ TEST_F(RemoteCallsTest, CallerProcessKilledMidLargeTransferLeavesNothingBehind) 
   a_ = Connect(0);
   ASSERT_NE(a_, nullptr);
   ASSERT_TRUE(a_->Handle("echo", [&](const Message& request) -> absl::StatusOr<Message> {
-                   ++received;
-                   return Message{request.payload, {}, ""};
-                 }).ok());
+                  ++received;
+                  return Message{request.payload, {}, ""};
+                }).ok());
   const pid_t victim = StartVictim(1, "caller");
   JoinVictimGroup();
   // Kill it while its 256 MiB tensors are on their way (the first takes a while here).
@@ -479,8 +477,8 @@ TEST_F(RemoteCallsTest, CallerProcessKilledMidLargeTransferLeavesNothingBehind) 
   waitpid(victim, nullptr, 0);
   // Both daemons serve on; node1 lets go of the victim's memory once TensorPipe is done
   // reading it; a fresh client of node1 calls a as usual.
-  EXPECT_TRUE(testing::WaitUntil([&] { return SessionMappings(nodes_.daemon(1)->pid()) == baseline; },
-                         absl::Seconds(20)));
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] { return SessionMappings(nodes_.daemon(1)->pid()) == baseline; }, absl::Seconds(20)));
   b_ = Connect(1);
   ASSERT_NE(b_, nullptr);
   ASSERT_TRUE(b_->Handle("echo", Echo).ok());
@@ -503,10 +501,11 @@ TEST_F(RemoteCallsTest, OneMillisecondDeadlinesUnderLoadEndEveryCallOnce) {
     threads.emplace_back([&, th] {
       for (int i = 0; i < 50; ++i) {
         const absl::Duration timeout = i % 2 == 0 ? absl::Milliseconds(1) : absl::Seconds(30);
-        absl::StatusOr<Message> reply =
-            (th % 2 == 0 ? a_ : b_)->Call("g", th % 2 == 0 ? "b" : "a", "echo",
-                                          absl::StrCat(th, "/", i), {t}, timeout);
-        if (reply.ok() && reply->payload == absl::StrCat(th, "/", i, "|", Checksum(t.data()), ",")) {
+        absl::StatusOr<Message> reply = (th % 2 == 0 ? a_ : b_)
+                                            ->Call("g", th % 2 == 0 ? "b" : "a", "echo",
+                                                   absl::StrCat(th, "/", i), {t}, timeout);
+        if (reply.ok() &&
+            reply->payload == absl::StrCat(th, "/", i, "|", Checksum(t.data()), ",")) {
           ++ok;
         } else if (reply.status().code() == absl::StatusCode::kDeadlineExceeded) {
           ++late;

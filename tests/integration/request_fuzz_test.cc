@@ -120,8 +120,8 @@ class RequestFuzzTest : public ::testing::Test {
     auto daemon = DaemonProcess::Start(socket_);
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = *std::move(daemon);
-    channel_ = grpc::CreateChannel(absl::StrCat("unix:", socket_),
-                                   grpc::InsecureChannelCredentials());
+    channel_ =
+        grpc::CreateChannel(absl::StrCat("unix:", socket_), grpc::InsecureChannelCredentials());
   }
 
   // One raw call; its status.

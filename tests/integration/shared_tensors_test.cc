@@ -246,13 +246,14 @@ TEST_F(SharedTensorsTest, AClientThatTakesNoTensorsInSendersMemoryGetsCopiesOthe
   ASSERT_TRUE(copying.ok()) << copying.status();
   ASSERT_TRUE(Join(copying->get(), "c").ok());
   ASSERT_TRUE((*copying)
-                  ->Handle("sum", [](const Message& request) -> absl::StatusOr<Message> {
-                    return Message{std::to_string(Checksum(request.tensors.at(0).data())) +
-                                       (request.tensors[0].in_sender_memory() ? " shared"
-                                                                              : " copied"),
-                                   {},
-                                   ""};
-                  })
+                  ->Handle("sum",
+                           [](const Message& request) -> absl::StatusOr<Message> {
+                             return Message{std::to_string(Checksum(request.tensors.at(0).data())) +
+                                                (request.tensors[0].in_sender_memory() ? " shared"
+                                                                                       : " copied"),
+                                            {},
+                                            ""};
+                           })
                   .ok());
   Tensor large = ArenaTensor(kLarge, 7);
   const std::string sum = std::to_string(Checksum(large.data()));

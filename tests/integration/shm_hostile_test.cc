@@ -188,8 +188,8 @@ TEST_F(ShmHostileTest, ForgedCudaRequestsAreRefusedNamingWhy) {
   ASSERT_TRUE(bad->submit->TryPush(lend).value_or(false));
   auto replies = bad->Replies(1, absl::Now() + absl::Seconds(10));
   ASSERT_EQ(replies.count(1), 1u);
-  EXPECT_THAT(replies[1].first, AnyOf(absl::StatusCode::kFailedPrecondition,
-                                      absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(replies[1].first,
+              AnyOf(absl::StatusCode::kFailedPrecondition, absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(replies[1].second, HasSubstr("receive pool on cuda:0"));
 
   // A call carrying a CUDA tensor whose export record is garbage, to a worker no map covers.
@@ -202,8 +202,8 @@ TEST_F(ShmHostileTest, ForgedCudaRequestsAreRefusedNamingWhy) {
   entry.offset = 1 << 20;
   shm::CudaExport garbage;
   std::memset(&garbage, 0x5a, sizeof(garbage));
-  ASSERT_TRUE(bad->SubmitCall(tx + 4096, "g", "b", "echo", "bad", "x", 2, absl::Seconds(5),
-                              {entry}, {garbage}));
+  ASSERT_TRUE(bad->SubmitCall(tx + 4096, "g", "b", "echo", "bad", "x", 2, absl::Seconds(5), {entry},
+                              {garbage}));
   replies = bad->Replies(1, absl::Now() + absl::Seconds(10));
   ASSERT_EQ(replies.count(2), 1u);
   EXPECT_EQ(replies[2].first, absl::StatusCode::kInvalidArgument) << replies[2].second;
@@ -220,7 +220,8 @@ TEST_F(ShmHostileTest, ForgedCudaRequestsAreRefusedNamingWhy) {
   ASSERT_TRUE(bad->SubmitCall(tx + 8192, "g", "b", "echo", "bad", "hi", 3));
   replies = bad->Replies(1, absl::Now() + absl::Seconds(10));
   ASSERT_EQ(replies.count(3), 1u);
-  EXPECT_EQ(replies[3].first, absl::StatusCode::kOk) << "the session goes on: " << replies[3].second;
+  EXPECT_EQ(replies[3].first, absl::StatusCode::kOk)
+      << "the session goes on: " << replies[3].second;
   ExpectServing();
 }
 
@@ -580,7 +581,7 @@ TEST_F(ShmHostileTest, AFloodOfSubmissions) {
         auto parsed = shm::ParseMessage(bad->segment->base(), d.payload_offset, d.payload_length);
         // An error reply without a payload: the answer found this session's rx heap full.
         const bool unplaced = (d.flags & shm::kFlagError) != 0 && d.payload_length == 0;
-        const auto code = unplaced     ? absl::StatusCode::kResourceExhausted
+        const auto code = unplaced      ? absl::StatusCode::kResourceExhausted
                           : parsed.ok() ? static_cast<absl::StatusCode>(parsed->code)
                                         : absl::StatusCode::kInternal;
         // RESOURCE_EXHAUSTED: data.max_calls_in_flight, or this session's own rx heap.

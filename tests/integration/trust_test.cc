@@ -49,9 +49,9 @@
 namespace tpd {
 namespace {
 
+using testing::DaemonProcess;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using testing::DaemonProcess;
 using testing::TempDir;
 using testing::WaitUntil;
 
@@ -114,17 +114,18 @@ class TrustTest : public ::testing::Test {
     std::unique_ptr<Client> client = Connect();
     if (client == nullptr) return nullptr;
     EXPECT_TRUE(Join(client.get(), group, name, secret).ok());
-    EXPECT_TRUE(client
-                    ->Handle("echo", [](const Message& request) -> absl::StatusOr<Message> {
-                      return request;
-                    })
-                    .ok());
+    EXPECT_TRUE(
+        client
+            ->Handle("echo",
+                     [](const Message& request) -> absl::StatusOr<Message> { return request; })
+            .ok());
     return client;
   }
 
   // A member `name` of `group` whose session the test drives by hand (RawSession): it reads its
   // completions only when the test says.
-  std::unique_ptr<testing::RawSession> RawMember(const std::string& group, const std::string& name) {
+  std::unique_ptr<testing::RawSession> RawMember(const std::string& group,
+                                                 const std::string& name) {
     std::unique_ptr<Client> client = Connect();
     if (client == nullptr || !Join(client.get(), group, name).ok()) return nullptr;
     auto raw = testing::RawSession::Open(std::move(client));
@@ -299,9 +300,10 @@ TEST_F(TrustTest, AUsersSecretIsItsOwnAndTheSameOnEveryDaemonOfTheCluster) {
   // Another daemon of the cluster (the same token) gives root the same secret.
   TempDir other_dir;
   const std::string other_socket = absl::StrCat(other_dir.path(), "/tpd.sock");
-  const std::string other_config = other_dir.WriteFile(
-      "tpd.toml", "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n"
-                  "node_name = \"other\"\n");
+  const std::string other_config =
+      other_dir.WriteFile("tpd.toml",
+                          "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n"
+                          "node_name = \"other\"\n");
   auto other = DaemonProcess::Start(other_socket, {"--config", other_config});
   ASSERT_TRUE(other.ok()) << other.status();
   auto there = Client::Connect(other_socket);
@@ -325,8 +327,7 @@ TEST_F(TrustTest, AUsersSecretIsItsOwnAndTheSameOnEveryDaemonOfTheCluster) {
   request.set_purpose("job");
   v1::UserSecretResponse response;
   const grpc::Status refused = stub->UserSecret(&context, request, &response);
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
-      << refused.error_message();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
   EXPECT_THAT(refused.error_message(), HasSubstr("has not identified its user"));
 }
 
@@ -382,16 +383,14 @@ TEST_F(TrustTest, PrintedHandlesGrantNothingAndIdsAreNeverPrinted) {
   // A raw session's id never reaches the log; its handle does.
   const std::string id = OpenRawSession();
   ASSERT_EQ(id.size(), 32u);
-  ASSERT_TRUE(WaitUntil([&] {
-    return absl::StrContains(daemon_->Output(), SessionHandle(id));
-  }));
+  ASSERT_TRUE(WaitUntil([&] { return absl::StrContains(daemon_->Output(), SessionHandle(id)); }));
   EXPECT_THAT(daemon_->Output(), Not(HasSubstr(id)));
 
   // What is printed gets another user nowhere: the handle is no session id, and the id of a
   // session identified by root cannot be attached by it.
   testing::ProcessResult tried =
-      AsSecondUser({absl::StrCat("--raw_session=", handle), "--raw_leave=g:a",
-                    "--raw_barrier=g:a", "--raw_attach"});
+      AsSecondUser({absl::StrCat("--raw_session=", handle), "--raw_leave=g:a", "--raw_barrier=g:a",
+                    "--raw_attach"});
   EXPECT_THAT(Step(tried.output, "raw_leave"), HasSubstr("FAILED_PRECONDITION")) << tried.output;
   EXPECT_THAT(Step(tried.output, "raw_barrier"), HasSubstr("FAILED_PRECONDITION"));
   EXPECT_THAT(Step(tried.output, "raw_attach"), Not(HasSubstr("OK")));
@@ -447,14 +446,15 @@ TEST_F(TrustTest, AReplyReachesItsCallerWhoseCompletionRingIsFull) {
       ++refused;
     }
     return refused >= refused_expected;
-  })) << refused << " calls refused";
+  })) << refused
+      << " calls refused";
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_EQ(refused, refused_expected) << "the calls past the ring did not wait";
   EXPECT_EQ(Unposted(e.get()), 100);
 
   // v calls e; e answers at once, into v's full ring.
-  ASSERT_TRUE(v.SubmitCall(v.layout.tx_heap.offset, "g", "e", "echo", "v", "mine", 7,
-                           absl::Seconds(30)));
+  ASSERT_TRUE(
+      v.SubmitCall(v.layout.tx_heap.offset, "g", "e", "echo", "v", "mine", 7, absl::Seconds(30)));
   ASSERT_TRUE(WaitUntil([&] { return Unposted(e.get()) > 100; }, absl::Seconds(10)))
       << "the reply was not kept for the victim";
 
@@ -598,8 +598,8 @@ TEST_F(TrustTest, AUserFillsOnlyItsShareOfTheStoreAndOthersKeepTheirs) {
                     HasSubstr("its share, store.max_bytes_per_uid, is 16777216")));
   // By raw calls that name no session: the share of all such callers; a session named that
   // is nobody's is refused, not charged to anyone.
-  filled = AsSecondUser({"--store_fill_mib=40", "--store_without_session",
-                         "--raw_session=made-up"});
+  filled =
+      AsSecondUser({"--store_fill_mib=40", "--store_without_session", "--raw_session=made-up"});
   EXPECT_THAT(Step(filled.output, "store_named_session"),
               AllOf(HasSubstr("FAILED_PRECONDITION"), HasSubstr("is not open")));
   EXPECT_THAT(filled.output, HasSubstr("store_filled: 7\n")) << filled.output;
@@ -625,8 +625,9 @@ TEST_F(TrustTest, AUserFillsOnlyItsShareOfTheStoreAndOthersKeepTheirs) {
   absl::StatusOr<v1::StatusResponse> status = client->Status();
   ASSERT_TRUE(status.ok()) << status.status();
   std::map<std::string, int64_t> keys;
-  for (const v1::StoreWriter& writer : status->store().writers()) keys[writer.writer()] = writer.keys();
-  EXPECT_EQ(keys["uid 0"], 14);  // mine1..mine14: fill0 went back to the other user
+  for (const v1::StoreWriter& writer : status->store().writers())
+    keys[writer.writer()] = writer.keys();
+  EXPECT_EQ(keys["uid 0"], 14);     // mine1..mine14: fill0 went back to the other user
   EXPECT_EQ(keys["uid 65534"], 9);  // fill0 again, and fill7..fill14
   EXPECT_EQ(keys["callers without a session"], 6);  // fill1..fill6
 }
@@ -658,7 +659,8 @@ TEST_F(TrustTest, AGroupsStoreChargesEachMembersUserNotThePeerDaemons) {
   absl::StatusOr<v1::StatusResponse> status = a->Status();
   ASSERT_TRUE(status.ok()) << status.status();
   std::map<std::string, int64_t> keys;
-  for (const v1::StoreWriter& writer : status->store().writers()) keys[writer.writer()] = writer.keys();
+  for (const v1::StoreWriter& writer : status->store().writers())
+    keys[writer.writer()] = writer.keys();
   EXPECT_EQ(keys["uid 0 of node trust"], 15);
 }
 
@@ -701,8 +703,8 @@ TEST_F(TrustTest, OpenSessionsAreBoundedPerUserAndUnidentifiedOnesEnd) {
   const int64_t before = mine->Status()->open_session_count();
   ASSERT_FALSE(OpenRawSession().empty());
   EXPECT_EQ(mine->Status()->open_session_count(), before + 1);
-  EXPECT_TRUE(WaitUntil([&] { return mine->Status()->open_session_count() == before; },
-                        absl::Seconds(10)))
+  EXPECT_TRUE(
+      WaitUntil([&] { return mine->Status()->open_session_count() == before; }, absl::Seconds(10)))
       << "the unidentified session was never ended";
 }
 

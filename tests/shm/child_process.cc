@@ -17,8 +17,8 @@ pid_t StartChild(const std::function<int()>& body) {
 int FinishChild(pid_t pid, absl::Duration timeout) {
   if (pid <= 0) return -1;
   int status = 0;
-  const bool exited = tpd::testing::WaitUntil(
-      [&] { return waitpid(pid, &status, WNOHANG) == pid; }, timeout, absl::Milliseconds(1));
+  const bool exited = tpd::testing::WaitUntil([&] { return waitpid(pid, &status, WNOHANG) == pid; },
+                                              timeout, absl::Milliseconds(1));
   if (!exited) {
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);

@@ -427,8 +427,7 @@ struct FakeSegment {
     for (uint32_t i = 0; i < descriptor.tensor_count; ++i) {
       TensorEntry e = Tensor(layout);
       e.offset += i * 64;
-      std::memcpy(&memory[descriptor.tensor_table_offset + i * sizeof(TensorEntry)], &e,
-                  sizeof(e));
+      std::memcpy(&memory[descriptor.tensor_table_offset + i * sizeof(TensorEntry)], &e, sizeof(e));
     }
   }
   Layout layout;
@@ -582,9 +581,8 @@ TEST(DescriptorFuzzTest, MutatedTensorTablesNeverCrashAndAcceptedEntriesAreInBou
         segment.memory[at] = static_cast<uint8_t>(rng());
       }
     }
-    absl::StatusOr<std::vector<TensorEntry>> entries =
-        ReadTensorTable(segment.descriptor, segment.memory.data(), segment.layout,
-                        Direction::kSubmission);
+    absl::StatusOr<std::vector<TensorEntry>> entries = ReadTensorTable(
+        segment.descriptor, segment.memory.data(), segment.layout, Direction::kSubmission);
     if (entries.ok()) {
       ++accepted;
       for (const TensorEntry& e : *entries) ExpectInBounds(e, segment.layout);

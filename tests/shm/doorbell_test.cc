@@ -200,8 +200,7 @@ TEST_F(DoorbellTest, ACorruptedWordCausesSpuriousWakeUpsButNoWaitPastItsDeadline
   // Data that is there is still seen through the noise.
   const absl::Time start = absl::Now();
   shared_->flag.store(1);
-  EXPECT_TRUE(doorbell.Wait([&] { return shared_->flag.load() == 1; },
-                            start + absl::Seconds(5)));
+  EXPECT_TRUE(doorbell.Wait([&] { return shared_->flag.load() == 1; }, start + absl::Seconds(5)));
   shared_->stop.store(1);
   EXPECT_EQ(FinishChild(pid), 0);
   EXPECT_GT(doorbell.spurious_wakeups(), 0u) << "the corruption was noticed as wake-ups";

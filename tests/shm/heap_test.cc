@@ -138,7 +138,8 @@ TEST(HeapAllocatorTest, RandomAllocAndFreeKeepTheInvariants) {
       absl::StatusOr<uint64_t> offset = heap.Allocate(bytes);
       if (!offset.ok()) {
         ASSERT_EQ(offset.status().code(), absl::StatusCode::kResourceExhausted);
-        ASSERT_LT(heap.GetStats().largest_free, std::max<uint64_t>(bytes, 1)) << "refused though a block fits";
+        ASSERT_LT(heap.GetStats().largest_free, std::max<uint64_t>(bytes, 1))
+            << "refused though a block fits";
         ++exhausted;
         continue;
       }
@@ -160,8 +161,7 @@ TEST(HeapAllocatorTest, RandomAllocAndFreeKeepTheInvariants) {
       live.erase(victim);
     }
     if (step % 97 == 0) {
-      ASSERT_TRUE(heap.CheckInvariants().ok()) << "step " << step << ": "
-                                               << heap.CheckInvariants();
+      ASSERT_TRUE(heap.CheckInvariants().ok()) << "step " << step << ": " << heap.CheckInvariants();
       ASSERT_EQ(heap.GetStats().live_blocks, live.size());
     }
   }

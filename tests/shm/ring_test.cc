@@ -25,8 +25,8 @@
 namespace tpd::shm {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::FinishChild;
+using ::testing::HasSubstr;
 using testing::StartChild;
 
 Segment CreateSegment(uint32_t slots) {
@@ -103,8 +103,8 @@ TEST(RingTest, ANudgeWakesASleepingConsumerToLookAtWhatInterruptsIt) {
     consumer.Nudge();
   });
   const absl::Time start = absl::Now();
-  absl::StatusOr<bool> ready = consumer.WaitForData(start + absl::Seconds(30), nullptr,
-                                                    [&] { return interrupt.load(); });
+  absl::StatusOr<bool> ready =
+      consumer.WaitForData(start + absl::Seconds(30), nullptr, [&] { return interrupt.load(); });
   nudger.join();
   ASSERT_TRUE(ready.ok()) << ready.status();
   EXPECT_FALSE(*ready) << "nothing was published";

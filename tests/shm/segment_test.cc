@@ -24,8 +24,8 @@
 namespace tpd::shm {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::FinishChild;
+using ::testing::HasSubstr;
 using testing::StartChild;
 
 SegmentLimits SmallLimits() {

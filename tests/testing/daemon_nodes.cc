@@ -59,9 +59,8 @@ std::vector<absl::StatusOr<v1::JoinResponse>> JoinStatic(
     options.rank = r;
     options.world_size = world;
     if (customize) customize(r, &options);
-    threads.emplace_back([&results, r, client = clients[r], options] {
-      results[r] = client->Join(options);
-    });
+    threads.emplace_back(
+        [&results, r, client = clients[r], options] { results[r] = client->Join(options); });
   }
   for (std::thread& thread : threads) thread.join();
   return results;

@@ -68,8 +68,7 @@ void ExpectSameGapFreeVersions(const std::vector<std::vector<v1::GroupEvent>>& r
       const std::string bytes = view.SerializeAsString();
       auto [it, first] = views.emplace(view.version(), bytes);
       if (!first) {
-        EXPECT_EQ(it->second, bytes)
-            << "version " << view.version() << " differs on watcher " << r;
+        EXPECT_EQ(it->second, bytes) << "version " << view.version() << " differs on watcher " << r;
       }
     }
   }

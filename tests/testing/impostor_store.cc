@@ -24,8 +24,7 @@ grpc::Status ImpostorStore::Set(grpc::ServerContext* context, const v1::SetReque
   return Answer(context, *response);
 }
 
-grpc::Status ImpostorStore::CompareSet(grpc::ServerContext* context,
-                                       const v1::CompareSetRequest*,
+grpc::Status ImpostorStore::CompareSet(grpc::ServerContext* context, const v1::CompareSetRequest*,
                                        v1::CompareSetResponse* response) {
   response->set_value("forged");
   return Answer(context, *response);
@@ -42,8 +41,8 @@ grpc::Status ImpostorStore::Answer(grpc::ServerContext* context,
                                    const google::protobuf::Message& response) {
   auto call = context->client_metadata().find(store::kPeerAuthHeader);
   if (!reply_key_.empty() && call != context->client_metadata().end()) {
-    absl::StatusOr<store::ParsedPeerAuth> parsed = store::ParsePeerAuthHeader(
-        absl::string_view(call->second.data(), call->second.size()));
+    absl::StatusOr<store::ParsedPeerAuth> parsed =
+        store::ParsePeerAuthHeader(absl::string_view(call->second.data(), call->second.size()));
     if (parsed.ok()) {
       context->AddTrailingMetadata(
           store::kPeerReplyHeader,

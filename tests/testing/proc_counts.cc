@@ -122,8 +122,8 @@ bool ProcCounts::AtMost(const ProcCounts& baseline) const {
 }
 
 std::string ProcCounts::ToString() const {
-  return absl::StrCat(fds, " fds, ", threads, " threads (outside gRPC's pools), ", memfd_fds, " memfd fds, ", segment_maps,
-                      " segment mappings");
+  return absl::StrCat(fds, " fds, ", threads, " threads (outside gRPC's pools), ", memfd_fds,
+                      " memfd fds, ", segment_maps, " segment mappings");
 }
 
 ProcCounts CountAll(pid_t pid) {

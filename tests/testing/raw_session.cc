@@ -20,8 +20,7 @@ namespace tpd::testing {
 absl::StatusOr<std::unique_ptr<RawSession>> RawSession::Open(std::unique_ptr<Client> client) {
   auto raw = std::make_unique<RawSession>();
   raw->client = std::move(client);
-  absl::StatusOr<std::shared_ptr<const shm::Segment>> segment =
-      raw->client->AttachSharedMemory();
+  absl::StatusOr<std::shared_ptr<const shm::Segment>> segment = raw->client->AttachSharedMemory();
   if (!segment.ok()) return segment.status();
   raw->segment = *segment;
   raw->layout = raw->segment->layout();
@@ -33,8 +32,8 @@ absl::StatusOr<std::unique_ptr<RawSession>> RawSession::Open(std::unique_ptr<Cli
   raw->writable = static_cast<uint8_t*>(w);
   raw->submit = std::make_unique<shm::RingProducer>(raw->segment->base(), raw->layout.submission,
                                                     "submission ring");
-  raw->complete = std::make_unique<shm::RingConsumer>(raw->segment->base(),
-                                                      raw->layout.completion, "completion ring");
+  raw->complete = std::make_unique<shm::RingConsumer>(raw->segment->base(), raw->layout.completion,
+                                                      "completion ring");
   return raw;
 }
 
@@ -93,8 +92,8 @@ bool RawSession::SubmitStore(uint64_t offset, const std::string& group, const st
   return pushed.ok() && *pushed;
 }
 
-std::map<uint64_t, std::pair<absl::StatusCode, std::string>> RawSession::Replies(
-    size_t want, absl::Time until) {
+std::map<uint64_t, std::pair<absl::StatusCode, std::string>> RawSession::Replies(size_t want,
+                                                                                 absl::Time until) {
   std::map<uint64_t, std::pair<absl::StatusCode, std::string>> replies;
   while (replies.size() < want && absl::Now() < until) {
     absl::StatusOr<bool> ready =

@@ -31,10 +31,10 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/control.grpc.pb.h"
-#include "proto/store.grpc.pb.h"
-#include "proto/store_scope.h"
 #include "proto/shm/attach.h"
 #include "proto/shm/descriptor.h"
+#include "proto/store.grpc.pb.h"
+#include "proto/store_scope.h"
 #include "tests/testing/raw_session.h"
 
 ABSL_FLAG(std::string, socket, "", "the daemon's gRPC socket");
@@ -105,9 +105,8 @@ void FillStore(const std::string& socket, int n, bool without_session) {
     if (const std::string forged = absl::GetFlag(FLAGS_raw_session); !forged.empty()) {
       Print("store_named_session", set("named", "v", forged));
     }
-    Fill("store_fill", n, [&](const std::string& key, const std::string& value) {
-      return set(key, value, "");
-    });
+    Fill("store_fill", n,
+         [&](const std::string& key, const std::string& value) { return set(key, value, ""); });
     return;
   }
   absl::StatusOr<std::unique_ptr<tpd::Client>> client = tpd::Client::Connect(socket);
@@ -135,8 +134,7 @@ void Raw(const std::string& socket) {
     Print("raw_leave", FromGrpc(stub->Leave(&context, request, &response)));
   }
   if (!absl::GetFlag(FLAGS_raw_barrier).empty()) {
-    std::pair<std::string, std::string> at =
-        absl::StrSplit(absl::GetFlag(FLAGS_raw_barrier), ':');
+    std::pair<std::string, std::string> at = absl::StrSplit(absl::GetFlag(FLAGS_raw_barrier), ':');
     tpd::v1::BarrierRequest request;
     request.set_session_id(session);
     request.set_group(at.first);
@@ -156,8 +154,8 @@ int main(int argc, char** argv) {
   Raw(socket);
   if (absl::GetFlag(FLAGS_raw_attach)) {
     auto request = tpd::shm::EncodeAttachRequest(absl::GetFlag(FLAGS_raw_session));
-    Print("raw_attach", request.ok() ? tpd::testing::SendDataRequest(socket, *request)
-                                     : request.status());
+    Print("raw_attach",
+          request.ok() ? tpd::testing::SendDataRequest(socket, *request) : request.status());
   }
   if (!absl::GetFlag(FLAGS_name).empty()) {
     absl::StatusOr<std::unique_ptr<tpd::Client>> client = tpd::Client::Connect(socket);
@@ -225,9 +223,8 @@ int main(int argc, char** argv) {
     }
     if (const int n = absl::GetFlag(FLAGS_group_store_fill_mib); n > 0) {
       const tpd::StoreView store = (*client)->GroupStore(options.group);
-      Fill("group_store_fill", n, [&](const std::string& key, const std::string& value) {
-        return store.Set(key, value);
-      });
+      Fill("group_store_fill", n,
+           [&](const std::string& key, const std::string& value) { return store.Set(key, value); });
     }
     if (const std::string other = absl::GetFlag(FLAGS_group_store); !other.empty()) {
       const tpd::StoreView store = (*client)->GroupStore(other);

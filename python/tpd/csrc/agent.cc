@@ -86,8 +86,7 @@ struct Wire {
 Wire Encode(const rpc::Message& message) {
   Wire wire;
   const std::vector<char>& payload = message.payload();
-  const Header header{kMagic, static_cast<int32_t>(message.type()), message.id(),
-                      payload.size()};
+  const Header header{kMagic, static_cast<int32_t>(message.type()), message.id(), payload.size()};
   wire.payload.append(reinterpret_cast<const char*>(&header), sizeof(header));
   wire.payload.append(payload.data(), payload.size());
   if (!message.tensors().empty()) {
@@ -138,8 +137,9 @@ c10::intrusive_ptr<rpc::Message> Decode(const ClientApi& api, const tpd_event* e
   }
   std::memcpy(&header, info.payload, sizeof(header));
   if (header.magic != kMagic) {
-    throw std::runtime_error("not a TPD message of this release (bad magic): run one tpd "
-                             "Python package on every worker");
+    throw std::runtime_error(
+        "not a TPD message of this release (bad magic): run one tpd "
+        "Python package on every worker");
   }
   const char* const bytes = info.payload + sizeof(header);
   const uint64_t size = info.payload_size - sizeof(header);
@@ -321,9 +321,8 @@ c10::intrusive_ptr<rpc::JitFuture> TpdAgent::send(const rpc::WorkerInfo& to,
     flags = TPD_CALL_REVERSE_MAP;
   }
   CheckMapped(*message, device_map.empty() ? configured : device_map, to.name_);
-  const std::chrono::milliseconds timeout = rpc_timeout_seconds == rpc::kUnsetRpcTimeout
-                                                ? getRpcTimeout()
-                                                : Millis(rpc_timeout_seconds);
+  const std::chrono::milliseconds timeout =
+      rpc_timeout_seconds == rpc::kUnsetRpcTimeout ? getRpcTimeout() : Millis(rpc_timeout_seconds);
   uint64_t tag;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -417,8 +416,7 @@ void TpdAgent::Serve(tpd_event* request) {
     response = c10::make_intrusive<rpc::JitFuture>(at::AnyClassType::get());
     response->markCompleted(rpc::createExceptionResponse(e, id));
   }
-  response->addCallback(
-      [this, request, id](rpc::JitFuture& done) { Respond(request, id, done); });
+  response->addCallback([this, request, id](rpc::JitFuture& done) { Respond(request, id, done); });
 }
 
 void TpdAgent::Respond(tpd_event* request, int64_t id, rpc::JitFuture& response) {

@@ -158,9 +158,9 @@ class TpdAgent final : public rpc::RpcAgent {
 
   // Every worker known (a deque: torch keeps references to them), and where each is.
   mutable std::mutex workers_mu_;
-  mutable std::deque<rpc::WorkerInfo> workers_;                       // guarded by workers_mu_
-  mutable std::unordered_map<std::string, size_t> by_name_;           // guarded by workers_mu_
-  mutable std::unordered_map<rpc::worker_id_t, size_t> by_id_;        // guarded by workers_mu_
+  mutable std::deque<rpc::WorkerInfo> workers_;                 // guarded by workers_mu_
+  mutable std::unordered_map<std::string, size_t> by_name_;     // guarded by workers_mu_
+  mutable std::unordered_map<rpc::worker_id_t, size_t> by_id_;  // guarded by workers_mu_
 
   c10::ThreadPool pool_;
   std::thread events_;
@@ -174,7 +174,7 @@ class TpdAgent final : public rpc::RpcAgent {
   // The CUDA storages of replies sent, by release tag, until the daemon read them
   // (TPD_EVENT_RELEASED).
   std::unordered_map<uint64_t, std::vector<at::Tensor>> released_;  // guarded by mu_
-  std::atomic<int64_t> serving_{0};                // requests taken, not yet answered
+  std::atomic<int64_t> serving_{0};  // requests taken, not yet answered
   std::atomic<int64_t> gil_waits_{0};
   std::atomic<int64_t> gil_wait_us_{0};
 };

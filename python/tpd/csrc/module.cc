@@ -74,21 +74,19 @@ std::unordered_map<std::string, torch::distributed::rpc::DeviceMap> ToTorch(
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using torch::distributed::rpc::worker_id_t;
   using tpd::torch_agent::AgentOptions;
   using tpd::torch_agent::TpdAgent;
-  using torch::distributed::rpc::worker_id_t;
   // RpcAgent's Python type is made by torch.distributed.rpc's import.
   py::module::import("torch.distributed.rpc");
   m.attr("TORCH_VERSION") = TORCH_VERSION;
-  py::class_<TpdAgent, torch::distributed::rpc::RpcAgent, std::shared_ptr<TpdAgent>>(m,
-                                                                                     "TpdAgent")
+  py::class_<TpdAgent, torch::distributed::rpc::RpcAgent, std::shared_ptr<TpdAgent>>(m, "TpdAgent")
       .def(py::init([](std::string library, uintptr_t client, std::string group, std::string name,
                        int64_t rank, bool is_static,
-                       std::vector<std::pair<std::string, int64_t>> workers,
-                       int num_worker_threads, float rpc_timeout_seconds,
-                       uint64_t arena_bytes, py::object members, py::object started,
-                       std::vector<std::string> devices,
-                       DeviceMaps device_maps, DeviceMaps reverse_device_maps) {
+                       std::vector<std::pair<std::string, int64_t>> workers, int num_worker_threads,
+                       float rpc_timeout_seconds, uint64_t arena_bytes, py::object members,
+                       py::object started, std::vector<std::string> devices, DeviceMaps device_maps,
+                       DeviceMaps reverse_device_maps) {
              AgentOptions options;
              options.library = std::move(library);
              options.client = client;
@@ -108,16 +106,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return std::make_shared<TpdAgent>(std::move(options));
            }),
            py::arg("library"), py::arg("client"), py::arg("group"), py::arg("name"),
-           py::arg("rank"), py::arg("is_static"), py::arg("workers"),
-           py::arg("num_worker_threads"), py::arg("rpc_timeout_seconds"),
-           py::arg("arena_bytes"), py::arg("members") = py::none(),
+           py::arg("rank"), py::arg("is_static"), py::arg("workers"), py::arg("num_worker_threads"),
+           py::arg("rpc_timeout_seconds"), py::arg("arena_bytes"), py::arg("members") = py::none(),
            py::arg("started") = py::none(), py::arg("devices") = std::vector<std::string>{},
            py::arg("device_maps") = DeviceMaps{}, py::arg("reverse_device_maps") = DeviceMaps{})
       // torch's RpcAgent binding has no get_worker_info(id): this attribute replaces it, so
       // it carries all three (this worker, by name, by id), as torch's agents bind them.
       .def(
-          "get_worker_info",
-          [](const TpdAgent& agent) { return agent.getWorkerInfo(); },
+          "get_worker_info", [](const TpdAgent& agent) { return agent.getWorkerInfo(); },
           py::call_guard<py::gil_scoped_release>())
       .def(
           "get_worker_info",

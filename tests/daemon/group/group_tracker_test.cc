@@ -3,8 +3,6 @@
 // answers, bounded by a deadline.
 
 #include "daemon/group/group_tracker.h"
-#include "daemon/group/heartbeat.h"
-#include "daemon/group/membership.h"
 
 #include <memory>
 #include <optional>
@@ -16,6 +14,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "daemon/group/heartbeat.h"
+#include "daemon/group/membership.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/group_record.pb.h"
@@ -48,8 +48,7 @@ class FakeClock : public Clock {
 // One daemon's identity and its tracker of group "g".
 struct FakeDaemon {
   FakeDaemon(const std::string& name, uint64_t incarnation, store::Store* store,
-             Clock* clock = Clock::Real(),
-             std::function<void(uint64_t)> on_evicted = nullptr) {
+             Clock* clock = Clock::Real(), std::function<void(uint64_t)> on_evicted = nullptr) {
     node.name = name;
     node.incarnation = incarnation;
     node.device_count = 2;
@@ -58,10 +57,9 @@ struct FakeDaemon {
     options.heartbeat_timeout = absl::Seconds(1);
     options.clock = clock;
     worker = *GroupWorker::Start(name, clock);
-    liveness = std::make_unique<NodeLiveness>(store, "memory", name, &node.incarnation,
-                                              options.heartbeat_timeout,
-                                              /*peer_reads_fresh_for=*/absl::ZeroDuration(),
-                                              nullptr);
+    liveness = std::make_unique<NodeLiveness>(
+        store, "memory", name, &node.incarnation, options.heartbeat_timeout,
+        /*peer_reads_fresh_for=*/absl::ZeroDuration(), nullptr);
     tracker = std::make_unique<GroupTracker>("g", "memory", store, liveness.get(), worker.get(),
                                              &node, options, std::move(on_evicted));
   }
@@ -154,8 +152,7 @@ void Forge(store::Store& store, v1::GroupRecord record) {
   record.mutable_view()->set_version(version);
   record.set_change("UPDATED");
   record.set_change_detail("forged");
-  ASSERT_TRUE(
-      store.Set(absl::StrCat("tpd/group/g/v/", version), record.SerializeAsString()).ok());
+  ASSERT_TRUE(store.Set(absl::StrCat("tpd/group/g/v/", version), record.SerializeAsString()).ok());
 }
 
 // Waits (bounded) until `tracker` has read version `version`.
@@ -283,7 +280,8 @@ TEST(GroupTrackerTest, AnEvictionThisNodeKnowsToBeFalseDoesNotReincarnateIt) {
   ASSERT_TRUE(joined.Await().ok());
   a.liveness->Beat();  // fresh: peers cannot have found node-a silent
   v1::GroupRecord dropped = Latest(store, *a.tracker);
-  RemoveMembers(&dropped, [](const v1::Member&) { return true; }, "EVICTED", "forged");
+  RemoveMembers(
+      &dropped, [](const v1::Member&) { return true; }, "EVICTED", "forged");
   dropped.mutable_view()->set_version(dropped.view().version() - 1);
   ASSERT_NO_FATAL_FAILURE(Forge(store, dropped));
   ASSERT_TRUE(AwaitVersion(*a.tracker, dropped.view().version() + 1));
@@ -299,7 +297,8 @@ TEST(GroupTrackerTest, AnEvictionThisNodeKnowsToBeFalseDoesNotReincarnateIt) {
   ASSERT_TRUE(rejoined.Await().ok());
   absl::SleepFor(absl::Milliseconds(600));  // no beat: node-a looks silent (window 1 s)
   dropped = Latest(store, *a.tracker);
-  RemoveMembers(&dropped, [](const v1::Member&) { return true; }, "EVICTED", "silent");
+  RemoveMembers(
+      &dropped, [](const v1::Member&) { return true; }, "EVICTED", "silent");
   dropped.mutable_view()->set_version(dropped.view().version() - 1);
   ASSERT_NO_FATAL_FAILURE(Forge(store, dropped));
   ASSERT_TRUE(AwaitVersion(*a.tracker, dropped.view().version() + 1));

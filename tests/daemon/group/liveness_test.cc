@@ -179,8 +179,8 @@ TEST(NodeLivenessTest, PeersKeysAreReadOncePerFreshnessWindowForEveryGroup) {
   ASSERT_TRUE(absent.ok()) << absent.status();
   EXPECT_FALSE(absent->has_value());
   // With no window, every read goes to the store.
-  NodeLiveness fresh(&store, "memory", "n", &incarnation, absl::Seconds(5),
-                     absl::ZeroDuration(), nullptr);
+  NodeLiveness fresh(&store, "memory", "n", &incarnation, absl::Seconds(5), absl::ZeroDuration(),
+                     nullptr);
   EXPECT_EQ(fresh.ReadPeer("other")->value_or(""), "3:2");
 }
 

@@ -642,8 +642,7 @@ TEST(MembershipDynamicTest, HonorsARequestedRank) {
   ASSERT_TRUE(rank.ok()) << rank.status();
   EXPECT_EQ(*rank, 0);
   EXPECT_THAT(Ranks(record.view()), ElementsAre(0, 5));
-  ExpectRefused(&record, Spec("dx", 5, std::nullopt, "node-z"),
-                absl::StatusCode::kInvalidArgument,
+  ExpectRefused(&record, Spec("dx", 5, std::nullopt, "node-z"), absl::StatusCode::kInvalidArgument,
                 {"rank 5 of group g is already taken by d5 on node node-a"});
   ExpectRefused(&record, Spec("dn", -1), absl::StatusCode::kInvalidArgument,
                 {"rank -1 of worker dn is out of range (must be >= 0)"});
@@ -748,8 +747,7 @@ TEST(RemoveMembersTest, RemovingFromAFormedGroupBreaksIt) {
 
 TEST(RemoveMembersTest, EvictionIsWordedEvictedInTheReason) {
   v1::GroupRecord record = FormedGroup(3);
-  EXPECT_EQ(RemoveMembers(&record, Named({"w2"}), "EVICTED", "node node-2 missed heartbeats"),
-            1);
+  EXPECT_EQ(RemoveMembers(&record, Named({"w2"}), "EVICTED", "node node-2 missed heartbeats"), 1);
   EXPECT_EQ(record.view().phase(), kBroken);
   EXPECT_EQ(record.view().reason(), "w2 evicted: node node-2 missed heartbeats");
   EXPECT_EQ(record.change(), "BROKEN");
@@ -843,8 +841,8 @@ TEST(RemoveMembersTest, RemovingEveryMemberOfADynamicGroupAllowsAStaticOne) {
   v1::GroupRecord record = NewRecord();
   Join(&record, Spec("d0", std::nullopt));
   Join(&record, Spec("d1", std::nullopt));
-  EXPECT_EQ(RemoveMembers(&record, [](const v1::Member&) { return true; }, "EVICTED",
-                          "node-a restarted"),
+  EXPECT_EQ(RemoveMembers(
+                &record, [](const v1::Member&) { return true; }, "EVICTED", "node-a restarted"),
             2);
   EXPECT_EQ(record.view().phase(), kEmpty);
   Join(&record, Spec("w0", 0, 1));
@@ -909,8 +907,7 @@ TEST(MembershipAdmissionTest, EachNodeAdmitsOnlyItsOwnersUid) {
   EXPECT_THAT(other.status().message(),
               HasSubstr("belongs to uid 1000 on node node-a: uid 1001 may not join it there"));
   // On another node, the first member's uid owns it there: uids of two nodes are unrelated.
-  ASSERT_TRUE(
-      AddMember(&record, From(Spec("b", std::nullopt, std::nullopt, "node-b"), 1001)).ok());
+  ASSERT_TRUE(AddMember(&record, From(Spec("b", std::nullopt, std::nullopt, "node-b"), 1001)).ok());
   EXPECT_EQ(record.node_owner_uids().at("node-a"), 1000);
   EXPECT_EQ(record.node_owner_uids().at("node-b"), 1001);
   // A departed member's name stays its owner's while the group lives.

@@ -237,10 +237,10 @@ TEST(ValidateMemberOptionsTest, RejectsCpuInDevicesWithSetDevicesWording) {
 // valid), and its tests use each of these.
 TEST(ValidateMemberOptionsTest, AcceptsCpuOnEitherSideOfADeviceMap) {
   MemberOptions member = Member("w0", 0);
-  for (const DeviceMap& map : {DeviceMap{{Device::Cpu(), Cuda(0)}},
-                               DeviceMap{{Cuda(0), Device::Cpu()}},
-                               DeviceMap{{Device::Cpu(), Device::Cpu()}},
-                               DeviceMap{{Device::Cpu(), Cuda(1)}, {Cuda(1), Device::Cpu()}}}) {
+  for (const DeviceMap& map :
+       {DeviceMap{{Device::Cpu(), Cuda(0)}}, DeviceMap{{Cuda(0), Device::Cpu()}},
+        DeviceMap{{Device::Cpu(), Device::Cpu()}},
+        DeviceMap{{Device::Cpu(), Cuda(1)}, {Cuda(1), Device::Cpu()}}}) {
     member.options.device_maps["w1"] = map;
     EXPECT_TRUE(ValidateMemberOptions(member).ok())
         << DeviceMapToString(map) << ": " << ValidateMemberOptions(member);
@@ -527,8 +527,7 @@ TEST(NegotiateTest, CpuToCpuMapsBetweenCpuOnlyNodes) {
   absl::StatusOr<Negotiated> negotiated =
       Negotiate({w0, Member("w1", 1, /*device_count=*/0, "cpu-b")}, true);
   ASSERT_TRUE(negotiated.ok()) << negotiated.status();
-  EXPECT_EQ(DeviceMapsToString(Find(*negotiated, "w1").reverse_device_maps),
-            "{w0: {cpu: cpu}}");
+  EXPECT_EQ(DeviceMapsToString(Find(*negotiated, "w1").reverse_device_maps), "{w0: {cpu: cpu}}");
   EXPECT_THAT(Find(*negotiated, "w0").devices, IsEmpty());
   EXPECT_THAT(Find(*negotiated, "w1").devices, IsEmpty());
 }

@@ -64,8 +64,8 @@ std::string Mutate(std::string bytes, std::mt19937_64& rng) {
         if (!bytes.empty()) bytes.resize(rng() % bytes.size());
         break;
       case 2:  // insert random bytes
-        bytes.insert(bytes.empty() ? 0 : rng() % bytes.size(), std::string(1 + rng() % 8,
-                                                                           static_cast<char>(rng())));
+        bytes.insert(bytes.empty() ? 0 : rng() % bytes.size(),
+                     std::string(1 + rng() % 8, static_cast<char>(rng())));
         break;
       case 3:  // set a varint-looking byte to a large value
         if (!bytes.empty()) bytes[rng() % bytes.size()] = static_cast<char>(0xff);

@@ -35,8 +35,8 @@ class SessionTest : public ::testing::Test {
     absl::MutexLock lock(&session_.mu);
     session_.completions = std::make_unique<shm::RingProducer>(
         segment_->base(), segment_->layout().completion, "completion ring");
-    client_ = std::make_unique<shm::RingConsumer>(segment_->base(),
-                                                  segment_->layout().completion, "client");
+    client_ = std::make_unique<shm::RingConsumer>(segment_->base(), segment_->layout().completion,
+                                                  "client");
   }
 
   absl::Status Post(shm::Op op, uint64_t call_id) {

@@ -41,8 +41,8 @@ TEST(PlaceTensorsTest, CudaTensorsLandWhereTheMapSaysAndHostTensorsStay) {
 }
 
 TEST(PlaceTensorsTest, OnlyHostTensorsNeedNoPlaces) {
-  absl::StatusOr<std::vector<Place>> places = PlaceTensors(
-      {kGroup, kA, kB}, /*reply=*/false, std::nullopt, {On(shm::DeviceType::kCpu, 0)});
+  absl::StatusOr<std::vector<Place>> places =
+      PlaceTensors({kGroup, kA, kB}, /*reply=*/false, std::nullopt, {On(shm::DeviceType::kCpu, 0)});
   ASSERT_TRUE(places.ok()) << places.status();
   EXPECT_TRUE(places->empty());
 }
@@ -68,8 +68,8 @@ TEST(PlaceTensorsTest, AnUnmappedCudaTensorInACallIsTorchsRequestError) {
 }
 
 TEST(PlaceTensorsTest, AnUnmappedCudaTensorInAReplyIsTorchsResponseError) {
-  absl::StatusOr<std::vector<Place>> places = PlaceTensors(
-      {kGroup, kB, kA}, /*reply=*/true, std::nullopt, {On(shm::DeviceType::kCuda, 2)});
+  absl::StatusOr<std::vector<Place>> places =
+      PlaceTensors({kGroup, kB, kA}, /*reply=*/true, std::nullopt, {On(shm::DeviceType::kCuda, 2)});
   ASSERT_EQ(places.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(places.status().message(),
               HasSubstr("Response device mapping is not available for destination trainer0 "

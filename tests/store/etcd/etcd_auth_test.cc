@@ -2,8 +2,8 @@
 // Auth API, as etcdctl does): the conformance suite as a user whose role grants readwrite on
 // the test prefix; a wrong password, no user and a key outside the role refused, naming the
 // endpoint and never the password; an expired simple token and a JWT token older than an
-// auth change renewed by authenticating again, for calls and for the watch stream alike. Skips, saying
-// why, without etcd.
+// auth change renewed by authenticating again, for calls and for the watch stream alike. Skips,
+// saying why, without etcd.
 
 #include <unistd.h>
 
@@ -29,10 +29,10 @@ namespace tpd::store {
 namespace {
 
 using ::testing::AllOf;
-using ::testing::HasSubstr;
-using ::testing::Not;
 using testing::EtcdBinary;
 using testing::EtcdCluster;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kRootPassword[] = "root-secret-0";
 constexpr char kUser[] = "tpd";
@@ -55,8 +55,7 @@ absl::Status AuthCall(AuthStub& stub,
   Response response;
   const grpc::Status status = (stub.*method)(&context, request, &response);
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 std::unique_ptr<AuthStub> AuthAt(const std::string& address) {
@@ -95,8 +94,7 @@ absl::Status EnableAuth(const std::string& address) {
   grant.set_user(kUser);
   grant.set_role("tpd-rw");
   for (absl::Status status :
-       {AddUser(*auth, "root", kRootPassword),
-        AuthCall(*auth, &AuthStub::RoleAdd, root_role),
+       {AddUser(*auth, "root", kRootPassword), AuthCall(*auth, &AuthStub::RoleAdd, root_role),
         AuthCall(*auth, &AuthStub::UserGrantRole, root_grant), AddUser(*auth, kUser, kPassword),
         AuthCall(*auth, &AuthStub::RoleAdd, role),
         AuthCall(*auth, &AuthStub::RoleGrantPermission, permission),
@@ -187,8 +185,7 @@ std::vector<StoreFactory> Factories() {
 }
 
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StoreConformanceTest);
-INSTANTIATE_TEST_SUITE_P(EtcdStoreWithAuth, StoreConformanceTest,
-                         ::testing::ValuesIn(Factories()));
+INSTANTIATE_TEST_SUITE_P(EtcdStoreWithAuth, StoreConformanceTest, ::testing::ValuesIn(Factories()));
 
 class EtcdAuthTest : public ::testing::Test {
  protected:
@@ -208,10 +205,10 @@ TEST_F(EtcdAuthTest, AWrongPasswordIsUnauthenticatedNamingTheEndpointAndUserNotT
   for (absl::Status status : {store->Set("k", "v"), store->Get("k", LongDeadline()).status(),
                               store->Add("n", 1).status()}) {
     EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
-    EXPECT_THAT(status.message(),
-                AllOf(HasSubstr(cluster_->ClientAddress(0)), HasSubstr("user \"tpd\""),
-                      HasSubstr("[etcd] user and password_file"),
-                      Not(HasSubstr("not-the-password"))));
+    EXPECT_THAT(
+        status.message(),
+        AllOf(HasSubstr(cluster_->ClientAddress(0)), HasSubstr("user \"tpd\""),
+              HasSubstr("[etcd] user and password_file"), Not(HasSubstr("not-the-password"))));
   }
 }
 
@@ -220,9 +217,9 @@ TEST_F(EtcdAuthTest, NoCredentialsIsUnauthenticatedAndSaysWhatToSet) {
   ASSERT_NE(store, nullptr);
   absl::Status status = store->Set("k", "v");
   EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
-  EXPECT_THAT(status.message(), AllOf(HasSubstr(cluster_->ClientAddress(0)),
-                                      HasSubstr("user name is empty"),
-                                      HasSubstr("[etcd] user and password_file")));
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr(cluster_->ClientAddress(0)), HasSubstr("user name is empty"),
+                    HasSubstr("[etcd] user and password_file")));
   EXPECT_EQ(store->Get("k", LongDeadline()).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
@@ -315,9 +312,9 @@ TEST(EtcdAuthJwtTest, AJwtTokenStaleAfterAnAuthChangeIsRenewedForCallsAndWatches
                                      " -pubout -out ", pub, " 2>/dev/null")
                             .c_str()),
             0);
-  absl::StatusOr<std::unique_ptr<EtcdCluster>> cluster = StartWithAuth(
-      {"--auth-token",
-       absl::StrCat("jwt,pub-key=", pub, ",priv-key=", key, ",sign-method=RS256,ttl=10m")});
+  absl::StatusOr<std::unique_ptr<EtcdCluster>> cluster =
+      StartWithAuth({"--auth-token", absl::StrCat("jwt,pub-key=", pub, ",priv-key=", key,
+                                                  ",sign-method=RS256,ttl=10m")});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   EXPECT_EQ(GoOnAcrossAnAuthChange(**cluster), 2);
 }

@@ -60,8 +60,7 @@ std::string EtcdBinary() {
   return access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
-absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members,
-                                                                absl::Duration timeout,
+absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members, absl::Duration timeout,
                                                                 EtcdClusterOptions options) {
   if (EtcdBinary().empty()) return absl::FailedPreconditionError(kNoEtcdMessage);
   // Ports are picked free, then bound by etcd a moment later; another process can take one
@@ -123,25 +122,38 @@ EtcdCluster::~EtcdCluster() {
 absl::Status EtcdCluster::Launch(int i, bool initial) {
   Member& member = members_[i];
   const bool tls = !options_.cert_file.empty();
-  const std::string client = absl::StrCat(tls ? "https" : "http", "://127.0.0.1:",
-                                          member.client_port);
+  const std::string client =
+      absl::StrCat(tls ? "https" : "http", "://127.0.0.1:", member.client_port);
   const std::string peer = LoopbackUrl(member.peer_port);
   std::vector<std::string> argv = {
       EtcdBinary(),
-      "--name", member.name,
-      "--data-dir", absl::StrCat(dir_.path(), "/", member.name),
-      "--listen-client-urls", client,
-      "--advertise-client-urls", client,
-      "--listen-peer-urls", peer,
-      "--initial-advertise-peer-urls", peer,
-      "--initial-cluster", initial_cluster_,
-      "--initial-cluster-state", initial ? "new" : "existing",
-      "--initial-cluster-token", dir_.path(),
-      "--logger", "zap",
-      "--log-level", "warn",
+      "--name",
+      member.name,
+      "--data-dir",
+      absl::StrCat(dir_.path(), "/", member.name),
+      "--listen-client-urls",
+      client,
+      "--advertise-client-urls",
+      client,
+      "--listen-peer-urls",
+      peer,
+      "--initial-advertise-peer-urls",
+      peer,
+      "--initial-cluster",
+      initial_cluster_,
+      "--initial-cluster-state",
+      initial ? "new" : "existing",
+      "--initial-cluster-token",
+      dir_.path(),
+      "--logger",
+      "zap",
+      "--log-level",
+      "warn",
       // Fast elections on a busy 2-core machine without flapping.
-      "--heartbeat-interval", "50",
-      "--election-timeout", "500",
+      "--heartbeat-interval",
+      "50",
+      "--election-timeout",
+      "500",
   };
   if (tls) {
     for (const std::string& arg :
@@ -202,9 +214,8 @@ absl::StatusOr<int> EtcdCluster::Leader(absl::Duration timeout) const {
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("no running member of the etcd cluster says it leads after ",
-                   absl::FormatDuration(timeout)));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no running member of the etcd cluster says it leads after ", absl::FormatDuration(timeout)));
 }
 
 bool EtcdCluster::AwaitServing(int i, absl::Time deadline) {

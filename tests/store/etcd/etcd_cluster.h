@@ -92,8 +92,8 @@ class EtcdCluster {
 
   EtcdCluster() = default;
   // One try of Start on freshly picked ports.
-  static absl::StatusOr<std::unique_ptr<EtcdCluster>> StartOnce(
-      int members, absl::Duration timeout, const EtcdClusterOptions& options);
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> StartOnce(int members, absl::Duration timeout,
+                                                                const EtcdClusterOptions& options);
   absl::Status Launch(int i, bool initial);
   // A channel to member `i`'s client port (TLS with the probe's credentials when set).
   std::shared_ptr<grpc::Channel> Channel(int i) const;

@@ -1,7 +1,10 @@
 // EtcdStore over a real 3-member etcd cluster: the conformance suite through every endpoint, a
 // wait that outlives the member its watch stream is on, writes that fail over, a store that
 // fails promptly, naming every endpoint, while two of three members are down, then recovers
-// when one returns without being reopened, and a wait whose watch resumes past a compaction. Skips, saying why, without etcd.
+// when one returns without being reopened, and a wait whose watch resumes past a compaction. Skips,
+// saying why, without etcd.
+
+#include "tests/store/etcd/etcd_cluster.h"
 
 #include <memory>
 #include <thread>
@@ -9,12 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "gmock/gmock.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "store/etcd/etcd_store.h"
-#include "tests/store/etcd/etcd_cluster.h"
 #include "tests/store/etcd/shared_cluster.h"
 #include "tests/store/store_conformance.h"
 #include "tests/testing/wait_until.h"
@@ -23,9 +25,9 @@ namespace tpd::store {
 namespace {
 
 using ::testing::AnyOf;
-using ::testing::HasSubstr;
 using testing::EtcdBinary;
 using testing::EtcdCluster;
+using ::testing::HasSubstr;
 
 using testing::FreshPrefix;
 using testing::MakeStore;

@@ -69,7 +69,7 @@ TEST(EtcdCredentialsTest, BadFilesNameTheSetting) {
   };
   const Case cases[] = {
       {{"tpd", "/nonexistent/pw", "", "", ""}, "etcd.password_file: cannot read"},
-      {{"tpd", empty, "", "", ""}, "etcd.password_file: \"" },
+      {{"tpd", empty, "", "", ""}, "etcd.password_file: \""},
       {{"tpd", dir.path(), "", "", ""}, "is not a regular file"},
       {{"", "", dir.WriteFile("ca.txt", "not pem"), "", ""}, "etcd.ca_file: "},
       {{"", "", "", "/nonexistent/c", "/nonexistent/k"}, "etcd.cert_file: cannot read"},

@@ -36,9 +36,9 @@ namespace {
 using store::testing::EtcdBinary;
 using store::testing::EtcdCluster;
 using testing::DaemonProcess;
+using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::WaitUntil;
-using ::testing::HasSubstr;
 
 constexpr int kNodes = 3;
 constexpr char kPrefix[] = "/jobs/etcd-rendezvous-test";
@@ -301,8 +301,8 @@ bool HasMember(const v1::GroupView& view, const std::string& name) {
 
 // What one churning worker saw.
 struct Tally {
-  int joins = 0;   // acknowledged
-  int leaves = 0;  // acknowledged
+  int joins = 0;                       // acknowledged
+  int leaves = 0;                      // acknowledged
   std::vector<int64_t> join_versions;  // the version each acknowledged join answered with
   std::vector<std::string> errors;
 };
@@ -333,7 +333,8 @@ TEST_F(EtcdRendezvousTest, KillingTheEtcdLeaderUnderChurnLosesNothingAcknowledge
       const std::string name = absl::StrCat("w", w + 1);
       Tally& tally = tallies[w];
       while (!stop.load()) {
-        absl::StatusOr<v1::JoinResponse> joined = client->Join(Dynamic("churn", name, init_method_));
+        absl::StatusOr<v1::JoinResponse> joined =
+            client->Join(Dynamic("churn", name, init_method_));
         if (!joined.ok()) {
           tally.errors.push_back(joined.status().ToString());
           absl::SleepFor(absl::Milliseconds(50));
@@ -361,8 +362,8 @@ TEST_F(EtcdRendezvousTest, KillingTheEtcdLeaderUnderChurnLosesNothingAcknowledge
   cluster_->Kill(*leader);
   killed = true;
   // Work goes on under the new leader.
-  const bool went_on = WaitUntil([&] { return rounds_after_kill.load() >= 12; },
-                                 absl::Seconds(40), absl::Milliseconds(20));
+  const bool went_on = WaitUntil([&] { return rounds_after_kill.load() >= 12; }, absl::Seconds(40),
+                                 absl::Milliseconds(20));
   stop = true;
   for (std::thread& thread : threads) thread.join();
   EXPECT_TRUE(went_on) << "fewer than 12 join/leave rounds after the leader was killed";
@@ -490,8 +491,8 @@ TEST(EtcdRecordLimitTest, AJoinPastEtcdsRequestLimitFailsNamingItAndTheGroupStay
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   TempDir dir;
   const std::string socket = absl::StrCat(dir.path(), "/tpd.sock");
-  const std::string config = dir.WriteFile(
-      "tpd.toml", "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n");
+  const std::string config =
+      dir.WriteFile("tpd.toml", "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n");
   absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
       DaemonProcess::Start(socket, {"--config", config});
   ASSERT_TRUE(daemon.ok()) << daemon.status();

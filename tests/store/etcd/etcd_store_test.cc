@@ -25,9 +25,9 @@ namespace tpd::store {
 namespace {
 
 using ::testing::AllOf;
-using ::testing::HasSubstr;
 using testing::EtcdBinary;
 using testing::EtcdCluster;
+using ::testing::HasSubstr;
 
 using testing::FreshPrefix;
 using testing::MakeStore;
@@ -150,7 +150,8 @@ TEST_F(EtcdStoreTest, KeysLiveUnderThePrefixOnly) {
   EXPECT_EQ(other->NumKeys("").value_or(-1), 0);
   EXPECT_FALSE(other->Check({"k"}).value_or(true));
 
-  auto channel = grpc::CreateChannel(cluster_->ClientAddress(0), grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(cluster_->ClientAddress(0), grpc::InsecureChannelCredentials());
   auto kv = etcdserverpb::KV::NewStub(channel);
   grpc::ClientContext context;
   etcdserverpb::RangeRequest request;
@@ -221,9 +222,8 @@ TEST_F(EtcdStoreTest, ALeaseNotRenewedExpiresWithItsKeyAndSaysSo) {
   ASSERT_TRUE(grant.ok()) << grant.status();
   ASSERT_TRUE(store->SetLeased("alive", "1", grant->id).ok());
   // etcd expires leases on its own checks, a little after the TTL.
-  ASSERT_TRUE(tpd::testing::WaitUntil(
-      [&] { return !store->Check({"alive"}).value_or(true); }, grant->ttl + absl::Seconds(10),
-      absl::Milliseconds(50)))
+  ASSERT_TRUE(tpd::testing::WaitUntil([&] { return !store->Check({"alive"}).value_or(true); },
+                                      grant->ttl + absl::Seconds(10), absl::Milliseconds(50)))
       << "the key outlived its lease";
   const absl::Status renewed = store->KeepLeaseAlive(grant->id);
   EXPECT_EQ(renewed.code(), absl::StatusCode::kNotFound) << renewed;
@@ -236,8 +236,7 @@ TEST_F(EtcdStoreTest, ALeaseNotRenewedExpiresWithItsKeyAndSaysSo) {
 TEST(EtcdStoreNoServerTest, UnavailableNamesEveryEndpointTried) {
   EtcdStoreOptions options;
   options.connect_timeout = absl::Milliseconds(200);
-  std::unique_ptr<EtcdStore> store =
-      MakeStore({"127.0.0.1:1", "127.0.0.1:2"}, "/tpd", options);
+  std::unique_ptr<EtcdStore> store = MakeStore({"127.0.0.1:1", "127.0.0.1:2"}, "/tpd", options);
   absl::Status status = store->Set("k", "v");
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(status.message(),

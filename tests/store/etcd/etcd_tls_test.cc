@@ -28,9 +28,9 @@ namespace tpd::store {
 namespace {
 
 using ::testing::AllOf;
-using ::testing::HasSubstr;
 using testing::EtcdBinary;
 using testing::EtcdCluster;
+using ::testing::HasSubstr;
 
 constexpr char kOpenssl[] = "/usr/bin/openssl";
 constexpr char kNoOpensslMessage[] =
@@ -80,21 +80,21 @@ absl::StatusOr<std::unique_ptr<TestPki>> MakePki() {
                      "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
                      "extendedKeyUsage=serverAuth,clientAuth\n");
   pki->dir.WriteFile("client.ext", "extendedKeyUsage=clientAuth\n");
-  for (const std::string& command : {
-           absl::StrCat(kOpenssl, " req -x509 ", key, " -keyout ", p("ca.key"), " -out ",
-                        p("ca.crt"), " -days 2 -subj /CN=tpd-test-ca", quiet),
-           absl::StrCat(kOpenssl, " req -x509 ", key, " -keyout ", p("other-ca.key"), " -out ",
-                        p("other-ca.crt"), " -days 2 -subj /CN=tpd-test-other-ca", quiet),
-           absl::StrCat(kOpenssl, " req ", key, " -keyout ", p("server.key"), " -out ",
-                        p("server.csr"), " -subj /CN=etcd", quiet),
-           absl::StrCat(kOpenssl, " x509 -req -in ", p("server.csr"), " -CA ", p("ca.crt"),
-                        " -CAkey ", p("ca.key"), " -CAcreateserial -days 2 -extfile ",
-                        p("server.ext"), " -out ", p("server.crt"), quiet),
-           absl::StrCat(kOpenssl, " req ", key, " -keyout ", p("client.key"), " -out ",
-                        p("client.csr"), " -subj /CN=tpd", quiet),
-           absl::StrCat(kOpenssl, " x509 -req -in ", p("client.csr"), " -CA ", p("ca.crt"),
-                        " -CAkey ", p("ca.key"), " -CAcreateserial -days 2 -extfile ",
-                        p("client.ext"), " -out ", p("client.crt"), quiet)}) {
+  for (const std::string& command :
+       {absl::StrCat(kOpenssl, " req -x509 ", key, " -keyout ", p("ca.key"), " -out ", p("ca.crt"),
+                     " -days 2 -subj /CN=tpd-test-ca", quiet),
+        absl::StrCat(kOpenssl, " req -x509 ", key, " -keyout ", p("other-ca.key"), " -out ",
+                     p("other-ca.crt"), " -days 2 -subj /CN=tpd-test-other-ca", quiet),
+        absl::StrCat(kOpenssl, " req ", key, " -keyout ", p("server.key"), " -out ",
+                     p("server.csr"), " -subj /CN=etcd", quiet),
+        absl::StrCat(kOpenssl, " x509 -req -in ", p("server.csr"), " -CA ", p("ca.crt"), " -CAkey ",
+                     p("ca.key"), " -CAcreateserial -days 2 -extfile ", p("server.ext"), " -out ",
+                     p("server.crt"), quiet),
+        absl::StrCat(kOpenssl, " req ", key, " -keyout ", p("client.key"), " -out ",
+                     p("client.csr"), " -subj /CN=tpd", quiet),
+        absl::StrCat(kOpenssl, " x509 -req -in ", p("client.csr"), " -CA ", p("ca.crt"), " -CAkey ",
+                     p("ca.key"), " -CAcreateserial -days 2 -extfile ", p("client.ext"), " -out ",
+                     p("client.crt"), quiet)}) {
     if (absl::Status status = Run(command); !status.ok()) return status;
   }
   pki->ca_cert = p("ca.crt");
@@ -208,8 +208,7 @@ std::vector<StoreFactory> Factories() {
 }
 
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StoreConformanceTest);
-INSTANTIATE_TEST_SUITE_P(EtcdStoreOverTls, StoreConformanceTest,
-                         ::testing::ValuesIn(Factories()));
+INSTANTIATE_TEST_SUITE_P(EtcdStoreOverTls, StoreConformanceTest, ::testing::ValuesIn(Factories()));
 
 class EtcdTlsTest : public ::testing::Test {
  protected:

@@ -82,7 +82,8 @@ TEST(EtcdUrlTest, AtMostSixteenEndpoints) {
   EXPECT_EQ(Message(absl::StrCat("etcd://", absl::StrJoin(endpoints, ","), "/p")),
             absl::StrCat(kEtcdError, "17 endpoints listed; at most 16"));
   endpoints.pop_back();
-  absl::StatusOr<InitMethod> m = Parse(absl::StrCat("etcd://", absl::StrJoin(endpoints, ","), "/p"));
+  absl::StatusOr<InitMethod> m =
+      Parse(absl::StrCat("etcd://", absl::StrJoin(endpoints, ","), "/p"));
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->endpoints.size(), 16u);
 }

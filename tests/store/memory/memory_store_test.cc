@@ -155,7 +155,8 @@ TEST(MemoryStoreTest, AKeyOverwrittenByAnotherWriterIsChargedToIt) {
   EXPECT_EQ(stats.writers[0].bytes, 11);
   // A second view of one writer shares its account.
   std::unique_ptr<Store> bob_again = store.ChargedTo(ShareOf("uid 1001", 100, 0, 0));
-  EXPECT_EQ(bob_again->Set("k2", std::string(89, 'b')).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(bob_again->Set("k2", std::string(89, 'b')).code(),
+            absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(alice->Set("k2", std::string(89, 'a')).ok());
 }
 

@@ -123,8 +123,8 @@ TEST(PeerMacTest, AUserACallIsMadeForIsUnderTheMacAndInTheHeader) {
   for (const std::string& bad :
        {std::string(" user=1@61"), std::string(" for=1"), std::string(" for=1@"),
         std::string(" for=x@61"), std::string(" for=-1@61"), std::string(" for=4294967296@61"),
-        std::string(" for=1@6"), std::string(" for=1@zz"), std::string(" for=1@") +
-        std::string(512, '6')}) {
+        std::string(" for=1@6"), std::string(" for=1@zz"),
+        std::string(" for=1@") + std::string(512, '6')}) {
     EXPECT_EQ(ParsePeerAuthHeader(base + bad).status().code(), absl::StatusCode::kInvalidArgument)
         << bad;
   }
@@ -170,8 +170,7 @@ TEST(PeerMacTest, AReplyMacBindsTheAnswerToItsCallAndTheToken) {
   for (const std::string& bad : {std::string(""), std::string("tpd-reply-v1 mac=00"),
                                  std::string("tpd-reply-v2 mac=") + std::string(64, '0'),
                                  std::string("tpd-reply-v1 mac=") + std::string(64, 'G')}) {
-    EXPECT_EQ(ParsePeerReplyHeader(bad).status().code(), absl::StatusCode::kInvalidArgument)
-        << bad;
+    EXPECT_EQ(ParsePeerReplyHeader(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }
 

@@ -32,9 +32,9 @@ class ServedRemoteStore : public StoreUnderTest {
     auto served = std::unique_ptr<ServedRemoteStore>(new ServedRemoteStore());
     const std::string socket = absl::StrCat(served->dir_.path(), "/tpd.sock");
     const std::string config = served->dir_.WriteFile(
-        "tpd.toml", absl::StrCat("[store]\nmax_waiters = ", max_waiters,
-                                 "\n[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"",
-                                 kToken, "\"\n"));
+        "tpd.toml",
+        absl::StrCat("[store]\nmax_waiters = ", max_waiters,
+                     "\n[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"", kToken, "\"\n"));
     auto daemon = testing::DaemonProcess::Start(socket, {"--config", config});
     if (!daemon.ok()) {
       ADD_FAILURE() << daemon.status();
@@ -90,8 +90,8 @@ class RemoteStoreTest : public ::testing::Test {
   void SetUp() override {
     socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
     const std::string config = dir_.WriteFile(
-        "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"", kToken,
-                                 "\"\n"));
+        "tpd.toml",
+        absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"", kToken, "\"\n"));
     auto daemon = testing::DaemonProcess::Start(socket_, {"--config", config});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = *std::move(daemon);
@@ -208,12 +208,12 @@ TEST_F(RemoteStoreTest, CancelWaitEndsTheWaitAndFreesTheDaemonsWaiter) {
   RemoteStore& remote = *remote_owner;
   absl::Notification done;
   absl::Status status;
-  absl::StatusOr<WaitId> id = remote.WaitAsync(
-      {"never"}, absl::Now() + absl::Seconds(60),
-      [&](absl::StatusOr<std::vector<std::string>> values) {
-        status = values.status();
-        done.Notify();
-      });
+  absl::StatusOr<WaitId> id =
+      remote.WaitAsync({"never"}, absl::Now() + absl::Seconds(60),
+                       [&](absl::StatusOr<std::vector<std::string>> values) {
+                         status = values.status();
+                         done.Notify();
+                       });
   ASSERT_TRUE(id.ok());
   while (local_->Status()->store().waiters() == 0) absl::SleepFor(absl::Milliseconds(2));
   remote.CancelWait(*id);

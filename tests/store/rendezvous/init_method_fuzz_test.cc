@@ -60,11 +60,10 @@ std::string Describe(const Input& input) {
     absl::StrAppend(&env, " ", absl::CHexEscape(name.substr(0, 40)), "=\"",
                     absl::CHexEscape(value.substr(0, 60)), "\"");
   }
-  return absl::StrCat("url (", input.url.size(), " bytes) \"",
-                      absl::CHexEscape(input.url.substr(0, 200)), "\" rank=",
-                      input.rank ? absl::StrCat(*input.rank) : "none",
-                      " world_size=", input.world_size ? absl::StrCat(*input.world_size) : "none",
-                      " env:", env);
+  return absl::StrCat(
+      "url (", input.url.size(), " bytes) \"", absl::CHexEscape(input.url.substr(0, 200)),
+      "\" rank=", input.rank ? absl::StrCat(*input.rank) : "none",
+      " world_size=", input.world_size ? absl::StrCat(*input.world_size) : "none", " env:", env);
 }
 
 // Valid URLs of every scheme and form the parser knows, the mutations' starting points.
@@ -272,8 +271,8 @@ class Mutator {
   std::string EnvValue(absl::string_view name) {
     std::string value;
     if (name == "MASTER_ADDR") {
-      static const char* kAddrs[] = {"node-a", "10.0.0.1", "::1", "[::1]", "fe80::1%eth0",
-                                     "localhost", "", "["};
+      static const char* kAddrs[] = {"node-a",       "10.0.0.1",  "::1", "[::1]",
+                                     "fe80::1%eth0", "localhost", "",    "["};
       value = kAddrs[Below(8)];
     } else if (name == "MASTER_PORT") {
       static const char* kPorts[] = {"29500", "1", "65535", "0", "65536", "", "-1", "x"};
@@ -377,8 +376,8 @@ bool CheckAnswer(const Input& input, const absl::StatusOr<InitMethod>& m) {
   if (m->scheme == InitMethodScheme::kTcp) {
     // The address written back as a URL is the same address.
     const bool ipv6 = m->host.find(':') != std::string::npos;
-    const std::string again_url = absl::StrCat("tcp://", ipv6 ? "[" : "", m->host, ipv6 ? "]" : "",
-                                               ":", m->port);
+    const std::string again_url =
+        absl::StrCat("tcp://", ipv6 ? "[" : "", m->host, ipv6 ? "]" : "", ":", m->port);
     absl::StatusOr<InitMethod> again = ParseInitMethod(again_url, std::nullopt, std::nullopt, {});
     EXPECT_TRUE(again.ok()) << again_url << ": " << again.status();
     if (again.ok()) {
@@ -392,9 +391,8 @@ bool CheckAnswer(const Input& input, const absl::StatusOr<InitMethod>& m) {
 bool SameAnswer(const absl::StatusOr<InitMethod>& a, const absl::StatusOr<InitMethod>& b) {
   if (a.ok() != b.ok()) return false;
   if (!a.ok()) return a.status() == b.status();
-  return a->scheme == b->scheme && a->host == b->host && a->port == b->port &&
-         a->path == b->path && a->rank == b->rank && a->world_size == b->world_size &&
-         a->query == b->query;
+  return a->scheme == b->scheme && a->host == b->host && a->port == b->port && a->path == b->path &&
+         a->rank == b->rank && a->world_size == b->world_size && a->query == b->query;
 }
 
 // Parses `input`, checks the answer and that a second parse gives the same one.
@@ -425,7 +423,8 @@ TEST(InitMethodFuzzTest, MutatedUrlsAnswerWithinTheContract) {
   Mutator mutator(0x7470642d75726c31);  // fixed: a failure must reproduce
   int64_t accepted = 0;
   for (int i = 0; i < kMutatedRounds; ++i) {
-    if (!ParseAndCheck(mutator.RandomInput(mutator.MutatedUrl()), &accepted)) return;  // one is enough
+    if (!ParseAndCheck(mutator.RandomInput(mutator.MutatedUrl()), &accepted))
+      return;  // one is enough
   }
   // A driver whose inputs all fail early explores nothing: enough of them must parse.
   EXPECT_GT(accepted, kMutatedRounds / 50);

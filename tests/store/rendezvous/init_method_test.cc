@@ -271,8 +271,7 @@ TEST(InitMethodTest, Ipv6HostLongerThanAnyAddressIsRejected) {
   const std::string longest = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255";  // 45 bytes
   EXPECT_TRUE(Parse(absl::StrCat("tcp://[", longest, "]:1")).ok());
   EXPECT_TRUE(Parse(absl::StrCat("tcp://[", longest, "%enp129s0f1np1]:1")).ok());
-  EXPECT_THAT(Parse(absl::StrCat("tcp://[", longest, "0]:1")),
-              FailsWith("is not an IPv6 address"));
+  EXPECT_THAT(Parse(absl::StrCat("tcp://[", longest, "0]:1")), FailsWith("is not an IPv6 address"));
   EXPECT_THAT(Parse(absl::StrCat("tcp://[::", std::string(1 << 20, 'f'), "]:1")),
               FailsWith("is not an IPv6 address"));
   EXPECT_THAT(Parse("etcd://[fe80::1%a-zone-name-longer-than-ifnamsiz]:2379"),

@@ -37,8 +37,8 @@ TEST(StoreFactoryTest, NamesOneStorePerAddressOrPath) {
 }
 
 TEST(StoreFactoryTest, EtcdEndpointOutsideTheDialNetworksIsPermissionDenied) {
-  absl::StatusOr<std::unique_ptr<Store>> store = OpenRendezvousStore(
-      Parse("etcd://127.0.0.1:2379,10.1.2.3:2379/p"), Options({"127.0.0.0/8"}));
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      OpenRendezvousStore(Parse("etcd://127.0.0.1:2379,10.1.2.3:2379/p"), Options({"127.0.0.0/8"}));
   EXPECT_EQ(store.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(store.status().message(),
               AllOf(HasSubstr("10.1.2.3"), HasSubstr("[peer] dial_networks")));
@@ -83,15 +83,15 @@ TEST(StoreFactoryTest, FileOpensAFileStoreUnderTheAllowedDirectories) {
   // Only a Join creates the file.
   EXPECT_EQ(OpenRendezvousStore(Parse(absl::StrCat("file://", path)), options).status().code(),
             absl::StatusCode::kNotFound);
-  absl::StatusOr<std::unique_ptr<Store>> store = OpenRendezvousStore(
-      Parse(absl::StrCat("file://", path)), options, FileCreation::kCreate);
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      OpenRendezvousStore(Parse(absl::StrCat("file://", path)), options, FileCreation::kCreate);
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE((*store)->Set("k", "v").ok());
   unlink(path.c_str());
   // Outside them: refused, naming the setting.
   options.file_dirs = {absl::StrCat(dir, "/elsewhere")};
-  absl::StatusOr<std::unique_ptr<Store>> outside = OpenRendezvousStore(
-      Parse(absl::StrCat("file://", path)), options, FileCreation::kCreate);
+  absl::StatusOr<std::unique_ptr<Store>> outside =
+      OpenRendezvousStore(Parse(absl::StrCat("file://", path)), options, FileCreation::kCreate);
   EXPECT_EQ(outside.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(outside.status().message(), HasSubstr("group.file_rendezvous_dirs"));
 }
