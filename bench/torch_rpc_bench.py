@@ -6,9 +6,9 @@ caller does rpc_sync(callee, echo, (tensors,)) one call at a time in a closed lo
 callee returns what it received, so the tensors go there and back, as in relay_bench. Sizes
 and iteration counts are relay_bench's: 0 B (a call with no arguments that returns None: the
 smallest call torch rpc can make), 64 B .. 256 MiB as one uint8 tensor, 64 x 1 MiB and 4096 x
-16 KiB as lists of tensors (1 GiB with --gib). Warm-up first; p50/p90/p99 of the round trip; GB/s = bytes
-of the tensors / p50 round trip (1e9 B/s, counted once, as relay_bench counts them); minor
-page faults and CPU time (user + system) of both processes per measured call.
+16 KiB as lists of tensors (1 GiB with --gib). Warm-up first; p50/p90/p99 of the round trip;
+GB/s = bytes of the tensors / p50 round trip (1e9 B/s, counted once, as relay_bench counts
+them); minor page faults and CPU time (user + system) of both processes per measured call.
 
     python3 bench/torch_rpc_bench.py [--scale=1] [--gib] [--tsv=/tmp/torch_rpc.tsv]
 
@@ -152,7 +152,8 @@ def caller(args, peer_pid):
     channels = args.channels or "default"
     print(f"# torch_rpc_bench: host {host}, {cpus} cpus, torch {torch.__version__}, "
           f"TensorPipe transports {transports}, channels {channels}")
-    print("| size | torch rpc p50 µs | p90 | p99 | GB/s | minor faults per call | cpu µs per call |")
+    print("| size | torch rpc p50 µs | p90 | p99 | GB/s | minor faults per call "
+          "| cpu µs per call |")
     print("|---|---|---|---|---|---|---|")
     for name, nbytes, count, n, p50, p90, p99, gbps, faults, cpu in rows:
         g = f"{gbps:.2f}" if gbps is not None else "-"

@@ -26,6 +26,7 @@ PACKAGES=(
   python3-pytest           # tests/python
   python3-pip python3-wheel  # tests/python checks `pip install ./python` works offline
   binutils                 # nm: tests/python checks what libtpd_client.so exports
+  git clang-format python3-flake8  # tools/lint.sh: the style .clang-format and .flake8 declare
 )
 
 # etcd's v3 API (.proto files) for store/etcd, from Debian's Go source packages. Installing

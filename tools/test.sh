@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The README's second command: set up this machine, build everything (also under clang's
-# thread-safety analysis), run every test, and print "N passed, N failed, N skipped" counted
-# from the test cases' own XML reports.
+# The README's second command: set up this machine, check the declared style (tools/lint.sh),
+# build everything (also under clang's thread-safety analysis), run every test, and print
+# "N passed, N failed, N skipped" counted from the test cases' own XML reports.
 #
 #   tools/test.sh [BAZEL TEST ARGS...]      e.g. tools/test.sh --config=asan
 #
@@ -11,6 +11,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 tools/setup.sh || exit 1
+
+# The declared style (.clang-format, .flake8): checked first, reported at the end.
+tools/lint.sh
+lint_rc=$?
 
 # Bazel's build events name exactly the test reports of this invocation (cached results
 # included), so reports left under bazel-testlogs by earlier runs or deleted targets never count.
@@ -35,6 +39,10 @@ bazel shutdown
 if [[ $tsa_rc -ne 0 ]]; then
   echo "the thread-safety build failed; the run fails whatever the count says"
   exit "$tsa_rc"
+fi
+if [[ $lint_rc -ne 0 ]]; then
+  echo "tools/lint.sh found code off the declared style (above); the run fails whatever the count says"
+  exit "$lint_rc"
 fi
 if [[ $bazel_rc -ne 0 ]]; then
   # 3: some target failed although everything built; anything else: the build or the

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -410,6 +411,47 @@ absl::StatusOr<std::vector<std::string>> Keys(const char* const* keys, int n) {
 extern "C" {
 
 int tpd_abi_version(void) { return TPD_ABI_VERSION; }
+
+size_t tpd_layout(const char* type, const char* field) {
+  constexpr size_t kUnknown = static_cast<size_t>(-1);
+  if (type == nullptr) return kUnknown;
+  struct Entry {
+    const char* type;
+    const char* field;  // nullptr: the struct's size
+    size_t value;
+  };
+#define TPD_FIELD(type, field) \
+  { #type, #field, offsetof(type, field) }
+  static constexpr Entry kLayout[] = {
+      {"tpd_tensor", nullptr, sizeof(tpd_tensor)},
+      TPD_FIELD(tpd_tensor, dtype),
+      TPD_FIELD(tpd_tensor, ndim),
+      TPD_FIELD(tpd_tensor, shape),
+      TPD_FIELD(tpd_tensor, data),
+      TPD_FIELD(tpd_tensor, nbytes),
+      TPD_FIELD(tpd_tensor, device_type),
+      TPD_FIELD(tpd_tensor, device_index),
+      TPD_FIELD(tpd_tensor, stream),
+      {"tpd_event_info", nullptr, sizeof(tpd_event_info)},
+      TPD_FIELD(tpd_event_info, kind),
+      TPD_FIELD(tpd_event_info, code),
+      TPD_FIELD(tpd_event_info, tag),
+      TPD_FIELD(tpd_event_info, message),
+      TPD_FIELD(tpd_event_info, payload),
+      TPD_FIELD(tpd_event_info, payload_size),
+      TPD_FIELD(tpd_event_info, num_tensors),
+      TPD_FIELD(tpd_event_info, reserved),
+  };
+#undef TPD_FIELD
+  for (const Entry& entry : kLayout) {
+    if (std::strcmp(entry.type, type) != 0) continue;
+    if (field == nullptr ? entry.field == nullptr
+                         : entry.field != nullptr && std::strcmp(entry.field, field) == 0) {
+      return entry.value;
+    }
+  }
+  return kUnknown;
+}
 
 const char* tpd_last_error(void) { return last_error.c_str(); }
 

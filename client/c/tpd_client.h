@@ -1,10 +1,14 @@
 /* The tpd client library's C ABI (libtpd_client.so): a local process's handle on its node's
  * daemon, for any language. The Python package (python/tpd) is written on it with ctypes.
  *
- *   tpd_client* client;
- *   if (tpd_client_open("", "", 5000000, 0, &client) != TPD_OK) {
+ * Example (tests/client/c builds and runs these lines, between the markers, as C):
+ *
+ *   tpd_client* client;                                                  (example begins)
+ *   if (tpd_client_open("", TPD_TIMEOUT_DEFAULT, 0, &client) != TPD_OK) {
  *     fprintf(stderr, "%s\n", tpd_last_error());
+ *     return 1;
  *   }
+ *   tpd_client_close(client);                                            (example ends)
  *
  * Conventions:
  * - Every function that can fail returns a status code (the gRPC/absl code: TPD_OK is 0) and
@@ -63,6 +67,12 @@ enum {
  * header checks tpd_abi_version() against TPD_ABI_VERSION before it calls anything else. */
 #define TPD_ABI_VERSION 3
 int tpd_abi_version(void);
+
+/* The size of the struct named `type` ("tpd_tensor", "tpd_event_info") as this library was
+ * built, or with `field` the offset of that field in it; (size_t)-1 for a name it does not
+ * know. A binding that mirrors the structs by hand (ctypes) checks its copies with it at load
+ * instead of trusting them. */
+size_t tpd_layout(const char* type, const char* field);
 
 /* The message of the last failed call on this thread ("" after a success). Valid until the
  * thread's next call into the library. */
@@ -127,10 +137,10 @@ int tpd_barrier(tpd_client* client, const char* group, const char* name, int64_t
                 char** response_json);
 /* The group's view as JSON (GroupView). `init_method` "" or NULL: this daemon's. */
 int tpd_get_group(tpd_client* client, const char* group, const char* init_method, char** view_json);
-/* Admin.Status of the daemon as JSON. */
-// A secret of this process's user for `purpose` (Control.UserSecret): 64 hex digits in
-// *secret_hex (free with tpd_free), the same for this uid on every daemon of the cluster.
+/* A secret of this process's user for `purpose` (Control.UserSecret): 64 hex digits in
+ * *secret_hex (free with tpd_free), the same for this uid on every daemon of the cluster. */
 int tpd_user_secret(tpd_client* client, const char* purpose, char** secret_hex);
+/* Admin.Status of the daemon as JSON. */
 int tpd_status(tpd_client* client, char** status_json);
 
 /* --- Tensors --- */

@@ -120,6 +120,7 @@ def library():
                         f"{path} has ABI version {lib.tpd_abi_version()}, tpd's Python package "
                         f"wants {ABI_VERSION}: install matching versions")
                 _declare(lib, path)
+                _check_layouts(lib, path)
                 _lib = lib
                 return lib
         raise RuntimeError(
@@ -212,6 +213,7 @@ def _declare(lib, path):
         "tpd_store_delete_key": (c.c_int, [p, s, c.POINTER(c.c_int)]),
         "tpd_store_num_keys": (c.c_int, [p, c.POINTER(i64)]),
         "tpd_call_stats": (c.c_int, [p, pp]),
+        "tpd_layout": (c.c_size_t, [c.c_char_p, c.c_char_p]),
     }
     for name, (restype, argtypes) in signatures.items():
         try:
@@ -221,6 +223,20 @@ def _declare(lib, path):
                                "install matching versions") from None
         fn.restype = restype
         fn.argtypes = argtypes
+
+
+def _check_layouts(lib, path):
+    """Checks the structs this module mirrors by hand against the library's (tpd_layout): a
+    field out of place would be read and written wrong without a word."""
+    for struct, name in ((Tensor, "tpd_tensor"), (EventInfo, "tpd_event_info")):
+        wanted = [(None, ctypes.sizeof(struct))]
+        wanted += [(field, getattr(struct, field).offset) for field, _ in struct._fields_]
+        for field, value in wanted:
+            got = lib.tpd_layout(name.encode(), field.encode() if field else None)
+            if got != value:
+                what = f"{name}.{field} is at offset" if field else f"{name} is"
+                raise RuntimeError(f"{path}: {what} {got} there, {value} in tpd's Python "
+                                   "package: install matching versions")
 
 
 def check(code, lib=None):

@@ -102,7 +102,7 @@ class Event(_Library):
         replies queue once the daemon no longer reads the reply's CUDA tensors."""
         array, n = _tensor_array(tensors)
         self._ok(self._lib.tpd_reply(self._ptr, payload, len(payload), array, n,
-                                        release_tag))
+                                     release_tag))
 
     def reply_error(self, code, message):
         self._ok(self._lib.tpd_reply_error(self._ptr, code, _capi.b(message)))
@@ -189,13 +189,13 @@ class Client(_Library):
         static group that were gone (left or died since it formed) and counted as arrived."""
         out = ctypes.c_void_p()
         self._ok(self._lib.tpd_barrier(self._handle, _capi.b(group), _capi.b(name),
-                                          _capi.timeout_us(timeout), ctypes.byref(out)))
+                                       _capi.timeout_us(timeout), ctypes.byref(out)))
         return self._json(out.value).get("gone", [])
 
     def group(self, group, init_method=""):
         out = ctypes.c_void_p()
         self._ok(self._lib.tpd_get_group(self._handle, _capi.b(group), _capi.b(init_method),
-                                            ctypes.byref(out)))
+                                         ctypes.byref(out)))
         return self._json(out.value)
 
     def user_secret(self, purpose):
@@ -247,8 +247,8 @@ class Client(_Library):
         _capi.CALL_REVERSE_MAP (tpd_call_async_flags)."""
         array, n = _tensor_array(tensors)
         self._ok(self._lib.tpd_call_async_flags(self._handle, _capi.b(group), _capi.b(worker),
-                                                   _capi.b(method), payload, len(payload), array,
-                                                   n, timeout_us, tag, flags))
+                                                _capi.b(method), payload, len(payload), array,
+                                                n, timeout_us, tag, flags))
 
     # --- the store ---
 
@@ -257,7 +257,7 @@ class Client(_Library):
         node (this client must hold a member of it), under ``namespace``."""
         handle = ctypes.c_void_p()
         self._ok(self._lib.tpd_store_open(self._handle, _capi.b(group or ""),
-                                             _capi.b(namespace or ""), ctypes.byref(handle)))
+                                          _capi.b(namespace or ""), ctypes.byref(handle)))
         return StoreHandle(self, handle)
 
 
@@ -285,22 +285,22 @@ class StoreHandle(_Library):
         out = ctypes.c_void_p()
         size = ctypes.c_size_t()
         self._ok(self._lib.tpd_store_get(self._store, _capi.b(key),
-                                            _capi.timeout_us(timeout), ctypes.byref(out),
-                                            ctypes.byref(size)))
+                                         _capi.timeout_us(timeout), ctypes.byref(out),
+                                         ctypes.byref(size)))
         return self._bytes(out.value, size.value)
 
     def add(self, key, delta):
         result = ctypes.c_int64()
         self._ok(self._lib.tpd_store_add(self._store, _capi.b(key), delta,
-                                            ctypes.byref(result)))
+                                         ctypes.byref(result)))
         return result.value
 
     def compare_set(self, key, expected, desired):
         out = ctypes.c_void_p()
         size = ctypes.c_size_t()
         self._ok(self._lib.tpd_store_compare_set(self._store, _capi.b(key), expected,
-                                                    len(expected), desired, len(desired),
-                                                    ctypes.byref(out), ctypes.byref(size)))
+                                                 len(expected), desired, len(desired),
+                                                 ctypes.byref(out), ctypes.byref(size)))
         return self._bytes(out.value, size.value)
 
     def _keys(self, keys):
@@ -320,7 +320,7 @@ class StoreHandle(_Library):
     def delete_key(self, key):
         deleted = ctypes.c_int()
         self._ok(self._lib.tpd_store_delete_key(self._store, _capi.b(key),
-                                                   ctypes.byref(deleted)))
+                                                ctypes.byref(deleted)))
         return bool(deleted.value)
 
     def num_keys(self):

@@ -25,6 +25,22 @@ def test_the_library_exports_only_the_c_abi():
     assert "tpd_call_async" in names and "tpd_next_event" in names
 
 
+def test_the_structs_mirrored_in_python_are_checked_against_the_librarys():
+    lib = _capi.library()
+    assert lib.tpd_layout(b"tpd_tensor", None) == ctypes.sizeof(_capi.Tensor)
+    offset = _capi.EventInfo.payload_size.offset
+    assert lib.tpd_layout(b"tpd_event_info", b"payload_size") == offset
+    assert lib.tpd_layout(b"tpd_nothing", None) == ctypes.c_size_t(-1).value
+
+    class Moved:  # a library whose tpd_event_info grew a field before `tag`
+        def tpd_layout(self, struct, field):
+            value = lib.tpd_layout(struct, field)
+            return value + 8 if struct == b"tpd_event_info" and field == b"tag" else value
+
+    with pytest.raises(RuntimeError, match=r"tpd_event_info\.tag is at offset 16 there, 8"):
+        _capi._check_layouts(Moved(), "lib.so")
+
+
 def test_reading_no_event_is_invalid_argument():
     lib = _capi.library()
     info = _capi.EventInfo()

@@ -81,8 +81,8 @@ def test_parameter_server_with_distributed_optimizer(daemon, workdir):
 def test_batch_updating_parameter_server(workdir, monkeypatch):
     # async_execution on the server, a ResNet-50 sent back and forth, beside a gloo group. The
     # model is a 95 MB message, which the server sends to its five trainers at once: its arena
-    # must hold all five (a reply that finds no room fails, it does not wait: docs/python.md, "Tensors,
-    # memory and arena_bytes"). Shared memory is touched only where written.
+    # must hold all five (a reply that finds no room fails, it does not wait: docs/python.md,
+    # "Tensors, memory and arena_bytes"). Shared memory is touched only where written.
     daemon = Daemon(workdir, "big", secrets.token_hex(8),
                     extra=f"[data]\narena_bytes = {512 << 20}\n")
     try:

@@ -60,7 +60,7 @@ def libraries():
     """The torch libraries the module links."""
     import torch
     return ["c10", "torch", "torch_cpu", "torch_python"] + (["c10_cuda"] if torch.version.cuda
-                                                             else [])
+                                                            else [])
 
 
 def link_flags():
