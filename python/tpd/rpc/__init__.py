@@ -31,5 +31,6 @@ from tpd.rpc.constants import UNSET_RPC_TIMEOUT  # noqa: F401
 from tpd.rpc.rref import RRef  # noqa: F401
 
 
-def is_available():
+def is_available() -> bool:
+    """Whether RPC is available: always, as torch's ``is_available`` in a build with it."""
     return True

@@ -19,6 +19,7 @@ import os
 import secrets
 import threading
 import urllib.parse
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,7 @@ from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 from tpd import _capi
 from tpd._client import Client
 from tpd.rpc import _agent, _state, rref
+from tpd.rpc.options import TensorPipeRpcBackendOptions
 
 __all__ = [
     "init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
@@ -41,20 +43,10 @@ _init_counter = 0     # as torch: each init_rpc uses a store prefix of its own
 _log = logging.getLogger(__name__)
 
 
-class TensorPipeRpcBackendOptions(_TorchOptions):
-    """torch's options (same validation and messages), keeping ``_transports`` and
-    ``_channels`` where tpd can read them."""
-
-    def __init__(self, *args, _transports=None, _channels=None, **kwargs):
-        super().__init__(*args, _transports=_transports, _channels=_channels, **kwargs)
-        self._tpd_transports = list(_transports or [])
-        self._tpd_channels = list(_channels or [])
-
-
 _require_initialized = _state.require_initialized
 
 
-def _is_current_rpc_agent_set():
+def _is_current_rpc_agent_set() -> bool:
     return _state.current is not None
 
 
@@ -62,7 +54,7 @@ _thread_local_var = threading.local()  # future_list while in _wait_all()
 
 
 @contextlib.contextmanager
-def _wait_all():
+def _wait_all() -> Iterator[None]:
     """Collects the futures of rpc_async calls made in the block and waits for them at its end
     (torch's private helper)."""
     _thread_local_var.future_list = []
@@ -75,7 +67,7 @@ def _wait_all():
             del _thread_local_var.future_list
 
 
-def _is_backend_type(backend):
+def _is_backend_type(backend: Any) -> bool:
     """Whether ``backend`` is a member of torch's BackendType. Registering a backend (``import
     tpd.backend`` registers TPD) makes the registry a new enum, while names bound before (this
     module's, torch's own tests') keep the old one: members of either count."""
@@ -83,8 +75,27 @@ def _is_backend_type(backend):
     return isinstance(backend, (current, BackendType)) and backend.name in current.__members__
 
 
-def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
-    """Joins this process to the job's tpd group as worker ``name`` (torch's init_rpc)."""
+def init_rpc(name: str, backend: Optional[BackendType] = None, rank: int = -1,
+             world_size: Optional[int] = None,
+             rpc_backend_options: Optional[RpcBackendOptions] = None) -> None:
+    """Joins this process to the job's tpd group as worker ``name``: torch's ``init_rpc``.
+
+    Args:
+        name (str): this worker's name, unique in the job.
+        backend (BackendType, optional): ``BackendType.TENSORPIPE`` or None; tpd.rpc runs
+            that one (``backend=BackendType.TPD`` is torch's own RPC on tpd: ``tpd.backend``).
+        rank (int): this worker's rank, in ``[0, world_size)``; -1 with a dynamic group.
+        world_size (int, optional): the job's number of workers; None for a dynamic group,
+            which workers join and leave at any time.
+        rpc_backend_options (TensorPipeRpcBackendOptions, optional): torch's options (init
+            method, timeout, threads, device maps, devices).
+
+    Raises:
+        TypeError: ``backend`` or ``rpc_backend_options`` of the wrong type (torch's words).
+        ValueError: a backend tpd.rpc does not run.
+        RuntimeError: RPC already initialized in this process, a bad rendezvous, a name taken
+            or a device map the daemon refuses, each in torch's words where torch has them.
+    """
     global _init_counter
     if backend is not None and not _is_backend_type(backend):
         raise TypeError("Argument backend must be a member of BackendType")
@@ -352,10 +363,21 @@ def _device(device):
     return str(torch.device(device)) if not isinstance(device, int) else f"cuda:{device}"
 
 
-def shutdown(graceful=True, timeout=0):
-    """Stops this worker. Graceful, as torch: waits for the calls this worker made, then until
-    every worker of a static group got there too (tpd's barrier: after it nobody calls anyone),
-    then leaves (tpd's Leave drains the calls still being served); otherwise leaves at once."""
+def shutdown(graceful: bool = True, timeout: float = 0) -> None:
+    """Stops this worker: torch's ``shutdown``.
+
+    Graceful, as torch: waits for the calls this worker made, then until every worker of a
+    static group got there too (tpd's barrier: after it nobody calls anyone), then leaves
+    (tpd's Leave drains the calls still being served). Otherwise it leaves at once.
+
+    Args:
+        graceful (bool): wait for the job as above, or leave at once.
+        timeout (float): at most this many seconds for the graceful wait (0: no limit).
+
+    Raises:
+        RuntimeError: the daemon failed the leave or the barrier (naming why), or this is a
+            forked child of the process that called ``init_rpc``.
+    """
     with _state.lock:
         agent = _state.current
     if agent is None:
@@ -394,22 +416,36 @@ def _shutdown_at_exit():
     agent.stop(join_threads=False)
 
 
-def get_worker_info(worker_name=None):
+def get_worker_info(worker_name: Optional[str] = None) -> WorkerInfo:
+    """The ``WorkerInfo`` (name and id) of worker ``worker_name``, or this worker's.
+
+    Raises:
+        RuntimeError: RPC not initialized, or no worker of that name in the group (torch's
+            words).
+    """
     agent = _require_initialized()
     if worker_name is None:
         return agent.info
     return agent.worker_info(worker_name)
 
 
-def _get_current_rpc_agent():
+def _get_current_rpc_agent() -> "_agent.Agent":
     return _require_initialized()
 
 
-def group_store(namespace="", timeout=None):
-    """A ``torch.distributed.Store`` (a ``tpd.Store``) that every worker of this job sees, on
-    every node: the job's group store in its rendezvous store, reached through this worker's
-    daemon. Only the job's workers can use it. Keys under ``namespace`` stay apart from other
-    namespaces'. tpd's own: torch.distributed.rpc has no such call."""
+def group_store(namespace: str = "", timeout: Optional[float] = None) -> "dist.Store":
+    """The job's store: a ``torch.distributed.Store`` (a ``tpd.Store``) that every worker of
+    this job sees, on every node, kept in its rendezvous store and reached through this
+    worker's daemon. Only the job's workers can use it. tpd's own: torch.distributed.rpc has
+    no such call.
+
+    Args:
+        namespace (str): keys under it stay apart from other namespaces'.
+        timeout (float, optional): the store's wait timeout in seconds (None: the default).
+
+    Raises:
+        RuntimeError: RPC not initialized.
+    """
     from tpd._store import Store, _DEFAULT_TIMEOUT
 
     agent = _require_initialized()
@@ -417,7 +453,7 @@ def group_store(namespace="", timeout=None):
                  _store=agent.client.store(group=agent.group, namespace=namespace))
 
 
-def _to_worker_info(to):
+def _to_worker_info(to: Union[str, int, WorkerInfo]) -> WorkerInfo:
     if isinstance(to, WorkerInfo):
         return to
     if isinstance(to, (str, int)):
@@ -425,21 +461,51 @@ def _to_worker_info(to):
     raise ValueError("Cannot get WorkerInfo from name {}".format(to))
 
 
-def get_rpc_timeout():
-    """The default timeout of calls, in seconds."""
+def get_rpc_timeout() -> float:
+    """The default timeout of this worker's calls, in seconds (``rpc_timeout`` of its
+    options, or what ``_set_rpc_timeout`` set).
+
+    Raises:
+        RuntimeError: RPC not initialized.
+    """
     return _require_initialized().rpc_timeout
 
 
-def _set_rpc_timeout(rpc_timeout):
+def _set_rpc_timeout(rpc_timeout: float) -> None:
     _require_initialized().rpc_timeout = float(rpc_timeout)
 
 
-def _check_callable(func):
+def _check_callable(func: Any) -> None:
     if not callable(func):
         raise TypeError("function should be callable.")
 
 
-def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+def rpc_sync(to: Union[str, int, WorkerInfo], func: Callable[..., Any],
+             args: Optional[Tuple[Any, ...]] = None, kwargs: Optional[Dict[str, Any]] = None,
+             timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+    """Runs ``func(*args, **kwargs)`` on worker ``to`` and returns its value: torch's
+    ``rpc_sync``. Tensors go through the daemon (shared memory on one node, TensorPipe
+    across nodes), CUDA tensors by the group's device maps.
+
+    Args:
+        to (str or int or WorkerInfo): the callee: a worker's name, id or ``WorkerInfo``.
+        func (Callable): a function, builtin or TorchScript function the callee can import
+            by name (it is pickled by reference, as torch pickles it).
+        args (tuple, optional): its positional arguments.
+        kwargs (dict, optional): its keyword arguments.
+        timeout (float): seconds before the call fails with torch's timeout error; 0 means
+            none; the default is ``get_rpc_timeout()``.
+
+    Returns:
+        What ``func`` returned (its tensors on the devices the maps say).
+
+    Raises:
+        Whatever ``func`` raised on the callee, re-raised here with its type and message.
+        RuntimeError: RPC not initialized, no such worker, the callee failed or left, or the
+            call timed out (torch's words: "RPC ran for more than ...").
+        TypeError: ``func`` not callable, or an argument that cannot be sent over RPC.
+        ValueError: ``to`` names no worker.
+    """
     agent = _require_initialized()
     _check_callable(func)
     info = _to_worker_info(to)
@@ -447,7 +513,30 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
                            timeout)
 
 
-def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+def rpc_async(to: Union[str, int, WorkerInfo], func: Callable[..., Any],
+              args: Optional[Tuple[Any, ...]] = None, kwargs: Optional[Dict[str, Any]] = None,
+              timeout: float = UNSET_RPC_TIMEOUT) -> torch.futures.Future:
+    """Starts ``func(*args, **kwargs)`` on worker ``to``: torch's ``rpc_async``.
+
+    Args:
+        to (str or int or WorkerInfo): the callee: a worker's name, id or ``WorkerInfo``.
+        func (Callable): a function, builtin or TorchScript function the callee can import
+            by name (it is pickled by reference, as torch pickles it).
+        args (tuple, optional): its positional arguments.
+        kwargs (dict, optional): its keyword arguments.
+        timeout (float): seconds before the call fails with torch's timeout error; 0 means
+            none; the default is ``get_rpc_timeout()``.
+
+    Returns:
+        A ``torch.futures.Future`` of ``func``'s value; ``wait()`` raises what ``func`` raised,
+        or the call's failure (timeout, callee gone) in torch's words.
+
+    Raises:
+        RuntimeError: RPC not initialized, no such worker, the callee failed or left, or the
+            call timed out (torch's words: "RPC ran for more than ...").
+        TypeError: ``func`` not callable, or an argument that cannot be sent over RPC.
+        ValueError: ``to`` names no worker.
+    """
     agent = _require_initialized()
     _check_callable(func)
     info = _to_worker_info(to)
@@ -458,13 +547,38 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     return future
 
 
-def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+def remote(to: Union[str, int, WorkerInfo], func: Callable[..., Any],
+           args: Optional[Tuple[Any, ...]] = None, kwargs: Optional[Dict[str, Any]] = None,
+           timeout: float = UNSET_RPC_TIMEOUT) -> "rref.RRef":
+    """Runs ``func(*args, **kwargs)`` on worker ``to`` and keeps its value there: torch's
+    ``remote``.
+
+    Args:
+        to (str or int or WorkerInfo): the callee: a worker's name, id or ``WorkerInfo``.
+        func (Callable): a function, builtin or TorchScript function the callee can import
+            by name (it is pickled by reference, as torch pickles it).
+        args (tuple, optional): its positional arguments.
+        kwargs (dict, optional): its keyword arguments.
+        timeout (float): seconds before the call fails with torch's timeout error; 0 means
+            none; the default is ``get_rpc_timeout()``.
+
+    Returns:
+        An ``RRef`` to the value, owned by ``to``; ``to_here()`` fetches it, and raises what
+        ``func`` raised or torch's timeout error when its creation took longer than
+        ``timeout``.
+
+    Raises:
+        RuntimeError: RPC not initialized, no such worker, the callee failed or left, or the
+            call timed out (torch's words: "RPC ran for more than ...").
+        TypeError: ``func`` not callable, or an argument that cannot be sent over RPC.
+        ValueError: ``to`` names no worker.
+    """
     agent = _require_initialized()
     _check_callable(func)
     return rref.create_remote(agent, _to_worker_info(to), func, args or (), kwargs or {},
                               timeout)
 
 
-def _wait_all_workers(timeout=None):
+def _wait_all_workers(timeout: Optional[float] = None) -> None:
     agent = _require_initialized()
     agent.client.barrier(agent.group, agent.info.name, timeout)

@@ -6,9 +6,20 @@ thread is free meanwhile.
 """
 
 import functools
+from typing import Any, Callable
 
 
-def async_execution(fn):
+def async_execution(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks ``fn`` as returning a ``torch.futures.Future`` whose value answers the call:
+    torch's ``@rpc.functions.async_execution``. The callee's worker thread is free as soon as
+    ``fn`` returns; the reply goes when the future completes (with its error, if it fails).
+
+    Args:
+        fn (Callable): a function returning a ``torch.futures.Future``.
+
+    Returns:
+        ``fn`` wrapped, callable locally as before.
+    """
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         return fn(*args, **kwargs)

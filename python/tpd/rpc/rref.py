@@ -10,6 +10,7 @@ user, which the owner takes only from a worker holding the RRef).
 """
 
 import threading
+from typing import Any
 
 import torch
 from torch._C._distributed_rpc import WorkerInfo
@@ -36,12 +37,23 @@ def create_remote(agent, owner, func, args, kwargs, timeout):
 
 
 class RRef:
-    """torch.distributed.rpc.RRef on tpd. ``RRef(value)`` makes one this worker owns."""
+    """A reference to a value on one worker, its owner: torch's ``torch.distributed.rpc.RRef``
+    on tpd. ``remote()`` returns one; ``RRef(value)`` makes one this worker owns. RRefs go
+    to other workers as arguments and return values of calls; the owner keeps the value while
+    any worker holds an RRef to it.
+
+    Args:
+        value: the value this worker will own.
+        type_hint: accepted, as torch accepts it (used by TorchScript only).
+
+    Raises:
+        RuntimeError: RPC not initialized.
+    """
 
     # RRef[T] in annotations, as torch's RRef allows.
     __class_getitem__ = classmethod(lambda cls, item: cls)
 
-    def __init__(self, value=None, type_hint=None):
+    def __init__(self, value: Any = None, type_hint: Any = None) -> None:
         agent = _current()
         future = torch.futures.Future()
         future.set_result(value)
@@ -77,19 +89,28 @@ class RRef:
 
     # --- what torch's RRef offers ---
 
-    def owner(self):
+    def owner(self) -> WorkerInfo:
+        """The ``WorkerInfo`` of the worker that owns the value."""
         return self._owner
 
-    def owner_name(self):
+    def owner_name(self) -> str:
+        """The name of the worker that owns the value."""
         return self._owner.name
 
-    def is_owner(self):
+    def is_owner(self) -> bool:
+        """Whether this worker owns the value."""
         return self._owner.name == self._agent.info.name
 
-    def confirmed_by_owner(self):
+    def confirmed_by_owner(self) -> bool:
+        """Whether the owner has the value (``remote()``'s function ran there)."""
         return self._confirmed or self.is_owner()
 
-    def local_value(self):
+    def local_value(self) -> Any:
+        """The value, on its owner.
+
+        Raises:
+            RuntimeError: called on a worker that is not the owner (torch's words).
+        """
         if not self.is_owner():
             raise RuntimeError(
                 f"For UserRRef(rref_id={self._id}, owner={self._owner}), can't call "
@@ -97,7 +118,17 @@ class RRef:
         self._wait_confirmed(None)
         return _unwrap(self._agent.owned(self._id).future)
 
-    def to_here(self, timeout=UNSET_RPC_TIMEOUT):
+    def to_here(self, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+        """A copy of the value, fetched from its owner (the value itself on the owner).
+
+        Args:
+            timeout (float): seconds, for the fetch and for the creation it waits for
+                (0: none; default: ``get_rpc_timeout()``).
+
+        Raises:
+            RuntimeError: the creation failed (``remote()``'s function raised: that error),
+                timed out, or the owner is gone; this worker shut down (torch's words).
+        """
         self._check_not_deleted("to_here()")
         if self.is_owner():
             return self.local_value()
@@ -143,13 +174,31 @@ class RRef:
                 raise _agent.timeout_error(seconds)
         confirmation.wait()
 
-    def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
+    def rpc_sync(self, timeout: float = UNSET_RPC_TIMEOUT) -> "_Proxy":
+        """A proxy whose attribute ``m`` calls ``self.to_here().m(*args, **kwargs)`` on the
+        owner with ``rpc_sync``, as torch's ``RRef.rpc_sync()``.
+
+        Args:
+            timeout (float): seconds for each call made through the proxy.
+        """
         return _Proxy(self, "rpc_sync", timeout)
 
-    def rpc_async(self, timeout=UNSET_RPC_TIMEOUT):
+    def rpc_async(self, timeout: float = UNSET_RPC_TIMEOUT) -> "_Proxy":
+        """A proxy whose attribute ``m`` calls ``self.to_here().m(*args, **kwargs)`` on the
+        owner with ``rpc_async``, as torch's ``RRef.rpc_async()``.
+
+        Args:
+            timeout (float): seconds for each call made through the proxy.
+        """
         return _Proxy(self, "rpc_async", timeout)
 
-    def remote(self, timeout=UNSET_RPC_TIMEOUT):
+    def remote(self, timeout: float = UNSET_RPC_TIMEOUT) -> "_Proxy":
+        """A proxy whose attribute ``m`` calls ``self.to_here().m(*args, **kwargs)`` on the
+        owner with ``remote``, as torch's ``RRef.remote()``.
+
+        Args:
+            timeout (float): seconds for each call made through the proxy.
+        """
         return _Proxy(self, "remote", timeout)
 
     def _value_type(self, timeout=UNSET_RPC_TIMEOUT):
