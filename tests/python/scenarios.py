@@ -540,18 +540,23 @@ def rref_messages_from_non_holders(rank, world_size, init_method):
     return True
 
 
-# --- backend=TPD: torch.distributed.rpc itself, its agent tpd's (tests/python/test_backend.py)
+# --- backend=TPD: torch.distributed.rpc itself, its agent tpd's (tests/python/test_backend.py;
+# own_daemon_restarted above runs both ways)
 
 
-def backend_own_daemon_restarted(rank, world_size, init_method, daemon_pid=None,
-                                 restart=None):
-    """backend=TPD: the workers' daemon is killed and another started on its socket while the
-    job runs. Calls fail naming the daemon, none hangs; the new daemon knows nothing of the job,
-    and shutdown ends at once. Rank 0 kills and restarts it (`restart`: the daemon's command);
-    returns (message, seconds the failing call took, the new daemon's pid)."""
+def own_daemon_restarted(rank, world_size, init_method, daemon_pid=None, restart=None,
+                         backend="tpd.rpc"):
+    """tpd.rpc or backend=TPD (`backend`): the workers' daemon is killed and another started on
+    its socket while the job runs. Calls fail naming the daemon, none hangs; the new daemon
+    knows nothing of the job, and shutdown ends at once. Rank 0 kills and restarts it
+    (`restart`: the daemon's command); returns (message, seconds the failing call took, the
+    later call's message, the new daemon's pid)."""
     import signal
     import subprocess
-    rpc = _init_torch_rpc(rank, world_size, init_method, rpc_timeout=60)
+    if backend == "tpd.rpc":
+        rpc = _init(rank, world_size, init_method, rpc_timeout=60)
+    else:
+        rpc = _init_torch_rpc(rank, world_size, init_method, rpc_timeout=60)
     if rank == 1:
         time.sleep(600)  # killed with the job's end
         return None

@@ -303,3 +303,25 @@ def test_only_a_worker_holding_an_rref_may_delete_fork_or_fetch_it(daemon, workd
     results = rpc_workers.run(scenarios.rref_messages_from_non_holders, 3, [daemon.socket],
                               file_init(workdir))
     assert results == {0: True, 1: True, 2: True}
+
+
+@pytest.mark.parametrize("backend", ["tpd.rpc", "backend=TPD"])
+def test_a_daemon_restarted_under_a_running_job_fails_its_calls_naming_it(
+        backend, workdir, monkeypatch):
+    d = Daemon(workdir, "node0", os.urandom(8).hex())
+    monkeypatch.setenv("TPD_RPC_HOME", f"tcp://{d.peer_address}")
+    new_pid = None
+    try:
+        results = rpc_workers.run(
+            scenarios.own_daemon_restarted, 2, [d.socket], f"file://{workdir}/rendezvous",
+            may_die={1}, daemon_pid=d.proc.pid, restart=[d.proc.args[0], "--config", str(d.config)],
+            backend=backend)
+        message, took, later, new_pid = results[0]
+        # The call in flight: at once, naming the worker and the daemon that ended it.
+        assert "worker1" in message and d.socket in message and took < 30, (message, took)
+        # A call after: refused, naming the daemon (gone, or new and knowing no such job).
+        assert d.socket in later or "daemon" in later, later
+    finally:
+        if new_pid is not None:
+            os.kill(new_pid, 9)
+        d.stop()
