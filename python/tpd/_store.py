@@ -11,7 +11,6 @@ share on every node (their group's rendezvous store).
 """
 
 from datetime import timedelta
-
 from typing import Any, Iterable, Optional, Union
 
 import torch.distributed as dist

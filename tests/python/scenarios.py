@@ -540,10 +540,6 @@ def rref_messages_from_non_holders(rank, world_size, init_method):
     return True
 
 
-# --- backend=TPD: torch.distributed.rpc itself, its agent tpd's (tests/python/test_backend.py;
-# own_daemon_restarted above runs both ways)
-
-
 def own_daemon_restarted(rank, world_size, init_method, daemon_pid=None, restart=None,
                          backend="tpd.rpc"):
     """tpd.rpc or backend=TPD (`backend`): the workers' daemon is killed and another started on
@@ -577,6 +573,9 @@ def own_daemon_restarted(rank, world_size, init_method, daemon_pid=None, restart
         pass  # its daemon is gone: saying so is fine, waiting is not
     assert time.monotonic() - start < 10
     return message, took, later, new.pid
+
+
+# --- backend=TPD: torch.distributed.rpc itself, its agent tpd's (tests/python/test_backend.py)
 
 
 def backend_killed_during_backward(rank, world_size, init_method):
