@@ -1,7 +1,6 @@
 #include "client/calls.h"
 
 #include <pthread.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,591 +11,44 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
-#include "client/cuda_export.h"
+#include "client/call_state.h"
+#include "client/segment/codec.h"
+#include "client/segment/cuda_export.h"
 #include "proto/shm/doorbell.h"
-#include "proto/shm/heap.h"
 #include "proto/shm/message.h"
 #include "proto/shm/ring.h"
 
 namespace tpd {
 
+using calls_internal::CallState;
+using calls_internal::CudaExporter;
+using calls_internal::DecodedMessage;
+using calls_internal::DevicePool;
+using calls_internal::kClientSpin;
+using calls_internal::kReleaseDelay;
+using calls_internal::kRingWait;
+using calls_internal::Link;
+using calls_internal::OutgoingHeader;
+using calls_internal::PendingReply;
+using calls_internal::Spin;
+
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
-constexpr absl::Duration kRingWait = absl::Seconds(5);
 // How long past its deadline a call waits for the daemon's own DEADLINE_EXCEEDED.
 constexpr absl::Duration kDeadlineGrace = absl::Seconds(2);
 // How a handler's error is marked on its way back: the caller sees whose handler failed.
 constexpr absl::string_view kRemotePrefix = "remote handler of worker '";
-// Releases of rx blocks made on the reader (and by a handler before its reply) wait to ride
-// on the next descriptor this client pushes, so a release does not wake the daemon on its
-// own; the reader pushes them by themselves once they have waited this long, and at once
-// when this many wait or a block is large.
-constexpr absl::Duration kReleaseDelay = absl::Microseconds(200);
-constexpr size_t kMaxDeferredReleases = 32;
-constexpr uint64_t kDeferredReleaseMaxBytes = 64 << 10;
-// How long the client's threads spin before they sleep: the reader on the completion ring,
-// an idle engine thread waiting for work, a caller waiting for its result. The doorbell's adaptive
-// rule (pause 1 µs, then yield; a window of four times the typical wait; 2 µs once waits keep
-// running longer than max_spin, so an idle client sleeps at once), with a max_spin of
-// 100 µs rather than the doorbell's 50: where every hop of a call sleeps, a round trip on a
-// 16-core VM takes 35-40 µs, and a 50 µs cap sat so close to that that tails kept
-// collapsing the window, so the hops never spun and the round trip stayed there
-// (docs/BENCHMARKS.md, B2).
-constexpr shm::SpinOptions kSpin{absl::Microseconds(2), absl::Microseconds(100),
-                                 absl::Microseconds(1)};
-
-#if defined(__x86_64__) || defined(__i386__)
-inline void CpuRelax() { __builtin_ia32_pause(); }
-#elif defined(__aarch64__)
-inline void CpuRelax() { asm volatile("yield" ::: "memory"); }
-#else
-inline void CpuRelax() {}
-#endif
-
-// Spins until done() or `window` has passed since `start` (pause for `pause_ns`, then
-// sched_yield between looks, as shm::Doorbell does). Returns done() at the last look.
-template <typename Done>
-bool Spin(Done done, int64_t start, int64_t window_ns, int64_t pause_ns) {
-  const int64_t until = start + window_ns;
-  const int64_t yield_after = start + std::min(window_ns, pause_ns);
-  int64_t now = start;
-  for (uint32_t i = 1; now < until; ++i) {
-    if (done()) return true;
-    if ((i & 15) == 0) now = absl::GetCurrentTimeNanos();
-    if (now >= yield_after) {
-      sched_yield();
-    } else {
-      CpuRelax();
-    }
-  }
-  return done();
-}
-
-// The caller's spin window, learnt per thread: a thread making back-to-back calls spins
-// through a typical reply; one whose calls take long sleeps almost at once.
-thread_local shm::SpinWindow caller_spin(kSpin);
-// The same for calls that send CUDA tensors, whose reply waits for the copy (shm::kCopySpin).
-thread_local shm::SpinWindow cuda_caller_spin(shm::kCopySpin);
 
 std::string CallName(const std::string& group, const std::string& worker,
                      const std::string& method) {
   return absl::StrCat("call to worker '", worker, "' method '", method, "' of group '", group, "'");
 }
 
-// product(shape) * item size, checked.
-absl::StatusOr<uint64_t> ShapeBytes(shm::DType dtype, const std::vector<int64_t>& shape,
-                                    absl::string_view what) {
-  const uint64_t item = shm::ItemBytes(static_cast<uint8_t>(dtype));
-  if (item == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": dtype ", static_cast<int>(dtype), " is not a dtype"));
-  }
-  if (shape.size() > shm::kMaxTensorDims) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", shape.size(), " dims, at most ", int{shm::kMaxTensorDims}));
-  }
-  uint64_t n = item;
-  for (int64_t dim : shape) {
-    if (dim < 0 || (dim != 0 && n > UINT64_MAX / static_cast<uint64_t>(dim))) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": bad shape (dim ", dim, ")"));
-    }
-    n *= static_cast<uint64_t>(dim);
-  }
-  return n;
-}
-
-std::string ArenaFull(const shm::HeapAllocator& tx, uint64_t request, absl::string_view what) {
-  const shm::HeapAllocator::Stats stats = tx.GetStats();
-  if (request > stats.heap_bytes) {
-    // Nothing freed or awaited would make room: only a larger heap can.
-    return absl::StrCat("the shared arena (tx heap of ", stats.heap_bytes, " bytes) cannot hold ",
-                        what, " of ", request,
-                        " bytes at all: the daemon's [data] arena_bytes "
-                        "sizes each heap; it must be at least ",
-                        request, " (docs/python.md, \"Tensors, memory and arena_bytes\")");
-  }
-  return absl::StrCat("the shared arena (tx heap of ", stats.heap_bytes, " bytes) cannot hold ",
-                      what, " of ", request, " bytes (", stats.used_bytes,
-                      " in use, largest free block ", stats.largest_free,
-                      "): drop arena tensors no longer needed, or wait for calls in flight");
-}
-
 // The engine whose reader or handler thread this is.
 thread_local const CallEngine* own_engine = nullptr;
-// Set while this thread's releases of that link's rx blocks may wait for the next push: on
-// the reader, and in a handler between dropping its request and sending its reply.
-thread_local const void* defer_releases_of = nullptr;
 
 }  // namespace
-
-namespace calls_internal {
-
-// The engine's half of the segment, shared with every arena tensor and received view so
-// they can free and release their blocks whenever they go, even after the engine.
-class Link {
- public:
-  explicit Link(std::shared_ptr<const shm::Segment> segment)
-      : segment_(std::move(segment)),
-        tx("tx heap", segment_->layout().tx_heap),
-        submissions(segment_->base(), segment_->layout().submission, "submission ring") {}
-  // The receive pools go with the last view into them (the engine holds the link too).
-  ~Link() {
-    if (pools.empty()) return;
-    absl::StatusOr<CudaExporter*> exporter = CudaExporter::Get();
-    if (!exporter.ok()) return;
-    for (const auto& [device, pool] : pools) (*exporter)->FreePool(pool);
-  }
-
-  uint8_t* base() const { return segment_->base(); }
-  const shm::Layout& layout() const { return segment_->layout(); }
-
-  // Pushes the deferred releases and then `d` (when given) with one doorbell ring, waiting
-  // up to kRingWait for space.
-  absl::Status Push(const shm::Descriptor* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    shm::Descriptor one[1];
-    absl::Span<const shm::Descriptor> batch;
-    if (deferred.empty()) {
-      if (d == nullptr) return absl::OkStatus();
-      one[0] = *d;
-      batch = one;
-    } else {
-      if (d != nullptr) deferred.push_back(*d);
-      batch = deferred;
-    }
-    absl::Status status;
-    const absl::Time deadline = absl::Now() + kRingWait;
-    while (!batch.empty()) {
-      absl::StatusOr<size_t> pushed = submissions.TryPushBatch(batch);
-      if (!pushed.ok()) {
-        status = absl::UnavailableError(pushed.status().message());
-        break;
-      }
-      batch.remove_prefix(*pushed);
-      if (batch.empty()) break;
-      absl::StatusOr<bool> space = submissions.WaitForSpace(deadline);
-      if (!space.ok()) {
-        status = absl::UnavailableError(space.status().message());
-        break;
-      }
-      if (!*space) {
-        status = absl::UnavailableError(
-            absl::StrCat("the submission ring stayed full for ", absl::FormatDuration(kRingWait)));
-        break;
-      }
-    }
-    // Releases that could not go are lost with the session (a broken ring ends it).
-    deferred.clear();
-    deferred_since_ns.store(0, std::memory_order_relaxed);
-    return status;
-  }
-
-  // Tells the daemon it may reuse the rx block at `rx_offset` of `bytes` (no-op once
-  // closed). On a thread that defers releases (defer_releases_of) a small block's release
-  // waits for the next push instead of ringing the daemon now.
-  // `device_pool`: 0 for an rx block, 1 + d for a block of the receive pool on cuda:d.
-  void SendRelease(uint64_t rx_offset, uint64_t bytes, uint64_t device_pool = 0) {
-    shm::Descriptor d{};
-    d.op = static_cast<uint8_t>(shm::Op::kRelease);
-    d.call_id = 1;
-    d.payload_offset = rx_offset;
-    d.device_pool = device_pool;
-    absl::MutexLock lock(&mu);
-    if (!open) return;
-    if (defer_releases_of == this && bytes <= kDeferredReleaseMaxBytes &&
-        deferred.size() < kMaxDeferredReleases) {
-      if (deferred.empty()) {
-        deferred_since_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
-      }
-      deferred.push_back(d);
-      ++releases_deferred;
-      return;
-    }
-    (void)Push(&d);  // a ring that broke ends the session anyway
-  }
-
-  // Pushes the deferred releases when the oldest has waited `at_least` (the reader).
-  void FlushReleases(absl::Duration at_least) {
-    const int64_t since = deferred_since_ns.load(std::memory_order_relaxed);
-    if (since == 0 || absl::GetCurrentTimeNanos() - since < absl::ToInt64Nanoseconds(at_least)) {
-      return;
-    }
-    absl::MutexLock lock(&mu);
-    if (open && !deferred.empty()) {
-      ++release_flushes;
-      (void)Push(nullptr);
-    }
-  }
-  // When the oldest deferred release was deferred (GetCurrentTimeNanos), 0 when none waits.
-  int64_t DeferredSince() const { return deferred_since_ns.load(std::memory_order_relaxed); }
-
-  // The daemon is done with the message block at `tx_offset`: free it and unpin the arena
-  // blocks its tensor table pointed at.
-  void OnReleased(uint64_t tx_offset) {
-    std::vector<std::shared_ptr<ArenaBlock>> unpinned;  // freed after the lock (they lock it)
-    std::vector<std::shared_ptr<void>> returned;  // the daemon is done with them (they lock mu)
-    absl::MutexLock lock(&mu);
-    (void)tx.Free(tx_offset);  // a release naming no live block is the daemon's bug: ignored
-    auto it = pinned.find(tx_offset);
-    if (it != pinned.end()) {
-      unpinned = std::move(it->second);
-      pinned.erase(it);
-    }
-    auto lease = leases.find(tx_offset);
-    if (lease != leases.end()) {
-      returned = std::move(lease->second);
-      leases.erase(lease);
-    }
-  }
-
-  void FreeBlock(uint64_t tx_offset) {
-    absl::MutexLock lock(&mu);
-    (void)tx.Free(tx_offset);
-  }
-
-  // The session is over: no more releases; pinned blocks go.
-  void Close() {
-    // Both go after the lock: their destructors take it.
-    std::map<uint64_t, std::vector<std::shared_ptr<ArenaBlock>>> unpinned;
-    std::map<uint64_t, std::vector<std::shared_ptr<void>>> unleased;
-    absl::MutexLock lock(&mu);
-    open = false;
-    unpinned.swap(pinned);
-    unleased.swap(leases);
-  }
-
- private:
-  const std::shared_ptr<const shm::Segment> segment_;
-
- public:
-  absl::Mutex mu;
-  shm::HeapAllocator tx ABSL_GUARDED_BY(mu);
-  shm::RingProducer submissions ABSL_GUARDED_BY(mu);
-  bool open ABSL_GUARDED_BY(mu) = true;
-  // Releases waiting to go with the next descriptor pushed (Push).
-  std::vector<shm::Descriptor> deferred ABSL_GUARDED_BY(mu);
-  std::atomic<int64_t> deferred_since_ns{0};
-  // Message block → the arena blocks its tensor table points at. Never destroy an entry's
-  // blocks under `mu` (ArenaBlock's destructor takes it).
-  std::map<uint64_t, std::vector<std::shared_ptr<ArenaBlock>>> pinned ABSL_GUARDED_BY(mu);
-  // Message block → what keeps the pool blocks of received CUDA tensors it passes on, until
-  // the daemon released it (its copies done).
-  std::map<uint64_t, std::vector<std::shared_ptr<void>>> leases ABSL_GUARDED_BY(mu);
-  // Receive pools lent to the daemon, by device. Written under the engine's pool_mu_ only
-  // before the daemon accepted them (so before any view points into them); read by the reader.
-  std::map<int, DevicePool> pools ABSL_GUARDED_BY(mu);
-
-  std::atomic<uint64_t> bytes_copied_in{0};
-  std::atomic<uint64_t> tensors_copied_in{0};
-  std::atomic<uint64_t> tensors_in_place{0};
-  std::atomic<uint64_t> bytes_copied_out{0};
-  std::atomic<uint64_t> rx_blocks_held{0};
-  std::atomic<uint64_t> releases_deferred{0};
-  std::atomic<uint64_t> release_flushes{0};
-  std::atomic<uint64_t> cuda_tensors_sent{0};
-  std::atomic<uint64_t> cuda_tensors_received{0};
-  std::atomic<uint64_t> cuda_pool_blocks_held{0};
-  std::atomic<uint64_t> tensors_received_shared{0};
-  std::atomic<uint64_t> store_calls{0};
-};
-
-struct ArenaBlock {
-  ArenaBlock(std::shared_ptr<Link> link, uint64_t offset) : link(std::move(link)), offset(offset) {}
-  ~ArenaBlock() { link->FreeBlock(offset); }
-  const std::shared_ptr<Link> link;
-  const uint64_t offset;
-  std::atomic<int> messages{0};  // sent messages pinning it, not yet released (Tensor::in_flight)
-};
-
-// A message's hold on `block`, counted in block->messages while it lives.
-std::shared_ptr<ArenaBlock> Pin(std::shared_ptr<ArenaBlock> block) {
-  ++block->messages;
-  ArenaBlock* const raw = block.get();
-  return std::shared_ptr<ArenaBlock>(raw, [held = std::move(block)](ArenaBlock* b) mutable {
-    --b->messages;
-    held.reset();
-  });
-}
-
-struct RxBlock {
-  RxBlock(std::shared_ptr<Link> link, uint64_t offset, uint64_t bytes)
-      : link(std::move(link)), offset(offset), bytes(bytes) {
-    ++this->link->rx_blocks_held;
-  }
-  ~RxBlock() {
-    link->SendRelease(offset, bytes);
-    --link->rx_blocks_held;
-  }
-  const std::shared_ptr<Link> link;
-  const uint64_t offset;
-  // At least the message's payload and tensor table, plus the bytes of tensors it holds in a
-  // sender's memory (the release gives those back to the sender, so size it by them).
-  uint64_t bytes;
-};
-
-// What a tensor received in a sender's memory holds: its message's rx block (whose release
-// gives the sender's block back) and the mapping of the sender's segment.
-struct PeerView {
-  std::shared_ptr<RxBlock> block;
-  std::shared_ptr<const PeerSegment> peer;
-};
-
-// A block of a receive pool a received CUDA tensor lies in; released when its views go.
-struct PoolBlock {
-  PoolBlock(std::shared_ptr<Link> link, int device, uint64_t offset, uint64_t bytes)
-      : link(std::move(link)), device(device), offset(offset), bytes(bytes) {
-    ++this->link->cuda_pool_blocks_held;
-  }
-  ~PoolBlock() {
-    // Never deferred by size alone: a pool holds a few large tensors, and the next call may
-    // need this block at once.
-    link->SendRelease(offset, std::max<uint64_t>(bytes, kDeferredReleaseMaxBytes + 1),
-                      static_cast<uint64_t>(device) + 1);
-    --link->cuda_pool_blocks_held;
-  }
-  const std::shared_ptr<Link> link;
-  const int device;
-  const uint64_t offset;
-  const uint64_t bytes;
-};
-
-struct CallState {
-  absl::Mutex mu;
-  absl::CondVar cv;
-  bool done ABSL_GUARDED_BY(mu) = false;
-  // `done`, readable without the lock: a waiting caller spins on it before it sleeps on cv.
-  std::atomic<bool> ready{false};
-  // For Cancel: the engine's half of the segment (gone with the engine) and the call's id on
-  // this client's ring; 0 for a future that was never sent.
-  std::weak_ptr<Link> link;
-  uint64_t call_id = 0;
-  // It sends CUDA bytes the daemon copies between devices: its wait is learnt apart
-  // (cuda_caller_spin), since it runs as long as the copy.
-  bool copies = false;
-  bool cancel_sent ABSL_GUARDED_BY(mu) = false;
-  absl::StatusOr<Message> result ABSL_GUARDED_BY(mu) = absl::UnknownError("no result yet");
-  std::vector<CallCallback> callbacks ABSL_GUARDED_BY(mu);
-
-  // REQUIRES: done (the result never changes after that).
-  const absl::StatusOr<Message>& Result() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return result; }
-};
-
-struct PendingReply {
-  PendingReply(std::weak_ptr<CallEngine> engine, uint64_t call_id, std::string worker,
-               std::string method)
-      : engine(std::move(engine)),
-        call_id(call_id),
-        worker(std::move(worker)),
-        method(std::move(method)) {}
-  // The last Responder went without an answer: the caller hears so now, not at its deadline.
-  ~PendingReply() {
-    if (answered.exchange(true)) return;
-    std::shared_ptr<CallEngine> live = engine.lock();
-    if (live == nullptr) return;
-    (void)live->Answer(
-        call_id, worker, method, /*from_handler=*/false,
-        absl::InternalError(absl::StrCat("the handler of worker '", worker, "' method '", method,
-                                         "' dropped the call without answering it")));
-    ReleaseCallEngine(std::move(live));
-  }
-
-  const std::weak_ptr<CallEngine> engine;
-  const uint64_t call_id;
-  const std::string worker;
-  const std::string method;
-  std::atomic<bool> answered{false};
-};
-
-}  // namespace calls_internal
-
-using calls_internal::ArenaBlock;
-using calls_internal::CallState;
-using calls_internal::CudaExporter;
-using calls_internal::DevicePool;
-using calls_internal::Link;
-using calls_internal::PeerView;
-using calls_internal::PendingReply;
-using calls_internal::PoolBlock;
-using calls_internal::RxBlock;
-
-// --- Device, Tensor ---
-
-std::string Device::ToString() const {
-  switch (type) {
-    case shm::DeviceType::kCpu:
-      return "cpu";
-    case shm::DeviceType::kCuda:
-      return absl::StrCat("cuda:", index);
-  }
-  return absl::StrCat("device-type-", static_cast<int>(type));
-}
-
-Tensor::Tensor(shm::DType dtype, std::vector<int64_t> shape, std::string bytes)
-    : dtype_(dtype), shape_(std::move(shape)) {
-  auto owned = std::make_shared<std::string>(std::move(bytes));
-  data_ = owned->data();
-  size_ = owned->size();
-  keep_ = std::move(owned);
-}
-
-Tensor Tensor::Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* data, size_t size) {
-  Tensor tensor;
-  tensor.dtype_ = dtype;
-  tensor.shape_ = std::move(shape);
-  tensor.storage_ = TensorStorage::kBorrowed;
-  tensor.data_ = const_cast<char*>(static_cast<const char*>(data));  // never written
-  tensor.size_ = size;
-  return tensor;
-}
-
-Tensor Tensor::Cuda(shm::DType dtype, std::vector<int64_t> shape, uint64_t device_pointer,
-                    int device, void* stream, std::shared_ptr<void> keep) {
-  Tensor tensor;
-  tensor.keep_ = std::move(keep);
-  tensor.dtype_ = dtype;
-  tensor.shape_ = std::move(shape);
-  tensor.storage_ = TensorStorage::kBorrowed;
-  tensor.device_ = Device{shm::DeviceType::kCuda, device};
-  tensor.data_ = reinterpret_cast<char*>(device_pointer);
-  tensor.stream_ = stream;
-  const uint64_t item = shm::ItemBytes(static_cast<uint8_t>(dtype));
-  uint64_t bytes = item;
-  for (int64_t dim : tensor.shape_) bytes *= dim < 0 ? 0 : static_cast<uint64_t>(dim);
-  tensor.size_ = bytes;  // Submit checks the shape and dtype again, with overflow
-  return tensor;
-}
-
-Tensor Tensor::Clone() const {
-  if (is_cuda()) return *this;
-  Tensor copy(dtype_, shape_, std::string(data()));
-  copy.device_ = device_;
-  return copy;
-}
-
-bool Tensor::in_flight() const { return arena_ != nullptr && arena_->messages.load() > 0; }
-
-absl::StatusOr<Tensor> Tensor::Reshaped(shm::DType dtype, std::vector<int64_t> shape) const {
-  absl::StatusOr<uint64_t> bytes = ShapeBytes(dtype, shape, "reshaped tensor");
-  if (!bytes.ok()) return bytes.status();
-  if (*bytes != size_) {
-    return absl::InvalidArgumentError(absl::StrCat("reshaped tensor: its dtype and shape make ",
-                                                   *bytes, " bytes, the tensor has ", size_));
-  }
-  Tensor same = *this;
-  same.dtype_ = dtype;
-  same.shape_ = std::move(shape);
-  return same;
-}
-
-// --- CallFuture ---
-
-CallFuture CallFuture::Ready(absl::StatusOr<Message> result) {
-  auto state = std::make_shared<CallState>();
-  absl::MutexLock lock(&state->mu);
-  state->result = std::move(result);
-  state->done = true;
-  state->ready.store(true, std::memory_order_release);
-  return CallFuture(state);
-}
-
-bool CallFuture::ready() const {
-  absl::MutexLock lock(&state_->mu);
-  return state_->done;
-}
-
-namespace {
-
-// Spins for the caller's adaptive window (at most `limit_ns`) on the result of `state`
-// before the caller sleeps on its condition variable; learns how long the wait took.
-// Returns true when the result is there.
-bool SpinOnResult(const CallState& state, int64_t start, int64_t limit_ns) {
-  shm::SpinWindow& spin = state.copies ? cuda_caller_spin : caller_spin;
-  const bool ready = Spin([&state] { return state.ready.load(std::memory_order_acquire); }, start,
-                          std::min(limit_ns, spin.window_ns()), spin.pause_ns());
-  if (ready) spin.Learn(absl::GetCurrentTimeNanos() - start);
-  return ready;
-}
-
-}  // namespace
-
-const absl::StatusOr<Message>& CallFuture::Wait() const {
-  if (!state_->ready.load(std::memory_order_acquire)) {
-    const int64_t start = absl::GetCurrentTimeNanos();
-    if (!SpinOnResult(*state_, start, INT64_MAX)) {
-      absl::MutexLock lock(&state_->mu);
-      while (!state_->done) state_->cv.Wait(&state_->mu);
-      (state_->copies ? cuda_caller_spin : caller_spin).Learn(absl::GetCurrentTimeNanos() - start);
-    }
-  }
-  return state_->Result();  // done (ready's acquire, or the lock): it never changes again
-}
-
-bool CallFuture::WaitFor(absl::Duration timeout) const {
-  if (state_->ready.load(std::memory_order_acquire)) return true;
-  const int64_t start = absl::GetCurrentTimeNanos();
-  if (SpinOnResult(*state_, start, absl::ToInt64Nanoseconds(timeout))) return true;
-  const absl::Time until = absl::FromUnixNanos(start) + timeout;
-  absl::MutexLock lock(&state_->mu);
-  while (!state_->done) {
-    if (state_->cv.WaitWithDeadline(&state_->mu, until)) return state_->done;
-  }
-  return true;
-}
-
-void CallFuture::Cancel() {
-  if (state_ == nullptr) return;
-  uint64_t call_id;
-  {
-    absl::MutexLock lock(&state_->mu);
-    if (state_->done || state_->cancel_sent || state_->call_id == 0) return;
-    state_->cancel_sent = true;
-    call_id = state_->call_id;
-  }
-  std::shared_ptr<Link> link = state_->link.lock();
-  if (link == nullptr) return;  // the engine went: it answered the call CANCELLED
-  shm::Descriptor d{};
-  d.op = static_cast<uint8_t>(shm::Op::kCancel);
-  d.call_id = call_id;
-  absl::MutexLock lock(&link->mu);
-  // The daemon answers CANCELLED (or the reply got there first); a ring that broke answers
-  // the call UNAVAILABLE.
-  if (link->open) (void)link->Push(&d);
-}
-
-void CallFuture::Then(CallCallback callback) {
-  {
-    absl::MutexLock lock(&state_->mu);
-    if (!state_->done) {
-      state_->callbacks.push_back(std::move(callback));
-      return;
-    }
-  }
-  callback(state_->Result());
-}
-
-// --- Responder ---
-
-absl::Status Responder::Reply(absl::StatusOr<Message> reply) const {
-  if (state_ == nullptr) {
-    return absl::FailedPreconditionError("Reply on a Responder that holds no call");
-  }
-  const PendingReply& call = *state_;
-  if (state_->answered.exchange(true)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the call to worker '", call.worker, "' method '", call.method, "' was answered already"));
-  }
-  std::shared_ptr<CallEngine> engine = call.engine.lock();
-  if (engine == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the call to worker '", call.worker, "' method '", call.method,
-        "' cannot be answered: the client's shared memory was detached (the daemon answered "
-        "its caller)"));
-  }
-  absl::Status sent = engine->Answer(call.call_id, call.worker, call.method, /*from_handler=*/true,
-                                     std::move(reply));
-  ReleaseCallEngine(std::move(engine));
-  return sent;
-}
 
 // --- CallEngine ---
 
@@ -604,9 +56,9 @@ CallEngine::CallEngine(std::shared_ptr<const shm::Segment> segment, int handler_
                        int notice_fd)
     : link_(std::make_shared<Link>(segment)),
       peers_(notice_fd),
-      completions_(segment->base(), segment->layout().completion, "completion ring", kSpin),
+      completions_(segment->base(), segment->layout().completion, "completion ring", kClientSpin),
       copy_reply_spin_(shm::kCopySpin),
-      pool_spin_(kSpin) {
+      pool_spin_(kClientSpin) {
   extra_thread_ = std::thread([this] { ThreadLoop(); });
   absl::MutexLock lock(&mu_);
   EnsureThreadsLocked(handler_threads);
@@ -651,14 +103,6 @@ CallEngine::~CallEngine() {
   link_->Close();
 }
 
-DeferredHandler AnswerOnReturn(Handler handler) {
-  return [handler = std::move(handler)](Message request, Responder responder) {
-    absl::StatusOr<Message> reply = handler(request);
-    request = Message{};                      // its rx blocks' releases ride on the reply
-    (void)responder.Reply(std::move(reply));  // a failure went to the caller instead
-  };
-}
-
 void CallEngine::Handle(const std::string& method, Handler handler) {
   HandleDeferred(method, AnswerOnReturn(std::move(handler)));
 }
@@ -680,28 +124,13 @@ void CallEngine::EnsureThreadsLocked(int threads) {
 }
 
 absl::StatusOr<Tensor> CallEngine::AllocateTensor(shm::DType dtype, std::vector<int64_t> shape) {
-  absl::StatusOr<uint64_t> bytes = ShapeBytes(dtype, shape, "arena tensor");
+  absl::StatusOr<uint64_t> bytes = calls_internal::TensorBytes(dtype, shape, "arena tensor");
   if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<uint64_t> block;
-  {
-    absl::MutexLock lock(&link_->mu);
-    if (!link_->open) {
-      return absl::UnavailableError("the call engine's shared memory is detached");
-    }
-    block = link_->tx.Allocate(std::max<uint64_t>(*bytes, 1));
-    if (!block.ok()) {
-      return absl::ResourceExhaustedError(ArenaFull(link_->tx, *bytes, "a tensor"));
-    }
-  }
-  Tensor tensor;
-  tensor.dtype_ = dtype;
-  tensor.shape_ = std::move(shape);
-  tensor.storage_ = TensorStorage::kArena;
-  tensor.arena_ = std::make_shared<ArenaBlock>(link_, *block);
-  tensor.keep_ = tensor.arena_;
-  tensor.data_ = reinterpret_cast<char*>(link_->base() + *block);
-  tensor.size_ = *bytes;
-  return tensor;
+  absl::StatusOr<uint64_t> block = link_->Allocate(std::max<uint64_t>(*bytes, 1), "a tensor");
+  if (!block.ok()) return block.status();
+  return calls_internal::TensorParts::Arena(
+      dtype, std::move(shape), std::make_shared<calls_internal::ArenaBlock>(link_, *block),
+      reinterpret_cast<char*>(link_->base() + *block), *bytes);
 }
 
 void CallEngine::Complete(const std::shared_ptr<CallState>& state, absl::StatusOr<Message> result) {
@@ -781,7 +210,7 @@ bool CallEngine::SpinForTurn(absl::Time until, absl::FunctionRef<bool()> interru
   }
   const int64_t start = absl::GetCurrentTimeNanos();
   Spin([&] { return reading_free_.load(std::memory_order_acquire) || interrupted(); }, start,
-       absl::ToUnixNanos(until) - start, absl::ToInt64Nanoseconds(kSpin.pause_spin));
+       absl::ToUnixNanos(until) - start, absl::ToInt64Nanoseconds(kClientSpin.pause_spin));
   absl::MutexLock lock(&mu_);
   --lent_spinners_;
   return ReadingFree();
@@ -838,25 +267,25 @@ CallFuture CallEngine::CallAsync(const std::string& group, const std::string& fr
                                  const std::string& worker, const std::string& method,
                                  std::string_view payload, absl::Span<const Tensor> tensors,
                                  absl::Duration timeout, uint16_t flags) {
-  return Start(shm::Op::kCall, group, from, worker, method, payload, tensors, timeout, flags);
+  return Start(shm::Op::kCall, {group, worker, method, from}, payload, tensors, timeout, flags);
 }
 
 absl::StatusOr<std::string> CallEngine::StoreCall(const std::string& group,
                                                   const std::string& method,
                                                   std::string_view request,
                                                   absl::Duration timeout) {
-  ++link_->store_calls;
-  CallFuture future = Start(shm::Op::kStore, group, "", "", method, request, {}, timeout);
+  ++link_->counters.store_calls;
+  CallFuture future = Start(shm::Op::kStore, {group, "", method, ""}, request, {}, timeout, 0);
   future.Wait();
   absl::MutexLock lock(&future.state_->mu);
   if (!future.state_->result.ok()) return future.state_->result.status();
   return std::move(future.state_->result->payload);
 }
 
-CallFuture CallEngine::Start(shm::Op op, const std::string& group, const std::string& from,
-                             const std::string& worker, const std::string& method,
-                             std::string_view payload, absl::Span<const Tensor> tensors,
-                             absl::Duration timeout, uint16_t flags) {
+CallFuture CallEngine::Start(shm::Op op, const shm::MessageNames& names, std::string_view payload,
+                             absl::Span<const Tensor> tensors, absl::Duration timeout,
+                             uint16_t flags) {
+  const auto& [group, worker, method, from] = names;
   auto state = std::make_shared<CallState>();
   state->copies = std::any_of(tensors.begin(), tensors.end(),
                               [](const Tensor& t) { return t.is_cuda() && t.size() > 0; });
@@ -896,8 +325,7 @@ CallFuture CallEngine::Start(shm::Op op, const std::string& group, const std::st
   // A store call has no deadline of its own on the ring (a waiting one carries its timeout in
   // its request); the library still gives up on it past `timeout`.
   const int64_t deadline_ns = none || op != shm::Op::kCall ? 0 : absl::ToUnixNanos(deadline);
-  absl::Status submitted =
-      Submit(op, id, deadline_ns, flags, 0, {group, worker, method, from}, payload, tensors);
+  absl::Status submitted = Submit({op, id, deadline_ns, flags, 0, names}, payload, tensors);
   if (!submitted.ok()) {
     absl::MutexLock lock(&mu_);
     Finish(id, Prefixed(submitted, CallName(group, worker, method), " was not sent: "));
@@ -916,143 +344,19 @@ absl::StatusOr<Message> CallEngine::Call(const std::string& group, const std::st
   return std::move(future.state_->result);
 }
 
-absl::Status CallEngine::Submit(shm::Op op, uint64_t call_id, int64_t deadline_ns, uint16_t flags,
-                                uint32_t code, const shm::MessageNames& names,
-                                std::string_view payload, absl::Span<const Tensor> tensors) {
-  for (const std::string& name : names) {
-    if (name.size() > shm::kMaxMessageName) {
-      return absl::InvalidArgumentError(absl::StrCat("group, worker and method names are at most ",
-                                                     shm::kMaxMessageName, " bytes"));
-    }
-  }
-  if (tensors.size() > shm::kMaxTensorsPerMessage) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("at most ", shm::kMaxTensorsPerMessage, " tensors per message"));
-  }
-  // What each tensor needs in the block: a CUDA tensor its export record, an arena tensor of
-  // this segment nothing (it stays in place), any other its bytes.
-  std::vector<uint64_t> slots(tensors.size(), 0);
-  std::vector<bool> in_block(tensors.size(), false);
-  std::vector<std::shared_ptr<ArenaBlock>> pins;  // declared before the locks: freed after
-  uint64_t copied = payload.size();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& tensor = tensors[i];
-    const std::string what = absl::StrCat("tensor ", i);
-    absl::StatusOr<uint64_t> bytes = ShapeBytes(tensor.dtype_, tensor.shape_, what);
-    if (!bytes.ok()) return bytes.status();
-    if (*bytes != tensor.size_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": shape and dtype need ", *bytes, " bytes, data has ", tensor.size_));
-    }
-    if (tensor.is_cuda()) {
-      if (tensor.device_.index < 0 ||
-          tensor.device_.index >= static_cast<int>(shm::kMaxCudaDevices)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, ": device ", tensor.device_.ToString(), " does not exist"));
-      }
-      if (*bytes > 0) slots[i] = sizeof(shm::CudaExport);
-      continue;
-    }
-    if (tensor.storage_ == TensorStorage::kArena && tensor.arena_ != nullptr &&
-        tensor.arena_->link == link_) {
-      if (*bytes > 0) pins.push_back(calls_internal::Pin(tensor.arena_));
-      continue;
-    }
-    in_block[i] = true;
-    slots[i] = *bytes;
-    copied += *bytes;
-  }
-  const shm::BlockPlan plan = shm::PlanBlock(shm::MessagePrefixBytes(names), payload.size(), slots);
-  const uint64_t total = plan.total;
-  absl::StatusOr<uint64_t> block;
-  {
-    absl::MutexLock lock(&link_->mu);
-    if (!link_->open) return absl::UnavailableError("the client's shared memory is detached");
-    block = link_->tx.Allocate(total);
-    if (!block.ok()) {
-      return absl::ResourceExhaustedError(ArenaFull(link_->tx, total, "a message"));
-    }
-  }
-  // The block is ours until pushed: fill it without the lock.
-  uint8_t* const base = link_->base();
-  uint8_t* out = base + *block;
-  shm::WriteMessagePrefix(out, code, names);
-  if (!payload.empty()) std::memcpy(out + plan.prefix, payload.data(), payload.size());
-  uint64_t in_place = 0;
-  uint64_t cuda_sent = 0;
-  std::vector<std::shared_ptr<void>> leases;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& tensor = tensors[i];
-    shm::TensorEntry entry{};
-    entry.dtype = static_cast<uint8_t>(tensor.dtype_);
-    entry.ndim = static_cast<uint8_t>(tensor.shape_.size());
-    for (size_t k = 0; k < tensor.shape_.size(); ++k) entry.shape[k] = tensor.shape_[k];
-    entry.length = tensor.size_;
-    if (tensor.is_cuda()) {
-      entry.device_type = static_cast<uint8_t>(shm::DeviceType::kCuda);
-      entry.device_index = static_cast<uint32_t>(tensor.device_.index);
-      if (entry.length > 0) {
-        absl::StatusOr<CudaExporter*> exporter = CudaExporter::Get();
-        shm::CudaExport record;
-        absl::StatusOr<uint64_t> offset =
-            exporter.ok() ? (*exporter)->Export(tensor.device_pointer(), tensor.size_,
-                                                tensor.device_.index, tensor.stream_, &record)
-                          : exporter.status();
-        if (!offset.ok()) {
-          absl::MutexLock lock(&link_->mu);
-          (void)link_->tx.Free(*block);
-          return Prefixed(offset.status(), "tensor ", i, " (", tensor.device_.ToString(), "): ");
-        }
-        std::memcpy(out + plan.at[i], &record, sizeof(record));
-        // A received tensor passed on: its pool block must not go back to the daemon (and be
-        // reused) before the daemon has copied from it.
-        if (tensor.keep_ != nullptr) leases.push_back(tensor.keep_);
-        entry.offset = *offset;
-        entry.device_handle = *block + plan.at[i];
-        ++cuda_sent;
-      }
-      std::memcpy(out + plan.table + i * sizeof(entry), &entry, sizeof(entry));
-      continue;
-    }
-    if (entry.length > 0) {
-      if (in_block[i]) {
-        entry.offset = *block + plan.at[i];
-        std::memcpy(out + plan.at[i], tensor.data_, tensor.size_);
-      } else {
-        entry.offset = tensor.arena_->offset;
-        ++in_place;
-      }
-    }
-    std::memcpy(out + plan.table + i * sizeof(entry), &entry, sizeof(entry));
-  }
-  shm::Descriptor d = shm::MessageDescriptor(
-      op, call_id, {*block, plan.payload, plan.table, static_cast<uint32_t>(tensors.size())}, flags,
-      deadline_ns);
-  absl::MutexLock lock(&link_->mu);
-  // Pinned before the push: the release for this block can only come after it.
-  if (!pins.empty()) link_->pinned[*block] = std::move(pins);
-  if (!leases.empty()) link_->leases[*block] = std::move(leases);
-  absl::Status pushed = link_->open
-                            ? link_->Push(&d)
-                            : absl::UnavailableError("the client's shared memory is detached");
-  if (!pushed.ok()) {
-    (void)link_->tx.Free(*block);
-    auto it = link_->pinned.find(*block);
-    if (it != link_->pinned.end()) {
-      pins = std::move(it->second);  // freed after the lock, as declared before it
-      link_->pinned.erase(it);
-    }
-    auto lease = link_->leases.find(*block);
-    if (lease != link_->leases.end()) {
-      leases = std::move(lease->second);  // returned after the lock (they take another)
-      link_->leases.erase(lease);
-    }
-    return pushed;
-  }
-  link_->cuda_tensors_sent += cuda_sent;
-  link_->bytes_copied_in += copied;
-  link_->tensors_copied_in += tensors.size() - in_place;
-  link_->tensors_in_place += in_place;
+absl::Status CallEngine::Submit(const OutgoingHeader& header, std::string_view payload,
+                                absl::Span<const Tensor> tensors) {
+  absl::StatusOr<calls_internal::EncodedMessage> message =
+      calls_internal::EncodeMessage(*link_, header, payload, tensors);
+  if (!message.ok()) return message.status();
+  absl::Status pushed = link_->PushMessage(message->descriptor, message->block,
+                                           std::move(message->pins), std::move(message->leases));
+  if (!pushed.ok()) return pushed;
+  calls_internal::LinkCounters& counters = link_->counters;
+  counters.cuda_tensors_sent += message->cuda_tensors;
+  counters.bytes_copied_in += message->bytes_copied;
+  counters.tensors_copied_in += message->tensors_copied;
+  counters.tensors_in_place += message->tensors_in_place;
   return absl::OkStatus();
 }
 
@@ -1062,13 +366,18 @@ void CallEngine::ReplyError(uint64_t call_id, const absl::Status& status) {
   const auto code =
       status.code() == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : status.code();
   // Nothing more to do when even this cannot go: the caller's deadline answers the call.
-  (void)Submit(shm::Op::kReply, call_id, 0, shm::kFlagError, static_cast<uint32_t>(code),
-               {"", "", message, ""}, "", {});
+  (void)Submit({shm::Op::kReply,
+                call_id,
+                0,
+                shm::kFlagError,
+                static_cast<uint32_t>(code),
+                {"", "", message, ""}},
+               "", {});
 }
 
 std::optional<CallEngine::Incoming> CallEngine::Read(const LentTurn* lent) {
   // Releases made while reading ride on the next push (the reply of the call kept, say).
-  defer_releases_of = link_.get();
+  Link::DeferReleasesOnThisThread(link_.get());
   shm::Descriptor batch[64];
   std::optional<Incoming> kept;
   bool ended = false;               // stopping, or the ring broke: nobody reads after this thread
@@ -1100,7 +409,7 @@ std::optional<CallEngine::Incoming> CallEngine::Read(const LentTurn* lent) {
     break;
   }
   if (wake_lent) wake_lent();
-  defer_releases_of = nullptr;
+  Link::DeferReleasesOnThisThread(nullptr);
   if (ended) link_->FlushReleases(absl::ZeroDuration());
   return kept;
 }
@@ -1158,158 +467,55 @@ bool CallEngine::ReadUntilKept(absl::Span<shm::Descriptor> batch, std::optional<
 }
 
 void CallEngine::OnCompletion(const shm::Descriptor& d, std::optional<Incoming>* keep) {
-  const shm::Layout& layout = link_->layout();
-  if (!shm::ValidateDescriptor(d, layout, shm::Direction::kCompletion).ok()) return;
-  if (d.op == static_cast<uint8_t>(shm::Op::kRelease)) {
-    link_->OnReleased(d.payload_offset);
-    return;
+  if (!shm::ValidateDescriptor(d, link_->layout(), shm::Direction::kCompletion).ok()) return;
+  switch (static_cast<shm::Op>(d.op)) {
+    case shm::Op::kRelease:
+      link_->OnReleased(d.payload_offset);
+      return;
+    case shm::Op::kPeerGone:
+      peers_.Forget(d.call_id);
+      return;
+    case shm::Op::kReply:
+      // The rx block (when no tensor holds it) is released after the caller has its message:
+      // on this thread the release waits for the next push.
+      OnReply(d.call_id, calls_internal::DecodeMessage(d, link_, peers_));
+      return;
+    case shm::Op::kCall:
+      OnCall(d, calls_internal::DecodeMessage(d, link_, peers_), keep);
+      return;
+    default:
+      return;
   }
-  if (d.op == static_cast<uint8_t>(shm::Op::kPeerGone)) {
-    peers_.Forget(d.call_id);
-    return;
-  }
-  if (d.op != static_cast<uint8_t>(shm::Op::kCall) &&
-      d.op != static_cast<uint8_t>(shm::Op::kReply)) {
-    return;
-  }
-  uint8_t* const base = link_->base();
-  // Released when the last view of it goes: right after this function when no tensor
-  // holds it.
-  std::shared_ptr<RxBlock> block =
-      d.payload_offset != 0
-          ? std::make_shared<RxBlock>(
-                link_, d.payload_offset,
-                d.payload_length + uint64_t{d.tensor_count} * sizeof(shm::TensorEntry))
-          : nullptr;
-  absl::StatusOr<shm::ParsedMessage> parsed =
-      shm::ParseMessage(base, d.payload_offset, d.payload_length);
-  absl::StatusOr<std::vector<shm::TensorEntry>> entries =
-      parsed.ok() ? shm::ReadTensorTable(d, base, layout, shm::Direction::kCompletion)
-                  : parsed.status();
-  absl::StatusOr<Message> message = absl::UnknownError("unset");
-  const bool error = (d.flags & shm::kFlagError) != 0;
-  std::vector<shm::CopySignal*> copies;  // of a message posted while the daemon copies
-  if (!entries.ok()) {
-    message = entries.status();
-  } else if (!error) {
-    Message in;
-    absl::Status misplaced;
-    in.payload.assign(reinterpret_cast<const char*>(base + parsed->body_offset),
-                      parsed->body_length);
-    link_->bytes_copied_out += parsed->body_length;
-    for (const shm::TensorEntry& entry : *entries) {
-      Tensor tensor;
-      tensor.dtype_ = static_cast<shm::DType>(entry.dtype);
-      tensor.shape_.assign(entry.shape, entry.shape + entry.ndim);
-      tensor.storage_ = TensorStorage::kReceived;
-      if (entry.device_type == static_cast<uint8_t>(shm::DeviceType::kCuda)) {
-        const int device = static_cast<int>(entry.device_index);
-        tensor.device_ = Device{shm::DeviceType::kCuda, device};
-        if (entry.length == 0) {
-          in.tensors.push_back(std::move(tensor));
-          continue;
-        }
-        uint64_t pool_base = 0;
-        uint64_t pool_bytes = 0;
-        {
-          absl::MutexLock lock(&link_->mu);
-          auto pool = link_->pools.find(device);
-          if (pool != link_->pools.end()) {
-            pool_base = pool->second.base;
-            pool_bytes = pool->second.bytes;
-          }
-        }
-        // The daemon's block of our pool: released even when the message is refused.
-        auto held = std::make_shared<PoolBlock>(link_, device, entry.offset, entry.length);
-        if (pool_base == 0 || entry.offset > pool_bytes ||
-            entry.length > pool_bytes - entry.offset) {
-          misplaced = absl::InternalError(absl::StrCat(
-              "the daemon placed a tensor outside this client's receive pool on cuda:", device));
-          continue;  // the later entries' blocks are released too
-        }
-        if (entry.device_handle != 0) {
-          auto* signal = reinterpret_cast<shm::CopySignal*>(base + entry.device_handle);
-          if (std::find(copies.begin(), copies.end(), signal) == copies.end()) {
-            copies.push_back(signal);
-          }
-        }
-        tensor.keep_ = std::move(held);
-        tensor.data_ = reinterpret_cast<char*>(pool_base + entry.offset);
-        tensor.size_ = entry.length;
-        ++link_->cuda_tensors_received;
-        in.tensors.push_back(std::move(tensor));
-        continue;
-      }
-      if (entry.length > 0 && entry.device_handle != 0) {
-        // In the sender's tx heap, which this client maps as peer `device_handle`.
-        absl::StatusOr<std::shared_ptr<const PeerSegment>> peer = peers_.Get(entry.device_handle);
-        const char* at = peer.ok() ? (*peer)->Find(entry.offset, entry.length) : nullptr;
-        if (at == nullptr) {
-          misplaced = peer.ok() ? absl::InternalError(absl::StrCat(
-                                      "the daemon placed a tensor outside the memory of peer "
-                                      "session ",
-                                      entry.device_handle))
-                                : peer.status();
-          continue;
-        }
-        block->bytes += entry.length;
-        tensor.keep_ = std::make_shared<PeerView>(PeerView{block, *std::move(peer)});
-        tensor.data_ = const_cast<char*>(at);
-        tensor.size_ = entry.length;
-        tensor.in_sender_memory_ = true;
-        ++link_->tensors_received_shared;
-      } else if (entry.length > 0) {
-        tensor.keep_ = block;
-        tensor.data_ = reinterpret_cast<char*>(base + entry.offset);
-        tensor.size_ = entry.length;
-      }
-      in.tensors.push_back(std::move(tensor));
-    }
-    if (misplaced.ok()) {
-      message = std::move(in);
-    } else {
-      message = misplaced;
+}
+
+void CallEngine::OnReply(uint64_t call_id, DecodedMessage reply) {
+  if (reply.message.ok() && !reply.copies.empty()) {
+    // The daemon posts replies once their copies completed: this returns at once.
+    if (absl::Status copied = AwaitCopies(reply.copies, absl::InfiniteFuture()); !copied.ok()) {
+      reply.message = copied;
     }
   }
-  // `block` (when no tensor holds it) is released on the way out, after the caller or the
-  // handler has its message: on this thread the release waits for the next push.
-  if (d.op == static_cast<uint8_t>(shm::Op::kReply)) {
-    if (error && d.payload_length == 0) {
-      // The daemon answers even when this session's rx heap has no room for the message.
-      message = absl::ResourceExhaustedError(absl::StrCat(
-          "the daemon could not place the answer to this call: this session's receive heap "
-          "(data.arena_bytes) was full; release received messages and tensors sooner"));
-    } else if (entries.ok() && error) {
-      const auto code = static_cast<absl::StatusCode>(parsed->code);
-      message = absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
-                             parsed->names[2]);
-    } else if (message.ok() && !copies.empty()) {
-      // The daemon posts replies once their copies completed: this returns at once.
-      if (absl::Status copied = AwaitCopies(copies, absl::InfiniteFuture()); !copied.ok()) {
-        message = copied;
-      }
-    }
-    absl::MutexLock lock(&mu_);
-    Finish(d.call_id, std::move(message));  // a call given up on already: ignored
-    return;
-  }
-  if (!message.ok()) return;  // a malformed call: the caller's deadline answers it
-  message->caller = parsed->names[3];
+  absl::MutexLock lock(&mu_);
+  Finish(call_id, std::move(reply.message));  // a call given up on already: ignored
+}
+
+void CallEngine::OnCall(const shm::Descriptor& d, DecodedMessage call,
+                        std::optional<Incoming>* keep) {
+  if (!call.message.ok()) return;  // a malformed call: the caller's deadline answers it
+  call.message->caller = call.names[3];
   Incoming incoming;
   incoming.call_id = d.call_id;
-  incoming.to = {parsed->names[0], parsed->names[1]};
-  incoming.method = parsed->names[2];
+  incoming.to = {call.names[0], call.names[1]};
+  incoming.method = call.names[2];
   if (d.deadline_unix_ns != 0) incoming.deadline = absl::FromUnixNanos(d.deadline_unix_ns);
-  incoming.request = *std::move(message);
-  if (!copies.empty()) {
-    incoming.copies = std::move(copies);
-    incoming.copies_block = block;
+  incoming.request = *std::move(call.message);
+  if (!call.copies.empty()) {
+    incoming.copies = std::move(call.copies);
+    incoming.copies_block = std::move(call.block);
   }
-  bool refused;
   {
     absl::MutexLock lock(&mu_);
-    refused = stop_ || leaving_.count(incoming.to) > 0;
-    if (!refused) {
+    if (!stop_ && leaving_.count(incoming.to) == 0) {
       serving_[incoming.call_id] = {incoming.to, incoming.deadline};
       // This thread runs the call itself, with no hand-off, when another thread is idle to
       // take over the ring (and none queued before it). Otherwise it keeps reading: a thread
@@ -1417,9 +623,9 @@ void CallEngine::Serve(Incoming incoming) {
       std::make_shared<PendingReply>(weak_from_this(), incoming.call_id, worker, incoming.method);
   // Releases of the request's rx blocks the handler drops ride on its reply (one doorbell ring
   // for both) when it answers before it returns.
-  defer_releases_of = link_.get();
+  Link::DeferReleasesOnThisThread(link_.get());
   handler(std::move(incoming.request), Responder(std::move(pending)));
-  defer_releases_of = nullptr;
+  Link::DeferReleasesOnThisThread(nullptr);
   link_->FlushReleases(absl::ZeroDuration());  // when nothing above was pushed
 }
 
@@ -1450,7 +656,7 @@ absl::Status CallEngine::Answer(uint64_t id, const std::string& worker, const st
                                 bool from_handler, absl::StatusOr<Message> reply) {
   absl::Status sent;
   if (reply.ok()) {
-    sent = Submit(shm::Op::kReply, id, 0, 0, 0, {}, reply->payload, reply->tensors);
+    sent = Submit({shm::Op::kReply, id}, reply->payload, reply->tensors);
   } else if (!from_handler) {
     ReplyError(id, reply.status());
   } else {
@@ -1463,7 +669,7 @@ absl::Status CallEngine::Answer(uint64_t id, const std::string& worker, const st
                     "' could not be sent: ");
     ReplyError(id, sent);
   }
-  if (defer_releases_of != link_.get()) link_->FlushReleases(absl::ZeroDuration());
+  if (!link_->DefersOnThisThread()) link_->FlushReleases(absl::ZeroDuration());
   reply = Message{};
   absl::MutexLock lock(&mu_);
   --handlers_running_;
@@ -1518,21 +724,28 @@ void ReleaseCallEngine(std::shared_ptr<CallEngine> engine) {
 absl::Status CallEngine::LendDevicePool(int device, uint64_t bytes) {
   const std::string what = absl::StrCat("receive pool of ", bytes, " bytes on cuda:", device);
   absl::MutexLock lend(&lend_mu_);
-  {
-    absl::MutexLock lock(&link_->mu);
-    if (link_->pools.count(device) > 0) return absl::OkStatus();
-  }
+  if (link_->Pool(device)) return absl::OkStatus();
   absl::StatusOr<CudaExporter*> exporter = CudaExporter::Get();
   absl::StatusOr<DevicePool> pool =
       exporter.ok() ? (*exporter)->AllocatePool(device, bytes) : exporter.status();
-  if (!pool.ok()) {
-    return Prefixed(pool.status(), what, ": ");
+  if (!pool.ok()) return Prefixed(pool.status(), what, ": ");
+  link_->SetPool(device, *pool);  // known before the daemon can place anything in it
+  absl::Status lent = OfferPool(*pool);
+  if (lent.ok()) return absl::OkStatus();
+  // Freed only when the daemon refused it; unanswered (the ring, a timeout), the daemon may
+  // still take it, so it stays lent for the engine's life.
+  const bool refused = lent.code() == absl::StatusCode::kInvalidArgument ||
+                       lent.code() == absl::StatusCode::kFailedPrecondition ||
+                       lent.code() == absl::StatusCode::kAlreadyExists ||
+                       lent.code() == absl::StatusCode::kUnimplemented;
+  if (refused) {
+    link_->ErasePool(device);
+    (*exporter)->FreePool(*pool);
   }
-  {
-    // Known before the daemon can place anything in it.
-    absl::MutexLock lock(&link_->mu);
-    link_->pools[device] = *pool;
-  }
+  return Prefixed(lent, what, ": ");
+}
+
+absl::Status CallEngine::OfferPool(const DevicePool& pool) {
   auto state = std::make_shared<CallState>();
   uint64_t id;
   {
@@ -1545,72 +758,46 @@ absl::Status CallEngine::LendDevicePool(int device, uint64_t bytes) {
     call.method = "lend a device pool";
     call.give_up = absl::Now() + kRingWait;
   }
-  absl::Status sent;
-  {
-    absl::MutexLock lock(&link_->mu);
-    absl::StatusOr<uint64_t> block =
-        link_->open ? link_->tx.Allocate(sizeof(pool->record))
-                    : absl::UnavailableError("the client's shared memory is detached");
-    if (block.ok()) {
-      std::memcpy(link_->base() + *block, &pool->record, sizeof(pool->record));
-      shm::Descriptor d{};
-      d.op = static_cast<uint8_t>(shm::Op::kDevicePool);
-      d.call_id = id;
-      d.payload_offset = *block;
-      d.payload_length = sizeof(pool->record);
-      sent = link_->Push(&d);
-      if (!sent.ok()) (void)link_->tx.Free(*block);
-    } else {
-      sent = block.status();
-    }
+  absl::StatusOr<uint64_t> block = link_->Allocate(sizeof(pool.record), "a device pool's record");
+  absl::Status sent = block.status();
+  if (block.ok()) {
+    std::memcpy(link_->base() + *block, &pool.record, sizeof(pool.record));
+    shm::Descriptor d{};
+    d.op = static_cast<uint8_t>(shm::Op::kDevicePool);
+    d.call_id = id;
+    d.payload_offset = *block;
+    d.payload_length = sizeof(pool.record);
+    sent = link_->PushMessage(d, *block, {}, {});
   }
   if (!sent.ok()) {
     absl::MutexLock lock(&mu_);
     Finish(id, sent);
   }
-  CallFuture future(state);
-  absl::Status lent = future.Wait().status();
-  if (lent.ok()) return absl::OkStatus();
-  // Freed only when the daemon refused it; unanswered (the ring, a timeout), the daemon may
-  // still take it, so it stays lent for the engine's life.
-  const bool refused = lent.code() == absl::StatusCode::kInvalidArgument ||
-                       lent.code() == absl::StatusCode::kFailedPrecondition ||
-                       lent.code() == absl::StatusCode::kAlreadyExists ||
-                       lent.code() == absl::StatusCode::kUnimplemented;
-  if (refused) {
-    {
-      absl::MutexLock lock(&link_->mu);
-      link_->pools.erase(device);
-    }
-    (*exporter)->FreePool(*pool);
-  }
-  return Prefixed(lent, what, ": ");
+  return CallFuture(state).Wait().status();
 }
 
 CallEngineStats CallEngine::Stats() {
   CallEngineStats stats;
-  {
-    absl::MutexLock lock(&link_->mu);
-    const shm::HeapAllocator::Stats tx = link_->tx.GetStats();
-    stats.arena_bytes = tx.heap_bytes;
-    stats.arena_used_bytes = tx.used_bytes;
-    stats.arena_live_blocks = tx.live_blocks;
-    stats.daemon_wakeups = link_->submissions.wakeups();
-  }
+  const shm::HeapAllocator::Stats tx = link_->ArenaStats();
+  stats.arena_bytes = tx.heap_bytes;
+  stats.arena_used_bytes = tx.used_bytes;
+  stats.arena_live_blocks = tx.live_blocks;
+  stats.daemon_wakeups = link_->DaemonWakeups();
   stats.reader_sleeps = completions_.sleeps();
-  stats.bytes_copied_in = link_->bytes_copied_in;
-  stats.tensors_copied_in = link_->tensors_copied_in;
-  stats.tensors_in_place = link_->tensors_in_place;
-  stats.bytes_copied_out = link_->bytes_copied_out;
-  stats.rx_blocks_held = link_->rx_blocks_held;
-  stats.releases_deferred = link_->releases_deferred;
-  stats.release_flushes = link_->release_flushes;
-  stats.cuda_tensors_sent = link_->cuda_tensors_sent;
-  stats.cuda_tensors_received = link_->cuda_tensors_received;
-  stats.cuda_pool_blocks_held = link_->cuda_pool_blocks_held;
-  stats.tensors_received_shared = link_->tensors_received_shared;
+  const calls_internal::LinkCounters& counters = link_->counters;
+  stats.bytes_copied_in = counters.bytes_copied_in;
+  stats.tensors_copied_in = counters.tensors_copied_in;
+  stats.tensors_in_place = counters.tensors_in_place;
+  stats.bytes_copied_out = counters.bytes_copied_out;
+  stats.rx_blocks_held = counters.rx_blocks_held;
+  stats.releases_deferred = counters.releases_deferred;
+  stats.release_flushes = counters.release_flushes;
+  stats.cuda_tensors_sent = counters.cuda_tensors_sent;
+  stats.cuda_tensors_received = counters.cuda_tensors_received;
+  stats.cuda_pool_blocks_held = counters.cuda_pool_blocks_held;
+  stats.tensors_received_shared = counters.tensors_received_shared;
   stats.peer_segments_mapped = peers_.size();
-  stats.store_calls = link_->store_calls;
+  stats.store_calls = counters.store_calls;
   absl::MutexLock lock(&mu_);
   stats.handler_threads = static_cast<int>(pool_.size());
   stats.handlers_running = handlers_running_;

@@ -44,7 +44,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "client/peer_segments.h"
+#include "client/segment/peer_segments.h"
+#include "client/segment/tensor.h"
 #include "proto/shm/copy_signal.h"
 #include "proto/shm/descriptor.h"
 #include "proto/shm/doorbell.h"
@@ -55,125 +56,13 @@
 namespace tpd {
 
 namespace calls_internal {
-class Link;           // the engine's half of a segment: tx heap allocator, submission ring
-struct ArenaBlock;    // a block of the tx heap (an arena tensor's bytes)
-struct RxBlock;       // a block of the rx heap; released to the daemon when it goes
-struct CallState;     // one call's result, shared by the engine and its CallFutures
-struct PendingReply;  // an incoming call not yet answered, shared by its Responders
+class Link;             // the engine's half of a segment (client/segment/link.h)
+struct CallState;       // one call's result, shared by the engine and its CallFutures
+struct PendingReply;    // an incoming call not yet answered, shared by its Responders
+struct DevicePool;      // a receive pool on a CUDA device (client/segment/cuda_export.h)
+struct OutgoingHeader;  // what a message sent says (client/segment/codec.h)
+struct DecodedMessage;  // what a message received says (client/segment/codec.h)
 }  // namespace calls_internal
-
-// Where a tensor lives: "cpu" or "cuda:N".
-struct Device {
-  shm::DeviceType type = shm::DeviceType::kCpu;
-  int index = 0;
-  std::string ToString() const;  // "cpu", "cuda:0"
-  bool operator==(const Device& other) const { return type == other.type && index == other.index; }
-};
-
-// Where a Tensor's bytes are.
-enum class TensorStorage {
-  kOwned,     // a std::string the Tensor owns (shared by its copies); copied once when sent
-  kBorrowed,  // the caller's memory, not owned (host, or CUDA device memory: Tensor::Cuda)
-  kArena,     // a block of the shared arena (AllocateTensor); sent with no copy
-  kReceived,  // a view into the rx heap, into the sender's memory (mapped read-only: a
-              // sender of the same uid and gid, docs/data_plane.md), or into this client's
-              // receive pool on a CUDA device (a request or reply that arrived); read-only
-};
-
-// A dense tensor: dtype, shape and product(shape) * item size bytes. Copies share the bytes
-// (as torch tensors share storage); Clone() makes an owned copy.
-//
-// Thread safety: a const Tensor may be read from any thread; its bytes are the user's to
-// synchronize.
-class Tensor {
- public:
-  // An empty uint8 tensor of shape {0}.
-  Tensor() = default;
-  // Owns `bytes`.
-  Tensor(shm::DType dtype, std::vector<int64_t> shape, std::string bytes);
-  // Refers to `size` bytes at `data`, which must stay valid and unchanged until the
-  // Call/CallAsync that sends it has returned (they are copied once into the arena before
-  // it does). A handler's reply is sent after the handler returns: borrow only memory that
-  // outlives the handler there.
-  static Tensor Borrow(shm::DType dtype, std::vector<int64_t> shape, const void* data, size_t size);
-  // Refers to CUDA device memory of this process: `device_pointer` (a CUdeviceptr, or a
-  // torch tensor's data_ptr()) on cuda:`device`, written on `stream` (a CUstream or
-  // cudaStream_t; null: the legacy default stream). Not copied when sent: the daemon copies
-  // it straight to where the group's device map sends it, after the work queued on `stream`
-  // before the call (an IPC event orders it). Keep the memory unchanged until the call's
-  // future is ready. Any memory from cudaMalloc/cuMemAlloc (PyTorch's allocator included).
-  //
-  // `keep` (optional) is held until the daemon no longer reads the tensor: for a call, until
-  // its future is ready at the latest; for a reply, which has no future, until the daemon
-  // released the reply's message, after its copy. Its deleter is how a caller learns the
-  // memory may change (the C ABI's TPD_EVENT_RELEASED).
-  static Tensor Cuda(shm::DType dtype, std::vector<int64_t> shape, uint64_t device_pointer,
-                     int device, void* stream = nullptr, std::shared_ptr<void> keep = nullptr);
-
-  shm::DType dtype() const { return dtype_; }
-  const std::vector<int64_t>& shape() const { return shape_; }
-  const Device& device() const { return device_; }
-  TensorStorage storage() const { return storage_; }
-
-  // The host bytes, valid while this Tensor (or a copy) lives; empty for a CUDA tensor.
-  std::string_view data() const {
-    return is_cuda() ? std::string_view() : std::string_view(data_, size_);
-  }
-  size_t size() const { return size_; }
-  bool is_cuda() const { return device_.type == shm::DeviceType::kCuda; }
-  // A CUDA tensor's device pointer (a received one's stays valid while this Tensor, or a
-  // copy, lives: its block of the receive pool is released then); 0 for a CPU tensor. A
-  // received CUDA tensor's bytes are in place when the message arrives (the daemon posts it
-  // after its copy completed), so any stream may read them at once.
-  uint64_t device_pointer() const { return is_cuda() ? reinterpret_cast<uint64_t>(data_) : 0; }
-  // An arena tensor that a sent message carrying it still holds: the daemon reads it in place,
-  // and a receiver of this uid and gid on this node may read it in place for as long as it
-  // keeps the message (docs/data_plane.md, "Tensors shared between sessions"), so it goes on
-  // after the call returned. Write into an arena tensor only once this is false. False for
-  // tensors of other storages (their bytes were copied when sent).
-  bool in_flight() const;
-  // A received host tensor that lies in its sender's memory, mapped read-only in this process
-  // (a write through a cast-away const faults): hand out copies where consumers may write.
-  bool in_sender_memory() const { return in_sender_memory_; }
-  void* stream() const { return stream_; }
-  // Writable bytes of an owned or arena tensor; nullptr for borrowed, received and CUDA ones.
-  // An arena tensor is sent where it lies, so writing into it while in_flight() changes what
-  // the daemon, or a receiver reading it in place, reads.
-  char* mutable_data() {
-    return storage_ == TensorStorage::kOwned || storage_ == TensorStorage::kArena ? data_ : nullptr;
-  }
-
-  // An owned copy of the bytes (releases nothing: this Tensor keeps what it holds). A CUDA
-  // tensor is not copied: the result is this tensor (sharing its device memory).
-  Tensor Clone() const;
-  // The same bytes (shared, storage kept) as another dtype and shape of the same byte size:
-  // an arena block allocated as bytes sent as the tensor it holds. INVALID_ARGUMENT when the
-  // sizes differ or the dtype or shape is bad.
-  absl::StatusOr<Tensor> Reshaped(shm::DType dtype, std::vector<int64_t> shape) const;
-
- private:
-  friend class CallEngine;
-
-  shm::DType dtype_ = shm::DType::kUInt8;
-  std::vector<int64_t> shape_ = {0};
-  Device device_;
-  TensorStorage storage_ = TensorStorage::kOwned;
-  // What keeps the bytes alive: the owned string, the rx block, or the arena block.
-  std::shared_ptr<void> keep_;
-  std::shared_ptr<calls_internal::ArenaBlock> arena_;  // kArena only
-  char* data_ = nullptr;                               // a device pointer for a CUDA tensor
-  size_t size_ = 0;
-  void* stream_ = nullptr;  // a CUDA tensor's stream
-  bool in_sender_memory_ = false;
-};
-
-// A request or a reply.
-struct Message {
-  std::string payload;
-  std::vector<Tensor> tensors;
-  // A request given to a handler: the calling worker's name (checked by the daemon).
-  std::string caller;
-};
 
 // Answers one request; an error status goes back to the caller with its code and message,
 // marked as the remote handler's. The request's tensors are views into the rx heap: a copy
@@ -415,11 +304,10 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   bool OnOwnThread() const;
 
  private:
-  // Sends a message of `op` (kCall, or kStore with the names {group, "", method, ""}) and
-  // registers its future: CallAsync and StoreCall.
-  CallFuture Start(shm::Op op, const std::string& group, const std::string& from,
-                   const std::string& worker, const std::string& method, std::string_view payload,
-                   absl::Span<const Tensor> tensors, absl::Duration timeout, uint16_t flags = 0);
+  // Sends a message of `op` (kCall, or kStore with the names {group, "", method, ""}) to
+  // `names` ({group, worker, method, from}) and registers its future: CallAsync and StoreCall.
+  CallFuture Start(shm::Op op, const shm::MessageNames& names, std::string_view payload,
+                   absl::Span<const Tensor> tensors, absl::Duration timeout, uint16_t flags);
   using WorkerKey = std::pair<std::string, std::string>;  // (group, worker)
   struct Outgoing {
     std::shared_ptr<calls_internal::CallState> state;
@@ -461,11 +349,12 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // unless one is spinning for work.
   void WorkQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Writes a message (names, payload, table, copied tensors) into a tx block, pins the arena
-  // tensors it points at, and pushes its descriptor.
-  absl::Status Submit(shm::Op op, uint64_t call_id, int64_t deadline_ns, uint16_t flags,
-                      uint32_t code, const shm::MessageNames& names, std::string_view payload,
+  // Writes a message into a tx block (client/segment/codec.h), pins the arena tensors it
+  // points at, and pushes its descriptor.
+  absl::Status Submit(const calls_internal::OutgoingHeader& header, std::string_view payload,
                       absl::Span<const Tensor> tensors);
+  // Offers the daemon the receive pool `pool` (Op::kDevicePool) and waits for its answer.
+  absl::Status OfferPool(const calls_internal::DevicePool& pool);
   // Sends an error reply for the incoming call `call_id`.
   void ReplyError(uint64_t call_id, const absl::Status& status);
   // Every engine thread's loop: reads the ring when nobody does, else runs what is queued
@@ -490,6 +379,11 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
   // another thread is idle to read on; else it is queued. Read checks again as it gives up
   // the ring, since calls queued after it may have taken that thread.
   void OnCompletion(const shm::Descriptor& d, std::optional<Incoming>* keep);
+  // A reply read off the ring: answers its call.
+  void OnReply(uint64_t call_id, calls_internal::DecodedMessage reply);
+  // A call read off the ring: kept in `*keep`, queued, or refused (its worker is leaving).
+  void OnCall(const shm::Descriptor& d, calls_internal::DecodedMessage call,
+              std::optional<Incoming>* keep);
   // Nobody reads the ring, and somebody may (not stopping, not broken).
   bool ReadingFree() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes queued_: what an idle thread may take (callbacks, calls, the reading turn).

@@ -74,6 +74,28 @@ void SpinWindow::Learn(int64_t waited_ns) {
   }
 }
 
+bool SpinUntil(absl::FunctionRef<bool()> ready, int64_t start_ns, int64_t until_ns,
+               int64_t yield_after_ns, int64_t* now_ns) {
+  int64_t now = start_ns;
+  for (uint32_t i = 1;; ++i) {
+    if (ready()) break;
+    if ((i & 15) == 0) {
+      now = absl::GetCurrentTimeNanos();
+      if (now >= until_ns) {
+        *now_ns = now;
+        return ready();
+      }
+    }
+    if (now >= yield_after_ns) {
+      sched_yield();
+    } else {
+      TPD_SHM_PAUSE();
+    }
+  }
+  *now_ns = now;
+  return true;
+}
+
 Doorbell::Doorbell(DoorbellWord* word, SpinOptions options) : word_(word), spin_(options) {}
 
 void Doorbell::Ring() {
@@ -96,26 +118,12 @@ bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Time deadline, SpinWi
   const int64_t spin_until = std::min(deadline_ns, start + window.window_ns());
   const int64_t yield_after = start + std::min(window.window_ns(), window.pause_ns());
 
-  // Spin: pause between looks for the first pause_spin, then yield the core between looks. A
-  // producer on another core answers within the pause phase; one waiting for this very core
-  // (more runnable threads than cores) gets it at the first yield, instead of after the whole
-  // window. The clock is read every 16 looks only, and what Learn gets is that last reading:
-  // accurate to a microsecond or so, and a wait answered within 16 looks costs one clock read.
+  // A producer on another core answers within the pause phase; one waiting for this very
+  // core gets it at the first yield.
   int64_t now = start;
-  for (uint32_t i = 1; start < spin_until; ++i) {
-    if (ready()) {
-      window.Learn(now - start);
-      return true;
-    }
-    if ((i & 15) == 0) {
-      now = absl::GetCurrentTimeNanos();
-      if (now >= spin_until) break;
-    }
-    if (now >= yield_after) {
-      sched_yield();
-    } else {
-      TPD_SHM_PAUSE();
-    }
+  if (start < spin_until && SpinUntil(ready, start, spin_until, yield_after, &now)) {
+    window.Learn(now - start);
+    return true;
   }
 
   // Sleep, announcing it first so the producer knows to wake us.

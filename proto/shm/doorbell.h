@@ -83,6 +83,16 @@ class SpinWindow {
   int64_t window_ns_;
 };
 
+// Spins until ready() or the clock reaches `until_ns` (absl::GetCurrentTimeNanos), starting
+// at `start_ns`: pause between looks until `yield_after_ns`, then sched_yield between looks, so
+// a thread waiting for this very core (more runnable threads than cores) gets it at the first
+// yield instead of after the whole spin. The clock is read every 16 looks only, and
+// `*now_ns` is that last reading (accurate to a microsecond or so): a wait answered within 16
+// looks costs no clock read. Returns whether ready() was true; one last look when the time
+// is up. The doorbell's spin, and the client library's on its own queues and results.
+bool SpinUntil(absl::FunctionRef<bool()> ready, int64_t start_ns, int64_t until_ns,
+               int64_t yield_after_ns, int64_t* now_ns);
+
 class Doorbell {
  public:
   // `word` lies in shared memory and outlives this object.

@@ -8,8 +8,8 @@
 //
 // Thread safety: thread-safe.
 
-#ifndef TPD_CLIENT_PEER_SEGMENTS_H_
-#define TPD_CLIENT_PEER_SEGMENTS_H_
+#ifndef TPD_CLIENT_SEGMENT_PEER_SEGMENTS_H_
+#define TPD_CLIENT_SEGMENT_PEER_SEGMENTS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -64,4 +64,4 @@ class PeerSegments {
 
 }  // namespace tpd
 
-#endif  // TPD_CLIENT_PEER_SEGMENTS_H_
+#endif  // TPD_CLIENT_SEGMENT_PEER_SEGMENTS_H_

@@ -1,4 +1,4 @@
-#include "client/cuda_export.h"
+#include "client/segment/cuda_export.h"
 
 #include <cstring>
 #include <map>

@@ -1,4 +1,4 @@
-#include "client/peer_segments.h"
+#include "client/segment/peer_segments.h"
 
 #include <poll.h>
 #include <unistd.h>

@@ -7,13 +7,13 @@
 // caching allocator and most users hand us; VMM handles exist only for memory allocated
 // through cuMemCreate. The daemon opens each allocation once per session and keeps it open.
 //
-// Internal to the client library (calls.cc uses it).
+// Internal to the client library (the codec and the link use it).
 //
 // Thread safety: thread-safe. Calls save and restore the calling thread's current CUDA
 // context, so a user thread's current device is left as it was.
 
-#ifndef TPD_CLIENT_CUDA_EXPORT_H_
-#define TPD_CLIENT_CUDA_EXPORT_H_
+#ifndef TPD_CLIENT_SEGMENT_CUDA_EXPORT_H_
+#define TPD_CLIENT_SEGMENT_CUDA_EXPORT_H_
 
 #include <cstdint>
 #include <memory>
@@ -61,4 +61,4 @@ class CudaExporter {
 
 }  // namespace tpd::calls_internal
 
-#endif  // TPD_CLIENT_CUDA_EXPORT_H_
+#endif  // TPD_CLIENT_SEGMENT_CUDA_EXPORT_H_
