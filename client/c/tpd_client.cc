@@ -7,12 +7,10 @@
 
 #include <pthread.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,6 +29,7 @@
 #include "absl/time/time.h"
 #include "client/calls.h"
 #include "client/client.h"
+#include "client/events.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace {
@@ -50,12 +49,12 @@ bool Inherited(uint64_t made_at) { return made_at != ForkCount(); }
 
 }  // namespace
 
-// The library's view of one client: the C++ client, the two event queues, and what DLPack
-// views and arena blocks handed out keep.
+// The library's view of one client: the C++ client, its event queues, and what DLPack views
+// and arena blocks handed out keep.
 struct tpd_client {
   const uint64_t made_at_fork = ForkCount();
   std::unique_ptr<tpd::Client> client;
-  std::shared_ptr<struct tpd_events> events;
+  std::shared_ptr<tpd::EventQueues> events;
   absl::Mutex arena_mu;
   // Live arena blocks by their start (tpd_arena_alloc), so a tensor passed by pointer is sent
   // where it lies.
@@ -67,111 +66,16 @@ struct tpd_store {
   const uint64_t made_at_fork = ForkCount();
 };
 
-// A request to answer, or a call's result.
-struct tpd_event {
+// A request to answer, or a call's result: every event this library queues is one.
+struct tpd_event : tpd::ClientEvent {
   const uint64_t made_at_fork = ForkCount();
-  int kind = 0;
-  uint64_t tag = 0;
-  int code = TPD_OK;
-  std::string status_message;
-  tpd::Message message;  // payload, tensors, caller
-  std::string method;
-  tpd::Responder responder;                   // requests only
-  std::shared_ptr<struct tpd_events> events;  // the DLPack policy's counters
+  std::shared_ptr<tpd::EventQueues> events;  // the DLPack policy's counters
 };
-
-// The queues tpd_next_event waits on; shared with the handlers and callbacks that fill them,
-// which may run while the client is being closed.
-struct tpd_events {
-  absl::Mutex mu;
-  // One condition per queue, and one for waiters on both: an event wakes one waiter that can
-  // take it, not every thread of the pool (which would all contend for the caller's GIL).
-  absl::CondVar requests_cv;
-  absl::CondVar replies_cv;
-  absl::CondVar any_cv;
-  bool stopped ABSL_GUARDED_BY(mu) = false;
-  std::deque<std::unique_ptr<tpd_event>> requests ABSL_GUARDED_BY(mu);
-  std::deque<std::unique_ptr<tpd_event>> replies ABSL_GUARDED_BY(mu);
-  // Bytes of the receive heap held by DLPack views handed out, and the heap's size (known
-  // once the client attached).
-  std::atomic<uint64_t> rx_view_bytes{0};
-  std::atomic<uint64_t> rx_heap_bytes{0};
-
-  // What stops a lent reader (tpd_next_event): the events stopped, or a request another thread
-  // queued (it takes that instead). Read without the lock; `requests_queued` mirrors
-  // requests.size().
-  std::atomic<bool> stopped_flag{false};
-  std::atomic<size_t> requests_queued{0};
-  // The engine whose ring lent readers are about to read or read now (one reads at a time),
-  // for Push to nudge; set while lent_readers > 0 by those threads, which keep it alive.
-  int lent_readers ABSL_GUARDED_BY(mu) = 0;
-  tpd::CallEngine* lent_engine ABSL_GUARDED_BY(mu) = nullptr;
-  // Lent readers asleep waiting for the turn or a request, newest last, each on a condition of
-  // its own: the one woken is the one that waited least, whose stack and caches are warmest,
-  // so calls keep landing on one or two threads rather than going round the pool in the order
-  // a shared condition wakes them (longest waiting first).
-  std::vector<absl::CondVar*> lent_sleepers ABSL_GUARDED_BY(mu);
-
-  // A lent reader that served the last request takes the reading turn back from the one that
-  // stood in at the ring while it ran (tpd_next_event), so that requests coming one after
-  // another all run on one thread: set while it does, which stops the one reading at once.
-  std::atomic<bool> reclaiming{false};
-
-  bool RequestOrStop() const {
-    return stopped_flag.load(std::memory_order_relaxed) ||
-           requests_queued.load(std::memory_order_relaxed) > 0;
-  }
-  bool LentReaderInterrupted() const {
-    return RequestOrStop() || reclaiming.load(std::memory_order_relaxed);
-  }
-
-  // Queues `event`; false (the event not taken) once stopped.
-  bool Push(std::unique_ptr<tpd_event>& event);
-
-  // Wakes one thread waiting for requests: the newest lent sleeper, else one on requests_cv.
-  void WakeRequestWaiter() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (lent_sleepers.empty()) {
-      requests_cv.Signal();
-      return;
-    }
-    lent_sleepers.back()->Signal();
-    lent_sleepers.pop_back();
-  }
-};
-
-namespace {
-
-// The events whose requests the calling thread reads as a lent reader (tpd_next_event): a
-// request it reads it queues for itself, waking nobody.
-thread_local const tpd_events* lent_reader_of = nullptr;
-// The events whose last request tpd_next_event gave this thread as a lent reader: back in
-// tpd_next_event, it takes the reading turn back (tpd_events::reclaiming).
-thread_local const tpd_events* served_request_of = nullptr;
-
-// How long a lent reader taking the turn back spins for it: the one reading gives it up as
-// soon as it looks (it spins on the ring, or a nudge wakes it).
-constexpr absl::Duration kReclaimSpin = absl::Microseconds(100);
-
-}  // namespace
-
-bool tpd_events::Push(std::unique_ptr<tpd_event>& event) {
-  absl::MutexLock lock(&mu);
-  if (stopped) return false;
-  // TPD_EVENT_RELEASED rides with the replies: the thread completing calls frees memory.
-  const bool request = event->kind == TPD_EVENT_REQUEST;
-  (request ? requests : replies).push_back(std::move(event));
-  if (request && lent_reader_of == this) return true;  // this thread takes it next
-  if (request) {
-    ++requests_queued;
-    // A lent reader at the ring would not see it there: it stops reading to take it.
-    if (lent_readers > 0) lent_engine->NudgeReader();
-    WakeRequestWaiter();
-  } else {
-    replies_cv.Signal();
-  }
-  any_cv.Signal();
-  return true;
-}
+static_assert(TPD_EVENT_REQUEST == tpd::ClientEvent::kRequest &&
+              TPD_EVENT_REPLY == tpd::ClientEvent::kReply &&
+              TPD_EVENT_RELEASED == tpd::ClientEvent::kReleased);
+static_assert(TPD_QUEUE_REQUESTS == tpd::EventQueues::kRequests &&
+              TPD_QUEUE_REPLIES == tpd::EventQueues::kReplies);
 
 namespace {
 
@@ -320,10 +224,10 @@ absl::StatusOr<const tpd::Tensor*> TensorAt(const tpd_event* event, int i) {
   return &event->message.tensors[i];
 }
 
-std::unique_ptr<tpd_event> ReplyEvent(std::shared_ptr<tpd_events> events, uint64_t tag,
+std::unique_ptr<tpd_event> ReplyEvent(std::shared_ptr<tpd::EventQueues> events, uint64_t tag,
                                       absl::StatusOr<tpd::Message> result) {
   auto event = std::make_unique<tpd_event>();
-  event->kind = TPD_EVENT_REPLY;
+  event->kind = tpd::ClientEvent::kReply;
   event->tag = tag;
   event->events = std::move(events);
   if (result.ok()) {
@@ -338,16 +242,17 @@ std::unique_ptr<tpd_event> ReplyEvent(std::shared_ptr<tpd_events> events, uint64
 // Queues TPD_EVENT_RELEASED with its tag when the last CUDA tensor holding it goes (the daemon
 // released the message that carried them).
 struct ReleaseNotice {
-  ReleaseNotice(std::shared_ptr<tpd_events> events, uint64_t tag)
+  ReleaseNotice(std::shared_ptr<tpd::EventQueues> events, uint64_t tag)
       : events(std::move(events)), tag(tag) {}
   ~ReleaseNotice() {
     auto done = std::make_unique<tpd_event>();
-    done->kind = TPD_EVENT_RELEASED;
+    done->kind = tpd::ClientEvent::kReleased;
     done->tag = tag;
     done->events = events;
-    (void)events->Push(done);  // stopped: nobody waits for it any more
+    std::unique_ptr<tpd::ClientEvent> queued = std::move(done);
+    (void)events->Push(queued);  // stopped: nobody waits for it any more
   }
-  const std::shared_ptr<tpd_events> events;
+  const std::shared_ptr<tpd::EventQueues> events;
   const uint64_t tag;
 };
 
@@ -384,7 +289,7 @@ struct DlpackHolder {
   int64_t shape[1] = {0};
   tpd::Tensor view;
   std::unique_ptr<char[]> copy;
-  std::shared_ptr<tpd_events> events;
+  std::shared_ptr<tpd::EventQueues> events;
   uint64_t counted = 0;  // bytes added to events->rx_view_bytes
 };
 
@@ -474,7 +379,7 @@ int tpd_client_open(const char* socket_path, int64_t connect_timeout_us, uint64_
     if (!client.ok()) return client.status();
     auto handle = std::make_unique<tpd_client>();
     handle->client = *std::move(client);
-    handle->events = std::make_shared<tpd_events>();
+    handle->events = std::make_shared<tpd::EventQueues>();
     *out = handle.release();
     return absl::OkStatus();
   });
@@ -482,24 +387,8 @@ int tpd_client_open(const char* socket_path, int64_t connect_timeout_us, uint64_
 
 void tpd_client_stop_events(tpd_client* client) {
   if (client == nullptr || Inherited(client->made_at_fork)) return;
-  std::deque<std::unique_ptr<tpd_event>> dropped;
-  {
-    absl::MutexLock lock(&client->events->mu);
-    client->events->stopped = true;
-    client->events->stopped_flag = true;
-    if (client->events->lent_readers > 0) client->events->lent_engine->NudgeReader();
-    dropped.swap(client->events->requests);
-    client->events->requests_queued = 0;
-    for (auto& reply : client->events->replies) dropped.push_back(std::move(reply));
-    client->events->replies.clear();
-    client->events->requests_cv.SignalAll();
-    for (absl::CondVar* sleeper : client->events->lent_sleepers) sleeper->Signal();
-    client->events->lent_sleepers.clear();
-    client->events->replies_cv.SignalAll();
-    client->events->any_cv.SignalAll();
-  }
-  for (auto& event : dropped) {
-    if (event->kind == TPD_EVENT_REQUEST) {
+  for (std::unique_ptr<tpd::ClientEvent>& event : client->events->Stop()) {
+    if (event->kind == tpd::ClientEvent::kRequest) {
       (void)event->responder.Reply(absl::UnavailableError(
           "the worker's process stopped serving before it handled the call"));
     }
@@ -707,17 +596,18 @@ int tpd_serve(tpd_client* client, const char* method) {
   return Guarded("tpd_serve", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
     if (absl::Status s = Required(method, "method"); !s.ok()) return s;
-    std::shared_ptr<tpd_events> events = client->events;
+    std::shared_ptr<tpd::EventQueues> events = client->events;
     std::string name = method;
     return client->client->HandleDeferred(
         name, [events, name](tpd::Message request, tpd::Responder responder) {
           auto event = std::make_unique<tpd_event>();
-          event->kind = TPD_EVENT_REQUEST;
+          event->kind = tpd::ClientEvent::kRequest;
           event->message = std::move(request);
           event->method = name;
           event->responder = responder;
           event->events = events;
-          if (!events->Push(event)) {
+          std::unique_ptr<tpd::ClientEvent> queued = std::move(event);
+          if (!events->Push(queued)) {
             (void)responder.Reply(absl::UnavailableError(
                 "the worker's process stopped serving before it handled the call"));
           }
@@ -730,138 +620,25 @@ int tpd_next_event(tpd_client* client, int queues, int64_t timeout_us, tpd_event
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
     if (absl::Status s = Required(out, "out"); !s.ok()) return s;
     *out = nullptr;
-    if ((queues & (TPD_QUEUE_REQUESTS | TPD_QUEUE_REPLIES)) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("queues ", queues, " names no queue"));
-    }
     // A reference of this call's own: tpd_client_close may free the client while this thread,
     // woken by it, has yet to leave the wait.
-    const std::shared_ptr<tpd_events> held = client->events;
-    tpd_events& events = *held;
-    const absl::Time deadline =
-        timeout_us < 0 ? absl::InfiniteFuture() : absl::Now() + absl::Microseconds(timeout_us);
-    // A thread waiting for requests only reads the calls' ring itself when nobody else does (a
-    // lent reader, calls.h): a request it reads goes to its handler (tpd_serve's, which queues
-    // it) on this very thread, so it reaches this thread's caller with no hand-off.
+    const std::shared_ptr<tpd::EventQueues> events = client->events;
+    // A thread waiting for requests only reads the calls' ring itself when nobody else does
+    // (a lent reader, client/events.h).
     std::shared_ptr<tpd::CallEngine> engine;
     if (queues == TPD_QUEUE_REQUESTS) engine = client->client->AttachedEngine();
-    if (engine != nullptr) {
-      engine->EnableLentReaders([weak = std::weak_ptr<tpd_events>(held)] {
-        if (std::shared_ptr<tpd_events> events = weak.lock()) {
-          absl::MutexLock lock(&events->mu);
-          events->WakeRequestWaiter();
-        }
-      });
-    }
-    absl::MutexLock lock(&events.mu);
-    bool timed_out = false;
-    bool waiting_for_turn = false;  // counted among the engine's lent readers
-    // This thread served the last request; it takes the turn back (reclaiming set by it).
-    bool served_last = served_request_of == &events;
-    served_request_of = nullptr;
-    bool reclaimer = false;
-    auto end_reclaim = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(events.mu) {
-      if (!reclaimer) return;
-      reclaimer = false;
-      events.reclaiming = false;
-    };
-    auto stop_waiting_for_turn = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(events.mu) {
-      end_reclaim();
-      if (!waiting_for_turn) return;
-      waiting_for_turn = false;
-      // The turn is free and another lent reader waits for it: wake one.
-      if (engine->LentReaderWaits(-1)) events.WakeRequestWaiter();
-    };
-    while (true) {
-      if (events.stopped) {
-        stop_waiting_for_turn();
-        return absl::CancelledError("the client stopped its events");
-      }
-      for (auto* queue : {&events.replies, &events.requests}) {
-        const int mask = queue == &events.replies ? TPD_QUEUE_REPLIES : TPD_QUEUE_REQUESTS;
-        if ((queues & mask) != 0 && !queue->empty()) {
-          *out = queue->front().release();
-          queue->pop_front();
-          if (mask == TPD_QUEUE_REQUESTS) {
-            events.requests_queued = events.requests.size();
-            if (engine != nullptr) served_request_of = &events;
-          }
-          stop_waiting_for_turn();
-          // A lent reader's own request woke nobody: pass on what it leaves behind.
-          if (!queue->empty()) {
-            if (mask == TPD_QUEUE_REPLIES) {
-              events.replies_cv.Signal();
-            } else {
-              events.WakeRequestWaiter();
-            }
-          }
-          return absl::OkStatus();
-        }
-      }
-      // Checked after the queues: a wait that timed out as it was signalled has consumed the
-      // signal, so it must take the event itself.
-      if (timed_out) {
-        stop_waiting_for_turn();
-        return absl::DeadlineExceededError(
-            absl::StrCat("no event within ", timeout_us, " microseconds"));
-      }
-      if (engine != nullptr) {
-        if (waiting_for_turn) {
-          end_reclaim();  // before its own reading, which the flag would stop
-          ++events.lent_readers;
-          events.lent_engine = engine.get();
-          events.mu.Unlock();
-          lent_reader_of = &events;
-          const bool read =
-              engine->ReadAsLent(deadline, [&events] { return events.LentReaderInterrupted(); });
-          lent_reader_of = nullptr;
-          events.mu.Lock();
-          if (--events.lent_readers == 0) events.lent_engine = nullptr;
-          waiting_for_turn = false;
-          timed_out = absl::Now() >= deadline;
-          // What it read is queued for it (unless the stop took it), or its turn ended.
-          if (read || timed_out) continue;
-        }
-        // The thread that served the last request reads the next one: it takes the turn back
-        // from the lent reader that stood in at the ring while it ran. Requests that come one
-        // after another then run on one thread, whose core's caches hold what they touch
-        // (Python's objects, their reference counts written by every request); moved to
-        // another core each time, a request paid for every object it touched.
-        if (served_last && events.lent_readers > 0 && !events.reclaiming) {
-          reclaimer = true;
-          events.reclaiming = true;
-          events.lent_engine->NudgeReader();
-        }
-        served_last = false;
-        waiting_for_turn = true;
-        // The turn is free: take it, unless another thread takes it back.
-        if (engine->LentReaderWaits(+1) && (reclaimer || !events.reclaiming)) continue;
-        if (reclaimer) {  // once: back at the top, the loop ends the reclaim before it reads
-          events.mu.Unlock();
-          engine->SpinForTurn(std::min(deadline, absl::Now() + kReclaimSpin),
-                              [&events] { return events.RequestOrStop(); });
-          events.mu.Lock();
-          continue;  // takes the turn above when it came free
-        }
-        absl::CondVar mine;
-        events.lent_sleepers.push_back(&mine);
-        timed_out = mine.WaitWithDeadline(&events.mu, deadline);
-        // Gone from the stack when woken; still there when the wait timed out.
-        auto it = std::find(events.lent_sleepers.begin(), events.lent_sleepers.end(), &mine);
-        if (it != events.lent_sleepers.end()) events.lent_sleepers.erase(it);
-        continue;
-      }
-      const int both = TPD_QUEUE_REQUESTS | TPD_QUEUE_REPLIES;
-      absl::CondVar& cv = (queues & both) == both         ? events.any_cv
-                          : (queues & TPD_QUEUE_REQUESTS) ? events.requests_cv
-                                                          : events.replies_cv;
-      timed_out = cv.WaitWithDeadline(&events.mu, deadline);
-    }
+    absl::StatusOr<std::unique_ptr<tpd::ClientEvent>> event = events->Next(
+        queues, timeout_us < 0 ? absl::InfiniteDuration() : absl::Microseconds(timeout_us),
+        std::move(engine));
+    if (!event.ok()) return event.status();
+    *out = static_cast<tpd_event*>(event->release());  // queued by this library: a tpd_event
+    return absl::OkStatus();
   });
 }
 
 void tpd_event_free(tpd_event* event) {
   if (event == nullptr || Inherited(event->made_at_fork)) return;
-  if (event->kind == TPD_EVENT_REQUEST && event->responder.valid()) {
+  if (event->kind == tpd::ClientEvent::kRequest && event->responder.valid()) {
     (void)event->responder.Reply(absl::InternalError(absl::StrCat(
         "the process serving method '", event->method, "' dropped the call unanswered")));
   }
@@ -957,7 +734,7 @@ int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** mana
       dl.data = reinterpret_cast<void*>(t.device_pointer());
       dl.device = DLDevice{2, t.device().index};
     } else {
-      tpd_events& events = *event->events;
+      tpd::EventQueues& events = *event->events;
       bool take_copy = copy == 1;
       if (copy < 0) {
         const uint64_t heap = events.rx_heap_bytes.load();
@@ -986,7 +763,7 @@ int tpd_reply(tpd_event* event, const char* payload, size_t size, const tpd_tens
               int num_tensors, uint64_t release_tag) {
   return Guarded("tpd_reply", [&]() -> absl::Status {
     if (absl::Status s = Required(event, "event"); !s.ok()) return s;
-    if (event->kind != TPD_EVENT_REQUEST) {
+    if (event->kind != tpd::ClientEvent::kRequest) {
       return absl::InvalidArgumentError("tpd_reply: the event is not a request");
     }
     absl::StatusOr<std::string_view> bytes = Bytes(payload, size, "payload");
@@ -1014,7 +791,7 @@ int tpd_reply(tpd_event* event, const char* payload, size_t size, const tpd_tens
 int tpd_reply_error(tpd_event* event, int code, const char* message) {
   return Guarded("tpd_reply_error", [&]() -> absl::Status {
     if (absl::Status s = Required(event, "event"); !s.ok()) return s;
-    if (event->kind != TPD_EVENT_REQUEST) {
+    if (event->kind != tpd::ClientEvent::kRequest) {
       return absl::InvalidArgumentError("tpd_reply_error: the event is not a request");
     }
     if (code <= TPD_OK || code > TPD_UNAUTHENTICATED) code = TPD_UNKNOWN;
@@ -1070,9 +847,9 @@ int tpd_call_async_flags(tpd_client* client, const char* group, const char* work
     tpd::CallFuture future =
         client->client->CallAsync(Str(group), Str(worker), Str(method), *bytes, *converted,
                                   CallTimeout(timeout_us), (flags & TPD_CALL_REVERSE_MAP) != 0);
-    std::shared_ptr<tpd_events> events = client->events;
+    std::shared_ptr<tpd::EventQueues> events = client->events;
     future.Then([events, tag](const absl::StatusOr<tpd::Message>& result) {
-      std::unique_ptr<tpd_event> event = ReplyEvent(events, tag, result);
+      std::unique_ptr<tpd::ClientEvent> event = ReplyEvent(events, tag, result);
       (void)events->Push(event);  // stopped: nobody waits for it any more
     });
     return absl::OkStatus();
