@@ -214,30 +214,19 @@ void PrintGpus(const tpd::v1::GpuStatus& gpus, int64_t group_device_count) {
   }
 }
 
-int RunStatus(tpd::Client& client) {
-  absl::StatusOr<tpd::v1::StatusResponse> status = client.Status();
-  if (!status.ok()) return Error(status.status());
-  if (absl::GetFlag(FLAGS_json)) {
-    std::string json;
-    google::protobuf::util::JsonPrintOptions options;
-    options.add_whitespace = true;
-    options.always_print_primitive_fields = true;
-    options.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(*status, &json, options);
-    std::cout << json;
-    return 0;
-  }
-  const tpd::v1::StoreStats& store = status->store();
-  std::cout << "tpd " << status->version() << " (pid " << status->pid() << ") "
-            << status->serving_status() << "\n"
-            << "  socket:  " << status->socket_path() << " (mode " << status->config().socket_mode()
+// The daemon, its store and its groups' control calls.
+void PrintSummary(const tpd::v1::StatusResponse& status) {
+  const tpd::v1::StoreStats& store = status.store();
+  std::cout << "tpd " << status.version() << " (pid " << status.pid() << ") "
+            << status.serving_status() << "\n"
+            << "  socket:  " << status.socket_path() << " (mode " << status.config().socket_mode()
             << ")\n"
-            << "  uptime:  " << static_cast<int64_t>(status->uptime_seconds()) << "s"
+            << "  uptime:  " << static_cast<int64_t>(status.uptime_seconds()) << "s"
             << "\n"
             << "  config:  "
-            << (status->config().config_path().empty() ? "(defaults)"
-                                                       : status->config().config_path())
-            << ", log level " << status->config().log_level() << "\n"
+            << (status.config().config_path().empty() ? "(defaults)"
+                                                      : status.config().config_path())
+            << ", log level " << status.config().log_level() << "\n"
             << "  store:   " << store.num_keys() << " keys, " << store.bytes() << " bytes, "
             << store.waiters() << " waiting calls\n";
   for (const tpd::v1::StoreWriter& writer : store.writers()) {
@@ -260,17 +249,21 @@ int RunStatus(tpd::Client& client) {
     }
     std::cout << "  errors:  " << absl::StrJoin(errors, " ") << "\n";
   }
-  if (!status->control_calls().empty()) {
+  if (!status.control_calls().empty()) {
     std::vector<std::string> calls;
     for (const auto& [method, count] : std::map<std::string, int64_t>(
-             status->control_calls().begin(), status->control_calls().end())) {
+             status.control_calls().begin(), status.control_calls().end())) {
       calls.push_back(absl::StrCat(method, "=", count));
     }
-    std::cout << "  groups:  " << status->groups_size() << " tracked; calls "
+    std::cout << "  groups:  " << status.groups_size() << " tracked; calls "
               << absl::StrJoin(calls, " ") << "\n";
   }
+}
+
+// The rendezvous stores the daemon's groups beat in.
+void PrintRendezvousStores(const tpd::v1::StatusResponse& status) {
   const absl::Time now = absl::Now();
-  for (const tpd::v1::RendezvousStoreInfo& store : status->rendezvous_stores()) {
+  for (const tpd::v1::RendezvousStoreInfo& store : status.rendezvous_stores()) {
     std::cout << "    store " << store.name() << ": liveness by " << store.liveness();
     if (store.liveness() == "lease" && store.lease_id().empty()) {
       std::cout << " (none held)";
@@ -291,48 +284,74 @@ int RunStatus(tpd::Client& client) {
     if (store.leases_lost() > 0) std::cout << "; " << store.leases_lost() << " leases lost";
     std::cout << "\n";
   }
-  if (!status->data_socket().empty()) {
-    std::cout << "  data:    " << status->data_socket() << ", " << status->attached_session_count()
-              << " sessions attached (max " << status->config().data_max_sessions() << ", "
-              << status->config().data_sessions_kept_free() << " kept for other users, "
-              << (status->config().data_max_shared_memory_bytes() >> 20) << " MiB of segments), "
-              << status->open_session_count() << " sessions open (max "
-              << status->config().data_max_open_sessions() << ")"
-              << (status->config().data_share_memory()
-                      ? "; large tensors shared between sessions of one uid and gid\n"
-                      : "; every tensor copied (share_memory off)\n");
-    for (const tpd::v1::UidUse& use : status->uid_use()) {
-      std::cout << "    uid " << use.uid() << ": " << use.attached_sessions()
-                << " sessions attached (max " << status->config().data_max_sessions_per_uid()
-                << "), " << use.segment_bytes() << " B of segments, " << use.pending_connections()
-                << " connections not attached yet\n";
-    }
-    for (const tpd::v1::AttachedSession& session : status->attached_sessions()) {
-      std::cout << "    session " << session.handle() << ": pid " << session.pid() << " uid "
-                << session.uid() << " gid " << session.gid() << ": arena " << session.arena_bytes()
-                << " B x 2, segment " << session.segment_bytes() << " B; "
-                << session.calls_in_flight() << " calls in flight, rx heap "
-                << session.rx_heap_used() << "/" << session.rx_heap_bytes() << " B used, "
-                << session.reader_wakeups() << " wake-ups of its reader, "
-                << session.daemon_sleeps() << " sleeps of its daemon thread";
-      if (session.unposted_completions() > 0) {
-        std::cout << ", " << session.unposted_completions() << " completions waiting for room";
-      }
-      if (session.bytes_shared() > 0) {
-        std::cout << ", " << session.bytes_shared() << " B of tensors received uncopied";
-      }
-      std::cout << "\n";
-      if (session.cuda_pools_size() > 0 || session.cuda_open_allocations() > 0) {
-        std::vector<std::string> pools;
-        for (const tpd::v1::CudaPoolStatus& pool : session.cuda_pools()) {
-          pools.push_back(absl::StrCat(pool.device(), " ", pool.used(), "/", pool.bytes(), " B"));
-        }
-        std::cout << "      cuda: pools " << (pools.empty() ? "none" : absl::StrJoin(pools, ", "))
-                  << "; " << session.cuda_open_allocations() << " IPC mappings open in the "
-                  << "daemon\n";
-      }
-    }
+}
+
+// One session attached to the data plane.
+void PrintSession(const tpd::v1::AttachedSession& session, const tpd::v1::ConfigSummary& config) {
+  std::cout << "    session " << session.handle() << ": pid " << session.pid() << " uid "
+            << session.uid() << " gid " << session.gid() << ": arena " << session.arena_bytes()
+            << " B x 2, segment " << session.segment_bytes() << " B; " << session.calls_in_flight()
+            << " calls in flight, rx heap " << session.rx_heap_used() << "/"
+            << session.rx_heap_bytes() << " B used, " << session.reader_wakeups()
+            << " wake-ups of its reader, " << session.daemon_sleeps()
+            << " sleeps of its daemon thread";
+  if (session.unposted_completions() > 0) {
+    std::cout << ", " << session.unposted_completions() << " completions waiting for room";
   }
+  if (session.bytes_shared() > 0) {
+    std::cout << ", " << session.bytes_shared() << " B of tensors received uncopied";
+  }
+  std::cout << "\n";
+  if (session.cuda_pools_size() > 0 || session.cuda_open_allocations() > 0) {
+    std::vector<std::string> pools;
+    for (const tpd::v1::CudaPoolStatus& pool : session.cuda_pools()) {
+      pools.push_back(absl::StrCat(pool.device(), " ", pool.used(), "/", pool.bytes(), " B"));
+    }
+    std::cout << "      cuda: pools " << (pools.empty() ? "none" : absl::StrJoin(pools, ", "))
+              << "; " << session.cuda_open_allocations() << " IPC mappings open in the "
+              << "daemon\n";
+  }
+}
+
+// The data plane: its socket, sessions and their use by uid.
+void PrintDataPlane(const tpd::v1::StatusResponse& status) {
+  if (status.data_socket().empty()) return;
+  std::cout << "  data:    " << status.data_socket() << ", " << status.attached_session_count()
+            << " sessions attached (max " << status.config().data_max_sessions() << ", "
+            << status.config().data_sessions_kept_free() << " kept for other users, "
+            << (status.config().data_max_shared_memory_bytes() >> 20) << " MiB of segments), "
+            << status.open_session_count() << " sessions open (max "
+            << status.config().data_max_open_sessions() << ")"
+            << (status.config().data_share_memory()
+                    ? "; large tensors shared between sessions of one uid and gid\n"
+                    : "; every tensor copied (share_memory off)\n");
+  for (const tpd::v1::UidUse& use : status.uid_use()) {
+    std::cout << "    uid " << use.uid() << ": " << use.attached_sessions()
+              << " sessions attached (max " << status.config().data_max_sessions_per_uid() << "), "
+              << use.segment_bytes() << " B of segments, " << use.pending_connections()
+              << " connections not attached yet\n";
+  }
+  for (const tpd::v1::AttachedSession& session : status.attached_sessions()) {
+    PrintSession(session, status.config());
+  }
+}
+
+int RunStatus(tpd::Client& client) {
+  absl::StatusOr<tpd::v1::StatusResponse> status = client.Status();
+  if (!status.ok()) return Error(status.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions options;
+    options.add_whitespace = true;
+    options.always_print_primitive_fields = true;
+    options.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(*status, &json, options);
+    std::cout << json;
+    return 0;
+  }
+  PrintSummary(*status);
+  PrintRendezvousStores(*status);
+  PrintDataPlane(*status);
   PrintLatencies(status->call_latency());
   if (status->has_agent()) PrintAgent(status->agent());
   PrintGpus(status->gpus(), status->node().device_count());
@@ -474,117 +493,139 @@ absl::Status ParseDeviceMaps(const std::string& text, tpd::v1::BackendOptions* o
   return absl::OkStatus();
 }
 
+int GroupList(tpd::Client& client) {
+  absl::StatusOr<std::vector<tpd::v1::GroupView>> groups = client.ListGroups();
+  if (!groups.ok()) return Error(groups.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    tpd::v1::ListGroupsResponse response;
+    response.mutable_groups()->Add(groups->begin(), groups->end());
+    std::cout << ToJson(response);
+    return 0;
+  }
+  for (const tpd::v1::GroupView& view : *groups) {
+    std::cout << view.group() << "  " << view.phase() << "  version " << view.version() << "  "
+              << view.members_size() << " members  " << view.store() << "\n";
+  }
+  return 0;
+}
+
+int GroupShow(tpd::Client& client, const std::string& group) {
+  absl::StatusOr<tpd::v1::GroupView> view =
+      client.GetGroup(group, absl::GetFlag(FLAGS_init_method));
+  if (!view.ok()) return Error(view.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << ToJson(*view);
+  } else {
+    PrintGroup(*view);
+  }
+  return 0;
+}
+
+int GroupWatch(tpd::Client& client, const std::string& group) {
+  std::unique_ptr<tpd::GroupWatch> watch = client.Watch(group, absl::GetFlag(FLAGS_init_method));
+  tpd::v1::GroupEvent event;
+  while (watch->Next(&event)) {
+    if (absl::GetFlag(FLAGS_json)) {
+      std::string line;
+      (void)google::protobuf::util::MessageToJsonString(event, &line);
+      std::cout << line << std::endl;
+    } else {
+      std::cout << "version " << event.group().version() << " " << event.kind() << " "
+                << event.group().phase() << " members " << event.group().members_size()
+                << (event.detail().empty() ? "" : ": ") << event.detail() << std::endl;
+    }
+  }
+  absl::Status status = watch->Finish();
+  return status.ok() ? 0 : Error(status);
+}
+
+// `group join`'s options from the flags: INVALID_ARGUMENT for a bad --device_maps.
+absl::StatusOr<tpd::JoinOptions> JoinOptionsFromFlags(const std::string& group,
+                                                      const std::string& name) {
+  tpd::JoinOptions options;
+  options.group = group;
+  options.name = name;
+  options.init_method = absl::GetFlag(FLAGS_init_method);
+  if (absl::GetFlag(FLAGS_rank) >= 0) options.rank = absl::GetFlag(FLAGS_rank);
+  if (absl::GetFlag(FLAGS_world_size) >= 0) options.world_size = absl::GetFlag(FLAGS_world_size);
+  options.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  if (absl::Status maps = ParseDeviceMaps(absl::GetFlag(FLAGS_device_maps), &options.options);
+      !maps.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--device_maps: ", maps.message()));
+  }
+  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipEmpty())) {
+    options.options.add_devices(std::string(d));
+  }
+  for (absl::string_view t :
+       absl::StrSplit(absl::GetFlag(FLAGS_transports), ',', absl::SkipEmpty())) {
+    options.options.add_transports(std::string(t));
+  }
+  for (absl::string_view c :
+       absl::StrSplit(absl::GetFlag(FLAGS_channels), ',', absl::SkipEmpty())) {
+    options.options.add_channels(std::string(c));
+  }
+  return options;
+}
+
+// Stays a member until SIGTERM, SIGINT or the end of stdin; then leaves explicitly.
+int HoldMembership(tpd::Client& client, const tpd::JoinOptions& options) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  std::thread stdin_closed([] {
+    char buf[256];
+    while (read(STDIN_FILENO, buf, sizeof(buf)) > 0) {
+    }
+    kill(getpid(), SIGTERM);
+  });
+  stdin_closed.detach();
+  int signal = 0;
+  sigwait(&stop, &signal);
+  absl::Status left = client.Leave(options.group, options.name);
+  return left.ok() ? 0 : Error(left);
+}
+
+int GroupJoin(tpd::Client& client, const std::string& group, const std::string& name) {
+  absl::StatusOr<tpd::JoinOptions> options = JoinOptionsFromFlags(group, name);
+  if (!options.ok()) return Usage(std::string(options.status().message()));
+  absl::StatusOr<tpd::v1::JoinResponse> joined = client.Join(*options);
+  if (!joined.ok()) return Error(joined.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << ToJson(*joined) << std::flush;
+  } else {
+    std::cout << "joined " << options->group << " as " << options->name << " rank "
+              << joined->rank() << "\n";
+    PrintGroup(joined->group());
+    const tpd::v1::NegotiatedMember& own = joined->negotiated();
+    std::cout << "  negotiated for " << own.name() << ": devices ["
+              << absl::StrJoin(own.devices(), ", ") << "] device_maps "
+              << MapsText(own.device_maps()) << " reverse " << MapsText(own.reverse_device_maps())
+              << "\n";
+    std::cout << std::flush;
+  }
+  return absl::GetFlag(FLAGS_hold) ? HoldMembership(client, *options) : 0;
+}
+
 int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
   if (args.empty()) return Usage("group needs a command");
   const std::string& command = args[0];
-  const bool json = absl::GetFlag(FLAGS_json);
-  const std::string init_method = absl::GetFlag(FLAGS_init_method);
-  if (command == "list") {
-    absl::StatusOr<std::vector<tpd::v1::GroupView>> groups = client.ListGroups();
-    if (!groups.ok()) return Error(groups.status());
-    if (json) {
-      tpd::v1::ListGroupsResponse response;
-      response.mutable_groups()->Add(groups->begin(), groups->end());
-      std::cout << ToJson(response);
-    } else {
-      for (const tpd::v1::GroupView& view : *groups) {
-        std::cout << view.group() << "  " << view.phase() << "  version " << view.version() << "  "
-                  << view.members_size() << " members  " << view.store() << "\n";
-      }
-    }
-    return 0;
-  }
+  if (command == "list") return GroupList(client);
   if (command == "show") {
     if (args.size() != 2) return Usage("usage: tpctl group show GROUP [--init_method URL]");
-    absl::StatusOr<tpd::v1::GroupView> view = client.GetGroup(args[1], init_method);
-    if (!view.ok()) return Error(view.status());
-    if (json) {
-      std::cout << ToJson(*view);
-    } else {
-      PrintGroup(*view);
-    }
-    return 0;
+    return GroupShow(client, args[1]);
   }
   if (command == "watch") {
     if (args.size() != 2) return Usage("usage: tpctl group watch GROUP [--init_method URL]");
-    std::unique_ptr<tpd::GroupWatch> watch = client.Watch(args[1], init_method);
-    tpd::v1::GroupEvent event;
-    while (watch->Next(&event)) {
-      if (json) {
-        std::string line;
-        (void)google::protobuf::util::MessageToJsonString(event, &line);
-        std::cout << line << std::endl;
-      } else {
-        std::cout << "version " << event.group().version() << " " << event.kind() << " "
-                  << event.group().phase() << " members " << event.group().members_size()
-                  << (event.detail().empty() ? "" : ": ") << event.detail() << std::endl;
-      }
-    }
-    absl::Status status = watch->Finish();
-    return status.ok() ? 0 : Error(status);
+    return GroupWatch(client, args[1]);
   }
   if (command == "join") {
     if (args.size() != 3) return Usage("usage: tpctl group join GROUP NAME --init_method URL");
-    tpd::JoinOptions options;
-    options.group = args[1];
-    options.name = args[2];
-    options.init_method = init_method;
-    if (absl::GetFlag(FLAGS_rank) >= 0) options.rank = absl::GetFlag(FLAGS_rank);
-    if (absl::GetFlag(FLAGS_world_size) >= 0) options.world_size = absl::GetFlag(FLAGS_world_size);
-    options.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
-    if (absl::Status maps = ParseDeviceMaps(absl::GetFlag(FLAGS_device_maps), &options.options);
-        !maps.ok()) {
-      return Usage(absl::StrCat("--device_maps: ", maps.message()));
-    }
-    for (absl::string_view d :
-         absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipEmpty())) {
-      options.options.add_devices(std::string(d));
-    }
-    for (absl::string_view t :
-         absl::StrSplit(absl::GetFlag(FLAGS_transports), ',', absl::SkipEmpty())) {
-      options.options.add_transports(std::string(t));
-    }
-    for (absl::string_view c :
-         absl::StrSplit(absl::GetFlag(FLAGS_channels), ',', absl::SkipEmpty())) {
-      options.options.add_channels(std::string(c));
-    }
-    absl::StatusOr<tpd::v1::JoinResponse> joined = client.Join(options);
-    if (!joined.ok()) return Error(joined.status());
-    if (json) {
-      std::cout << ToJson(*joined) << std::flush;
-    } else {
-      std::cout << "joined " << options.group << " as " << options.name << " rank "
-                << joined->rank() << "\n";
-      PrintGroup(joined->group());
-      const tpd::v1::NegotiatedMember& own = joined->negotiated();
-      std::cout << "  negotiated for " << own.name() << ": devices ["
-                << absl::StrJoin(own.devices(), ", ") << "] device_maps "
-                << MapsText(own.device_maps()) << " reverse " << MapsText(own.reverse_device_maps())
-                << "\n";
-      std::cout << std::flush;
-    }
-    if (!absl::GetFlag(FLAGS_hold)) return 0;
-    // Stay a member until told to go; then leave explicitly.
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-    std::thread stdin_closed([] {
-      char buf[256];
-      while (read(STDIN_FILENO, buf, sizeof(buf)) > 0) {
-      }
-      kill(getpid(), SIGTERM);
-    });
-    stdin_closed.detach();
-    int signal = 0;
-    sigwait(&stop, &signal);
-    absl::Status left = client.Leave(options.group, options.name);
-    return left.ok() ? 0 : Error(left);
+    return GroupJoin(client, args[1], args[2]);
   }
   return Usage(absl::StrCat("unknown group command \"", command, "\""));
 }
-
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -27,6 +27,7 @@ PACKAGES=(
   python3-pip python3-wheel  # tests/python checks `pip install ./python` works offline
   binutils                 # nm: tests/python checks what libtpd_client.so exports
   git clang-format python3-flake8  # tools/lint.sh: the style .clang-format and .flake8 declare
+  clang-tidy               # tools/tidy.sh: the checks .clang-tidy declares
 )
 
 # etcd's v3 API (.proto files) for store/etcd, from Debian's Go source packages. Installing

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's second command: set up this machine, check the declared style (tools/lint.sh),
-# build everything (also under clang's thread-safety analysis), run every test, and print
+# The README's second command: set up this machine, check the declared style (tools/lint.sh,
+# and tools/tidy.sh after the build), build everything (also under clang's thread-safety
+# analysis), run every test, and print
 # "N passed, N failed, N skipped" counted from the test cases' own XML reports.
 #
 #   tools/test.sh [BAZEL TEST ARGS...]      e.g. tools/test.sh --config=asan
@@ -33,6 +34,9 @@ bazel --output_base="$tsa_base" shutdown
 # Every test runs for real: none is taken from the disk cache (.bazelrc) of an earlier run.
 bazel test //... --nocache_test_results --build_event_json_file="$events" "$@"
 bazel_rc=$?
+# .clang-tidy's checks need the generated headers the build above made.
+tools/tidy.sh
+tidy_rc=$?
 if [[ $tsa_rc -ne 0 ]]; then
   echo "the thread-safety build (bazel build --config=tsa //...) failed (exit $tsa_rc)"
 fi
@@ -46,6 +50,10 @@ fi
 if [[ $lint_rc -ne 0 ]]; then
   echo "tools/lint.sh found code off the declared style (above); the run fails whatever the count says"
   exit "$lint_rc"
+fi
+if [[ $tidy_rc -ne 0 ]]; then
+  echo "tools/tidy.sh found code off .clang-tidy's checks (above); the run fails whatever the count says"
+  exit "$tidy_rc"
 fi
 if [[ $bazel_rc -ne 0 ]]; then
   # 3: some target failed although everything built; anything else: the build or the
