@@ -1,12 +1,67 @@
 """A Python handle on the node's daemon over the C ABI: the layer tpd.rpc and tpd.Store share.
 
-Payloads are bytes; tensors go in as ``_capi.Tensor`` descriptors and come out of events as
-DLPack capsules (``Event.dlpack``), so this module needs nothing beyond the standard library.
+With ``tpd._capi`` (the library's loading and its C types), this is the ctypes layer: no other
+module of tpd imports either. Payloads are bytes; tensors go in as descriptors
+(``storage_descriptor``) and come out of events as DLPack capsules (``Event.dlpack``); times
+are seconds, as everywhere in tpd's Python (the ABI's microseconds stay in here).
 """
 
 import ctypes
 
 from tpd import _capi
+# What the rest of tpd needs of the ABI's words, as plain Python values and errors.
+from tpd._capi import (CALL_REVERSE_MAP, DEADLINE_EXCEEDED, EVENT_RELEASED, INVALID_ARGUMENT, OK,
+                       QUEUE_REPLIES, QUEUE_REQUESTS, TpdError, b, is_mine)
+
+__all__ = [
+    "CALL_REVERSE_MAP", "DEADLINE_EXCEEDED", "EVENT_RELEASED", "INVALID_ARGUMENT", "OK",
+    "QUEUE_REPLIES", "QUEUE_REQUESTS", "TpdError", "b", "is_mine",
+    "Client", "Event", "StoreHandle", "forked_from", "group_reader", "library_path",
+    "storage_descriptor",
+]
+
+
+def forked_from():
+    """The pid of the process this one was forked from after it loaded the library, or None."""
+    return _capi._forked_from
+
+
+def library_path():
+    """The path of the client library this process loaded (loading it now if it has not)."""
+    return _capi.library()._name
+
+
+def storage_descriptor(data_ptr, nbytes, cuda_device=None, stream=None):
+    """A tensor descriptor of ``nbytes`` bytes (uint8, 1-D) at ``data_ptr``: host memory, or
+    device memory of ``cuda_device`` written on ``stream`` (a cudaStream_t, None: the default
+    stream). The pickle of a message says what the bytes hold."""
+    descriptor = _capi.Tensor()
+    descriptor.dtype = 6  # uint8
+    descriptor.ndim = 1
+    descriptor.shape[0] = nbytes
+    descriptor.data = data_ptr or None
+    descriptor.nbytes = nbytes
+    if cuda_device is None:
+        descriptor.device_type = _capi.CPU
+    else:
+        descriptor.device_type = _capi.CUDA
+        descriptor.device_index = cuda_device
+        descriptor.stream = stream or None
+    return descriptor
+
+
+def group_reader(client, group):
+    """A function returning ``group``'s view (the daemon's GroupView as a dict) through
+    ``client``'s handle, which keeps working once the client was detached to its new owner (the
+    TPD agent, which asks only while it runs)."""
+    lib, handle = client._lib, client._handle.value
+    encoded = _capi.b(group)
+
+    def read():
+        out = ctypes.c_void_p()
+        _capi.check(lib.tpd_get_group(handle, encoded, None, ctypes.byref(out)), lib)
+        return _capi.take_json(out.value, lib)
+    return read
 
 
 class _Library:
@@ -119,6 +174,10 @@ def _capsule(managed):
     return _PyCapsule_New(managed, b"dltensor", None)
 
 
+# tpd_join_options_set's keys whose values are microseconds there, seconds here.
+_SECONDS_OPTIONS = ("timeout", "rpc_timeout")
+
+
 def _tensor_array(tensors):
     n = len(tensors)
     if n == 0:
@@ -162,13 +221,16 @@ class Client(_Library):
     # --- groups ---
 
     def join(self, options, device_maps=None):
-        """``options``: {key: value or [values]} as tpd_join_options_set takes them;
+        """``options``: {key: value or [values]} as tpd_join_options_set takes them, but for
+        times, in seconds under the key without its ``_us`` ("timeout", "rpc_timeout");
         ``device_maps``: {worker: {from: to}}. Returns the JoinResponse as a dict."""
         opts = self._lib.tpd_join_options_new()
         if not opts:
             raise MemoryError("tpd_join_options_new")
         try:
             for key, value in options.items():
+                if key in _SECONDS_OPTIONS:
+                    key, value = key + "_us", _capi.timeout_us(float(value))
                 for v in value if isinstance(value, (list, tuple)) else [value]:
                     self._ok(self._lib.tpd_join_options_set(opts, _capi.b(key), _capi.b(v)))
             for worker, mapping in (device_maps or {}).items():
@@ -231,24 +293,25 @@ class Client(_Library):
         self._ok(code)
         return Event(out.value)
 
-    def call(self, group, worker, method, payload, tensors=(), timeout_us=_capi.TIMEOUT_DEFAULT):
-        """Calls and waits; returns the reply Event (its status says whether it failed)."""
+    def call(self, group, worker, method, payload, tensors=(), timeout=None):
+        """Calls and waits at most ``timeout`` seconds (0: no limit; None: the group's
+        rpc_timeout); returns the reply Event (its status says whether it failed)."""
         array, n = _tensor_array(tensors)
         out = ctypes.c_void_p()
         code = self._lib.tpd_call(self._handle, _capi.b(group), _capi.b(worker),
-                                  _capi.b(method), payload, len(payload), array, n, timeout_us,
-                                  ctypes.byref(out))
+                                  _capi.b(method), payload, len(payload), array, n,
+                                  _capi.timeout_us(timeout), ctypes.byref(out))
         if not out.value:
             self._ok(code)  # refused before the call: bad arguments
         return Event(out.value)
 
-    def call_async(self, group, worker, method, payload, tensors, timeout_us, tag, flags=0):
-        """Starts a call; its reply arrives on the replies queue with ``tag``. ``flags``:
-        _capi.CALL_REVERSE_MAP (tpd_call_async_flags)."""
+    def call_async(self, group, worker, method, payload, tensors, timeout, tag, flags=0):
+        """Starts a call (``timeout`` as call's); its reply arrives on the replies queue with
+        ``tag``. ``flags``: CALL_REVERSE_MAP (tpd_call_async_flags)."""
         array, n = _tensor_array(tensors)
         self._ok(self._lib.tpd_call_async_flags(self._handle, _capi.b(group), _capi.b(worker),
                                                 _capi.b(method), payload, len(payload), array,
-                                                n, timeout_us, tag, flags))
+                                                n, _capi.timeout_us(timeout), tag, flags))
 
     # --- the store ---
 

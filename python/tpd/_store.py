@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Union
 
 import torch.distributed as dist
 
-from tpd import _capi
+from tpd import _client
 from tpd._client import Client
 
 _DEFAULT_TIMEOUT = timedelta(seconds=300)  # torch's Store default
@@ -54,7 +54,7 @@ class Store(dist.Store):
 
     Raises:
         TypeError: ``timeout`` not a ``timedelta``.
-        tpd._capi.TpdError: no daemon at the socket, or one this user may not trust (naming
+        tpd._client.TpdError: no daemon at the socket, or one this user may not trust (naming
             the socket and why).
 
     Every operation raises ``RuntimeError`` as torch's stores do: with "Timeout" in its
@@ -84,8 +84,8 @@ class Store(dist.Store):
         RuntimeError, with "Timeout" for waits that ran out."""
         try:
             return operation(*args)
-        except _capi.TpdError as error:
-            if error.code == _capi.DEADLINE_EXCEEDED:
+        except _client.TpdError as error:
+            if error.code == _client.DEADLINE_EXCEEDED:
                 raise RuntimeError(f"Socket Timeout: {error}") from None
             raise RuntimeError(str(error)) from None
 

@@ -14,14 +14,13 @@ is the C++ extension ``tpd._C`` (python/tpd/csrc), built against the installed t
 """
 
 import atexit
-import ctypes
 import functools
 import os
 
 import torch.distributed.rpc as _rpc
 from torch.distributed.rpc import backend_registry as _registry
 
-from . import _capi
+from . import _client
 from ._client import Client
 from .rpc import api as _api
 
@@ -58,13 +57,10 @@ def _members(client, group):
     """What lists ``group``'s members now, [(name, rank)], through ``client``'s handle (which
     the agent owns from init on, and asks only while it runs): a dynamic group's agent asks it
     for workers that joined since."""
-    lib, handle = client._lib, client._handle.value
+    read = _client.group_reader(client, group)
 
     def members():
-        out = ctypes.c_void_p()
-        _capi.check(lib.tpd_get_group(handle, _capi.b(group), None, ctypes.byref(out)), lib)
-        view = _capi.take_json(out.value, lib)
-        return [(m["name"], int(m.get("rank", 0))) for m in view.get("members", [])]
+        return [(m["name"], int(m.get("rank", 0))) for m in read().get("members", [])]
     return members
 
 
@@ -101,10 +97,10 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
     options = rpc_backend_options
     if not isinstance(options, _rpc.TensorPipeRpcBackendOptions):
         raise TypeError(f"`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`. {options}")
-    if _capi._forked_from is not None:
+    if _client.forked_from() is not None:
         # tpd._C finds the library by its path, i.e. the parent's copy, not this child's.
         raise RuntimeError(
-            f"backend=TPD cannot start in a process forked from process {_capi._forked_from} "
+            f"backend=TPD cannot start in a process forked from process {_client.forked_from()} "
             "after tpd's client library was loaded there: start it with multiprocessing's "
             "'spawn' or 'forkserver' start method, or exec it (tpd.rpc can init in a forked child)")
     # CUDA tensors sent to this worker land in a receive pool on each of its devices
@@ -118,7 +114,7 @@ def _init_backend(store, name, rank, world_size, rpc_backend_options):
         workers = _members(client, group)()
         negotiated = response.get("negotiated", {})
         agent = _extension().TpdAgent(
-            library=_capi.library()._name, client=client._handle.value, group=group, name=name,
+            library=_client.library_path(), client=client._handle.value, group=group, name=name,
             rank=int(response.get("rank", rank)), is_static=bool(world_size), workers=workers,
             num_worker_threads=int(options.num_worker_threads),
             rpc_timeout_seconds=float(options.rpc_timeout),

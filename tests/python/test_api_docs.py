@@ -4,7 +4,9 @@ arguments say them under "Args:", and every parameter and return value is annota
 torch defines and tpd.rpc re-exports unchanged (WorkerInfo, BackendType, RpcBackendOptions)
 are torch's to document."""
 
+import ast
 import inspect
+import pathlib
 
 import pytest
 
@@ -49,3 +51,27 @@ def test_documented_and_typed(name, obj):
              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if len(named) > 1:
         assert "Args:" in inspect.getdoc(obj), f"{name} takes arguments but has no Args:"
+
+
+def test_only_the_ctypes_layer_touches_ctypes_and_the_library():
+    """tpd._capi (the library's loading, its C types) and tpd._client (the handles over it) are
+    the ctypes layer: every other module sees Python values and errors only. tpd.rpc._state's
+    use of CPython's own API (ctypes.pythonapi, to keep a forked child's agent forever) is not
+    the library's."""
+    root = pathlib.Path(tpd.__file__).parent
+    layer = {"_capi.py", "_client.py"}
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name in layer:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                touches_ctypes = name == "ctypes" and path.name != "_state.py"
+                if touches_ctypes or name.endswith("_capi"):
+                    offenders.append(f"{path.relative_to(root)}: imports {name}")
+    assert offenders == []

@@ -85,7 +85,7 @@ def test_next_event_times_out_and_stops(daemon):
 def _pair(daemon):
     a, b = Client(daemon.socket), Client(daemon.socket)
     for client, name in ((a, "a"), (b, "b")):
-        client.join({"group": "g", "name": name, "timeout_us": 10_000_000,
+        client.join({"group": "g", "name": name, "timeout": 10.0,
                      "init_method": f"tcp://{daemon.peer_address}"})
     b.serve("echo")
     return a, b
@@ -105,7 +105,7 @@ def test_a_call_by_the_reverse_map_is_delivered_and_unknown_flags_are_refused(da
     land, is tested on the GPU machine (test_backend.py)."""
     a, b = _pair(daemon)
     data = ctypes.create_string_buffer(b"gradient", 8)
-    a.call_async("g", "b", "echo", b"back", [_bytes_tensor(data)], 5_000_000, tag=4,
+    a.call_async("g", "b", "echo", b"back", [_bytes_tensor(data)], 5.0, tag=4,
                  flags=_capi.CALL_REVERSE_MAP)
     request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
     assert request.read() == (_capi.OK, "", b"back", 1)
@@ -113,7 +113,7 @@ def test_a_call_by_the_reverse_map_is_delivered_and_unknown_flags_are_refused(da
     reply = a.next_event(_capi.QUEUE_REPLIES, timeout=5)
     assert (reply.tag, reply.status(), reply.payload()) == (4, (0, ""), b"done")
     with pytest.raises(_capi.TpdError) as error:
-        a.call_async("g", "b", "echo", b"x", [], 5_000_000, tag=5, flags=4)
+        a.call_async("g", "b", "echo", b"x", [], 5.0, tag=5, flags=4)
     assert error.value.code == _capi.INVALID_ARGUMENT
     assert "flags 4 has unknown bits" in str(error.value)
     a.close()
@@ -123,7 +123,7 @@ def test_a_call_by_the_reverse_map_is_delivered_and_unknown_flags_are_refused(da
 def test_requests_answered_later_from_another_thread_with_tensors(daemon):
     a, b = _pair(daemon)
     data = ctypes.create_string_buffer(b"tensor bytes", 12)
-    a.call_async("g", "b", "echo", b"hello", [_bytes_tensor(data)], 5_000_000, tag=7)
+    a.call_async("g", "b", "echo", b"hello", [_bytes_tensor(data)], 5.0, tag=7)
     request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
     assert (request.kind, request.method, request.caller, request.payload()) == (
         _capi.EVENT_REQUEST, "echo", "a", b"hello")
@@ -147,14 +147,14 @@ def test_requests_answered_later_from_another_thread_with_tensors(daemon):
 
 def test_a_request_dropped_unanswered_answers_internal_at_once(daemon):
     a, b = _pair(daemon)
-    a.call_async("g", "b", "echo", b"x", [], 30_000_000, tag=1)
+    a.call_async("g", "b", "echo", b"x", [], 30.0, tag=1)
     b.next_event(_capi.QUEUE_REQUESTS, timeout=5).free()
     reply = a.next_event(_capi.QUEUE_REPLIES, timeout=5)
     code, message = reply.status()
     assert code == _capi.INTERNAL and "dropped the call unanswered" in message
     assert reply.read() == (code, message, b"", 0)
     # An error reply keeps its code, marked as the remote handler's.
-    a.call_async("g", "b", "echo", b"x", [], 30_000_000, tag=2)
+    a.call_async("g", "b", "echo", b"x", [], 30.0, tag=2)
     b.next_event(_capi.QUEUE_REQUESTS, timeout=5).reply_error(_capi.NOT_FOUND, "no such key")
     code, message = a.next_event(_capi.QUEUE_REPLIES, timeout=5).status()
     assert code == _capi.NOT_FOUND and "remote handler of worker 'b'" in message
@@ -179,7 +179,7 @@ def test_bad_tensors_are_refused_before_anything_is_sent(daemon):
 
 def test_a_reply_sent_with_a_release_tag_tells_when_its_tensors_may_change(daemon):
     a, b = _pair(daemon)
-    a.call_async("g", "b", "echo", b"x", [], 5_000_000, tag=3)
+    a.call_async("g", "b", "echo", b"x", [], 5.0, tag=3)
     request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
     request.reply(b"y", release_tag=41)
     assert a.next_event(_capi.QUEUE_REPLIES, timeout=5).payload() == b"y"
@@ -206,7 +206,7 @@ def test_an_arena_block_is_in_flight_until_the_daemon_lets_go_of_it(daemon):
     t.dtype, t.ndim, t.nbytes, t.device_type = 6, 1, 1 << 20, _capi.CPU
     t.shape[0] = 1 << 20
     t.data = data
-    a.call_async("g", "b", "echo", b"", [t], 5_000_000, tag=3)
+    a.call_async("g", "b", "echo", b"", [t], 5.0, tag=3)
     request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
     # b (a C ABI client) takes no tensors in a's memory: the daemon copied the block for it
     # and lets go of it, whatever b still holds.
@@ -232,7 +232,7 @@ def test_a_forked_child_forgets_its_parents_handles_and_connects_with_its_own_li
     a, b = _pair(daemon)
     store = b.store(group="g")
     store.set("k", b"v")
-    a.call_async("g", "b", "echo", b"x", [], 30_000_000, tag=1)
+    a.call_async("g", "b", "echo", b"x", [], 30.0, tag=1)
     request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
     child = os.fork()
     if child == 0:
@@ -265,7 +265,7 @@ def test_a_forked_child_forgets_its_parents_handles_and_connects_with_its_own_li
     assert a.next_event(_capi.QUEUE_REPLIES, timeout=5).read() == (
         _capi.OK, "", b"from the parent", 0)
     # Both are still in the group, and the store still open.
-    a.call_async("g", "b", "echo", b"y", [], 5_000_000, tag=2)
+    a.call_async("g", "b", "echo", b"y", [], 5.0, tag=2)
     b.next_event(_capi.QUEUE_REQUESTS, timeout=5).reply(b"again")
     assert a.next_event(_capi.QUEUE_REPLIES, timeout=5).payload() == b"again"
     assert store.get("k", timeout=5) == b"v"

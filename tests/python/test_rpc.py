@@ -162,7 +162,7 @@ def test_a_process_outside_the_job_can_neither_join_nor_call(daemon, workdir):
         for secret in ("", "guessed"):
             with pytest.raises(_capi.TpdError) as error:
                 outsider.join({"group": group, "name": "intruder", "init_method": init,
-                               "secret": secret, "timeout_us": 5_000_000})
+                               "secret": secret, "timeout": 5.0})
             assert error.value.code == _capi.PERMISSION_DENIED, error.value
         # Not a member: it cannot call the job's workers either.
         code, message = outsider.call(group, "worker0", "tpd.rpc", b"anything").status()

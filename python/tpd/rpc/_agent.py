@@ -24,7 +24,7 @@ import traceback
 import torch
 from torch._C._distributed_rpc import WorkerInfo
 
-from tpd import _capi
+from tpd import _client
 from tpd.rpc import _pickler, _state
 
 METHOD = "tpd.rpc"
@@ -76,7 +76,7 @@ class Agent:
     def __init__(self, client, group, info, options, world_size, bootstrap_store):
         self.client = client
         self.group = group
-        self._group_bytes = _capi.b(group)  # encoded once: every call passes it
+        self._group_bytes = _client.b(group)  # encoded once: every call passes it
         self.info = info
         self.rpc_timeout = float(options.rpc_timeout)
         self.world_size = world_size
@@ -116,7 +116,7 @@ class Agent:
 
     def check_process(self):
         """Raises in a forked child: this agent's threads and session are its parent's."""
-        if not _capi.is_mine(self.pid):
+        if not _client.is_mine(self.pid):
             raise _state.forked_error(self.pid)
 
     @property
@@ -195,12 +195,8 @@ class Agent:
     def timeout_seconds(self, timeout):
         """A call's timeout in seconds as torch reads it: UNSET (negative) or None is the
         agent's, 0 none."""
-        return self._timeout_us(timeout)[0]
-
-    def _timeout_us(self, timeout):
         # torch: a negative (UNSET) timeout is the agent's; 0 is none.
-        seconds = self.rpc_timeout if timeout is None or timeout < 0 else float(timeout)
-        return seconds, int(round(seconds * 1e6))
+        return self.rpc_timeout if timeout is None or timeout < 0 else float(timeout)
 
     def wait_idle(self, timeout=None):
         """Waits until no call this worker made is in flight (graceful shutdown)."""
@@ -225,19 +221,19 @@ class Agent:
                 self._idle.notify_all()
 
     def call_sync(self, to, message, timeout=None):
-        seconds, timeout_us = self._timeout_us(timeout)
+        seconds = self.timeout_seconds(timeout)
         payload, descriptors, keep = _pickler.dumps(message, to.name)
         self._started()
         try:
             event = self.client.call(self._group_bytes, to.name, _METHOD_BYTES, payload,
-                                     descriptors, timeout_us)
+                                     descriptors, seconds)
         finally:
             self._ended()
         del keep  # the call completed: the daemon read what it had to
         return self._result(event, seconds)
 
     def call_async(self, to, message, timeout=None):
-        seconds, timeout_us = self._timeout_us(timeout)
+        seconds = self.timeout_seconds(timeout)
         payload, descriptors, keep = _pickler.dumps(message, to.name)
         future = torch.futures.Future()
         tag = next(self._tags)
@@ -246,7 +242,7 @@ class Agent:
             self._pending[tag] = (future, keep, seconds)
         try:
             self.client.call_async(self._group_bytes, to.name, _METHOD_BYTES, payload,
-                                   descriptors, timeout_us, tag)
+                                   descriptors, seconds, tag)
         except BaseException:
             with self._lock:
                 self._pending.pop(tag, None)
@@ -257,9 +253,9 @@ class Agent:
     def _result(self, event, timeout_s):
         """The value of a reply event, or the exception it stands for (raised)."""
         code, message, payload, num_tensors = event.read()
-        if code == _capi.DEADLINE_EXCEEDED:
+        if code == _client.DEADLINE_EXCEEDED:
             raise timeout_error(timeout_s)
-        if code != _capi.OK:
+        if code != _client.OK:
             raise RuntimeError(message)
         reply = _pickler.loads(payload, num_tensors, event)
         if reply[0]:
@@ -271,12 +267,12 @@ class Agent:
         while True:
             try:
                 yield self.client.next_event(queue)
-            except _capi.TpdError:
+            except _client.TpdError:
                 return  # stopped
 
     def _reply_loop(self):
-        for event in self._events(_capi.QUEUE_REPLIES):
-            if event.kind == _capi.EVENT_RELEASED:
+        for event in self._events(_client.QUEUE_REPLIES):
+            if event.kind == _client.EVENT_RELEASED:
                 with self._lock:
                     self._cuda_replies.pop(event.tag, None)  # their memory may change now
                 continue
@@ -299,7 +295,7 @@ class Agent:
     # --- calls in ---
 
     def _serve_loop(self):
-        for event in self._events(_capi.QUEUE_REQUESTS):
+        for event in self._events(_client.QUEUE_REQUESTS):
             try:
                 self._serve(event)
             except Exception:  # never lose the thread: the request was answered or freed
@@ -402,7 +398,7 @@ class Agent:
     def _send(event, payload, descriptors, release_tag=0):
         try:
             event.reply(payload, descriptors, release_tag=release_tag)
-        except _capi.TpdError:
+        except _client.TpdError:
             pass  # the caller has its answer (the error) or is gone
         event.free()
 

@@ -15,7 +15,7 @@ import threading
 import torch
 import torch.utils.dlpack
 
-from tpd import _capi
+from tpd import _client
 
 _DTYPES = {
     torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4, torch.int8: 5,
@@ -59,7 +59,7 @@ class _Pickler(pickle.Pickler):
 
     def reset(self):
         self.storages = {}    # (device, data_ptr) -> index
-        self.descriptors = []  # _capi.Tensor per storage
+        self.descriptors = []  # _client.storage_descriptor per storage
         self.keep = []         # what keeps each storage's memory alive until sent
         self.receiver = None   # dumps' receiver
 
@@ -88,19 +88,13 @@ class _Pickler(pickle.Pickler):
             return index
         index = len(self.descriptors)
         self.storages[key] = index
-        descriptor = _capi.Tensor()
-        descriptor.dtype = 6  # uint8: the storage's bytes; the pickle says what they hold
-        descriptor.ndim = 1
-        descriptor.shape[0] = nbytes
-        descriptor.data = data_ptr or None
-        descriptor.nbytes = nbytes
         if tensor.is_cuda:
-            descriptor.device_type = _capi.CUDA
-            descriptor.device_index = tensor.device.index
             # The daemon copies after the work queued on the caller's current stream.
-            descriptor.stream = torch.cuda.current_stream(tensor.device).cuda_stream or None
+            descriptor = _client.storage_descriptor(
+                data_ptr, nbytes, tensor.device.index,
+                torch.cuda.current_stream(tensor.device).cuda_stream)
         else:
-            descriptor.device_type = _capi.CPU
+            descriptor = _client.storage_descriptor(data_ptr, nbytes)
         self.descriptors.append(descriptor)
         self.keep.append(tensor)
         return index

@@ -28,7 +28,7 @@ from torch.distributed.rpc import BackendType, RpcBackendOptions, backend_regist
 from torch.distributed.rpc import TensorPipeRpcBackendOptions as _TorchOptions
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
-from tpd import _capi
+from tpd import _client
 from tpd._client import Client
 from tpd.rpc import _agent, _state, rref
 from tpd.rpc.options import TensorPipeRpcBackendOptions
@@ -132,7 +132,7 @@ def init_rpc(name: str, backend: Optional[BackendType] = None, rank: int = -1,
     try:
         client = Client(os.environ.get("TPD_SOCKET", ""),
                         cuda_pool_bytes=int(os.environ.get("TPD_CUDA_POOL_BYTES", "0")))
-    except _capi.TpdError as e:
+    except _client.TpdError as e:
         _tell_store(store, rank, name, world_size, f"cannot reach its tpd daemon: {e}")
         raise
     try:
@@ -263,8 +263,8 @@ def _join_group(client, name, rank, world_size, options, group, init_method, sec
         "init_method": init_method,
         "secret": secret,
         "num_worker_threads": int(options.num_worker_threads),
-        "rpc_timeout_us": int(round(float(options.rpc_timeout) * 1e6)),
-        "timeout_us": int(round(max(float(options.rpc_timeout), 60.0) * 1e6)),
+        "rpc_timeout": float(options.rpc_timeout),
+        "timeout": max(float(options.rpc_timeout), 60.0),
         "device": [str(torch.device(d)) for d in (options.devices or [])],
         "transport": getattr(options, "_tpd_transports", []),
         "channel": getattr(options, "_tpd_channels", []),
@@ -283,7 +283,7 @@ def _join_group(client, name, rank, world_size, options, group, init_method, sec
     # Serving before joining: a peer may call this worker the moment the group forms.
     try:
         client.serve(method)
-    except _capi.TpdError as e:
+    except _client.TpdError as e:
         _abandon(client, join, store, str(e))
         raise RuntimeError(str(e)) from None
     device_maps = {
@@ -292,11 +292,11 @@ def _join_group(client, name, rank, world_size, options, group, init_method, sec
     }
     try:
         response = client.join(join, device_maps)
-    except _capi.TpdError as e:
+    except _client.TpdError as e:
         # Options that fail validation (device maps, devices, transports) are torch's
         # ValueErrors, with its words; anything else a RuntimeError. The daemon failed the
         # group for a join it refused, so the other ranks know already.
-        if e.code == _capi.INVALID_ARGUMENT:
+        if e.code == _client.INVALID_ARGUMENT:
             raise ValueError(str(e)) from None
         raise RuntimeError(str(e)) from None
     if world_size:
@@ -305,7 +305,7 @@ def _join_group(client, name, rank, world_size, options, group, init_method, sec
         # (as torch's init_rpc syncs its workers before returning).
         try:
             client.barrier(group, name, float(options.rpc_timeout) or None)
-        except _capi.TpdError as e:
+        except _client.TpdError as e:
             raise RuntimeError(str(e)) from None
     return response
 
@@ -344,8 +344,8 @@ def _abandon(client, join, store, reason):
     if not join.get("world_size"):
         return  # a dynamic group waits for nobody
     _tell_store(store, join.get("rank", "?"), join["name"], join["world_size"], reason)
-    with contextlib.suppress(_capi.TpdError):
-        client.join(dict(join, abandon=reason[:1000], timeout_us=10_000_000))
+    with contextlib.suppress(_client.TpdError):
+        client.join(dict(join, abandon=reason[:1000], timeout=10.0))
 
 
 def _tell_store(store, rank, name, world_size, reason):
@@ -395,7 +395,7 @@ def shutdown(graceful: bool = True, timeout: float = 0) -> None:
                     _log.warning("RPC shutdown of %s: %s had left or died before it; not "
                                  "waited for", agent.info.name, ", ".join(gone))
             agent.client.leave(agent.group, agent.info.name)
-    except _capi.TpdError as e:
+    except _client.TpdError as e:
         raise RuntimeError(f"RPC shutdown failed: {e}") from None
     finally:
         with _state.lock:
