@@ -1,6 +1,6 @@
 """The @cuda repository: the CUDA toolkit's driver API header, where one is installed.
 
-tpd never links against libcuda or the CUDA runtime: proto/cuda/driver.cc opens libcuda.so.1
+tpd never links against libcuda or the CUDA runtime: cuda/driver.cc opens libcuda.so.1
 with dlopen at run time (as TensorPipe and PyTorch do), so one binary runs on CPU-only nodes
 and on GPU nodes. At build time it needs only the toolkit's cuda.h, for the driver API's types
 and signatures. This rule looks for it under $CUDA_HOME (or $CUDA_PATH), then /usr/local/cuda,

@@ -45,7 +45,7 @@
 #include "absl/time/clock.h"
 #include "bench/bench_daemon.h"
 #include "client/client.h"
-#include "proto/cuda/driver.h"
+#include "cuda/driver.h"
 
 ABSL_FLAG(std::string, sizes, "0,4096,1048576,67108864,268435456", "tensor bytes, comma-separated");
 ABSL_FLAG(int, iters, 30, "measured round trips per size (at least 5 for the largest)");

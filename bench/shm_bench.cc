@@ -42,11 +42,11 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/doorbell.h"
-#include "proto/shm/heap.h"
-#include "proto/shm/ring.h"
-#include "proto/shm/segment.h"
+#include "shm/descriptor.h"
+#include "shm/doorbell.h"
+#include "shm/heap.h"
+#include "shm/ring.h"
+#include "shm/segment.h"
 
 ABSL_FLAG(int, round_trips, 20000, "measured round trips per ping-pong row (after 10% warm-up)");
 ABSL_FLAG(int, memcpy_rounds, 20, "measured copies of 256 MiB (1 MiB: 100x as many)");

@@ -20,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/calls.h"
 #include "client/segment/link.h"
-#include "proto/shm/doorbell.h"
+#include "shm/doorbell.h"
 
 namespace tpd::calls_internal {
 

@@ -14,9 +14,9 @@
 #include "client/call_state.h"
 #include "client/segment/codec.h"
 #include "client/segment/cuda_export.h"
-#include "proto/shm/doorbell.h"
-#include "proto/shm/message.h"
-#include "proto/shm/ring.h"
+#include "shm/doorbell.h"
+#include "shm/message.h"
+#include "shm/ring.h"
 
 namespace tpd {
 

@@ -46,12 +46,12 @@
 #include "absl/types/span.h"
 #include "client/segment/peer_segments.h"
 #include "client/segment/tensor.h"
-#include "proto/shm/copy_signal.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/doorbell.h"
-#include "proto/shm/message.h"
-#include "proto/shm/ring.h"
-#include "proto/shm/segment.h"
+#include "shm/copy_signal.h"
+#include "shm/descriptor.h"
+#include "shm/doorbell.h"
+#include "shm/message.h"
+#include "shm/ring.h"
+#include "shm/segment.h"
 
 namespace tpd {
 
@@ -325,7 +325,7 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
     absl::Time deadline = absl::InfiniteFuture();
     Message request;
     // Posted before the daemon's copies of its CUDA tensors completed: the signals to wait on
-    // before the handler sees it (proto/shm/copy_signal.h), and the rx block they lie in.
+    // before the handler sees it (shm/copy_signal.h), and the rx block they lie in.
     std::vector<shm::CopySignal*> copies;
     std::shared_ptr<const void> copies_block;
   };

@@ -21,10 +21,10 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "proto/shm/attach.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/fd_message.h"
 #include "proto/store_scope.h"
+#include "shm/attach.h"
+#include "shm/descriptor.h"
+#include "shm/fd_message.h"
 
 namespace tpd {
 namespace {

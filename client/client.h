@@ -31,8 +31,8 @@
 #include "client/calls.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/control.grpc.pb.h"
-#include "proto/shm/segment.h"
 #include "proto/store.grpc.pb.h"
+#include "shm/segment.h"
 
 namespace tpd {
 

@@ -6,7 +6,7 @@
 #include <map>
 
 #include "absl/strings/str_format.h"
-#include "daemon/session_handle.h"
+#include "daemon/router/session_handle.h"
 #include "daemon/version.h"
 
 namespace tpd {

@@ -14,15 +14,15 @@
 
 #include "absl/time/time.h"
 #include "agent/agent.h"
-#include "daemon/call_router.h"
+#include "cuda/discovery.h"
 #include "daemon/call_stats.h"
 #include "daemon/config.h"
-#include "daemon/cuda_copies.h"
-#include "daemon/data_socket.h"
 #include "daemon/group/group_manager.h"
 #include "daemon/in_flight.h"
+#include "daemon/router/call_router.h"
+#include "daemon/router/cuda_copies.h"
+#include "daemon/router/data_socket.h"
 #include "proto/admin.grpc.pb.h"
-#include "proto/cuda/discovery.h"
 #include "store/memory/memory_store.h"
 
 namespace tpd {

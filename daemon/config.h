@@ -84,7 +84,7 @@ struct GroupConfig {
   // How long a static Join waits for the other ranks when the request says 0.
   absl::Duration default_join_timeout = absl::Seconds(300);
   // CUDA devices this node reports to groups; -1 asks the NVIDIA driver (0 without one,
-  // proto/cuda/discovery.h). Set it on CPU-only machines to test device-map validation.
+  // cuda/discovery.h). Set it on CPU-only machines to test device-map validation.
   int64_t cuda_device_count = -1;
   // Groups this daemon follows at once (each costs memory and its store's attention; each
   // distinct store a thread for its groups, one for heartbeats and a connection); past it

@@ -6,7 +6,7 @@
 #include "daemon/control_limits.h"
 #include "daemon/grpc_status.h"
 #include "daemon/logging.h"
-#include "daemon/session_handle.h"
+#include "daemon/router/session_handle.h"
 #include "daemon/stream_reactor.h"
 
 namespace tpd {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The style the repository declares, checked (tools/test.sh runs this before the build):
 # every C++ file of the repository as .clang-format says (Debian's clang-format 14), the
-# Python as .flake8 says (flake8: pycodestyle and pyflakes). Names what differs; exits 1 if
-# anything does. To fix C++: clang-format -i FILE...
+# Python as .flake8 says (flake8: pycodestyle and pyflakes), and README.md's layout table
+# against the tree (tools/check_layout.py). Names what differs; exits 1 if anything does.
+# To fix C++: clang-format -i FILE...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +19,11 @@ if ! /usr/bin/python3 -m flake8 .; then  # Debian's, where python3-flake8 instal
   echo "lint: flake8 found the Python above off the style .flake8 declares"
   rc=1
 fi
+if ! /usr/bin/python3 tools/check_layout.py; then
+  echo "lint: README.md's layout table does not match the tree (above)"
+  rc=1
+fi
 if [[ $rc -eq 0 ]]; then
-  echo "lint: ${#cxx[@]} C++ files and the Python follow the declared style"
+  echo "lint: ${#cxx[@]} C++ files and the Python follow the declared style; the layout table matches the tree"
 fi
 exit $rc

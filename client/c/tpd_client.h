@@ -145,7 +145,7 @@ int tpd_status(tpd_client* client, char** status_json);
 
 /* --- Tensors --- */
 
-/* dtype codes (proto/shm/descriptor.h DType). */
+/* dtype codes (shm/descriptor.h DType). */
 enum {
   TPD_FLOAT32 = 1,
   TPD_FLOAT64 = 2,

@@ -24,9 +24,9 @@
 #include "client/segment/link.h"
 #include "client/segment/peer_segments.h"
 #include "client/segment/tensor.h"
-#include "proto/shm/copy_signal.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/message.h"
+#include "shm/copy_signal.h"
+#include "shm/descriptor.h"
+#include "shm/message.h"
 
 namespace tpd::calls_internal {
 

@@ -7,7 +7,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "proto/cuda/driver.h"
+#include "cuda/driver.h"
 
 namespace tpd::calls_internal {
 

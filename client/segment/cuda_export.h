@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "proto/shm/descriptor.h"
+#include "shm/descriptor.h"
 
 namespace tpd::calls_internal {
 

@@ -31,10 +31,10 @@
 #include "absl/time/time.h"
 #include "client/segment/cuda_export.h"
 #include "client/segment/peer_segments.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/heap.h"
-#include "proto/shm/ring.h"
-#include "proto/shm/segment.h"
+#include "shm/descriptor.h"
+#include "shm/heap.h"
+#include "shm/ring.h"
+#include "shm/segment.h"
 
 namespace tpd::calls_internal {
 

@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/shm/fd_message.h"
-#include "proto/shm/peer_notice.h"
+#include "shm/fd_message.h"
+#include "shm/peer_notice.h"
 
 namespace tpd {
 namespace {

@@ -2,7 +2,7 @@
 // not copy a host tensor between two sessions of one uid and gid, it points the receiver's
 // tensor entry into the sender's tx heap (docs/data_plane.md, "Tensors shared between
 // sessions"). Each such segment comes once, as a peer notice with a read-only fd on the
-// session's data connection (proto/shm/peer_notice.h), before any completion names it; this
+// session's data connection (shm/peer_notice.h), before any completion names it; this
 // class reads the notices, maps each segment read-only, and lets a mapping go once its
 // session ended (Op::kPeerGone) and no received tensor holds it.
 //
@@ -19,7 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "proto/shm/segment.h"
+#include "shm/segment.h"
 
 namespace tpd {
 

@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "proto/shm/descriptor.h"
+#include "shm/descriptor.h"
 
 namespace tpd {
 

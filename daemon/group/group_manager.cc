@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/random_bytes.h"
 #include "daemon/logging.h"
-#include "daemon/session_handle.h"
+#include "daemon/router/session_handle.h"
 #include "store/prefix_store.h"
 #include "store/remote/peer_mac.h"
 

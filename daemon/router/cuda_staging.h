@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/agent.h"
-#include "daemon/cuda_copies.h"
+#include "daemon/router/cuda_copies.h"
 #include "daemon/router/session.h"
 #include "daemon/router/submitted.h"
 

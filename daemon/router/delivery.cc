@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
-#include "proto/shm/copy_signal.h"
-#include "proto/shm/doorbell.h"
+#include "shm/copy_signal.h"
+#include "shm/doorbell.h"
 
 namespace tpd::router {
 

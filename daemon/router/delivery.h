@@ -8,7 +8,7 @@
 // tensors bound for host memory into the block, on CudaCopies. A message with no CUDA tensor and no
 // map (the host case) issues no copies and is posted before Deliver returns. A call whose copies
 // all land in receive pools is posted as soon as they are issued, with a CopySignal its client
-// waits on (proto/shm/copy_signal.h); other messages with copies are posted once they completed.
+// waits on (shm/copy_signal.h); other messages with copies are posted once they completed.
 //
 // Thread safety: thread-safe; Deliver locks only the receiving session, through its methods.
 
@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/cuda_copies.h"
+#include "daemon/router/cuda_copies.h"
 #include "daemon/router/session.h"
 #include "daemon/router/submitted.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/message.h"
+#include "shm/descriptor.h"
+#include "shm/message.h"
 
 namespace tpd::router {
 
@@ -71,7 +71,7 @@ class Delivery {
   struct Placement;
 
   // Whether the message is posted as soon as its copies are issued, with a CopySignal
-  // (proto/shm/copy_signal.h) its client waits on, rather than once they completed.
+  // (shm/copy_signal.h) its client waits on, rather than once they completed.
   static bool PostsBeforeCopies(const Placement& p);
   // Which host tensors `to` reads in `from`'s segment instead of a copy (none unless they may
   // share memory and `to`'s client was sent that segment).

@@ -1,5 +1,6 @@
 // What the call router is given by the daemon: this node's name, how it finds sessions and
-// members, the agent, the limits and CUDA (daemon/call_router.h is the door that takes them).
+// members, the agent, the limits and CUDA (daemon/router/call_router.h is the door that takes
+// them).
 //
 // Thread safety: a plain struct; the functions in it are thread-safe and never called under a
 // router lock.
@@ -16,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "agent/agent.h"
-#include "daemon/cuda_copies.h"
+#include "daemon/router/cuda_copies.h"
 #include "proto/control.pb.h"
 
 namespace tpd {

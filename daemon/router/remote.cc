@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
 #include "base/status.h"
-#include "daemon/tensor_wire.h"
+#include "daemon/router/tensor_wire.h"
 
 namespace tpd::router {
 namespace {

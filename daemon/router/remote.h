@@ -36,7 +36,7 @@
 #include "daemon/router/pending_calls.h"
 #include "daemon/router/session.h"
 #include "daemon/router/submitted.h"
-#include "proto/shm/message.h"
+#include "shm/message.h"
 
 namespace tpd::router {
 

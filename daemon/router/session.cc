@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
-#include "proto/shm/fd_message.h"
-#include "proto/shm/message.h"
-#include "proto/shm/peer_notice.h"
+#include "shm/fd_message.h"
+#include "shm/message.h"
+#include "shm/peer_notice.h"
 
 namespace tpd::router {
 

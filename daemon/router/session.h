@@ -9,7 +9,7 @@
 // lives on).
 //
 // Sessions of one uid and gid share memory instead of copying host tensors (Delivery): the
-// receiver's client maps the sender's segment read-only (proto/shm/peer_notice.h), and the
+// receiver's client maps the sender's segment read-only (shm/peer_notice.h), and the
 // sender's tx block is lent to the receiver's rx block that points into it, going back to the
 // sender when the receiver's client releases that block (or its session ends).
 //
@@ -41,11 +41,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "daemon/cuda_copies.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/heap.h"
-#include "proto/shm/ring.h"
-#include "proto/shm/segment.h"
+#include "daemon/router/cuda_copies.h"
+#include "shm/descriptor.h"
+#include "shm/heap.h"
+#include "shm/ring.h"
+#include "shm/segment.h"
 
 namespace tpd::router {
 
@@ -90,7 +90,7 @@ struct Session {
   int share_fd = -1;
   int notice_fd = -1;
   // OK when its user could open the GPUs itself; else why the daemon opens no CUDA memory
-  // it names (daemon/gpu_access.h).
+  // it names (daemon/router/gpu_access.h).
   absl::Status cuda_allowed;
   std::shared_ptr<shm::Segment> segment;
   std::unique_ptr<shm::RingConsumer> submissions;  // its thread only (Nudge: any thread)

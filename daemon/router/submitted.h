@@ -13,9 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/control.pb.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/message.h"
-#include "proto/shm/segment.h"
+#include "shm/descriptor.h"
+#include "shm/message.h"
+#include "shm/segment.h"
 
 namespace tpd::router {
 

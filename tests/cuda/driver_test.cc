@@ -1,4 +1,4 @@
-// The run-time driver loader and GPU discovery (proto/cuda), and the daemon's GPU section.
+// The run-time driver loader and GPU discovery (cuda), and the daemon's GPU section.
 //
 // Three kinds of tests:
 //   - everywhere: a missing driver library is an error that says so (never a crash), and the
@@ -11,7 +11,7 @@
 // The daemon tests run the real tpd and tpctl: Admin.Status and `tpctl status` report the
 // GPUs, or "no GPUs: <reason>", and [group] cuda_device_count still overrides the count.
 
-#include "proto/cuda/driver.h"
+#include "cuda/driver.h"
 
 #include <cstring>
 #include <iostream>
@@ -22,9 +22,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "cuda/discovery.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/cuda/discovery.h"
 #include "tests/testing/daemon_process.h"
 
 namespace tpd::cuda {

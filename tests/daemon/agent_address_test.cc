@@ -1,10 +1,10 @@
 // Which agent URLs read from a group record this daemon dials (daemon/agent_address.h), and
-// how tensors read from a peer's message are checked (daemon/tensor_wire.h).
+// how tensors read from a peer's message are checked (daemon/router/tensor_wire.h).
 
 #include "daemon/agent_address.h"
 
 #include "absl/strings/str_cat.h"
-#include "daemon/tensor_wire.h"
+#include "daemon/router/tensor_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

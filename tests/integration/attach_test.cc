@@ -4,7 +4,7 @@
 // requests only close their own connection; data.max_sessions is enforced naming itself; a
 // killed client's segment is freed; either half of a session ending ends the other.
 
-#include "proto/shm/attach.h"
+#include "shm/attach.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -31,7 +31,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
-#include "proto/shm/segment.h"
+#include "shm/segment.h"
 #include "tests/testing/daemon_nodes.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/wait_until.h"

@@ -32,11 +32,11 @@
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/layout.h"
-#include "proto/shm/message.h"
-#include "proto/shm/ring.h"
-#include "proto/shm/segment.h"
+#include "shm/descriptor.h"
+#include "shm/layout.h"
+#include "shm/message.h"
+#include "shm/ring.h"
+#include "shm/segment.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/test_bytes.h"
 #include "tests/testing/wait_until.h"
@@ -582,7 +582,7 @@ TEST_F(FakeDaemonTest, CancelSendsOneCancelForTheCallAndIsANoOpOnceAnswered) {
     EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
     ++ran;
   });
-  // The daemon's answer, as daemon/call_router.cc's HandleCancel writes it.
+  // The daemon's answer, as daemon/router/call_router.cc's HandleCancel writes it.
   const std::string why = "call to worker 'b' method 'm' was cancelled by the caller";
   const uint64_t block = daemon_->layout().rx_heap.offset;
   shm::WriteMessagePrefix(daemon_->base() + block,

@@ -39,7 +39,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
-#include "proto/shm/attach.h"
+#include "shm/attach.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/proc_counts.h"
 #include "tests/testing/raw_session.h"
@@ -111,7 +111,7 @@ absl::StatusCode ReadReply(int fd, int* memfd, char* message, size_t message_siz
   if (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr && c->cmsg_type == SCM_RIGHTS) {
     std::memcpy(memfd, CMSG_DATA(c), sizeof(int));
   }
-  // Layout of a reply (proto/shm/attach.cc): magic[8], code u32, message length u32, segment
+  // Layout of a reply (shm/attach.cc): magic[8], code u32, message length u32, segment
   // bytes u64, message[232].
   uint32_t code = 0;
   uint32_t length = 0;

@@ -1,4 +1,4 @@
-#include "proto/shm/attach.h"
+#include "shm/attach.h"
 
 #include <string>
 

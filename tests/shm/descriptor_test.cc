@@ -3,7 +3,7 @@
 // mutation driver over descriptor and tensor-table bytes (the C3 fault row) that checks every
 // accepted descriptor really lies in bounds.
 
-#include "proto/shm/descriptor.h"
+#include "shm/descriptor.h"
 
 #include <cstring>
 #include <functional>
@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/shm/layout.h"
+#include "shm/layout.h"
 
 namespace tpd::shm {
 namespace {

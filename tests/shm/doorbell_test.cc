@@ -2,7 +2,7 @@
 // producer's Ring, a wait with nothing to read ends at its deadline, and a peer that corrupts
 // the shared word causes spurious wake-ups at most, never a wait past its deadline.
 
-#include "proto/shm/doorbell.h"
+#include "shm/doorbell.h"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -16,7 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "proto/shm/segment.h"
+#include "shm/segment.h"
 #include "tests/shm/child_process.h"
 #include "tests/testing/wait_until.h"
 

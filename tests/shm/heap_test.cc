@@ -2,7 +2,7 @@
 // refusing releases of blocks that were not handed out, coalescing, and a seeded random
 // alloc/free run checked against the allocator's invariants and a model of live blocks.
 
-#include "proto/shm/heap.h"
+#include "shm/heap.h"
 
 #include <algorithm>
 #include <iterator>
@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/shm/layout.h"
+#include "shm/layout.h"
 
 namespace tpd::shm {
 namespace {

@@ -1,7 +1,7 @@
 // Unit tests of the segment layout: what limits are accepted, where regions land, and that a
 // client refuses every header that does not describe the segment it mapped.
 
-#include "proto/shm/layout.h"
+#include "shm/layout.h"
 
 #include <cstring>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "proto/shm/message.h"
+#include "shm/message.h"
 
 #include <cstdint>
 #include <cstring>
@@ -6,7 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/shm/layout.h"
+#include "shm/layout.h"
 
 namespace tpd::shm {
 namespace {

@@ -3,7 +3,7 @@
 // what the daemon's side does when the client corrupts a ring (the C3 fault row): an error
 // naming the ring, never a hang, never a read outside the ring.
 
-#include "proto/shm/ring.h"
+#include "shm/ring.h"
 
 #include <unistd.h>
 
@@ -18,8 +18,8 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/segment.h"
+#include "shm/descriptor.h"
+#include "shm/segment.h"
 #include "tests/shm/child_process.h"
 
 namespace tpd::shm {

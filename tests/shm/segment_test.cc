@@ -2,7 +2,7 @@
 // fd alone, and nobody can change its size afterwards (the C3 fault row: "a client shrinks
 // shared memory" must be impossible, not just detected).
 
-#include "proto/shm/segment.h"
+#include "shm/segment.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,8 +17,8 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/shm/layout.h"
-#include "proto/shm/ring.h"
+#include "shm/layout.h"
+#include "shm/ring.h"
 #include "tests/shm/child_process.h"
 
 namespace tpd::shm {

@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "proto/shm/attach.h"
-#include "proto/shm/message.h"
+#include "shm/attach.h"
+#include "shm/message.h"
 
 namespace tpd::testing {
 

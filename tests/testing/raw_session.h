@@ -22,11 +22,11 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "proto/control.grpc.pb.h"
-#include "proto/shm/attach.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/layout.h"
-#include "proto/shm/ring.h"
-#include "proto/shm/segment.h"
+#include "shm/attach.h"
+#include "shm/descriptor.h"
+#include "shm/layout.h"
+#include "shm/ring.h"
+#include "shm/segment.h"
 
 namespace tpd::testing {
 
@@ -69,7 +69,7 @@ struct RawSession {
                                                                        absl::Time until);
 };
 
-// One request on the data socket of the daemon serving `grpc_socket` (proto/shm/attach.h),
+// One request on the data socket of the daemon serving `grpc_socket` (shm/attach.h),
 // as this process: the daemon's answer (an fd sent with it is closed).
 absl::Status SendDataRequest(const std::string& grpc_socket,
                              const std::array<uint8_t, shm::kAttachRequestBytes>& request);

@@ -31,10 +31,10 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/control.grpc.pb.h"
-#include "proto/shm/attach.h"
-#include "proto/shm/descriptor.h"
 #include "proto/store.grpc.pb.h"
 #include "proto/store_scope.h"
+#include "shm/attach.h"
+#include "shm/descriptor.h"
 #include "tests/testing/raw_session.h"
 
 ABSL_FLAG(std::string, socket, "", "the daemon's gRPC socket");

@@ -10,7 +10,7 @@
 
 #include "client/segment/codec.h"
 #include "gtest/gtest.h"
-#include "proto/shm/descriptor.h"
+#include "shm/descriptor.h"
 #include "tests/client/segment/segment_fixture.h"
 
 namespace tpd::calls_internal {

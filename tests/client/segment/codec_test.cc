@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/shm/message.h"
+#include "shm/message.h"
 #include "tests/client/segment/segment_fixture.h"
 
 namespace tpd::calls_internal {

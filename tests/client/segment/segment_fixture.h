@@ -13,10 +13,10 @@
 
 #include "client/segment/link.h"
 #include "gtest/gtest.h"
-#include "proto/shm/descriptor.h"
-#include "proto/shm/message.h"
-#include "proto/shm/ring.h"
-#include "proto/shm/segment.h"
+#include "shm/descriptor.h"
+#include "shm/message.h"
+#include "shm/ring.h"
+#include "shm/segment.h"
 
 namespace tpd::calls_internal {
 

@@ -14,11 +14,11 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/shm/fd_message.h"
-#include "proto/shm/layout.h"
-#include "proto/shm/message.h"
-#include "proto/shm/peer_notice.h"
-#include "proto/shm/segment.h"
+#include "shm/fd_message.h"
+#include "shm/layout.h"
+#include "shm/message.h"
+#include "shm/peer_notice.h"
+#include "shm/segment.h"
 
 namespace tpd::router {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/shm/layout.h"
+#include "shm/layout.h"
 
 namespace tpd::router {
 namespace {
