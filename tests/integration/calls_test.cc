@@ -38,6 +38,7 @@
 #include "shm/ring.h"
 #include "shm/segment.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/one_daemon.h"
 #include "tests/testing/test_bytes.h"
 #include "tests/testing/wait_until.h"
 
@@ -57,39 +58,17 @@ std::string ThreadName() {
   return name;
 }
 
-class CallsTest : public ::testing::Test {
+class CallsTest : public testing::OneDaemonTest {
  protected:
   void SetUp() override {
-    socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
-    const std::string config = dir_.WriteFile(
-        "tpd.toml",
-        absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                     "node_name = \"calls\"\n[data]\narena_bytes = ", arena_bytes_, "\n"));
-    auto daemon = DaemonProcess::Start(socket_, {"--config", config});
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    daemon_ = *std::move(daemon);
-  }
-
-  std::unique_ptr<Client> Connect() {
-    auto client = Client::Connect(socket_);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
-  }
-
-  std::string InitMethod(Client* client) {
-    if (init_method_.empty())
-      init_method_ = absl::StrCat("tcp://", client->Status()->peer_address());
-    return init_method_;
+    testing::OneDaemonConfig config;
+    config.node_name = "calls";
+    config.arena_bytes = static_cast<uint64_t>(arena_bytes_);
+    StartDaemon(config);
   }
 
   absl::Status Join(Client* client, const std::string& name) {
-    JoinOptions options;
-    options.group = "g";
-    options.name = name;
-    options.init_method = InitMethod(client);
-    options.timeout = absl::Seconds(30);
-    options.options = backend_;
-    return client->Join(options).status();
+    return OneDaemonTest::Join(client, name, backend_);
   }
 
   // Connects a ("a") and b ("b", handling "echo" and "sleep") in group g.
@@ -123,10 +102,6 @@ class CallsTest : public ::testing::Test {
 
   int64_t arena_bytes_ = int64_t{64} << 20;
   v1::BackendOptions backend_;  // every Join's
-  TempDir dir_;
-  std::string socket_;
-  std::string init_method_;
-  std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> a_;
   std::unique_ptr<Client> b_;
 };

@@ -41,6 +41,7 @@
 #include "proto/control.grpc.pb.h"
 #include "shm/attach.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/one_daemon.h"
 #include "tests/testing/proc_counts.h"
 #include "tests/testing/raw_session.h"
 #include "tests/testing/second_user.h"
@@ -170,19 +171,15 @@ std::string RandomId(std::mt19937_64& gen) {
   return id;
 }
 
-class DataSocketHostileTest : public ::testing::Test {
+class DataSocketHostileTest : public testing::OneDaemonTest {
  protected:
   void SetUp() override {
-    socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
     // Open to every user of the machine, so that a second user's connections can be tried.
     testing::OpenDirToSecondUser(dir_.path());
-    const std::string config = dir_.WriteFile(
-        "tpd.toml", absl::StrCat("[daemon]\nsocket_mode = \"0666\"\n",
-                                 "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                                 "node_name = \"hostile\"\n[data]\narena_bytes = ", 1 << 20, "\n"));
-    auto daemon = DaemonProcess::Start(socket_, {"--config", config});
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    daemon_ = *std::move(daemon);
+    testing::OneDaemonConfig config;
+    config.node_name = "hostile";
+    config.daemon_section = "socket_mode = \"0666\"\n";
+    ASSERT_NO_FATAL_FAILURE(StartDaemon(config));
     data_socket_ = shm::DataSocketPath(socket_);
     // a and b, attached, in group g; b echoes.
     a_ = Connect();
@@ -206,24 +203,6 @@ class DataSocketHostileTest : public ::testing::Test {
     if (daemon_ == nullptr) return;
     ExpectServing();
     ExpectBackToBaseline();
-  }
-
-  std::unique_ptr<Client> Connect() {
-    auto client = Client::Connect(socket_);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
-  }
-
-  absl::Status Join(Client* client, const std::string& name) {
-    if (init_method_.empty()) {
-      init_method_ = absl::StrCat("tcp://", client->Status()->peer_address());
-    }
-    JoinOptions options;
-    options.group = "g";
-    options.name = name;
-    options.init_method = init_method_;
-    options.timeout = absl::Seconds(30);
-    return client->Join(options).status();
   }
 
   // The daemon answers health; a fresh client joins, attaches and calls b; a calls b.
@@ -258,11 +237,7 @@ class DataSocketHostileTest : public ::testing::Test {
   }
   void CloseRawSessions() { raw_sessions_.reset(); }
 
-  TempDir dir_;
-  std::string socket_;
   std::string data_socket_;
-  std::string init_method_;
-  std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> a_;
   std::unique_ptr<Client> b_;
   int fresh_ = 0;

@@ -39,6 +39,7 @@
 #include "shm/ring.h"
 #include "shm/segment.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/one_daemon.h"
 #include "tests/testing/proc_counts.h"
 #include "tests/testing/raw_session.h"
 #include "tests/testing/wait_until.h"
@@ -62,17 +63,13 @@ void Scribble(uint8_t* at, size_t n, std::mt19937_64& gen) {
 // A session attached by the library whose rings the test drives by hand.
 using BadSession = testing::RawSession;
 
-class ShmHostileTest : public ::testing::Test {
+class ShmHostileTest : public testing::OneDaemonTest {
  protected:
   void SetUp() override {
-    socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
-    const std::string config = dir_.WriteFile(
-        "tpd.toml",
-        absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                     "node_name = \"shm-hostile\"\n[data]\narena_bytes = ", kArenaBytes, "\n"));
-    auto daemon = DaemonProcess::Start(socket_, {"--config", config});
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    daemon_ = *std::move(daemon);
+    testing::OneDaemonConfig config;
+    config.node_name = "shm-hostile";
+    config.arena_bytes = kArenaBytes;
+    ASSERT_NO_FATAL_FAILURE(StartDaemon(config));
     a_ = Connect();
     b_ = Connect();
     ASSERT_TRUE(a_ && b_);
@@ -94,24 +91,6 @@ class ShmHostileTest : public ::testing::Test {
     if (daemon_ == nullptr) return;
     ExpectServing();
     EXPECT_TRUE(testing::BackToBaseline(daemon_->pid(), baseline_, baseline_threads_));
-  }
-
-  std::unique_ptr<Client> Connect() {
-    auto client = Client::Connect(socket_);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
-  }
-
-  absl::Status Join(Client* client, const std::string& name) {
-    if (init_method_.empty()) {
-      init_method_ = absl::StrCat("tcp://", client->Status()->peer_address());
-    }
-    JoinOptions options;
-    options.group = "g";
-    options.name = name;
-    options.init_method = init_method_;
-    options.timeout = absl::Seconds(30);
-    return client->Join(options).status();
   }
 
   // A client joined as `name`, attached, with its rings in the test's hands.
@@ -146,10 +125,6 @@ class ShmHostileTest : public ::testing::Test {
     ASSERT_TRUE(old.ok()) << old.status();
   }
 
-  TempDir dir_;
-  std::string socket_;
-  std::string init_method_;
-  std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> a_;
   std::unique_ptr<Client> b_;
   int fresh_ = 0;

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "proto/store.pb.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/one_daemon.h"
 #include "tests/testing/raw_session.h"
 
 namespace tpd {
@@ -24,17 +25,13 @@ using testing::DaemonProcess;
 using ::testing::HasSubstr;
 using testing::TempDir;
 
-class ShmStoreTest : public ::testing::Test {
+class ShmStoreTest : public testing::OneDaemonTest {
  protected:
   void SetUp() override {
-    socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
-    const std::string config = dir_.WriteFile(
-        "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                                 "node_name = \"store\"\n[data]\narena_bytes = ", 1 << 20,
-                                 "\n[store]\nmax_key_bytes = 64\n"));
-    auto daemon = DaemonProcess::Start(socket_, {"--config", config});
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    daemon_ = *std::move(daemon);
+    testing::OneDaemonConfig config;
+    config.node_name = "store";
+    config.more_sections = "[store]\nmax_key_bytes = 64\n";
+    StartDaemon(config);
   }
 
   // A client attached to shared memory, so its store calls go through its rings.
@@ -46,11 +43,7 @@ class ShmStoreTest : public ::testing::Test {
     return client;
   }
 
-  std::unique_ptr<Client> Plain() {
-    auto client = Client::Connect(socket_);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
-  }
+  std::unique_ptr<Client> Plain() { return Connect(); }
 
   int64_t StoreCallsServed(Client* client, const std::string& method) {
     absl::StatusOr<v1::StatusResponse> status = client->Status();
@@ -58,10 +51,6 @@ class ShmStoreTest : public ::testing::Test {
     auto it = status->store().calls().find(method);
     return it == status->store().calls().end() ? 0 : it->second;
   }
-
-  TempDir dir_;
-  std::string socket_;
-  std::unique_ptr<DaemonProcess> daemon_;
 };
 
 TEST_F(ShmStoreTest, AnAttachedClientsStoreCallsGoThroughItsRingsWithGrpcsAnswers) {
