@@ -282,10 +282,11 @@ absl::StatusOr<std::string> CallEngine::StoreCall(const std::string& group,
   return std::move(future.state_->result->payload);
 }
 
-CallFuture CallEngine::Start(shm::Op op, const shm::MessageNames& names, std::string_view payload,
+CallFuture CallEngine::Start(shm::Op op, shm::MessageNames names, std::string_view payload,
                              absl::Span<const Tensor> tensors, absl::Duration timeout,
                              uint16_t flags) {
-  const auto& [group, worker, method, from] = names;
+  OutgoingHeader header{op, 0, 0, flags, 0, std::move(names)};
+  const auto& [group, worker, method, from] = header.names;
   auto state = std::make_shared<CallState>();
   state->copies = std::any_of(tensors.begin(), tensors.end(),
                               [](const Tensor& t) { return t.is_cuda() && t.size() > 0; });
@@ -325,7 +326,9 @@ CallFuture CallEngine::Start(shm::Op op, const shm::MessageNames& names, std::st
   // A store call has no deadline of its own on the ring (a waiting one carries its timeout in
   // its request); the library still gives up on it past `timeout`.
   const int64_t deadline_ns = none || op != shm::Op::kCall ? 0 : absl::ToUnixNanos(deadline);
-  absl::Status submitted = Submit({op, id, deadline_ns, flags, 0, names}, payload, tensors);
+  header.call_id = id;
+  header.deadline_unix_ns = deadline_ns;
+  absl::Status submitted = Submit(header, payload, tensors);
   if (!submitted.ok()) {
     absl::MutexLock lock(&mu_);
     Finish(id, Prefixed(submitted, CallName(group, worker, method), " was not sent: "));
@@ -502,11 +505,11 @@ void CallEngine::OnReply(uint64_t call_id, DecodedMessage reply) {
 void CallEngine::OnCall(const shm::Descriptor& d, DecodedMessage call,
                         std::optional<Incoming>* keep) {
   if (!call.message.ok()) return;  // a malformed call: the caller's deadline answers it
-  call.message->caller = call.names[3];
+  call.message->caller = std::move(call.names[3]);
   Incoming incoming;
   incoming.call_id = d.call_id;
-  incoming.to = {call.names[0], call.names[1]};
-  incoming.method = call.names[2];
+  incoming.to = {std::move(call.names[0]), std::move(call.names[1])};
+  incoming.method = std::move(call.names[2]);
   if (d.deadline_unix_ns != 0) incoming.deadline = absl::FromUnixNanos(d.deadline_unix_ns);
   incoming.request = *std::move(call.message);
   if (!call.copies.empty()) {

@@ -306,7 +306,7 @@ class CallEngine : public std::enable_shared_from_this<CallEngine> {
  private:
   // Sends a message of `op` (kCall, or kStore with the names {group, "", method, ""}) to
   // `names` ({group, worker, method, from}) and registers its future: CallAsync and StoreCall.
-  CallFuture Start(shm::Op op, const shm::MessageNames& names, std::string_view payload,
+  CallFuture Start(shm::Op op, shm::MessageNames names, std::string_view payload,
                    absl::Span<const Tensor> tensors, absl::Duration timeout, uint16_t flags);
   using WorkerKey = std::pair<std::string, std::string>;  // (group, worker)
   struct Outgoing {

@@ -257,7 +257,6 @@ DecodedMessage DecodeMessage(const shm::Descriptor& d, const std::shared_ptr<Lin
   absl::StatusOr<std::vector<shm::TensorEntry>> entries =
       parsed.ok() ? shm::ReadTensorTable(d, base, link->layout(), shm::Direction::kCompletion)
                   : parsed.status();
-  if (parsed.ok()) decoded.names = parsed->names;
   if ((d.flags & shm::kFlagError) != 0) {
     decoded.message = d.op == static_cast<uint8_t>(shm::Op::kReply)
                           ? ErrorReply(d, parsed, entries.status())
@@ -268,6 +267,7 @@ DecodedMessage DecodeMessage(const shm::Descriptor& d, const std::shared_ptr<Lin
     decoded.message = entries.status();
     return decoded;
   }
+  decoded.names = std::move(parsed->names);
   Message in;
   in.payload.assign(reinterpret_cast<const char*>(base + parsed->body_offset), parsed->body_length);
   link->counters.bytes_copied_out += parsed->body_length;

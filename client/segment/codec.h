@@ -67,7 +67,8 @@ struct DecodedMessage {
   // The message, its tensors views that keep their blocks; or why there is none: an error
   // reply's status, or what was malformed (the daemon's bug, or memory it lent us corrupted).
   absl::StatusOr<Message> message = absl::UnknownError("not decoded");
-  // group, worker (this client's, the one called), method, caller; empty when unparsed.
+  // group, worker (this client's, the one called), method, caller; empty unless `message`
+  // is OK.
   shm::MessageNames names;
   // The daemon posted it before its copies of CUDA tensors completed: the signals to wait
   // on before reading them, and the rx block that holds the signals.
