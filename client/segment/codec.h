@@ -66,7 +66,9 @@ absl::StatusOr<EncodedMessage> EncodeMessage(Link& link, const OutgoingHeader& h
 struct DecodedMessage {
   // The message, its tensors views that keep their blocks; or why there is none: an error
   // reply's status, or what was malformed (the daemon's bug, or memory it lent us corrupted).
-  absl::StatusOr<Message> message = absl::UnknownError("not decoded");
+  // (Every path of DecodeMessage sets it: the default, UNKNOWN with no message, costs no
+  // allocation on the reader's path.)
+  absl::StatusOr<Message> message{};
   // group, worker (this client's, the one called), method, caller; empty unless `message`
   // is OK.
   shm::MessageNames names;

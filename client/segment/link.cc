@@ -62,25 +62,26 @@ absl::Status Link::PushMessage(const shm::Descriptor& d, uint64_t block,
                                std::vector<std::shared_ptr<ArenaBlock>> pins,
                                std::vector<std::shared_ptr<void>> leases) {
   absl::MutexLock lock(&mu_);
-  absl::Status pushed = absl::UnavailableError("the client's shared memory is detached");
-  if (open_) {
-    // Held before the push: the release for this block can only come after it.
-    if (!pins.empty()) pinned_[block] = std::move(pins);
-    if (!leases.empty()) leases_[block] = std::move(leases);
-    pushed = PushLocked(&d);
-    if (pushed.ok()) return pushed;
-    // Dropped after the lock (as the arguments are: ArenaBlock's destructor takes it, and
-    // a lease's deleter may take others).
-    auto it = pinned_.find(block);
-    if (it != pinned_.end()) {
-      pins = std::move(it->second);
-      pinned_.erase(it);
-    }
-    auto lease = leases_.find(block);
-    if (lease != leases_.end()) {
-      leases = std::move(lease->second);
-      leases_.erase(lease);
-    }
+  if (!open_) {
+    (void)tx_.Free(block);
+    return absl::UnavailableError("the client's shared memory is detached");
+  }
+  // Held before the push: the release for this block can only come after it.
+  if (!pins.empty()) pinned_[block] = std::move(pins);
+  if (!leases.empty()) leases_[block] = std::move(leases);
+  absl::Status pushed = PushLocked(&d);
+  if (pushed.ok()) return pushed;
+  // Dropped after the lock (as the arguments are: ArenaBlock's destructor takes it, and a
+  // lease's deleter may take others).
+  auto it = pinned_.find(block);
+  if (it != pinned_.end()) {
+    pins = std::move(it->second);
+    pinned_.erase(it);
+  }
+  auto lease = leases_.find(block);
+  if (lease != leases_.end()) {
+    leases = std::move(lease->second);
+    leases_.erase(lease);
   }
   (void)tx_.Free(block);
   return pushed;
