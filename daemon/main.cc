@@ -35,7 +35,8 @@ int Fail(const absl::Status& status) {
 int main(int argc, char** argv) {
   // Debian's Abseil checks every Mutex acquisition for lock-order cycles under one process-wide
   // spin lock (twice the cost of an uncontended lock, on every call's path). The thread-safety
-  // annotations (--config=tsa) and the sanitizer builds are where lock order is checked.
+  // annotations (clang's analysis, in every build) and the sanitizer builds are where lock order is
+  // checked.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // glibc raises its mmap threshold to the size of each large block freed, up to 32 MiB, after
   // which store values of a few MiB come from the heap and stay with the process when their

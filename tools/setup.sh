@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap          # Bazel 4.2.3
   g++
-  clang                    # the thread-safety analysis build (--config=tsa, tools/test.sh)
+  clang                    # the compiler (.bazelrc): its thread-safety analysis checks locks
   protobuf-compiler libprotobuf-dev
   protobuf-compiler-grpc libgrpc++-dev grpc-proto
   libabsl-dev
