@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/calls.h"
+#include "client/engine.h"
 #include "client/segment/link.h"
 #include "shm/doorbell.h"
 
@@ -60,7 +61,7 @@ struct CallState {
 };
 
 struct PendingReply {
-  PendingReply(std::weak_ptr<CallEngine> engine, uint64_t call_id, std::string worker,
+  PendingReply(std::weak_ptr<Engine> engine, uint64_t call_id, std::string worker,
                std::string method)
       : engine(std::move(engine)),
         call_id(call_id),
@@ -69,7 +70,7 @@ struct PendingReply {
   // The last Responder went without an answer: the caller hears so now, not at its deadline.
   ~PendingReply();
 
-  const std::weak_ptr<CallEngine> engine;
+  const std::weak_ptr<Engine> engine;
   const uint64_t call_id;
   const std::string worker;
   const std::string method;

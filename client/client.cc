@@ -268,7 +268,6 @@ void Client::DetachSharedMemory() {
     calls = std::move(calls_);
     calls_segment_.reset();
   }
-  ReleaseCallEngine(std::move(calls));  // a handler detaching its own client
 }
 
 std::shared_ptr<CallEngine> Client::AttachedEngine() {
@@ -292,7 +291,8 @@ absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
     if (calls_ != nullptr && calls_segment_ == *segment) return calls_;
     old = std::move(calls_);
     // The engine reads peer notices on its own dup of the data connection: it may outlive
-    // this Client's (ReleaseCallEngine), and the connection ends when both are closed.
+    // this Client's (one dropped on its own thread stops later), and the connection ends when
+    // both are closed.
     const int notice_fd = data_fd_ >= 0 && options_.tensors_in_sender_memory
                               ? fcntl(data_fd_, F_DUPFD_CLOEXEC, 0)
                               : -1;
@@ -302,7 +302,7 @@ absl::StatusOr<std::shared_ptr<CallEngine>> Client::Engine() {
     calls = calls_;
     devices = cuda_devices_;
   }
-  ReleaseCallEngine(std::move(old));
+  old.reset();
   // A new session: the pools go to its daemon side again. A failure here was reported by the
   // Join that asked for the device; calls into it name the missing pool.
   for (int device : devices) (void)calls->LendDevicePool(device, options_.cuda_pool_bytes);
@@ -331,7 +331,6 @@ absl::Status Client::HandleDeferred(const std::string& method, DeferredHandler h
   absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
   if (!calls.ok()) return calls.status();
   (*calls)->HandleDeferred(method, std::move(handler));
-  ReleaseCallEngine(*std::move(calls));
   return absl::OkStatus();
 }
 
@@ -364,7 +363,6 @@ CallFuture Client::CallAsync(const std::string& group, const std::string& worker
   if (!calls.ok()) return CallFuture::Ready(calls.status());
   CallFuture future = (*calls)->CallAsync(group, from->name, worker, method, payload, tensors,
                                           *wait, by_reverse_map ? shm::kFlagReverseMap : 0);
-  ReleaseCallEngine(*std::move(calls));
   return future;
 }
 
@@ -380,7 +378,6 @@ absl::StatusOr<Message> Client::Call(const std::string& group, const std::string
   if (!calls.ok()) return calls.status();
   absl::StatusOr<Message> reply =
       (*calls)->Call(group, from->name, worker, method, payload, tensors, *wait);
-  ReleaseCallEngine(*std::move(calls));
   return reply;
 }
 
@@ -388,7 +385,6 @@ absl::StatusOr<Tensor> Client::AllocateTensor(shm::DType dtype, std::vector<int6
   absl::StatusOr<std::shared_ptr<CallEngine>> calls = Engine();
   if (!calls.ok()) return calls.status();
   absl::StatusOr<Tensor> tensor = (*calls)->AllocateTensor(dtype, std::move(shape));
-  ReleaseCallEngine(*std::move(calls));
   return tensor;
 }
 
@@ -403,7 +399,6 @@ absl::StatusOr<CallEngineStats> Client::GetCallStats() {
         "no call engine: Handle, Call or AllocateTensor starts it");
   }
   CallEngineStats stats = calls->Stats();
-  ReleaseCallEngine(std::move(calls));
   return stats;
 }
 
@@ -478,7 +473,7 @@ absl::StatusOr<v1::JoinResponse> Client::Join(const JoinOptions& options) {
       lent = calls->LendDevicePool(device, options_.cuda_pool_bytes);
     }
   }
-  ReleaseCallEngine(std::move(calls));
+  calls.reset();
   if (!lent.ok()) {
     return Prefixed(lent, "joined group '", options.group, "' as '", options.name, "', but ");
   }
@@ -516,7 +511,7 @@ absl::Status Client::Leave(absl::string_view group_name, absl::string_view worke
   v1::LeaveResponse response;
   absl::Status status = FromGrpc(control_->Leave(Context().get(), request, &response));
   if (!status.ok() && calls != nullptr) calls->Rejoined(group, name);
-  ReleaseCallEngine(std::move(calls));
+  calls.reset();
   if (!status.ok()) return status;
   absl::MutexLock lock(&joined_mu_);
   auto it = joined_.find(group);

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "client/call_state.h"
 #include "client/calls.h"
+#include "client/engine.h"
 
 namespace tpd {
 
@@ -26,13 +27,13 @@ bool Spin(absl::FunctionRef<bool()> done, int64_t start_ns, int64_t window_ns, i
 
 PendingReply::~PendingReply() {
   if (answered.exchange(true)) return;
-  std::shared_ptr<CallEngine> live = engine.lock();
+  std::shared_ptr<Engine> live = engine.lock();
   if (live == nullptr) return;
   (void)live->Answer(
       call_id, worker, method, /*from_handler=*/false,
       absl::InternalError(absl::StrCat("the handler of worker '", worker, "' method '", method,
                                        "' dropped the call without answering it")));
-  ReleaseCallEngine(std::move(live));
+  ReleaseEngine(std::move(live));
 }
 
 }  // namespace calls_internal
@@ -140,7 +141,7 @@ absl::Status Responder::Reply(absl::StatusOr<Message> reply) const {
     return absl::FailedPreconditionError(absl::StrCat(
         "the call to worker '", call.worker, "' method '", call.method, "' was answered already"));
   }
-  std::shared_ptr<CallEngine> engine = call.engine.lock();
+  std::shared_ptr<calls_internal::Engine> engine = call.engine.lock();
   if (engine == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the call to worker '", call.worker, "' method '", call.method,
@@ -149,7 +150,7 @@ absl::Status Responder::Reply(absl::StatusOr<Message> reply) const {
   }
   absl::Status sent = engine->Answer(call.call_id, call.worker, call.method, /*from_handler=*/true,
                                      std::move(reply));
-  ReleaseCallEngine(std::move(engine));
+  calls_internal::ReleaseEngine(std::move(engine));
   return sent;
 }
 

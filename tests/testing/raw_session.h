@@ -25,6 +25,7 @@
 #include "shm/attach.h"
 #include "shm/descriptor.h"
 #include "shm/layout.h"
+#include "shm/message.h"
 #include "shm/ring.h"
 #include "shm/segment.h"
 
