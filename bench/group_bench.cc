@@ -333,10 +333,10 @@ bool RunRow(int world_size, int daemon_count, Result* result) {
         tpd::Client* client = clients[r].get();
         const std::string key = absl::StrCat("bench/", world_size, "/", r);
         barrier.Arrive(1);
-        absl::Status warm = client->Set(key, "warm-up");
+        absl::Status warm = client->Store().Set(key, "warm-up");
         barrier.Arrive(2);
         absl::Time t0 = absl::Now();
-        set_status[r] = client->Set(key, "baseline");
+        set_status[r] = client->Store().Set(key, "baseline");
         set_end[r] = absl::Now();
         if (!warm.ok()) set_status[r] = warm;
         result->set_ms[r] = absl::ToDoubleMilliseconds(set_end[r] - t0);

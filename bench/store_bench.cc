@@ -71,16 +71,16 @@ int main(int argc, char** argv) {
       std::vector<std::unique_ptr<tpd::Client>>& c = *users;
       const std::string tag = suffix;
       print("set" + tag, tpd::bench::MeasureClosedLoop(clients, seconds, [&](int i) {
-              return c[i]->Set(absl::StrCat("key", i), "value-of-16-byte").ok();
+              return c[i]->Store().Set(absl::StrCat("key", i), "value-of-16-byte").ok();
             }));
       print("get" + tag, tpd::bench::MeasureClosedLoop(clients, seconds, [&](int i) {
-              return c[i]->Get(absl::StrCat("key", i)).ok();
+              return c[i]->Store().Get(absl::StrCat("key", i)).ok();
             }));
       print("add" + tag, tpd::bench::MeasureClosedLoop(clients, seconds, [&](int i) {
-              return c[i]->Add("counter", 1).ok();
+              return c[i]->Store().Add("counter", 1).ok();
             }));
       print("wait" + tag, tpd::bench::MeasureClosedLoop(clients, seconds, [&](int i) {
-              return c[i]->Wait({absl::StrCat("key", i)}).ok();
+              return c[i]->Store().Wait({absl::StrCat("key", i)}).ok();
             }));
     }
   }

@@ -99,11 +99,11 @@ struct ClientOptions {
 
 class Client;
 
-// A store as one client reaches it: the daemon's store under a namespace, or a group's store
-// (shared by the group's members on every node; the client must hold a member of the group,
-// PERMISSION_DENIED otherwise). A small value; it must not outlive its Client. Calls have the
-// Client's store semantics; `timeout` of a waiting call: absl::ZeroDuration() = the daemon's
-// default.
+// A store as one client reaches it (Client::Store, Client::GroupStore: the client's one way
+// to a store): the daemon's store under a namespace, or a group's store (shared by the group's
+// members on every node; the client must hold a member of the group, PERMISSION_DENIED
+// otherwise). A small value; it must not outlive its Client. Calls have c10d's semantics (the
+// file comment); `timeout` of a waiting call: absl::ZeroDuration() = the daemon's default.
 class StoreView {
  public:
   absl::Status Set(absl::string_view key, absl::string_view value) const;
@@ -171,41 +171,6 @@ class Client {
   // share on every node, under `name_space`. This client must hold a member of `group`.
   StoreView GroupStore(absl::string_view group, absl::string_view name_space = "") {
     return StoreView(this, std::string(name_space), std::string(group));
-  }
-
-  // Store calls on Store(). `timeout` of a waiting call: absl::ZeroDuration() = the daemon's
-  // default.
-  absl::Status Set(absl::string_view key, absl::string_view value) {
-    return Store().Set(key, value);
-  }
-  absl::StatusOr<std::string> Get(absl::string_view key,
-                                  absl::Duration timeout = absl::ZeroDuration()) {
-    return Store().Get(key, timeout);
-  }
-  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) {
-    return Store().Add(key, delta);
-  }
-  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
-                                         absl::string_view desired) {
-    return Store().CompareSet(key, expected, desired);
-  }
-  absl::Status Wait(const std::vector<std::string>& keys,
-                    absl::Duration timeout = absl::ZeroDuration()) {
-    return Store().Wait(keys, timeout);
-  }
-  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) { return Store().Check(keys); }
-  absl::StatusOr<bool> DeleteKey(absl::string_view key) { return Store().DeleteKey(key); }
-  absl::StatusOr<int64_t> NumKeys() { return Store().NumKeys(); }
-  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
-                                                    absl::Duration timeout = absl::ZeroDuration()) {
-    return Store().MultiGet(keys, timeout);
-  }
-  absl::Status MultiSet(const std::vector<std::string>& keys,
-                        const std::vector<std::string>& values) {
-    return Store().MultiSet(keys, values);
-  }
-  absl::Status Append(absl::string_view key, absl::string_view value) {
-    return Store().Append(key, value);
   }
 
   // Groups. The first Join opens this client's session with the daemon, a stream that stays

@@ -375,11 +375,11 @@ int RunStore(tpd::Client& client, const std::vector<std::string>& args) {
 
   if (command == "set") {
     if (!want(2)) return Usage("usage: tpctl store set KEY VALUE");
-    if (absl::Status s = client.Set(rest[0], rest[1]); !s.ok()) return Error(s);
+    if (absl::Status s = client.Store().Set(rest[0], rest[1]); !s.ok()) return Error(s);
     Print("OK", "{\"ok\": true}");
   } else if (command == "get") {
     if (!want(1)) return Usage("usage: tpctl store get KEY");
-    absl::StatusOr<std::string> value = client.Get(rest[0], timeout);
+    absl::StatusOr<std::string> value = client.Store().Get(rest[0], timeout);
     if (!value.ok()) return Error(value.status());
     Print(*value, absl::StrCat("{\"key\": ", Json(rest[0]), ", \"value\": ", Json(*value), "}"));
   } else if (command == "add") {
@@ -387,28 +387,28 @@ int RunStore(tpd::Client& client, const std::vector<std::string>& args) {
     if (!want(2) || !absl::SimpleAtoi(rest[1], &delta)) {
       return Usage("usage: tpctl store add KEY DELTA (DELTA an integer)");
     }
-    absl::StatusOr<int64_t> sum = client.Add(rest[0], delta);
+    absl::StatusOr<int64_t> sum = client.Store().Add(rest[0], delta);
     if (!sum.ok()) return Error(sum.status());
     Print(absl::StrCat(*sum),
           absl::StrCat("{\"key\": ", Json(rest[0]), ", \"value\": ", *sum, "}"));
   } else if (command == "wait") {
     if (rest.empty()) return Usage("usage: tpctl store wait KEY...");
-    if (absl::Status s = client.Wait(rest, timeout); !s.ok()) return Error(s);
+    if (absl::Status s = client.Store().Wait(rest, timeout); !s.ok()) return Error(s);
     Print("OK", "{\"ok\": true}");
   } else if (command == "check") {
     if (rest.empty()) return Usage("usage: tpctl store check KEY...");
-    absl::StatusOr<bool> ready = client.Check(rest);
+    absl::StatusOr<bool> ready = client.Store().Check(rest);
     if (!ready.ok()) return Error(ready.status());
     Print(*ready ? "true" : "false", absl::StrCat("{\"ready\": ", *ready ? "true" : "false", "}"));
   } else if (command == "delete") {
     if (!want(1)) return Usage("usage: tpctl store delete KEY");
-    absl::StatusOr<bool> deleted = client.DeleteKey(rest[0]);
+    absl::StatusOr<bool> deleted = client.Store().DeleteKey(rest[0]);
     if (!deleted.ok()) return Error(deleted.status());
     Print(*deleted ? "deleted" : "absent",
           absl::StrCat("{\"deleted\": ", *deleted ? "true" : "false", "}"));
   } else if (command == "keys") {
     if (!want(0)) return Usage("usage: tpctl store keys");
-    absl::StatusOr<int64_t> count = client.NumKeys();
+    absl::StatusOr<int64_t> count = client.Store().NumKeys();
     if (!count.ok()) return Error(count.status());
     Print(absl::StrCat(*count), absl::StrCat("{\"num_keys\": ", *count, "}"));
   } else {

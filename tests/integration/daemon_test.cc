@@ -114,24 +114,25 @@ TEST_F(DaemonTest, SocketHasTheDefaultMode0660) {
 TEST_F(DaemonTest, ClientLibraryStoreCallsHaveC10dSemantics) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(client->Set("k", "v1").ok());
-  EXPECT_EQ(*client->Get("k", absl::Seconds(1)), "v1");
-  EXPECT_EQ(*client->Add("n", 5), 5);
-  EXPECT_EQ(*client->Add("n", -2), 3);
-  EXPECT_EQ(*client->CompareSet("k", "v1", "v2"), "v2");
-  EXPECT_EQ(*client->CompareSet("k", "nope", "v3"), "v2");
-  EXPECT_EQ(*client->CompareSet("fresh", "", "made"), "made");
-  EXPECT_EQ(*client->CompareSet("absent", "x", "y"), "x");
-  EXPECT_FALSE(*client->Check({"absent"}));
-  ASSERT_TRUE(client->MultiSet({"a", "b"}, {"1", "2"}).ok());
-  EXPECT_THAT(*client->MultiGet({"b", "a"}, absl::Seconds(1)), ::testing::ElementsAre("2", "1"));
-  ASSERT_TRUE(client->Append("b", "+").ok());
-  EXPECT_EQ(*client->Get("b"), "2+");
-  EXPECT_TRUE(*client->Check({"a", "b", "k"}));
-  EXPECT_EQ(*client->NumKeys(), 5);  // k, n, fresh, a, b
-  EXPECT_TRUE(*client->DeleteKey("a"));
-  EXPECT_FALSE(*client->DeleteKey("a"));
-  EXPECT_EQ(*client->NumKeys(), 4);
+  ASSERT_TRUE(client->Store().Set("k", "v1").ok());
+  EXPECT_EQ(*client->Store().Get("k", absl::Seconds(1)), "v1");
+  EXPECT_EQ(*client->Store().Add("n", 5), 5);
+  EXPECT_EQ(*client->Store().Add("n", -2), 3);
+  EXPECT_EQ(*client->Store().CompareSet("k", "v1", "v2"), "v2");
+  EXPECT_EQ(*client->Store().CompareSet("k", "nope", "v3"), "v2");
+  EXPECT_EQ(*client->Store().CompareSet("fresh", "", "made"), "made");
+  EXPECT_EQ(*client->Store().CompareSet("absent", "x", "y"), "x");
+  EXPECT_FALSE(*client->Store().Check({"absent"}));
+  ASSERT_TRUE(client->Store().MultiSet({"a", "b"}, {"1", "2"}).ok());
+  EXPECT_THAT(*client->Store().MultiGet({"b", "a"}, absl::Seconds(1)),
+              ::testing::ElementsAre("2", "1"));
+  ASSERT_TRUE(client->Store().Append("b", "+").ok());
+  EXPECT_EQ(*client->Store().Get("b"), "2+");
+  EXPECT_TRUE(*client->Store().Check({"a", "b", "k"}));
+  EXPECT_EQ(*client->Store().NumKeys(), 5);  // k, n, fresh, a, b
+  EXPECT_TRUE(*client->Store().DeleteKey("a"));
+  EXPECT_FALSE(*client->Store().DeleteKey("a"));
+  EXPECT_EQ(*client->Store().NumKeys(), 4);
 }
 
 TEST_F(DaemonTest, NamespacesKeepKeysApart) {
@@ -142,11 +143,11 @@ TEST_F(DaemonTest, NamespacesKeepKeysApart) {
   auto a = Client::Connect(socket_, group_a);
   auto b = Client::Connect(socket_, group_b);
   ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_TRUE((*a)->Set("rank0", "A").ok());
-  ASSERT_TRUE((*b)->Set("rank0", "B").ok());
-  EXPECT_EQ(*(*a)->Get("rank0"), "A");
-  EXPECT_EQ(*(*b)->Get("rank0"), "B");
-  EXPECT_EQ(*(*a)->NumKeys(), 1);
+  ASSERT_TRUE((*a)->Store().Set("rank0", "A").ok());
+  ASSERT_TRUE((*b)->Store().Set("rank0", "B").ok());
+  EXPECT_EQ(*(*a)->Store().Get("rank0"), "A");
+  EXPECT_EQ(*(*b)->Store().Get("rank0"), "B");
+  EXPECT_EQ(*(*a)->Store().NumKeys(), 1);
 }
 
 TEST_F(DaemonTest, GetWaitsForAKeySetByAnotherClient) {
@@ -157,9 +158,9 @@ TEST_F(DaemonTest, GetWaitsForAKeySetByAnotherClient) {
     // Set only once the daemon reports the Get parked as a waiter.
     EXPECT_TRUE(WaitUntil([&] { return Waiters(setter.get()) == 1; }))
         << "the Get never parked as a waiter";
-    EXPECT_TRUE(setter->Set("late", "here").ok());
+    EXPECT_TRUE(setter->Store().Set("late", "here").ok());
   });
-  absl::StatusOr<std::string> value = waiter->Get("late", absl::Seconds(20));
+  absl::StatusOr<std::string> value = waiter->Store().Get("late", absl::Seconds(20));
   set_later.join();
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, "here");
@@ -168,11 +169,11 @@ TEST_F(DaemonTest, GetWaitsForAKeySetByAnotherClient) {
 TEST_F(DaemonTest, WaitTimeoutIsDeadlineExceededNamingTheKeyAndClientKeepsWorking) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  absl::Status status = client->Wait({"never"}, absl::Milliseconds(100));
+  absl::Status status = client->Store().Wait({"never"}, absl::Milliseconds(100));
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(status.message(), HasSubstr("\"never\""));
-  ASSERT_TRUE(client->Set("after", "ok").ok());
-  EXPECT_EQ(*client->Get("after"), "ok");
+  ASSERT_TRUE(client->Store().Set("after", "ok").ok());
+  EXPECT_EQ(*client->Store().Get("after"), "ok");
   EXPECT_EQ(client->Status()->store().waiters(), 0);
 }
 
@@ -180,38 +181,38 @@ TEST_F(DaemonTest, BadRequestsAnswerSpecificCodesAndTheDaemonKeepsServing) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);
 
-  absl::Status empty_key = client->Set("", "v");
+  absl::Status empty_key = client->Store().Set("", "v");
   EXPECT_EQ(empty_key.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(empty_key.message(), HasSubstr("key must not be empty"));
 
-  absl::Status long_key = client->Set(std::string(5000, 'k'), "v");
+  absl::Status long_key = client->Store().Set(std::string(5000, 'k'), "v");
   EXPECT_EQ(long_key.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(long_key.message(), HasSubstr("store.max_key_bytes"));
 
-  absl::Status big_value = client->Set("big", std::string((16 << 20) + 1, 'x'));
+  absl::Status big_value = client->Store().Set("big", std::string((16 << 20) + 1, 'x'));
   EXPECT_EQ(big_value.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(big_value.message(), HasSubstr("store.max_value_bytes"));
 
-  absl::StatusOr<std::string> negative = client->Get("k", absl::Milliseconds(-5));
+  absl::StatusOr<std::string> negative = client->Store().Get("k", absl::Milliseconds(-5));
   EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(negative.status().message(), HasSubstr("timeout_ms"));
 
   std::vector<std::string> many(1025, "k");
-  absl::Status too_many = client->Wait(many, absl::Milliseconds(10));
+  absl::Status too_many = client->Store().Wait(many, absl::Milliseconds(10));
   EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(too_many.message(), HasSubstr("store.max_keys_per_request"));
 
-  absl::Status mismatched = client->MultiSet({"a", "b"}, {"1"});
+  absl::Status mismatched = client->Store().MultiSet({"a", "b"}, {"1"});
   EXPECT_EQ(mismatched.code(), absl::StatusCode::kInvalidArgument);
 
-  ASSERT_TRUE(client->Set("text", "abc").ok());
-  EXPECT_EQ(client->Add("text", 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(client->Store().Set("text", "abc").ok());
+  EXPECT_EQ(client->Store().Add("text", 1).status().code(), absl::StatusCode::kFailedPrecondition);
 
   // Still serving, and nothing partial was stored.
   EXPECT_TRUE(*client->Serving());
-  EXPECT_FALSE(*client->Check({"big"}));
-  EXPECT_FALSE(*client->Check({"a"}));
-  EXPECT_EQ(*client->Get("text"), "abc");
+  EXPECT_FALSE(*client->Store().Check({"big"}));
+  EXPECT_FALSE(*client->Store().Check({"a"}));
+  EXPECT_EQ(*client->Store().Get("text"), "abc");
 }
 
 TEST_F(DaemonTest, SixtyFourConcurrentClientsLoseNoUpdate) {
@@ -229,21 +230,21 @@ TEST_F(DaemonTest, SixtyFourConcurrentClientsLoseNoUpdate) {
     threads.emplace_back([&, i] {
       for (int j = 0; j < kAddsPerClient; ++j) {
         const int64_t delta = i + j + 1;
-        if (clients[i]->Add("counter", delta).ok()) {
+        if (clients[i]->Store().Add("counter", delta).ok()) {
           acknowledged += delta;
         } else {
           ++errors;
         }
         const std::string key = absl::StrCat("client", i);
-        if (!clients[i]->Set(key, absl::StrCat(j)).ok()) ++errors;
-        absl::StatusOr<std::string> got = clients[i]->Get(key, absl::Seconds(10));
+        if (!clients[i]->Store().Set(key, absl::StrCat(j)).ok()) ++errors;
+        absl::StatusOr<std::string> got = clients[i]->Store().Get(key, absl::Seconds(10));
         if (!got.ok() || *got != absl::StrCat(j)) ++errors;
       }
     });
   }
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(errors.load(), 0);
-  EXPECT_EQ(*clients[0]->Add("counter", 0), acknowledged.load());
+  EXPECT_EQ(*clients[0]->Store().Add("counter", 0), acknowledged.load());
 }
 
 TEST_F(DaemonTest, TpctlDrivesTheStoreAndPrintsStatus) {
@@ -291,8 +292,8 @@ TEST_F(DaemonTest, SecondDaemonOnTheSameSocketIsRefusedAndTheFirstKeepsServing) 
   EXPECT_THAT(second.output, HasSubstr(absl::StrCat("another tpd (pid ", daemon_->pid(), ")")));
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(client->Set("still", "here").ok());
-  EXPECT_EQ(*client->Get("still"), "here");
+  ASSERT_TRUE(client->Store().Set("still", "here").ok());
+  EXPECT_EQ(*client->Store().Get("still"), "here");
 }
 
 TEST_F(DaemonTest, SigtermExitsZeroAndRemovesTheSocket) {
@@ -309,7 +310,7 @@ TEST_F(DaemonTest, SigtermEndsPendingWaitsWithUnavailable) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);
   absl::Status status;
-  std::thread waiter([&] { status = client->Wait({"never"}, absl::Seconds(60)); });
+  std::thread waiter([&] { status = client->Store().Wait({"never"}, absl::Seconds(60)); });
   EXPECT_TRUE(WaitUntil([&] { return Waiters(client.get()) == 1; }))
       << "the Wait never parked as a waiter";
   daemon_->Signal(SIGTERM);
@@ -329,7 +330,7 @@ TEST_F(DaemonTest, StaleSocketFileIsReclaimed) {
   EXPECT_THAT(daemon_->Output(), HasSubstr("removed a stale socket file"));
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  EXPECT_TRUE(client->Set("k", "v").ok());
+  EXPECT_TRUE(client->Store().Set("k", "v").ok());
 }
 
 TEST_F(DaemonTest, KilledWaitingClientIsReclaimed) {
@@ -407,7 +408,7 @@ max_value_bytes = 1024
   EXPECT_EQ(st.st_mode & 0777, 0600);
   auto client = Client::Connect(socket);
   ASSERT_TRUE(client.ok());
-  absl::Status status = (*client)->Set("k", std::string(1025, 'x'));
+  absl::Status status = (*client)->Store().Set("k", std::string(1025, 'x'));
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(status.message(), HasSubstr("the limit store.max_value_bytes is 1024"));
   EXPECT_EQ((*client)->Status()->config().config_path(), config);
@@ -451,46 +452,48 @@ TEST_F(DaemonOptionTest, MaxKeysPerRequestBoundsEveryMultiKeyCall) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << call << ": " << status;
     EXPECT_THAT(status.message(), HasSubstr("the limit store.max_keys_per_request is 3")) << call;
   };
-  expect_refused(client_->MultiSet(four, {"1", "2", "3", "4"}), "MultiSet");
-  expect_refused(client_->Wait(four, absl::Seconds(5)), "Wait");
-  expect_refused(client_->MultiGet(four, absl::Seconds(5)).status(), "MultiGet");
-  expect_refused(client_->Check(four).status(), "Check");
+  expect_refused(client_->Store().MultiSet(four, {"1", "2", "3", "4"}), "MultiSet");
+  expect_refused(client_->Store().Wait(four, absl::Seconds(5)), "Wait");
+  expect_refused(client_->Store().MultiGet(four, absl::Seconds(5)).status(), "MultiGet");
+  expect_refused(client_->Store().Check(four).status(), "Check");
   // Nothing of the refused MultiSet was stored; at the limit every call works.
-  EXPECT_EQ(*client_->NumKeys(), 0);
-  ASSERT_TRUE(client_->MultiSet(three, {"1", "2", "3"}).ok());
-  EXPECT_TRUE(client_->Wait(three, absl::Seconds(5)).ok());
-  EXPECT_THAT(*client_->MultiGet(three, absl::Seconds(5)), ::testing::ElementsAre("1", "2", "3"));
-  EXPECT_TRUE(*client_->Check(three));
+  EXPECT_EQ(*client_->Store().NumKeys(), 0);
+  ASSERT_TRUE(client_->Store().MultiSet(three, {"1", "2", "3"}).ok());
+  EXPECT_TRUE(client_->Store().Wait(three, absl::Seconds(5)).ok());
+  EXPECT_THAT(*client_->Store().MultiGet(three, absl::Seconds(5)),
+              ::testing::ElementsAre("1", "2", "3"));
+  EXPECT_TRUE(*client_->Store().Check(three));
 }
 
 TEST_F(DaemonOptionTest, MaxWaitersRefusesTheWaitPastTheLimitNamingIt) {
   ASSERT_NO_FATAL_FAILURE(Start("[store]\nmax_waiters = 2\n"));
   absl::StatusOr<std::string> got;
   absl::Status waited;
-  std::thread get([&] { got = client_->Get("x", absl::Seconds(30)); });
-  std::thread wait([&] { waited = client_->Wait({"y"}, absl::Seconds(30)); });
+  std::thread get([&] { got = client_->Store().Get("x", absl::Seconds(30)); });
+  std::thread wait([&] { waited = client_->Store().Wait({"y"}, absl::Seconds(30)); });
   ASSERT_TRUE(WaitUntil([&] { return Waiters(client_.get()) == 2; }))
       << "the Get and the Wait never both parked";
   // The limit is reached: every further waiting call is refused at once, naming it...
   for (const absl::Status& refused :
-       {client_->Wait({"z"}, absl::Seconds(30)), client_->Get("z", absl::Seconds(30)).status(),
-        client_->MultiGet({"z"}, absl::Seconds(30)).status()}) {
+       {client_->Store().Wait({"z"}, absl::Seconds(30)),
+        client_->Store().Get("z", absl::Seconds(30)).status(),
+        client_->Store().MultiGet({"z"}, absl::Seconds(30)).status()}) {
     EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
     EXPECT_THAT(refused.message(), HasSubstr("store.max_waiters = 2"));
   }
   // ...while calls that need not wait go on, and release the two waiters.
   EXPECT_TRUE(*client_->Serving());
-  ASSERT_TRUE(client_->MultiSet({"x", "y"}, {"1", "2"}).ok());
+  ASSERT_TRUE(client_->Store().MultiSet({"x", "y"}, {"1", "2"}).ok());
   get.join();
   wait.join();
   EXPECT_EQ(got.value_or("failed"), "1") << got.status();
   EXPECT_TRUE(waited.ok()) << waited;
   EXPECT_EQ(Waiters(client_.get()), 0);
   // Below the limit again, a call may wait.
-  std::thread again([&] { got = client_->Get("later", absl::Seconds(30)); });
+  std::thread again([&] { got = client_->Store().Get("later", absl::Seconds(30)); });
   ASSERT_TRUE(WaitUntil([&] { return Waiters(client_.get()) == 1; }))
       << "a Get after the waiters left never parked";
-  ASSERT_TRUE(client_->Set("later", "3").ok());
+  ASSERT_TRUE(client_->Store().Set("later", "3").ok());
   again.join();
   EXPECT_EQ(got.value_or("failed"), "3") << got.status();
 }
@@ -530,16 +533,17 @@ TEST_F(DaemonOptionTest, DefaultTimeoutAppliesToWaitsThatPassZero) {
 
 TEST_F(DaemonOptionTest, AppendPastMaxValueBytesIsRefusedAndKeepsTheValue) {
   ASSERT_NO_FATAL_FAILURE(Start("[store]\nmax_value_bytes = 1024\n"));
-  ASSERT_TRUE(client_->Set("k", std::string(1000, 'a')).ok());
-  ASSERT_TRUE(client_->Append("k", std::string(24, 'b')).ok()) << "exactly the limit is allowed";
-  absl::Status grown = client_->Append("k", "c");
+  ASSERT_TRUE(client_->Store().Set("k", std::string(1000, 'a')).ok());
+  ASSERT_TRUE(client_->Store().Append("k", std::string(24, 'b')).ok())
+      << "exactly the limit is allowed";
+  absl::Status grown = client_->Store().Append("k", "c");
   EXPECT_EQ(grown.code(), absl::StatusCode::kResourceExhausted) << grown;
   EXPECT_THAT(grown.message(), HasSubstr("the limit store.max_value_bytes is 1024"));
-  EXPECT_EQ(*client_->Get("k"), std::string(1000, 'a') + std::string(24, 'b'));
+  EXPECT_EQ(*client_->Store().Get("k"), std::string(1000, 'a') + std::string(24, 'b'));
   // A fresh key appended past the limit is not created.
-  absl::Status fresh = client_->Append("fresh", std::string(1025, 'x'));
+  absl::Status fresh = client_->Store().Append("fresh", std::string(1025, 'x'));
   EXPECT_EQ(fresh.code(), absl::StatusCode::kResourceExhausted) << fresh;
-  EXPECT_FALSE(*client_->Check({"fresh"}));
+  EXPECT_FALSE(*client_->Store().Check({"fresh"}));
 }
 
 // A group the test may give the socket to: one of this process's supplementary groups other

@@ -208,20 +208,21 @@ TEST_F(GroupTest, ClientsCannotReachTheDaemonsOwnKeys) {
   ASSERT_NE(client, nullptr);
   // Node a's store holds the group's versions and every node's heartbeat, yet a client of
   // node a counts none of them...
-  EXPECT_EQ(*client->NumKeys(), 0);
+  EXPECT_EQ(*client->Store().NumKeys(), 0);
   // ...and cannot write a forged next version through the Store API, nor touch a heartbeat:
   // the daemon and the group go on.
   absl::StatusOr<v1::GroupView> before = client->GetGroup("own", init_method_);
   ASSERT_TRUE(before.ok()) << before.status();
   const std::string next = absl::StrCat("tpd/group/own/v/", before->version() + 1);
-  absl::StatusOr<std::string> forged = client->CompareSet(next, "", "garbage");
+  absl::StatusOr<std::string> forged = client->Store().CompareSet(next, "", "garbage");
   EXPECT_EQ(forged.status().code(), absl::StatusCode::kPermissionDenied) << forged.status();
   EXPECT_THAT(forged.status().message(), HasSubstr("reserved"));
-  EXPECT_EQ(client->Set("tpd/node/node-b", "1:1").code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(client->Check({next}).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(client->Store().Set("tpd/node/node-b", "1:1").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(client->Store().Check({next}).status().code(), absl::StatusCode::kPermissionDenied);
   // Keys of the client's own are unaffected.
-  ASSERT_TRUE(client->Set("tpdish", "v").ok());
-  EXPECT_EQ(*client->NumKeys(), 1);
+  ASSERT_TRUE(client->Store().Set("tpdish", "v").ok());
+  EXPECT_EQ(*client->Store().NumKeys(), 1);
   absl::StatusOr<v1::GroupView> after = client->GetGroup("own", init_method_);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->phase(), "FORMED");
@@ -342,7 +343,7 @@ TEST_F(GroupTest, AStoreThatNeverAnswersStallsNoOtherCall) {
   ASSERT_TRUE(client.ok()) << client.status();
   for (int i = 0; i < 20; ++i) {
     EXPECT_TRUE((*client)->Serving().value_or(false));
-    EXPECT_TRUE((*client)->Set(absl::StrCat("k", i), "v").ok());
+    EXPECT_TRUE((*client)->Store().Set(absl::StrCat("k", i), "v").ok());
   }
   for (std::thread& thread : lookups) thread.join();
   EXPECT_EQ(answered.load(), 40);

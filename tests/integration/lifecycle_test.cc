@@ -205,8 +205,8 @@ TEST_F(LifecycleTest, SoakOfSessionsGroupsWatchesAndBadRequestsLeavesNothingBehi
         v1::GroupEvent event;
         EXPECT_TRUE(watch->Next(&event));
         EXPECT_FALSE((*client)->GetGroup("bad", "tcp://no-port").ok());
-        EXPECT_FALSE((*client)->Set(std::string(1 << 20, 'k'), "v").ok());
-        EXPECT_FALSE((*client)->Set("tpd/node/x", "1:1").ok());
+        EXPECT_FALSE((*client)->Store().Set(std::string(1 << 20, 'k'), "v").ok());
+        EXPECT_FALSE((*client)->Store().Set("tpd/node/x", "1:1").ok());
         options.world_size = int64_t{1} << 40;
         options.rank = 0;
         options.group = "huge";

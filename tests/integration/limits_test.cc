@@ -87,8 +87,8 @@ class LimitsTest : public ::testing::Test {
     absl::StatusOr<bool> serving = fresh->Serving();
     ASSERT_TRUE(serving.ok()) << serving.status();
     EXPECT_TRUE(*serving);
-    ASSERT_TRUE(fresh->Set("after", "1").ok());
-    EXPECT_EQ(*fresh->Get("after", absl::Seconds(5)), "1");
+    ASSERT_TRUE(fresh->Store().Set("after", "1").ok());
+    EXPECT_EQ(*fresh->Store().Get("after", absl::Seconds(5)), "1");
     absl::StatusOr<v1::JoinResponse> joined = fresh->Join(Dynamic("still-serving", "probe"));
     EXPECT_TRUE(joined.ok()) << joined.status();
   }
@@ -175,7 +175,7 @@ TEST_F(LimitsTest, EnvAndOptionStringsAreBounded) {
 }
 
 TEST_F(LimitsTest, LongNamespaceOnAThousandKeyMultiSetIsRefusedAndStoresNothing) {
-  absl::StatusOr<int64_t> before = client_->NumKeys();
+  absl::StatusOr<int64_t> before = client_->Store().NumKeys();
   ASSERT_TRUE(before.ok()) << before.status();
   ClientOptions options;
   options.name_space = std::string(512 << 10, 'n');
@@ -187,13 +187,13 @@ TEST_F(LimitsTest, LongNamespaceOnAThousandKeyMultiSetIsRefusedAndStoresNothing)
     keys.push_back(absl::StrCat("k", i));
     values.push_back("v");
   }
-  absl::Status status = client->MultiSet(keys, values);
+  absl::Status status = client->Store().MultiSet(keys, values);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(),
               AllOf(HasSubstr("524288 bytes"), HasSubstr("store.max_namespace_bytes is 1024")));
   EXPECT_LT(status.message().size(), kSmallMessage);
   // None of the 1024 keys was stored (the daemon may add a heartbeat key meanwhile).
-  EXPECT_LT(*client_->NumKeys() - *before, 10);
+  EXPECT_LT(*client_->Store().NumKeys() - *before, 10);
 }
 
 TEST_F(LimitsTest, TwentyMiBNamespaceOnCheckIsRefusedAndTheDaemonKeepsServing) {
@@ -201,7 +201,7 @@ TEST_F(LimitsTest, TwentyMiBNamespaceOnCheckIsRefusedAndTheDaemonKeepsServing) {
   options.name_space = std::string(20 << 20, 'n');
   std::unique_ptr<Client> client = Connect(options);
   ASSERT_NE(client, nullptr);
-  absl::StatusOr<bool> ready = client->Check({"k"});
+  absl::StatusOr<bool> ready = client->Store().Check({"k"});
   EXPECT_EQ(ready.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(ready.status().message(), HasSubstr("store.max_namespace_bytes"));
   ExpectStillServing();
@@ -213,12 +213,12 @@ TEST_F(LimitsTest, NamespaceWithANewlineIsRefusedOnEveryCall) {
   std::unique_ptr<Client> client = Connect(options);
   ASSERT_NE(client, nullptr);
   for (absl::Status status :
-       {client->Set("k", "v"), client->Get("k", absl::Milliseconds(10)).status(),
-        client->Add("k", 1).status(), client->CompareSet("k", "", "v").status(),
-        client->Wait({"k"}, absl::Milliseconds(10)), client->Check({"k"}).status(),
-        client->DeleteKey("k").status(), client->NumKeys().status(),
-        client->MultiGet({"k"}, absl::Milliseconds(10)).status(), client->MultiSet({"k"}, {"v"}),
-        client->Append("k", "v")}) {
+       {client->Store().Set("k", "v"), client->Store().Get("k", absl::Milliseconds(10)).status(),
+        client->Store().Add("k", 1).status(), client->Store().CompareSet("k", "", "v").status(),
+        client->Store().Wait({"k"}, absl::Milliseconds(10)), client->Store().Check({"k"}).status(),
+        client->Store().DeleteKey("k").status(), client->Store().NumKeys().status(),
+        client->Store().MultiGet({"k"}, absl::Milliseconds(10)).status(),
+        client->Store().MultiSet({"k"}, {"v"}), client->Store().Append("k", "v")}) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_THAT(status.message(), HasSubstr("control characters")) << status;
   }
@@ -362,22 +362,23 @@ TEST(LimitsConfigTest, TheStoreHoldsAtMostMaxTotalBytesAndGivesDeletedValuesBack
     }
     return int64_t{-1};
   };
-  ASSERT_TRUE((*client)->Set("warm", "x").ok());
+  ASSERT_TRUE((*client)->Store().Set("warm", "x").ok());
   const int64_t before = rss_kib();
   const std::string value(16 << 20, 'v');
   int stored = 0;
   absl::Status refused;
   for (int i = 0; i < 40 && refused.ok(); ++i) {
-    refused = (*client)->Set(absl::StrCat("big", i), value);
+    refused = (*client)->Store().Set(absl::StrCat("big", i), value);
     if (refused.ok()) ++stored;
   }
   EXPECT_EQ(stored, 15) << "16 MiB values and their keys within 256 MiB";
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("store.max_total_bytes is 268435456"));
-  for (int i = 0; i < stored; ++i) ASSERT_TRUE(*(*client)->DeleteKey(absl::StrCat("big", i)));
+  for (int i = 0; i < stored; ++i)
+    ASSERT_TRUE(*(*client)->Store().DeleteKey(absl::StrCat("big", i)));
   const int64_t after = rss_kib();
   EXPECT_LT(after - before, 64 << 10) << "KiB kept after the deletes: " << after - before;
-  EXPECT_TRUE((*client)->Set("after", "1").ok());
+  EXPECT_TRUE((*client)->Store().Set("after", "1").ok());
 }
 
 TEST(LimitsConfigTest, LimitsComeFromTheConfigFile) {
@@ -416,7 +417,8 @@ TEST(LimitsConfigTest, LimitsComeFromTheConfigFile) {
   long_ns.name_space = "12345";
   auto namespaced = Client::Connect(socket, long_ns);
   ASSERT_TRUE(namespaced.ok());
-  EXPECT_THAT((*namespaced)->Set("k", "v").message(), HasSubstr("store.max_namespace_bytes is 4"));
+  EXPECT_THAT((*namespaced)->Store().Set("k", "v").message(),
+              HasSubstr("store.max_namespace_bytes is 4"));
 }
 
 }  // namespace

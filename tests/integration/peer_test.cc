@@ -266,7 +266,7 @@ TEST_F(PeerTest, CallsWithoutAValidMacAreRefusedAndLoggedOncePerHost) {
   grpc::Status status = stub->Set(&forged, request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_THAT(status.error_message(), HasSubstr("bad MAC"));
-  EXPECT_FALSE(*Connect(d)->Check({"k"})) << "nothing refused was written";
+  EXPECT_FALSE(*Connect(d)->Store().Check({"k"})) << "nothing refused was written";
   // 21 refusals within 10 s from one host: one log line.
   const std::string output = daemons_[d]->Output();
   size_t lines = 0;

@@ -169,15 +169,15 @@ TEST_F(RequestFuzzTest, MutatedRequestsToEveryMethodNeverCrashOrWedgeTheDaemon) 
   auto client = Client::Connect(socket_);
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_TRUE((*client)->Serving().value_or(false));
-  EXPECT_TRUE((*client)->Set("after", "fuzz").ok());
+  EXPECT_TRUE((*client)->Store().Set("after", "fuzz").ok());
 }
 
 TEST_F(RequestFuzzTest, KeysNeedNotBeUtf8) {
   auto client = Client::Connect(socket_);
   ASSERT_TRUE(client.ok()) << client.status();
   const std::string key("\xff\xfe\x00k", 4);
-  ASSERT_TRUE((*client)->Set(key, "v").ok());
-  absl::StatusOr<std::string> value = (*client)->Get(key);
+  ASSERT_TRUE((*client)->Store().Set(key, "v").ok());
+  absl::StatusOr<std::string> value = (*client)->Store().Get(key);
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, "v");
 }

@@ -58,17 +58,17 @@ TEST_F(ShmStoreTest, AnAttachedClientsStoreCallsGoThroughItsRingsWithGrpcsAnswer
   std::unique_ptr<Client> plain = Plain();
   ASSERT_TRUE(a && plain);
   const int64_t served_before = StoreCallsServed(plain.get(), "Set");
-  ASSERT_TRUE(a->Set("k", "v1").ok());
-  EXPECT_EQ(*plain->Get("k"), "v1") << "the same store over gRPC";
-  EXPECT_EQ(*a->Get("k"), "v1");
-  EXPECT_EQ(*a->Add("n", 5), 5);
-  EXPECT_EQ(*a->Add("n", -2), 3);
-  EXPECT_EQ(*plain->Add("n", 1), 4);
-  EXPECT_TRUE(*a->Check({"k", "n"}));
-  EXPECT_FALSE(*a->Check({"k", "missing"}));
+  ASSERT_TRUE(a->Store().Set("k", "v1").ok());
+  EXPECT_EQ(*plain->Store().Get("k"), "v1") << "the same store over gRPC";
+  EXPECT_EQ(*a->Store().Get("k"), "v1");
+  EXPECT_EQ(*a->Store().Add("n", 5), 5);
+  EXPECT_EQ(*a->Store().Add("n", -2), 3);
+  EXPECT_EQ(*plain->Store().Add("n", 1), 4);
+  EXPECT_TRUE(*a->Store().Check({"k", "n"}));
+  EXPECT_FALSE(*a->Store().Check({"k", "missing"}));
   EXPECT_EQ(*a->Store().CompareSet("k", "v1", "v2"), "v2");
   ASSERT_TRUE(a->Store().Append("k", "+").ok());
-  EXPECT_EQ(*plain->Get("k"), "v2+");
+  EXPECT_EQ(*plain->Store().Get("k"), "v2+");
   ASSERT_TRUE(a->Store().MultiSet({"m1", "m2"}, {"x", "y"}).ok());
   EXPECT_EQ(*a->Store().MultiGet({"m1", "m2"}), (std::vector<std::string>{"x", "y"}));
   EXPECT_TRUE(*a->Store().DeleteKey("m1"));
@@ -89,20 +89,21 @@ TEST_F(ShmStoreTest, WaitsEndWhenTheKeysComeOrAtTheirTimeoutWithoutHoldingTheSes
   std::unique_ptr<Client> a = Attached();
   std::unique_ptr<Client> b = Attached();
   ASSERT_TRUE(a && b);
-  auto waited = std::async(std::launch::async, [&] { return a->Wait({"w1", "w2"}); });
-  auto got = std::async(std::launch::async, [&] { return a->Get("w2", absl::Seconds(20)); });
+  auto waited = std::async(std::launch::async, [&] { return a->Store().Wait({"w1", "w2"}); });
+  auto got =
+      std::async(std::launch::async, [&] { return a->Store().Get("w2", absl::Seconds(20)); });
   // While a waits, its session serves its other calls (the wait holds no daemon thread).
   absl::SleepFor(absl::Milliseconds(100));
-  ASSERT_TRUE(a->Set("other", "x").ok());
-  ASSERT_TRUE(b->Set("w1", "1").ok());
-  ASSERT_TRUE(b->Set("w2", "2").ok());
+  ASSERT_TRUE(a->Store().Set("other", "x").ok());
+  ASSERT_TRUE(b->Store().Set("w1", "1").ok());
+  ASSERT_TRUE(b->Store().Set("w2", "2").ok());
   EXPECT_TRUE(waited.get().ok());
   absl::StatusOr<std::string> value = got.get();
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, "2");
 
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::string> missing = a->Get("never", absl::Milliseconds(200));
+  absl::StatusOr<std::string> missing = a->Store().Get("never", absl::Milliseconds(200));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded) << missing.status();
   EXPECT_THAT(missing.status().message(), HasSubstr("never"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
@@ -112,15 +113,15 @@ TEST_F(ShmStoreTest, TheDaemonsErrorsAndLimitsAreTheSameAsOverGrpc) {
   std::unique_ptr<Client> a = Attached();
   std::unique_ptr<Client> plain = Plain();
   ASSERT_TRUE(a && plain);
-  const absl::Status reserved = a->Set("tpd/group/g/v/1", "forged");
-  const absl::Status reserved_grpc = plain->Set("tpd/group/g/v/1", "forged");
+  const absl::Status reserved = a->Store().Set("tpd/group/g/v/1", "forged");
+  const absl::Status reserved_grpc = plain->Store().Set("tpd/group/g/v/1", "forged");
   EXPECT_EQ(reserved.code(), absl::StatusCode::kPermissionDenied) << reserved;
   EXPECT_EQ(reserved.ToString(), reserved_grpc.ToString());
   const std::string long_key(65, 'k');
-  const absl::Status too_long = a->Set(long_key, "v");
+  const absl::Status too_long = a->Store().Set(long_key, "v");
   EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument) << too_long;
   EXPECT_THAT(too_long.message(), HasSubstr("store.max_key_bytes"));
-  EXPECT_EQ(too_long.ToString(), plain->Set(long_key, "v").ToString());
+  EXPECT_EQ(too_long.ToString(), plain->Store().Set(long_key, "v").ToString());
   const absl::Status group = a->GroupStore("nogroup").Set("k", "v");
   EXPECT_EQ(group.code(), absl::StatusCode::kPermissionDenied) << group;
   EXPECT_EQ(group.ToString(), plain->GroupStore("nogroup").Set("k", "v").ToString());
@@ -151,7 +152,7 @@ TEST_F(ShmStoreTest, GarbageInAStoreCallIsAnsweredAndTheSessionGoesOn) {
   EXPECT_EQ(replies[4].first, absl::StatusCode::kOk) << replies[4].second;
   std::unique_ptr<Client> other = Plain();
   ASSERT_NE(other, nullptr);
-  EXPECT_EQ(*other->Get("raw"), "ok") << "the well-formed call went through";
+  EXPECT_EQ(*other->Store().Get("raw"), "ok") << "the well-formed call went through";
 }
 
 }  // namespace

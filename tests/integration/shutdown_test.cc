@@ -120,7 +120,7 @@ TEST(ShutdownTest, HealthTurnsNotServingAndTheGraceCancelsCallsStillRunning) {
   ASSERT_NE(daemon, nullptr);
   auto client = Connect(dir);
   ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(client->Set("big", std::string(12 << 20, 'x')).ok());
+  ASSERT_TRUE(client->Store().Set("big", std::string(12 << 20, 'x')).ok());
 
   StuckGet stuck(absl::StrCat(dir.path(), "/tpd.sock"), "big");
   // In flight: the stuck Get and the Status call asking.

@@ -364,7 +364,7 @@ TEST_F(TrustTest, GroupRecordsCannotBeReadThroughTheStore) {
   Start();
   std::unique_ptr<Client> a = Echoer("g", "a", "k1");
   ASSERT_NE(a, nullptr);
-  absl::StatusOr<std::string> record = a->Get("tpd/group/g/v/1", absl::Seconds(1));
+  absl::StatusOr<std::string> record = a->Store().Get("tpd/group/g/v/1", absl::Seconds(1));
   EXPECT_EQ(record.status().code(), absl::StatusCode::kPermissionDenied) << record.status();
 }
 
@@ -611,14 +611,14 @@ TEST_F(TrustTest, AUserFillsOnlyItsShareOfTheStoreAndOthersKeepTheirs) {
   ASSERT_NE(client, nullptr);
   const std::string value(1 << 20, 'r');
   for (int i = 0; i < 15; ++i) {
-    ASSERT_TRUE(client->Set(absl::StrCat("mine", i), value).ok()) << i;
+    ASSERT_TRUE(client->Store().Set(absl::StrCat("mine", i), value).ok()) << i;
   }
   // The other user's values were overwritten by this one: they are charged here now.
-  absl::Status over = client->Set("fill0", value);
+  absl::Status over = client->Store().Set("fill0", value);
   EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
   EXPECT_THAT(over.message(), HasSubstr("uid 0 holds"));
-  ASSERT_TRUE(*client->DeleteKey("mine0"));
-  EXPECT_TRUE(client->Set("fill0", value).ok());
+  ASSERT_TRUE(*client->Store().DeleteKey("mine0"));
+  EXPECT_TRUE(client->Store().Set("fill0", value).ok());
   testing::ProcessResult again = AsSecondUser({"--store_fill_mib=1"});
   EXPECT_THAT(Step(again.output, "store_fill"), HasSubstr("store_fill: OK")) << again.output;
   // Operators see who holds what.

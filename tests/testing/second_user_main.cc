@@ -115,7 +115,7 @@ void FillStore(const std::string& socket, int n, bool without_session) {
     return;
   }
   Fill("store_fill", n, [&](const std::string& key, const std::string& value) {
-    return (*client)->Set(key, value);
+    return (*client)->Store().Set(key, value);
   });
 }
 

@@ -122,9 +122,9 @@ TEST_F(RemoteStoreTest, WritesThroughThePeerPortAreSeenByLocalClients) {
   ASSERT_NE(remote_owner, nullptr);
   RemoteStore& remote = *remote_owner;
   ASSERT_TRUE(remote.Set("k", "v").ok());
-  EXPECT_EQ(*local_->Get("k"), "v");
+  EXPECT_EQ(*local_->Store().Get("k"), "v");
   EXPECT_EQ(*remote.Add("n", 3), 3);
-  EXPECT_EQ(*local_->Add("n", 4), 7);
+  EXPECT_EQ(*local_->Store().Add("n", 4), 7);
   EXPECT_EQ(*remote.CompareSet("k", "v", "w"), "w");
   EXPECT_EQ(*remote.CompareSet("missing", "x", "y"), "x");
   ASSERT_TRUE(remote.Append("k", "+").ok());
@@ -147,7 +147,7 @@ TEST_F(RemoteStoreTest, PrefixStoreOverRemoteMatchesTheDaemonsNamespaces) {
   options.name_space = "group-7";
   auto in_group = Client::Connect(socket_, options);
   ASSERT_TRUE(in_group.ok());
-  EXPECT_EQ(*(*in_group)->Get("rank0"), "addr");
+  EXPECT_EQ(*(*in_group)->Store().Get("rank0"), "addr");
   EXPECT_EQ(*group.NumKeys(""), 1);
 }
 
@@ -186,7 +186,7 @@ TEST_F(RemoteStoreTest, WaitCompletesWhenALocalClientSetsTheKey) {
                              })
                   .ok());
   while (local_->Status()->store().waiters() == 0) absl::SleepFor(absl::Milliseconds(2));
-  ASSERT_TRUE(local_->Set("late", "now").ok());
+  ASSERT_TRUE(local_->Store().Set("late", "now").ok());
   done.WaitForNotification();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_THAT(*result, ::testing::ElementsAre("now"));
@@ -233,7 +233,7 @@ TEST_F(RemoteStoreTest, WrongTokenIsUnauthenticatedAndChangesNothing) {
   absl::Status status = intruder.Set("k", "v");
   EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated);
   EXPECT_THAT(status.message(), HasSubstr("bad MAC"));
-  EXPECT_FALSE(*local_->Check({"k"}));
+  EXPECT_FALSE(*local_->Store().Check({"k"}));
   EXPECT_THAT(daemon_->Output(), HasSubstr("/tpd.v1.Store/Set refused: bad MAC"));
 }
 
