@@ -9,9 +9,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "base/status.h"
+#include "base/summarize.h"
 #include "daemon/group/heartbeat.h"
 #include "daemon/logging.h"
-#include "store/summarize.h"
 
 namespace tpd::group {
 namespace {
@@ -440,7 +440,7 @@ void GroupTracker::CompleteWithoutTheGone(const std::string& key, int64_t genera
   absl::StatusOr<bool> all_in = group_store_.Check(keys);
   if (!all_in.ok() || !*all_in) return;  // the last live member to arrive completes it
   DaemonLog().info("[group {}] {}: every live member arrived; {} gone, counted as arrived: {}",
-                   group_, key, gone.size(), store::JoinSummarized(gone, ", "));
+                   group_, key, gone.size(), JoinSummarized(gone, ", "));
   (void)group_store_.Set(absl::StrCat(key, "/done"), absl::StrJoin(gone, "\n"));
 }
 
@@ -632,6 +632,13 @@ void GroupTracker::ArmVersionWait() {
     rearm_after_ = options_.clock->Now() + options_.heartbeat_interval;
   } else if (wait_armed_) {
     wait_id_ = *id;
+    if (stop_) {
+      // Stop() looked while the id was not known yet, so it cancelled an older one: cancel
+      // this one, or Stop() would wait out the slice for its callback.
+      mu_.Unlock();
+      log_.CancelWait(*id);
+      mu_.Lock();
+    }
   }
 }
 
@@ -884,7 +891,7 @@ void GroupTracker::ApplyOps(std::vector<Op> ops) {
       if (kind == "FAILED" || kind == "BROKEN" || kind == "FORMED") change = kind;
     }
     next.set_change(change);
-    next.set_change_detail(store::JoinSummarized(details, "; "));
+    next.set_change_detail(JoinSummarized(details, "; "));
     // Peers judge this node's members by the incarnation its liveness key names.
     const absl::Status announced = joining ? liveness_->Announce(incarnation) : absl::OkStatus();
     if (absl::IsAborted(announced) && attempt < 100) continue;  // a new incarnation: redo
@@ -1160,8 +1167,7 @@ void GroupTracker::CheckDeadlines() {
     std::vector<int64_t> missing;
     int64_t present_in_range = 0;
     for (int64_t rank : present) present_in_range += rank >= 0 && rank < view.world_size();
-    for (int64_t rank = 0; rank < view.world_size() && missing.size() < store::kMaxListedItems;
-         ++rank) {
+    for (int64_t rank = 0; rank < view.world_size() && missing.size() < kMaxListedItems; ++rank) {
       if (present.count(rank) == 0) missing.push_back(rank);
     }
     const int64_t unlisted =
