@@ -26,8 +26,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/hmac.h"
 #include "base/random_bytes.h"
-#include "store/remote/peer_mac.h"
 #include "tensorpipe/common/error.h"
 #include "tensorpipe/common/nop.h"
 #include "tensorpipe/transport/connection.h"
@@ -63,7 +63,7 @@ Error Failure(std::string what) { return MakeError<TextError>(std::move(what)); 
 
 std::string Mac(const std::string& token, absl::string_view role, absl::string_view nonce_a,
                 absl::string_view nonce_c) {
-  return store::HmacSha256(token, absl::StrCat("tpd-conn-v1 ", role, nonce_a, nonce_c));
+  return HmacSha256(token, absl::StrCat("tpd-conn-v1 ", role, nonce_a, nonce_c));
 }
 
 // "host:port" (host an IPv4 literal, or an IPv6 one in brackets), or a host alone (port 0).
@@ -484,8 +484,8 @@ class Conn final : public Handler, public std::enable_shared_from_this<Conn> {
       need_ = 0;
       if (role_ == Role::kAcceptor) {
         const std::string nonce_c = in.substr(0, kNonceBytes);
-        if (!store::ConstantTimeEquals(in.substr(kNonceBytes),
-                                       Mac(options_->token, "connect", nonce_a_, nonce_c))) {
+        if (!ConstantTimeEquals(in.substr(kNonceBytes),
+                                Mac(options_->token, "connect", nonce_a_, nonce_c))) {
           Fail(Failure(absl::StrCat("transport handshake refused from ", peer_,
                                     ": bad MAC (another token, or not a tpd agent)")));
           return;
@@ -498,7 +498,7 @@ class Conn final : public Handler, public std::enable_shared_from_this<Conn> {
         out_ += nonce_c_ + Mac(options_->token, "connect", nonce_a_, nonce_c_);
         need_ = kMacBytes;
       } else {
-        if (!store::ConstantTimeEquals(in, Mac(options_->token, "accept", nonce_a_, nonce_c_))) {
+        if (!ConstantTimeEquals(in, Mac(options_->token, "accept", nonce_a_, nonce_c_))) {
           Fail(Failure(absl::StrCat("transport handshake refused by ", peer_,
                                     ": bad MAC (another token, or not a tpd agent)")));
           return;

@@ -15,7 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
-#include "store/remote/dial_networks.h"
+#include "base/dial_networks.h"
 
 namespace tpd::agent {
 namespace {
@@ -28,7 +28,7 @@ constexpr uint32_t kIpv6Source = 8;
 // Where a v4-mapped address's IPv4 address starts.
 constexpr uint32_t kV4MappedPrefixBytes = 12;
 
-using Network = store::NetworkList::Network;
+using Network = NetworkList::Network;
 
 sock_filter Statement(uint16_t code, uint32_t k) { return sock_filter{code, 0, 0, k}; }
 sock_filter Jump(uint16_t code, uint32_t k, uint8_t jt, uint8_t jf) {
@@ -91,7 +91,7 @@ absl::StatusOr<ListenGuard> ListenGuard::Create(const std::vector<std::string>& 
         " fit one socket filter: merge them into fewer, wider networks"));
   }
   // The same CIDR rules as [peer] dial_networks, by the same parser.
-  absl::StatusOr<store::NetworkList> list = store::NetworkList::Parse(networks);
+  absl::StatusOr<NetworkList> list = NetworkList::Parse(networks);
   if (!list.ok()) return list.status();
   std::vector<Network> v4;
   std::vector<Network> v6;

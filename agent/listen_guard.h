@@ -9,7 +9,7 @@
 //   GuardListeningSockets(*guard, AF_INET, address, {uv_port, lane_port, ...});
 //
 // Semantics, checked by tests/agent/listen_guard_test.cc against the kernel and against
-// store::NetworkList::Contains: an IPv4 packet passes when its source lies inside one of the
+// NetworkList::Contains: an IPv4 packet passes when its source lies inside one of the
 // IPv4 networks; an IPv6 packet when its source lies inside one of the IPv6 networks, or is
 // v4-mapped (::ffff:a.b.c.d) with a.b.c.d inside one of the IPv4 networks. An IPv6 listener
 // receives IPv4 peers as IPv4 packets (their v4-mapped address is only what accept()

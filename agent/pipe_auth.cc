@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "store/remote/peer_mac.h"
+#include "base/hmac.h"
 
 namespace tpd::agent {
 namespace {
@@ -66,12 +66,12 @@ std::string ComputePipeMac(absl::string_view token, PipeMacRole role,
   AppendField(transcript.dialed_url, &input);
   AppendField(transcript.connector_id, &input);
   AppendList(transcript.connector_urls, &input);
-  return store::HmacSha256(token, input);
+  return HmacSha256(token, input);
 }
 
 bool VerifyPipeMac(absl::string_view token, PipeMacRole role, const PipeTranscript& transcript,
                    absl::string_view mac) {
-  return store::ConstantTimeEquals(ComputePipeMac(token, role, transcript), mac);
+  return ConstantTimeEquals(ComputePipeMac(token, role, transcript), mac);
 }
 
 std::string NewPipeNonce() {

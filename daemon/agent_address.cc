@@ -16,7 +16,7 @@ namespace tpd {
 namespace {
 
 // Whether the IP literal `host` (IPv6 in brackets) lies in `allowed`; false for a name.
-bool HostAllowed(absl::string_view host, const store::NetworkList& allowed) {
+bool HostAllowed(absl::string_view host, const NetworkList& allowed) {
   sockaddr_in v4{};
   sockaddr_in6 v6{};
   const std::string text(host);
@@ -37,7 +37,7 @@ bool HostAllowed(absl::string_view host, const store::NetworkList& allowed) {
 }  // namespace
 
 absl::StatusOr<std::string> DialableAgentUrls(const std::string& address,
-                                              const store::NetworkList& allowed) {
+                                              const NetworkList& allowed) {
   const std::string shown = address.substr(0, 256);
   if (address.empty()) {
     return absl::InvalidArgumentError(

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "store/remote/dial_networks.h"
+#include "base/dial_networks.h"
 
 namespace tpd {
 
@@ -26,7 +26,7 @@ namespace tpd {
 // their order. PERMISSION_DENIED naming the address and dial_networks when none may;
 // INVALID_ARGUMENT for an empty or malformed address.
 absl::StatusOr<std::string> DialableAgentUrls(const std::string& address,
-                                              const store::NetworkList& allowed);
+                                              const NetworkList& allowed);
 
 }  // namespace tpd
 

@@ -11,8 +11,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/dial_networks.h"
 #include "store/file/path_policy.h"
-#include "store/remote/dial_networks.h"
 
 // Errors are values here too: toml++ reports parse failures in its result instead of throwing.
 #define TOML_EXCEPTIONS 0
@@ -494,15 +494,13 @@ absl::Status ValidateConfig(const Config& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("peer.auth_max_skew_ms must be 1..3600000 (1 hour), got ", skew_ms));
   }
-  if (absl::StatusOr<store::NetworkList> networks =
-          store::NetworkList::Parse(config.peer.dial_networks);
+  if (absl::StatusOr<NetworkList> networks = NetworkList::Parse(config.peer.dial_networks);
       !networks.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("peer.dial_networks: ", networks.status().message()));
   }
   if (config.agent.accept_networks.has_value()) {
-    if (absl::StatusOr<store::NetworkList> networks =
-            store::NetworkList::Parse(*config.agent.accept_networks);
+    if (absl::StatusOr<NetworkList> networks = NetworkList::Parse(*config.agent.accept_networks);
         !networks.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("agent.accept_networks: ", networks.status().message()));

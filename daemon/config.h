@@ -53,7 +53,7 @@ struct PeerConfig {
   // serves local clients only. Port 0 picks a free port.
   std::string listen_address;
   // Shared cluster secret; required when listen_address is set. It never travels: every peer
-  // call carries an HMAC-SHA256 keyed by it (store/remote/peer_mac.h). Calls without a valid
+  // call carries an HMAC-SHA256 keyed by it (store/peer_mac.h). Calls without a valid
   // one answer UNAUTHENTICATED.
   std::string token;
   // Largest difference, either way, between a peer call's timestamp and this daemon's clock;

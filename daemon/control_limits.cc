@@ -3,9 +3,9 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "base/summarize.h"
 #include "daemon/names.h"
 #include "store/rendezvous/init_method.h"
-#include "store/summarize.h"
 
 namespace tpd {
 namespace {
@@ -19,7 +19,7 @@ absl::Status TooMany(absl::string_view field, int64_t count, absl::string_view s
 absl::Status CheckString(absl::string_view field, absl::string_view value, int64_t limit) {
   if (static_cast<int64_t>(value.size()) <= limit) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(field, " holds \"", store::Echo(value, 32), "\", ", value.size(),
+      absl::StrCat(field, " holds \"", Echo(value, 32), "\", ", value.size(),
                    " bytes; the limit group.max_option_bytes is ", limit));
 }
 
@@ -167,7 +167,7 @@ absl::Status CheckGroupLookup(const char* method, const std::string& group,
 }
 
 std::string ClientDescription(const std::string& client) {
-  return store::Echo(client, kMaxClientDescriptionBytes);
+  return Echo(client, kMaxClientDescriptionBytes);
 }
 
 }  // namespace tpd

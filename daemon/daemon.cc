@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/hmac.h"
 #include "base/random_bytes.h"
 #include "base/status.h"
 #include "daemon/agent_address.h"
@@ -28,7 +29,6 @@
 #include "shm/layout.h"
 #include "store/etcd/etcd_credentials.h"
 #include "store/file/path_policy.h"
-#include "store/remote/peer_mac.h"
 
 namespace tpd {
 namespace {
@@ -37,7 +37,7 @@ namespace {
 // uses, so every daemon of the cluster gives a uid the same secrets while no secret given
 // out helps forge a peer call. Without a token (a daemon alone), a key of this run.
 std::string UserSecretKey(const std::string& token) {
-  if (!token.empty()) return store::HmacSha256(token, "tpd-user-secret-key-v1");
+  if (!token.empty()) return HmacSha256(token, "tpd-user-secret-key-v1");
   return RandomBytes(32);
 }
 
@@ -311,8 +311,7 @@ absl::Status Daemon::Serve() {
   remote.tls_root_certs = tls_ca_;
   remote.tls_cert_chain = tls_cert_;
   remote.tls_private_key = tls_key_;
-  absl::StatusOr<store::NetworkList> networks =
-      store::NetworkList::Parse(config_.peer.dial_networks);
+  absl::StatusOr<NetworkList> networks = NetworkList::Parse(config_.peer.dial_networks);
   if (!networks.ok()) return networks.status();  // ValidateConfig checked it
   groups.rendezvous.remote.dial_networks = *std::move(networks);
   groups.default_join_timeout = config_.group.default_join_timeout;
@@ -452,8 +451,7 @@ absl::Status Daemon::ServeData() {
     groups->WhenVersion(group, version, deadline, std::move(done));
   };
   calls.agent = agent_.get();
-  absl::StatusOr<store::NetworkList> networks =
-      store::NetworkList::Parse(config_.peer.dial_networks);
+  absl::StatusOr<NetworkList> networks = NetworkList::Parse(config_.peer.dial_networks);
   if (!networks.ok()) return networks.status();  // ValidateConfig checked it
   calls.check_address = [networks = *std::move(networks)](const std::string& address) {
     return DialableAgentUrls(address, networks);

@@ -2,7 +2,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "store/summarize.h"
+#include "base/summarize.h"
 
 namespace tpd {
 namespace {
@@ -30,7 +30,7 @@ size_t FirstRefused(absl::string_view text, Allowed allowed) {
 
 // "'\n' at byte 3", escaped so the message itself stays one clean line.
 std::string Offending(absl::string_view text, size_t at) {
-  return absl::StrCat("'", store::Echo(text.substr(at, 1)), "' at byte ", at);
+  return absl::StrCat("'", Echo(text.substr(at, 1)), "' at byte ", at);
 }
 
 }  // namespace
@@ -40,12 +40,12 @@ absl::Status ValidateGroupName(absl::string_view field, absl::string_view name) 
   const std::string rule = absl::StrCat("group names are 1 to ", kMaxGroupNameBytes,
                                         " bytes of [A-Za-z0-9._:@-] (\"\" means \"default\")");
   if (name.size() > kMaxGroupNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": group name \"", store::Echo(name, 32),
+    return absl::InvalidArgumentError(absl::StrCat(field, ": group name \"", Echo(name, 32),
                                                    "\" is ", name.size(), " bytes; ", rule));
   }
   if (size_t at = FirstRefused(name, IsGroupChar); at != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": group name \"", store::Echo(name),
-                                                   "\" has ", Offending(name, at), "; ", rule));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": group name \"", Echo(name), "\" has ",
+                                                   Offending(name, at), "; ", rule));
   }
   return absl::OkStatus();
 }
@@ -59,11 +59,11 @@ absl::Status ValidateWorkerName(absl::string_view field, absl::string_view name)
   if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(rule, "\" (empty)"));
   if (name.size() >= kMaxWorkerNameLength) {
     return absl::InvalidArgumentError(
-        absl::StrCat(rule, store::Echo(name, 32), "\" (", name.size(), " chars)"));
+        absl::StrCat(rule, Echo(name, 32), "\" (", name.size(), " chars)"));
   }
   if (size_t at = FirstRefused(name, IsWorkerChar); at != absl::string_view::npos) {
     return absl::InvalidArgumentError(
-        absl::StrCat(rule, store::Echo(name), "\" (", Offending(name, at), " is not allowed)"));
+        absl::StrCat(rule, Echo(name), "\" (", Offending(name, at), " is not allowed)"));
   }
   return absl::OkStatus();
 }
@@ -71,14 +71,14 @@ absl::Status ValidateWorkerName(absl::string_view field, absl::string_view name)
 absl::Status ValidateNamespace(absl::string_view field, absl::string_view name_space,
                                int64_t max_bytes) {
   if (static_cast<int64_t>(name_space.size()) > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": namespace \"", store::Echo(name_space, 32), "\" is ", name_space.size(),
-        " bytes; the limit store.max_namespace_bytes is ", max_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": namespace \"", Echo(name_space, 32), "\" is ", name_space.size(),
+                     " bytes; the limit store.max_namespace_bytes is ", max_bytes));
   }
   if (size_t at = FirstRefused(name_space, [](char c) { return !IsControl(c); });
       at != absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ": namespace \"", store::Echo(name_space), "\" has ", Offending(name_space, at),
+        field, ": namespace \"", Echo(name_space), "\" has ", Offending(name_space, at),
         "; namespaces are printable text without control characters"));
   }
   return absl::OkStatus();

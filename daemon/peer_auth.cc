@@ -4,8 +4,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/hmac.h"
 #include "daemon/logging.h"
-#include "store/remote/peer_mac.h"
+#include "store/peer_mac.h"
 
 namespace tpd {
 namespace {
@@ -55,7 +56,7 @@ absl::Status PeerAuth::Check(std::optional<absl::string_view> header, absl::stri
   store::PeerMacFields& fields = parsed->fields;
   fields.method = std::string(method);
   fields.body_digest = store::RequestDigest(request);
-  if (!store::ConstantTimeEquals(store::ComputePeerMac(options_.token, fields), parsed->mac)) {
+  if (!ConstantTimeEquals(store::ComputePeerMac(options_.token, fields), parsed->mac)) {
     return Refuse(method, "bad MAC (another token, or the call was changed on the way)",
                   kTokenHint);
   }

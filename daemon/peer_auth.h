@@ -1,5 +1,5 @@
 // Admission of calls on the peer port. Every call carries a per-call MAC keyed by the
-// cluster token (store/remote/peer_mac.h); the token itself never travels. Local (unix
+// cluster token (store/peer_mac.h); the token itself never travels. Local (unix
 // socket) calls are admitted by file permission instead and never reach this.
 //
 // A call is admitted when, in this order: it carries the MAC header ("no MAC" otherwise),
@@ -67,7 +67,7 @@ class PeerAuth {
                      const google::protobuf::Message& request,
                      std::optional<store::StoreUser>* on_behalf = nullptr);
 
-  // Signs the successful answer `response` to an admitted call (store/remote/peer_mac.h):
+  // Signs the successful answer `response` to an admitted call (store/peer_mac.h):
   // adds the reply MAC, bound to the call's own MAC, to the call's trailing metadata.
   void SignReply(grpc::CallbackServerContext* context, const google::protobuf::Message& response);
 

@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/check.h"
-#include "store/summarize.h"
+#include "base/summarize.h"
 
 namespace tpd::store {
 namespace {

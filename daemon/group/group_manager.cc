@@ -9,11 +9,11 @@
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/hmac.h"
 #include "base/random_bytes.h"
 #include "daemon/logging.h"
 #include "daemon/router/session_handle.h"
 #include "store/prefix_store.h"
-#include "store/remote/peer_mac.h"
 
 namespace tpd::group {
 namespace {
@@ -207,7 +207,7 @@ absl::StatusOr<std::string> GroupManager::UserSecret(const std::string& session_
   absl::StatusOr<int64_t> uid = SessionUid(session_id);
   if (!uid.ok()) return uid.status();
   // Length-prefixed, so no (uid, purpose) pair encodes like another.
-  return store::HmacSha256(
+  return HmacSha256(
       options_.user_secret_key,
       absl::StrCat("tpd-user-secret-v1 uid=", *uid, " purpose=", purpose.size(), ":", purpose));
 }

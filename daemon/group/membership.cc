@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/hmac.h"
+#include "base/summarize.h"
 #include "daemon/group/options.h"
-#include "store/remote/peer_mac.h"
-#include "store/summarize.h"
 
 namespace tpd::group {
 namespace {
@@ -208,7 +208,7 @@ const v1::Member* FindMember(const v1::GroupRecord& record, absl::string_view na
 
 std::string SecretVerifier(absl::string_view group, absl::string_view secret) {
   if (secret.empty()) return "";
-  return store::HmacSha256(secret, absl::StrCat("tpd-group-secret-v1", group));
+  return HmacSha256(secret, absl::StrCat("tpd-group-secret-v1", group));
 }
 
 namespace {
@@ -281,7 +281,7 @@ absl::Status Admit(const v1::GroupRecord& record, const JoinSpec& spec) {
   if (view.members().empty() && !KeepsFailure(record, spec.since_unix_ms)) {
     return absl::OkStatus();
   }
-  if (!store::ConstantTimeEquals(record.secret_verifier(), spec.secret_verifier)) {
+  if (!ConstantTimeEquals(record.secret_verifier(), spec.secret_verifier)) {
     return absl::PermissionDeniedError(absl::StrCat(
         "group ", view.group(), " admits only joins that bring its secret, and worker ", spec.name,
         record.secret_verifier().empty()
@@ -502,7 +502,7 @@ int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Memb
   if (removed.empty()) return 0;
   std::reverse(removed.begin(), removed.end());
   record->set_change(std::string(change));
-  record->set_change_detail(absl::StrCat(store::JoinSummarized(removed, ", "), ": ", why));
+  record->set_change_detail(absl::StrCat(JoinSummarized(removed, ", "), ": ", why));
   if (members->empty() && view->phase() == kFailed && record->failed_unix_ms() != 0) {
     // Ranks that start late must learn why the group failed, not start it anew and wait for
     // ranks that are gone: the failure, and the secret that guards its reason, stay until
@@ -524,7 +524,7 @@ int RemoveMembers(v1::GroupRecord* record, absl::FunctionRef<bool(const v1::Memb
     view->clear_rpc_timeout_ms();
   } else if (view->phase() == kFormed) {
     view->set_phase(kBroken);
-    view->set_reason(absl::StrCat(store::JoinSummarized(removed, ", "), " ",
+    view->set_reason(absl::StrCat(JoinSummarized(removed, ", "), " ",
                                   change == "EVICTED" ? "evicted" : "left", ": ", why));
     record->set_change("BROKEN");
   } else if (view->phase() == kDynamic) {

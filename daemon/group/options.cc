@@ -10,8 +10,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/summarize.h"
 #include "daemon/names.h"
-#include "store/summarize.h"
 
 namespace tpd::group {
 namespace {
@@ -45,8 +45,8 @@ absl::StatusOr<int> ParseIndex(absl::string_view index, absl::string_view text) 
 std::string NamesToString(const std::vector<std::string>& names) {
   return absl::StrCat(
       "[",
-      store::JoinSummarized(
-          names, ", ", [](std::string* out, const std::string& name) { out->append(Echo(name)); }),
+      JoinSummarized(names, ", ",
+                     [](std::string* out, const std::string& name) { out->append(Echo(name)); }),
       "]");
 }
 
@@ -308,31 +308,30 @@ absl::StatusOr<std::vector<Device>> ParseDevices(const std::vector<std::string>&
 }
 
 std::string DevicesToString(const std::vector<Device>& devices) {
-  return absl::StrCat("[",
-                      store::JoinSummarized(devices, ", ",
-                                            [](std::string* out, const Device& d) {
-                                              absl::StrAppend(out, d.ToString());
-                                            }),
-                      "]");
+  return absl::StrCat(
+      "[",
+      JoinSummarized(devices, ", ",
+                     [](std::string* out, const Device& d) { absl::StrAppend(out, d.ToString()); }),
+      "]");
 }
 
 std::string DeviceMapToString(const DeviceMap& map) {
   return absl::StrCat("{",
-                      store::JoinSummarized(map, ", ",
-                                            [](std::string* out, const auto& entry) {
-                                              absl::StrAppend(out, entry.first.ToString(), ": ",
-                                                              entry.second.ToString());
-                                            }),
+                      JoinSummarized(map, ", ",
+                                     [](std::string* out, const auto& entry) {
+                                       absl::StrAppend(out, entry.first.ToString(), ": ",
+                                                       entry.second.ToString());
+                                     }),
                       "}");
 }
 
 std::string DeviceMapsToString(const std::map<std::string, DeviceMap>& maps) {
   return absl::StrCat("{",
-                      store::JoinSummarized(maps, ", ",
-                                            [](std::string* out, const auto& entry) {
-                                              absl::StrAppend(out, Echo(entry.first), ": ",
-                                                              DeviceMapToString(entry.second));
-                                            }),
+                      JoinSummarized(maps, ", ",
+                                     [](std::string* out, const auto& entry) {
+                                       absl::StrAppend(out, Echo(entry.first), ": ",
+                                                       DeviceMapToString(entry.second));
+                                     }),
                       "}");
 }
 

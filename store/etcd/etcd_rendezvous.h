@@ -1,6 +1,6 @@
 // The etcd backend's part of rendezvous: opening the store an etcd:// URL names. The
 // endpoints come from a local client, so each host is resolved once and must lie inside the
-// operator's dial networks, as for tcp:// (store/remote/dial_networks.h); the store then dials
+// operator's dial networks, as for tcp:// (base/dial_networks.h); the store then dials
 // those IP literals.
 //
 // Thread safety: a pure function of its arguments (plus DNS); call it from any thread.
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/dial_networks.h"
 #include "store/etcd/etcd_store.h"
-#include "store/remote/dial_networks.h"
 #include "store/rendezvous/init_method.h"
 #include "store/store.h"
 

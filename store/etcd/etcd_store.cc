@@ -11,8 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/check.h"
+#include "base/summarize.h"
 #include "spdlog/spdlog.h"
-#include "store/summarize.h"
 
 namespace tpd::store {
 namespace {

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "store/summarize.h"
+#include "base/summarize.h"
 
 namespace tpd::store {
 namespace {

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "store/remote/dial_networks.h"
+#include "base/dial_networks.h"
 #include "store/remote/remote_store.h"
 #include "store/store.h"
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/hmac.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 

@@ -27,7 +27,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/store.grpc.pb.h"
-#include "store/remote/peer_mac.h"
+#include "store/peer_mac.h"
 #include "store/store.h"
 
 namespace tpd::store {

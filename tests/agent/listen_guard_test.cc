@@ -1,5 +1,5 @@
 // [agent] accept_networks (agent/listen_guard.h): the filter program against
-// store::NetworkList::Contains (a classic BPF interpreter below runs it), the kernel's verdict
+// NetworkList::Contains (a classic BPF interpreter below runs it), the kernel's verdict
 // on real connections (IPv4, IPv6, v4-mapped on a dual-stack listener), and the agent: a host
 // outside its networks (127.0.0.2, when only 127.0.0.1/32 may connect; loopback accepts any
 // 127/8 source) cannot connect to its uv port or its mpt_uv lanes, also after TensorPipe's
@@ -34,9 +34,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "agent/agent.h"
+#include "base/dial_networks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/remote/dial_networks.h"
 #include "tests/agent/agent_testing.h"
 #include "tests/agent/peer_process.h"
 #include "tests/testing/wait_until.h"
@@ -285,7 +285,7 @@ TEST(ListenGuardTest, ProgramAgreesWithNetworkListContains) {
   for (const std::vector<std::string>& list : lists) {
     absl::StatusOr<ListenGuard> guard = ListenGuard::Create(list);
     ASSERT_TRUE(guard.ok()) << guard.status();
-    absl::StatusOr<store::NetworkList> reference = store::NetworkList::Parse(list);
+    absl::StatusOr<NetworkList> reference = NetworkList::Parse(list);
     ASSERT_TRUE(reference.ok()) << reference.status();
     // Every network's own address and its neighbours at each bit, and random addresses.
     std::vector<std::pair<int, std::array<unsigned char, 16>>> sources;
@@ -371,7 +371,7 @@ TEST(ListenGuardTest, RefusesBadLists) {
        {"10.0.0.0/8", "10.0.0.1", "::", "::/0", "fe80::/10", "::ffff:10.0.0.0/104", "10.0.0.0/8/8",
         "10.0.0.0/+8", "10.0.0.0/ 8", "10.0.0.0/08", "1.2.3", "", "/8", "10.0.0.0/-1", "fe80::1/10",
         "::1/129", "10.0.0.0/4294967304"}) {
-    EXPECT_EQ(ListenGuard::Create({entry}).ok(), store::NetworkList::Parse({entry}).ok())
+    EXPECT_EQ(ListenGuard::Create({entry}).ok(), NetworkList::Parse({entry}).ok())
         << "\"" << entry << "\"";
   }
   std::vector<std::string> too_many(kMaxAcceptNetworks + 1, "10.0.0.0/8");

@@ -13,14 +13,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
-store::NetworkList Networks(const std::vector<std::string>& cidrs) {
-  absl::StatusOr<store::NetworkList> list = store::NetworkList::Parse(cidrs);
+NetworkList Networks(const std::vector<std::string>& cidrs) {
+  absl::StatusOr<NetworkList> list = NetworkList::Parse(cidrs);
   EXPECT_TRUE(list.ok()) << list.status();
   return *list;
 }
 
 TEST(DialableAgentUrlsTest, KeepsUrlsInsideDialNetworksAndShm) {
-  const store::NetworkList allowed = Networks({"10.0.0.0/8", "::1/128"});
+  const NetworkList allowed = Networks({"10.0.0.0/8", "::1/128"});
   absl::StatusOr<std::string> urls =
       DialableAgentUrls("uv://10.1.2.3:4000,shm://tpd-agent-1-ab", allowed);
   ASSERT_TRUE(urls.ok()) << urls.status();
@@ -31,7 +31,7 @@ TEST(DialableAgentUrlsTest, KeepsUrlsInsideDialNetworksAndShm) {
 }
 
 TEST(DialableAgentUrlsTest, DropsUrlsOutsideAndRefusesWithoutUv) {
-  const store::NetworkList allowed = Networks({"10.0.0.0/8"});
+  const NetworkList allowed = Networks({"10.0.0.0/8"});
   absl::StatusOr<std::string> urls = DialableAgentUrls("uv://10.0.0.5:1,ibv://8.8.8.8:2", allowed);
   ASSERT_TRUE(urls.ok()) << urls.status();
   EXPECT_EQ(*urls, "uv://10.0.0.5:1");
@@ -50,7 +50,7 @@ TEST(DialableAgentUrlsTest, DropsUrlsOutsideAndRefusesWithoutUv) {
 }
 
 TEST(DialableAgentUrlsTest, RefusesEmptyAndMalformedAddresses) {
-  const store::NetworkList allowed = Networks({"127.0.0.0/8"});
+  const NetworkList allowed = Networks({"127.0.0.0/8"});
   EXPECT_EQ(DialableAgentUrls("", allowed).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DialableAgentUrls("127.0.0.1:5", allowed).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/store.pb.h"
-#include "store/remote/peer_mac.h"
+#include "store/peer_mac.h"
 
 namespace tpd {
 namespace {

@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "store/remote/peer_mac.h"
+#include "store/peer_mac.h"
 
 namespace tpd::testing {
 

@@ -8,8 +8,8 @@
 //
 // Thread safety: pure functions of their arguments.
 
-#ifndef TPD_STORE_SUMMARIZE_H_
-#define TPD_STORE_SUMMARIZE_H_
+#ifndef TPD_BASE_SUMMARIZE_H_
+#define TPD_BASE_SUMMARIZE_H_
 
 #include <cstddef>
 #include <string>
@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 
-namespace tpd::store {
+namespace tpd {
 
 // Items a message lists before it says "... and N more".
 inline constexpr size_t kMaxListedItems = 10;
@@ -65,6 +65,6 @@ std::string JoinEchoed(const Range& items, absl::string_view separator,
       max_items);
 }
 
-}  // namespace tpd::store
+}  // namespace tpd
 
-#endif  // TPD_STORE_SUMMARIZE_H_
+#endif  // TPD_BASE_SUMMARIZE_H_

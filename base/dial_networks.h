@@ -10,8 +10,8 @@
 // Thread safety: NetworkList is immutable; the functions may be called from any thread
 // (ResolveDialAddress blocks in getaddrinfo for host names; IP literals do no I/O).
 
-#ifndef TPD_STORE_REMOTE_DIAL_NETWORKS_H_
-#define TPD_STORE_REMOTE_DIAL_NETWORKS_H_
+#ifndef TPD_BASE_DIAL_NETWORKS_H_
+#define TPD_BASE_DIAL_NETWORKS_H_
 
 #include <sys/socket.h>
 
@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace tpd::store {
+namespace tpd {
 
 class NetworkList {
  public:
@@ -36,7 +36,7 @@ class NetworkList {
   bool Contains(const sockaddr* address) const;
 
   // The networks as configured, comma-separated, for messages: at most 10, then "... and N
-  // more" (store/summarize.h).
+  // more" (base/summarize.h).
   std::string ToString() const;
 
   struct Network {
@@ -61,6 +61,6 @@ absl::StatusOr<std::string> ResolveDialAddress(const std::string& host, int port
                                                const NetworkList& allowed,
                                                absl::string_view setting);
 
-}  // namespace tpd::store
+}  // namespace tpd
 
-#endif  // TPD_STORE_REMOTE_DIAL_NETWORKS_H_
+#endif  // TPD_BASE_DIAL_NETWORKS_H_

@@ -1,8 +1,6 @@
-#include "store/remote/peer_mac.h"
+#include "store/peer_mac.h"
 
-#include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <openssl/sha.h>
 
 #include <utility>
@@ -13,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/hmac.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
@@ -64,20 +63,6 @@ std::string ComputePeerMac(absl::string_view key, const PeerMacFields& fields) {
     AppendField(fields.on_behalf->node, &input);
   }
   return HmacSha256(key, input);
-}
-
-std::string HmacSha256(absl::string_view key, absl::string_view data) {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int mac_size = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac, &mac_size);
-  return std::string(reinterpret_cast<const char*>(mac), mac_size);
-}
-
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  // Only the lengths may show in the time taken; they are no secret.
-  if (a.size() != b.size()) return false;
-  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 std::string FormatPeerAuthHeader(const PeerMacFields& fields, absl::string_view mac) {

@@ -1,7 +1,7 @@
 // [peer] dial_networks: CIDR parsing and matching, and resolving a host only into addresses
 // inside the allowed networks.
 
-#include "store/remote/dial_networks.h"
+#include "base/dial_networks.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace tpd::store {
+namespace tpd {
 namespace {
 
 using ::testing::AllOf;
@@ -104,4 +104,4 @@ TEST(DialNetworksTest, NamesResolveOnceAndEveryAddressMustBeInside) {
 }
 
 }  // namespace
-}  // namespace tpd::store
+}  // namespace tpd

@@ -31,8 +31,8 @@
 //
 // Thread safety: the functions are pure; PeerCallSigner is thread-safe.
 
-#ifndef TPD_STORE_REMOTE_PEER_MAC_H_
-#define TPD_STORE_REMOTE_PEER_MAC_H_
+#ifndef TPD_STORE_PEER_MAC_H_
+#define TPD_STORE_PEER_MAC_H_
 
 #include <atomic>
 #include <cstdint>
@@ -71,13 +71,6 @@ std::string RequestDigest(const google::protobuf::Message& request);
 
 // HMAC-SHA256 (32 raw bytes) of `fields` under `key`.
 std::string ComputePeerMac(absl::string_view key, const PeerMacFields& fields);
-
-// HMAC-SHA256 (32 raw bytes) of `data` under `key`: the primitive under ComputePeerMac, also
-// what the agent's pipe handshake signs with (agent/pipe_auth.h).
-std::string HmacSha256(absl::string_view key, absl::string_view data);
-
-// Equality that takes the same time wherever the inputs differ.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 // The header value carrying `fields` (all but method and body_digest, which the callee
 // knows) and `mac`.
@@ -137,4 +130,4 @@ class PeerCallSigner {
 
 }  // namespace tpd::store
 
-#endif  // TPD_STORE_REMOTE_PEER_MAC_H_
+#endif  // TPD_STORE_PEER_MAC_H_

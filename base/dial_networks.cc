@@ -1,4 +1,4 @@
-#include "store/remote/dial_networks.h"
+#include "base/dial_networks.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -10,9 +10,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "store/summarize.h"
+#include "base/summarize.h"
 
-namespace tpd::store {
+namespace tpd {
 namespace {
 
 // The address bytes of `address` and their family, with IPv4-mapped IPv6 turned into IPv4.
@@ -153,4 +153,4 @@ absl::StatusOr<std::string> ResolveDialAddress(const std::string& host, int port
   return first;
 }
 
-}  // namespace tpd::store
+}  // namespace tpd

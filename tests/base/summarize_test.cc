@@ -1,6 +1,6 @@
 // Unit tests of the bounded list and string renderings used in messages.
 
-#include "store/summarize.h"
+#include "base/summarize.h"
 
 #include <map>
 #include <string>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
-namespace tpd::store {
+namespace tpd {
 namespace {
 
 TEST(SummarizeTest, ShortListIsJoinedWhole) {
@@ -60,4 +60,4 @@ TEST(SummarizeTest, JoinEchoedBoundsBothCountAndLength) {
 }
 
 }  // namespace
-}  // namespace tpd::store
+}  // namespace tpd
