@@ -10,7 +10,7 @@ PACKAGES=(
   protobuf-compiler libprotobuf-dev
   protobuf-compiler-grpc libgrpc++-dev grpc-proto
   libabsl-dev
-  libssl-dev               # libcrypto: the HMAC of peer calls (store/remote/peer_mac)
+  libssl-dev               # libcrypto: HMAC-SHA256 (base/hmac) and the SHA-256 of peer calls
   libspdlog-dev libfmt-dev
   libtomlplusplus-dev
   libtensorpipe-dev
