@@ -121,8 +121,11 @@ absl::string_view OpName(uint8_t op) {
   return "unknown";
 }
 
-absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direction direction) {
-  const Refuser refuse(direction, d);
+namespace {
+
+// The fields every descriptor has: a known op going its way, reserved fields 0, known flags
+// where they may be, a call id, a deadline only on a call.
+absl::Status CheckHeader(const Descriptor& d, Direction direction, const Refuser& refuse) {
   const Op op = static_cast<Op>(d.op);
   if (op != Op::kCall && op != Op::kReply && op != Op::kRelease && op != Op::kCancel &&
       op != Op::kDevicePool && op != Op::kPeerGone && op != Op::kStore) {
@@ -164,40 +167,49 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
   if (d.deadline_unix_ns != 0 && op != Op::kCall) {
     return refuse("deadline_unix_ns", d.deadline_unix_ns, "must be 0: only a call has a deadline");
   }
+  return absl::OkStatus();
+}
 
-  if (op == Op::kRelease || op == Op::kCancel || op == Op::kPeerGone) {
-    if (d.payload_length != 0) return refuse("payload_length", d.payload_length, "must be 0");
-    if (d.tensor_count != 0) return refuse("tensor_count", d.tensor_count, "must be 0");
-    if (d.tensor_table_offset != 0) {
-      return refuse("tensor_table_offset", d.tensor_table_offset, "must be 0");
-    }
-    if (op == Op::kCancel || op == Op::kPeerGone) {
-      if (d.payload_offset != 0) return refuse("payload_offset", d.payload_offset, "must be 0");
-      return absl::OkStatus();
-    }
-    if (d.device_pool != 0) {
-      // An offset in the client's receive pool: the daemon's pool allocator checks it.
-      if (d.payload_offset == 0 || d.payload_offset % kHeapAlignment != 0) {
-        return refuse("payload_offset", d.payload_offset,
-                      absl::StrCat("is not a block start of a receive pool (blocks are ",
-                                   kHeapAlignment, "-byte aligned)"));
-      }
-      return absl::OkStatus();
-    }
-    const Region& heap = ReleaseHeap(layout, direction);
-    if (!heap.Contains(d.payload_offset, 1)) {
+// A release, a cancel or a peer's end: no message, and a release's block start in the heap (or
+// the receive pool) it goes back to.
+absl::Status CheckRelease(const Descriptor& d, Op op, const Layout& layout, Direction direction,
+                          const Refuser& refuse) {
+  if (d.payload_length != 0) return refuse("payload_length", d.payload_length, "must be 0");
+  if (d.tensor_count != 0) return refuse("tensor_count", d.tensor_count, "must be 0");
+  if (d.tensor_table_offset != 0) {
+    return refuse("tensor_table_offset", d.tensor_table_offset, "must be 0");
+  }
+  if (op == Op::kCancel || op == Op::kPeerGone) {
+    if (d.payload_offset != 0) return refuse("payload_offset", d.payload_offset, "must be 0");
+    return absl::OkStatus();
+  }
+  if (d.device_pool != 0) {
+    // An offset in the client's receive pool: the daemon's pool allocator checks it.
+    if (d.payload_offset == 0 || d.payload_offset % kHeapAlignment != 0) {
       return refuse("payload_offset", d.payload_offset,
-                    absl::StrCat("is outside the ", ReleaseHeapName(direction), " ",
-                                 DescribeRegion(heap), " it releases into"));
-    }
-    if ((d.payload_offset - heap.offset) % kHeapAlignment != 0) {
-      return refuse(
-          "payload_offset", d.payload_offset,
-          absl::StrCat("is not a block start (blocks are ", kHeapAlignment, "-byte aligned)"));
+                    absl::StrCat("is not a block start of a receive pool (blocks are ",
+                                 kHeapAlignment, "-byte aligned)"));
     }
     return absl::OkStatus();
   }
+  const Region& heap = ReleaseHeap(layout, direction);
+  if (!heap.Contains(d.payload_offset, 1)) {
+    return refuse("payload_offset", d.payload_offset,
+                  absl::StrCat("is outside the ", ReleaseHeapName(direction), " ",
+                               DescribeRegion(heap), " it releases into"));
+  }
+  if ((d.payload_offset - heap.offset) % kHeapAlignment != 0) {
+    return refuse(
+        "payload_offset", d.payload_offset,
+        absl::StrCat("is not a block start (blocks are ", kHeapAlignment, "-byte aligned)"));
+  }
+  return absl::OkStatus();
+}
 
+// A message (call, reply, store call, device pool): its payload and tensor table inside the
+// sender's heap.
+absl::Status CheckMessage(const Descriptor& d, Op op, const Layout& layout, Direction direction,
+                          const Refuser& refuse) {
   const Region& heap = SendHeap(layout, direction);
   const char* heap_name = SendHeapName(direction);
   if (absl::Status s = CheckRange(refuse, "payload_offset", d.payload_offset, "payload_length",
@@ -233,24 +245,42 @@ absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direc
   return absl::OkStatus();
 }
 
-absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Layout& layout,
-                                 Direction direction) {
-  auto refuse = [&](absl::string_view field, const absl::AlphaNum& value, absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(DirectionName(direction), " tensor ", index,
+// Says why a tensor entry is refused, naming its index.
+class TensorRefuser {
+ public:
+  TensorRefuser(Direction direction, uint32_t index) : direction_(direction), index_(index) {}
+
+  absl::Status operator()(absl::string_view field, const absl::AlphaNum& value,
+                          absl::string_view why) const {
+    return absl::InvalidArgumentError(absl::StrCat(DirectionName(direction_), " tensor ", index_,
                                                    ": ", field, " ", value, " ", why));
-  };
-  const uint64_t item = ItemBytes(e.dtype);
-  if (item == 0) return refuse("dtype", e.dtype, "is not a dtype code (1..12)");
+  }
+
+ private:
+  Direction direction_;
+  uint32_t index_;
+};
+
+bool IsCuda(const TensorEntry& e) {
+  return e.device_type == static_cast<uint8_t>(DeviceType::kCuda);
+}
+
+// A CPU tensor of a completion with a device handle lies in that peer's tx heap.
+bool InPeerHeap(const TensorEntry& e) { return !IsCuda(e) && e.device_handle != 0; }
+
+// What the entry is: a dtype, at most kMaxTensorDims dimensions, a device it may name.
+absl::Status CheckTensorKind(const TensorEntry& e, Direction direction,
+                             const TensorRefuser& refuse) {
+  if (ItemBytes(e.dtype) == 0) return refuse("dtype", e.dtype, "is not a dtype code (1..12)");
   if (e.ndim > kMaxTensorDims) {
     return refuse("ndim", e.ndim, absl::StrCat("exceeds ", int{kMaxTensorDims}));
   }
   if (e.reserved0 != 0) return refuse("reserved0", e.reserved0, "must be 0");
-  const bool cuda = e.device_type == static_cast<uint8_t>(DeviceType::kCuda);
+  const bool cuda = IsCuda(e);
   if (!cuda && e.device_type != static_cast<uint8_t>(DeviceType::kCpu)) {
     return refuse("device_type", e.device_type, "is not a device type (cpu 0, cuda 1)");
   }
-  // A CPU tensor of a completion with a device handle lies in that peer's tx heap.
-  const bool peer = !cuda && e.device_handle != 0;
+  const bool peer = InPeerHeap(e);
   if (!cuda) {
     if (e.device_index != 0) return refuse("device_index", e.device_index, "must be 0 for cpu");
     if (peer && direction == Direction::kSubmission) {
@@ -259,6 +289,12 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
   } else if (e.device_index >= kMaxCudaDevices) {
     return refuse("device_index", e.device_index, absl::StrCat("is not below ", kMaxCudaDevices));
   }
+  return absl::OkStatus();
+}
+
+// Its length is its shape's product times the item size, with no overflow.
+absl::Status CheckTensorLength(const TensorEntry& e, const TensorRefuser& refuse) {
+  const uint64_t item = ItemBytes(e.dtype);
   uint64_t expected = item;
   for (int dim = 0; dim < kMaxTensorDims; ++dim) {
     const std::string field = absl::StrCat("shape[", dim, "]");
@@ -277,39 +313,41 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
     return refuse("length", e.length,
                   absl::StrCat("differs from shape × item size (", item, ") = ", expected));
   }
-  const Region& heap = SendHeap(layout, direction);
-  const char* heap_name = SendHeapName(direction);
-  if (e.length == 0) {
-    if (e.offset != 0) return refuse("offset", e.offset, "must be 0 when length is 0");
-    if (e.device_handle != 0) {
-      return refuse("device_handle", e.device_handle, "must be 0 when length is 0");
-    }
-    return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+// A CUDA tensor's offset and device handle: in a submission the handle is an export record in
+// the client's tx heap, in a completion 0 or a copy signal in the rx heap.
+absl::Status CheckCudaPlacement(const TensorEntry& e, uint64_t item, const Region& heap,
+                                const char* heap_name, Direction direction,
+                                const TensorRefuser& refuse) {
+  if (e.offset % item != 0) {
+    return refuse("offset", e.offset,
+                  absl::StrCat("is not aligned to the dtype's ", item, "-byte items"));
   }
-  if (cuda) {
-    if (e.offset % item != 0) {
-      return refuse("offset", e.offset,
-                    absl::StrCat("is not aligned to the dtype's ", item, "-byte items"));
-    }
-    if (direction == Direction::kCompletion) {
-      if (e.device_handle != 0 &&
-          (e.device_handle % kHeapAlignment != 0 || !heap.Contains(e.device_handle, 0) ||
-           !heap.Contains(e.device_handle, kCopySignalBytes))) {
-        return refuse("device_handle", e.device_handle,
-                      absl::StrCat("is not 0 or an aligned copy signal inside the ", heap_name, " ",
-                                   DescribeRegion(heap)));
-      }
-      return absl::OkStatus();
-    }
-    if (e.device_handle % alignof(CudaExport) != 0 || !heap.Contains(e.device_handle, 0) ||
-        !heap.Contains(e.device_handle, sizeof(CudaExport))) {
+  if (direction == Direction::kCompletion) {
+    if (e.device_handle != 0 &&
+        (e.device_handle % kHeapAlignment != 0 || !heap.Contains(e.device_handle, 0) ||
+         !heap.Contains(e.device_handle, kCopySignalBytes))) {
       return refuse("device_handle", e.device_handle,
-                    absl::StrCat("is not an aligned CUDA export record inside the ", heap_name, " ",
+                    absl::StrCat("is not 0 or an aligned copy signal inside the ", heap_name, " ",
                                  DescribeRegion(heap)));
     }
     return absl::OkStatus();
   }
-  if (peer) {
+  if (e.device_handle % alignof(CudaExport) != 0 || !heap.Contains(e.device_handle, 0) ||
+      !heap.Contains(e.device_handle, sizeof(CudaExport))) {
+    return refuse("device_handle", e.device_handle,
+                  absl::StrCat("is not an aligned CUDA export record inside the ", heap_name, " ",
+                               DescribeRegion(heap)));
+  }
+  return absl::OkStatus();
+}
+
+// A host tensor's bytes: in a peer's heap (checked by who maps it) or inside the sender's heap.
+absl::Status CheckHostPlacement(const TensorEntry& e, uint64_t item, const Region& heap,
+                                const char* heap_name, const TensorRefuser& refuse) {
+  if (InPeerHeap(e)) {
     if (e.offset % item != 0) {
       return refuse("offset", e.offset,
                     absl::StrCat("is not aligned to the dtype's ", item, "-byte items"));
@@ -330,6 +368,37 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
                   absl::StrCat("is not aligned to the dtype's ", item, "-byte items"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direction direction) {
+  const Refuser refuse(direction, d);
+  if (absl::Status s = CheckHeader(d, direction, refuse); !s.ok()) return s;
+  const Op op = static_cast<Op>(d.op);
+  if (op == Op::kRelease || op == Op::kCancel || op == Op::kPeerGone) {
+    return CheckRelease(d, op, layout, direction, refuse);
+  }
+  return CheckMessage(d, op, layout, direction, refuse);
+}
+
+absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Layout& layout,
+                                 Direction direction) {
+  const TensorRefuser refuse(direction, index);
+  if (absl::Status s = CheckTensorKind(e, direction, refuse); !s.ok()) return s;
+  if (absl::Status s = CheckTensorLength(e, refuse); !s.ok()) return s;
+  const Region& heap = SendHeap(layout, direction);
+  const char* heap_name = SendHeapName(direction);
+  if (e.length == 0) {
+    if (e.offset != 0) return refuse("offset", e.offset, "must be 0 when length is 0");
+    if (e.device_handle != 0) {
+      return refuse("device_handle", e.device_handle, "must be 0 when length is 0");
+    }
+    return absl::OkStatus();
+  }
+  const uint64_t item = ItemBytes(e.dtype);
+  if (IsCuda(e)) return CheckCudaPlacement(e, item, heap, heap_name, direction, refuse);
+  return CheckHostPlacement(e, item, heap, heap_name, refuse);
 }
 
 absl::StatusOr<std::vector<TensorEntry>> ReadTensorTable(const Descriptor& descriptor,

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The checks .clang-tidy declares (function length, parameter count, STYLE.md's names), over
-# the folders brought to them: client/ (issue 33), base/ and cuda/. Needs the generated headers
-# of a build (bazel-bin: tools/test.sh runs this after its build). Names what differs; exits 1 if
-# anything does.
+# the folders brought to them: client/ (issue 33), base/, cuda/ and shm/. Needs the generated
+# headers of a build (bazel-bin: tools/test.sh runs this after its build). Names what differs;
+# exits 1 if anything does.
 #
 #   tools/tidy.sh [FILE.cc...]     default: every .cc file of the folders below
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-FOLDERS=(client base cuda)
+FOLDERS=(client base cuda shm)
 if [[ $# -gt 0 ]]; then
   files=("$@")
 else
