@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/one_daemon.h"
 #include "tests/testing/proc_counts.h"
 #include "tests/testing/wait_until.h"
 
@@ -33,29 +34,21 @@ using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::WaitUntil;
 
-class LifecycleTest : public ::testing::Test {
+class LifecycleTest : public testing::OneDaemonTest {
  protected:
   void SetUp() override {
-    socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
-    const std::string config = dir_.WriteFile(
-        "tpd.toml", absl::StrCat("[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                                 "heartbeat_interval_ms = 50\n",
-                                 "[group]\nmax_groups = 4\nmax_groups_per_session = 2\n",
-                                 "idle_group_release_ms = 300\n"));
-    auto daemon = DaemonProcess::Start(socket_, {"--config", config});
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    daemon_ = *std::move(daemon);
-    auto client = Client::Connect(socket_);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = *std::move(client);
-    init_method_ = absl::StrCat("tcp://", client_->Status()->peer_address());
+    testing::OneDaemonConfig config;
+    config.peer_lines = "heartbeat_interval_ms = 50\n";
+    config.more_sections =
+        "[group]\nmax_groups = 4\nmax_groups_per_session = 2\nidle_group_release_ms = 300\n";
+    StartDaemon(config);
+    if (HasFatalFailure()) return;
+    client_ = Connect();
+    ASSERT_NE(client_, nullptr);
+    init_method_ = InitMethod(client_.get());
   }
 
-  TempDir dir_;
-  std::string socket_;
-  std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> client_;
-  std::string init_method_;
 };
 
 TEST_F(LifecycleTest, GroupsAreCappedAndReleasedAndResourcesReturnToBaseline) {

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/one_daemon.h"
 
 namespace tpd {
 namespace {
@@ -41,34 +42,27 @@ std::string ReadAll(const std::string& path) {
   return text.str();
 }
 
-class LimitsTest : public ::testing::Test {
+class LimitsTest : public testing::OneDaemonTest {
  protected:
   void SetUp() override {
-    socket_ = absl::StrCat(dir_.path(), "/tpd.sock");
     rendezvous_ = absl::StrCat(dir_.path(), "/rendezvous");
     outside_ = absl::StrCat(dir_.path(), "/outside");
     ASSERT_EQ(mkdir(rendezvous_.c_str(), 0700), 0);
     ASSERT_EQ(mkdir(outside_.c_str(), 0700), 0);
     secret_ = dir_.WriteFile("outside/secret", "root-only text\n");
-    const std::string config = dir_.WriteFile(
-        "tpd.toml", absl::StrCat("[daemon]\nshutdown_grace_ms = 600000\n",
-                                 "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                                 "node_name = \"limits\"\n", "[group]\nfile_rendezvous_dirs = [\"",
-                                 rendezvous_, "\"]\n"));
-    auto daemon = DaemonProcess::Start(socket_, {"--config", config});
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    daemon_ = *std::move(daemon);
+    testing::OneDaemonConfig config;
+    config.node_name = "limits";
+    config.arena_bytes = 64 << 20;  // the daemon's default
+    config.daemon_section = "shutdown_grace_ms = 600000\n";
+    config.more_sections =
+        absl::StrCat("[group]\nfile_rendezvous_dirs = [\"", rendezvous_, "\"]\n");
+    StartDaemon(config);
+    if (HasFatalFailure()) return;
     client_ = Connect();
     ASSERT_NE(client_, nullptr);
     absl::StatusOr<v1::StatusResponse> status = client_->Status();
     ASSERT_TRUE(status.ok()) << status.status();
     init_method_ = absl::StrCat("tcp://", status->peer_address());
-  }
-
-  std::unique_ptr<Client> Connect(ClientOptions options = {}) {
-    auto client = Client::Connect(socket_, std::move(options));
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
   }
 
   JoinOptions Dynamic(const std::string& group, const std::string& name) {
@@ -93,14 +87,10 @@ class LimitsTest : public ::testing::Test {
     EXPECT_TRUE(joined.ok()) << joined.status();
   }
 
-  TempDir dir_;
-  std::string socket_;
   std::string rendezvous_;
   std::string outside_;
   std::string secret_;
-  std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> client_;
-  std::string init_method_;
 };
 
 TEST_F(LimitsTest, WorldSizeTwoToTheFortyIsRefusedNamingTheLimitAndTheDaemonKeepsServing) {

@@ -13,15 +13,15 @@ void OneDaemonTest::StartDaemon(const OneDaemonConfig& config) {
   const std::string path = dir_.WriteFile(
       "tpd.toml",
       absl::StrCat(daemon_section, "[peer]\nlisten_address = \"127.0.0.1:0\"\ntoken = \"secret\"\n",
-                   "node_name = \"", config.node_name,
+                   config.peer_lines, "node_name = \"", config.node_name,
                    "\"\n[data]\narena_bytes = ", config.arena_bytes, "\n", config.more_sections));
   auto daemon = DaemonProcess::Start(socket_, {"--config", path});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   daemon_ = *std::move(daemon);
 }
 
-std::unique_ptr<Client> OneDaemonTest::Connect() {
-  auto client = Client::Connect(socket_);
+std::unique_ptr<Client> OneDaemonTest::Connect(ClientOptions options) {
+  auto client = Client::Connect(socket_, std::move(options));
   EXPECT_TRUE(client.ok()) << client.status();
   return client.ok() ? *std::move(client) : nullptr;
 }

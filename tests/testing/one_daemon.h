@@ -23,6 +23,7 @@ struct OneDaemonConfig {
   std::string node_name = "test";
   uint64_t arena_bytes = 1 << 20;  // [data] arena_bytes
   std::string daemon_section;      // lines of [daemon] (socket_mode = "0666", say)
+  std::string peer_lines;          // more lines of [peer] (heartbeat_interval_ms = 50, say)
   std::string more_sections;       // whole sections after [data] ("[store]\nmax_key_bytes = 64\n")
 };
 
@@ -33,7 +34,7 @@ class OneDaemonTest : public ::testing::Test {
   void StartDaemon(const OneDaemonConfig& config = {});
 
   // A client of the daemon (null, the test failed, when it cannot connect).
-  std::unique_ptr<Client> Connect();
+  std::unique_ptr<Client> Connect(ClientOptions options = {});
   // tcp:// at the daemon's peer address, asked of `client` once.
   std::string InitMethod(Client* client);
   // Joins `client` to group "g" as `name` with `backend` options, waiting at most `timeout`.
