@@ -19,11 +19,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/calls.h"
-#include "client/engine.h"
 #include "client/segment/link.h"
 #include "shm/doorbell.h"
 
 namespace tpd::calls_internal {
+
+class Engine;  // the engine a pending reply answers through (client/engine.h)
 
 // How long the client's threads spin before they sleep: the reader on the completion ring,
 // an idle engine thread waiting for work, a caller waiting for its result. The doorbell's

@@ -62,67 +62,6 @@ absl::Status CheckRange(const Refuser& refuse, absl::string_view offset_field, u
   return absl::OkStatus();
 }
 
-}  // namespace
-
-Descriptor MessageDescriptor(Op op, uint64_t call_id, const MessageBlock& block, uint16_t flags,
-                             int64_t deadline_unix_ns) {
-  Descriptor d{};
-  d.op = static_cast<uint8_t>(op);
-  d.flags = flags;
-  d.tensor_count = block.tensor_count;
-  d.call_id = call_id;
-  d.deadline_unix_ns = deadline_unix_ns;
-  d.payload_offset = block.offset;
-  d.payload_length = block.length;
-  d.tensor_table_offset = block.tensor_count == 0 ? 0 : block.offset + block.table;
-  return d;
-}
-
-uint64_t ItemBytes(uint8_t dtype) {
-  switch (static_cast<DType>(dtype)) {
-    case DType::kInt8:
-    case DType::kUInt8:
-    case DType::kBool:
-      return 1;
-    case DType::kFloat16:
-    case DType::kBFloat16:
-    case DType::kInt16:
-      return 2;
-    case DType::kFloat32:
-    case DType::kInt32:
-      return 4;
-    case DType::kFloat64:
-    case DType::kInt64:
-    case DType::kComplex64:
-      return 8;
-    case DType::kComplex128:
-      return 16;
-  }
-  return 0;
-}
-
-absl::string_view OpName(uint8_t op) {
-  switch (static_cast<Op>(op)) {
-    case Op::kCall:
-      return "call";
-    case Op::kReply:
-      return "reply";
-    case Op::kRelease:
-      return "release";
-    case Op::kCancel:
-      return "cancel";
-    case Op::kDevicePool:
-      return "device pool";
-    case Op::kPeerGone:
-      return "peer gone";
-    case Op::kStore:
-      return "store";
-  }
-  return "unknown";
-}
-
-namespace {
-
 // The fields every descriptor has: a known op going its way, reserved fields 0, known flags
 // where they may be, a call id, a deadline only on a call.
 absl::Status CheckHeader(const Descriptor& d, Direction direction, const Refuser& refuse) {
@@ -371,6 +310,63 @@ absl::Status CheckHostPlacement(const TensorEntry& e, uint64_t item, const Regio
 }
 
 }  // namespace
+
+Descriptor MessageDescriptor(Op op, uint64_t call_id, const MessageBlock& block, uint16_t flags,
+                             int64_t deadline_unix_ns) {
+  Descriptor d{};
+  d.op = static_cast<uint8_t>(op);
+  d.flags = flags;
+  d.tensor_count = block.tensor_count;
+  d.call_id = call_id;
+  d.deadline_unix_ns = deadline_unix_ns;
+  d.payload_offset = block.offset;
+  d.payload_length = block.length;
+  d.tensor_table_offset = block.tensor_count == 0 ? 0 : block.offset + block.table;
+  return d;
+}
+
+uint64_t ItemBytes(uint8_t dtype) {
+  switch (static_cast<DType>(dtype)) {
+    case DType::kInt8:
+    case DType::kUInt8:
+    case DType::kBool:
+      return 1;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+    case DType::kInt16:
+      return 2;
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kFloat64:
+    case DType::kInt64:
+    case DType::kComplex64:
+      return 8;
+    case DType::kComplex128:
+      return 16;
+  }
+  return 0;
+}
+
+absl::string_view OpName(uint8_t op) {
+  switch (static_cast<Op>(op)) {
+    case Op::kCall:
+      return "call";
+    case Op::kReply:
+      return "reply";
+    case Op::kRelease:
+      return "release";
+    case Op::kCancel:
+      return "cancel";
+    case Op::kDevicePool:
+      return "device pool";
+    case Op::kPeerGone:
+      return "peer gone";
+    case Op::kStore:
+      return "store";
+  }
+  return "unknown";
+}
 
 absl::Status ValidateDescriptor(const Descriptor& d, const Layout& layout, Direction direction) {
   const Refuser refuse(direction, d);

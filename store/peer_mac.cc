@@ -1,6 +1,5 @@
 #include "store/peer_mac.h"
 
-#include <openssl/evp.h>
 #include <openssl/sha.h>
 
 #include <utility>

@@ -70,21 +70,23 @@ absl::Status Link::PushMessage(const shm::Descriptor& d, uint64_t block,
   if (!pins.empty()) pinned_[block] = std::move(pins);
   if (!leases.empty()) leases_[block] = std::move(leases);
   absl::Status pushed = PushLocked(&d);
-  if (pushed.ok()) return pushed;
-  // Dropped after the lock (as the arguments are: ArenaBlock's destructor takes it, and a
-  // lease's deleter may take others).
+  if (!pushed.ok()) FreeBlockLocked(block, &pins, &leases);  // dropped with the arguments
+  return pushed;
+}
+
+void Link::FreeBlockLocked(uint64_t block, std::vector<std::shared_ptr<ArenaBlock>>* pins,
+                           std::vector<std::shared_ptr<void>>* leases) {
+  (void)tx_.Free(block);
   auto it = pinned_.find(block);
   if (it != pinned_.end()) {
-    pins = std::move(it->second);
+    *pins = std::move(it->second);
     pinned_.erase(it);
   }
   auto lease = leases_.find(block);
   if (lease != leases_.end()) {
-    leases = std::move(lease->second);
+    *leases = std::move(lease->second);
     leases_.erase(lease);
   }
-  (void)tx_.Free(block);
-  return pushed;
 }
 
 absl::Status Link::Push(const shm::Descriptor& d) {
@@ -170,17 +172,7 @@ void Link::OnReleased(uint64_t tx_offset) {
   std::vector<std::shared_ptr<ArenaBlock>> unpinned;  // dropped after the lock (they take it)
   std::vector<std::shared_ptr<void>> returned;        // the daemon is done with them
   absl::MutexLock lock(&mu_);
-  (void)tx_.Free(tx_offset);
-  auto it = pinned_.find(tx_offset);
-  if (it != pinned_.end()) {
-    unpinned = std::move(it->second);
-    pinned_.erase(it);
-  }
-  auto lease = leases_.find(tx_offset);
-  if (lease != leases_.end()) {
-    returned = std::move(lease->second);
-    leases_.erase(lease);
-  }
+  FreeBlockLocked(tx_offset, &unpinned, &returned);
 }
 
 void Link::Close() {

@@ -132,6 +132,12 @@ class Link {
   // up to kRingWait for space. The deferred releases are gone after it either way (those
   // that could not go are lost with the session: a broken ring ends it).
   absl::Status PushLocked(const shm::Descriptor* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees tx block `block` and moves what held it (pins, leases) into `*pins` and `*leases`,
+  // for the caller to drop after the lock (ArenaBlock's destructor takes it, and a lease's
+  // deleter may take others).
+  void FreeBlockLocked(uint64_t block, std::vector<std::shared_ptr<ArenaBlock>>* pins,
+                       std::vector<std::shared_ptr<void>>* leases)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<const shm::Segment> segment_;
   mutable absl::Mutex mu_;
