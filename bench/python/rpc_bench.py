@@ -9,7 +9,8 @@ daemons", joined over their peer ports). Rows:
 
 - P1 empty call: rpc_sync of a function returning None, p50 and p99 (µs);
 - P2 rpc_async throughput: calls/s with 64 in flight;
-- P3 CPU tensor round trip of 1, 16 and 256 MiB (the callee returns what it got), median ms;
+- P3 CPU tensor round trip of 1, 16 and 256 MiB (the callee returns what it got; --p3_kib for
+  other sizes), median ms;
 - P4 (--cuda, two GPUs) a CUDA tensor cuda:0 -> cuda:1 and back by device maps, median ms.
 
 Every ratio is torch's time over tpd's (above 1: tpd is faster), from the same run.
@@ -17,7 +18,8 @@ Every ratio is torch's time over tpd's (above 1: tpd is faster), from the same r
 P0 (--probe, the built bench/python/callback_probe.so): a ctypes callback run by a native
 thread against the same callback on a Python thread, per call, in this process.
 
---breakdown: where an empty tpd.rpc call's time goes, tpd one node only. In process: the
+--breakdown: where an empty tpd.rpc call's time goes (--breakdown_kib: a call echoing a tensor
+of that size), tpd one node only. In process: the
 pickling of the request and the reply (both ways) and one ctypes call into the library. Then
 p50s of the intervals of an empty rpc_sync between stamps taken in both workers (one clock
 for the host) around the library's call, next_event and reply: the Python of each side, and
@@ -88,9 +90,9 @@ def _measure(rpc, torch, args):
     for f in futs:
         f.wait()
     rows["P2 rpc_async calls/s"] = calls / (time.perf_counter() - t)
-    for mib in (1, 16, 256):
-        x = torch.ones(mib << 18)  # float32: mib MiB
-        reps = 3 if mib == 256 else (5 if args.quick else 20)
+    for kib in args.p3_kib:
+        x = torch.ones(kib << 8)  # float32: kib KiB
+        reps = 3 if kib >= 256 << 10 else (5 if args.quick else 20)
         rpc.rpc_sync(peer, echo, args=(x,))
         times = []
         for _ in range(reps):
@@ -98,7 +100,8 @@ def _measure(rpc, torch, args):
             y = rpc.rpc_sync(peer, echo, args=(x,))
             times.append((time.perf_counter() - t) * 1e3)
             del y
-        rows[f"P3 CPU {mib} MiB round trip ms"] = statistics.median(times)
+        size = f"{kib >> 10} MiB" if kib % 1024 == 0 else f"{kib} KiB"
+        rows[f"P3 CPU {size} round trip ms"] = statistics.median(times)
     if args.cuda:
         for mib in (1, 256):
             x = torch.ones(mib << 18, device="cuda:0")
@@ -120,11 +123,11 @@ def _measure(rpc, torch, args):
 _STAMPS = {"reply_in": 0, "reply_out": 0}
 
 
-def _stamped():
-    """An empty call's function for --breakdown: the callee's stamps of this call so far, those
-    of its previous reply (taken after this function returned last time), and the thread."""
+def _stamped(x=None):
+    """--breakdown's function: the callee's stamps of this call so far, those of its previous
+    reply (taken after this function returned last time), the thread, and ``x`` (an echo)."""
     return (_STAMPS["request_out"], time.perf_counter_ns(), _STAMPS["reply_in"],
-            _STAMPS["reply_out"], threading.get_ident())
+            _STAMPS["reply_out"], threading.get_ident(), x)
 
 
 def _stamp_library_calls():
@@ -163,7 +166,7 @@ _BREAKDOWN = [
     ("callee: the reply call itself", "reply_in", "reply_out"),
     ("reply: callee's reply call to caller's call returning", "reply_in", "call_out"),
     ("caller: the call returning to rpc_sync's (unpickle)", "call_out", "end"),
-    ("empty rpc_sync", "start", "end"),
+    ("the whole rpc_sync", "start", "end"),
 ]
 
 
@@ -188,8 +191,10 @@ def _breakdown(rpc, torch, args):
                      pickle.loads(_pickler.dumps(reply)[0])), n),
         "in process: one ctypes call (tpd_abi_version)": per_call_us(lib.tpd_abi_version, n),
     }
+    # --breakdown_kib: the call echoes a float32 tensor of that many KiB (0: an empty call).
+    x = (torch.ones(args.breakdown_kib << 8),) if args.breakdown_kib else ()
     for _ in range(200):
-        rpc.rpc_sync("bench1", _stamped)
+        rpc.rpc_sync("bench1", _stamped, args=x)
     client = rpc.api._require_initialized().client
     before = _wakeups(client)
     calls = []
@@ -198,7 +203,8 @@ def _breakdown(rpc, torch, args):
     previous = None
     for _ in range(n // 2):
         start = time.perf_counter_ns()
-        request_out, function, reply_in, reply_out, thread = rpc.rpc_sync("bench1", _stamped)
+        request_out, function, reply_in, reply_out, thread, _ = rpc.rpc_sync(
+            "bench1", _stamped, args=x)
         same_thread += thread == last_thread
         last_thread = thread
         end = time.perf_counter_ns()
@@ -304,6 +310,11 @@ def main():
     parser.add_argument("--tpd", help="the tpd binary")
     parser.add_argument("--cuda", action="store_true", help="also CUDA tensors (two GPUs)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--breakdown_kib", type=int, default=0,
+                        help="--breakdown of a call echoing a tensor of this many KiB")
+    parser.add_argument("--p3_kib", type=lambda text: [int(v) for v in text.split(",")],
+                        default=[1 << 10, 16 << 10, 256 << 10],
+                        help="P3's tensor sizes in KiB, comma-separated (default 1, 16, 256 MiB)")
     parser.add_argument("--backend", action="store_true",
                         help="also torch's RPC module with backend=TPD (needs tpd._C)")
     args = parser.parse_args()

@@ -27,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/parallel_copy.h"
 #include "client/calls.h"
 #include "client/client.h"
 #include "client/events.h"
@@ -742,7 +743,7 @@ int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** mana
       }
       if (take_copy) {
         holder->copy.reset(new char[t.size() == 0 ? 1 : t.size()]);
-        std::memcpy(holder->copy.get(), t.data().data(), t.size());
+        tpd::CopyBytes(holder->copy.get(), t.data().data(), t.size());
         dl.data = holder->copy.get();
       } else {
         holder->view = t;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/parallel_copy.h"
 #include "base/status.h"
 
 namespace tpd::calls_internal {
@@ -134,7 +135,7 @@ absl::StatusOr<EncodedMessage> EncodeMessage(Link& link, const OutgoingHeader& h
       }
     } else if (entry.length > 0 && slots->in_block[i]) {
       entry.offset = *block + plan.at[i];
-      std::memcpy(out + plan.at[i], TensorParts::Bytes(tensor), tensor.size());
+      CopyBytes(out + plan.at[i], TensorParts::Bytes(tensor), tensor.size());
     } else if (entry.length > 0) {
       entry.offset = TensorParts::ArenaOf(tensor)->offset;
       ++encoded.tensors_in_place;

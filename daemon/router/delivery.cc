@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
+#include "base/parallel_copy.h"
 #include "shm/copy_signal.h"
 #include "shm/doorbell.h"
 
@@ -248,7 +249,7 @@ absl::Status Delivery::FillTensor(Session& to, size_t i, uint64_t block, uint8_t
     entry.device_index = 0;
     entry.offset = entry.length == 0 ? 0 : block + p->plan.at[i];
     if (entry.length > 0 && source.device < 0) {
-      std::memcpy(out + p->plan.at[i], p->in + sent.offset, entry.length);
+      CopyBytes(out + p->plan.at[i], p->in + sent.offset, entry.length);
     } else if (entry.length > 0) {
       p->copies.push_back(
           {CopyEnd{reinterpret_cast<uint64_t>(out + p->plan.at[i]), -1}, source, entry.length});
