@@ -240,4 +240,37 @@ bool EventQueues::LentReaderInterrupted() const {
   return RequestOrStop() || reclaiming_.load(std::memory_order_relaxed);
 }
 
+void HandedOutViews::Add(const Tensor& view) {
+  if (view.size() == 0 || view.is_cuda()) return;
+  absl::MutexLock lock(&mu_);
+  auto [it, added] = views_.try_emplace(view.data().data(), view, 0);
+  ++it->second.second;
+}
+
+void HandedOutViews::Remove(const Tensor& view) {
+  if (view.size() == 0 || view.is_cuda()) return;
+  Tensor last;  // dropped after the lock: the last hold of an rx block releases it
+  absl::MutexLock lock(&mu_);
+  auto it = views_.find(view.data().data());
+  if (it == views_.end() || --it->second.second > 0) return;
+  last = std::move(it->second.first);
+  views_.erase(it);
+}
+
+std::optional<Tensor> HandedOutViews::Find(const void* data, size_t size) const {
+  const char* const at = static_cast<const char*>(data);
+  absl::MutexLock lock(&mu_);
+  auto it = views_.upper_bound(at);
+  if (it == views_.begin()) return std::nullopt;
+  --it;
+  const Tensor& view = it->second.first;
+  if (static_cast<size_t>(at - it->first) > view.size() ||
+      size > view.size() - static_cast<size_t>(at - it->first)) {
+    return std::nullopt;
+  }
+  return calls_internal::TensorParts::Received(shm::DType::kUInt8, {static_cast<int64_t>(size)},
+                                               Device{}, calls_internal::TensorParts::KeepOf(view),
+                                               at, size);
+}
+
 }  // namespace tpd

@@ -17,8 +17,11 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -48,6 +51,24 @@ struct ClientEvent {
   Responder responder;  // requests only
 };
 
+// Host views of the receive heap a binding handed out (DLPack), by their first byte. A view
+// given back to be sent (a reply, a call) is then sent where it lies, from the rx heap, instead
+// of being copied into the arena (docs/data_plane.md, "Received tensors sent on").
+class HandedOutViews {
+ public:
+  // `view`: a received host tensor in this client's rx heap. Counted: as often added, as often
+  // removed.
+  void Add(const Tensor& view) ABSL_LOCKS_EXCLUDED(mu_);
+  void Remove(const Tensor& view) ABSL_LOCKS_EXCLUDED(mu_);
+  // The `size` bytes at `data` as a uint8 tensor sharing the storage of the view handed out
+  // that holds them all (its rx block stays while the tensor lives); nullopt when none does.
+  std::optional<Tensor> Find(const void* data, size_t size) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<const char*, std::pair<Tensor, int>> views_ ABSL_GUARDED_BY(mu_);
+};
+
 class EventQueues : public std::enable_shared_from_this<EventQueues> {
  public:
   // The queues, as a mask for Next.
@@ -72,6 +93,7 @@ class EventQueues : public std::enable_shared_from_this<EventQueues> {
   // size (known once the client attached): a binding's policy for when to copy instead.
   std::atomic<uint64_t> rx_view_bytes{0};
   std::atomic<uint64_t> rx_heap_bytes{0};
+  HandedOutViews views;
 
  private:
   class Waiter;  // one Next call's state

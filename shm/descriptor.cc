@@ -205,7 +205,9 @@ bool IsCuda(const TensorEntry& e) {
 }
 
 // A CPU tensor of a completion with a device handle lies in that peer's tx heap.
-bool InPeerHeap(const TensorEntry& e) { return !IsCuda(e) && e.device_handle != 0; }
+bool InPeerHeap(const TensorEntry& e, Direction direction) {
+  return direction == Direction::kCompletion && !IsCuda(e) && e.device_handle != 0;
+}
 
 // What the entry is: a dtype, at most kMaxTensorDims dimensions, a device it may name.
 absl::Status CheckTensorKind(const TensorEntry& e, Direction direction,
@@ -219,11 +221,12 @@ absl::Status CheckTensorKind(const TensorEntry& e, Direction direction,
   if (!cuda && e.device_type != static_cast<uint8_t>(DeviceType::kCpu)) {
     return refuse("device_type", e.device_type, "is not a device type (cpu 0, cuda 1)");
   }
-  const bool peer = InPeerHeap(e);
   if (!cuda) {
     if (e.device_index != 0) return refuse("device_index", e.device_index, "must be 0 for cpu");
-    if (peer && direction == Direction::kSubmission) {
-      return refuse("device_handle", e.device_handle, "must be 0 for cpu in a submission");
+    if (direction == Direction::kSubmission && e.device_handle != 0 &&
+        e.device_handle != kInRxHeap) {
+      return refuse("device_handle", e.device_handle,
+                    "must be 0 (tx heap) or 1 (rx heap) for cpu in a submission");
     }
   } else if (e.device_index >= kMaxCudaDevices) {
     return refuse("device_index", e.device_index, absl::StrCat("is not below ", kMaxCudaDevices));
@@ -285,8 +288,9 @@ absl::Status CheckCudaPlacement(const TensorEntry& e, uint64_t item, const Regio
 
 // A host tensor's bytes: in a peer's heap (checked by who maps it) or inside the sender's heap.
 absl::Status CheckHostPlacement(const TensorEntry& e, uint64_t item, const Region& heap,
-                                const char* heap_name, const TensorRefuser& refuse) {
-  if (InPeerHeap(e)) {
+                                const char* heap_name, Direction direction,
+                                const TensorRefuser& refuse) {
+  if (InPeerHeap(e, direction)) {
     if (e.offset % item != 0) {
       return refuse("offset", e.offset,
                     absl::StrCat("is not aligned to the dtype's ", item, "-byte items"));
@@ -394,7 +398,10 @@ absl::Status ValidateTensorEntry(const TensorEntry& e, uint32_t index, const Lay
   }
   const uint64_t item = ItemBytes(e.dtype);
   if (IsCuda(e)) return CheckCudaPlacement(e, item, heap, heap_name, direction, refuse);
-  return CheckHostPlacement(e, item, heap, heap_name, refuse);
+  if (direction == Direction::kSubmission && e.device_handle == kInRxHeap) {
+    return CheckHostPlacement(e, item, layout.rx_heap, "rx heap", direction, refuse);
+  }
+  return CheckHostPlacement(e, item, heap, heap_name, direction, refuse);
 }
 
 absl::StatusOr<std::vector<TensorEntry>> ReadTensorTable(const Descriptor& descriptor,

@@ -120,7 +120,10 @@ enum class DeviceType : uint8_t {
 // bytes were not copied: they lie in the tx heap of the sending session, whose segment this
 // client was sent as peer `device_handle` (shm/peer_notice.h), at `offset` in that
 // segment; the client checks the range against the tx heap the notice named. In a
-// submission a CPU tensor's device_handle is 0.
+// submission a CPU tensor's device_handle is 0 (its bytes lie in the tx heap) or kInRxHeap:
+// they lie in the sending session's own rx heap, where a message it received put them (a
+// received tensor sent back or on where it lies; the client keeps that rx block until the
+// daemon releases the submission, and the daemon reads nothing outside the rx heap).
 //
 // A CUDA tensor (device_type kCuda, device_index d) in a submission lies in an allocation
 // the client exports with CUDA IPC: `offset` is the tensor's byte offset in that allocation
@@ -145,6 +148,9 @@ static_assert(std::is_trivially_copyable_v<TensorEntry>);
 static_assert(std::is_standard_layout_v<TensorEntry>);
 static_assert(sizeof(TensorEntry) == kTensorEntryBytes);
 static_assert(alignof(TensorEntry) == 8);
+
+// TensorEntry::device_handle of a submitted CPU tensor whose bytes lie in the rx heap.
+inline constexpr uint64_t kInRxHeap = 1;
 
 // The size of a shm::CopySignal (shm/copy_signal.h), kHeapAlignment-aligned.
 inline constexpr uint64_t kCopySignalBytes = 128;

@@ -310,6 +310,9 @@ def main():
     parser.add_argument("--tpd", help="the tpd binary")
     parser.add_argument("--cuda", action="store_true", help="also CUDA tensors (two GPUs)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--agent_channels",
+                        help="the daemons' [agent] channels, comma-separated, e.g. mpt_uv,basic "
+                             "(what two machines use: cma links processes of one host only)")
     parser.add_argument("--breakdown_kib", type=int, default=0,
                         help="--breakdown of a call echoing a tensor of this many KiB")
     parser.add_argument("--p3_kib", type=lambda text: [int(v) for v in text.split(",")],
@@ -324,8 +327,11 @@ def main():
     root = tempfile.mkdtemp(prefix="tpd-bench-", dir="/tmp")
     token = secrets.token_hex(8)
     # 1 GiB arenas: the 256 MiB tensors of P3 must fit (docs/python.md, "arena_bytes").
-    daemons = [Daemon(args.tpd, root, f"node{i}", token, f"[data]\narena_bytes = {1 << 30}\n")
-               for i in range(2)]
+    extra = f"[data]\narena_bytes = {1 << 30}\n"
+    if args.agent_channels:
+        channels = ", ".join(f'"{c}"' for c in args.agent_channels.split(","))
+        extra += f"[agent]\nchannels = [{channels}]\n"
+    daemons = [Daemon(args.tpd, root, f"node{i}", token, extra) for i in range(2)]
     # Both daemons share this host on ports of their own: the job's group lives at node0's
     # (tpd.rpc would otherwise look for it on each worker's own daemon's port).
     from tpd._client import Client

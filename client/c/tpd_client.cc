@@ -169,10 +169,13 @@ absl::StatusOr<int64_t> Integer(const char* key, const std::string& value) {
   return n;
 }
 
-// `client`: where to look for arena blocks (nullptr: none, every CPU tensor is copied in).
+// `client`: where to look for arena blocks (nullptr: none). `views`: the receive-heap views
+// handed out, which are sent where they lie; any other CPU tensor is copied in.
 // `keep`: held by every CUDA tensor until the daemon no longer reads it (Tensor::Cuda).
-absl::StatusOr<std::vector<tpd::Tensor>> ToTensors(tpd_client* client, const tpd_tensor* tensors,
-                                                   int n, std::shared_ptr<void> keep = nullptr) {
+absl::StatusOr<std::vector<tpd::Tensor>> ToTensors(tpd_client* client,
+                                                   const tpd::HandedOutViews& views,
+                                                   const tpd_tensor* tensors, int n,
+                                                   std::shared_ptr<void> keep = nullptr) {
   if (n < 0 || (n > 0 && tensors == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat("tensors: ", n, " given with no array"));
   }
@@ -207,6 +210,9 @@ absl::StatusOr<std::vector<tpd::Tensor>> ToTensors(tpd_client* client, const tpd
       absl::MutexLock lock(&client->arena_mu);
       auto it = client->arena.find(t.data);
       if (it != client->arena.end() && it->second.size() == t.nbytes) borrowed = it->second;
+    }
+    if (borrowed.storage() == tpd::TensorStorage::kBorrowed && t.nbytes > 0) {
+      if (std::optional<tpd::Tensor> view = views.Find(t.data, t.nbytes)) borrowed = *view;
     }
     // The tensor as the caller describes it, over the bytes it gave (checked to match).
     absl::StatusOr<tpd::Tensor> shaped = borrowed.Reshaped(dtype, std::move(shape));
@@ -297,7 +303,10 @@ struct DlpackHolder {
 void DeleteDlpack(DLManagedTensor* self) {
   auto* holder = static_cast<DlpackHolder*>(self->manager_ctx);
   if (Inherited(holder->made_at_fork)) return;  // the parent's block, not this child's
-  if (holder->counted != 0) holder->events->rx_view_bytes -= holder->counted;
+  if (holder->counted != 0) {
+    holder->events->rx_view_bytes -= holder->counted;
+    holder->events->views.Remove(holder->view);
+  }
   delete holder;
 }
 
@@ -749,6 +758,7 @@ int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** mana
         holder->view = t;
         holder->counted = t.size();
         events.rx_view_bytes += t.size();
+        if (!t.in_sender_memory()) events.views.Add(t);
         dl.data = const_cast<char*>(t.data().data());
       }
       dl.device = DLDevice{1, 0};
@@ -769,11 +779,12 @@ int tpd_reply(tpd_event* event, const char* payload, size_t size, const tpd_tens
     }
     absl::StatusOr<std::string_view> bytes = Bytes(payload, size, "payload");
     if (!bytes.ok()) return bytes.status();
-    // Arena blocks are the client's, which an event does not know: tensors are copied in.
+    // Arena blocks are the client's, which an event does not know: they are copied in. Views of
+    // the receive heap (a request's own tensors returned, say) go where they lie.
     std::shared_ptr<void> released;
     if (release_tag != 0) released = std::make_shared<ReleaseNotice>(event->events, release_tag);
     absl::StatusOr<std::vector<tpd::Tensor>> converted =
-        ToTensors(nullptr, tensors, num_tensors, std::move(released));
+        ToTensors(nullptr, event->events->views, tensors, num_tensors, std::move(released));
     if (!converted.ok()) {
       // The caller hears why rather than waiting for its deadline.
       (void)event->responder.Reply(converted.status());
@@ -814,7 +825,8 @@ int tpd_call(tpd_client* client, const char* group, const char* worker, const ch
     *reply = nullptr;
     absl::StatusOr<std::string_view> bytes = Bytes(payload, size, "payload");
     if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<std::vector<tpd::Tensor>> converted = ToTensors(client, tensors, num_tensors);
+    absl::StatusOr<std::vector<tpd::Tensor>> converted =
+        ToTensors(client, client->events->views, tensors, num_tensors);
     if (!converted.ok()) return converted.status();
     absl::StatusOr<tpd::Message> result = client->client->Call(
         Str(group), Str(worker), Str(method), *bytes, *converted, CallTimeout(timeout_us));
@@ -843,7 +855,8 @@ int tpd_call_async_flags(tpd_client* client, const char* group, const char* work
     }
     absl::StatusOr<std::string_view> bytes = Bytes(payload, size, "payload");
     if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<std::vector<tpd::Tensor>> converted = ToTensors(client, tensors, num_tensors);
+    absl::StatusOr<std::vector<tpd::Tensor>> converted =
+        ToTensors(client, client->events->views, tensors, num_tensors);
     if (!converted.ok()) return converted.status();
     tpd::CallFuture future =
         client->client->CallAsync(Str(group), Str(worker), Str(method), *bytes, *converted,

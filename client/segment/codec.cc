@@ -27,18 +27,36 @@ absl::Status CheckShape(const shm::MessageNames& names, size_t tensors) {
 }
 
 // What each tensor needs in the message's block: a CUDA tensor its export record, an arena
-// tensor of this link nothing (it stays in place, pinned), any other its bytes.
+// tensor of this link nothing (it stays in place, pinned), a tensor this link received into
+// its rx heap nothing (it goes from there, its rx block leased), any other its bytes.
 struct TensorSlots {
   std::vector<uint64_t> slots;
   std::vector<bool> in_block;
+  std::vector<bool> in_rx_heap;
   std::vector<std::shared_ptr<ArenaBlock>> pins;
+  std::vector<std::shared_ptr<void>> leases;
   uint64_t copied = 0;
 };
+
+// Whether `tensor` is a view of `link`'s rx heap that a received message left there: its
+// storage keeps that message's rx block (TensorReader), so leasing it holds the bytes.
+bool InRxHeapOf(const Link& link, const Tensor& tensor) {
+  if (tensor.storage() != TensorStorage::kReceived || tensor.is_cuda() ||
+      tensor.in_sender_memory() || TensorParts::KeepOf(tensor) == nullptr) {
+    return false;
+  }
+  const shm::Region& rx = link.layout().rx_heap;
+  const auto* data = reinterpret_cast<const uint8_t*>(tensor.data().data());
+  const uint8_t* start = link.base() + rx.offset;
+  return data >= start && tensor.size() <= rx.bytes &&
+         static_cast<uint64_t>(data - start) <= rx.bytes - tensor.size();
+}
 
 absl::StatusOr<TensorSlots> PlanTensors(const Link& link, absl::Span<const Tensor> tensors) {
   TensorSlots plan;
   plan.slots.assign(tensors.size(), 0);
   plan.in_block.assign(tensors.size(), false);
+  plan.in_rx_heap.assign(tensors.size(), false);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& tensor = tensors[i];
     const std::string what = absl::StrCat("tensor ", i);
@@ -61,6 +79,11 @@ absl::StatusOr<TensorSlots> PlanTensors(const Link& link, absl::Span<const Tenso
     if (tensor.storage() == TensorStorage::kArena && arena != nullptr &&
         arena->link.get() == &link) {
       if (*bytes > 0) plan.pins.push_back(Pin(arena));
+      continue;
+    }
+    if (*bytes > 0 && InRxHeapOf(link, tensor)) {
+      plan.in_rx_heap[i] = true;
+      plan.leases.push_back(TensorParts::KeepOf(tensor));
       continue;
     }
     plan.in_block[i] = true;
@@ -119,6 +142,7 @@ absl::StatusOr<EncodedMessage> EncodeMessage(Link& link, const OutgoingHeader& h
   EncodedMessage encoded;
   encoded.block = *block;
   encoded.pins = std::move(slots->pins);
+  encoded.leases = std::move(slots->leases);
   encoded.bytes_copied = payload.size() + slots->copied;
   // The block is ours until pushed: filled without the link's lock.
   uint8_t* out = link.base() + *block;
@@ -136,6 +160,10 @@ absl::StatusOr<EncodedMessage> EncodeMessage(Link& link, const OutgoingHeader& h
     } else if (entry.length > 0 && slots->in_block[i]) {
       entry.offset = *block + plan.at[i];
       CopyBytes(out + plan.at[i], TensorParts::Bytes(tensor), tensor.size());
+    } else if (entry.length > 0 && slots->in_rx_heap[i]) {
+      entry.offset = reinterpret_cast<const uint8_t*>(TensorParts::Bytes(tensor)) - link.base();
+      entry.device_handle = shm::kInRxHeap;
+      ++encoded.tensors_in_place;
     } else if (entry.length > 0) {
       entry.offset = TensorParts::ArenaOf(tensor)->offset;
       ++encoded.tensors_in_place;

@@ -49,7 +49,8 @@ struct EncodedMessage {
   std::vector<std::shared_ptr<void>> leases;
   uint64_t bytes_copied = 0;      // payload and tensor bytes copied into the block
   uint64_t tensors_copied = 0;    // every tensor not sent in place (CUDA ones included)
-  uint64_t tensors_in_place = 0;  // arena tensors of this link, sent where they lie
+  uint64_t tensors_in_place = 0;  // arena tensors and rx-heap views of this link, sent where
+                                  // they lie
   uint64_t cuda_tensors = 0;
 };
 

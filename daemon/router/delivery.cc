@@ -160,9 +160,11 @@ void Delivery::Share(const std::shared_ptr<Session>& from, const std::shared_ptr
   // The trust decision (docs/security.md): only between processes of one uid and gid.
   if (from->uid != to->uid || from->gid != to->gid) return;
   const std::vector<shm::TensorEntry>& tensors = p->letter.tensors;
+  // A tensor the sender sends from its rx heap (shm::kInRxHeap) is copied: a peer maps only
+  // its sender's tx heap.
   auto large = [](const shm::TensorEntry& entry) {
     return entry.device_type == static_cast<uint8_t>(shm::DeviceType::kCpu) &&
-           entry.length >= kShareMinBytes;
+           entry.device_handle == 0 && entry.length >= kShareMinBytes;
   };
   // Most messages carry no large tensor: they cost this scan and nothing more.
   if (std::none_of(tensors.begin(), tensors.end(), large) || !Session::Introduce(from, to)) {

@@ -1,7 +1,9 @@
 #include "client/events.h"
 
 #include <memory>
+#include <optional>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -103,6 +105,36 @@ TEST(EventQueuesTest, StopEndsTheWaitsRefusesPushesAndHandsBackWhatWasQueued) {
   EXPECT_FALSE(queues->Push(late));
   ASSERT_NE(late, nullptr);  // left with the caller, who answers it
   EXPECT_EQ(NextTag(*queues, kBoth), -static_cast<int64_t>(absl::StatusCode::kCancelled));
+}
+
+TEST(HandedOutViewsTest, FindsOnlyRangesInsideAViewAndForgetsItWhenRemovedAsOftenAsAdded) {
+  auto keep = std::make_shared<int>(1);
+  std::string memory(1000, 'x');
+  const char* at = memory.data() + 100;
+  const Tensor view =
+      calls_internal::TensorParts::Received(shm::DType::kUInt8, {100}, Device{}, keep, at, 100);
+  HandedOutViews views;
+  EXPECT_FALSE(views.Find(at, 10).has_value());
+  views.Add(view);
+  views.Add(view);
+  std::optional<Tensor> whole = views.Find(at, 100);
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(whole->data().data(), at);
+  EXPECT_EQ(whole->size(), 100u);
+  EXPECT_EQ(whole->storage(), TensorStorage::kReceived);
+  EXPECT_EQ(calls_internal::TensorParts::KeepOf(*whole), keep) << "it holds the view's block";
+  std::optional<Tensor> inner = views.Find(at + 50, 50);
+  ASSERT_TRUE(inner.has_value());
+  EXPECT_EQ(inner->data().data(), at + 50);
+  // A range reaching past the view, or starting before or after it, is not the view's.
+  EXPECT_FALSE(views.Find(at + 50, 51).has_value());
+  EXPECT_FALSE(views.Find(at - 1, 2).has_value());
+  EXPECT_FALSE(views.Find(at + 100, 1).has_value());
+  views.Remove(view);
+  EXPECT_TRUE(views.Find(at, 1).has_value());
+  views.Remove(view);
+  EXPECT_FALSE(views.Find(at, 1).has_value());
+  views.Remove(view);  // once more than added: nothing to forget
 }
 
 }  // namespace

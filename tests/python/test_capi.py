@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.utils.dlpack
 
-from tpd import _capi
+from tpd import _capi, _client
 from tpd._client import Client
 
 
@@ -141,6 +141,39 @@ def test_requests_answered_later_from_another_thread_with_tensors(daemon):
     assert b.call_stats()["rx_view_bytes"] == 12
     del view
     assert b.call_stats()["rx_view_bytes"] == 0
+    a.close()
+    b.close()
+
+
+def test_a_view_of_the_receive_heap_sent_back_or_on_goes_where_it_lies(daemon):
+    """A request's tensor returned in the reply, or passed on in a call, is sent from the
+    receive heap (no copy into the arena); the view's block stays until the daemon sent it."""
+    a, b = _pair(daemon)
+    a.serve("echo")
+    data = ctypes.create_string_buffer(bytes(range(256)) * 64, 16384)
+    a.call_async("g", "b", "echo", b"there", [_bytes_tensor(data)], 5.0, tag=1)
+    request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
+    assert request.read() == (_capi.OK, "", b"there", 1)
+    view = torch.utils.dlpack.from_dlpack(request.dlpack(0, copy=0))
+    before = b.call_stats()
+    # On: a call of b's carrying the view (its second half, a range inside it).
+    half = _client.storage_descriptor(view.data_ptr() + 8192, 8192)
+    b.call_async("g", "a", "echo", b"on", [half], 5.0, tag=2)
+    forwarded = a.next_event(_capi.QUEUE_REQUESTS, timeout=5)
+    assert forwarded.read() == (_capi.OK, "", b"on", 1)
+    got = torch.utils.dlpack.from_dlpack(forwarded.dlpack(0, copy=1))
+    assert bytes(got.numpy()) == data.raw[8192:]
+    forwarded.reply(b"")
+    assert b.next_event(_capi.QUEUE_REPLIES, timeout=5).status() == (0, "")
+    # Back: the reply carries the whole view.
+    request.reply(b"back", [_client.storage_descriptor(view.data_ptr(), view.numel())])
+    reply = a.next_event(_capi.QUEUE_REPLIES, timeout=5)
+    assert reply.read() == (_capi.OK, "", b"back", 1)
+    assert bytes(torch.utils.dlpack.from_dlpack(reply.dlpack(0, copy=1)).numpy()) == data.raw
+    after = b.call_stats()
+    assert after["tensors_in_place"] - before["tensors_in_place"] == 2, (before, after)
+    assert after["tensors_copied_in"] == before["tensors_copied_in"], (before, after)
+    del request, view
     a.close()
     b.close()
 

@@ -348,9 +348,33 @@ TEST(TensorEntryTest, CpuEntriesOfACompletionMayLieInAPeersSegment) {
   EXPECT_THAT(ValidateTensorEntry(shared, 0, layout, Direction::kCompletion).message(),
               HasSubstr("is not aligned to the dtype's 4-byte items"));
   shared.offset -= 2;
-  // A client cannot point the daemon anywhere but its own tx heap.
+  // A client cannot point the daemon anywhere but its own tx or rx heap.
   EXPECT_THAT(ValidateTensorEntry(shared, 0, layout, Direction::kSubmission).message(),
-              HasSubstr("device_handle 3 must be 0 for cpu in a submission"));
+              HasSubstr("device_handle 3 must be 0 (tx heap) or 1 (rx heap) for cpu in a "
+                        "submission"));
+}
+
+TEST(TensorEntryTest, CpuEntriesOfASubmissionMayLieInTheSendersOwnRxHeapAndNowhereElse) {
+  const Layout layout = SmallLayout();
+  TensorEntry back = Tensor(layout);  // 60 bytes
+  back.device_handle = kInRxHeap;
+  back.offset = layout.rx_heap.offset + 4096;
+  EXPECT_TRUE(ValidateTensorEntry(back, 0, layout, Direction::kSubmission).ok());
+  back.offset = layout.rx_heap.end() - 60;
+  EXPECT_TRUE(ValidateTensorEntry(back, 0, layout, Direction::kSubmission).ok());
+  // Past the rx heap's end, in the tx heap, or at the segment's start: refused, naming it.
+  back.offset = layout.rx_heap.end() - 56;
+  EXPECT_THAT(ValidateTensorEntry(back, 0, layout, Direction::kSubmission).message(),
+              HasSubstr("runs past the end of the rx heap"));
+  back.offset = layout.tx_heap.offset + 4096;
+  EXPECT_THAT(ValidateTensorEntry(back, 0, layout, Direction::kSubmission).message(),
+              HasSubstr("is outside the rx heap"));
+  back.offset = 0;
+  EXPECT_THAT(ValidateTensorEntry(back, 0, layout, Direction::kSubmission).message(),
+              HasSubstr("offset 0 is outside the rx heap"));
+  back.offset = layout.rx_heap.offset + 4098;
+  EXPECT_THAT(ValidateTensorEntry(back, 0, layout, Direction::kSubmission).message(),
+              HasSubstr("is not aligned to the dtype's 4-byte items"));
 }
 
 TEST(TensorEntryTest, EveryBadEntryIsRefusedNamingTheFieldAndValue) {
@@ -384,8 +408,8 @@ TEST(TensorEntryTest, EveryBadEntryIsRefusedNamingTheFieldAndValue) {
        },
        "is not an aligned CUDA export record"},
       {[](TensorEntry* e) { e->device_index = 1; }, "device_index 1 must be 0 for cpu"},
-      {[](TensorEntry* e) { e->device_handle = 1; },
-       "device_handle 1 must be 0 for cpu in a submission"},
+      {[](TensorEntry* e) { e->device_handle = 2; },
+       "device_handle 2 must be 0 (tx heap) or 1 (rx heap) for cpu in a submission"},
       {[](TensorEntry* e) { e->shape[1] = -5; }, "shape[1] -5 is negative"},
       {[](TensorEntry* e) { e->shape[2] = 1; }, "shape[2] 1 must be 0 past ndim 2"},
       {[](TensorEntry* e) { e->shape[7] = 3; }, "shape[7] 3 must be 0 past ndim 2"},
