@@ -3,10 +3,11 @@
 //   bazel run -c opt //bench:copy_bench -- [--sizes_mib=1,4,16,64,256] [--helpers=1,2,3,5,7]
 //
 // For each size: memcpy on one core (the baseline), then CopyPool with each helper count and
-// chunk size (copies from 256 KiB on, a helper per chunk beyond the first), both buffers touched first (as an arena and a receive heap are, being reused).
-// With --cold_mib, each copy takes the next of as many buffer pairs as fill that many MiB, so
-// its bytes are not in the caches (as a call's tensor and heap block mostly are not).
-// Rows: median time per copy, GB/s (1e9 B/s) and the speed-up over memcpy of the same size.
+// chunk size (copies from 256 KiB on, a helper per chunk beyond the first), both buffers touched
+// first (as an arena and a receive heap are, being reused). With --cold_mib, each copy takes the
+// next of as many buffer pairs as fill that many MiB, so its bytes are not in the caches (as a
+// call's tensor and heap block mostly are not). Rows: median time per copy, GB/s (1e9 B/s) and the
+// speed-up over memcpy of the same size.
 
 #include <algorithm>
 #include <chrono>
