@@ -268,9 +268,15 @@ std::optional<Tensor> HandedOutViews::Find(const void* data, size_t size) const 
       size > view.size() - static_cast<size_t>(at - it->first)) {
     return std::nullopt;
   }
-  return calls_internal::TensorParts::Received(shm::DType::kUInt8, {static_cast<int64_t>(size)},
-                                               Device{}, calls_internal::TensorParts::KeepOf(view),
-                                               at, size);
+  using calls_internal::TensorParts;
+  const std::vector<int64_t> shape = {static_cast<int64_t>(size)};
+  if (view.storage() == TensorStorage::kArena) {
+    if (at != it->first) return std::nullopt;
+    return TensorParts::Arena(shm::DType::kUInt8, shape, TensorParts::ArenaOf(view),
+                              const_cast<char*>(at), size);
+  }
+  return TensorParts::Received(shm::DType::kUInt8, shape, Device{}, TensorParts::KeepOf(view), at,
+                               size);
 }
 
 }  // namespace tpd

@@ -51,17 +51,19 @@ struct ClientEvent {
   Responder responder;  // requests only
 };
 
-// Host views of the receive heap a binding handed out (DLPack), by their first byte. A view
-// given back to be sent (a reply, a call) is then sent where it lies, from the rx heap, instead
-// of being copied into the arena (docs/data_plane.md, "Received tensors sent on").
+// Host tensors a binding handed out (DLPack) over the client's shared memory, by their first
+// byte: views of the receive heap, and arena blocks. One given back to be sent (a reply, a
+// call) is then sent where it lies instead of being copied into the arena (docs/data_plane.md,
+// "Received tensors sent on"; docs/python.md, "Tensors built in the arena").
 class HandedOutViews {
  public:
-  // `view`: a received host tensor in this client's rx heap. Counted: as often added, as often
-  // removed.
+  // `view`: a received host tensor in this client's rx heap, or an arena tensor. Counted: as
+  // often added, as often removed.
   void Add(const Tensor& view) ABSL_LOCKS_EXCLUDED(mu_);
   void Remove(const Tensor& view) ABSL_LOCKS_EXCLUDED(mu_);
-  // The `size` bytes at `data` as a uint8 tensor sharing the storage of the view handed out
-  // that holds them all (its rx block stays while the tensor lives); nullopt when none does.
+  // The `size` bytes at `data` as a uint8 tensor sharing the storage of the tensor handed out
+  // that holds them all (its block stays while the result lives); nullopt when none does. An
+  // arena tensor is found only from its first byte (it is sent from its block's start).
   std::optional<Tensor> Find(const void* data, size_t size) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

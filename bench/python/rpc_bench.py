@@ -10,7 +10,7 @@ daemons", joined over their peer ports). Rows:
 - P1 empty call: rpc_sync of a function returning None, p50 and p99 (µs);
 - P2 rpc_async throughput: calls/s with 64 in flight;
 - P3 CPU tensor round trip of 1, 16 and 256 MiB (the callee returns what it got; --p3_kib for
-  other sizes), median ms;
+  other sizes; --p3_arena: tpd.rpc's built by tpd.rpc.empty), median ms;
 - P4 (--cuda, two GPUs) a CUDA tensor cuda:0 -> cuda:1 and back by device maps, median ms.
 
 Every ratio is torch's time over tpd's (above 1: tpd is faster), from the same run.
@@ -91,7 +91,10 @@ def _measure(rpc, torch, args):
         f.wait()
     rows["P2 rpc_async calls/s"] = calls / (time.perf_counter() - t)
     for kib in args.p3_kib:
-        x = torch.ones(kib << 8)  # float32: kib KiB
+        if args.p3_arena and hasattr(rpc, "empty"):  # tpd.rpc: built in the arena, sent uncopied
+            x = rpc.empty(kib << 8).fill_(1)
+        else:
+            x = torch.ones(kib << 8)  # float32: kib KiB
         reps = 3 if kib >= 256 << 10 else (5 if args.quick else 20)
         rpc.rpc_sync(peer, echo, args=(x,))
         times = []
@@ -310,6 +313,9 @@ def main():
     parser.add_argument("--tpd", help="the tpd binary")
     parser.add_argument("--cuda", action="store_true", help="also CUDA tensors (two GPUs)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--p3_arena", action="store_true",
+                        help="tpd.rpc's P3 tensors built by tpd.rpc.empty (in the arena: no copy "
+                             "on the caller's side); torch's as before")
     parser.add_argument("--agent_channels",
                         help="the daemons' [agent] channels, comma-separated, e.g. mpt_uv,basic "
                              "(what two machines use: cma links processes of one host only)")

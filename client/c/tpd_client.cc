@@ -289,7 +289,8 @@ struct DLManagedTensor {
   void (*deleter)(DLManagedTensor* self);
 };
 
-// What a DLPack tensor handed out holds: a view of the received tensor (its block), or a copy.
+// What a DLPack tensor handed out holds: a view of the received tensor (its block), a copy,
+// or an arena block (tpd_arena_dlpack).
 struct DlpackHolder {
   const uint64_t made_at_fork = ForkCount();
   DLManagedTensor managed{};
@@ -297,17 +298,31 @@ struct DlpackHolder {
   tpd::Tensor view;
   std::unique_ptr<char[]> copy;
   std::shared_ptr<tpd::EventQueues> events;
-  uint64_t counted = 0;  // bytes added to events->rx_view_bytes
+  uint64_t counted = 0;     // bytes added to events->rx_view_bytes
+  bool registered = false;  // in events->views, so it is sent where it lies
 };
 
 void DeleteDlpack(DLManagedTensor* self) {
   auto* holder = static_cast<DlpackHolder*>(self->manager_ctx);
   if (Inherited(holder->made_at_fork)) return;  // the parent's block, not this child's
-  if (holder->counted != 0) {
-    holder->events->rx_view_bytes -= holder->counted;
-    holder->events->views.Remove(holder->view);
-  }
+  if (holder->counted != 0) holder->events->rx_view_bytes -= holder->counted;
+  if (holder->registered) holder->events->views.Remove(holder->view);
   delete holder;
+}
+
+// `holder`'s DLPack tensor: its bytes at `data`, 1-D uint8, on `device`.
+void* FinishDlpack(std::unique_ptr<DlpackHolder> holder, void* data, DLDevice device,
+                   uint64_t nbytes) {
+  holder->shape[0] = static_cast<int64_t>(nbytes);
+  DLTensor& dl = holder->managed.dl_tensor;
+  dl.data = data;
+  dl.device = device;
+  dl.ndim = 1;
+  dl.dtype = DLDataType{1, 8, 1};
+  dl.shape = holder->shape;
+  holder->managed.manager_ctx = holder.get();
+  holder->managed.deleter = &DeleteDlpack;
+  return &holder.release()->managed;
 }
 
 // A store call's key list from C: INVALID_ARGUMENT for a bad count or a NULL key.
@@ -576,16 +591,41 @@ int tpd_arena_alloc(tpd_client* client, uint64_t nbytes, void** data) {
   });
 }
 
+int tpd_arena_dlpack(tpd_client* client, uint64_t nbytes, void** managed) {
+  return Guarded("tpd_arena_dlpack", [&]() -> absl::Status {
+    if (absl::Status s = Required(client, "client"); !s.ok()) return s;
+    if (absl::Status s = Required(managed, "managed"); !s.ok()) return s;
+    absl::StatusOr<tpd::Tensor> block =
+        client->client->AllocateTensor(tpd::shm::DType::kUInt8, {static_cast<int64_t>(nbytes)});
+    if (!block.ok()) return block.status();
+    auto holder = std::make_unique<DlpackHolder>();
+    holder->events = client->events;
+    holder->view = *std::move(block);
+    client->events->views.Add(holder->view);
+    holder->registered = true;
+    void* data = holder->view.mutable_data();
+    *managed = FinishDlpack(std::move(holder), data, DLDevice{1, 0}, nbytes);
+    return absl::OkStatus();
+  });
+}
+
 int tpd_arena_in_flight(tpd_client* client, const void* data, int* in_flight) {
   return Guarded("tpd_arena_in_flight", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
     if (absl::Status s = Required(in_flight, "in_flight"); !s.ok()) return s;
-    absl::MutexLock lock(&client->arena_mu);
-    auto it = client->arena.find(const_cast<void*>(data));
-    if (it == client->arena.end()) {
+    {
+      absl::MutexLock lock(&client->arena_mu);
+      auto it = client->arena.find(const_cast<void*>(data));
+      if (it != client->arena.end()) {
+        *in_flight = it->second.in_flight() ? 1 : 0;
+        return absl::OkStatus();
+      }
+    }
+    std::optional<tpd::Tensor> handed_out = client->events->views.Find(data, 1);
+    if (!handed_out || handed_out->storage() != tpd::TensorStorage::kArena) {
       return absl::NotFoundError("tpd_arena_in_flight: no live arena block starts there");
     }
-    *in_flight = it->second.in_flight() ? 1 : 0;
+    *in_flight = handed_out->in_flight() ? 1 : 0;
     return absl::OkStatus();
   });
 }
@@ -734,15 +774,10 @@ int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** mana
     const tpd::Tensor& t = **at;
     auto holder = std::make_unique<DlpackHolder>();
     holder->events = event->events;
-    holder->shape[0] = static_cast<int64_t>(t.size());
-    DLTensor& dl = holder->managed.dl_tensor;
-    dl.ndim = 1;
-    dl.dtype = DLDataType{1, 8, 1};
-    dl.shape = holder->shape;
     if (t.is_cuda()) {
       holder->view = t;
-      dl.data = reinterpret_cast<void*>(t.device_pointer());
-      dl.device = DLDevice{2, t.device().index};
+      *managed = FinishDlpack(std::move(holder), reinterpret_cast<void*>(t.device_pointer()),
+                              DLDevice{2, t.device().index}, t.size());
     } else {
       tpd::EventQueues& events = *event->events;
       bool take_copy = copy == 1;
@@ -750,22 +785,23 @@ int tpd_event_tensor_dlpack(const tpd_event* event, int i, int copy, void** mana
         const uint64_t heap = events.rx_heap_bytes.load();
         take_copy = heap == 0 || events.rx_view_bytes.load() + t.size() > heap / 2;
       }
+      void* data;
       if (take_copy) {
         holder->copy.reset(new char[t.size() == 0 ? 1 : t.size()]);
         tpd::CopyBytes(holder->copy.get(), t.data().data(), t.size());
-        dl.data = holder->copy.get();
+        data = holder->copy.get();
       } else {
         holder->view = t;
         holder->counted = t.size();
         events.rx_view_bytes += t.size();
-        if (!t.in_sender_memory()) events.views.Add(t);
-        dl.data = const_cast<char*>(t.data().data());
+        if (!t.in_sender_memory()) {
+          events.views.Add(t);
+          holder->registered = true;
+        }
+        data = const_cast<char*>(t.data().data());
       }
-      dl.device = DLDevice{1, 0};
+      *managed = FinishDlpack(std::move(holder), data, DLDevice{1, 0}, t.size());
     }
-    holder->managed.manager_ctx = holder.get();
-    holder->managed.deleter = &DeleteDlpack;
-    *managed = &holder.release()->managed;
     return absl::OkStatus();
   });
 }

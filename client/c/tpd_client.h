@@ -64,8 +64,10 @@ enum {
 #define TPD_TIMEOUT_DEFAULT (-1)
 
 /* The ABI's version: bumped when a function changes incompatibly. A binding built on this
- * header checks tpd_abi_version() against TPD_ABI_VERSION before it calls anything else. */
-#define TPD_ABI_VERSION 3
+ * header checks tpd_abi_version() against TPD_ABI_VERSION before it calls anything else.
+ * 4: a tensor lying inside a DLPack view of the receive heap is sent where it lies (read after
+ * the call returns, no longer copied before), and tpd_arena_dlpack. */
+#define TPD_ABI_VERSION 4
 int tpd_abi_version(void);
 
 /* The size of the struct named `type` ("tpd_tensor", "tpd_event_info") as this library was
@@ -164,10 +166,13 @@ enum { TPD_CPU = 0, TPD_CUDA = 1 };
 
 /* A tensor to send, or one received (tpd_event_tensor). Bytes are dense: product(shape) *
  * item size. A CPU tensor is copied into the shared arena before the call returns unless
- * `data` is the start of a live arena block of the same size (tpd_arena_alloc), which is sent
- * where it lies. A CUDA tensor is sent by pointer: the daemon copies it after the work queued
- * on `stream` (NULL: the legacy default stream) before the call; keep it unchanged until the
- * call completes. */
+ * `data` is the start of a live arena block (tpd_arena_alloc: of the same size;
+ * tpd_arena_dlpack: of at least that size) or lies inside a live DLPack view of the receive
+ * heap (tpd_event_tensor_dlpack, copy 0 or the policy's view), which are sent where they lie:
+ * the daemon reads them after the call returns (a reply's, after tpd_reply returns), so change
+ * them only once the call completed. A CUDA tensor is sent by pointer: the daemon copies it after
+ * the work queued on `stream` (NULL: the legacy default stream) before the call; keep it unchanged
+ * until the call completes. */
 typedef struct tpd_tensor {
   int32_t dtype;
   int32_t ndim; /* at most 8 */
@@ -184,11 +189,17 @@ typedef struct tpd_tensor {
  * released by the daemon. RESOURCE_EXHAUSTED naming the arena's size when it does not fit. */
 int tpd_arena_alloc(tpd_client* client, uint64_t nbytes, void** data);
 void tpd_arena_free(tpd_client* client, void* data);
+/* A block of the shared arena of `nbytes` as a DLPack DLManagedTensor* (as
+ * tpd_event_tensor_dlpack's: 1-D uint8 on the CPU), writable, whose deleter frees the block;
+ * it may outlive the client. Passed from its start to tpd_call, tpd_call_async or tpd_reply,
+ * it is sent where it lies, with no copy, and stays allocated while a sent message holds it.
+ * RESOURCE_EXHAUSTED naming the arena's size when it does not fit. */
+int tpd_arena_dlpack(tpd_client* client, uint64_t nbytes, void** managed);
 /* Whether a sent message still holds the arena block at `data` (1 in *in_flight) or not (0).
  * The block is sent where it lies: the daemon reads it in place, and so may a receiving
  * process of this uid and gid for as long as it keeps the message, after the call returned
  * (docs/data_plane.md, "Tensors shared between sessions"). Change its bytes only once this is
- * 0. NOT_FOUND when `data` is no live block of tpd_arena_alloc. */
+ * 0. NOT_FOUND when `data` is no live block of tpd_arena_alloc or tpd_arena_dlpack. */
 int tpd_arena_in_flight(tpd_client* client, const void* data, int* in_flight);
 
 /* --- Events: requests to serve and calls that finished --- */

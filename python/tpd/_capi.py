@@ -12,7 +12,7 @@ import os
 import pathlib
 import threading
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # Status codes (gRPC's).
 OK = 0
@@ -177,6 +177,7 @@ def _declare(lib, path):
         "tpd_arena_alloc": (c.c_int, [p, c.c_uint64, pp]),
         "tpd_arena_free": (None, [p, p]),
         "tpd_arena_in_flight": (c.c_int, [p, p, c.POINTER(c.c_int)]),
+        "tpd_arena_dlpack": (c.c_int, [p, c.c_uint64, pp]),
         "tpd_serve": (c.c_int, [p, s]),
         "tpd_next_event": (c.c_int, [p, c.c_int, i64, pp]),
         "tpd_event_free": (None, [p]),

@@ -272,6 +272,19 @@ class Client(_Library):
         self._ok(self._lib.tpd_status(self._handle, ctypes.byref(out)))
         return self._json(out.value)
 
+    def arena_dlpack(self, nbytes):
+        """A new block of ``nbytes`` of the shared arena as a "dltensor" capsule (uint8, 1-D),
+        freed when the tensor made of it goes; sent where it lies (tpd_arena_dlpack)."""
+        managed = ctypes.c_void_p()
+        self._ok(self._lib.tpd_arena_dlpack(self._handle, nbytes, ctypes.byref(managed)))
+        return _capsule(managed.value)
+
+    def arena_in_flight(self, data_ptr):
+        """Whether a sent message still holds the arena block starting at ``data_ptr``."""
+        in_flight = ctypes.c_int()
+        self._ok(self._lib.tpd_arena_in_flight(self._handle, data_ptr, ctypes.byref(in_flight)))
+        return bool(in_flight.value)
+
     def call_stats(self):
         out = ctypes.c_void_p()
         self._ok(self._lib.tpd_call_stats(self._handle, ctypes.byref(out)))

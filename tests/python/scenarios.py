@@ -193,6 +193,45 @@ def received_tensors_do_not_starve_the_heap(rank, world_size, init_method):
     return stats["rx_view_bytes"]
 
 
+def arena_tensors_and_received_ones_are_sent_where_they_lie(rank, world_size, init_method):
+    """Rank 0 sends tensors built in its arena (no copy on its side) and gets back what the
+    echo returns (no copy on the callee's side either): every byte intact, and the copies
+    counted by each library show it."""
+    rpc = _init(rank, world_size, init_method)
+    from tpd.rpc import api
+    stats = api._require_initialized().client.call_stats
+    if rank == 0:
+        before = stats()
+        x = rpc.empty(256, 1024, dtype=torch.float32)  # 1 MiB
+        x.copy_(torch.arange(256 * 1024, dtype=torch.float32).view(256, 1024))
+        y = rpc.rpc_sync("worker1", w.identity, args=(x,))
+        assert torch.equal(x, y) and y.shape == (256, 1024)
+        assert not rpc.in_flight(x)  # the Python callee's daemon copied it before the call ran
+        s = rpc.shared_like(torch.full((3, 5), 7, dtype=torch.int64))
+        assert s.dtype == torch.int64 and s.shape == (3, 5) and int(s.sum()) == 105
+        assert torch.equal(rpc.rpc_sync("worker1", w.identity, args=(s,)), s)
+        after = stats()
+        sent = (after["tensors_in_place"] - before["tensors_in_place"],
+                after["tensors_copied_in"] - before["tensors_copied_in"])
+        assert sent == (2, 0), (before, after)
+        assert rpc.empty(0).numel() == 0
+        try:
+            rpc.shared_like(torch.ones(1, device="meta"))
+            raise AssertionError("shared_like took a tensor off the CPU")
+        except TypeError as error:
+            assert "CPU tensor" in str(error)
+        callee = rpc.rpc_sync("worker1", tensors_sent)
+    rpc.shutdown()
+    return callee if rank == 0 else None
+
+
+def tensors_sent():
+    """This worker's (tensors sent in place, tensors copied into its arena) so far."""
+    from tpd.rpc import api
+    stats = api._require_initialized().client.call_stats()
+    return stats["tensors_in_place"], stats["tensors_copied_in"]
+
+
 def forgets_shutdown(rank, world_size, init_method):
     rpc = _init(rank, world_size, init_method)
     assert rpc.rpc_sync(f"worker{(rank + 1) % world_size}", w.add, args=(1, 1)) == 2

@@ -178,6 +178,45 @@ def test_a_view_of_the_receive_heap_sent_back_or_on_goes_where_it_lies(daemon):
     b.close()
 
 
+def test_an_arena_dlpack_tensor_is_sent_in_place_and_outlives_its_client(daemon):
+    a, b = _pair(daemon)
+    block = torch.utils.dlpack.from_dlpack(a.arena_dlpack(4096))
+    assert block.dtype == torch.uint8 and block.numel() == 4096
+    block.copy_(torch.arange(4096) % 251)
+    before = a.call_stats()
+    whole = _client.storage_descriptor(block.data_ptr(), 4096)
+    prefix = _client.storage_descriptor(block.data_ptr(), 100)
+    a.call_async("g", "b", "echo", b"arena", [whole, prefix], 5.0, tag=1)
+    request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
+    assert request.read() == (_capi.OK, "", b"arena", 2)
+    got = [bytes(torch.utils.dlpack.from_dlpack(request.dlpack(i, copy=1)).numpy())
+           for i in range(2)]
+    assert got == [bytes(block.numpy()), bytes(block.numpy()[:100])]
+    after = a.call_stats()
+    assert after["tensors_in_place"] - before["tensors_in_place"] == 2, (before, after)
+    assert after["tensors_copied_in"] == before["tensors_copied_in"], (before, after)
+    # A range inside the block not at its start is copied in (a block is sent from its start).
+    middle = _client.storage_descriptor(block.data_ptr() + 8, 8)
+    request.reply(b"")
+    a.call_async("g", "b", "echo", b"middle", [middle], 5.0, tag=2)
+    request = b.next_event(_capi.QUEUE_REQUESTS, timeout=5)
+    assert bytes(torch.utils.dlpack.from_dlpack(request.dlpack(0, copy=1)).numpy()) == \
+        bytes(block.numpy()[8:16])
+    assert a.call_stats()["tensors_copied_in"] == after["tensors_copied_in"] + 1
+    request.reply(b"")
+    for _ in range(2):
+        assert a.next_event(_capi.QUEUE_REPLIES, timeout=5).status() == (0, "")
+    assert not a.arena_in_flight(block.data_ptr())
+    with pytest.raises(_capi.TpdError) as error:
+        a.arena_in_flight(block.data_ptr() + 8)
+    assert error.value.code == _capi.NOT_FOUND
+    # The tensor outlives its client: its block goes with it, after the client closed.
+    a.close()
+    assert int(block[4095]) == 4095 % 251
+    del block
+    b.close()
+
+
 def test_a_request_dropped_unanswered_answers_internal_at_once(daemon):
     a, b = _pair(daemon)
     a.call_async("g", "b", "echo", b"x", [], 30.0, tag=1)

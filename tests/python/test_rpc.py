@@ -83,6 +83,14 @@ def test_tensors_a_program_keeps_never_starve_the_receive_heap(daemon, workdir):
     assert all(v <= 32 << 20 for v in results.values()), results
 
 
+def test_arena_tensors_and_received_tensors_sent_back_are_not_copied(daemon, workdir):
+    results = rpc_workers.run(scenarios.arena_tensors_and_received_ones_are_sent_where_they_lie,
+                              2, [daemon.socket], file_init(workdir))
+    # The callee returned what it received, twice: both replies went from its receive heap.
+    in_place, copied = results[0]
+    assert in_place >= 2 and copied == 0, results
+
+
 def test_a_program_that_forgets_shutdown_exits_cleanly(daemon, workdir):
     results = rpc_workers.run(scenarios.forgets_shutdown, 2, [daemon.socket], file_init(workdir))
     assert results == {0: True, 1: True}

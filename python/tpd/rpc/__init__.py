@@ -7,6 +7,7 @@ on one node, the daemons' TensorPipe pipes across nodes). See docs/python.md.
 """
 
 from tpd.rpc import functions  # noqa: F401
+from tpd.rpc.arena import empty, in_flight, shared_like  # noqa: F401
 from tpd.rpc.api import (  # noqa: F401
     BackendType,
     RpcBackendOptions,
