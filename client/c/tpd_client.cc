@@ -815,8 +815,9 @@ int tpd_reply(tpd_event* event, const char* payload, size_t size, const tpd_tens
     }
     absl::StatusOr<std::string_view> bytes = Bytes(payload, size, "payload");
     if (!bytes.ok()) return bytes.status();
-    // Arena blocks are the client's, which an event does not know: they are copied in. Views of
-    // the receive heap (a request's own tensors returned, say) go where they lie.
+    // tpd_arena_alloc's blocks are the client's, which an event does not know: they are copied
+    // in. Views of the receive heap (a request's own tensors returned, say) and
+    // tpd_arena_dlpack's blocks are known to the events too: they go where they lie.
     std::shared_ptr<void> released;
     if (release_tag != 0) released = std::make_shared<ReleaseNotice>(event->events, release_tag);
     absl::StatusOr<std::vector<tpd::Tensor>> converted =
