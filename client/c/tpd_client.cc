@@ -223,6 +223,11 @@ absl::StatusOr<std::vector<tpd::Tensor>> ToTensors(tpd_client* client,
   return out;
 }
 
+// A new arena block of `nbytes` bytes, as a uint8 tensor.
+absl::StatusOr<tpd::Tensor> ArenaBytes(tpd_client* client, uint64_t nbytes) {
+  return client->client->AllocateTensor(tpd::shm::DType::kUInt8, {static_cast<int64_t>(nbytes)});
+}
+
 // The i-th tensor of `event`, or OUT_OF_RANGE.
 absl::StatusOr<const tpd::Tensor*> TensorAt(const tpd_event* event, int i) {
   if (i < 0 || i >= static_cast<int>(event->message.tensors.size())) {
@@ -581,8 +586,7 @@ int tpd_arena_alloc(tpd_client* client, uint64_t nbytes, void** data) {
   return Guarded("tpd_arena_alloc", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
     if (absl::Status s = Required(data, "data"); !s.ok()) return s;
-    absl::StatusOr<tpd::Tensor> block =
-        client->client->AllocateTensor(tpd::shm::DType::kUInt8, {static_cast<int64_t>(nbytes)});
+    absl::StatusOr<tpd::Tensor> block = ArenaBytes(client, nbytes);
     if (!block.ok()) return block.status();
     *data = block->mutable_data();
     absl::MutexLock lock(&client->arena_mu);
@@ -595,8 +599,7 @@ int tpd_arena_dlpack(tpd_client* client, uint64_t nbytes, void** managed) {
   return Guarded("tpd_arena_dlpack", [&]() -> absl::Status {
     if (absl::Status s = Required(client, "client"); !s.ok()) return s;
     if (absl::Status s = Required(managed, "managed"); !s.ok()) return s;
-    absl::StatusOr<tpd::Tensor> block =
-        client->client->AllocateTensor(tpd::shm::DType::kUInt8, {static_cast<int64_t>(nbytes)});
+    absl::StatusOr<tpd::Tensor> block = ArenaBytes(client, nbytes);
     if (!block.ok()) return block.status();
     auto holder = std::make_unique<DlpackHolder>();
     holder->events = client->events;

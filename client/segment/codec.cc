@@ -26,13 +26,19 @@ absl::Status CheckShape(const shm::MessageNames& names, size_t tensors) {
   return absl::OkStatus();
 }
 
-// What each tensor needs in the message's block: a CUDA tensor its export record, an arena
-// tensor of this link nothing (it stays in place, pinned), a tensor this link received into
-// its rx heap nothing (it goes from there, its rx block leased), any other its bytes.
+// Where a tensor's bytes go from.
+enum class Source {
+  kCuda,    // device memory, named by an export record in the block
+  kBlock,   // copied into the message's block
+  kArena,   // an arena block of this link, in place (pinned)
+  kRxHeap,  // this link's rx heap, where a received message left it (its rx block leased)
+};
+
+// What each tensor needs in the message's block: a CUDA tensor its export record, an arena or
+// rx-heap tensor nothing, any other its bytes. An empty host tensor has no source to name.
 struct TensorSlots {
   std::vector<uint64_t> slots;
-  std::vector<bool> in_block;
-  std::vector<bool> in_rx_heap;
+  std::vector<Source> sources;
   std::vector<std::shared_ptr<ArenaBlock>> pins;
   std::vector<std::shared_ptr<void>> leases;
   uint64_t copied = 0;
@@ -55,8 +61,7 @@ bool InRxHeapOf(const Link& link, const Tensor& tensor) {
 absl::StatusOr<TensorSlots> PlanTensors(const Link& link, absl::Span<const Tensor> tensors) {
   TensorSlots plan;
   plan.slots.assign(tensors.size(), 0);
-  plan.in_block.assign(tensors.size(), false);
-  plan.in_rx_heap.assign(tensors.size(), false);
+  plan.sources.assign(tensors.size(), Source::kBlock);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& tensor = tensors[i];
     const std::string what = absl::StrCat("tensor ", i);
@@ -72,21 +77,23 @@ absl::StatusOr<TensorSlots> PlanTensors(const Link& link, absl::Span<const Tenso
         return absl::InvalidArgumentError(
             absl::StrCat(what, ": device ", tensor.device().ToString(), " does not exist"));
       }
+      plan.sources[i] = Source::kCuda;
       if (*bytes > 0) plan.slots[i] = sizeof(shm::CudaExport);
       continue;
     }
+    if (*bytes == 0) continue;
     const std::shared_ptr<ArenaBlock>& arena = TensorParts::ArenaOf(tensor);
     if (tensor.storage() == TensorStorage::kArena && arena != nullptr &&
         arena->link.get() == &link) {
-      if (*bytes > 0) plan.pins.push_back(Pin(arena));
+      plan.sources[i] = Source::kArena;
+      plan.pins.push_back(Pin(arena));
       continue;
     }
-    if (*bytes > 0 && InRxHeapOf(link, tensor)) {
-      plan.in_rx_heap[i] = true;
+    if (InRxHeapOf(link, tensor)) {
+      plan.sources[i] = Source::kRxHeap;
       plan.leases.push_back(TensorParts::KeepOf(tensor));
       continue;
     }
-    plan.in_block[i] = true;
     plan.slots[i] = *bytes;
     plan.copied += *bytes;
   }
@@ -151,22 +158,30 @@ absl::StatusOr<EncodedMessage> EncodeMessage(Link& link, const OutgoingHeader& h
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& tensor = tensors[i];
     shm::TensorEntry entry = EntryOf(tensor);
-    if (tensor.is_cuda()) {
-      absl::Status written = WriteCudaEntry(tensor, *block, plan.at[i], out, &entry, &encoded);
-      if (!written.ok()) {
-        link.FreeBlock(*block);
-        return Prefixed(written, "tensor ", i, " (", tensor.device().ToString(), "): ");
-      }
-    } else if (entry.length > 0 && slots->in_block[i]) {
-      entry.offset = *block + plan.at[i];
-      CopyBytes(out + plan.at[i], TensorParts::Bytes(tensor), tensor.size());
-    } else if (entry.length > 0 && slots->in_rx_heap[i]) {
-      entry.offset = reinterpret_cast<const uint8_t*>(TensorParts::Bytes(tensor)) - link.base();
-      entry.device_handle = shm::kInRxHeap;
-      ++encoded.tensors_in_place;
-    } else if (entry.length > 0) {
-      entry.offset = TensorParts::ArenaOf(tensor)->offset;
-      ++encoded.tensors_in_place;
+    switch (slots->sources[i]) {
+      case Source::kCuda:
+        if (absl::Status written =
+                WriteCudaEntry(tensor, *block, plan.at[i], out, &entry, &encoded);
+            !written.ok()) {
+          link.FreeBlock(*block);
+          return Prefixed(written, "tensor ", i, " (", tensor.device().ToString(), "): ");
+        }
+        break;
+      case Source::kBlock:  // or an empty host tensor: nothing to copy or point at
+        if (entry.length > 0) {
+          entry.offset = *block + plan.at[i];
+          CopyBytes(out + plan.at[i], TensorParts::Bytes(tensor), tensor.size());
+        }
+        break;
+      case Source::kRxHeap:
+        entry.offset = reinterpret_cast<const uint8_t*>(TensorParts::Bytes(tensor)) - link.base();
+        entry.device_handle = shm::kInRxHeap;
+        ++encoded.tensors_in_place;
+        break;
+      case Source::kArena:
+        entry.offset = TensorParts::ArenaOf(tensor)->offset;
+        ++encoded.tensors_in_place;
+        break;
     }
     std::memcpy(out + plan.table + i * sizeof(entry), &entry, sizeof(entry));
   }

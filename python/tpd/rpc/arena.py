@@ -15,7 +15,7 @@ from typing import Optional, Union
 import torch
 import torch.utils.dlpack
 
-from tpd.rpc import _state
+from tpd.rpc import _pickler, _state
 
 
 def empty(*size: Union[int, tuple], dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -71,8 +71,5 @@ def in_flight(tensor: torch.Tensor) -> bool:
             worker's.
     """
     agent = _state.require_initialized()
-    if hasattr(tensor, "untyped_storage"):
-        storage = tensor.untyped_storage()
-    else:  # torch < 2.0
-        storage = tensor.storage()
-    return agent.client.arena_in_flight(storage.data_ptr())
+    data_ptr, _ = _pickler._storage(tensor)
+    return agent.client.arena_in_flight(data_ptr)
