@@ -141,6 +141,16 @@ void PrintLatencies(const google::protobuf::RepeatedPtrField<tpd::v1::CallLatenc
   }
 }
 
+void PrintCallErrors(const tpd::v1::StatusResponse& status) {
+  if (status.call_errors().empty()) return;
+  std::vector<std::string> errors;
+  for (const auto& [code, count] :
+       std::map<std::string, int64_t>(status.call_errors().begin(), status.call_errors().end())) {
+    errors.push_back(absl::StrCat(code, "=", count));
+  }
+  std::cout << "  call errors answered by the daemon: " << absl::StrJoin(errors, " ") << "\n";
+}
+
 // The data plane: the agent, its registry, then one line per peer node (a second line with
 // its last error, if any).
 void PrintAgent(const tpd::v1::AgentStatus& agent) {
@@ -227,6 +237,11 @@ void PrintSummary(const tpd::v1::StatusResponse& status) {
             << (status.config().config_path().empty() ? "(defaults)"
                                                       : status.config().config_path())
             << ", log level " << status.config().log_level() << "\n"
+            << "  metrics: "
+            << (status.metrics_address().empty()
+                    ? "off ([metrics] listen_address)"
+                    : absl::StrCat("http://", status.metrics_address(), "/metrics"))
+            << "\n"
             << "  store:   " << store.num_keys() << " keys, " << store.bytes() << " bytes, "
             << store.waiters() << " waiting calls\n";
   for (const tpd::v1::StoreWriter& writer : store.writers()) {
@@ -353,6 +368,7 @@ int RunStatus(tpd::Client& client) {
   PrintRendezvousStores(*status);
   PrintDataPlane(*status);
   PrintLatencies(status->call_latency());
+  PrintCallErrors(*status);
   if (status->has_agent()) PrintAgent(status->agent());
   PrintGpus(status->gpus(), status->node().device_count());
   return 0;

@@ -115,6 +115,13 @@ AdminService::AdminService(const Config* config, std::string socket_path, absl::
 grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* context,
                                                const v1::StatusRequest*,
                                                v1::StatusResponse* response) {
+  Fill(response);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+void AdminService::Fill(v1::StatusResponse* response) const {
   response->set_version(kVersion);
   response->set_pid(getpid());
   response->set_start_time_unix_ms(absl::ToUnixMillis(start_time_));
@@ -174,7 +181,13 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
       }
     }
   }
-  if (calls_ != nullptr) FillLatencies(calls_->Latencies(), response);
+  if (calls_ != nullptr) {
+    FillLatencies(calls_->Latencies(), response);
+    for (const auto& [code, count] : calls_->CallErrors()) {
+      (*response->mutable_call_errors())[code] = static_cast<int64_t>(count);
+    }
+  }
+  response->set_metrics_address(metrics_address_);
   if (agent_ != nullptr) FillAgent(*agent_, response->mutable_agent());
   if (gpus_ != nullptr) FillGpus(*gpus_, response->mutable_gpus());
   if (cuda_ != nullptr) {
@@ -250,10 +263,6 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   for (const auto& [code, count] : control_calls_->Errors()) {
     (*response->mutable_control_errors())[code] = count;
   }
-
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
 }
 
 }  // namespace tpd

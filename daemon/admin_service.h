@@ -53,6 +53,12 @@ class AdminService final : public v1::Admin::CallbackService {
     cuda_unavailable_ = std::move(unavailable);
   }
 
+  // The snapshot Status answers with; also what /metrics is built from (daemon/metrics.h).
+  void Fill(v1::StatusResponse* response) const;
+
+  // Where /metrics is served (empty: metrics off); set before serving.
+  void set_metrics_address(std::string address) { metrics_address_ = std::move(address); }
+
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
                                    v1::StatusResponse* response) override;
@@ -74,6 +80,7 @@ class AdminService final : public v1::Admin::CallbackService {
   const cuda::GpuDiscovery* gpus_ = nullptr;
   CudaCopies* cuda_ = nullptr;
   std::string cuda_unavailable_;
+  std::string metrics_address_;
 };
 
 }  // namespace tpd

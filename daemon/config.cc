@@ -1,5 +1,8 @@
 #include "daemon/config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <initializer_list>
@@ -138,6 +141,24 @@ absl::Status ValidateHostPort(const char* field, const std::string& value) {
   return absl::OkStatus();
 }
 
+// civetweb binds IP literals only: a name would be resolved by no one.
+absl::Status ValidateMetricsAddress(const std::string& value) {
+  if (absl::Status status = ValidateHostPort("metrics.listen_address", value); !status.ok()) {
+    return status;
+  }
+  const bool v6 = value[0] == '[';
+  const std::string host =
+      v6 ? value.substr(1, value.find(']') - 1) : value.substr(0, value.rfind(':'));
+  unsigned char address[sizeof(in6_addr)];
+  if (inet_pton(v6 ? AF_INET6 : AF_INET, host.c_str(), address) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics.listen_address must name an IP address, not a host name (\"127.0.0.1:9477\", "
+        "\"[::1]:9477\"), got \"",
+        value, "\""));
+  }
+  return absl::OkStatus();
+}
+
 const toml::table* SubTable(const toml::table& root, const char* name) {
   const toml::node* node = root.get(name);
   return node == nullptr ? nullptr : node->as_table();
@@ -158,10 +179,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
   for (const auto& [key, node] : root) {
     const std::string table(key.str());
     if (table != "daemon" && table != "store" && table != "peer" && table != "group" &&
-        table != "data" && table != "agent" && table != "etcd") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": unknown table [", table,
-                       "]; known: [daemon], [store], [peer], [group], [data], [agent], [etcd]"));
+        table != "data" && table != "agent" && table != "etcd" && table != "metrics") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": unknown table [", table,
+          "]; known: [daemon], [store], [peer], [group], [data], [agent], [etcd], [metrics]"));
     }
     if (!node.is_table()) {
       return absl::InvalidArgumentError(
@@ -279,6 +300,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
       if (!status.ok()) return status;
     }
     if (agent->get("accept_networks") != nullptr) config.agent.accept_networks = accept_networks;
+  }
+  if (const toml::table* metrics = SubTable(root, "metrics")) {
+    TableReader reader(*metrics, "metrics", std::string(source));
+    for (absl::Status status : {reader.String("listen_address", &config.metrics.listen_address),
+                                reader.NoUnknownKeys()}) {
+      if (!status.ok()) return status;
+    }
   }
   if (const toml::table* etcd = SubTable(root, "etcd")) {
     if (etcd->get("password") != nullptr) {
@@ -475,6 +503,11 @@ absl::Status ValidateConfig(const Config& config) {
   if (!config.peer.listen_address.empty()) {
     if (absl::Status status = ValidateHostPort("peer.listen_address", config.peer.listen_address);
         !status.ok()) {
+      return status;
+    }
+  }
+  if (!config.metrics.listen_address.empty()) {
+    if (absl::Status status = ValidateMetricsAddress(config.metrics.listen_address); !status.ok()) {
       return status;
     }
   }

@@ -220,6 +220,14 @@ struct EtcdConfig {
   absl::Duration connect_timeout = absl::Seconds(2);
 };
 
+// Prometheus metrics (daemon/metrics.h, docs/operations.md "Monitor"). Off by default: a
+// node's daemon opens no TCP port it was not asked to (docs/security.md "Metrics").
+struct MetricsConfig {
+  // IP literal and port where /metrics is served over plain HTTP, "127.0.0.1:9477" or
+  // "[::1]:9477" (port 0 picks a free one; Admin.Status says which). Empty: no listener.
+  std::string listen_address;
+};
+
 struct Config {
   // The TOML file this came from; empty when running on defaults.
   std::string config_path;
@@ -239,6 +247,7 @@ struct Config {
   DataConfig data;
   AgentConfig agent;
   EtcdConfig etcd;
+  MetricsConfig metrics;
 };
 
 // Parses TOML text; `source` names it in error messages. Unknown tables and keys are

@@ -383,6 +383,18 @@ absl::Status Daemon::Serve() {
                                                   &in_flight_, peer_address_, groups_.get());
 
   if (absl::Status status = ServeData(); !status.ok()) return status;
+  if (!config_.metrics.listen_address.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
+        MetricsServer::Start(config_.metrics.listen_address, [admin = admin_service_.get()] {
+          v1::StatusResponse status;
+          admin->Fill(&status);
+          return status;
+        });
+    if (!metrics.ok()) return metrics.status();
+    metrics_ = *std::move(metrics);
+    admin_service_->set_metrics_address(metrics_->address());
+    DaemonLog().info("[metrics http://{}/metrics] serving Prometheus metrics", metrics_->address());
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -554,6 +566,8 @@ void Daemon::Shutdown() {
     (*server)->Wait();
     server->reset();
   }
+  // Scrapes end while what they read is still there.
+  metrics_.reset();
   // Sessions detach (their calls are answered UNAVAILABLE, remote callers included), the
   // router stops calling into the agent, then the agent closes its pipes.
   data_socket_->Shutdown();

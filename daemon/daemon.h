@@ -23,6 +23,7 @@
 #include "daemon/control_service.h"
 #include "daemon/group/group_manager.h"
 #include "daemon/in_flight.h"
+#include "daemon/metrics.h"
 #include "daemon/peer_auth.h"
 #include "daemon/router/call_router.h"
 #include "daemon/router/data_socket.h"
@@ -98,8 +99,9 @@ class Daemon {
   std::unique_ptr<group::GroupManager> groups_;
   std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<AdminService> admin_service_;
-  // Started before the gRPC server, stopped after it; kept until destruction so late
-  // session-end hooks find it (a no-op then).
+  // /metrics ([metrics] listen_address; null when off): reads what admin_service_ reads, so
+  // it stops in Shutdown before the data socket and the router do.
+  std::unique_ptr<MetricsServer> metrics_;
   // Copies of CUDA tensors; null without GPUs (cuda_unavailable_ says why). Outlives calls_.
   std::unique_ptr<CudaCopies> cuda_copies_;
   std::string cuda_unavailable_;
@@ -108,6 +110,8 @@ class Daemon {
   // Carries calls to other daemons; null without a peer port. Stopped (reset) after calls_
   // stops calling into it, before calls_ goes.
   std::unique_ptr<agent::Agent> agent_;
+  // Started before the gRPC server, stopped after it; kept until destruction so late
+  // session-end hooks find it (a no-op then).
   std::unique_ptr<DataSocket> data_socket_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> peer_server_;

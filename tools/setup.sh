@@ -15,6 +15,7 @@ PACKAGES=(
   libtomlplusplus-dev
   libtensorpipe-dev
   libsystemd-dev
+  prometheus-cpp-dev       # prometheus-cpp 1.0.1: the daemon's /metrics (daemon/metrics)
   libgtest-dev libgmock-dev libbenchmark-dev
   python3                  # tools/count_tests.py
   iproute2                 # ip netns, for tests/integration/netns_test
@@ -53,17 +54,30 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-if [[ ! -f "$ETCD_API_DIR/.complete" ]]; then
-  echo "tpd setup: unpacking ${ETCD_API_PACKAGES[*]} into $ETCD_API_DIR"
-  SUDO=""
-  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+# Unpacks Debian packages into a folder without installing them: unpack_debs DIR PACKAGE...
+unpack_debs() {
+  local dir=$1
+  shift
+  [[ -f "$dir/.complete" ]] && return 0
+  echo "tpd setup: unpacking $* into $dir"
+  local sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  local download_dir
   download_dir=$(mktemp -d)
-  if ! (cd "$download_dir" && apt-get download -q "${ETCD_API_PACKAGES[@]}"); then
-    $SUDO apt-get update -q
-    (cd "$download_dir" && apt-get download -q "${ETCD_API_PACKAGES[@]}")
+  if ! (cd "$download_dir" && apt-get download -q "$@"); then
+    $sudo apt-get update -q
+    (cd "$download_dir" && apt-get download -q "$@")
   fi
-  $SUDO mkdir -p "$ETCD_API_DIR"
-  for deb in "$download_dir"/*.deb; do $SUDO dpkg -x "$deb" "$ETCD_API_DIR"; done
-  $SUDO touch "$ETCD_API_DIR/.complete"
+  $sudo mkdir -p "$dir"
+  for deb in "$download_dir"/*.deb; do $sudo dpkg -x "$deb" "$dir"; done
+  $sudo touch "$dir/.complete"
   rm -rf "$download_dir"
-fi
+}
+
+unpack_debs "$ETCD_API_DIR" "${ETCD_API_PACKAGES[@]}"
+
+# Prometheus 2.42 (promtool and the server) for tests/integration:metrics_test, unpacked and
+# not installed: the package would enable a Prometheus service on port 9090 of this machine.
+# The tests find them under PROMETHEUS_DIR/usr/bin.
+PROMETHEUS_DIR=/usr/local/share/tpd/prometheus
+unpack_debs "$PROMETHEUS_DIR" prometheus

@@ -548,8 +548,23 @@ void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
                       const absl::Status& status) {
   // An OK status posts an empty reply (a lent device pool's answer).
   if (to == nullptr) return;
+  if (!status.ok()) {
+    const size_t code = static_cast<size_t>(status.code());
+    call_errors_[code < call_errors_.size() ? code
+                                            : static_cast<size_t>(absl::StatusCode::kUnknown)]
+        .fetch_add(1, std::memory_order_relaxed);
+  }
   absl::Status degraded = to->Answer(call_id, status);
   if (!degraded.ok()) Warn(*to, absl::StrCat("answer to call ", call_id), degraded);
+}
+
+std::map<std::string, uint64_t> CallRouter::CallErrors() const {
+  std::map<std::string, uint64_t> errors;
+  for (size_t code = 0; code < call_errors_.size(); ++code) {
+    const uint64_t count = call_errors_[code].load(std::memory_order_relaxed);
+    if (count != 0) errors[absl::StatusCodeToString(static_cast<absl::StatusCode>(code))] = count;
+  }
+  return errors;
 }
 
 void CallRouter::Warn(const Session& session, absl::string_view what, const absl::Status& status) {

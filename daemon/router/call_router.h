@@ -40,6 +40,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -115,6 +116,10 @@ class CallRouter {
   std::vector<SessionCallStats> Stats();
   // Where calls' time went inside this daemon, by stage, since it started.
   std::vector<router::CallTimings::Stage> Latencies() const { return timings_.Read(); }
+  // Calls of this node's sessions that the daemon answered with an error (no such worker,
+  // deadline, a peer lost, a bad descriptor, ...), by code name ("DEADLINE_EXCEEDED"), since
+  // start; codes never seen are left out. A handler's own exception is a reply, not counted.
+  std::map<std::string, uint64_t> CallErrors() const;
   // Graceful stop (FAULTS D3): from now on new calls, local or from other daemons, are
   // refused UNAVAILABLE naming this node; waits until the calls already in flight through
   // this daemon are answered, or `deadline`. Returns how many are left.
@@ -164,6 +169,8 @@ class CallRouter {
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   router::CallTimings timings_;
+  // By absl::StatusCode (0..16): lock-free, so counting costs a failing call one atomic add.
+  std::array<std::atomic<uint64_t>, 17> call_errors_{};
   router::Delivery delivery_;
   router::CudaStaging staging_;
   // Calls delivered to local sessions, until answered; its deadlines are served by timer_.

@@ -91,6 +91,7 @@ const std::vector<std::string>& AllOptions() {
       "etcd.key_file",
       "etcd.call_timeout_ms",
       "etcd.connect_timeout_ms",
+      "metrics.listen_address",
   };
   return *options;
 }
@@ -536,6 +537,30 @@ TEST(ConfigTest, ListenAddressMustBeHostAndAPortUpTo65535) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(status.message(), HasSubstr("peer.listen_address")) << bad;
   }
+}
+
+TEST(ConfigTest, MetricsAreOffByDefaultAndListenOnlyAtAnIpAndPort) {
+  EXPECT_EQ(Config().metrics.listen_address, "") << "no HTTP port unless asked for";
+  absl::StatusOr<Config> config =
+      ParseConfig("[metrics]\nlisten_address = \"127.0.0.1:9477\"\n", "t.toml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->metrics.listen_address, "127.0.0.1:9477");
+  for (const char* good : {"127.0.0.1:0", "0.0.0.0:9477", "[::1]:9477", "[::]:9477"}) {
+    Config c;
+    c.metrics.listen_address = good;
+    EXPECT_TRUE(ValidateConfig(c).ok()) << good << ": " << ValidateConfig(c);
+  }
+  for (const char* bad : {"localhost:9477", "node-a.example:9477", "127.0.0.1", "127.0.0.1:70000",
+                          "[::1]9477", "300.1.1.1:9477"}) {
+    Config c;
+    c.metrics.listen_address = bad;
+    absl::Status status = ValidateConfig(c);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(status.message(), HasSubstr("metrics.listen_address")) << bad;
+    EXPECT_THAT(status.message(), HasSubstr(bad));
+  }
+  EXPECT_THAT(ParseConfig("[metrics]\nport = 9477\n", "t.toml").status().message(),
+              HasSubstr("port"));
 }
 
 TEST(ConfigTest, PeerTrustOptionsParseAndDefault) {
