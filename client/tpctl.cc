@@ -4,6 +4,7 @@
 //   tpctl store set KEY VALUE | get KEY | add KEY DELTA | wait KEY... | check KEY...
 //               | delete KEY | keys
 //   tpctl group list | show GROUP | watch GROUP | join GROUP NAME [--hold]
+//   tpctl drain [--timeout_ms N] [--exit]      (on the operator socket)
 //
 // Output is for people by default and JSON with --json. Exit status: 0 on success, 1 when
 // the daemon answered an error (printed as "tpctl: CODE: message"), 2 on a usage error.
@@ -28,7 +29,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/socket_path.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/admin.grpc.pb.h"
 
 ABSL_FLAG(std::string, socket, "", "daemon socket; default $TPD_SOCKET, then /run/tpd/tpd.sock");
 ABSL_FLAG(bool, json, false, "print JSON instead of text");
@@ -42,6 +47,9 @@ ABSL_FLAG(std::string, device_maps, "",
 ABSL_FLAG(std::string, devices, "", "group join: comma-separated devices, e.g. cuda:0,cuda:1");
 ABSL_FLAG(std::string, transports, "", "group join: comma-separated transports, by priority");
 ABSL_FLAG(std::string, channels, "", "group join: comma-separated channels, by priority");
+ABSL_FLAG(bool, exit, false, "drain: the daemon exits once drained");
+ABSL_FLAG(std::string, operator_socket, "",
+          "drain: the daemon's operator socket; default: the socket's path + \".operator\"");
 ABSL_FLAG(bool, hold, false,
           "group join: stay in the group until stdin closes or SIGTERM/SIGINT, then leave");
 
@@ -65,7 +73,13 @@ constexpr char kUsage[] = R"(tpctl: talk to a tpd daemon.
   tpctl group join GROUP NAME    join (--init_method, --rank, --world_size, --device_maps,
                                  --devices, --transports, --channels, --timeout_ms, --hold)
 
-Flags: --socket PATH, --json, --timeout_ms N, --ns NAMESPACE)";
+  tpctl drain                    take the node out of service: refuse new joins and calls,
+                                 finish those in flight (--timeout_ms, default the daemon's
+                                 shutdown grace), members leave their groups; --exit: then
+                                 stop the daemon. Needs the operator socket (root, the
+                                 daemon's user, [daemon] operator_group)
+
+Flags: --socket PATH, --json, --timeout_ms N, --ns NAMESPACE, --operator_socket PATH)";
 
 int Usage(const std::string& problem) {
   std::cerr << "tpctl: " << problem << "\n\n" << kUsage << "\n";
@@ -139,6 +153,20 @@ void PrintLatencies(const google::protobuf::RepeatedPtrField<tpd::v1::CallLatenc
                                  stage.count(), stage.mean_us(), stage.p50_us(), stage.p90_us(),
                                  stage.p99_us(), stage.max_us());
   }
+}
+
+void PrintDrain(const tpd::v1::DrainStatus& drain) {
+  if (drain.state().empty() || drain.state() == "serving") return;
+  std::cout << "  drain:   " << drain.state() << " (asked by " << drain.requested_by() << ")";
+  if (drain.state() == "drained") {
+    std::cout << " in " << (drain.drained_unix_ms() - drain.started_unix_ms()) << " ms";
+  }
+  std::cout << "; " << drain.calls_in_flight() << " calls in flight, " << drain.members()
+            << " members of this node in groups, " << drain.sessions_open() << " sessions open";
+  if (drain.calls_cut_off() > 0) {
+    std::cout << "; " << drain.calls_cut_off() << " calls cut off at the timeout";
+  }
+  std::cout << "\n";
 }
 
 void PrintCallErrors(const tpd::v1::StatusResponse& status) {
@@ -242,6 +270,7 @@ void PrintSummary(const tpd::v1::StatusResponse& status) {
                     ? "off ([metrics] listen_address)"
                     : absl::StrCat("http://", status.metrics_address(), "/metrics"))
             << "\n"
+            << "  operator socket: " << status.operator_socket() << "\n"
             << "  store:   " << store.num_keys() << " keys, " << store.bytes() << " bytes, "
             << store.waiters() << " waiting calls\n";
   for (const tpd::v1::StoreWriter& writer : store.writers()) {
@@ -369,6 +398,7 @@ int RunStatus(tpd::Client& client) {
   PrintDataPlane(*status);
   PrintLatencies(status->call_latency());
   PrintCallErrors(*status);
+  PrintDrain(status->drain());
   if (status->has_agent()) PrintAgent(status->agent());
   PrintGpus(status->gpus(), status->node().device_count());
   return 0;
@@ -644,15 +674,68 @@ int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
 }
 }  // namespace
 
+// tpctl drain: Admin.Drain on the operator socket, waiting for the end.
+int RunDrain(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("drain takes no arguments");
+  std::string socket = absl::GetFlag(FLAGS_operator_socket);
+  if (socket.empty()) {
+    const std::string main_socket = absl::GetFlag(FLAGS_socket);
+    socket = absl::StrCat(main_socket.empty() ? tpd::DefaultClientSocketPath() : main_socket,
+                          ".operator");
+  }
+  if (access(socket.c_str(), F_OK) != 0) {
+    return Error(
+        absl::NotFoundError(absl::StrCat("no operator socket at ", socket,
+                                         " (is tpd running there? --operator_socket names "
+                                         "another; [daemon] operator_socket sets the daemon's)")));
+  }
+  if (access(socket.c_str(), R_OK | W_OK) != 0) {
+    return Error(absl::PermissionDeniedError(absl::StrCat(
+        "this user may not open the operator socket ", socket,
+        ": draining a node is for root, the daemon's user and [daemon] operator_group")));
+  }
+  tpd::v1::DrainRequest request;
+  request.set_timeout_ms(absl::GetFlag(FLAGS_timeout_ms));
+  request.set_exit(absl::GetFlag(FLAGS_exit));
+  std::unique_ptr<tpd::v1::Admin::Stub> admin = tpd::v1::Admin::NewStub(
+      grpc::CreateChannel(absl::StrCat("unix:", socket), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  // The daemon bounds the drain by the timeout (at most an hour); leaving its members and
+  // ending its sessions come on top.
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(2));
+  tpd::v1::DrainResponse response;
+  const grpc::Status status = admin->Drain(&context, request, &response);
+  if (!status.ok()) {
+    return Error(
+        absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions options;
+    options.add_whitespace = true;
+    options.always_print_primitive_fields = true;
+    options.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(response.drain(), &json, options);
+    std::cout << json;
+    return 0;
+  }
+  PrintDrain(response.drain());
+  if (request.exit()) std::cout << "  the daemon is stopping\n";
+  return 0;
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> args(positional.begin() + 1, positional.end());
   if (args.empty()) return Usage("missing command");
   const std::string& command = args[0];
-  if (command != "status" && command != "health" && command != "store" && command != "group") {
+  if (command != "status" && command != "health" && command != "store" && command != "group" &&
+      command != "drain") {
     return Usage(absl::StrCat("unknown command \"", command, "\""));
   }
+  // A drain opens no session on the node it takes out of service.
+  if (command == "drain") return RunDrain(args);
 
   tpd::ClientOptions options;
   options.name_space = absl::GetFlag(FLAGS_ns);

@@ -121,6 +121,19 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* cont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* context,
+                                              const v1::DrainRequest*, v1::DrainResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status(
+      grpc::StatusCode::PERMISSION_DENIED,
+      absl::StrFormat("Admin.Drain is served only on the operator socket %s (mode %04o%s): "
+                      "connect there as root or the daemon's user%s (tpctl drain does)",
+                      operator_socket_, operator_socket_mode_,
+                      operator_group_.empty() ? "" : absl::StrCat(", group ", operator_group_),
+                      operator_group_.empty() ? "" : ", or as a member of that group")));
+  return reactor;
+}
+
 void AdminService::Fill(v1::StatusResponse* response) const {
   response->set_version(kVersion);
   response->set_pid(getpid());
@@ -188,6 +201,8 @@ void AdminService::Fill(v1::StatusResponse* response) const {
     }
   }
   response->set_metrics_address(metrics_address_);
+  if (drain_ != nullptr) *response->mutable_drain() = drain_->Status();
+  response->set_operator_socket(operator_socket_);
   if (agent_ != nullptr) FillAgent(*agent_, response->mutable_agent());
   if (gpus_ != nullptr) FillGpus(*gpus_, response->mutable_gpus());
   if (cuda_ != nullptr) {

@@ -9,6 +9,8 @@
 #ifndef TPD_DAEMON_ADMIN_SERVICE_H_
 #define TPD_DAEMON_ADMIN_SERVICE_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <string>
 
@@ -17,6 +19,7 @@
 #include "cuda/discovery.h"
 #include "daemon/call_stats.h"
 #include "daemon/config.h"
+#include "daemon/drain.h"
 #include "daemon/group/group_manager.h"
 #include "daemon/in_flight.h"
 #include "daemon/router/call_router.h"
@@ -56,12 +59,24 @@ class AdminService final : public v1::Admin::CallbackService {
   // The snapshot Status answers with; also what /metrics is built from (daemon/metrics.h).
   void Fill(v1::StatusResponse* response) const;
 
+  // The node's drain, whose progress Status shows; set before serving, outlives this.
+  void set_drain(NodeDrain* drain) { drain_ = drain; }
+  // The operator socket (Status names it; Drain here refuses, pointing there).
+  void set_operator_socket(std::string path, mode_t mode, std::string group) {
+    operator_socket_ = std::move(path);
+    operator_socket_mode_ = mode;
+    operator_group_ = std::move(group);
+  }
   // Where /metrics is served (empty: metrics off); set before serving.
   void set_metrics_address(std::string address) { metrics_address_ = std::move(address); }
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
                                    v1::StatusResponse* response) override;
+  // PERMISSION_DENIED: drains are served on the operator socket only (OperatorService).
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const v1::DrainRequest* request,
+                                  v1::DrainResponse* response) override;
 
  private:
   const Config* const config_;
@@ -81,6 +96,10 @@ class AdminService final : public v1::Admin::CallbackService {
   CudaCopies* cuda_ = nullptr;
   std::string cuda_unavailable_;
   std::string metrics_address_;
+  NodeDrain* drain_ = nullptr;
+  std::string operator_socket_;
+  mode_t operator_socket_mode_ = 0600;
+  std::string operator_group_;
 };
 
 }  // namespace tpd

@@ -198,6 +198,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view toml_text, absl::string_vie
     for (absl::Status status :
          {reader.String("socket", &config.socket_path), reader.String("socket_mode", &mode),
           reader.String("socket_group", &config.socket_group),
+          reader.String("operator_socket", &config.operator_socket),
+          reader.String("operator_group", &config.operator_group),
           reader.String("log_level", &config.log_level),
           reader.Millis("shutdown_grace_ms", &config.shutdown_grace), reader.NoUnknownKeys()}) {
       if (!status.ok()) return status;

@@ -237,6 +237,11 @@ struct Config {
   mode_t socket_mode = 0660;
   // Group that owns the socket file, so its members may connect; empty keeps the daemon's.
   std::string socket_group;
+  // The operator socket, where Admin.Drain is served (and Status, for operators): empty
+  // means the socket's path with ".operator" appended. Mode 0600 (root and the daemon's
+  // user), 0660 with operator_group, which then owns it.
+  std::string operator_socket;
+  std::string operator_group;
   // spdlog level name: trace, debug, info, warn, error, critical, off.
   std::string log_level = "info";
   // How long in-flight calls get to finish after SIGTERM before they are cancelled.

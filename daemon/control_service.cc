@@ -22,8 +22,6 @@ class WatchSink : public group::GroupWatcher {
   std::shared_ptr<StreamSink<v1::GroupEvent>> sink_;
 };
 
-const grpc::Status kShuttingDown(grpc::StatusCode::UNAVAILABLE, "the tpd daemon is shutting down");
-
 // UserSecretRequest.purpose: a label, not data.
 constexpr size_t kMaxUserSecretPurposeBytes = 256;
 
@@ -33,14 +31,17 @@ ControlService::ControlService(group::GroupManager* groups, CallStats* stats,
                                const GroupConfig& limits, int64_t max_open_sessions)
     : groups_(groups), stats_(stats), limits_(limits), max_open_sessions_(max_open_sessions) {}
 
-void ControlService::CloseStreams() {
-  std::map<int64_t, std::function<void()>> streams;
+void ControlService::CloseStreams(std::string why) {
+  std::map<int64_t, std::function<void(const grpc::Status&)>> streams;
+  grpc::Status status;
   {
     absl::MutexLock lock(&mu_);
+    if (!closed_) closed_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::move(why));
     closed_ = true;
+    status = closed_status_;
     streams = std::move(streams_);
   }
-  for (auto& [id, close] : streams) close();
+  for (auto& [id, close] : streams) close(status);
 }
 
 bool ControlService::SessionOpen(const std::string& session_id) {
@@ -94,12 +95,14 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
   const std::string handle = SessionHandle(id);
   int64_t stream;
   bool closed;
+  grpc::Status closed_status;
   {
     absl::MutexLock lock(&mu_);
     closed = closed_;
+    closed_status = closed_status_;
     stream = next_stream_++;
     if (!closed) {
-      streams_[stream] = [sink] { sink->Close(kShuttingDown); };
+      streams_[stream] = [sink](const grpc::Status& status) { sink->Close(status); };
       sessions_[id] = [sink](const grpc::Status& status) { sink->Close(status); };
     }
   }
@@ -127,7 +130,7 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
   event.set_data_socket(data_socket_);
   event.set_session_handle(handle);
   sink->Send(std::move(event));
-  if (closed) sink->Close(kShuttingDown);
+  if (closed) sink->Close(closed_status);
   stats_->Record("OpenSession", absl::OkStatus());
   return reactor;
 }
@@ -258,12 +261,16 @@ grpc::ServerWriteReactor<v1::GroupEvent>* ControlService::WatchGroup(
   std::shared_ptr<group::GroupWatcher> watcher;
   int64_t stream = -1;
   bool closed = false;
+  grpc::Status closed_status;
   if (tracker.ok()) {
     watcher = std::make_shared<WatchSink>(sink);
     absl::MutexLock lock(&mu_);
     closed = closed_;
+    closed_status = closed_status_;
     stream = next_stream_++;
-    if (!closed) streams_[stream] = [sink] { sink->Close(kShuttingDown); };
+    if (!closed) {
+      streams_[stream] = [sink](const grpc::Status& status) { sink->Close(status); };
+    }
   }
   auto* reactor =
       new StreamReactor<v1::GroupEvent>(sink, nullptr, [this, tracker, watcher, stream] {
@@ -275,7 +282,7 @@ grpc::ServerWriteReactor<v1::GroupEvent>* ControlService::WatchGroup(
   if (!tracker.ok()) {
     sink->Close(ToGrpcStatus(tracker.status()));
   } else if (closed) {
-    sink->Close(kShuttingDown);
+    sink->Close(closed_status);
   } else {
     (*tracker)->AddWatcher(watcher);
   }

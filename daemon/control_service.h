@@ -28,9 +28,10 @@ class ControlService final : public v1::Control::CallbackService {
   ControlService(group::GroupManager* groups, CallStats* stats, const GroupConfig& limits,
                  int64_t max_open_sessions);
 
-  // Ends every open session and watch stream with UNAVAILABLE (daemon shutdown), so no
-  // stream holds the drain of in-flight calls for the whole grace period.
-  void CloseStreams();
+  // Ends every open session and watch stream with UNAVAILABLE and `why` (shutdown, a
+  // drain), so no stream holds the drain of in-flight calls for the whole grace period;
+  // streams opened later end at once the same way. The first reason stays.
+  void CloseStreams(std::string why = "the tpd daemon is shutting down");
 
   // Whether `session_id` names a session whose stream is open.
   bool SessionOpen(const std::string& session_id);
@@ -80,8 +81,9 @@ class ControlService final : public v1::Control::CallbackService {
 
   absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status closed_status_ ABSL_GUARDED_BY(mu_);  // what streams end with once closed_
   // Closers of the open streams.
-  std::map<int64_t, std::function<void()>> streams_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::function<void(const grpc::Status&)>> streams_ ABSL_GUARDED_BY(mu_);
   int64_t next_stream_ ABSL_GUARDED_BY(mu_) = 0;
   // Open sessions: session id -> closer of its stream.
   std::map<std::string, std::function<void(const grpc::Status&)>> sessions_ ABSL_GUARDED_BY(mu_);

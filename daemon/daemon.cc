@@ -1,6 +1,7 @@
 #include "daemon/daemon.h"
 
 #include <grp.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -383,6 +384,8 @@ absl::Status Daemon::Serve() {
                                                   &in_flight_, peer_address_, groups_.get());
 
   if (absl::Status status = ServeData(); !status.ok()) return status;
+  drain_ = std::make_unique<NodeDrain>(DrainSteps());
+  admin_service_->set_drain(drain_.get());
   if (!config_.metrics.listen_address.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
         MetricsServer::Start(config_.metrics.listen_address, [admin = admin_service_.get()] {
@@ -422,10 +425,44 @@ absl::Status Daemon::Serve() {
     server_->Shutdown();
     return status;
   }
+  if (absl::Status status = ServeOperators(); !status.ok()) {
+    server_->Shutdown();
+    return status;
+  }
   serving_ = true;
   server_->GetHealthCheckService()->SetServingStatus(true);
   DaemonLog().info("[socket {}] tpd {} serving (pid {}, mode {:04o})", socket_path_, kVersion,
                    getpid(), config_.socket_mode);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::ServeOperators() {
+  operator_socket_ = config_.operator_socket.empty() ? absl::StrCat(socket_path_, ".operator")
+                                                     : config_.operator_socket;
+  const mode_t mode = config_.operator_group.empty() ? 0600 : 0660;
+  admin_service_->set_operator_socket(operator_socket_, mode, config_.operator_group);
+  // Only processes that can open the file reach this server: Drain is theirs. Its exit is
+  // SIGTERM to this process, which main() waits for: the stop it would be from systemd.
+  operator_service_ = std::make_unique<OperatorService>(
+      admin_service_.get(), drain_.get(), config_.shutdown_grace, [] { kill(getpid(), SIGTERM); });
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", operator_socket_),
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(operator_service_.get());
+  in_flight_.Install(&builder);
+  const mode_t old_umask = umask(0177);
+  operator_server_ = builder.BuildAndStart();
+  umask(old_umask);
+  if (operator_server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot serve on the operator socket ",
+                                               operator_socket_, " (see the gRPC error above)"));
+  }
+  if (absl::Status status = SetSocketOwnership(operator_socket_, mode, config_.operator_group);
+      !status.ok()) {
+    operator_server_->Shutdown();
+    operator_server_.reset();
+    return absl::Status(status.code(), absl::StrCat("[daemon] operator_group: ", status.message()));
+  }
   return absl::OkStatus();
 }
 
@@ -533,6 +570,44 @@ absl::Status Daemon::ServeData() {
   return absl::OkStatus();
 }
 
+NodeDrain::Steps Daemon::DrainSteps() {
+  // The words of errors that refuse work meanwhile: a stop keeps those users know.
+  auto why = [](const std::string& requested_by, bool calls) -> std::string {
+    if (requested_by != "SIGTERM") return "is draining (tpctl drain)";
+    return calls ? "is stopping" : "is shutting down";
+  };
+  NodeDrain::Steps steps;
+  // Calls in flight are answered before members leave, so peers can still reach them; new
+  // joins and calls are refused meanwhile, naming the node and why.
+  steps.finish_calls = [this, why](absl::Time deadline, const std::string& requested_by) {
+    serving_ = false;
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    groups_->StopJoins(absl::StrCat("the tpd daemon on node ", groups_->node().name, " ",
+                                    why(requested_by, false), " and takes no new joins"));
+    return calls_->Drain(deadline, why(requested_by, true));
+  };
+  // Members leave explicitly (other daemons see LEFT, not a late eviction), then the streams
+  // of sessions and watches end.
+  steps.leave = [this, why](const std::string& requested_by) {
+    const std::string reason = absl::StrCat("the tpd daemon on node ", groups_->node().name, " ",
+                                            why(requested_by, false));
+    groups_->Shutdown(reason);
+    control_service_->CloseStreams(reason);
+  };
+  steps.progress = [this] {
+    NodeDrain::Progress progress;
+    progress.calls_in_flight = static_cast<int64_t>(calls_->CallsInFlight());
+    for (const v1::GroupView& group : groups_->ListGroups()) {
+      for (const v1::Member& member : group.members()) {
+        if (member.node() == groups_->node().name) ++progress.members;
+      }
+    }
+    progress.sessions_open = groups_->SessionCount();
+    return progress;
+  };
+  return steps;
+}
+
 void Daemon::Shutdown() {
   if (server_ == nullptr) {
     if (peer_server_ != nullptr) peer_server_->Shutdown(absl::ToChronoTime(absl::Now()));
@@ -540,32 +615,22 @@ void Daemon::Shutdown() {
   }
   DaemonLog().info("[socket {}] shutting down: health NOT_SERVING, {} grace for in-flight calls",
                    socket_path_, absl::FormatDuration(config_.shutdown_grace));
-  serving_ = false;
-  server_->GetHealthCheckService()->SetServingStatus(false);
-  // Calls in flight are answered before members leave, so peers can still reach them; new
-  // ones are refused meanwhile.
   const absl::Time grace_end = absl::Now() + config_.shutdown_grace;
-  if (const size_t left = calls_->Drain(grace_end); left > 0) {
-    DaemonLog().warn(
-        "[socket {}] {} calls still in flight after the grace period; they are "
-        "answered UNAVAILABLE",
-        socket_path_, left);
-  }
-  // Members leave explicitly (other daemons see LEFT, not a late eviction), then the streams
-  // of sessions and watches end, then the store's waiters.
-  groups_->Shutdown();
-  control_service_->CloseStreams();
+  // The drain's steps (DrainSteps), unless an Admin.Drain took them already: then this waits
+  // for that drain to end.
+  drain_->RequestAndWait("SIGTERM", config_.shutdown_grace);
   store_.Shutdown();
   if (!in_flight_.WaitIdle(grace_end)) {
     DaemonLog().warn("[socket {}] cancelling {} calls still in flight after the grace period",
                      socket_path_, in_flight_.count());
   }
-  for (std::unique_ptr<grpc::Server>* server : {&peer_server_, &server_}) {
+  for (std::unique_ptr<grpc::Server>* server : {&peer_server_, &operator_server_, &server_}) {
     if (*server == nullptr) continue;
     (*server)->Shutdown(absl::ToChronoTime(absl::Now()));
     (*server)->Wait();
     server->reset();
   }
+  unlink(operator_socket_.c_str());
   // Scrapes end while what they read is still there.
   metrics_.reset();
   // Sessions detach (their calls are answered UNAVAILABLE, remote callers included), the

@@ -21,9 +21,11 @@
 #include "daemon/client_store.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
+#include "daemon/drain.h"
 #include "daemon/group/group_manager.h"
 #include "daemon/in_flight.h"
 #include "daemon/metrics.h"
+#include "daemon/operator_service.h"
 #include "daemon/peer_auth.h"
 #include "daemon/router/call_router.h"
 #include "daemon/router/data_socket.h"
@@ -68,6 +70,11 @@ class Daemon {
   // Reads the peer TLS files the config names (none: plaintext); errors name the field.
   absl::Status LoadPeerTls();
   absl::Status Serve();
+  // The operator socket: Admin (Status, Drain) for root, the daemon's user and
+  // [daemon] operator_group. REQUIRES: admin_service_ built.
+  absl::Status ServeOperators();
+  // NodeDrain's steps over this daemon's parts; `requested_by` "SIGTERM" is a stop.
+  NodeDrain::Steps DrainSteps();
   absl::Status ServePeers();
   // Starts the TensorPipe agent beside the peer port (none without one).
   absl::Status StartAgent();
@@ -114,12 +121,18 @@ class Daemon {
   // session-end hooks find it (a no-op then).
   std::unique_ptr<DataSocket> data_socket_;
   std::unique_ptr<grpc::Server> server_;
+  // The operator socket's server (Admin with Drain allowed) and its service.
+  std::string operator_socket_;
+  std::unique_ptr<OperatorService> operator_service_;
+  std::unique_ptr<grpc::Server> operator_server_;
   std::unique_ptr<grpc::Server> peer_server_;
   std::string peer_address_;
   // PEM text of [peer] tls_cert_file, tls_key_file and tls_ca_file; empty without TLS.
   std::string tls_cert_;
   std::string tls_key_;
   std::string tls_ca_;
+  // Admin.Drain and SIGTERM; its steps use the members above, so it goes first.
+  std::unique_ptr<NodeDrain> drain_;
 };
 
 }  // namespace tpd

@@ -46,13 +46,19 @@ GroupManager::StoreEntry::~StoreEntry() {
 
 GroupManager::~GroupManager() { Shutdown(); }
 
-void GroupManager::Shutdown() {
+void GroupManager::StopJoins(std::string why) {
+  absl::MutexLock lock(&mu_);
+  if (joins_refused_why_.empty()) joins_refused_why_ = std::move(why);
+}
+
+void GroupManager::Shutdown(std::string why) {
   std::vector<std::shared_ptr<GroupTracker>> live;
   std::vector<std::shared_ptr<StoreEntry>> stores;
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return;
     shut_down_ = true;
+    shut_down_why_ = std::move(why);
     sessions_.clear();
     for (auto& [name, entry] : trackers_) live.push_back(entry.tracker);
     for (auto& [name, weak] : stores_) {
@@ -320,7 +326,7 @@ absl::Status GroupManager::CheckSessionGroups(const std::string& session_id,
 
 absl::Status GroupManager::CheckSession(const std::string& session_id) {
   absl::MutexLock lock(&mu_);
-  if (shut_down_) return absl::UnavailableError("the tpd daemon is shutting down");
+  if (shut_down_) return absl::UnavailableError(shut_down_why_);
   if (sessions_.count(session_id) == 0) {
     return absl::FailedPreconditionError(
         "unknown or ended session: open one with Control.OpenSession and keep its stream open");
@@ -354,7 +360,7 @@ absl::StatusOr<std::shared_ptr<GroupManager::StoreEntry>> GroupManager::StoreFor
   if (!worker.ok()) return worker.status();
   entry->worker = *std::move(worker);
   absl::MutexLock lock(&mu_);
-  if (shut_down_) return absl::UnavailableError("the tpd daemon is shutting down");
+  if (shut_down_) return absl::UnavailableError(shut_down_why_);
   // Another join may have opened the same store meanwhile: keep the first.
   std::weak_ptr<StoreEntry>& slot = stores_[name];
   if (std::shared_ptr<StoreEntry> first = slot.lock()) return first;
@@ -374,7 +380,7 @@ absl::StatusOr<std::shared_ptr<GroupManager::StoreEntry>> GroupManager::StoreFor
 
 absl::StatusOr<std::shared_ptr<GroupTracker>> GroupManager::TrackerFor(
     const std::string& group, std::shared_ptr<StoreEntry> entry, std::optional<int64_t> uid) {
-  if (shut_down_) return absl::UnavailableError("the tpd daemon is shutting down");
+  if (shut_down_) return absl::UnavailableError(shut_down_why_);
   auto it = trackers_.find(group);
   if (it != trackers_.end()) {
     if (it->second.store_name != entry->name) {
@@ -453,6 +459,13 @@ void GroupManager::Join(const v1::JoinRequest& request, GroupTracker::JoinDone d
   if (absl::Status status = CheckSession(request.session_id()); !status.ok()) {
     done(status);
     return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!joins_refused_why_.empty()) {
+      done(absl::UnavailableError(joins_refused_why_));
+      return;
+    }
   }
   JoinSpec spec;
   {

@@ -139,8 +139,12 @@ class GroupManager {
   // Other nodes seen in this daemon's groups, with when their heartbeat last changed.
   std::map<std::string, absl::Time> PeerHeartbeats();
 
-  // Members leave explicitly, trackers stop, the heartbeat stops. Idempotent.
-  void Shutdown();
+  // From now on Join is refused UNAVAILABLE with `why` (a drain: "the tpd daemon on node X
+  // is draining"); members already joined stay until Shutdown.
+  void StopJoins(std::string why);
+  // Members leave explicitly, trackers stop, the heartbeat stops; later calls are refused
+  // UNAVAILABLE with `why`. Idempotent: the first reason stays.
+  void Shutdown(std::string why = "the tpd daemon is shutting down");
 
   const Node& node() const { return node_; }
 
@@ -204,6 +208,8 @@ class GroupManager {
   std::map<std::string, std::weak_ptr<StoreEntry>> stores_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, TrackerEntry> trackers_ ABSL_GUARDED_BY(mu_);  // by group name
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::string shut_down_why_ ABSL_GUARDED_BY(mu_);
+  std::string joins_refused_why_ ABSL_GUARDED_BY(mu_);  // empty while joins are admitted
 
   absl::Notification stop_reaper_;
   std::thread reaper_;

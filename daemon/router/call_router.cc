@@ -105,7 +105,7 @@ absl::Status CallRouter::Attach(const std::string& session_id, uid_t uid, gid_t 
   session->cuda_allowed = CheckGpuAccess(uid, options_.device_dir);
   if (options_.cuda != nullptr) session->cuda = options_.cuda->NewSession(session->handle);
   absl::MutexLock lock(&mu_);
-  if (stopping_) return StoppingError();
+  if (stopping_) return StoppingErrorLocked();
   // Past a pids limit (or RLIMIT_NPROC) the start throws; the daemon refuses this session and
   // keeps serving the others.
   try {
@@ -176,9 +176,10 @@ std::vector<SessionCallStats> CallRouter::Stats() {
 
 agent::Handler CallRouter::AgentHandler() { return remote_.Handler(); }
 
-size_t CallRouter::Drain(absl::Time deadline) {
+size_t CallRouter::Drain(absl::Time deadline, std::string why) {
   {
     absl::MutexLock lock(&mu_);
+    if (!draining_) draining_why_ = std::move(why);
     draining_ = true;
   }
   // No new call starts now: what is in flight only ends.
@@ -187,14 +188,22 @@ size_t CallRouter::Drain(absl::Time deadline) {
   return pending_.size() + remote;
 }
 
+size_t CallRouter::CallsInFlight() { return pending_.size() + remote_.calls().size(); }
+
 bool CallRouter::draining() {
   absl::MutexLock lock(&mu_);
   return draining_;
 }
 
-absl::Status CallRouter::StoppingError() const {
-  return absl::UnavailableError(absl::StrCat("the tpd daemon on node ", options_.node,
-                                             " is stopping and takes no new calls"));
+absl::Status CallRouter::StoppingError() {
+  absl::MutexLock lock(&mu_);
+  return StoppingErrorLocked();
+}
+
+absl::Status CallRouter::StoppingErrorLocked() {
+  return absl::UnavailableError(absl::StrCat("the tpd daemon on node ", options_.node, " ",
+                                             draining_why_.empty() ? "is stopping" : draining_why_,
+                                             " and takes no new calls"));
 }
 
 void CallRouter::Serve(std::shared_ptr<Session> session) {

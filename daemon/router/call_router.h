@@ -120,10 +120,13 @@ class CallRouter {
   // deadline, a peer lost, a bad descriptor, ...), by code name ("DEADLINE_EXCEEDED"), since
   // start; codes never seen are left out. A handler's own exception is a reply, not counted.
   std::map<std::string, uint64_t> CallErrors() const;
-  // Graceful stop (FAULTS D3): from now on new calls, local or from other daemons, are
-  // refused UNAVAILABLE naming this node; waits until the calls already in flight through
-  // this daemon are answered, or `deadline`. Returns how many are left.
-  size_t Drain(absl::Time deadline);
+  // Graceful stop (FAULTS D3) or a drain: from now on new calls, local or from other
+  // daemons, are refused UNAVAILABLE naming this node and `why` ("is stopping", "is
+  // draining (tpctl drain)"); waits until the calls already in flight through this daemon
+  // are answered, or `deadline`. Returns how many are left. The first reason stays.
+  size_t Drain(absl::Time deadline, std::string why = "is stopping");
+  // Calls through this daemon awaiting their replies now, local and to other daemons.
+  size_t CallsInFlight();
   // Stops every thread and answers what is pending; the agent must stop calling in first.
   void Shutdown();
 
@@ -161,7 +164,8 @@ class CallRouter {
   // `p` passed its deadline with no reply (the timer thread).
   void OnDeadline(const Pending& p);
   // UNAVAILABLE: this daemon is draining.
-  absl::Status StoppingError() const;
+  absl::Status StoppingError() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status StoppingErrorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool draining();
 
   const CallRouterOptions options_;
@@ -179,6 +183,7 @@ class CallRouter {
   router::Remote remote_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::string draining_why_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> last_peer_id_{0};  // Session::peer_id
   // Session threads spinning through a call of their client, or a handler of it (Serve), at
   // most max_call_spinners_ at once: each holds a core while it spins.

@@ -492,4 +492,9 @@ size_t RemoteCalls::AwaitNone(absl::Time deadline) {
   return calls_.size();
 }
 
+size_t RemoteCalls::size() {
+  absl::MutexLock lock(&mu_);
+  return calls_.size();
+}
+
 }  // namespace tpd::router

@@ -116,6 +116,7 @@ class RemoteCalls {
   void DropSession(const std::string& session_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until no call is left or `deadline`; returns how many are left.
   size_t AwaitNone(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  size_t size() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Mutex mu_;

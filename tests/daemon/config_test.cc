@@ -31,6 +31,8 @@ const std::vector<std::string>& AllOptions() {
       "daemon.socket",
       "daemon.socket_mode",
       "daemon.socket_group",
+      "daemon.operator_socket",
+      "daemon.operator_group",
       "daemon.log_level",
       "daemon.shutdown_grace_ms",
       "store.default_timeout_ms",

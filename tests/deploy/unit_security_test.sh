@@ -10,6 +10,7 @@ set -uo pipefail
 readonly MAX_EXPOSURE="3.0"
 unit_src="${TEST_SRCDIR}/${TEST_WORKSPACE}/deploy/tpd.service"
 tpd_bin="${TEST_SRCDIR}/${TEST_WORKSPACE}/daemon/tpd"
+tpctl_bin="${TEST_SRCDIR}/${TEST_WORKSPACE}/client/tpctl"
 xml="${XML_OUTPUT_FILE:-/dev/null}"
 failures=0
 cases=""
@@ -41,11 +42,13 @@ if ! command -v systemd-analyze >/dev/null 2>&1 ||
   finish
 fi
 
-# Analyse a copy whose ExecStart names the tpd just built, so verify can check the binary.
+# Analyse a copy whose ExecStart and ExecStop name the tpd and tpctl just built, so verify can
+# check the binaries.
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 unit="$work/tpd.service"
-sed "s|^ExecStart=/usr/local/bin/tpd |ExecStart=${tpd_bin} |" "$unit_src" > "$unit"
+sed -e "s|^ExecStart=/usr/local/bin/tpd |ExecStart=${tpd_bin} |" \
+    -e "s|^ExecStop=-/usr/local/bin/tpctl |ExecStop=-${tpctl_bin} |" "$unit_src" > "$unit"
 
 security="$(systemd-analyze security --offline=true "$unit" 2>&1)"
 score="$(printf '%s\n' "$security" | sed -n 's/.*Overall exposure level for tpd.service: \([0-9.]*\).*/\1/p')"
