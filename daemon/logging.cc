@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/journal_sink.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 
 namespace tpd {
@@ -18,12 +19,20 @@ absl::Status InitLogging(const std::string& level) {
   if (parsed == spdlog::level::off && level != "off") {
     return absl::InvalidArgumentError(absl::StrCat("unknown log level \"", level, "\""));
   }
-  auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  // Under systemd the journal gets entries with priorities and fields (journal_sink.h); a
+  // terminal or a file gets lines with their time and level.
+  const bool journal = StderrIsJournal();
+  spdlog::sink_ptr sink;
+  if (journal) {
+    sink = std::make_shared<JournalSink>();
+  } else {
+    sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  }
   for (const char* name : kComponents) {
     spdlog::drop(name);
     auto logger = std::make_shared<spdlog::logger>(name, sink);
     logger->set_level(parsed);
-    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ [%n] %v");
+    if (!journal) logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ [%n] %v");
     spdlog::register_logger(logger);
   }
   return absl::OkStatus();
