@@ -29,6 +29,7 @@ PACKAGES=(
   binutils                 # nm: tests/python checks what libtpd_client.so exports
   git clang-format python3-flake8  # tools/lint.sh: the style .clang-format and .flake8 declare
   clang-tidy               # tools/tidy.sh: the checks .clang-tidy declares
+  dpkg-dev lintian man-db  # tools/package.sh's .deb (dpkg-shlibdeps) and its checks
 )
 
 # etcd's v3 API (.proto files) for store/etcd, from Debian's Go source packages. Installing
