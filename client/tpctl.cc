@@ -5,6 +5,7 @@
 //               | delete KEY | keys
 //   tpctl group list | show GROUP | watch GROUP | join GROUP NAME [--hold]
 //   tpctl drain [--timeout_ms N] [--exit]      (on the operator socket)
+//   tpctl doctor                               (exit 1 on a problem)
 //
 // Output is for people by default and JSON with --json. Exit status: 0 on success, 1 when
 // the daemon answered an error (printed as "tpctl: CODE: message"), 2 on a usage error.
@@ -29,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/doctor.h"
 #include "client/socket_path.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/create_channel.h"
@@ -78,6 +80,9 @@ constexpr char kUsage[] = R"(tpctl: talk to a tpd daemon.
                                  shutdown grace), members leave their groups; --exit: then
                                  stop the daemon. Needs the operator socket (root, the
                                  daemon's user, [daemon] operator_group)
+
+  tpctl doctor                   what stands in the way on this node, each finding with what
+                                 to do (exit 1 on a problem)
 
 Flags: --socket PATH, --json, --timeout_ms N, --ns NAMESPACE, --operator_socket PATH)";
 
@@ -674,6 +679,42 @@ int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
 }
 }  // namespace
 
+// tpctl doctor: the findings, one line each (with the fix on the next), or JSON.
+int RunDoctor(tpd::Client& client) {
+  absl::StatusOr<tpd::v1::StatusResponse> status = client.Status();
+  if (!status.ok()) return Error(status.status());
+  const std::vector<tpd::Finding> findings = tpd::Diagnose(*status, absl::Now());
+  int problems = 0;
+  int warnings = 0;
+  for (const tpd::Finding& finding : findings) {
+    problems += finding.level == tpd::Finding::Level::kProblem;
+    warnings += finding.level == tpd::Finding::Level::kWarning;
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::vector<std::string> items;
+    for (const tpd::Finding& finding : findings) {
+      items.push_back(absl::StrCat(
+          "{\"check\": ", Json(finding.check), ", \"level\": ", Json(tpd::LevelName(finding.level)),
+          ", \"detail\": ", Json(finding.detail), ", \"fix\": ", Json(finding.fix), "}"));
+    }
+    std::cout << "{\"node\": " << Json(status->node().name()) << ", \"problems\": " << problems
+              << ", \"warnings\": " << warnings << ", \"findings\": [\n  "
+              << absl::StrJoin(items, ",\n  ") << "\n]}\n";
+  } else {
+    std::cout << "tpd " << status->version() << " on node " << status->node().name() << " ("
+              << status->socket_path() << ")\n";
+    for (const tpd::Finding& finding : findings) {
+      std::cout << absl::StrFormat("  %-8s %-22s %s\n", tpd::LevelName(finding.level),
+                                   finding.check, finding.detail);
+      if (!finding.fix.empty() && finding.level != tpd::Finding::Level::kOk) {
+        std::cout << absl::StrFormat("  %-8s %-22s fix: %s\n", "", "", finding.fix);
+      }
+    }
+    std::cout << problems << " problems, " << warnings << " warnings\n";
+  }
+  return problems > 0 ? 1 : 0;
+}
+
 // tpctl drain: Admin.Drain on the operator socket, waiting for the end.
 int RunDrain(const std::vector<std::string>& args) {
   if (args.size() != 1) return Usage("drain takes no arguments");
@@ -731,7 +772,7 @@ int main(int argc, char** argv) {
   if (args.empty()) return Usage("missing command");
   const std::string& command = args[0];
   if (command != "status" && command != "health" && command != "store" && command != "group" &&
-      command != "drain") {
+      command != "drain" && command != "doctor") {
     return Usage(absl::StrCat("unknown command \"", command, "\""));
   }
   // A drain opens no session on the node it takes out of service.
@@ -745,6 +786,8 @@ int main(int argc, char** argv) {
 
   if (command == "status")
     return args.size() == 1 ? RunStatus(**client) : Usage("status takes no arguments");
+  if (command == "doctor")
+    return args.size() == 1 ? RunDoctor(**client) : Usage("doctor takes no arguments");
   if (command == "health")
     return args.size() == 1 ? RunHealth(**client) : Usage("health takes no arguments");
   if (command == "group") return RunGroup(**client, {args.begin() + 1, args.end()});

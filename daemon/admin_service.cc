@@ -6,7 +6,9 @@
 #include <map>
 
 #include "absl/strings/str_format.h"
+#include "daemon/process_stats.h"
 #include "daemon/router/session_handle.h"
+#include "daemon/session_limits.h"
 #include "daemon/version.h"
 
 namespace tpd {
@@ -203,6 +205,16 @@ void AdminService::Fill(v1::StatusResponse* response) const {
   response->set_metrics_address(metrics_address_);
   if (drain_ != nullptr) *response->mutable_drain() = drain_->Status();
   response->set_operator_socket(operator_socket_);
+  v1::NodeLimits* limits = response->mutable_limits();
+  const MachineFacts machine = ReadMachineFacts();
+  limits->set_open_file_limit(machine.open_files);
+  limits->set_open_files_needed(config_->data.max_sessions * kFilesPerSession + kFilesKept);
+  limits->set_open_files(static_cast<int64_t>(SampleThisProcess().open_fds));
+  limits->set_memory_bytes(machine.memory_bytes);
+  limits->set_memlock_limit_bytes(MemlockLimit());
+  const PtraceFacts ptrace = ReadPtraceFacts();
+  limits->set_yama_ptrace_scope(ptrace.yama_scope);
+  limits->set_cap_sys_ptrace(ptrace.cap_sys_ptrace);
   if (agent_ != nullptr) FillAgent(*agent_, response->mutable_agent());
   if (gpus_ != nullptr) FillGpus(*gpus_, response->mutable_gpus());
   if (cuda_ != nullptr) {
@@ -256,6 +268,7 @@ void AdminService::Fill(v1::StatusResponse* response) const {
   config->set_data_share_memory(config_->data.share_memory);
   config->set_data_max_shared_memory_bytes(config_->data.max_shared_memory_bytes);
   config->set_data_sessions_kept_free(config_->data.sessions_kept_free);
+  config->set_peer_heartbeat_timeout_ms(absl::ToInt64Milliseconds(config_->peer.heartbeat_timeout));
 
   const store::MemoryStoreStats stats = store_->Stats();
   v1::StoreStats* store = response->mutable_store();

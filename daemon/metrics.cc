@@ -1,22 +1,11 @@
 #include "daemon/metrics.h"
 
-#include <dirent.h>
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdio>
 #include <exception>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/string_view.h"
-#include "absl/time/clock.h"
 
 namespace tpd {
 namespace {
@@ -275,47 +264,6 @@ const std::vector<double>& StageBucketBounds() {
       1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
       1e-2, 2.5e-2, 5e-2, 0.1,  0.25,   0.5,  1,    2.5,    5,    10,   30,     60};
   return *bounds;
-}
-
-ProcessSample SampleThisProcess() {
-  ProcessSample sample;
-  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
-  // /proc/self/stat: the fields after the command name's closing parenthesis, from field 3.
-  std::ifstream stat_file("/proc/self/stat");
-  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
-  if (const size_t paren = stat.rfind(')'); paren != std::string::npos) {
-    std::vector<absl::string_view> fields =
-        absl::StrSplit(absl::string_view(stat).substr(paren + 2), ' ');
-    auto field = [&](size_t number) {  // as proc(5) numbers them
-      double value = 0;
-      if (number >= 3 && number - 3 < fields.size()) {
-        (void)absl::SimpleAtod(fields[number - 3], &value);
-      }
-      return value;
-    };
-    sample.cpu_seconds = (field(14) + field(15)) / ticks;
-    sample.threads = field(20);
-    sample.virtual_bytes = field(23);
-    sample.resident_bytes = field(24) * page;
-    // Boot time plus the start in ticks since boot.
-    std::ifstream uptime_file("/proc/uptime");
-    double uptime = 0;
-    if (uptime_file >> uptime) {
-      sample.start_time_seconds = absl::ToUnixSeconds(absl::Now()) - uptime + field(22) / ticks;
-    }
-  }
-  if (DIR* fds = opendir("/proc/self/fd")) {
-    int count = 0;
-    while (const dirent* entry = readdir(fds)) {
-      if (entry->d_name[0] != '.') ++count;
-    }
-    closedir(fds);
-    sample.open_fds = count - 1;  // not the one opendir holds
-  }
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) sample.max_fds = static_cast<double>(limit.rlim_cur);
-  return sample;
 }
 
 std::vector<MetricFamily> StatusMetrics(const v1::StatusResponse& status,

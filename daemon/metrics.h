@@ -20,25 +20,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/process_stats.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
 #include "proto/admin.pb.h"
 
 namespace tpd {
-
-// What the kernel says about this process (/proc/self), for the `process_*` families every
-// Prometheus client exports.
-struct ProcessSample {
-  double cpu_seconds = 0;
-  double resident_bytes = 0;
-  double virtual_bytes = 0;
-  double open_fds = 0;
-  double max_fds = 0;
-  double threads = 0;
-  double start_time_seconds = 0;  // Unix time
-};
-ProcessSample SampleThisProcess();
 
 // The families of one Status snapshot and one process sample, in a stable order.
 std::vector<prometheus::MetricFamily> StatusMetrics(const v1::StatusResponse& status,

@@ -169,6 +169,10 @@ TEST_F(DrainTest, RunningCallsFinishNewOnesAreRefusedAndMembersLeave) {
       RunProcess({RunfilePath("client/tpctl"), "--socket", nodes_.socket(0), "status"});
   EXPECT_THAT(status.output, HasSubstr("drain:   drained (asked by Admin.Drain)"));
   EXPECT_THAT(status.output, HasSubstr("NOT_SERVING"));
+  const testing::ProcessResult doctor =
+      RunProcess({RunfilePath("client/tpctl"), "--socket", nodes_.socket(0), "doctor"});
+  EXPECT_EQ(doctor.exit_code, 1) << "a drained node is a problem: " << doctor.output;
+  EXPECT_THAT(doctor.output, HasSubstr("PROBLEM  serving"));
 }
 
 TEST_F(DrainTest, TheClientsSocketRefusesDrainNamingTheOperatorSocket) {

@@ -196,6 +196,14 @@ TEST_F(MetricsTest, PageCountsCallsErrorsPeersAndSessionsAndPassesPromtool) {
       RunProcess({testing::RunfilePath("client/tpctl"), "--socket", nodes_.socket(0), "status"});
   EXPECT_THAT(tpctl.output, HasSubstr(absl::StrCat("metrics: http://", address_, "/metrics")));
   EXPECT_THAT(tpctl.output, HasSubstr("call errors answered by the daemon: NOT_FOUND=1"));
+  // tpctl doctor over the same daemon: its peer, its transports, its metrics, no problem.
+  const testing::ProcessResult doctor = RunProcess(
+      {testing::RunfilePath("client/tpctl"), "--socket", nodes_.socket(0), "doctor", "--json"});
+  EXPECT_EQ(doctor.exit_code, 0) << doctor.output;
+  EXPECT_THAT(doctor.output, HasSubstr("\"problems\": 0"));
+  EXPECT_THAT(doctor.output, HasSubstr("{\"check\": \"peer node1\", \"level\": \"ok\""));
+  EXPECT_THAT(doctor.output, HasSubstr("{\"check\": \"transport uv\", \"level\": \"ok\""));
+  EXPECT_THAT(doctor.output, HasSubstr("(loopback)"));
   for (const v1::AttachedSession& session : status->attached_sessions()) {
     EXPECT_THAT(page, Not(HasSubstr(session.handle()))) << "no session is named";
   }
