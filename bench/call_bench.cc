@@ -3,14 +3,19 @@
 // round trip over a unix socketpair between two threads, measured in the same run. Then a
 // call carrying one tensor of --tensor_bytes, sent from a std::string (one copy into the
 // arena) and from an arena tensor (Client::AllocateTensor: no copy on the caller's side);
-// the daemon's copy into the callee's rx heap is in both.
+// the daemon's copy into the callee's rx heap is in both. Last, with --scrape_hz, the empty call
+// again while a Prometheus-like scraper reads the daemon's /metrics at each rate, beside the
+// same calls with no scraper (alternated, twice).
 //
 //   bazel run -c opt //bench:call_bench -- --calls=20000
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,7 +25,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/call_latency.h"
 #include "client/client.h"
@@ -32,6 +39,9 @@ ABSL_FLAG(int, calls, 20000, "measured round trips of each kind");
 ABSL_FLAG(int, warmup, 2000, "round trips before measuring");
 ABSL_FLAG(int, tensor_bytes, 1 << 20, "bytes of the tensor in the tensor calls");
 ABSL_FLAG(int, tensor_calls, 2000, "measured round trips with a tensor, each way of sending");
+ABSL_FLAG(std::string, scrape_hz, "1,100",
+          "scrape rates of /metrics to measure the empty call under; empty: none");
+ABSL_FLAG(double, scrape_seconds, 3, "how long each scraper phase (and its baseline) calls");
 
 namespace {
 
@@ -63,6 +73,50 @@ std::vector<double> SocketpairRoundTrips(int warmup, int calls) {
   return us;
 }
 
+// Reads http://127.0.0.1:port/metrics to the end, as a scraper does; the bytes read.
+size_t Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  size_t total = 0;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) {
+    const char request[] = "GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n";
+    if (write(fd, request, sizeof(request) - 1) == sizeof(request) - 1) {
+      char buffer[65536];
+      for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) total += n;
+    }
+  }
+  close(fd);
+  return total;
+}
+
+// Scrapes at `hz` on a thread of its own until destroyed.
+class Scraper {
+ public:
+  Scraper(int port, double hz) {
+    if (hz <= 0) return;
+    thread_ = std::thread([this, port, hz] {
+      const absl::Duration period = absl::Seconds(1 / hz);
+      for (absl::Time next = absl::Now(); !stop_; next += period) {
+        if (Scrape(port) > 0) ++scrapes_;
+        absl::SleepFor(next + period - absl::Now());
+      }
+    });
+  }
+  ~Scraper() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  int scrapes() const { return scrapes_; }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int> scrapes_{0};
+  std::thread thread_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,6 +134,7 @@ int main(int argc, char** argv) {
   config.peer.token = "bench";
   config.peer.node_name = "call-bench";
   config.group.cuda_device_count = 0;
+  config.metrics.listen_address = "127.0.0.1:0";
   absl::StatusOr<std::unique_ptr<tpd::Daemon>> daemon = tpd::Daemon::Start(config);
   if (!daemon.ok()) {
     std::fprintf(stderr, "cannot start the daemon: %s\n", daemon.status().ToString().c_str());
@@ -186,6 +241,55 @@ int main(int argc, char** argv) {
       (caller_after.daemon_wakeups - caller_before.daemon_wakeups) / n,
       (callee_after.daemon_wakeups - callee_before.daemon_wakeups) / n);
   if (empty_calls.ok()) tpd::bench::PrintCallLatency("empty calls", *empty_calls, "local.");
+
+  // The empty call under a scraper: each rate beside no scraper, alternated twice, so drift
+  // hits both.
+  std::vector<double> rates;
+  for (absl::string_view rate :
+       absl::StrSplit(absl::GetFlag(FLAGS_scrape_hz), ',', absl::SkipEmpty())) {
+    double hz = 0;
+    if (absl::SimpleAtod(rate, &hz) && hz > 0) rates.push_back(hz);
+  }
+  int port = 0;
+  if (empty_calls.ok()) {
+    const std::string& address = empty_calls->metrics_address();
+    (void)absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port);
+  }
+  const absl::Duration phase = absl::Seconds(absl::GetFlag(FLAGS_scrape_seconds));
+  // Empty calls for `duration`, one after another.
+  auto measure_for = [&](absl::Duration duration, std::vector<double>* us) {
+    for (const absl::Time end = absl::Now() + duration; absl::Now() < end;) {
+      const absl::Time start = absl::Now();
+      if (!a->Call("bench", "b", "empty", "", {}, absl::Seconds(10)).ok()) return false;
+      us->push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    }
+    return true;
+  };
+  if (!rates.empty() && port > 0) {
+    std::printf("\nempty call under a /metrics scraper (%zu bytes a scrape), alternated twice:\n",
+                Scrape(port));
+    std::printf("%-22s %8s %8s %8s %8s %8s\n", "scraper (each phase)", "p50_us", "p99_us",
+                "scrapes", "p50/none", "p99/none");
+    for (int round = 0; round < 2; ++round) {
+      for (double hz : rates) {
+        std::vector<double> none;
+        std::vector<double> scraped;
+        if (!measure_for(phase, &none)) return 1;
+        int scrapes = 0;
+        {
+          Scraper scraper(port, hz);
+          if (!measure_for(phase, &scraped)) return 1;
+          scrapes = scraper.scrapes();
+        }
+        std::printf("%-22s %8.1f %8.1f %8s\n", "none", Percentile(none, 0.5),
+                    Percentile(none, 0.99), "-");
+        std::printf("%-22s %8.1f %8.1f %8d %8.2f %8.2f\n", absl::StrCat(hz, " Hz").c_str(),
+                    Percentile(scraped, 0.5), Percentile(scraped, 0.99), scrapes,
+                    Percentile(scraped, 0.5) / Percentile(none, 0.5),
+                    Percentile(scraped, 0.99) / Percentile(none, 0.99));
+      }
+    }
+  }
   a.reset();
   b.reset();
   (*daemon)->Shutdown();
