@@ -3,7 +3,8 @@
 //   tpctl status | health
 //   tpctl store set KEY VALUE | get KEY | add KEY DELTA | wait KEY... | check KEY...
 //               | delete KEY | keys
-//   tpctl group list | show GROUP | watch GROUP | join GROUP NAME [--hold]
+//   tpctl status --by_uid
+//   tpctl group list | show GROUP | watch GROUP | usage | join GROUP NAME [--hold]
 //   tpctl drain [--timeout_ms N] [--exit]      (on the operator socket)
 //   tpctl doctor                               (exit 1 on a problem)
 //
@@ -50,6 +51,8 @@ ABSL_FLAG(std::string, devices, "", "group join: comma-separated devices, e.g. c
 ABSL_FLAG(std::string, transports, "", "group join: comma-separated transports, by priority");
 ABSL_FLAG(std::string, channels, "", "group join: comma-separated channels, by priority");
 ABSL_FLAG(bool, exit, false, "drain: the daemon exits once drained");
+ABSL_FLAG(bool, by_uid, false,
+          "status: per local user, what it holds and sent against the limits that apply to it");
 ABSL_FLAG(std::string, operator_socket, "",
           "drain: the daemon's operator socket; default: the socket's path + \".operator\"");
 ABSL_FLAG(bool, hold, false,
@@ -59,7 +62,7 @@ namespace {
 
 constexpr char kUsage[] = R"(tpctl: talk to a tpd daemon.
 
-  tpctl status                   daemon identity, config and statistics
+  tpctl status                   daemon identity, config and statistics (--by_uid: per user)
   tpctl health                   SERVING or NOT_SERVING (exit 1 unless SERVING)
   tpctl store set KEY VALUE      set a key
   tpctl store get KEY            print a key's value, waiting up to --timeout_ms
@@ -72,6 +75,7 @@ constexpr char kUsage[] = R"(tpctl: talk to a tpd daemon.
   tpctl group list               groups this daemon tracks
   tpctl group show GROUP         members, phase, negotiated options (--init_method if untracked)
   tpctl group watch GROUP        print every membership version as it happens
+  tpctl group usage              calls, bytes and errors by group, members here
   tpctl group join GROUP NAME    join (--init_method, --rank, --world_size, --device_maps,
                                  --devices, --transports, --channels, --timeout_ms, --hold)
 
@@ -385,9 +389,61 @@ void PrintDataPlane(const tpd::v1::StatusResponse& status) {
   }
 }
 
+// "12 MiB" / "3 KiB" / "17 B".
+std::string Bytes(uint64_t bytes) {
+  if (bytes >= (uint64_t{10} << 30)) return absl::StrCat(bytes >> 30, " GiB");
+  if (bytes >= (uint64_t{10} << 20)) return absl::StrCat(bytes >> 20, " MiB");
+  if (bytes >= (uint64_t{10} << 10)) return absl::StrCat(bytes >> 10, " KiB");
+  return absl::StrCat(bytes, " B");
+}
+
+// "used/limit (P%)", the share of a limit in use.
+std::string OfLimit(int64_t used, int64_t limit, bool bytes = false) {
+  const std::string text =
+      bytes ? absl::StrCat(Bytes(used), "/", Bytes(limit)) : absl::StrCat(used, "/", limit);
+  if (limit <= 0) return text;
+  return absl::StrCat(text, " (", used * 100 / limit, "%)");
+}
+
+// tpctl status --by_uid: each local user's sessions, memory, calls and store share against
+// the limits that apply to it.
+void PrintByUid(const tpd::v1::StatusResponse& status) {
+  const tpd::v1::ConfigSummary& config = status.config();
+  std::map<std::string, const tpd::v1::StoreWriter*> writers;
+  for (const tpd::v1::StoreWriter& writer : status.store().writers()) {
+    writers[writer.writer()] = &writer;
+  }
+  std::cout << "per local user (limits: " << config.data_max_sessions_per_uid()
+            << " sessions, store " << Bytes(config.store_max_bytes_per_uid()) << " in "
+            << config.store_max_keys_per_uid() << " keys with "
+            << config.store_max_waiters_per_uid() << " waits, " << config.group_max_groups_per_uid()
+            << " groups each):\n";
+  for (const tpd::v1::UidUse& use : status.uid_use()) {
+    std::cout << "  uid " << use.uid() << ": sessions "
+              << OfLimit(use.attached_sessions(), config.data_max_sessions_per_uid())
+              << ", shared memory "
+              << OfLimit(use.segment_bytes(), config.data_max_shared_memory_bytes(), true) << ", "
+              << use.calls_in_flight() << " calls in flight; since start " << use.calls()
+              << " calls, " << Bytes(use.bytes_sent()) << " sent, " << use.call_errors()
+              << " errors\n";
+    auto writer = writers.find(absl::StrCat("uid ", use.uid()));
+    if (writer != writers.end()) {
+      std::cout << "    store: keys "
+                << OfLimit(writer->second->keys(), config.store_max_keys_per_uid()) << ", bytes "
+                << OfLimit(writer->second->bytes(), config.store_max_bytes_per_uid(), true)
+                << ", waits "
+                << OfLimit(writer->second->waiters(), config.store_max_waiters_per_uid()) << "\n";
+    }
+  }
+}
+
 int RunStatus(tpd::Client& client) {
   absl::StatusOr<tpd::v1::StatusResponse> status = client.Status();
   if (!status.ok()) return Error(status.status());
+  if (absl::GetFlag(FLAGS_by_uid) && !absl::GetFlag(FLAGS_json)) {
+    PrintByUid(*status);
+    return 0;
+  }
   if (absl::GetFlag(FLAGS_json)) {
     std::string json;
     google::protobuf::util::JsonPrintOptions options;
@@ -659,10 +715,36 @@ int GroupJoin(tpd::Client& client, const std::string& group, const std::string& 
   return absl::GetFlag(FLAGS_hold) ? HoldMembership(client, *options) : 0;
 }
 
+// tpctl group usage: calls through this daemon by group, busiest first.
+int GroupUsage(tpd::Client& client) {
+  absl::StatusOr<tpd::v1::StatusResponse> status = client.Status();
+  if (!status.ok()) return Error(status.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::vector<std::string> items;
+    for (const tpd::v1::GroupUsage& group : status->group_usage()) {
+      std::string json;
+      (void)google::protobuf::util::MessageToJsonString(group, &json);
+      items.push_back(json);
+    }
+    std::cout << "[" << absl::StrJoin(items, ",\n ") << "]\n";
+    return 0;
+  }
+  std::cout << absl::StrFormat("%-32s %-9s %7s %10s %10s %7s\n", "group", "phase", "members",
+                               "calls", "sent", "errors");
+  for (const tpd::v1::GroupUsage& group : status->group_usage()) {
+    std::cout << absl::StrFormat("%-32s %-9s %7d %10d %10s %7d\n", group.group(),
+                                 group.phase().empty() ? "-" : group.phase(), group.members_here(),
+                                 group.calls(), Bytes(group.bytes_sent()), group.call_errors());
+  }
+  return 0;
+}
+
 int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
   if (args.empty()) return Usage("group needs a command");
   const std::string& command = args[0];
   if (command == "list") return GroupList(client);
+  if (command == "usage")
+    return args.size() == 1 ? GroupUsage(client) : Usage("usage takes no arguments");
   if (command == "show") {
     if (args.size() != 2) return Usage("usage: tpctl group show GROUP [--init_method URL]");
     return GroupShow(client, args[1]);

@@ -76,6 +76,31 @@ void FillGpus(const cuda::GpuDiscovery& gpus, v1::GpuStatus* out) {
 
 double Micros(double ns) { return ns / 1000.0; }
 
+// Calls by group, busiest first, with the group's members here and its phase.
+void FillGroupUsage(const std::map<std::string, router::Usage>& by_group,
+                    const std::vector<v1::GroupView>& groups, const std::string& node,
+                    v1::StatusResponse* response) {
+  std::map<std::string, const v1::GroupView*> tracked;
+  for (const v1::GroupView& group : groups) tracked[group.group()] = &group;
+  std::vector<v1::GroupUsage> usage;
+  for (const auto& [name, sent] : by_group) {
+    v1::GroupUsage& out = usage.emplace_back();
+    out.set_group(name);
+    out.set_calls(sent.calls);
+    out.set_bytes_sent(sent.bytes);
+    out.set_call_errors(sent.errors);
+    if (auto it = tracked.find(name); it != tracked.end()) {
+      out.set_phase(it->second->phase());
+      for (const v1::Member& member : it->second->members()) {
+        if (member.node() == node) out.set_members_here(out.members_here() + 1);
+      }
+    }
+  }
+  std::stable_sort(usage.begin(), usage.end(),
+                   [](const auto& a, const auto& b) { return a.calls() > b.calls(); });
+  for (v1::GroupUsage& group : usage) *response->add_group_usage() = std::move(group);
+}
+
 void FillLatencies(const std::vector<router::CallTimings::Stage>& stages,
                    v1::StatusResponse* response) {
   for (const router::CallTimings::Stage& stage : stages) {
@@ -152,12 +177,22 @@ void AdminService::Fill(v1::StatusResponse* response) const {
     std::sort(sessions.begin(), sessions.end(),
               [](const auto& a, const auto& b) { return a.attached_at < b.attached_at; });
     response->set_attached_session_count(static_cast<int64_t>(sessions.size()));
+    std::map<int64_t, v1::UidUse> uids;
     for (const auto& [uid, use] : data_socket_->UsePerUid()) {
-      v1::UidUse* out = response->add_uid_use();
-      out->set_uid(uid);
-      out->set_attached_sessions(use.sessions);
-      out->set_segment_bytes(use.segment_bytes);
-      out->set_pending_connections(use.pending);
+      v1::UidUse& out = uids[uid];
+      out.set_attached_sessions(use.sessions);
+      out.set_segment_bytes(use.segment_bytes);
+      out.set_pending_connections(use.pending);
+    }
+    if (calls_ != nullptr) {
+      CallRouter::UsageTotals usage = calls_->Usage();
+      for (const auto& [uid, sent] : usage.by_uid) {
+        v1::UidUse& out = uids[uid];
+        out.set_calls(sent.calls);
+        out.set_bytes_sent(sent.bytes);
+        out.set_call_errors(sent.errors);
+      }
+      FillGroupUsage(usage.by_group, groups_->ListGroups(), groups_->node().name, response);
     }
     // Joined by session id here only: the id never leaves the daemon.
     std::map<std::string, SessionCallStats> calls;
@@ -193,7 +228,13 @@ void AdminService::Fill(v1::StatusResponse* response) const {
           out->set_bytes(pool.bytes);
           out->set_used(pool.used);
         }
+        v1::UidUse& use = uids[info.uid];
+        use.set_calls_in_flight(use.calls_in_flight() + it->second.calls_in_flight);
       }
+    }
+    for (auto& [uid, use] : uids) {
+      use.set_uid(uid);
+      *response->add_uid_use() = std::move(use);
     }
   }
   if (calls_ != nullptr) {
@@ -269,6 +310,10 @@ void AdminService::Fill(v1::StatusResponse* response) const {
   config->set_data_max_shared_memory_bytes(config_->data.max_shared_memory_bytes);
   config->set_data_sessions_kept_free(config_->data.sessions_kept_free);
   config->set_peer_heartbeat_timeout_ms(absl::ToInt64Milliseconds(config_->peer.heartbeat_timeout));
+  config->set_store_max_bytes_per_uid(config_->store.max_bytes_per_uid);
+  config->set_store_max_keys_per_uid(config_->store.max_keys_per_uid);
+  config->set_store_max_waiters_per_uid(config_->store.max_waiters_per_uid);
+  config->set_group_max_groups_per_uid(config_->group.max_groups_per_uid);
 
   const store::MemoryStoreStats stats = store_->Stats();
   v1::StoreStats* store = response->mutable_store();

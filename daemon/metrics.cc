@@ -81,7 +81,7 @@ void AddSessions(const v1::StatusResponse& status, Families* out) {
              static_cast<double>(status.config().data_max_sessions()));
   struct Use {
     double sessions = 0, segment_bytes = 0, pending = 0, calls_in_flight = 0, rx_used = 0;
-    double rx_bytes = 0;
+    double rx_bytes = 0, calls = 0, bytes_sent = 0, errors = 0;
   };
   std::map<int64_t, Use> by_uid;
   for (const v1::UidUse& use : status.uid_use()) {
@@ -89,10 +89,13 @@ void AddSessions(const v1::StatusResponse& status, Families* out) {
     u.sessions = static_cast<double>(use.attached_sessions());
     u.segment_bytes = static_cast<double>(use.segment_bytes());
     u.pending = static_cast<double>(use.pending_connections());
+    u.calls_in_flight = static_cast<double>(use.calls_in_flight());
+    u.calls = static_cast<double>(use.calls());
+    u.bytes_sent = static_cast<double>(use.bytes_sent());
+    u.errors = static_cast<double>(use.call_errors());
   }
   for (const v1::AttachedSession& session : status.attached_sessions()) {
     Use& u = by_uid[session.uid()];
-    u.calls_in_flight += static_cast<double>(session.calls_in_flight());
     u.rx_used += static_cast<double>(session.rx_heap_used());
     u.rx_bytes += static_cast<double>(session.rx_heap_bytes());
   }
@@ -113,6 +116,15 @@ void AddSessions(const v1::StatusResponse& status, Families* out) {
                u.rx_used, Label("uid", id));
     out->Gauge("tpd_uid_rx_heap_bytes", "Size of each local user's receive heaps, together",
                u.rx_bytes, Label("uid", id));
+    out->Counter("tpd_uid_calls_total",
+                 "Calls each local user's sessions made, ended ones included", u.calls,
+                 Label("uid", id));
+    out->Counter("tpd_uid_sent_bytes_total",
+                 "Payload and tensor bytes of each local user's calls and replies", u.bytes_sent,
+                 Label("uid", id));
+    out->Counter("tpd_uid_call_errors_total",
+                 "Calls of each local user that the daemon answered with an error", u.errors,
+                 Label("uid", id));
   }
 }
 

@@ -127,10 +127,12 @@ void CallRouter::Detach(const std::string& session_id) {
     if (it == sessions_.end()) return;
     session = std::move(it->second);
     sessions_.erase(it);
+    detaching_.insert(session);  // Usage counts it until Retire folds it in
   }
   session->stop = true;
   if (session->thread.joinable()) session->thread.join();
   session->End();  // no one writes into its segment after this
+  Retire(session);
   // Its calls' answers have no one to go to; calls it serves are answered here.
   std::vector<Pending> orphans;
   for (Pending& p : pending_.TakeOfSession(session_id)) {
@@ -149,6 +151,54 @@ std::shared_ptr<CallRouter::Session> CallRouter::Find(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   return it == sessions_.end() ? nullptr : it->second;
+}
+
+namespace {
+
+router::Usage SessionUsage(router::Session& session) {
+  router::Usage usage;
+  usage.calls = session.calls_made.load(std::memory_order_relaxed);
+  usage.bytes = session.bytes_sent.load(std::memory_order_relaxed);
+  usage.errors = session.call_errors.load(std::memory_order_relaxed);
+  return usage;
+}
+
+}  // namespace
+
+void CallRouter::Retire(const std::shared_ptr<Session>& session) {
+  absl::flat_hash_map<std::string, router::Usage> by_group;
+  {
+    absl::MutexLock lock(&session->usage_mu);
+    by_group = std::move(session->usage_by_group);
+  }
+  absl::MutexLock lock(&mu_);
+  detaching_.erase(session);
+  retired_.by_uid[session->uid] += SessionUsage(*session);
+  for (const auto& [group, usage] : by_group) {
+    auto it = retired_.by_group.find(group);
+    if (it == retired_.by_group.end() && retired_.by_group.size() >= kMaxGroupsKept) {
+      retired_.by_group["(other groups)"] += usage;
+    } else {
+      retired_.by_group[group] += usage;
+    }
+  }
+}
+
+CallRouter::UsageTotals CallRouter::Usage() {
+  std::vector<std::shared_ptr<Session>> sessions;
+  UsageTotals totals;
+  {
+    absl::MutexLock lock(&mu_);
+    totals = retired_;
+    for (const auto& [id, session] : sessions_) sessions.push_back(session);
+    sessions.insert(sessions.end(), detaching_.begin(), detaching_.end());
+  }
+  for (const std::shared_ptr<Session>& session : sessions) {
+    totals.by_uid[session->uid] += SessionUsage(*session);
+    absl::MutexLock lock(&session->usage_mu);
+    for (const auto& [group, usage] : session->usage_by_group) totals.by_group[group] += usage;
+  }
+  return totals;
 }
 
 std::vector<SessionCallStats> CallRouter::Stats() {
@@ -377,6 +427,7 @@ absl::StatusOr<std::vector<router::Place>> CallRouter::PlaceTensors(
 
 void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::Descriptor& d,
                             int64_t read_ns) {
+  session->calls_made.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<router::Submitted> call =
       router::ReadSubmitted(*session->segment, d, session->cuda_allowed);
   if (!call.ok()) {
@@ -386,8 +437,21 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   }
   const shm::ParsedMessage& message = call->message;
   const auto& [group, worker, method, from] = message.names;
+  const uint64_t bytes = router::MessageBytes(*call);
+  session->bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
+  {
+    absl::MutexLock lock(&session->usage_mu);
+    router::Usage& usage = session->usage_by_group[group];
+    ++usage.calls;
+    usage.bytes += bytes;
+  }
+  const std::string& call_group = group;  // a lambda cannot capture a structured binding
   auto refuse = [&](const absl::Status& status) {
     session->Release(d.payload_offset);
+    {
+      absl::MutexLock lock(&session->usage_mu);
+      ++session->usage_by_group[call_group].errors;
+    }
     Fail(session, d.call_id, status);
   };
   if (draining()) {
@@ -498,6 +562,8 @@ void CallRouter::HandleReply(const std::shared_ptr<Session>& session, const shm:
   };
   absl::StatusOr<router::Submitted> reply =
       router::ReadSubmitted(*session->segment, d, session->cuda_allowed);
+  if (reply.ok())
+    session->bytes_sent.fetch_add(router::MessageBytes(*reply), std::memory_order_relaxed);
   if (!reply.ok()) {
     session->Release(d.payload_offset);
     done(MalformedReply(pending->worker, pending->method, reply.status()));
@@ -558,6 +624,7 @@ void CallRouter::Fail(const std::shared_ptr<Session>& to, uint64_t call_id,
   // An OK status posts an empty reply (a lent device pool's answer).
   if (to == nullptr) return;
   if (!status.ok()) {
+    to->call_errors.fetch_add(1, std::memory_order_relaxed);
     const size_t code = static_cast<size_t>(status.code());
     call_errors_[code < call_errors_.size() ? code
                                             : static_cast<size_t>(absl::StatusCode::kUnknown)]

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -114,6 +115,15 @@ class CallRouter {
   // lost that node), and fails the agent's calls to it.
   void FailNode(const std::string& node, const std::string& why);
   std::vector<SessionCallStats> Stats();
+  // What sessions sent since the daemon started, ended sessions included: by uid, and by
+  // group (the calls' groups; past kMaxGroupsKept groups of ended sessions, the oldest fold
+  // into "(other groups)").
+  struct UsageTotals {
+    std::map<int64_t, router::Usage> by_uid;
+    std::map<std::string, router::Usage> by_group;
+  };
+  UsageTotals Usage();
+  static constexpr size_t kMaxGroupsKept = 4096;
   // Where calls' time went inside this daemon, by stage, since it started.
   std::vector<router::CallTimings::Stage> Latencies() const { return timings_.Read(); }
   // Calls of this node's sessions that the daemon answered with an error (no such worker,
@@ -165,6 +175,8 @@ class CallRouter {
   void OnDeadline(const Pending& p);
   // UNAVAILABLE: this daemon is draining.
   absl::Status StoppingError() ABSL_LOCKS_EXCLUDED(mu_);
+  // Folds what a detaching session sent into retired_.
+  void Retire(const std::shared_ptr<router::Session>& session) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status StoppingErrorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool draining();
 
@@ -173,6 +185,10 @@ class CallRouter {
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   router::CallTimings timings_;
+  // What detached sessions sent (Usage); by_group bounded by kMaxGroupsKept. Sessions between
+  // leaving sessions_ and being folded in (their thread is stopping) are in detaching_.
+  UsageTotals retired_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::shared_ptr<router::Session>> detaching_ ABSL_GUARDED_BY(mu_);
   // By absl::StatusCode (0..16): lock-free, so counting costs a failing call one atomic add.
   std::array<std::atomic<uint64_t>, 17> call_errors_{};
   router::Delivery delivery_;

@@ -422,6 +422,7 @@ void Remote::Respond(const std::shared_ptr<Session>& session, const shm::Descrip
     RespondError(*pending.remote, MalformedReply(pending.worker, pending.method, reply.status()));
     return;
   }
+  session->bytes_sent.fetch_add(MessageBytes(*reply), std::memory_order_relaxed);
   // An error reply's tensors go nowhere: the caller reads only its message.
   if ((d.flags & shm::kFlagError) != 0) reply->tensors.clear();
   absl::StatusOr<std::vector<Place>> places =

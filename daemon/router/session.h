@@ -56,6 +56,20 @@ struct SessionLimits {
   size_t max_waiting_calls = 1024;
 };
 
+// What sessions sent through the router (Admin.Status per uid and per group).
+struct Usage {
+  uint64_t calls = 0;   // calls made (refused ones included)
+  uint64_t bytes = 0;   // payload and tensor bytes of those calls (and, per uid, of replies)
+  uint64_t errors = 0;  // calls the daemon answered with an error
+
+  Usage& operator+=(const Usage& other) {
+    calls += other.calls;
+    bytes += other.bytes;
+    errors += other.errors;
+    return *this;
+  }
+};
+
 struct Session {
   // A block the daemon placed for its client, as its release names it: (0, rx heap offset)
   // or (1 + d, offset in its receive pool on cuda:d).
@@ -120,6 +134,14 @@ struct Session {
   std::vector<std::weak_ptr<Session>> told ABSL_GUARDED_BY(mu);
   std::atomic<bool> ended{false};         // End began; read without `mu` by Introduce
   std::atomic<uint64_t> bytes_shared{0};  // host tensor bytes delivered to it uncopied
+  // What it sent since it attached (Usage): its thread counts calls and bytes, errors come
+  // from any thread that answers it. Folded into the router's totals when it detaches.
+  std::atomic<uint64_t> calls_made{0};
+  std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> call_errors{0};
+  // Its calls by group; at most group.max_groups_per_session groups.
+  absl::Mutex usage_mu;
+  absl::flat_hash_map<std::string, Usage> usage_by_group ABSL_GUARDED_BY(usage_mu);
   // Calls posted to its client (CallPosted): its thread, nudged, then waits for the reply with
   // the window for waits that follow a call (CallRouter::Serve).
   std::atomic<uint64_t> calls_received{0};

@@ -79,4 +79,10 @@ absl::Status MalformedReply(const std::string& worker, const std::string& method
       "worker '", worker, "' sent a malformed reply to method '", method, "': ", why.message()));
 }
 
+uint64_t MessageBytes(const Submitted& message) {
+  uint64_t bytes = message.message.body_length;
+  for (const shm::TensorEntry& tensor : message.tensors) bytes += tensor.length;
+  return bytes;
+}
+
 }  // namespace tpd::router

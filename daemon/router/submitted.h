@@ -25,6 +25,9 @@ struct Submitted {
   std::vector<shm::TensorEntry> tensors;
 };
 
+// Payload and tensor bytes of `message`, as a session's usage counts them.
+uint64_t MessageBytes(const Submitted& message);
+
 // Where one tensor of a message lands: host memory, or a CUDA device (by the sender's map).
 struct Place {
   int device = -1;  // -1: cpu

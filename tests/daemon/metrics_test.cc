@@ -46,6 +46,10 @@ v1::StatusResponse TwoSessionsOfOneUid() {
   use->set_uid(1000);
   use->set_attached_sessions(2);
   use->set_segment_bytes(300);
+  use->set_calls_in_flight(7);
+  use->set_calls(40);
+  use->set_bytes_sent(4096);
+  use->set_call_errors(2);
   for (int i = 0; i < 2; ++i) {
     v1::AttachedSession* session = status.add_attached_sessions();
     session->set_uid(1000);
@@ -110,6 +114,9 @@ TEST(StatusMetricsTest, SessionsAreSummedPerUidAndNeverNamed) {
   ASSERT_NE(shm, nullptr);
   EXPECT_EQ(shm->metric[0].gauge.value, 300);
   EXPECT_EQ(Find(families, "tpd_uid_rx_heap_used_bytes")->metric[0].gauge.value, 200);
+  EXPECT_EQ(Find(families, "tpd_uid_calls_total")->metric[0].counter.value, 40);
+  EXPECT_EQ(Find(families, "tpd_uid_sent_bytes_total")->metric[0].counter.value, 4096);
+  EXPECT_EQ(Find(families, "tpd_uid_call_errors_total")->metric[0].counter.value, 2);
 
   const std::string page = prometheus::TextSerializer().Serialize(families);
   EXPECT_THAT(page, Not(HasSubstr("s-handle"))) << "a session's handle is not a label";

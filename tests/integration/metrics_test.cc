@@ -221,6 +221,68 @@ TEST_F(MetricsTest, PageCountsCallsErrorsPeersAndSessionsAndPassesPromtool) {
   EXPECT_EQ(check.output, "") << "promtool finds nothing to lint";
 }
 
+// The per-user and per-group view (tpctl status --by_uid, tpctl group usage): calls, bytes and
+// errors counted where the daemon reads them, kept after the session that made them ends.
+TEST_F(MetricsTest, UsageByUidAndGroupCountsCallsBytesAndErrorsAndOutlivesTheSession) {
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(a_->Call("g", "c", "echo", std::string(1000, 'l')).ok());
+    ASSERT_TRUE(a_->Call("g", "b", "echo", std::string(4096, 'x')).ok());
+  }
+  ASSERT_EQ(a_->Call("g", "nobody", "echo", "x").status().code(), absl::StatusCode::kNotFound);
+  auto uid_use = [&](const v1::StatusResponse& status) {
+    for (const v1::UidUse& use : status.uid_use()) {
+      if (use.uid() == getuid()) return use;
+    }
+    return v1::UidUse();
+  };
+  auto group_usage = [&](const v1::StatusResponse& status) {
+    for (const v1::GroupUsage& group : status.group_usage()) {
+      if (group.group() == "g") return group;
+    }
+    return v1::GroupUsage();
+  };
+  absl::StatusOr<v1::StatusResponse> status = b_->Status();  // node1: b's replies only
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(uid_use(*status).calls(), 0u) << "b made no call";
+  EXPECT_GE(uid_use(*status).bytes_sent(), 4u * 4096) << "its replies";
+  status = c_->Status();
+  ASSERT_TRUE(status.ok());
+  const v1::UidUse use = uid_use(*status);
+  EXPECT_EQ(use.calls(), 9u) << "a's calls, through node0";
+  EXPECT_EQ(use.call_errors(), 1u);
+  // a's requests and c's replies.
+  EXPECT_GE(use.bytes_sent(), 4u * (1000 + 4096) + 4u * 1000);
+  EXPECT_EQ(use.attached_sessions(), 2);
+  const v1::GroupUsage g = group_usage(*status);
+  EXPECT_EQ(g.calls(), 9u);
+  EXPECT_EQ(g.call_errors(), 1u) << "the call to a worker that is not there";
+  EXPECT_GE(g.bytes_sent(), 4u * (1000 + 4096));
+  EXPECT_EQ(g.members_here(), 2);
+  EXPECT_EQ(g.phase(), "FORMED");
+
+  const testing::ProcessResult by_uid = RunProcess(
+      {testing::RunfilePath("client/tpctl"), "--socket", nodes_.socket(0), "status", "--by_uid"});
+  EXPECT_THAT(by_uid.output, HasSubstr(absl::StrCat("uid ", getuid(), ": sessions 2/")));
+  EXPECT_THAT(by_uid.output, HasSubstr("since start 9 calls"));
+  const testing::ProcessResult groups = RunProcess(
+      {testing::RunfilePath("client/tpctl"), "--socket", nodes_.socket(0), "group", "usage"});
+  EXPECT_THAT(groups.output, ::testing::ContainsRegex("\ng +FORMED +2 +9 "));
+
+  a_.reset();  // a's session ends: what it sent stays counted
+  ASSERT_TRUE(WaitUntil([&] {
+    status = c_->Status();
+    return status.ok() && uid_use(*status).attached_sessions() == 1;
+  }));
+  EXPECT_EQ(uid_use(*status).calls(), 9u);
+  EXPECT_EQ(group_usage(*status).calls(), 9u);
+  std::string page;
+  ASSERT_TRUE(WaitUntil([&] {
+    page = HttpGet(address_, "/metrics");
+    return Sample(page, absl::StrCat("tpd_uid_calls_total{uid=\"", getuid(), "\"}")) == 9;
+  })) << page;
+  EXPECT_EQ(Sample(page, absl::StrCat("tpd_uid_call_errors_total{uid=\"", getuid(), "\"}")), 1);
+}
+
 TEST_F(MetricsTest, APrometheusScrapingUnderLoadReturnsTheSeries) {
   const std::string server = PrometheusTool("prometheus");
   if (server.empty()) {
