@@ -7,6 +7,7 @@
 //   tpctl group list | show GROUP | watch GROUP | usage | join GROUP NAME [--hold]
 //   tpctl drain [--timeout_ms N] [--exit]      (on the operator socket)
 //   tpctl doctor                               (exit 1 on a problem)
+//   tpctl top [--interval_ms N] [--frames N]
 //
 // Output is for people by default and JSON with --json. Exit status: 0 on success, 1 when
 // the daemon answered an error (printed as "tpctl: CODE: message"), 2 on a usage error.
@@ -14,8 +15,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +36,7 @@
 #include "client/client.h"
 #include "client/doctor.h"
 #include "client/socket_path.h"
+#include "client/top.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -51,6 +55,8 @@ ABSL_FLAG(std::string, devices, "", "group join: comma-separated devices, e.g. c
 ABSL_FLAG(std::string, transports, "", "group join: comma-separated transports, by priority");
 ABSL_FLAG(std::string, channels, "", "group join: comma-separated channels, by priority");
 ABSL_FLAG(bool, exit, false, "drain: the daemon exits once drained");
+ABSL_FLAG(int64_t, interval_ms, 2000, "top: time between frames");
+ABSL_FLAG(int64_t, frames, 0, "top: stop after this many frames; 0: until interrupted");
 ABSL_FLAG(bool, by_uid, false,
           "status: per local user, what it holds and sent against the limits that apply to it");
 ABSL_FLAG(std::string, operator_socket, "",
@@ -85,6 +91,8 @@ constexpr char kUsage[] = R"(tpctl: talk to a tpd daemon.
                                  stop the daemon. Needs the operator socket (root, the
                                  daemon's user, [daemon] operator_group)
 
+  tpctl top                      a live view: calls/s and p50/p99 per stage, bytes/s per peer,
+                                 sessions, memory and calls/s per user (--interval_ms, --frames)
   tpctl doctor                   what stands in the way on this node, each finding with what
                                  to do (exit 1 on a problem)
 
@@ -761,6 +769,29 @@ int RunGroup(tpd::Client& client, const std::vector<std::string>& args) {
 }
 }  // namespace
 
+// tpctl top: a frame per interval, the screen cleared before each when stdout is a terminal.
+int RunTop(tpd::Client& client) {
+  const absl::Duration interval =
+      absl::Milliseconds(std::max<int64_t>(100, absl::GetFlag(FLAGS_interval_ms)));
+  const int64_t frames = absl::GetFlag(FLAGS_frames);
+  const bool terminal = isatty(STDOUT_FILENO) != 0;
+  std::optional<tpd::v1::StatusResponse> before;
+  absl::Time before_at;
+  for (int64_t frame = 0; frames == 0 || frame < frames; ++frame) {
+    if (frame > 0) absl::SleepFor(interval);
+    absl::StatusOr<tpd::v1::StatusResponse> now = client.Status();
+    if (!now.ok()) return Error(now.status());
+    const absl::Time at = absl::Now();
+    if (terminal) std::cout << "\033[H\033[2J";
+    std::cout << tpd::RenderTop(before ? &*before : nullptr, *now, at - before_at);
+    if (!terminal) std::cout << "\n";
+    std::cout.flush();
+    before = *std::move(now);
+    before_at = at;
+  }
+  return 0;
+}
+
 // tpctl doctor: the findings, one line each (with the fix on the next), or JSON.
 int RunDoctor(tpd::Client& client) {
   absl::StatusOr<tpd::v1::StatusResponse> status = client.Status();
@@ -854,7 +885,7 @@ int main(int argc, char** argv) {
   if (args.empty()) return Usage("missing command");
   const std::string& command = args[0];
   if (command != "status" && command != "health" && command != "store" && command != "group" &&
-      command != "drain" && command != "doctor") {
+      command != "drain" && command != "doctor" && command != "top") {
     return Usage(absl::StrCat("unknown command \"", command, "\""));
   }
   // A drain opens no session on the node it takes out of service.
@@ -870,6 +901,8 @@ int main(int argc, char** argv) {
     return args.size() == 1 ? RunStatus(**client) : Usage("status takes no arguments");
   if (command == "doctor")
     return args.size() == 1 ? RunDoctor(**client) : Usage("doctor takes no arguments");
+  if (command == "top")
+    return args.size() == 1 ? RunTop(**client) : Usage("top takes no arguments");
   if (command == "health")
     return args.size() == 1 ? RunHealth(**client) : Usage("health takes no arguments");
   if (command == "group") return RunGroup(**client, {args.begin() + 1, args.end()});

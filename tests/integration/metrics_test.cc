@@ -268,17 +268,40 @@ TEST_F(MetricsTest, UsageByUidAndGroupCountsCallsBytesAndErrorsAndOutlivesTheSes
       {testing::RunfilePath("client/tpctl"), "--socket", nodes_.socket(0), "group", "usage"});
   EXPECT_THAT(groups.output, ::testing::ContainsRegex("\ng +FORMED +2 +9 "));
 
+  // tpctl top: two frames while calls run, rates over the interval.
+  std::atomic<bool> stop{false};
+  std::thread load([&] {
+    while (!stop) (void)a_->Call("g", "c", "echo", "load");
+  });
+  const testing::ProcessResult top =
+      RunProcess({testing::RunfilePath("client/tpctl"), "--socket", nodes_.socket(0), "top",
+                  "--frames", "2", "--interval_ms", "500"});
+  stop = true;
+  load.join();
+  EXPECT_EQ(top.exit_code, 0) << top.output;
+  EXPECT_THAT(top.output, HasSubstr("every 0.5s"));
+  EXPECT_THAT(top.output, ::testing::ContainsRegex("local.total +[1-9][0-9]* +[0-9.]+ +[0-9.]+\n"))
+      << "calls/s over the interval";
+  EXPECT_THAT(top.output, ::testing::ContainsRegex("node1 +ready"));
+
+  status = c_->Status();
+  ASSERT_TRUE(status.ok());
+  const uint64_t made = uid_use(*status).calls();
+  EXPECT_GT(made, 9u) << "the load's calls";
+  EXPECT_EQ(group_usage(*status).calls(), made);
+
   a_.reset();  // a's session ends: what it sent stays counted
   ASSERT_TRUE(WaitUntil([&] {
     status = c_->Status();
     return status.ok() && uid_use(*status).attached_sessions() == 1;
   }));
-  EXPECT_EQ(uid_use(*status).calls(), 9u);
-  EXPECT_EQ(group_usage(*status).calls(), 9u);
+  EXPECT_EQ(uid_use(*status).calls(), made);
+  EXPECT_EQ(group_usage(*status).calls(), made);
   std::string page;
   ASSERT_TRUE(WaitUntil([&] {
     page = HttpGet(address_, "/metrics");
-    return Sample(page, absl::StrCat("tpd_uid_calls_total{uid=\"", getuid(), "\"}")) == 9;
+    return Sample(page, absl::StrCat("tpd_uid_calls_total{uid=\"", getuid(), "\"}")) ==
+           static_cast<double>(made);
   })) << page;
   EXPECT_EQ(Sample(page, absl::StrCat("tpd_uid_call_errors_total{uid=\"", getuid(), "\"}")), 1);
 }
