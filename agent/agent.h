@@ -106,6 +106,12 @@ class Agent {
   void Send(const PeerId& peer, Message msg, absl::Time deadline, Callback done,
             Allocator reply_allocator = nullptr);
 
+  // Pings `peer`'s agent, which answers itself (never its handler) with its clock: `done` gets
+  // the round trip and the offset of the peer's clock from this one's at the round trip's
+  // midpoint (positive: the peer's runs ahead), or the error.
+  void Ping(const PeerId& peer, absl::Time deadline,
+            absl::AnyInvocable<void(absl::StatusOr<PingResult>)> done);
+
   // Answers a request delivered to the handler, on the pipe it came from. `response`'s
   // kind is RESPONSE unless the owner set ERROR. `sent` (optional) runs once TensorPipe no
   // longer reads its buffers, with the outcome.

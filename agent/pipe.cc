@@ -66,6 +66,8 @@ struct Pipe::Incoming {
   // Whether chunks follow it: only such a message is registered on its pipe, read in parts and
   // dropped with it. Set before its reads start.
   bool chunked = false;
+  // The agents' own ping (kPingMethod): answered here with this agent's clock, never handed on.
+  bool ping = false;
   // Chunked messages: every chunk in by then (min_chunk_rate). Set before it is registered.
   absl::Time complete_by;
 
@@ -488,6 +490,13 @@ absl::StatusOr<Destination> Pipe::Place(Incoming& in, const IncomingSizes& sizes
                                         const PeerId& peer) {
   const v1::AgentMessage& header = *in.header;
   if (header.kind() != v1::AgentMessage::REQUEST) return PlaceReply(header, sizes, peer);
+  if (header.method() == kPingMethod && header.group().empty()) {
+    in.ping = true;
+    if (sizes.payload != 0 || !sizes.tensors.empty()) {
+      in.refused = absl::InvalidArgumentError("a ping carries no payload and no tensors");
+    }
+    return HeapDestination(sizes.payload, sizes.tensors);
+  }
   {
     absl::MutexLock lock(&owner_.mu_);
     in.handler = owner_.handler();
@@ -728,6 +737,12 @@ void Pipe::Finish(const PeerId& peer, Incoming& in) {
     reply_to.deadline_ = in.received + absl::Microseconds(message.header.timeout_us());
   }
   const absl::Status refused = in.refused.ok() ? chunk_error : in.refused;
+  if (in.ping && refused.ok()) {
+    Message answer;
+    answer.header.set_unix_time_ns(absl::ToUnixNanos(absl::Now()));
+    owner_.Respond(reply_to, std::move(answer));
+    return;
+  }
   if (!refused.ok()) {
     Message answer;
     answer.header.set_kind(v1::AgentMessage::ERROR);

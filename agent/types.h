@@ -178,6 +178,18 @@ struct Handler {
 // UNAVAILABLE (pipe failed, peer unreachable, agent closing), INVALID_ARGUMENT, or whatever
 // FailPeer was given.
 using Callback = absl::AnyInvocable<void(absl::StatusOr<Message> reply)>;
+
+// The method of the agents' own ping (Agent::Ping), in a request with no group: the receiving
+// agent answers it itself.
+inline constexpr char kPingMethod[] = "tpd.agent.ping";
+
+// What a ping measured.
+struct PingResult {
+  absl::Duration round_trip;
+  // The peer's clock minus this one's, at the round trip's midpoint: off by at most half the
+  // round trip.
+  absl::Duration clock_offset;
+};
 // A response's fate: OK once written; UNAVAILABLE if its pipe failed; DEADLINE_EXCEEDED if
 // the request's deadline had passed (nothing is written then).
 using SentCallback = absl::AnyInvocable<void(absl::Status status)>;

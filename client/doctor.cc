@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 namespace tpd {
@@ -198,6 +199,38 @@ void CheckPeersAndStores(const v1::StatusResponse& status, absl::Time now, Findi
   }
 }
 
+void CheckProbes(const v1::StatusResponse& status, const v1::ProbePeersResponse& probes,
+                 Findings* out) {
+  const double max_skew_ms = static_cast<double>(status.config().peer_auth_max_skew_ms());
+  for (const v1::PeerProbe& probe : probes.peers()) {
+    if (!probe.error().empty()) {
+      out->Add(absl::StrCat("ping ", probe.node()), Level::kProblem,
+               absl::StrCat("no answer over the agent: ", probe.error()),
+               "check that the peer's daemon runs and its agent is reachable from here");
+      continue;
+    }
+    out->Add(absl::StrCat("ping ", probe.node()), Level::kOk,
+             absl::StrFormat("round trip %.0f us over the agent", probe.round_trip_us()));
+    const double offset = probe.clock_offset_ms();
+    const std::string detail =
+        absl::StrFormat("its clock is %+.1f ms from this node's (within %.1f ms)", offset,
+                        probe.round_trip_us() / 2000);
+    const double skew = offset < 0 ? -offset : offset;
+    if (max_skew_ms > 0 && skew > max_skew_ms) {
+      out->Add(absl::StrCat("clock ", probe.node()), Level::kProblem,
+               absl::StrCat(detail, ", past [peer] auth_max_skew_ms ", max_skew_ms,
+                            ": the daemons refuse each other's calls"),
+               "synchronize the clocks (chrony, systemd-timesyncd)");
+    } else if (skew > 1000) {
+      out->Add(absl::StrCat("clock ", probe.node()), Level::kWarning, detail,
+               "synchronize the clocks (chrony, systemd-timesyncd): logs and heartbeats of the "
+               "two nodes disagree");
+    } else {
+      out->Add(absl::StrCat("clock ", probe.node()), Level::kOk, detail);
+    }
+  }
+}
+
 void CheckGpus(const v1::StatusResponse& status, Findings* out) {
   const v1::GpuStatus& gpus = status.gpus();
   if (gpus.devices_size() == 0) {
@@ -264,11 +297,13 @@ const char* LevelName(Finding::Level level) {
   return "?";
 }
 
-std::vector<Finding> Diagnose(const v1::StatusResponse& status, absl::Time now) {
+std::vector<Finding> Diagnose(const v1::StatusResponse& status,
+                              const v1::ProbePeersResponse* probes, absl::Time now) {
   Findings out;
   CheckServing(status, &out);
   CheckLimits(status, &out);
   CheckAgent(status, &out);
+  if (probes != nullptr) CheckProbes(status, *probes, &out);
   CheckPeersAndStores(status, now, &out);
   CheckGpus(status, &out);
   CheckMetrics(status, &out);

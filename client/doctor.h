@@ -27,8 +27,10 @@ struct Finding {
 // "ok", "note", "warning", "PROBLEM".
 const char* LevelName(Finding::Level level);
 
-// Every finding about the daemon `status` describes, as of `now`, in a stable order.
-std::vector<Finding> Diagnose(const v1::StatusResponse& status, absl::Time now);
+// Every finding about the daemon `status` describes, as of `now`, in a stable order; with
+// `probes` (Admin.ProbePeers), also each peer's round trip and clock.
+std::vector<Finding> Diagnose(const v1::StatusResponse& status,
+                              const v1::ProbePeersResponse* probes, absl::Time now);
 
 }  // namespace tpd
 

@@ -161,6 +161,84 @@ grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* conte
   return reactor;
 }
 
+void AdminService::Probe(std::function<void(const v1::ProbePeersResponse&)> done) {
+  v1::ProbePeersResponse cached;
+  {
+    absl::MutexLock lock(&probe_mu_);
+    const bool fresh = absl::Now() - last_probe_ < absl::Seconds(1);
+    if (fresh || agent_ == nullptr) cached = last_probe_answer_;
+    if (!fresh && agent_ != nullptr) last_probe_ = absl::Now();
+    if (fresh || agent_ == nullptr) {
+      done(cached);
+      return;
+    }
+  }
+  std::vector<agent::PeerId> peers;
+  for (const agent::PeerStats& peer : agent_->Stats().peers) {
+    if (!peer.node.empty()) peers.push_back(agent::PeerId{peer.node, peer.address});
+  }
+  // Answers gather here; the last ping to end finishes.
+  struct Round {
+    absl::Mutex mu;
+    v1::ProbePeersResponse answer ABSL_GUARDED_BY(mu);
+    size_t left ABSL_GUARDED_BY(mu) = 0;
+    std::function<void(const v1::ProbePeersResponse&)> done;
+  };
+  auto round = std::make_shared<Round>();
+  round->done = std::move(done);
+  auto finish = [this, round] {
+    v1::ProbePeersResponse answer;
+    {
+      absl::MutexLock lock(&round->mu);
+      answer = round->answer;
+    }
+    answer.set_probed_unix_ms(absl::ToUnixMillis(absl::Now()));
+    {
+      absl::MutexLock lock(&probe_mu_);
+      last_probe_answer_ = answer;
+    }
+    round->done(answer);
+  };
+  if (peers.empty()) {
+    finish();
+    return;
+  }
+  {
+    absl::MutexLock lock(&round->mu);
+    round->left = peers.size();
+  }
+  for (const agent::PeerId& peer : peers) {
+    agent_->Ping(peer, absl::Now() + absl::Seconds(2),
+                 [round, finish, node = peer.node](absl::StatusOr<agent::PingResult> result) {
+                   bool last;
+                   {
+                     absl::MutexLock lock(&round->mu);
+                     v1::PeerProbe* probe = round->answer.add_peers();
+                     probe->set_node(node);
+                     if (result.ok()) {
+                       probe->set_round_trip_us(absl::ToDoubleMicroseconds(result->round_trip));
+                       probe->set_clock_offset_ms(absl::ToDoubleMilliseconds(result->clock_offset));
+                     } else {
+                       probe->set_error(result.status().ToString());
+                     }
+                     last = --round->left == 0;
+                   }
+                   if (last) finish();
+                 });
+  }
+}
+
+grpc::ServerUnaryReactor* AdminService::ProbePeers(grpc::CallbackServerContext* context,
+                                                   const v1::ProbePeersRequest*,
+                                                   v1::ProbePeersResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Probe([reactor, response](const v1::ProbePeersResponse& answer) {
+    *response = answer;
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
 void AdminService::Fill(v1::StatusResponse* response) const {
   response->set_version(kVersion);
   response->set_pid(getpid());
@@ -314,6 +392,7 @@ void AdminService::Fill(v1::StatusResponse* response) const {
   config->set_store_max_keys_per_uid(config_->store.max_keys_per_uid);
   config->set_store_max_waiters_per_uid(config_->store.max_waiters_per_uid);
   config->set_group_max_groups_per_uid(config_->group.max_groups_per_uid);
+  config->set_peer_auth_max_skew_ms(absl::ToInt64Milliseconds(config_->peer.auth_max_skew));
 
   const store::MemoryStoreStats stats = store_->Stats();
   v1::StoreStats* store = response->mutable_store();

@@ -12,8 +12,10 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <functional>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/agent.h"
 #include "cuda/discovery.h"
@@ -43,7 +45,7 @@ class AdminService final : public v1::Admin::CallbackService {
   void set_data_socket(const DataSocket* data_socket) { data_socket_ = data_socket; }
   // The agent Status reports as `agent` (none without a peer port: the field stays unset);
   // set before serving, outlives the gRPC server.
-  void set_agent(const agent::Agent* agent) { agent_ = agent; }
+  void set_agent(agent::Agent* agent) { agent_ = agent; }
   // The router whose per-session calls in flight and rx heap use Status adds to each attached
   // session; set before serving, outlives the gRPC server.
   void set_call_router(CallRouter* calls) { calls_ = calls; }
@@ -73,6 +75,13 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
                                    v1::StatusResponse* response) override;
+  // Pings the agent's peers (at most once a second; later calls get the last answers).
+  grpc::ServerUnaryReactor* ProbePeers(grpc::CallbackServerContext* context,
+                                       const v1::ProbePeersRequest* request,
+                                       v1::ProbePeersResponse* response) override;
+  // The same, for OperatorService: `done` gets the answers.
+  void Probe(std::function<void(const v1::ProbePeersResponse&)> done);
+
   // PERMISSION_DENIED: drains are served on the operator socket only (OperatorService).
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const v1::DrainRequest* request,
@@ -90,8 +99,8 @@ class AdminService final : public v1::Admin::CallbackService {
   const std::string peer_address_;
   group::GroupManager* const groups_;
   const DataSocket* data_socket_ = nullptr;
-  const agent::Agent* agent_ = nullptr;
-  CallRouter* calls_ = nullptr;  // Stats() is not const, but only reads
+  agent::Agent* agent_ = nullptr;  // Probe pings through it
+  CallRouter* calls_ = nullptr;    // Stats() is not const, but only reads
   const cuda::GpuDiscovery* gpus_ = nullptr;
   CudaCopies* cuda_ = nullptr;
   std::string cuda_unavailable_;
@@ -100,6 +109,9 @@ class AdminService final : public v1::Admin::CallbackService {
   std::string operator_socket_;
   mode_t operator_socket_mode_ = 0600;
   std::string operator_group_;
+  absl::Mutex probe_mu_;
+  absl::Time last_probe_ ABSL_GUARDED_BY(probe_mu_) = absl::InfinitePast();
+  v1::ProbePeersResponse last_probe_answer_ ABSL_GUARDED_BY(probe_mu_);
 };
 
 }  // namespace tpd

@@ -25,7 +25,7 @@ class AnswerThen final : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
-OperatorService::OperatorService(const AdminService* admin, NodeDrain* drain,
+OperatorService::OperatorService(AdminService* admin, NodeDrain* drain,
                                  absl::Duration default_timeout, std::function<void()> exit)
     : admin_(admin), drain_(drain), default_timeout_(default_timeout), exit_(std::move(exit)) {}
 
@@ -35,6 +35,17 @@ grpc::ServerUnaryReactor* OperatorService::Status(grpc::CallbackServerContext* c
   admin_->Fill(response);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* OperatorService::ProbePeers(grpc::CallbackServerContext* context,
+                                                      const v1::ProbePeersRequest*,
+                                                      v1::ProbePeersResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  admin_->Probe([reactor, response](const v1::ProbePeersResponse& answer) {
+    *response = answer;
+    reactor->Finish(grpc::Status::OK);
+  });
   return reactor;
 }
 

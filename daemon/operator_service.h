@@ -22,19 +22,22 @@ class OperatorService final : public v1::Admin::CallbackService {
   // `admin` answers Status; `drain` runs drains, `default_timeout` bounding calls in flight
   // when a request names none; `exit` stops the daemon (after a Drain with exit has been
   // answered). Pointers outlive the service.
-  OperatorService(const AdminService* admin, NodeDrain* drain, absl::Duration default_timeout,
+  OperatorService(AdminService* admin, NodeDrain* drain, absl::Duration default_timeout,
                   std::function<void()> exit);
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
                                    v1::StatusResponse* response) override;
+  grpc::ServerUnaryReactor* ProbePeers(grpc::CallbackServerContext* context,
+                                       const v1::ProbePeersRequest* request,
+                                       v1::ProbePeersResponse* response) override;
   // INVALID_ARGUMENT for a timeout outside 0..1 hour; otherwise answers once drained.
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const v1::DrainRequest* request,
                                   v1::DrainResponse* response) override;
 
  private:
-  const AdminService* const admin_;
+  AdminService* const admin_;
   NodeDrain* const drain_;
   const absl::Duration default_timeout_;
   const std::function<void()> exit_;

@@ -392,6 +392,45 @@ TEST(AgentTest, TheWrongNodeAtAnAddressIsRefused) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Pings (tpctl doctor): answered by the agent itself, never its handler.
+
+TEST(AgentTest, APingIsAnsweredByThePeersAgentWithItsClock) {
+  std::unique_ptr<Agent> a = UvAgent("node-a");
+  std::unique_ptr<Agent> b = UvAgent("node-b");
+  ASSERT_TRUE(a && b);
+  EchoHandler echo(*b);
+  absl::Notification done;
+  absl::StatusOr<PingResult> result;
+  a->Ping(PeerId{"node-b", b->address()}, absl::Now() + absl::Seconds(10),
+          [&](absl::StatusOr<PingResult> r) {
+            result = std::move(r);
+            done.Notify();
+          });
+  done.WaitForNotification();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_GT(result->round_trip, absl::ZeroDuration());
+  EXPECT_LT(result->round_trip, absl::Seconds(10));
+  // One machine, one clock: the estimate is off by at most half the round trip.
+  EXPECT_LE(absl::AbsDuration(result->clock_offset),
+            result->round_trip / 2 + absl::Milliseconds(1));
+  EXPECT_EQ(echo.requests(), 0) << "the handler never sees a ping";
+}
+
+TEST(AgentTest, APingCarryingBytesIsRefusedAndReachesNoHandler) {
+  std::unique_ptr<Agent> a = UvAgent("node-a");
+  std::unique_ptr<Agent> b = UvAgent("node-b");
+  ASSERT_TRUE(a && b);
+  EchoHandler echo(*b);
+  Message ping = MakeMessage(kPingMethod, 16, {}, 7);
+  ping.header.clear_group();
+  absl::StatusOr<Message> reply = CallAndWait(*a, PeerId{"node-b", b->address()}, std::move(ping));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->header.kind(), v1::AgentMessage::ERROR);
+  EXPECT_THAT(reply->header.status_message(), HasSubstr("a ping carries no payload"));
+  EXPECT_EQ(echo.requests(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Deadlines.
 
 TEST(AgentTest, ALateCallFailsWithDeadlineExceededNamingPeerMethodAndTime) {

@@ -73,7 +73,7 @@ int Count(const std::vector<Finding>& findings, Level level) {
 }
 
 TEST(DoctorTest, AHealthyNodeHasNoProblemAndSaysWhyEachBackendIsOnOrOff) {
-  const std::vector<Finding> findings = Diagnose(Healthy(), kNow);
+  const std::vector<Finding> findings = Diagnose(Healthy(), nullptr, kNow);
   EXPECT_EQ(Count(findings, Level::kProblem), 0);
   EXPECT_EQ(Count(findings, Level::kWarning), 0);
   EXPECT_EQ(Of(findings, "transport uv").level, Level::kOk);
@@ -110,7 +110,7 @@ TEST(DoctorTest, EachObstacleIsAProblemOrWarningWithTheNumbersAndAFix) {
   status.mutable_groups(0)->set_phase("BROKEN");
   status.mutable_groups(0)->set_reason("member w3 left");
 
-  const std::vector<Finding> findings = Diagnose(status, kNow);
+  const std::vector<Finding> findings = Diagnose(status, nullptr, kNow);
   struct Want {
     const char* check;
     Level level;
@@ -137,11 +137,42 @@ TEST(DoctorTest, EachObstacleIsAProblemOrWarningWithTheNumbersAndAFix) {
   }
 }
 
+TEST(DoctorTest, PingsGiveRoundTripsAndClocksPastTheSkewAreProblems) {
+  v1::StatusResponse status = Healthy();
+  status.mutable_config()->set_peer_auth_max_skew_ms(30000);
+  v1::ProbePeersResponse probes;
+  v1::PeerProbe* near = probes.add_peers();
+  near->set_node("n1");
+  near->set_round_trip_us(84);
+  near->set_clock_offset_ms(0.3);
+  v1::PeerProbe* drifting = probes.add_peers();
+  drifting->set_node("n2");
+  drifting->set_round_trip_us(120);
+  drifting->set_clock_offset_ms(-2500);
+  v1::PeerProbe* far = probes.add_peers();
+  far->set_node("n3");
+  far->set_round_trip_us(100);
+  far->set_clock_offset_ms(45000);
+  v1::PeerProbe* gone = probes.add_peers();
+  gone->set_node("n4");
+  gone->set_error("UNAVAILABLE: connection refused");
+  const std::vector<Finding> findings = Diagnose(status, &probes, kNow);
+  EXPECT_EQ(Of(findings, "ping n1").level, Level::kOk);
+  EXPECT_THAT(Of(findings, "ping n1").detail, HasSubstr("round trip 84 us"));
+  EXPECT_EQ(Of(findings, "clock n1").level, Level::kOk);
+  EXPECT_THAT(Of(findings, "clock n1").detail, HasSubstr("+0.3 ms"));
+  EXPECT_EQ(Of(findings, "clock n2").level, Level::kWarning);
+  EXPECT_EQ(Of(findings, "clock n3").level, Level::kProblem);
+  EXPECT_THAT(Of(findings, "clock n3").detail, HasSubstr("auth_max_skew_ms"));
+  EXPECT_EQ(Of(findings, "ping n4").level, Level::kProblem);
+  EXPECT_THAT(Of(findings, "ping n4").detail, HasSubstr("connection refused"));
+}
+
 TEST(DoctorTest, NearTheOpenFileLimitIsAWarning) {
   v1::StatusResponse status = Healthy();
   status.mutable_limits()->set_open_file_limit(2000);
   status.mutable_limits()->set_open_files(1700);
-  const Finding files = Of(Diagnose(status, kNow), "open files");
+  const Finding files = Of(Diagnose(status, nullptr, kNow), "open files");
   EXPECT_EQ(files.level, Level::kWarning);
   EXPECT_THAT(files.detail, HasSubstr("1700 of 2000"));
 }

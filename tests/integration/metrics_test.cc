@@ -204,6 +204,12 @@ TEST_F(MetricsTest, PageCountsCallsErrorsPeersAndSessionsAndPassesPromtool) {
   EXPECT_THAT(doctor.output, HasSubstr("{\"check\": \"peer node1\", \"level\": \"ok\""));
   EXPECT_THAT(doctor.output, HasSubstr("{\"check\": \"transport uv\", \"level\": \"ok\""));
   EXPECT_THAT(doctor.output, HasSubstr("(loopback)"));
+  EXPECT_THAT(doctor.output,
+              ::testing::ContainsRegex("\"check\": \"ping node1\", \"level\": \"ok\", "
+                                       "\"detail\": \"round trip [0-9]+ us over the agent"))
+      << "node0's agent pinged node1's";
+  EXPECT_THAT(doctor.output, HasSubstr("{\"check\": \"clock node1\", \"level\": \"ok\""))
+      << "one machine, one clock";
   for (const v1::AttachedSession& session : status->attached_sessions()) {
     EXPECT_THAT(page, Not(HasSubstr(session.handle()))) << "no session is named";
   }
