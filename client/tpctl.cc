@@ -397,6 +397,17 @@ void PrintDataPlane(const tpd::v1::StatusResponse& status) {
   }
 }
 
+// `message` as JSON with every field, zeros included (status and drain: a script reads them).
+std::string FullJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
 // "12 MiB" / "3 KiB" / "17 B".
 std::string Bytes(uint64_t bytes) {
   if (bytes >= (uint64_t{10} << 30)) return absl::StrCat(bytes >> 30, " GiB");
@@ -453,13 +464,7 @@ int RunStatus(tpd::Client& client) {
     return 0;
   }
   if (absl::GetFlag(FLAGS_json)) {
-    std::string json;
-    google::protobuf::util::JsonPrintOptions options;
-    options.add_whitespace = true;
-    options.always_print_primitive_fields = true;
-    options.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(*status, &json, options);
-    std::cout << json;
+    std::cout << FullJson(*status);
     return 0;
   }
   PrintSummary(*status);
@@ -872,13 +877,7 @@ int RunDrain(const std::vector<std::string>& args) {
         absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
   }
   if (absl::GetFlag(FLAGS_json)) {
-    std::string json;
-    google::protobuf::util::JsonPrintOptions options;
-    options.add_whitespace = true;
-    options.always_print_primitive_fields = true;
-    options.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(response.drain(), &json, options);
-    std::cout << json;
+    std::cout << FullJson(response.drain());
     return 0;
   }
   PrintDrain(response.drain());

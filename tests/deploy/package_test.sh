@@ -8,28 +8,9 @@
 set -uo pipefail
 
 ws="${TEST_SRCDIR}/${TEST_WORKSPACE}"
-xml="${XML_OUTPUT_FILE:-/dev/null}"
-failures=0
-cases=""
-
-record() {  # NAME OUTCOME(pass|fail|skip) MESSAGE
-  local body=""
-  case "$2" in
-    fail) body="<failure message=\"$(printf '%s' "$3" | head -c 2000 | sed 's/&/\&amp;/g; s/</\&lt;/g; s/"/\&quot;/g')\"/>"
-          failures=$((failures + 1)); echo "FAIL $1: $3" ;;
-    skip) body="<skipped message=\"$3\"/>"; echo "SKIP $1: $3" ;;
-    *) echo "PASS $1: $3" ;;
-  esac
-  local result=completed
-  [[ "$2" == skip ]] && result=skipped
-  cases+="<testcase name=\"$1\" classname=\"PackageTest\" status=\"run\" result=\"$result\">$body</testcase>"
-}
-
-finish() {
-  printf '<?xml version="1.0" encoding="UTF-8"?>\n<testsuites><testsuite name="PackageTest">%s</testsuite></testsuites>\n' \
-    "$cases" > "$xml"
-  exit $((failures > 0))
-}
+JUNIT_SUITE=PackageTest
+# shellcheck source=tests/deploy/junit_cases.sh
+source "${TEST_SRCDIR}/${TEST_WORKSPACE}/tests/deploy/junit_cases.sh"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

@@ -11,28 +11,9 @@ readonly MAX_EXPOSURE="3.0"
 unit_src="${TEST_SRCDIR}/${TEST_WORKSPACE}/deploy/tpd.service"
 tpd_bin="${TEST_SRCDIR}/${TEST_WORKSPACE}/daemon/tpd"
 tpctl_bin="${TEST_SRCDIR}/${TEST_WORKSPACE}/client/tpctl"
-xml="${XML_OUTPUT_FILE:-/dev/null}"
-failures=0
-cases=""
-
-record() {  # NAME OUTCOME(pass|fail|skip) MESSAGE
-  local body=""
-  case "$2" in
-    fail) body="<failure message=\"$(printf '%s' "$3" | sed 's/&/\&amp;/g; s/</\&lt;/g; s/"/\&quot;/g')\"/>"
-          failures=$((failures + 1)); echo "FAIL $1: $3" ;;
-    skip) body="<skipped message=\"$3\"/>"; echo "SKIP $1: $3" ;;
-    *) echo "PASS $1: $3" ;;
-  esac
-  local result=completed
-  [[ "$2" == skip ]] && result=skipped
-  cases+="<testcase name=\"$1\" classname=\"UnitSecurityTest\" status=\"run\" result=\"$result\">$body</testcase>"
-}
-
-finish() {
-  printf '<?xml version="1.0" encoding="UTF-8"?>\n<testsuites><testsuite name="UnitSecurityTest">%s</testsuite></testsuites>\n' \
-    "$cases" > "$xml"
-  exit $((failures > 0))
-}
+JUNIT_SUITE=UnitSecurityTest
+# shellcheck source=tests/deploy/junit_cases.sh
+source "${TEST_SRCDIR}/${TEST_WORKSPACE}/tests/deploy/junit_cases.sh"
 
 if ! command -v systemd-analyze >/dev/null 2>&1 ||
    ! systemd-analyze security --help 2>/dev/null | grep -q -- '--offline'; then
