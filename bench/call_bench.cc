@@ -154,17 +154,23 @@ int main(int argc, char** argv) {
         }).ok()) {
     return 1;
   }
+  // One call; its round trip in µs, or a negative number after printing why it failed.
+  auto timed_call = [&](const std::vector<tpd::Tensor>& tensors) -> double {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<tpd::Message> reply =
+        a->Call("bench", "b", "empty", "", tensors, absl::Seconds(10));
+    if (!reply.ok()) {
+      std::fprintf(stderr, "call: %s\n", reply.status().ToString().c_str());
+      return -1;
+    }
+    return absl::ToDoubleMicroseconds(absl::Now() - start);
+  };
   auto measure = [&](int n, const std::vector<tpd::Tensor>& tensors,
                      std::vector<double>* us) -> bool {
     for (int i = 0; i < warmup + n; ++i) {
-      const absl::Time start = absl::Now();
-      absl::StatusOr<tpd::Message> reply =
-          a->Call("bench", "b", "empty", "", tensors, absl::Seconds(10));
-      if (!reply.ok()) {
-        std::fprintf(stderr, "call %d: %s\n", i, reply.status().ToString().c_str());
-        return false;
-      }
-      if (i >= warmup) us->push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+      const double round_trip = timed_call(tensors);
+      if (round_trip < 0) return false;
+      if (i >= warmup) us->push_back(round_trip);
     }
     return true;
   };
@@ -259,9 +265,9 @@ int main(int argc, char** argv) {
   // Empty calls for `duration`, one after another.
   auto measure_for = [&](absl::Duration duration, std::vector<double>* us) {
     for (const absl::Time end = absl::Now() + duration; absl::Now() < end;) {
-      const absl::Time start = absl::Now();
-      if (!a->Call("bench", "b", "empty", "", {}, absl::Seconds(10)).ok()) return false;
-      us->push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+      const double round_trip = timed_call({});
+      if (round_trip < 0) return false;
+      us->push_back(round_trip);
     }
     return true;
   };

@@ -781,6 +781,14 @@ absl::StatusOr<v1::StatusResponse> Client::Status() {
   return response;
 }
 
+absl::StatusOr<v1::ProbePeersResponse> Client::ProbePeers() {
+  v1::ProbePeersResponse response;
+  absl::Status status =
+      FromGrpc(admin_->ProbePeers(Context().get(), v1::ProbePeersRequest(), &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::StatusOr<bool> Client::Serving() {
   auto health = grpc::health::v1::Health::NewStub(channel_);
   grpc::health::v1::HealthCheckResponse response;

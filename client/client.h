@@ -285,6 +285,8 @@ class Client {
 
   // Admin.Status of the daemon.
   absl::StatusOr<v1::StatusResponse> Status();
+  // Admin.ProbePeers: the daemon pings the peer daemons its agent knows (`tpctl doctor`).
+  absl::StatusOr<v1::ProbePeersResponse> ProbePeers();
   // grpc.health.v1 check of the whole daemon: true when SERVING.
   absl::StatusOr<bool> Serving();
 

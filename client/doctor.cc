@@ -27,6 +27,15 @@ class Findings {
   std::vector<Finding> all_;
 };
 
+// Whether the agent registered the transport or channel `name` (none without an agent).
+bool Registered(const google::protobuf::RepeatedPtrField<v1::AgentBackend>& backends,
+                const std::string& name) {
+  for (const v1::AgentBackend& backend : backends) {
+    if (backend.name() == name) return backend.registered();
+  }
+  return false;
+}
+
 std::string Mib(int64_t bytes) { return absl::StrCat(bytes / kMiB, " MiB"); }
 
 void CheckServing(const v1::StatusResponse& status, Findings* out) {
@@ -80,12 +89,7 @@ void CheckLimits(const v1::StatusResponse& status, Findings* out) {
     out->Add("shared memory", Level::kOk,
              absl::StrCat("sessions may hold ", Mib(shm), " of ", Mib(limits.memory_bytes())));
   }
-  bool ibv = false;
-  if (status.has_agent()) {
-    for (const v1::AgentBackend& transport : status.agent().transports()) {
-      ibv |= transport.name() == "ibv" && transport.registered();
-    }
-  }
+  const bool ibv = Registered(status.agent().transports(), "ibv");
   const int64_t memlock = limits.memlock_limit_bytes();
   const std::string memlock_text = memlock < 0 ? "unlimited" : Mib(memlock);
   if (ibv && memlock >= 0 && memlock < kGiB) {
@@ -120,10 +124,7 @@ void CheckAgent(const v1::StatusResponse& status, Findings* out) {
                             backend.reason().empty() ? "" : absl::StrCat(": ", backend.reason())));
     }
   }
-  bool cma = false;
-  for (const v1::AgentBackend& channel : agent.channels()) {
-    cma |= channel.name() == "cma" && channel.registered();
-  }
+  const bool cma = Registered(agent.channels(), "cma");
   const v1::NodeLimits& limits = status.limits();
   if (cma && limits.yama_ptrace_scope() >= 1 && !limits.cap_sys_ptrace()) {
     out->Add("cma", Level::kWarning,

@@ -802,14 +802,9 @@ int RunDoctor(tpd::Client& client) {
   absl::StatusOr<tpd::v1::StatusResponse> status = client.Status();
   if (!status.ok()) return Error(status.status());
   // Round trips and clocks of the peers, pinged by the daemon over its agent.
-  std::unique_ptr<tpd::v1::Admin::Stub> admin = tpd::v1::Admin::NewStub(grpc::CreateChannel(
-      absl::StrCat("unix:", client.socket_path()), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  tpd::v1::ProbePeersResponse probes;
-  const bool probed = admin->ProbePeers(&context, tpd::v1::ProbePeersRequest(), &probes).ok();
+  const absl::StatusOr<tpd::v1::ProbePeersResponse> probes = client.ProbePeers();
   const std::vector<tpd::Finding> findings =
-      tpd::Diagnose(*status, probed ? &probes : nullptr, absl::Now());
+      tpd::Diagnose(*status, probes.ok() ? &*probes : nullptr, absl::Now());
   int problems = 0;
   int warnings = 0;
   for (const tpd::Finding& finding : findings) {

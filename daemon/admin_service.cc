@@ -328,7 +328,7 @@ void AdminService::Fill(v1::StatusResponse* response) const {
   const MachineFacts machine = ReadMachineFacts();
   limits->set_open_file_limit(machine.open_files);
   limits->set_open_files_needed(config_->data.max_sessions * kFilesPerSession + kFilesKept);
-  limits->set_open_files(static_cast<int64_t>(SampleThisProcess().open_fds));
+  limits->set_open_files(CountOpenFiles());
   limits->set_memory_bytes(machine.memory_bytes);
   limits->set_memlock_limit_bytes(MemlockLimit());
   const PtraceFacts ptrace = ReadPtraceFacts();

@@ -36,8 +36,9 @@ void ControlService::CloseStreams(std::string why) {
   grpc::Status status;
   {
     absl::MutexLock lock(&mu_);
-    if (!closed_) closed_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::move(why));
-    closed_ = true;
+    if (closed_status_.ok()) {
+      closed_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::move(why));
+    }
     status = closed_status_;
     streams = std::move(streams_);
   }
@@ -81,7 +82,7 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
       ClientDescription(request->client().empty() ? context->peer() : request->client());
   {
     absl::MutexLock lock(&mu_);
-    if (!closed_ && static_cast<int64_t>(sessions_.size()) >= max_open_sessions_) {
+    if (closed_status_.ok() && static_cast<int64_t>(sessions_.size()) >= max_open_sessions_) {
       const absl::Status full = absl::ResourceExhaustedError(absl::StrCat(
           "data.max_open_sessions (", max_open_sessions_,
           ") sessions are open on this daemon; end some of them or raise the setting"));
@@ -98,7 +99,7 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ControlService::OpenSession(
   grpc::Status closed_status;
   {
     absl::MutexLock lock(&mu_);
-    closed = closed_;
+    closed = !closed_status_.ok();
     closed_status = closed_status_;
     stream = next_stream_++;
     if (!closed) {
@@ -265,7 +266,7 @@ grpc::ServerWriteReactor<v1::GroupEvent>* ControlService::WatchGroup(
   if (tracker.ok()) {
     watcher = std::make_shared<WatchSink>(sink);
     absl::MutexLock lock(&mu_);
-    closed = closed_;
+    closed = !closed_status_.ok();
     closed_status = closed_status_;
     stream = next_stream_++;
     if (!closed) {

@@ -80,8 +80,8 @@ class ControlService final : public v1::Control::CallbackService {
   const int64_t max_open_sessions_;
 
   absl::Mutex mu_;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::Status closed_status_ ABSL_GUARDED_BY(mu_);  // what streams end with once closed_
+  // OK while open; once CloseStreams ran, what every stream ends with.
+  grpc::Status closed_status_ ABSL_GUARDED_BY(mu_);
   // Closers of the open streams.
   std::map<int64_t, std::function<void(const grpc::Status&)>> streams_ ABSL_GUARDED_BY(mu_);
   int64_t next_stream_ ABSL_GUARDED_BY(mu_) = 0;

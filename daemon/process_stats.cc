@@ -45,17 +45,21 @@ ProcessSample SampleThisProcess() {
       sample.start_time_seconds = absl::ToUnixSeconds(absl::Now()) - uptime + field(22) / ticks;
     }
   }
-  if (DIR* fds = opendir("/proc/self/fd")) {
-    int count = 0;
-    while (const dirent* entry = readdir(fds)) {
-      if (entry->d_name[0] != '.') ++count;
-    }
-    closedir(fds);
-    sample.open_fds = count - 1;  // not the one opendir holds
-  }
+  sample.open_fds = static_cast<double>(CountOpenFiles());
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) == 0) sample.max_fds = static_cast<double>(limit.rlim_cur);
   return sample;
+}
+
+int64_t CountOpenFiles() {
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return 0;
+  int64_t count = 0;
+  while (const dirent* entry = readdir(fds)) {
+    if (entry->d_name[0] != '.') ++count;
+  }
+  closedir(fds);
+  return count - 1;  // not the one opendir holds
 }
 
 PtraceFacts ReadPtraceFacts() {

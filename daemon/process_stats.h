@@ -21,6 +21,9 @@ struct ProcessSample {
 };
 ProcessSample SampleThisProcess();
 
+// Descriptors this process holds open now (/proc/self/fd).
+int64_t CountOpenFiles();
+
 // What decides whether this process may read another's memory (process_vm_readv, as
 // TensorPipe's cma channel does): Yama's ptrace_scope (-1 without Yama) and CAP_SYS_PTRACE.
 struct PtraceFacts {

@@ -229,8 +229,7 @@ agent::Handler CallRouter::AgentHandler() { return remote_.Handler(); }
 size_t CallRouter::Drain(absl::Time deadline, std::string why) {
   {
     absl::MutexLock lock(&mu_);
-    if (!draining_) draining_why_ = std::move(why);
-    draining_ = true;
+    if (draining_why_.empty()) draining_why_ = std::move(why);
   }
   // No new call starts now: what is in flight only ends.
   pending_.AwaitNone(deadline);
@@ -242,7 +241,7 @@ size_t CallRouter::CallsInFlight() { return pending_.size() + remote_.calls().si
 
 bool CallRouter::draining() {
   absl::MutexLock lock(&mu_);
-  return draining_;
+  return !draining_why_.empty();
 }
 
 absl::Status CallRouter::StoppingError() {

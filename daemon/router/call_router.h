@@ -198,7 +198,7 @@ class CallRouter {
   // Calls to and from other nodes.
   router::Remote remote_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // Empty until Drain: then why new calls are refused ("is stopping", "is draining ...").
   std::string draining_why_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> last_peer_id_{0};  // Session::peer_id
   // Session threads spinning through a call of their client, or a handler of it (Serve), at
