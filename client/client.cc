@@ -789,6 +789,14 @@ absl::StatusOr<v1::ProbePeersResponse> Client::ProbePeers() {
   return response;
 }
 
+absl::StatusOr<v1::ProbeStoresResponse> Client::ProbeStores() {
+  v1::ProbeStoresResponse response;
+  absl::Status status =
+      FromGrpc(admin_->ProbeStores(Context().get(), v1::ProbeStoresRequest(), &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::StatusOr<bool> Client::Serving() {
   auto health = grpc::health::v1::Health::NewStub(channel_);
   grpc::health::v1::HealthCheckResponse response;

@@ -287,6 +287,9 @@ class Client {
   absl::StatusOr<v1::StatusResponse> Status();
   // Admin.ProbePeers: the daemon pings the peer daemons its agent knows (`tpctl doctor`).
   absl::StatusOr<v1::ProbePeersResponse> ProbePeers();
+  // Admin.ProbeStores: the members of the etcd clusters behind the node's rendezvous stores,
+  // as the stores' endpoints answer (`tpctl doctor`).
+  absl::StatusOr<v1::ProbeStoresResponse> ProbeStores();
   // grpc.health.v1 check of the whole daemon: true when SERVING.
   absl::StatusOr<bool> Serving();
 

@@ -1,5 +1,6 @@
 #include "client/doctor.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -232,6 +233,107 @@ void CheckProbes(const v1::StatusResponse& status, const v1::ProbePeersResponse&
   }
 }
 
+// The members of each etcd cluster behind a rendezvous store, as the store's endpoints answer.
+void CheckStoreClusters(const v1::ProbeStoresResponse& probes, Findings* out) {
+  for (const v1::StoreProbe& store : probes.stores()) {
+    const std::string check = absl::StrCat("etcd ", store.name());
+    std::vector<std::string> leaders;
+    std::vector<std::string> versions;
+    int answered = 0;
+    bool trouble = false;
+    std::vector<std::string> silent;  // members and endpoints that did not answer
+    // Members by id, for naming leaders.
+    const auto name_of = [&store](const std::string& id) {
+      for (const v1::StoreMember& member : store.members()) {
+        if (member.id() == id && !member.name().empty()) return member.name();
+      }
+      return id;
+    };
+    for (const v1::StoreMember& member : store.members()) {
+      const std::string who = absl::StrCat("member ", member.name().empty() ? member.id() : member.name());
+      if (member.endpoint().empty()) {
+        out->Add(check, Level::kNote,
+                 absl::StrCat(who, " (", absl::StrJoin(member.client_urls(), ", "),
+                              ") is not among the URL's endpoints: not asked, and the store "
+                              "cannot fail over to it"),
+                 "name every member in the etcd:// URL (etcd://a:2379,b:2379,c:2379/prefix)");
+        continue;
+      }
+      const std::string at = absl::StrCat(who, " at ", member.endpoint());
+      if (!member.unanswered().empty()) {
+        silent.push_back(absl::StrCat(at, " does not answer: ", member.unanswered()));
+        continue;
+      }
+      ++answered;
+      if (member.errors_size() > 0) {
+        trouble = true;
+        const std::string raised = absl::StrJoin(member.errors(), "; ");
+        out->Add(check, Level::kProblem, absl::StrCat(at, " raises: ", raised),
+                 absl::StrContains(raised, "NOSPACE")
+                     ? "its database is full and it refuses writes: etcdctl compact, etcdctl "
+                       "defrag, then etcdctl alarm disarm (docs/etcd.md)"
+                     : "see etcd's log on that member; etcdctl alarm list");
+      }
+      if (member.leader_id().empty()) {
+        trouble = true;
+        out->Add(check, Level::kProblem,
+                 absl::StrCat(at, " has no leader: the cluster has lost its majority, or this "
+                                  "member is cut off from it"),
+                 "bring members back until a majority runs (etcdctl endpoint status --cluster)");
+        continue;
+      }
+      if (std::find(leaders.begin(), leaders.end(), member.leader_id()) == leaders.end()) {
+        leaders.push_back(member.leader_id());
+      }
+      if (std::find(versions.begin(), versions.end(), member.version()) == versions.end()) {
+        versions.push_back(member.version());
+      }
+      out->Add(check, Level::kOk,
+               absl::StrFormat("%s: etcd %s, leader %s, term %d, db %s, round trip %.1f ms", at,
+                               member.version(), name_of(member.leader_id()), member.raft_term(),
+                               Mib(member.db_size_bytes()), member.round_trip_ms()));
+    }
+    for (const std::string& unanswered : store.unanswered()) {
+      silent.push_back(absl::StrCat("endpoint ", unanswered));
+    }
+    for (const std::string& detail : silent) {
+      trouble = true;
+      out->Add(check, answered > 0 ? Level::kWarning : Level::kProblem, detail,
+               answered > 0 ? "the store fails over to the others meanwhile; check that member "
+                              "(etcdctl endpoint health)"
+                            : "no member answers: check the etcd members and this node's network "
+                              "to them (etcdctl endpoint health)");
+    }
+    if (!store.list_error().empty()) {
+      trouble = true;
+      out->Add(check, answered > 0 ? Level::kWarning : Level::kProblem,
+               absl::StrCat("the members could not be listed: ", store.list_error()),
+               "check the etcd members (etcdctl member list, endpoint health)");
+    }
+    if (leaders.size() > 1) {
+      trouble = true;
+      out->Add(check, Level::kWarning,
+               absl::StrCat("members disagree on the leader (",
+                            absl::StrJoin(leaders, ", ",
+                                          [&](std::string* to, const std::string& id) {
+                                            to->append(name_of(id));
+                                          }),
+                            "): an election is under way, or a member is cut off"),
+               "check again in a few seconds; if it lasts, etcdctl endpoint status --cluster");
+    }
+    if (versions.size() > 1) {
+      out->Add(check, Level::kNote,
+               absl::StrCat("members run etcd ", absl::StrJoin(versions, " and "),
+                            ": an upgrade under way?"));
+    }
+    if (!trouble && answered > 0) {
+      out->Add(check, Level::kOk,
+               absl::StrCat(store.members_size(), " members, every endpoint answers, leader ",
+                            name_of(leaders.front())));
+    }
+  }
+}
+
 void CheckGpus(const v1::StatusResponse& status, Findings* out) {
   const v1::GpuStatus& gpus = status.gpus();
   if (gpus.devices_size() == 0) {
@@ -298,14 +400,15 @@ const char* LevelName(Finding::Level level) {
   return "?";
 }
 
-std::vector<Finding> Diagnose(const v1::StatusResponse& status,
-                              const v1::ProbePeersResponse* probes, absl::Time now) {
+std::vector<Finding> Diagnose(const v1::StatusResponse& status, const Probes& probes,
+                              absl::Time now) {
   Findings out;
   CheckServing(status, &out);
   CheckLimits(status, &out);
   CheckAgent(status, &out);
-  if (probes != nullptr) CheckProbes(status, *probes, &out);
+  if (probes.peers != nullptr) CheckProbes(status, *probes.peers, &out);
   CheckPeersAndStores(status, now, &out);
+  if (probes.stores != nullptr) CheckStoreClusters(*probes.stores, &out);
   CheckGpus(status, &out);
   CheckMetrics(status, &out);
   return out.Take();

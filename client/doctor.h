@@ -1,7 +1,8 @@
 // `tpctl doctor`: what stands in the way on this node, each finding with what to do. It reads
 // the daemon's own view (Admin.Status: its limits, its transports and channels and why each is
-// on or off, its GPUs, its peers and rendezvous stores), so it needs no privilege beyond the
-// socket and sees what the daemon sees.
+// on or off, its GPUs, its peers and rendezvous stores) and what it measures when asked (its
+// peers pinged, its etcd clusters' members asked), so it needs no privilege beyond the socket
+// and sees what the daemon sees.
 //
 // Thread safety: a pure function.
 
@@ -27,10 +28,17 @@ struct Finding {
 // "ok", "note", "warning", "PROBLEM".
 const char* LevelName(Finding::Level level);
 
+// What the daemon measured when asked; either may be missing (nullptr).
+struct Probes {
+  const v1::ProbePeersResponse* peers = nullptr;    // Admin.ProbePeers
+  const v1::ProbeStoresResponse* stores = nullptr;  // Admin.ProbeStores
+};
+
 // Every finding about the daemon `status` describes, as of `now`, in a stable order; with
-// `probes` (Admin.ProbePeers), also each peer's round trip and clock.
-std::vector<Finding> Diagnose(const v1::StatusResponse& status,
-                              const v1::ProbePeersResponse* probes, absl::Time now);
+// `probes`, also each peer's round trip and clock, and the members of each etcd cluster
+// behind a rendezvous store.
+std::vector<Finding> Diagnose(const v1::StatusResponse& status, const Probes& probes,
+                              absl::Time now);
 
 }  // namespace tpd
 

@@ -802,9 +802,13 @@ int RunDoctor(tpd::Client& client) {
   absl::StatusOr<tpd::v1::StatusResponse> status = client.Status();
   if (!status.ok()) return Error(status.status());
   // Round trips and clocks of the peers, pinged by the daemon over its agent.
-  const absl::StatusOr<tpd::v1::ProbePeersResponse> probes = client.ProbePeers();
-  const std::vector<tpd::Finding> findings =
-      tpd::Diagnose(*status, probes.ok() ? &*probes : nullptr, absl::Now());
+  const absl::StatusOr<tpd::v1::ProbePeersResponse> peers = client.ProbePeers();
+  // The members of the etcd clusters behind its rendezvous stores, asked by the daemon.
+  const absl::StatusOr<tpd::v1::ProbeStoresResponse> stores = client.ProbeStores();
+  tpd::Probes probes;
+  if (peers.ok()) probes.peers = &*peers;
+  if (stores.ok()) probes.stores = &*stores;
+  const std::vector<tpd::Finding> findings = tpd::Diagnose(*status, probes, absl::Now());
   int problems = 0;
   int warnings = 0;
   for (const tpd::Finding& finding : findings) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_format.h"
 #include "daemon/process_stats.h"
@@ -233,6 +234,87 @@ grpc::ServerUnaryReactor* AdminService::ProbePeers(grpc::CallbackServerContext* 
                                                    v1::ProbePeersResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Probe([reactor, response](const v1::ProbePeersResponse& answer) {
+    *response = answer;
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+AdminService::~AdminService() {
+  std::thread last;
+  {
+    absl::MutexLock lock(&store_probe_mu_);
+    last = std::move(store_prober_);
+  }
+  if (last.joinable()) last.join();
+}
+
+void AdminService::ProbeStoreClusters(std::function<void(const v1::ProbeStoresResponse&)> done) {
+  std::optional<v1::ProbeStoresResponse> cached;
+  std::thread finished;
+  {
+    absl::MutexLock lock(&store_probe_mu_);
+    if (!store_probe_running_ && absl::Now() - last_store_probe_ < absl::Seconds(1)) {
+      cached = last_store_probe_answer_;
+    } else {
+      // The probe running, or a new one, answers.
+      store_probe_waiting_.push_back(std::move(done));
+      if (store_probe_running_) return;
+      store_probe_running_ = true;
+      finished = std::move(store_prober_);
+      store_prober_ = std::thread([this] { RunStoreProbe(); });
+    }
+  }
+  if (cached.has_value()) {
+    done(*cached);
+    return;
+  }
+  // The last probe's thread has answered its callers (or is about to): it ends at once.
+  if (finished.joinable()) finished.join();
+}
+
+void AdminService::RunStoreProbe() {
+  v1::ProbeStoresResponse answer;
+  for (const auto& [name, health] : groups_->ProbeStoreClusters(absl::Now() + absl::Seconds(2))) {
+    v1::StoreProbe* store = answer.add_stores();
+    store->set_name(name);
+    store->set_list_error(health.list_error);
+    for (const store::Cluster::Member& member : health.members) {
+      v1::StoreMember* out = store->add_members();
+      out->set_id(absl::StrFormat("%x", member.id));
+      out->set_name(member.name);
+      for (const std::string& url : member.client_urls) out->add_client_urls(url);
+      out->set_learner(member.learner);
+      out->set_endpoint(member.endpoint);
+      out->set_unanswered(member.unanswered);
+      if (member.endpoint.empty() || !member.unanswered.empty()) continue;
+      out->set_version(member.version);
+      out->set_db_size_bytes(member.db_size_bytes);
+      if (member.leader != 0) out->set_leader_id(absl::StrFormat("%x", member.leader));
+      out->set_raft_term(member.raft_term);
+      out->set_raft_index(member.raft_index);
+      for (const std::string& error : member.errors) out->add_errors(error);
+      out->set_round_trip_ms(absl::ToDoubleMilliseconds(member.round_trip));
+    }
+    for (const std::string& unanswered : health.unanswered) store->add_unanswered(unanswered);
+  }
+  answer.set_probed_unix_ms(absl::ToUnixMillis(absl::Now()));
+  std::vector<std::function<void(const v1::ProbeStoresResponse&)>> waiting;
+  {
+    absl::MutexLock lock(&store_probe_mu_);
+    last_store_probe_ = absl::Now();
+    last_store_probe_answer_ = answer;
+    store_probe_running_ = false;
+    waiting.swap(store_probe_waiting_);
+  }
+  for (const auto& done : waiting) done(answer);
+}
+
+grpc::ServerUnaryReactor* AdminService::ProbeStores(grpc::CallbackServerContext* context,
+                                                    const v1::ProbeStoresRequest*,
+                                                    v1::ProbeStoresResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  ProbeStoreClusters([reactor, response](const v1::ProbeStoresResponse& answer) {
     *response = answer;
     reactor->Finish(grpc::Status::OK);
   });

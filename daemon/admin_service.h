@@ -14,6 +14,8 @@
 #include <atomic>
 #include <functional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -40,6 +42,8 @@ class AdminService final : public v1::Admin::CallbackService {
                const CallStats* store_calls, const CallStats* control_calls,
                const InFlightCalls* in_flight, std::string peer_address,
                group::GroupManager* groups);
+  // Waits for a store probe still running.
+  ~AdminService() override;
 
   // The data socket whose attached sessions Status lists; set before serving, outlives this.
   void set_data_socket(const DataSocket* data_socket) { data_socket_ = data_socket; }
@@ -81,6 +85,14 @@ class AdminService final : public v1::Admin::CallbackService {
                                        v1::ProbePeersResponse* response) override;
   // The same, for OperatorService: `done` gets the answers.
   void Probe(std::function<void(const v1::ProbePeersResponse&)> done);
+  // Asks the clusters behind the rendezvous stores in use (etcd) how their members are, on a
+  // thread of its own (the answers take round trips to etcd): one probe at a time, at most
+  // one a second.
+  grpc::ServerUnaryReactor* ProbeStores(grpc::CallbackServerContext* context,
+                                        const v1::ProbeStoresRequest* request,
+                                        v1::ProbeStoresResponse* response) override;
+  // The same, for OperatorService.
+  void ProbeStoreClusters(std::function<void(const v1::ProbeStoresResponse&)> done);
 
   // PERMISSION_DENIED: drains are served on the operator socket only (OperatorService).
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
@@ -112,6 +124,18 @@ class AdminService final : public v1::Admin::CallbackService {
   absl::Mutex probe_mu_;
   absl::Time last_probe_ ABSL_GUARDED_BY(probe_mu_) = absl::InfinitePast();
   v1::ProbePeersResponse last_probe_answer_ ABSL_GUARDED_BY(probe_mu_);
+
+  // One probe of the stores' clusters at a time (RunStoreProbe, on store_prober_); callers
+  // meanwhile wait in store_probe_waiting_ for its answers.
+  void RunStoreProbe();
+  absl::Mutex store_probe_mu_;
+  bool store_probe_running_ ABSL_GUARDED_BY(store_probe_mu_) = false;
+  absl::Time last_store_probe_ ABSL_GUARDED_BY(store_probe_mu_) = absl::InfinitePast();
+  v1::ProbeStoresResponse last_store_probe_answer_ ABSL_GUARDED_BY(store_probe_mu_);
+  std::vector<std::function<void(const v1::ProbeStoresResponse&)>> store_probe_waiting_
+      ABSL_GUARDED_BY(store_probe_mu_);
+  // The last probe's thread: joined by the next probe and by the destructor.
+  std::thread store_prober_ ABSL_GUARDED_BY(store_probe_mu_);
 };
 
 }  // namespace tpd

@@ -49,6 +49,17 @@ grpc::ServerUnaryReactor* OperatorService::ProbePeers(grpc::CallbackServerContex
   return reactor;
 }
 
+grpc::ServerUnaryReactor* OperatorService::ProbeStores(grpc::CallbackServerContext* context,
+                                                       const v1::ProbeStoresRequest*,
+                                                       v1::ProbeStoresResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  admin_->ProbeStoreClusters([reactor, response](const v1::ProbeStoresResponse& answer) {
+    *response = answer;
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* OperatorService::Drain(grpc::CallbackServerContext*,
                                                  const v1::DrainRequest* request,
                                                  v1::DrainResponse* response) {

@@ -31,6 +31,9 @@ class OperatorService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* ProbePeers(grpc::CallbackServerContext* context,
                                        const v1::ProbePeersRequest* request,
                                        v1::ProbePeersResponse* response) override;
+  grpc::ServerUnaryReactor* ProbeStores(grpc::CallbackServerContext* context,
+                                        const v1::ProbeStoresRequest* request,
+                                        v1::ProbeStoresResponse* response) override;
   // INVALID_ARGUMENT for a timeout outside 0..1 hour; otherwise answers once drained.
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const v1::DrainRequest* request,

@@ -44,6 +44,7 @@ inline bool SurelyNotApplied(const absl::Status& status) {
 }
 
 class Leases;
+class Cluster;
 
 // A user of a node: whom a daemon's store calls are made for, when it makes them on a local
 // user's behalf.
@@ -61,6 +62,10 @@ class Store {
   // The store's leases, for backends whose server expires keys itself (etcd); nullptr for
   // those without (their users prove liveness by writing changing values instead).
   virtual Leases* leases() { return nullptr; }
+
+  // The cluster of servers behind the store, for backends run as one (etcd): its members and
+  // how each is, for operators (tpctl doctor). nullptr for the others.
+  virtual Cluster* cluster() { return nullptr; }
 
   // This store as the calls of `user`, a local user of this node, reach it: a store another
   // daemon serves charges them to that user's share there (remote/remote_store.h). nullptr
@@ -133,6 +138,44 @@ class Leases {
   virtual absl::Status KeepLeaseAlive(int64_t id) = 0;
   // Ends lease `id` now and deletes its keys; OK when it had already expired.
   virtual absl::Status RevokeLease(int64_t id) = 0;
+};
+
+// The members of the cluster that serves a store, as its endpoints answer for them.
+class Cluster {
+ public:
+  struct Member {
+    uint64_t id = 0;
+    std::string name;
+    std::vector<std::string> client_urls;  // as the member advertises them
+    bool learner = false;
+    // The store's endpoint that is this member (by its answer, or by a client URL naming the
+    // endpoint); empty when none is (it was not asked: the store never dials addresses its
+    // servers name, only the ones its URL named).
+    std::string endpoint;
+    // Why the endpoint did not answer; empty when it did, and then its answer follows.
+    std::string unanswered;
+    std::string version;
+    int64_t db_size_bytes = 0;
+    uint64_t leader = 0;  // the member it takes for the leader; 0: none
+    uint64_t raft_term = 0;
+    uint64_t raft_index = 0;
+    std::vector<std::string> errors;  // what the member raises (alarms: "NOSPACE")
+    absl::Duration round_trip;
+  };
+  struct Health {
+    // In the cluster's order; when they could not be listed, those that answered.
+    std::vector<Member> members;
+    std::string list_error;  // why the members could not be listed; "" when they were
+    // Endpoints of the store that did not answer and are no listed member's, each with why:
+    // "host:port: <error>".
+    std::vector<std::string> unanswered;
+  };
+
+  virtual ~Cluster() = default;
+
+  // Lists the members (through any endpoint) and asks each of the store's endpoints how its
+  // member is; the answers by `deadline` (listing may take the store's call timeout).
+  virtual Health ProbeMembers(absl::Time deadline) = 0;
 };
 
 }  // namespace tpd::store

@@ -582,20 +582,36 @@ std::vector<v1::GroupView> GroupManager::ListGroups() {
   return views;
 }
 
-std::map<std::string, LivenessStats> GroupManager::RendezvousStores() {
+std::vector<std::shared_ptr<GroupManager::StoreEntry>> GroupManager::OpenStores() {
   std::vector<std::shared_ptr<StoreEntry>> entries;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [name, weak] : stores_) {
-      if (std::shared_ptr<StoreEntry> entry = weak.lock()) entries.push_back(std::move(entry));
-    }
+  absl::MutexLock lock(&mu_);
+  for (auto& [name, weak] : stores_) {
+    if (std::shared_ptr<StoreEntry> entry = weak.lock()) entries.push_back(std::move(entry));
   }
+  return entries;
+}
+
+std::map<std::string, LivenessStats> GroupManager::RendezvousStores() {
+  const std::vector<std::shared_ptr<StoreEntry>> entries = OpenStores();
   // Outside mu_: a liveness's mutex is held across its store calls.
   std::map<std::string, LivenessStats> stores;
   for (const std::shared_ptr<StoreEntry>& entry : entries) {
     stores[entry->name] = entry->liveness->Stats();
   }
   return stores;
+}
+
+std::map<std::string, store::Cluster::Health> GroupManager::ProbeStoreClusters(
+    absl::Time deadline) {
+  const std::vector<std::shared_ptr<StoreEntry>> entries = OpenStores();
+  // Outside mu_: probing takes round trips to the store's servers.
+  std::map<std::string, store::Cluster::Health> clusters;
+  for (const std::shared_ptr<StoreEntry>& entry : entries) {
+    if (store::Cluster* cluster = entry->store->cluster()) {
+      clusters[entry->name] = cluster->ProbeMembers(deadline);
+    }
+  }
+  return clusters;
 }
 
 std::map<std::string, absl::Time> GroupManager::PeerHeartbeats() {

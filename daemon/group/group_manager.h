@@ -119,6 +119,9 @@ class GroupManager {
   std::vector<v1::GroupView> ListGroups();
   // The rendezvous stores in use, by name, with this node's liveness in each.
   std::map<std::string, LivenessStats> RendezvousStores();
+  // The members of the cluster behind each rendezvous store in use that runs as one (etcd),
+  // by store name, as its endpoints answer by `deadline` (store::Cluster::ProbeMembers).
+  std::map<std::string, store::Cluster::Health> ProbeStoreClusters(absl::Time deadline);
   // The store `group`'s members share on every node (its rendezvous store, under
   // "tpd/group/<group>/store/"), for `session_id`, which must hold a member of it here
   // (PERMISSION_DENIED otherwise). The pointer keeps the store open while it is held.
@@ -170,6 +173,8 @@ class GroupManager {
     std::optional<int64_t> uid;  // whose join it counts against; nullopt: a lookup's
   };
 
+  // The stores some group still holds open.
+  std::vector<std::shared_ptr<StoreEntry>> OpenStores() ABSL_LOCKS_EXCLUDED(mu_);
   // `creation`: only a Join may create a file:// store's file.
   absl::StatusOr<std::shared_ptr<StoreEntry>> StoreFor(const store::InitMethod& method,
                                                        store::FileCreation creation);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "base/check.h"
 #include "base/summarize.h"
@@ -253,6 +254,8 @@ EtcdStore::EtcdStore(std::vector<std::string> endpoints, std::string prefix,
     endpoint.watch = etcdserverpb::Watch::NewStub(endpoint.channel);
     endpoint.auth = etcdserverpb::Auth::NewStub(endpoint.channel);
     endpoint.lease = etcdserverpb::Lease::NewStub(endpoint.channel);
+    endpoint.cluster = etcdserverpb::Cluster::NewStub(endpoint.channel);
+    endpoint.maintenance = etcdserverpb::Maintenance::NewStub(endpoint.channel);
     endpoint.address = std::move(address);
     endpoints_.push_back(std::move(endpoint));
   }
@@ -278,6 +281,11 @@ EtcdStore::~EtcdStore() {
 }
 
 std::string EtcdStore::EtcdKey(absl::string_view key) const { return absl::StrCat(prefix_, key); }
+
+std::string EtcdStore::CurrentToken() {
+  absl::MutexLock lock(&token_mu_);
+  return token_.token;
+}
 
 absl::StatusOr<EtcdStore::Token> EtcdStore::GetToken(Endpoint& endpoint, absl::Time deadline,
                                                      int64_t stale) {
@@ -857,6 +865,121 @@ void EtcdStore::CancelWait(WaitId id) {
     waiters_.Cancel(id, &completions);
   }
   WaiterTable::Run(std::move(completions));
+}
+
+std::string EtcdStore::EndpointNamedBy(const std::vector<std::string>& client_urls) const {
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    const std::string& address = endpoints_[i].address;
+    const std::string port = address.substr(address.rfind(':'));
+    std::string named_host;  // the endpoint as the URL named it, before it was resolved
+    if (i < options_.endpoint_hosts.size() && !options_.endpoint_hosts[i].empty()) {
+      named_host = absl::StrCat(options_.endpoint_hosts[i], port);
+    }
+    for (absl::string_view url : client_urls) {
+      if (!absl::ConsumePrefix(&url, "http://")) absl::ConsumePrefix(&url, "https://");
+      absl::ConsumeSuffix(&url, "/");
+      if (url == address || (!named_host.empty() && url == named_host)) return address;
+    }
+  }
+  return "";
+}
+
+Cluster::Health EtcdStore::ProbeMembers(absl::Time deadline) {
+  Health health;
+  etcdserverpb::MemberListResponse list;
+  const absl::Status listed =
+      CallEtcd("member list", Retry::kIdempotent, [&](Endpoint& endpoint, grpc::ClientContext& context) {
+        return endpoint.cluster->MemberList(&context, etcdserverpb::MemberListRequest(), &list);
+      });
+  if (listed.ok()) {
+    for (const etcdserverpb::Member& from : list.members()) {
+      if (health.members.size() == kMaxProbedMembers) break;
+      Member& member = health.members.emplace_back();
+      member.id = from.id();
+      member.name = Echo(from.name());
+      for (const std::string& url : from.clienturls()) {
+        if (member.client_urls.size() == kMaxListedItems) break;
+        member.client_urls.push_back(Echo(url));
+      }
+      member.learner = from.islearner();
+      member.endpoint = EndpointNamedBy({from.clienturls().begin(), from.clienturls().end()});
+    }
+  } else {
+    health.list_error = listed.ToString();
+  }
+
+  // Every endpoint at once: a member that is down costs the probe one failed connection, not
+  // a timeout each in turn. No "hasleader" (Decorate): a member without a leader must answer,
+  // saying so. The token is the one calls carry (listing authenticated, where it could).
+  struct Asked {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<etcdserverpb::StatusResponse>> call;
+    etcdserverpb::StatusResponse response;
+    grpc::Status status;
+    absl::Time sent;
+    absl::Duration round_trip;
+  };
+  const std::string token = CurrentToken();
+  grpc::CompletionQueue queue;
+  std::vector<Asked> asked(endpoints_.size());
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    Asked& one = asked[i];
+    one.context.set_deadline(absl::ToChronoTime(deadline));
+    if (!token.empty()) one.context.AddMetadata("token", token);
+    one.sent = absl::Now();
+    one.call = endpoints_[i].maintenance->AsyncStatus(&one.context, etcdserverpb::StatusRequest(),
+                                                      &queue);
+    one.call->Finish(&one.response, &one.status, reinterpret_cast<void*>(i));
+  }
+  // Each call ends by its deadline, so every tag comes back.
+  void* tag;
+  bool ok;
+  for (size_t left = asked.size(); left > 0; --left) {
+    if (!queue.Next(&tag, &ok)) break;
+    Asked& one = asked[reinterpret_cast<uintptr_t>(tag)];
+    one.round_trip = absl::Now() - one.sent;
+  }
+  queue.Shutdown();
+  while (queue.Next(&tag, &ok)) {
+  }
+
+  for (size_t i = 0; i < asked.size(); ++i) {
+    const Asked& one = asked[i];
+    const std::string& address = endpoints_[i].address;
+    if (!one.status.ok()) {
+      const std::string why = Echo(one.status.error_message());
+      auto member = std::find_if(health.members.begin(), health.members.end(),
+                                 [&address](const Member& m) { return m.endpoint == address; });
+      if (member != health.members.end()) {
+        member->unanswered = why;
+      } else {
+        health.unanswered.push_back(absl::StrCat(address, ": ", why));
+      }
+      continue;
+    }
+    const uint64_t id = one.response.header().member_id();
+    auto member = std::find_if(health.members.begin(), health.members.end(),
+                               [id](const Member& m) { return m.id == id; });
+    if (member == health.members.end()) {
+      // Not listed (listing failed, or the member joined since): known by its answer alone.
+      if (health.members.size() == kMaxProbedMembers) continue;
+      member = health.members.insert(health.members.end(), Member());
+      member->id = id;
+    }
+    member->endpoint = address;
+    member->version = Echo(one.response.version());
+    member->db_size_bytes = one.response.dbsize();
+    member->leader = one.response.leader();
+    member->raft_term = one.response.raftterm();
+    member->raft_index = one.response.raftindex();
+    member->learner = member->learner || one.response.islearner();
+    for (const std::string& error : one.response.errors()) {
+      if (member->errors.size() == kMaxListedItems) break;
+      member->errors.push_back(Echo(error));
+    }
+    member->round_trip = one.round_trip;
+  }
+  return health;
 }
 
 EtcdStoreStats EtcdStore::Stats() {

@@ -19,6 +19,9 @@
 // callbacks have run, on this thread or on the watch thread), so this store's waits complete
 // as promptly as a MemoryStore's.
 //
+// The cluster (store::Cluster) is etcd's too: its members (Cluster.MemberList, with failover)
+// and each endpoint's own view (Maintenance.Status, every endpoint at once).
+//
 // Leases (store::Leases) are etcd's: granted, bound to keys, renewed (one LeaseKeepAlive
 // stream per renewal) and revoked through the same failover, deadlines and token as KV calls.
 //
@@ -106,7 +109,7 @@ struct EtcdStoreStats {
   int64_t compactions_seen = 0;
 };
 
-class EtcdStore : public Store, public Leases {
+class EtcdStore : public Store, public Leases, public Cluster {
  public:
   // A store over the etcd cluster at `endpoints` ("ip:port" or "[ip6]:port", as dialed; the
   // caller has resolved and checked them) keeping its keys under `prefix` + "/" (prefix
@@ -138,12 +141,18 @@ class EtcdStore : public Store, public Leases {
                                    WaitCallback done) override;
   void CancelWait(WaitId id) override;
   Leases* leases() override { return this; }
+  Cluster* cluster() override { return this; }
 
   // Leases (etcd's Lease service; a lease lives on the cluster, so it survives a failover).
   absl::StatusOr<Grant> GrantLease(absl::Duration ttl) override;
   absl::Status SetLeased(absl::string_view key, absl::string_view value, int64_t id) override;
   absl::Status KeepLeaseAlive(int64_t id) override;
   absl::Status RevokeLease(int64_t id) override;
+
+  // Cluster. Strings the members send (names, URLs, errors) are cut and escaped (Echo); at
+  // most kMaxProbedMembers members are listed.
+  Health ProbeMembers(absl::Time deadline) override;
+  static constexpr size_t kMaxProbedMembers = 64;
 
   EtcdStoreStats Stats();
 
@@ -158,6 +167,8 @@ class EtcdStore : public Store, public Leases {
     std::unique_ptr<etcdserverpb::Watch::Stub> watch;
     std::unique_ptr<etcdserverpb::Auth::Stub> auth;
     std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+    std::unique_ptr<etcdserverpb::Cluster::Stub> cluster;
+    std::unique_ptr<etcdserverpb::Maintenance::Stub> maintenance;
   };
 
   // The auth token calls carry: `token` ("" without a user, or where etcd has authentication
@@ -194,6 +205,12 @@ class EtcdStore : public Store, public Leases {
   // UNAUTHENTICATED for a wrong user or password, naming the endpoint and the user.
   absl::StatusOr<Token> GetToken(Endpoint& endpoint, absl::Time deadline, int64_t stale = -1)
       ABSL_LOCKS_EXCLUDED(auth_mu_, token_mu_);
+  // The endpoint one of a member's `client_urls` names ("http://10.0.0.1:2379" names
+  // 10.0.0.1:2379, and a URL with the host an endpoint was named by names it too); "" when
+  // none does.
+  std::string EndpointNamedBy(const std::vector<std::string>& client_urls) const;
+  // The token calls carry now, without authenticating ("" when there is none yet).
+  std::string CurrentToken() ABSL_LOCKS_EXCLUDED(token_mu_);
   // Adds the token and etcd's "require leader" metadata to a call's context.
   static void Decorate(grpc::ClientContext& context, const Token& token);
 

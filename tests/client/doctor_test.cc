@@ -7,14 +7,18 @@
 #include "client/doctor.h"
 
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tpd {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using Level = Finding::Level;
 
 const absl::Time kNow = absl::FromUnixSeconds(1800000000);
@@ -73,7 +77,7 @@ int Count(const std::vector<Finding>& findings, Level level) {
 }
 
 TEST(DoctorTest, AHealthyNodeHasNoProblemAndSaysWhyEachBackendIsOnOrOff) {
-  const std::vector<Finding> findings = Diagnose(Healthy(), nullptr, kNow);
+  const std::vector<Finding> findings = Diagnose(Healthy(), Probes(), kNow);
   EXPECT_EQ(Count(findings, Level::kProblem), 0);
   EXPECT_EQ(Count(findings, Level::kWarning), 0);
   EXPECT_EQ(Of(findings, "transport uv").level, Level::kOk);
@@ -110,7 +114,7 @@ TEST(DoctorTest, EachObstacleIsAProblemOrWarningWithTheNumbersAndAFix) {
   status.mutable_groups(0)->set_phase("BROKEN");
   status.mutable_groups(0)->set_reason("member w3 left");
 
-  const std::vector<Finding> findings = Diagnose(status, nullptr, kNow);
+  const std::vector<Finding> findings = Diagnose(status, Probes(), kNow);
   struct Want {
     const char* check;
     Level level;
@@ -156,7 +160,7 @@ TEST(DoctorTest, PingsGiveRoundTripsAndClocksPastTheSkewAreProblems) {
   v1::PeerProbe* gone = probes.add_peers();
   gone->set_node("n4");
   gone->set_error("UNAVAILABLE: connection refused");
-  const std::vector<Finding> findings = Diagnose(status, &probes, kNow);
+  const std::vector<Finding> findings = Diagnose(status, Probes{&probes, nullptr}, kNow);
   EXPECT_EQ(Of(findings, "ping n1").level, Level::kOk);
   EXPECT_THAT(Of(findings, "ping n1").detail, HasSubstr("round trip 84 us"));
   EXPECT_EQ(Of(findings, "clock n1").level, Level::kOk);
@@ -168,11 +172,89 @@ TEST(DoctorTest, PingsGiveRoundTripsAndClocksPastTheSkewAreProblems) {
   EXPECT_THAT(Of(findings, "ping n4").detail, HasSubstr("connection refused"));
 }
 
+// The details of the findings of `check` at `level`, in order.
+std::vector<std::string> Details(const std::vector<Finding>& findings, const std::string& check,
+                                 Level level) {
+  std::vector<std::string> details;
+  for (const Finding& finding : findings) {
+    if (finding.check == check && finding.level == level) details.push_back(finding.detail);
+  }
+  return details;
+}
+
+v1::StoreMember* AskedMember(v1::StoreProbe* store, const std::string& id,
+                             const std::string& name, const std::string& endpoint) {
+  v1::StoreMember* member = store->add_members();
+  member->set_id(id);
+  member->set_name(name);
+  member->set_endpoint(endpoint);
+  member->set_version("3.4.23");
+  member->set_leader_id("a1");
+  member->set_raft_term(4);
+  member->set_db_size_bytes(20 << 20);
+  member->set_round_trip_ms(0.4);
+  return member;
+}
+
+TEST(DoctorTest, EtcdMembersEachWithTheirLeaderAlarmsAndWhetherTheStoreCanReachThem) {
+  v1::ProbeStoresResponse probes;
+  v1::StoreProbe* healthy = probes.add_stores();
+  healthy->set_name("etcd://10.0.0.1:2379,10.0.0.2:2379/jobs");
+  AskedMember(healthy, "a1", "infra0", "10.0.0.1:2379");
+  AskedMember(healthy, "b2", "infra1", "10.0.0.2:2379");
+  v1::StoreProbe* ailing = probes.add_stores();
+  ailing->set_name("etcd://10.0.1.1:2379,10.0.1.2:2379/jobs");
+  AskedMember(ailing, "a1", "e0", "10.0.1.1:2379")->add_errors("memberID:a1 alarm:NOSPACE");
+  v1::StoreMember* unlisted = ailing->add_members();
+  unlisted->set_id("c3");
+  unlisted->set_name("e2");
+  unlisted->add_client_urls("http://10.0.1.3:2379");
+  ailing->add_unanswered("10.0.1.2:2379: failed to connect to all addresses");
+  AskedMember(ailing, "d4", "e3", "10.0.1.4:2379")->clear_leader_id();
+  AskedMember(ailing, "e5", "e4", "10.0.1.5:2379")->set_unanswered("connection refused");
+  v1::StoreProbe* gone = probes.add_stores();
+  gone->set_name("etcd://10.0.2.1:2379/jobs");
+  gone->set_list_error("UNAVAILABLE: no member answered");
+  gone->add_unanswered("10.0.2.1:2379: connection refused");
+
+  const std::vector<Finding> findings = Diagnose(Healthy(), Probes{nullptr, &probes}, kNow);
+  const std::string first = "etcd etcd://10.0.0.1:2379,10.0.0.2:2379/jobs";
+  EXPECT_THAT(Details(findings, first, Level::kOk),
+              ElementsAre(HasSubstr("member infra0 at 10.0.0.1:2379: etcd 3.4.23, leader infra0, "
+                                    "term 4, db 20 MiB"),
+                          HasSubstr("member infra1 at 10.0.0.2:2379"),
+                          "2 members, every endpoint answers, leader infra0"));
+  EXPECT_THAT(Details(findings, first, Level::kProblem), IsEmpty());
+
+  const std::string second = "etcd etcd://10.0.1.1:2379,10.0.1.2:2379/jobs";
+  EXPECT_THAT(Details(findings, second, Level::kProblem),
+              ElementsAre(HasSubstr("member e0 at 10.0.1.1:2379 raises: memberID:a1 alarm:NOSPACE"),
+                          HasSubstr("member e3 at 10.0.1.4:2379 has no leader")));
+  EXPECT_THAT(Details(findings, second, Level::kNote),
+              ElementsAre(HasSubstr("member e2 (http://10.0.1.3:2379) is not among the URL's "
+                                    "endpoints")));
+  // Another member answers: one that does not is a warning (the store fails over).
+  EXPECT_THAT(Details(findings, second, Level::kWarning),
+              ElementsAre("member e4 at 10.0.1.5:2379 does not answer: connection refused",
+                          HasSubstr("endpoint 10.0.1.2:2379: failed to connect")));
+  for (const Finding& finding : findings) {
+    if (finding.check == second && absl::StrContains(finding.detail, "NOSPACE")) {
+      EXPECT_THAT(finding.fix, HasSubstr("etcdctl alarm disarm"));
+    }
+  }
+
+  const std::string third = "etcd etcd://10.0.2.1:2379/jobs";
+  EXPECT_THAT(Details(findings, third, Level::kProblem),
+              ElementsAre(HasSubstr("connection refused"),
+                          HasSubstr("the members could not be listed: UNAVAILABLE")));
+  EXPECT_THAT(Details(findings, third, Level::kOk), IsEmpty());
+}
+
 TEST(DoctorTest, NearTheOpenFileLimitIsAWarning) {
   v1::StatusResponse status = Healthy();
   status.mutable_limits()->set_open_file_limit(2000);
   status.mutable_limits()->set_open_files(1700);
-  const Finding files = Of(Diagnose(status, nullptr, kNow), "open files");
+  const Finding files = Of(Diagnose(status, Probes(), kNow), "open files");
   EXPECT_EQ(files.level, Level::kWarning);
   EXPECT_THAT(files.detail, HasSubstr("1700 of 2000"));
 }

@@ -1,8 +1,9 @@
 // EtcdStore over a real 3-member etcd cluster: the conformance suite through every endpoint, a
 // wait that outlives the member its watch stream is on, writes that fail over, a store that
 // fails promptly, naming every endpoint, while two of three members are down, then recovers
-// when one returns without being reopened, and a wait whose watch resumes past a compaction. Skips,
-// saying why, without etcd.
+// when one returns without being reopened, a wait whose watch resumes past a compaction, and
+// the members probed (store::Cluster) before and after one dies. Skips, saying why, without
+// etcd.
 
 #include "tests/store/etcd/etcd_cluster.h"
 
@@ -144,6 +145,62 @@ TEST_F(EtcdFaultTest, TwoOfThreeDownFailsPromptlyNamingEveryEndpointThenRecovers
   } while (!recovered.ok() && absl::Now() < give_up);
   ASSERT_TRUE(recovered.ok()) << recovered;
   EXPECT_EQ(store->Get("k", LongDeadline()).value_or(""), "3");
+}
+
+// The member whose client URLs name `address`, or nullptr.
+const Cluster::Member* MemberAt(const Cluster::Health& health, const std::string& address) {
+  for (const Cluster::Member& member : health.members) {
+    for (const std::string& url : member.client_urls) {
+      if (url == absl::StrCat("http://", address)) return &member;
+    }
+  }
+  return nullptr;
+}
+
+TEST_F(EtcdFaultTest, ProbeMembersNamesEveryMemberItsLeaderAndWhoDoesNotAnswer) {
+  // Members 0 and 1 are the store's endpoints, and so is a port where nothing listens;
+  // member 2 is not.
+  const std::string nobody = "127.0.0.1:1";
+  std::unique_ptr<EtcdStore> store =
+      MakeStore({cluster_->ClientAddress(0), cluster_->ClientAddress(1), nobody}, FreshPrefix());
+  ASSERT_NE(store->cluster(), nullptr);
+  absl::StatusOr<int> leader = cluster_->Leader();
+  ASSERT_TRUE(leader.ok()) << leader.status();
+
+  Cluster::Health health = store->cluster()->ProbeMembers(absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(health.list_error, "");
+  ASSERT_EQ(health.members.size(), 3u);
+  EXPECT_THAT(health.unanswered, ::testing::ElementsAre(HasSubstr(absl::StrCat(nobody, ": "))));
+  const Cluster::Member* leading = MemberAt(health, cluster_->ClientAddress(*leader));
+  ASSERT_NE(leading, nullptr);
+  for (int i : {0, 1}) {
+    const Cluster::Member* member = MemberAt(health, cluster_->ClientAddress(i));
+    ASSERT_NE(member, nullptr) << "member " << i;
+    EXPECT_EQ(member->endpoint, cluster_->ClientAddress(i));
+    EXPECT_EQ(member->unanswered, "");
+    EXPECT_THAT(member->version, ::testing::StartsWith("3."));
+    EXPECT_EQ(member->leader, leading->id) << "member " << i;
+    EXPECT_GT(member->raft_term, 0u);
+    EXPECT_GT(member->db_size_bytes, 0);
+    EXPECT_THAT(member->errors, ::testing::IsEmpty());
+  }
+  const Cluster::Member* unasked = MemberAt(health, cluster_->ClientAddress(2));
+  ASSERT_NE(unasked, nullptr);
+  EXPECT_EQ(unasked->endpoint, "");
+  EXPECT_EQ(unasked->version, "");
+
+  // A member down: listed still (by the others), its endpoint named with why it is silent.
+  cluster_->Kill(1);
+  health = store->cluster()->ProbeMembers(absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(health.list_error, "");
+  const Cluster::Member* down = MemberAt(health, cluster_->ClientAddress(1));
+  ASSERT_NE(down, nullptr);
+  EXPECT_EQ(down->endpoint, cluster_->ClientAddress(1));
+  EXPECT_NE(down->unanswered, "");
+  const Cluster::Member* up = MemberAt(health, cluster_->ClientAddress(0));
+  ASSERT_NE(up, nullptr);
+  EXPECT_EQ(up->unanswered, "");
+  EXPECT_NE(up->leader, 0u) << "two of three members still make a majority";
 }
 
 TEST_F(EtcdFaultTest, AWaitWhoseWatchResumesPastACompactionRereadsItsKey) {
