@@ -1,7 +1,8 @@
 // etcd:// rendezvous through real daemons: three tpd processes on loopback form groups whose
 // state lives in a real 3-member etcd cluster (Debian's etcd-server) under the URL's prefix,
 // with the same group protocol as over tcp:// (versions by compare_set, followed by waits).
-// A static group of 8 forms with any one etcd member dead. Each daemon's liveness is a key
+// A static group of 8 forms with any one etcd member dead, and the daemon (and tpctl doctor)
+// name that member when asked how the cluster is. Each daemon's liveness is a key
 // bound to its own etcd lease: renewing it writes nothing, a SIGKILLed daemon's members are
 // evicted when its lease expires, and a daemon stalled past its lease takes a new
 // incarnation when it resumes. Skips without etcd.
@@ -171,6 +172,46 @@ TEST_F(EtcdRendezvousTest, MembersOnEveryNodeShareTheGroupsStore) {
 TEST_F(EtcdRendezvousTest, AGroupFormsWithOneEtcdMemberDead) {
   cluster_->Kill(0);  // the first endpoint of the URL
   ExpectFormed(JoinStatic("one-dead", 6), 6);
+
+  // The daemon asks the cluster how its members are (Admin.ProbeStores): the dead one is
+  // named, the others answer with the leader they agree on.
+  absl::StatusOr<int> leader = cluster_->Leader();
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  absl::StatusOr<v1::ProbeStoresResponse> probes = Connect(1)->ProbeStores();
+  ASSERT_TRUE(probes.ok()) << probes.status();
+  ASSERT_EQ(probes->stores_size(), 1) << probes->DebugString();
+  const v1::StoreProbe& store = probes->stores(0);
+  EXPECT_EQ(store.name(), init_method_);
+  EXPECT_EQ(store.list_error(), "");
+  ASSERT_EQ(store.members_size(), 3) << store.DebugString();
+  std::string leader_id;
+  for (const v1::StoreMember& member : store.members()) {
+    if (member.endpoint() == cluster_->ClientAddress(*leader)) leader_id = member.id();
+  }
+  ASSERT_NE(leader_id, "") << store.DebugString();
+  for (const v1::StoreMember& member : store.members()) {
+    if (member.endpoint() == cluster_->ClientAddress(0)) {
+      EXPECT_NE(member.unanswered(), "") << member.DebugString();
+    } else {
+      EXPECT_EQ(member.unanswered(), "") << member.DebugString();
+      EXPECT_EQ(member.leader_id(), leader_id) << member.DebugString();
+      EXPECT_GT(member.round_trip_ms(), 0) << member.DebugString();
+    }
+  }
+
+  // tpctl doctor says so, a warning with what to do (the store fails over meanwhile).
+  const testing::ProcessResult doctor = testing::RunProcess(
+      {testing::RunfilePath("client/tpctl"), "--socket", socket_[1], "doctor", "--json"});
+  EXPECT_THAT(doctor.output,
+              ::testing::ContainsRegex(absl::StrCat(
+                  "\"check\": \"etcd ", init_method_, "\", \"level\": \"warning\", "
+                  "\"detail\": \"member [^ ]+ at ", cluster_->ClientAddress(0),
+                  " does not answer")))
+      << doctor.output;
+  EXPECT_THAT(doctor.output, ::testing::ContainsRegex(absl::StrCat(
+                                 "\"level\": \"ok\", \"detail\": \"member [^ ]+ at ",
+                                 cluster_->ClientAddress(1), ": etcd 3\\.")))
+      << doctor.output;
 }
 
 TEST_F(EtcdRendezvousTest, KilledDaemonsMembersAreEvictedWhenItsLeaseExpires) {
