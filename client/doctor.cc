@@ -250,7 +250,8 @@ void CheckStoreClusters(const v1::ProbeStoresResponse& probes, Findings* out) {
       return id;
     };
     for (const v1::StoreMember& member : store.members()) {
-      const std::string who = absl::StrCat("member ", member.name().empty() ? member.id() : member.name());
+      const std::string who =
+          absl::StrCat("member ", member.name().empty() ? member.id() : member.name());
       if (member.endpoint().empty()) {
         out->Add(check, Level::kNote,
                  absl::StrCat(who, " (", absl::StrJoin(member.client_urls(), ", "),
@@ -277,8 +278,9 @@ void CheckStoreClusters(const v1::ProbeStoresResponse& probes, Findings* out) {
       if (member.leader_id().empty()) {
         trouble = true;
         out->Add(check, Level::kProblem,
-                 absl::StrCat(at, " has no leader: the cluster has lost its majority, or this "
-                                  "member is cut off from it"),
+                 absl::StrCat(at,
+                              " has no leader: the cluster has lost its majority, or this "
+                              "member is cut off from it"),
                  "bring members back until a majority runs (etcdctl endpoint status --cluster)");
         continue;
       }

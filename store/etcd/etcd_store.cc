@@ -887,8 +887,8 @@ std::string EtcdStore::EndpointNamedBy(const std::vector<std::string>& client_ur
 Cluster::Health EtcdStore::ProbeMembers(absl::Time deadline) {
   Health health;
   etcdserverpb::MemberListResponse list;
-  const absl::Status listed =
-      CallEtcd("member list", Retry::kIdempotent, [&](Endpoint& endpoint, grpc::ClientContext& context) {
+  const absl::Status listed = CallEtcd(
+      "member list", Retry::kIdempotent, [&](Endpoint& endpoint, grpc::ClientContext& context) {
         return endpoint.cluster->MemberList(&context, etcdserverpb::MemberListRequest(), &list);
       });
   if (listed.ok()) {
@@ -927,8 +927,8 @@ Cluster::Health EtcdStore::ProbeMembers(absl::Time deadline) {
     one.context.set_deadline(absl::ToChronoTime(deadline));
     if (!token.empty()) one.context.AddMetadata("token", token);
     one.sent = absl::Now();
-    one.call = endpoints_[i].maintenance->AsyncStatus(&one.context, etcdserverpb::StatusRequest(),
-                                                      &queue);
+    one.call =
+        endpoints_[i].maintenance->AsyncStatus(&one.context, etcdserverpb::StatusRequest(), &queue);
     one.call->Finish(&one.response, &one.status, reinterpret_cast<void*>(i));
   }
   // Each call ends by its deadline, so every tag comes back.

@@ -182,8 +182,8 @@ std::vector<std::string> Details(const std::vector<Finding>& findings, const std
   return details;
 }
 
-v1::StoreMember* AskedMember(v1::StoreProbe* store, const std::string& id,
-                             const std::string& name, const std::string& endpoint) {
+v1::StoreMember* AskedMember(v1::StoreProbe* store, const std::string& id, const std::string& name,
+                             const std::string& endpoint) {
   v1::StoreMember* member = store->add_members();
   member->set_id(id);
   member->set_name(name);

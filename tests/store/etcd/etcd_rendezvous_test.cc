@@ -202,15 +202,15 @@ TEST_F(EtcdRendezvousTest, AGroupFormsWithOneEtcdMemberDead) {
   // tpctl doctor says so, a warning with what to do (the store fails over meanwhile).
   const testing::ProcessResult doctor = testing::RunProcess(
       {testing::RunfilePath("client/tpctl"), "--socket", socket_[1], "doctor", "--json"});
-  EXPECT_THAT(doctor.output,
-              ::testing::ContainsRegex(absl::StrCat(
-                  "\"check\": \"etcd ", init_method_, "\", \"level\": \"warning\", "
-                  "\"detail\": \"member [^ ]+ at ", cluster_->ClientAddress(0),
-                  " does not answer")))
+  EXPECT_THAT(doctor.output, ::testing::ContainsRegex(
+                                 absl::StrCat("\"check\": \"etcd ", init_method_,
+                                              "\", \"level\": \"warning\", "
+                                              "\"detail\": \"member [^ ]+ at ",
+                                              cluster_->ClientAddress(0), " does not answer")))
       << doctor.output;
-  EXPECT_THAT(doctor.output, ::testing::ContainsRegex(absl::StrCat(
-                                 "\"level\": \"ok\", \"detail\": \"member [^ ]+ at ",
-                                 cluster_->ClientAddress(1), ": etcd 3\\.")))
+  EXPECT_THAT(doctor.output, ::testing::ContainsRegex(
+                                 absl::StrCat("\"level\": \"ok\", \"detail\": \"member [^ ]+ at ",
+                                              cluster_->ClientAddress(1), ": etcd 3\\.")))
       << doctor.output;
 }
 
