@@ -233,106 +233,130 @@ void CheckProbes(const v1::StatusResponse& status, const v1::ProbePeersResponse&
   }
 }
 
+// What one etcd cluster's members said, gathered member by member (CheckStoreMember), then
+// judged as a whole (CheckStoreCluster).
+class ClusterTally {
+ public:
+  ClusterTally(const v1::StoreProbe& store, Findings* out)
+      : store_(store), check_(absl::StrCat("etcd ", store.name())), out_(out) {}
+
+  // One member's findings: not asked, silent, alarms, no leader, or its numbers.
+  void CheckStoreMember(const v1::StoreMember& member) {
+    const std::string who =
+        absl::StrCat("member ", member.name().empty() ? member.id() : member.name());
+    if (member.endpoint().empty()) {
+      out_->Add(check_, Level::kNote,
+                absl::StrCat(who, " (", absl::StrJoin(member.client_urls(), ", "),
+                             ") is not among the URL's endpoints: not asked, and the store "
+                             "cannot fail over to it"),
+                "name every member in the etcd:// URL (etcd://a:2379,b:2379,c:2379/prefix)");
+      return;
+    }
+    const std::string at = absl::StrCat(who, " at ", member.endpoint());
+    if (!member.unanswered().empty()) {
+      silent_.push_back(absl::StrCat(at, " does not answer: ", member.unanswered()));
+      return;
+    }
+    ++answered_;
+    if (member.errors_size() > 0) {
+      trouble_ = true;
+      const std::string raised = absl::StrJoin(member.errors(), "; ");
+      out_->Add(check_, Level::kProblem, absl::StrCat(at, " raises: ", raised),
+                absl::StrContains(raised, "NOSPACE")
+                    ? "its database is full and it refuses writes: etcdctl compact, etcdctl "
+                      "defrag, then etcdctl alarm disarm (docs/etcd.md)"
+                    : "see etcd's log on that member; etcdctl alarm list");
+    }
+    if (member.leader_id().empty()) {
+      trouble_ = true;
+      out_->Add(check_, Level::kProblem,
+                absl::StrCat(at,
+                             " has no leader: the cluster has lost its majority, or this "
+                             "member is cut off from it"),
+                "bring members back until a majority runs (etcdctl endpoint status --cluster)");
+      return;
+    }
+    AddOnce(&leaders_, member.leader_id());
+    AddOnce(&versions_, member.version());
+    out_->Add(check_, Level::kOk,
+              absl::StrFormat("%s: etcd %s, leader %s, term %d, db %s, round trip %.1f ms", at,
+                              member.version(), NameOf(member.leader_id()), member.raft_term(),
+                              Mib(member.db_size_bytes()), member.round_trip_ms()));
+  }
+
+  // The cluster's findings: who is silent, listing, leaders, versions, or all well.
+  void CheckStoreCluster() {
+    for (const std::string& unanswered : store_.unanswered()) {
+      silent_.push_back(absl::StrCat("endpoint ", unanswered));
+    }
+    // While one member answers, the store fails over to it: silence is a warning.
+    const Level level = answered_ > 0 ? Level::kWarning : Level::kProblem;
+    for (const std::string& detail : silent_) {
+      trouble_ = true;
+      out_->Add(check_, level, detail,
+                answered_ > 0 ? "the store fails over to the others meanwhile; check that member "
+                                "(etcdctl endpoint health)"
+                              : "no member answers: check the etcd members and this node's "
+                                "network to them (etcdctl endpoint health)");
+    }
+    if (!store_.list_error().empty()) {
+      trouble_ = true;
+      out_->Add(check_, level,
+                absl::StrCat("the members could not be listed: ", store_.list_error()),
+                "check the etcd members (etcdctl member list, endpoint health)");
+    }
+    if (leaders_.size() > 1) {
+      trouble_ = true;
+      out_->Add(check_, Level::kWarning,
+                absl::StrCat("members disagree on the leader (",
+                             absl::StrJoin(leaders_, ", ",
+                                           [this](std::string* to, const std::string& id) {
+                                             to->append(NameOf(id));
+                                           }),
+                             "): an election is under way, or a member is cut off"),
+                "check again in a few seconds; if it lasts, etcdctl endpoint status --cluster");
+    }
+    if (versions_.size() > 1) {
+      out_->Add(check_, Level::kNote,
+                absl::StrCat("members run etcd ", absl::StrJoin(versions_, " and "),
+                             ": an upgrade under way?"));
+    }
+    if (!trouble_ && answered_ > 0) {
+      out_->Add(check_, Level::kOk,
+                absl::StrCat(store_.members_size(), " members, every endpoint answers, leader ",
+                             NameOf(leaders_.front())));
+    }
+  }
+
+ private:
+  static void AddOnce(std::vector<std::string>* seen, const std::string& value) {
+    if (std::find(seen->begin(), seen->end(), value) == seen->end()) seen->push_back(value);
+  }
+
+  // A member's name by its id (the id when it has none, or is not listed).
+  std::string NameOf(const std::string& id) const {
+    for (const v1::StoreMember& member : store_.members()) {
+      if (member.id() == id && !member.name().empty()) return member.name();
+    }
+    return id;
+  }
+
+  const v1::StoreProbe& store_;
+  const std::string check_;
+  Findings* const out_;
+  std::vector<std::string> leaders_;   // the leaders members follow, each once
+  std::vector<std::string> versions_;  // their etcd versions, each once
+  std::vector<std::string> silent_;    // members and endpoints that did not answer
+  int answered_ = 0;
+  bool trouble_ = false;
+};
+
 // The members of each etcd cluster behind a rendezvous store, as the store's endpoints answer.
 void CheckStoreClusters(const v1::ProbeStoresResponse& probes, Findings* out) {
   for (const v1::StoreProbe& store : probes.stores()) {
-    const std::string check = absl::StrCat("etcd ", store.name());
-    std::vector<std::string> leaders;
-    std::vector<std::string> versions;
-    int answered = 0;
-    bool trouble = false;
-    std::vector<std::string> silent;  // members and endpoints that did not answer
-    // Members by id, for naming leaders.
-    const auto name_of = [&store](const std::string& id) {
-      for (const v1::StoreMember& member : store.members()) {
-        if (member.id() == id && !member.name().empty()) return member.name();
-      }
-      return id;
-    };
-    for (const v1::StoreMember& member : store.members()) {
-      const std::string who =
-          absl::StrCat("member ", member.name().empty() ? member.id() : member.name());
-      if (member.endpoint().empty()) {
-        out->Add(check, Level::kNote,
-                 absl::StrCat(who, " (", absl::StrJoin(member.client_urls(), ", "),
-                              ") is not among the URL's endpoints: not asked, and the store "
-                              "cannot fail over to it"),
-                 "name every member in the etcd:// URL (etcd://a:2379,b:2379,c:2379/prefix)");
-        continue;
-      }
-      const std::string at = absl::StrCat(who, " at ", member.endpoint());
-      if (!member.unanswered().empty()) {
-        silent.push_back(absl::StrCat(at, " does not answer: ", member.unanswered()));
-        continue;
-      }
-      ++answered;
-      if (member.errors_size() > 0) {
-        trouble = true;
-        const std::string raised = absl::StrJoin(member.errors(), "; ");
-        out->Add(check, Level::kProblem, absl::StrCat(at, " raises: ", raised),
-                 absl::StrContains(raised, "NOSPACE")
-                     ? "its database is full and it refuses writes: etcdctl compact, etcdctl "
-                       "defrag, then etcdctl alarm disarm (docs/etcd.md)"
-                     : "see etcd's log on that member; etcdctl alarm list");
-      }
-      if (member.leader_id().empty()) {
-        trouble = true;
-        out->Add(check, Level::kProblem,
-                 absl::StrCat(at,
-                              " has no leader: the cluster has lost its majority, or this "
-                              "member is cut off from it"),
-                 "bring members back until a majority runs (etcdctl endpoint status --cluster)");
-        continue;
-      }
-      if (std::find(leaders.begin(), leaders.end(), member.leader_id()) == leaders.end()) {
-        leaders.push_back(member.leader_id());
-      }
-      if (std::find(versions.begin(), versions.end(), member.version()) == versions.end()) {
-        versions.push_back(member.version());
-      }
-      out->Add(check, Level::kOk,
-               absl::StrFormat("%s: etcd %s, leader %s, term %d, db %s, round trip %.1f ms", at,
-                               member.version(), name_of(member.leader_id()), member.raft_term(),
-                               Mib(member.db_size_bytes()), member.round_trip_ms()));
-    }
-    for (const std::string& unanswered : store.unanswered()) {
-      silent.push_back(absl::StrCat("endpoint ", unanswered));
-    }
-    for (const std::string& detail : silent) {
-      trouble = true;
-      out->Add(check, answered > 0 ? Level::kWarning : Level::kProblem, detail,
-               answered > 0 ? "the store fails over to the others meanwhile; check that member "
-                              "(etcdctl endpoint health)"
-                            : "no member answers: check the etcd members and this node's network "
-                              "to them (etcdctl endpoint health)");
-    }
-    if (!store.list_error().empty()) {
-      trouble = true;
-      out->Add(check, answered > 0 ? Level::kWarning : Level::kProblem,
-               absl::StrCat("the members could not be listed: ", store.list_error()),
-               "check the etcd members (etcdctl member list, endpoint health)");
-    }
-    if (leaders.size() > 1) {
-      trouble = true;
-      out->Add(check, Level::kWarning,
-               absl::StrCat("members disagree on the leader (",
-                            absl::StrJoin(leaders, ", ",
-                                          [&](std::string* to, const std::string& id) {
-                                            to->append(name_of(id));
-                                          }),
-                            "): an election is under way, or a member is cut off"),
-               "check again in a few seconds; if it lasts, etcdctl endpoint status --cluster");
-    }
-    if (versions.size() > 1) {
-      out->Add(check, Level::kNote,
-               absl::StrCat("members run etcd ", absl::StrJoin(versions, " and "),
-                            ": an upgrade under way?"));
-    }
-    if (!trouble && answered > 0) {
-      out->Add(check, Level::kOk,
-               absl::StrCat(store.members_size(), " members, every endpoint answers, leader ",
-                            name_of(leaders.front())));
-    }
+    ClusterTally tally(store, out);
+    for (const v1::StoreMember& member : store.members()) tally.CheckStoreMember(member);
+    tally.CheckStoreCluster();
   }
 }
 
