@@ -3,10 +3,12 @@
 // journald's native protocol, with PRIORITY and the TPD_* fields of the objects they name.
 // The test plays journald: in a mount namespace of the daemon's own, /run/systemd/journal is
 // a tmpfs whose `socket` leads to a datagram socket the test reads; the machine's /run (and
-// any journald on it) is untouched.
+// any journald on it) is untouched. Then the same with systemd's journald itself in the
+// middle, and journalctl filtering what it stored by priority and by field.
 
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -157,6 +159,94 @@ TEST(JournalTest, UnderSystemdLinesBecomeEntriesWithPrioritiesAndFields) {
   const std::string written((std::istreambuf_iterator<char>(stream)),
                             std::istreambuf_iterator<char>());
   EXPECT_EQ(written, "") << "nothing is written twice, to the stream too";
+}
+
+// A socket file nobody listens on, as a daemon that died leaves it.
+void LeaveStaleSocket(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  snprintf(address.sun_path, sizeof(address.sun_path), "%s", path.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  close(fd);
+}
+
+// The same contract with systemd's own journald in the middle: journalctl then filters the
+// daemon's entries by priority and by the fields it sets. journald runs in a mount namespace
+// whose /run is a tmpfs and whose /run/log/journal is the test's directory, so the machine's
+// journal (if any) is untouched and the test reads the files journald wrote.
+TEST(JournalTest, UnderARealJournaldJournalctlFiltersByPriorityAndField) {
+  constexpr char kJournald[] = "/lib/systemd/systemd-journald";
+  if (getuid() != 0 || access("/usr/bin/unshare", X_OK) != 0 || access(kJournald, X_OK) != 0 ||
+      access("/usr/bin/systemd-cat", X_OK) != 0 || access("/usr/bin/journalctl", X_OK) != 0) {
+    GTEST_SKIP() << "needs root, unshare(1), and systemd's journald, systemd-cat and journalctl "
+                    "(Debian's systemd)";
+  }
+  testing::TempDir dir;
+  const std::string journal_dir = dir.path() + "/journal";
+  ASSERT_EQ(mkdir(journal_dir.c_str(), 0755), 0);
+  const std::string socket = dir.path() + "/tpd.sock";
+  LeaveStaleSocket(socket);  // the daemon warns that it removed it
+  // systemd-cat connects the daemon's stdout and stderr to journald's stream socket, as
+  // systemd does for a unit; JOURNAL_STREAM names that stream, as systemd sets it.
+  const std::string script = absl::StrCat(
+      "mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/journal /run/log/journal && "
+      "mount --bind ",
+      journal_dir, " /run/log/journal || exit 1\n", kJournald, " & journald=$!\n",
+      "while [ ! -S /run/systemd/journal/stdout ]; do sleep 0.05; done\n",
+      "systemd-cat -t tpd /bin/sh -c 'export JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2); "
+      "exec \"$@\"' sh \"$@\" & daemon=$!\n",
+      "trap 'kill -TERM $daemon' TERM\n", "wait $daemon; status=$?\n",
+      "if [ $status -gt 128 ]; then wait $daemon; status=$?; fi\n",
+      "kill -TERM $journald; wait $journald\n", "exit $status\n");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const std::string tpd = testing::RunfilePath("daemon/tpd");
+    execl("/usr/bin/unshare", "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+          script.c_str(), "sh", tpd.c_str(), "--socket", socket.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(socket);
+    if (connected.ok() && (*connected)->Status().ok()) client = *std::move(connected);
+    return client != nullptr;
+  })) << "the daemon never served";
+  ASSERT_TRUE(client->AttachSharedMemory().ok());
+  absl::StatusOr<v1::StatusResponse> status = client->Status();
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ(status->attached_sessions_size(), 1);
+  const std::string handle = status->attached_sessions(0).handle();
+  client.reset();
+  kill(child, SIGTERM);
+  int wait_status = 0;
+  waitpid(child, &wait_status, 0);
+  EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << wait_status;
+
+  const auto journalctl = [&](const std::vector<std::string>& filters) {
+    std::vector<std::string> argv = {"/usr/bin/journalctl", "-D", journal_dir,
+                                     "--no-pager",          "-o", "json"};
+    argv.insert(argv.end(), filters.begin(), filters.end());
+    const testing::ProcessResult result = testing::RunProcess(argv);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return result.output;
+  };
+  // `journalctl -t tpd -p warning`: the warning, not the lines of lower priority.
+  const std::string warnings = journalctl({"-t", "tpd", "-p", "warning"});
+  EXPECT_THAT(warnings, ::testing::HasSubstr("removed a stale socket file"));
+  EXPECT_THAT(warnings, ::testing::HasSubstr("\"PRIORITY\":\"4\""));
+  EXPECT_THAT(warnings, ::testing::HasSubstr(absl::StrCat("\"TPD_SOCKET\":\"", socket, "\"")));
+  EXPECT_THAT(warnings, ::testing::Not(::testing::HasSubstr("serving (pid")));
+  // Every line the session's handle names, by the field: the attach among them.
+  const std::string session = journalctl({absl::StrCat("TPD_SESSION=", handle)});
+  EXPECT_THAT(session, ::testing::HasSubstr("attached to shared memory"));
+  EXPECT_THAT(session, ::testing::HasSubstr("\"TPD_UID\":\"0\""));
+  EXPECT_THAT(session, ::testing::Not(::testing::HasSubstr("serving (pid")));
+  // Native entries, not lines of the stream: the stream stayed empty.
+  EXPECT_THAT(journalctl({"_TRANSPORT=stdout"}), ::testing::Not(::testing::HasSubstr("tpd")));
+  EXPECT_THAT(journalctl({"-t", "tpd"}), ::testing::HasSubstr("\"_TRANSPORT\":\"journal\""));
 }
 
 }  // namespace
