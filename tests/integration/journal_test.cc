@@ -95,6 +95,35 @@ Entry Find(const std::vector<Entry>& entries, const std::string& text) {
   return {};
 }
 
+// Forks `sh -c script` in a mount namespace of its own, with the daemon's path and
+// `--socket socket` as its arguments ($@); its output goes to `log` unless that is empty.
+pid_t ForkInMountNamespace(const std::string& script, const std::string& socket,
+                           const std::string& log) {
+  const pid_t child = fork();
+  if (child != 0) return child;
+  if (!log.empty()) {
+    freopen(log.c_str(), "w", stdout);
+    freopen(log.c_str(), "w", stderr);
+  }
+  const std::string tpd = testing::RunfilePath("daemon/tpd");
+  execl("/usr/bin/unshare", "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+        script.c_str(), "sh", tpd.c_str(), "--socket", socket.c_str(), static_cast<char*>(nullptr));
+  _exit(127);
+}
+
+// A client of the daemon at `socket` attached to shared memory, once the daemon serves;
+// nullptr if it never does.
+std::unique_ptr<Client> ConnectWhenServing(const std::string& socket) {
+  std::unique_ptr<Client> client;
+  testing::WaitUntil([&] {
+    absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(socket);
+    if (connected.ok() && (*connected)->Status().ok()) client = *std::move(connected);
+    return client != nullptr;
+  });
+  if (client == nullptr || !client->AttachSharedMemory().ok()) return nullptr;
+  return client;
+}
+
 TEST(JournalTest, UnderSystemdLinesBecomeEntriesWithPrioritiesAndFields) {
   if (getuid() != 0 || access("/usr/bin/unshare", X_OK) != 0) {
     GTEST_SKIP() << "needs root and unshare(1) for a mount namespace of the daemon's own";
@@ -109,24 +138,10 @@ TEST(JournalTest, UnderSystemdLinesBecomeEntriesWithPrioritiesAndFields) {
       "mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/journal && ln -s ", dir.path(),
       "/journal.sock /run/systemd/journal/socket && export JOURNAL_STREAM=$(stat -L -c %d:%i "
       "/proc/self/fd/2) && exec \"$@\"");
-  const pid_t daemon = fork();
+  const pid_t daemon = ForkInMountNamespace(script, socket, log);
   ASSERT_GE(daemon, 0);
-  if (daemon == 0) {
-    freopen(log.c_str(), "w", stdout);
-    freopen(log.c_str(), "w", stderr);
-    const std::string tpd = testing::RunfilePath("daemon/tpd");
-    execl("/usr/bin/unshare", "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
-          script.c_str(), "sh", tpd.c_str(), "--socket", socket.c_str(),
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  std::unique_ptr<Client> client;
-  ASSERT_TRUE(testing::WaitUntil([&] {
-    absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(socket);
-    if (connected.ok()) client = *std::move(connected);
-    return client != nullptr;
-  })) << "the daemon never served";
-  ASSERT_TRUE(client->AttachSharedMemory().ok());
+  std::unique_ptr<Client> client = ConnectWhenServing(socket);
+  ASSERT_NE(client, nullptr) << "the daemon never served";
   absl::StatusOr<v1::StatusResponse> status = client->Status();
   ASSERT_TRUE(status.ok());
   ASSERT_EQ(status->attached_sessions_size(), 1);
@@ -199,22 +214,10 @@ TEST(JournalTest, UnderARealJournaldJournalctlFiltersByPriorityAndField) {
       "trap 'kill -TERM $daemon' TERM\n", "wait $daemon; status=$?\n",
       "if [ $status -gt 128 ]; then wait $daemon; status=$?; fi\n",
       "kill -TERM $journald; wait $journald\n", "exit $status\n");
-  const pid_t child = fork();
+  const pid_t child = ForkInMountNamespace(script, socket, "");
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    const std::string tpd = testing::RunfilePath("daemon/tpd");
-    execl("/usr/bin/unshare", "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
-          script.c_str(), "sh", tpd.c_str(), "--socket", socket.c_str(),
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  std::unique_ptr<Client> client;
-  ASSERT_TRUE(testing::WaitUntil([&] {
-    absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(socket);
-    if (connected.ok() && (*connected)->Status().ok()) client = *std::move(connected);
-    return client != nullptr;
-  })) << "the daemon never served";
-  ASSERT_TRUE(client->AttachSharedMemory().ok());
+  std::unique_ptr<Client> client = ConnectWhenServing(socket);
+  ASSERT_NE(client, nullptr) << "the daemon never served";
   absl::StatusOr<v1::StatusResponse> status = client->Status();
   ASSERT_TRUE(status.ok());
   ASSERT_EQ(status->attached_sessions_size(), 1);
