@@ -438,7 +438,10 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   const auto& [group, worker, method, from] = message.names;
   const uint64_t bytes = router::MessageBytes(*call);
   session->bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
-  {
+  // Calls are counted by group only in groups the session holds the caller in: a client
+  // naming made-up groups must not grow its table (those count for its uid alone).
+  const bool member = !from.empty() && options_.lookup(group, from) == session->id;
+  if (member) {
     absl::MutexLock lock(&session->usage_mu);
     router::Usage& usage = session->usage_by_group[group];
     ++usage.calls;
@@ -447,7 +450,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
   const std::string& call_group = group;  // a lambda cannot capture a structured binding
   auto refuse = [&](const absl::Status& status) {
     session->Release(d.payload_offset);
-    {
+    if (member) {
       absl::MutexLock lock(&session->usage_mu);
       ++session->usage_by_group[call_group].errors;
     }
@@ -458,7 +461,7 @@ void CallRouter::HandleCall(const std::shared_ptr<Session>& session, const shm::
         absl::StrCat(CallName(worker, method), ": ", StoppingError().message())));
     return;
   }
-  if (from.empty() || options_.lookup(group, from) != session->id) {
+  if (!member) {
     refuse(absl::PermissionDeniedError(
         absl::StrCat("this session holds no worker '", from, "' in group '", group,
                      "' on this daemon: a caller must have joined the group it calls into")));

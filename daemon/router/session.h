@@ -139,7 +139,8 @@ struct Session {
   std::atomic<uint64_t> calls_made{0};
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> call_errors{0};
-  // Its calls by group; at most group.max_groups_per_session groups.
+  // Its calls by group, in the groups it held the caller in (it joined each: a name a
+  // client makes up is never a key).
   absl::Mutex usage_mu;
   absl::flat_hash_map<std::string, Usage> usage_by_group ABSL_GUARDED_BY(usage_mu);
   // Calls posted to its client (CallPosted): its thread, nudged, then waits for the reply with

@@ -147,6 +147,27 @@ TEST_F(ShmHostileTest, AGoodCallByHandWorks) {
 // Each is refused with its reason (on this node: no GPUs, or no device map) and the daemon
 // serves on. (On a GPU node the pool is refused because its handle does not open:
 // tests/cuda/cuda_calls_test covers that side.)
+TEST_F(ShmHostileTest, CallsIntoMadeUpGroupsAreRefusedAndNeverCountedUnderTheirNames) {
+  auto bad = Bad("bad");
+  ASSERT_NE(bad, nullptr);
+  constexpr int kCalls = 50;
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_TRUE(bad->SubmitCall(bad->layout.tx_heap.offset + i * 256, absl::StrCat("made-up-", i),
+                                "b", "echo", "bad", "x", i + 1));
+  }
+  auto replies = bad->Replies(kCalls, absl::Now() + absl::Seconds(10));
+  ASSERT_EQ(replies.size(), kCalls);
+  for (const auto& [id, reply] : replies) {
+    EXPECT_EQ(reply.first, absl::StatusCode::kPermissionDenied) << reply.second;
+  }
+  // Counted for the uid, but no name a client made up becomes a key of the group usage.
+  absl::StatusOr<v1::StatusResponse> status = a_->Status();
+  ASSERT_TRUE(status.ok());
+  for (const v1::GroupUsage& group : status->group_usage()) {
+    EXPECT_THAT(group.group(), ::testing::Not(::testing::StartsWith("made-up-")));
+  }
+}
+
 TEST_F(ShmHostileTest, ForgedCudaRequestsAreRefusedNamingWhy) {
   std::unique_ptr<BadSession> bad = Bad("bad");
   ASSERT_NE(bad, nullptr);
