@@ -138,7 +138,13 @@ AdminService::AdminService(const Config* config, std::string socket_path, absl::
       control_calls_(control_calls),
       in_flight_(in_flight),
       peer_address_(std::move(peer_address)),
-      groups_(groups) {}
+      groups_(groups),
+      peer_probe_([this](std::function<void(v1::ProbePeersResponse)> finish) {
+        PingPeers(std::move(finish));
+      }),
+      store_probe_([this](std::function<void(v1::ProbeStoresResponse)> finish) {
+        AskStoreClusters(std::move(finish));
+      }) {}
 
 grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* context,
                                                const v1::StatusRequest*,
@@ -163,45 +169,36 @@ grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* conte
 }
 
 void AdminService::Probe(std::function<void(const v1::ProbePeersResponse&)> done) {
-  v1::ProbePeersResponse cached;
-  {
-    absl::MutexLock lock(&probe_mu_);
-    const bool fresh = absl::Now() - last_probe_ < absl::Seconds(1);
-    if (fresh || agent_ == nullptr) cached = last_probe_answer_;
-    if (!fresh && agent_ != nullptr) last_probe_ = absl::Now();
-    if (fresh || agent_ == nullptr) {
-      done(cached);
-      return;
-    }
-  }
+  peer_probe_.Ask(std::move(done));
+}
+
+void AdminService::PingPeers(std::function<void(v1::ProbePeersResponse)> finish) {
   std::vector<agent::PeerId> peers;
-  for (const agent::PeerStats& peer : agent_->Stats().peers) {
-    if (!peer.node.empty()) peers.push_back(agent::PeerId{peer.node, peer.address});
+  if (agent_ != nullptr) {
+    for (const agent::PeerStats& peer : agent_->Stats().peers) {
+      if (!peer.node.empty()) peers.push_back(agent::PeerId{peer.node, peer.address});
+    }
   }
   // Answers gather here; the last ping to end finishes.
   struct Round {
     absl::Mutex mu;
     v1::ProbePeersResponse answer ABSL_GUARDED_BY(mu);
     size_t left ABSL_GUARDED_BY(mu) = 0;
-    std::function<void(const v1::ProbePeersResponse&)> done;
+    std::function<void(v1::ProbePeersResponse)> finish;
   };
   auto round = std::make_shared<Round>();
-  round->done = std::move(done);
-  auto finish = [this, round] {
+  round->finish = std::move(finish);
+  auto done = [round] {
     v1::ProbePeersResponse answer;
     {
       absl::MutexLock lock(&round->mu);
       answer = round->answer;
     }
     answer.set_probed_unix_ms(absl::ToUnixMillis(absl::Now()));
-    {
-      absl::MutexLock lock(&probe_mu_);
-      last_probe_answer_ = answer;
-    }
-    round->done(answer);
+    round->finish(std::move(answer));
   };
   if (peers.empty()) {
-    finish();
+    done();
     return;
   }
   {
@@ -210,7 +207,7 @@ void AdminService::Probe(std::function<void(const v1::ProbePeersResponse&)> done
   }
   for (const agent::PeerId& peer : peers) {
     agent_->Ping(peer, absl::Now() + absl::Seconds(2),
-                 [round, finish, node = peer.node](absl::StatusOr<agent::PingResult> result) {
+                 [round, done, node = peer.node](absl::StatusOr<agent::PingResult> result) {
                    bool last;
                    {
                      absl::MutexLock lock(&round->mu);
@@ -224,7 +221,7 @@ void AdminService::Probe(std::function<void(const v1::ProbePeersResponse&)> done
                      }
                      last = --round->left == 0;
                    }
-                   if (last) finish();
+                   if (last) done();
                  });
   }
 }
@@ -243,37 +240,28 @@ grpc::ServerUnaryReactor* AdminService::ProbePeers(grpc::CallbackServerContext* 
 AdminService::~AdminService() {
   std::thread last;
   {
-    absl::MutexLock lock(&store_probe_mu_);
+    absl::MutexLock lock(&store_prober_mu_);
     last = std::move(store_prober_);
   }
   if (last.joinable()) last.join();
 }
 
 void AdminService::ProbeStoreClusters(std::function<void(const v1::ProbeStoresResponse&)> done) {
-  std::optional<v1::ProbeStoresResponse> cached;
+  store_probe_.Ask(std::move(done));
+}
+
+void AdminService::AskStoreClusters(std::function<void(v1::ProbeStoresResponse)> finish) {
   std::thread finished;
   {
-    absl::MutexLock lock(&store_probe_mu_);
-    if (!store_probe_running_ && absl::Now() - last_store_probe_ < absl::Seconds(1)) {
-      cached = last_store_probe_answer_;
-    } else {
-      // The probe running, or a new one, answers.
-      store_probe_waiting_.push_back(std::move(done));
-      if (store_probe_running_) return;
-      store_probe_running_ = true;
-      finished = std::move(store_prober_);
-      store_prober_ = std::thread([this] { RunStoreProbe(); });
-    }
-  }
-  if (cached.has_value()) {
-    done(*cached);
-    return;
+    absl::MutexLock lock(&store_prober_mu_);
+    finished = std::move(store_prober_);
+    store_prober_ = std::thread([this, finish = std::move(finish)] { finish(StoreClusters()); });
   }
   // The last probe's thread has answered its callers (or is about to): it ends at once.
   if (finished.joinable()) finished.join();
 }
 
-void AdminService::RunStoreProbe() {
+v1::ProbeStoresResponse AdminService::StoreClusters() {
   v1::ProbeStoresResponse answer;
   for (const auto& [name, health] : groups_->ProbeStoreClusters(absl::Now() + absl::Seconds(2))) {
     v1::StoreProbe* store = answer.add_stores();
@@ -299,15 +287,7 @@ void AdminService::RunStoreProbe() {
     for (const std::string& unanswered : health.unanswered) store->add_unanswered(unanswered);
   }
   answer.set_probed_unix_ms(absl::ToUnixMillis(absl::Now()));
-  std::vector<std::function<void(const v1::ProbeStoresResponse&)>> waiting;
-  {
-    absl::MutexLock lock(&store_probe_mu_);
-    last_store_probe_ = absl::Now();
-    last_store_probe_answer_ = answer;
-    store_probe_running_ = false;
-    waiting.swap(store_probe_waiting_);
-  }
-  for (const auto& done : waiting) done(answer);
+  return answer;
 }
 
 grpc::ServerUnaryReactor* AdminService::ProbeStores(grpc::CallbackServerContext* context,

@@ -29,6 +29,7 @@
 #include "daemon/router/call_router.h"
 #include "daemon/router/cuda_copies.h"
 #include "daemon/router/data_socket.h"
+#include "daemon/shared_probe.h"
 #include "proto/admin.grpc.pb.h"
 #include "store/memory/memory_store.h"
 
@@ -79,15 +80,15 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
                                    v1::StatusResponse* response) override;
-  // Pings the agent's peers (at most once a second; later calls get the last answers).
+  // Pings the agent's peers (one probe at a time, at most one a second; later calls share its
+  // answers).
   grpc::ServerUnaryReactor* ProbePeers(grpc::CallbackServerContext* context,
                                        const v1::ProbePeersRequest* request,
                                        v1::ProbePeersResponse* response) override;
   // The same, for OperatorService: `done` gets the answers.
   void Probe(std::function<void(const v1::ProbePeersResponse&)> done);
-  // Asks the clusters behind the rendezvous stores in use (etcd) how their members are, on a
-  // thread of its own (the answers take round trips to etcd): one probe at a time, at most
-  // one a second.
+  // Asks the clusters behind the rendezvous stores in use (etcd) how their members are (one
+  // probe at a time, at most one a second; later calls share its answers).
   grpc::ServerUnaryReactor* ProbeStores(grpc::CallbackServerContext* context,
                                         const v1::ProbeStoresRequest* request,
                                         v1::ProbeStoresResponse* response) override;
@@ -121,21 +122,19 @@ class AdminService final : public v1::Admin::CallbackService {
   std::string operator_socket_;
   mode_t operator_socket_mode_ = 0600;
   std::string operator_group_;
-  absl::Mutex probe_mu_;
-  absl::Time last_probe_ ABSL_GUARDED_BY(probe_mu_) = absl::InfinitePast();
-  v1::ProbePeersResponse last_probe_answer_ ABSL_GUARDED_BY(probe_mu_);
+  // Admin.ProbePeers: pings every peer the agent knows; `finish` gets the answers once the
+  // last ping ends.
+  void PingPeers(std::function<void(v1::ProbePeersResponse)> finish);
+  // Admin.ProbeStores: asks the stores' clusters on a thread of its own (store_prober_; the
+  // answers take round trips to etcd, which gRPC's callback threads must not wait for).
+  void AskStoreClusters(std::function<void(v1::ProbeStoresResponse)> finish);
+  v1::ProbeStoresResponse StoreClusters();
 
-  // One probe of the stores' clusters at a time (RunStoreProbe, on store_prober_); callers
-  // meanwhile wait in store_probe_waiting_ for its answers.
-  void RunStoreProbe();
-  absl::Mutex store_probe_mu_;
-  bool store_probe_running_ ABSL_GUARDED_BY(store_probe_mu_) = false;
-  absl::Time last_store_probe_ ABSL_GUARDED_BY(store_probe_mu_) = absl::InfinitePast();
-  v1::ProbeStoresResponse last_store_probe_answer_ ABSL_GUARDED_BY(store_probe_mu_);
-  std::vector<std::function<void(const v1::ProbeStoresResponse&)>> store_probe_waiting_
-      ABSL_GUARDED_BY(store_probe_mu_);
-  // The last probe's thread: joined by the next probe and by the destructor.
-  std::thread store_prober_ ABSL_GUARDED_BY(store_probe_mu_);
+  SharedProbe<v1::ProbePeersResponse> peer_probe_;
+  SharedProbe<v1::ProbeStoresResponse> store_probe_;
+  absl::Mutex store_prober_mu_;
+  // The last store probe's thread: joined by the next probe and by the destructor.
+  std::thread store_prober_ ABSL_GUARDED_BY(store_prober_mu_);
 };
 
 }  // namespace tpd
