@@ -244,13 +244,18 @@ void AddGpus(const v1::StatusResponse& status, Families* out) {
   }
 }
 
-void AddProcess(const ProcessSample& p, Families* out) {
+// The descriptors come from Status's limits, which counted them for this snapshot already.
+void AddProcess(const ProcessSample& p, const v1::NodeLimits& limits, Families* out) {
   out->Counter("process_cpu_seconds_total", "User and system CPU time spent in seconds",
                p.cpu_seconds);
   out->Gauge("process_resident_memory_bytes", "Resident memory size in bytes", p.resident_bytes);
   out->Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes", p.virtual_bytes);
-  out->Gauge("process_open_fds", "Number of open file descriptors", p.open_fds);
-  out->Gauge("process_max_fds", "Maximum number of open file descriptors", p.max_fds);
+  out->Gauge("process_open_fds", "Number of open file descriptors",
+             static_cast<double>(limits.open_files()));
+  if (limits.open_file_limit() > 0) {  // 0: unlimited
+    out->Gauge("process_max_fds", "Maximum number of open file descriptors",
+               static_cast<double>(limits.open_file_limit()));
+  }
   out->Gauge("process_threads", "Number of OS threads in the process", p.threads);
   out->Gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds",
              p.start_time_seconds);
@@ -295,7 +300,7 @@ std::vector<MetricFamily> StatusMetrics(const v1::StatusResponse& status,
   AddGroups(status, &out);
   AddAgent(status, &out);
   AddGpus(status, &out);
-  AddProcess(process, &out);
+  AddProcess(process, status.limits(), &out);
   return out.Take();
 }
 

@@ -45,9 +45,6 @@ ProcessSample SampleThisProcess() {
       sample.start_time_seconds = absl::ToUnixSeconds(absl::Now()) - uptime + field(22) / ticks;
     }
   }
-  sample.open_fds = static_cast<double>(CountOpenFiles());
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) sample.max_fds = static_cast<double>(limit.rlim_cur);
   return sample;
 }
 

@@ -14,11 +14,10 @@ struct ProcessSample {
   double cpu_seconds = 0;
   double resident_bytes = 0;
   double virtual_bytes = 0;
-  double open_fds = 0;
-  double max_fds = 0;
   double threads = 0;
   double start_time_seconds = 0;  // Unix time
 };
+// CPU, memory, threads and start time (open files: CountOpenFiles, which Status reads).
 ProcessSample SampleThisProcess();
 
 // Descriptors this process holds open now (/proc/self/fd).
